@@ -1,0 +1,3 @@
+from apollia_nb.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""``apollia.toml`` in the home (SPEC §9), parsed into frozen values."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from apollia_nb.errors import BadInput
+
+__all__ = ["Config", "load_config"]
+
+
+@dataclass(frozen=True)
+class Config:
+    hitl_timeout_hours: float | None = None
+    hitl_scan_interval_secs: float = 60.0
+    drain_timeout_secs: float = 30.0
+    trusted_keys: tuple[str, ...] = ()
+    mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def load_config(path: Path) -> Config:
+    """Read ``apollia.toml``; a missing file is the defaults, a broken one is BAD_INPUT."""
+    if not path.exists():
+        return Config()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: {exc}") from None
+    hitl = data.get("hitl", {})
+    runtime = data.get("runtime", {})
+    policy = data.get("policy", {})
+    keys = policy.get("trusted_keys", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise BadInput(f"{path}: [policy] trusted_keys must be a list of base64 strings")
+    timeout = hitl.get("timeout_hours")
+    return Config(
+        hitl_timeout_hours=float(timeout) if timeout is not None else None,
+        hitl_scan_interval_secs=float(hitl.get("scan_interval_secs", 60)),
+        drain_timeout_secs=float(runtime.get("drain_timeout_secs", 30)),
+        trusted_keys=tuple(keys),
+        mcp_servers=dict(data.get("mcp", {}).get("servers", {})),
+        hosts=dict(data.get("hosts", {})),
+        raw=data,
+    )

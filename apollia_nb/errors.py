@@ -1,0 +1,244 @@
+"""Every error apollia-nb reports, each with a stable code.
+
+The code is the contract: the CLI prints it, the REST API returns it as
+``{"code", "message"}``, widgets show it and the SDK raises the matching class.
+Messages are for people and may change; codes may not.
+
+    ApolliaError                      base; ``.code`` and ``.message``
+    ├── BadInput                      BAD_INPUT: malformed argument or body (4xx)
+    │   ├── ManifestInvalid           MANIFEST_INVALID: names the key and line
+    │   ├── BadAnswer                 BAD_ANSWER: an answer not on offer
+    │   └── BadArgument               BAD_ARGUMENT: a tool called with bad arguments
+    ├── NotFound                      NOT_FOUND
+    │   ├── UnknownAgent              UNKNOWN_AGENT
+    │   ├── UnknownTask               UNKNOWN_TASK
+    │   ├── UnknownSession            UNKNOWN_SESSION
+    │   ├── UnknownDecision           UNKNOWN_DECISION
+    │   ├── UnknownRule               UNKNOWN_RULE
+    │   ├── UnknownRun                UNKNOWN_RUN
+    │   └── UnknownTool               UNKNOWN_TOOL
+    ├── Conflict                      CONFLICT (409)
+    │   ├── InvalidTransition         INVALID_TRANSITION: a state machine refused a move
+    │   ├── AgentUnavailable          AGENT_UNAVAILABLE: agent cannot take work
+    │   ├── SessionBusy               SESSION_BUSY: a message while processing
+    │   ├── SessionClosed             SESSION_CLOSED
+    │   └── HomeLocked                HOME_LOCKED: another process owns the home
+    ├── Refused                       REFUSED: governance refused a call
+    ├── Rejected                      REJECTED: an operator rejected a plan
+    ├── BudgetExceeded                BUDGET_EXCEEDED: the step ceiling was reached
+    ├── GovernanceUnreadable          GOVERNANCE_UNREADABLE: fail closed
+    ├── PolicyRefused                 POLICY_REFUSED: organisation policy not accepted
+    ├── IntegrityError                INTEGRITY_FAILURE: the journal does not verify
+    └── ToolError                     TOOL_ERROR: a tool failed
+        ├── TransientToolError        TOOL_TRANSIENT: worth retrying later; counted by the breaker
+        ├── PermanentToolError        TOOL_PERMANENT: retrying will not help
+        ├── ToolTimeout               TOOL_TIMEOUT: transient
+        ├── CircuitOpen               CIRCUIT_OPEN: failing fast while the breaker is open
+        └── PathEscape                PATH_ESCAPE: a path leaves the workspace (permanent)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "ApolliaError",
+    "BadInput",
+    "ManifestInvalid",
+    "BadAnswer",
+    "BadArgument",
+    "NotFound",
+    "UnknownAgent",
+    "UnknownTask",
+    "UnknownSession",
+    "UnknownDecision",
+    "UnknownRule",
+    "UnknownRun",
+    "UnknownTool",
+    "Conflict",
+    "InvalidTransition",
+    "AgentUnavailable",
+    "SessionBusy",
+    "SessionClosed",
+    "HomeLocked",
+    "Refused",
+    "Rejected",
+    "BudgetExceeded",
+    "GovernanceUnreadable",
+    "PolicyRefused",
+    "IntegrityError",
+    "ToolError",
+    "TransientToolError",
+    "PermanentToolError",
+    "ToolTimeout",
+    "CircuitOpen",
+    "PathEscape",
+    "error_for_code",
+]
+
+
+class ApolliaError(Exception):
+    """Base of every apollia-nb error. ``code`` is stable; ``message`` is prose."""
+
+    code: ClassVar[str] = "ERROR"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class BadInput(ApolliaError):
+    code = "BAD_INPUT"
+    http_status = 422
+
+
+class ManifestInvalid(BadInput):
+    code = "MANIFEST_INVALID"
+
+
+class BadAnswer(BadInput):
+    code = "BAD_ANSWER"
+
+
+class BadArgument(BadInput):
+    code = "BAD_ARGUMENT"
+
+
+class NotFound(ApolliaError):
+    code = "NOT_FOUND"
+    http_status = 404
+
+
+class UnknownAgent(NotFound):
+    code = "UNKNOWN_AGENT"
+
+
+class UnknownTask(NotFound):
+    code = "UNKNOWN_TASK"
+
+
+class UnknownSession(NotFound):
+    code = "UNKNOWN_SESSION"
+
+
+class UnknownDecision(NotFound):
+    code = "UNKNOWN_DECISION"
+
+
+class UnknownRule(NotFound):
+    code = "UNKNOWN_RULE"
+
+
+class UnknownRun(NotFound):
+    code = "UNKNOWN_RUN"
+
+
+class UnknownTool(NotFound):
+    code = "UNKNOWN_TOOL"
+
+
+class Conflict(ApolliaError):
+    code = "CONFLICT"
+    http_status = 409
+
+
+class InvalidTransition(Conflict):
+    code = "INVALID_TRANSITION"
+
+
+class AgentUnavailable(Conflict):
+    code = "AGENT_UNAVAILABLE"
+
+
+class SessionBusy(Conflict):
+    code = "SESSION_BUSY"
+
+
+class SessionClosed(Conflict):
+    code = "SESSION_CLOSED"
+
+
+class HomeLocked(Conflict):
+    code = "HOME_LOCKED"
+
+
+class Refused(ApolliaError):
+    code = "REFUSED"
+    http_status = 403
+
+
+class Rejected(ApolliaError):
+    code = "REJECTED"
+    http_status = 409
+
+
+class BudgetExceeded(ApolliaError):
+    code = "BUDGET_EXCEEDED"
+    http_status = 409
+
+
+class GovernanceUnreadable(ApolliaError):
+    code = "GOVERNANCE_UNREADABLE"
+    http_status = 503
+
+
+class PolicyRefused(ApolliaError):
+    code = "POLICY_REFUSED"
+    http_status = 503
+
+
+class IntegrityError(ApolliaError):
+    code = "INTEGRITY_FAILURE"
+    http_status = 500
+
+
+class ToolError(ApolliaError):
+    code = "TOOL_ERROR"
+    http_status = 502
+    transient: ClassVar[bool] = False
+
+
+class TransientToolError(ToolError):
+    code = "TOOL_TRANSIENT"
+    transient = True
+
+
+class PermanentToolError(ToolError):
+    code = "TOOL_PERMANENT"
+
+
+class ToolTimeout(TransientToolError):
+    code = "TOOL_TIMEOUT"
+
+
+class CircuitOpen(ToolError):
+    code = "CIRCUIT_OPEN"
+    http_status = 503
+
+
+class PathEscape(PermanentToolError):
+    code = "PATH_ESCAPE"
+
+
+def _all_subclasses(cls: type[ApolliaError]) -> list[type[ApolliaError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def error_for_code(code: str, message: str) -> ApolliaError:
+    """Rebuild the error class for a stable code (used by the SDK and CLI)."""
+    for cls in _all_subclasses(ApolliaError):
+        if cls.code == code:
+            return cls(message)
+    err = ApolliaError(message)
+    err.code = code  # type: ignore[misc]
+    return err
