@@ -29,6 +29,9 @@ Messages are for people and may change; codes may not.
     ├── GovernanceUnreadable          GOVERNANCE_UNREADABLE: fail closed
     ├── PolicyRefused                 POLICY_REFUSED: organisation policy not accepted
     ├── IntegrityError                INTEGRITY_FAILURE: the journal does not verify
+    ├── ModelError                    MODEL_ERROR: a model provider failed
+    │   ├── ModelTransient            MODEL_TRANSIENT: 429, 5xx, connection or timeout
+    │   └── ModelPermanent            MODEL_PERMANENT: 4xx other than 429, bad response
     └── ToolError                     TOOL_ERROR: a tool failed
         ├── TransientToolError        TOOL_TRANSIENT: worth retrying later; counted by the breaker
         ├── PermanentToolError        TOOL_PERMANENT: retrying will not help
@@ -67,6 +70,9 @@ __all__ = [
     "GovernanceUnreadable",
     "PolicyRefused",
     "IntegrityError",
+    "ModelError",
+    "ModelTransient",
+    "ModelPermanent",
     "ToolError",
     "TransientToolError",
     "PermanentToolError",
@@ -197,6 +203,21 @@ class PolicyRefused(ApolliaError):
 class IntegrityError(ApolliaError):
     code = "INTEGRITY_FAILURE"
     http_status = 500
+
+
+class ModelError(ApolliaError):
+    code = "MODEL_ERROR"
+    http_status = 502
+    transient: ClassVar[bool] = False
+
+
+class ModelTransient(ModelError):
+    code = "MODEL_TRANSIENT"
+    transient = True
+
+
+class ModelPermanent(ModelError):
+    code = "MODEL_PERMANENT"
 
 
 class ToolError(ApolliaError):
