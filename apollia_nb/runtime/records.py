@@ -1,0 +1,142 @@
+"""``runtime.db``: agents, tasks, chat sessions and agent memory, persisted.
+
+The owner process holds one connection for its lifetime. Rows are written at
+state changes and when a run suspends, so a restart finds registered agents,
+suspended tasks (with everything needed to resume them) and sessions. Values
+that are not scalars are stored as JSON text.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RuntimeRecords"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS agents (
+    name VARCHAR PRIMARY KEY,
+    manifest VARCHAR NOT NULL,
+    state VARCHAR NOT NULL,
+    warnings VARCHAR NOT NULL,
+    registered_at VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    id VARCHAR PRIMARY KEY,
+    agent VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,
+    record VARCHAR NOT NULL,
+    updated_at VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    id VARCHAR PRIMARY KEY,
+    agent VARCHAR NOT NULL,
+    state VARCHAR NOT NULL,
+    parent_id VARCHAR,
+    record VARCHAR NOT NULL,
+    updated_at VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS memory (
+    agent VARCHAR NOT NULL,
+    key VARCHAR NOT NULL,
+    value VARCHAR NOT NULL,
+    PRIMARY KEY (agent, key)
+);
+CREATE TABLE IF NOT EXISTS model_state (
+    agent VARCHAR PRIMARY KEY,
+    state VARCHAR NOT NULL
+);
+"""
+
+
+class RuntimeRecords:
+    """Thin persistence for the runtime. Thread-safe (one lock around one connection)."""
+
+    def __init__(self, path: Path) -> None:
+        import duckdb
+
+        from apollia_nb.dbutil import raise_if_locked
+
+        self.path = path
+        try:
+            self._con = duckdb.connect(str(path))
+        except duckdb.IOException as exc:
+            raise_if_locked(exc, path)
+            raise
+        self._con.execute(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+    def _exec(self, sql: str, params: list[Any] | tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            cur = self._con.execute(sql, params)
+            try:
+                return cur.fetchall()
+            except Exception:  # statements without a result set
+                return []
+
+    # agents -------------------------------------------------------------
+    def save_agent(self, name: str, manifest: str, state: str, warnings: list[str], at: str) -> None:
+        self._exec(
+            "INSERT OR REPLACE INTO agents VALUES (?, ?, ?, ?, ?)",
+            [name, manifest, state, json.dumps(warnings), at],
+        )
+
+    def set_agent_state(self, name: str, state: str) -> None:
+        self._exec("UPDATE agents SET state = ? WHERE name = ?", [state, name])
+
+    def agents(self) -> list[dict[str, Any]]:
+        rows = self._exec("SELECT name, manifest, state, warnings, registered_at FROM agents ORDER BY name")
+        return [
+            {"name": r[0], "manifest": r[1], "state": r[2], "warnings": json.loads(r[3]), "registered_at": r[4]}
+            for r in rows
+        ]
+
+    # tasks --------------------------------------------------------------
+    def save_task(self, record: dict[str, Any], at: str) -> None:
+        self._exec(
+            "INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, ?)",
+            [record["id"], record["agent"], record["status"], json.dumps(record, default=str), at],
+        )
+
+    def tasks(self, status: str | None = None) -> list[dict[str, Any]]:
+        if status is None:
+            rows = self._exec("SELECT record FROM tasks ORDER BY updated_at")
+        else:
+            rows = self._exec("SELECT record FROM tasks WHERE status = ? ORDER BY updated_at", [status])
+        return [json.loads(r[0]) for r in rows]
+
+    def task(self, task_id: str) -> dict[str, Any] | None:
+        rows = self._exec("SELECT record FROM tasks WHERE id = ?", [task_id])
+        return json.loads(rows[0][0]) if rows else None
+
+    # sessions -----------------------------------------------------------
+    def save_session(self, record: dict[str, Any], at: str) -> None:
+        self._exec(
+            "INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?, ?, ?)",
+            [record["id"], record["agent"], record["state"], record.get("parent_id"),
+             json.dumps(record, default=str), at],
+        )
+
+    def sessions(self) -> list[dict[str, Any]]:
+        return [json.loads(r[0]) for r in self._exec("SELECT record FROM sessions ORDER BY updated_at")]
+
+    # memory and model state ---------------------------------------------
+    def memory_get(self, agent: str) -> dict[str, Any]:
+        rows = self._exec("SELECT key, value FROM memory WHERE agent = ?", [agent])
+        return {k: json.loads(v) for k, v in rows}
+
+    def memory_set(self, agent: str, key: str, value: Any) -> None:
+        self._exec("INSERT OR REPLACE INTO memory VALUES (?, ?, ?)", [agent, key, json.dumps(value, default=str)])
+
+    def model_state(self, agent: str) -> dict[str, Any] | None:
+        rows = self._exec("SELECT state FROM model_state WHERE agent = ?", [agent])
+        return json.loads(rows[0][0]) if rows else None
+
+    def save_model_state(self, agent: str, state: dict[str, Any]) -> None:
+        self._exec("INSERT OR REPLACE INTO model_state VALUES (?, ?)", [agent, json.dumps(state)])
