@@ -26,6 +26,8 @@ Messages are for people and may change; codes may not.
     ├── Refused                       REFUSED: governance refused a call
     ├── Rejected                      REJECTED: an operator rejected a plan
     ├── BudgetExceeded                BUDGET_EXCEEDED: the step ceiling was reached
+    ├── Interrupted                   INTERRUPTED: the owning process ended mid-run
+    ├── Expired                       EXPIRED: a waiting decision outlived [hitl] timeout_hours
     ├── GovernanceUnreadable          GOVERNANCE_UNREADABLE: fail closed
     ├── PolicyRefused                 POLICY_REFUSED: organisation policy not accepted
     ├── IntegrityError                INTEGRITY_FAILURE: the journal does not verify
@@ -67,6 +69,8 @@ __all__ = [
     "Refused",
     "Rejected",
     "BudgetExceeded",
+    "Interrupted",
+    "Expired",
     "GovernanceUnreadable",
     "PolicyRefused",
     "IntegrityError",
@@ -187,6 +191,16 @@ class Rejected(ApolliaError):
 
 class BudgetExceeded(ApolliaError):
     code = "BUDGET_EXCEEDED"
+    http_status = 409
+
+
+class Interrupted(ApolliaError):
+    code = "INTERRUPTED"
+    http_status = 409
+
+
+class Expired(ApolliaError):
+    code = "EXPIRED"
     http_status = 409
 
 
