@@ -1,8 +1,8 @@
 """Where a tool call is decided: ``decide(call, view) -> Decision``.
 
-Pure: no I/O, no clock, no globals. The store (``governance/store.py``) keeps a
-``GovernanceView`` snapshot current; this module only reads it. The six lines of
-SPEC §4 are read in order and the first that applies decides:
+Pure: no I/O, no clock, no globals. The store keeps a ``GovernanceView`` snapshot
+current; this module only reads it. The six lines of SPEC §4 are read in order and
+the first that applies decides:
 
 1. organisation policy refuses the tool, its connection or its family → refuse
 2. a fine ``deny`` rule matches → refuse
@@ -17,13 +17,29 @@ SPEC §4 are read in order and the first that applies decides:
 
 Fail closed: an unreadable view (``readable=False``) keeps lines 1–3 and refuses
 everything else with line 0. Nothing here turns an error into an allow.
+
+How rules match (``rule_matches`` states it for one rule; ``decide`` gets the same
+answer from an index built once per snapshot):
+
+- A ``deny`` rule without a prefix matches every call of its tool. With a prefix it
+  matches broadly, because refusing too much is safe and too little is not: the
+  first argument starts with the prefix, as text or as a normalised path; for
+  ``execute`` calls (and unclassified ones, which may run commands too) the
+  simple-command check's deny matching decides instead of (unclassified: as well
+  as) the text match. A first argument that is not a string is matched as its text.
+- An ``allow`` rule acts on line 4 only. It needs a prefix — an allow rule on a
+  shell without one would be a blanket allow on everything — and matches a single
+  simple command whose words begin with the prefix's words (``git status``
+  matches ``git status --short``, not ``git statusx``). Only a string first
+  argument is a command.
 """
 
 from __future__ import annotations
 
 import enum
 import posixpath
-from collections.abc import Mapping
+import string
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,16 +106,30 @@ class Effect(str, enum.Enum):
 
 READ_ONLY_FAMILIES = frozenset({Family.READ, Family.CONVERSATION, Family.MEMORY})
 
+# Deny rules on these calls are matched as shell commands (unclassified: as well).
+_COMMAND_FAMILIES = frozenset({Family.EXECUTE, None})
+
 
 def _family(value: Family | str | None) -> Family | None:
+    """``None`` stays unclassified; any other value must name a family (ValueError)."""
     if value is None or isinstance(value, Family):
         return value
     return Family(value)
 
 
+def _text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, not {type(value).__name__}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One tool call to decide. ``arguments``' first item is the first argument."""
+    """One tool call to decide. ``arguments``' first item is the first argument.
+
+    ``family`` is a ``Family``, its string or ``None`` (unclassified); any other
+    string raises ``ValueError`` here, before anything is decided.
+    """
 
     agent: str
     tool: str
@@ -109,13 +139,25 @@ class Call:
     run_grants: frozenset[Family] = frozenset()
 
     def __post_init__(self) -> None:
+        _text("agent", self.agent)
+        _text("tool", self.tool)
         object.__setattr__(self, "family", _family(self.family))
-        object.__setattr__(self, "run_grants", frozenset(_family(g) for g in self.run_grants))
+        if self.arguments is None:
+            object.__setattr__(self, "arguments", {})
+        elif not isinstance(self.arguments, Mapping):
+            raise TypeError(f"arguments must be a mapping, not {type(self.arguments).__name__}")
+        if self.connection is not None:
+            _text("connection", self.connection)
+        grants = frozenset(_family(g) for g in (self.run_grants or ()))
+        object.__setattr__(self, "run_grants", grants - {None})
 
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """A fine rule: a tool, an optional prefix of its first argument, an effect, a scope."""
+    """A fine rule: a tool, an optional prefix of its first argument, an effect, a scope.
+
+    ``agent`` is one agent's name or ``"*"`` for every agent. An empty prefix is no prefix.
+    """
 
     tool: str
     effect: Effect = Effect.DENY
@@ -124,7 +166,11 @@ class Rule:
     id: str | None = None
 
     def __post_init__(self) -> None:
+        _text("tool", self.tool)
+        _text("agent", self.agent)
         object.__setattr__(self, "effect", Effect(self.effect))
+        if self.prefix is not None:
+            _text("prefix", self.prefix)
         if self.prefix == "":
             object.__setattr__(self, "prefix", None)
 
@@ -138,16 +184,207 @@ class Policy:
     refuse_families: frozenset[Family] = frozenset()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "refuse_tools", frozenset(self.refuse_tools))
-        object.__setattr__(self, "refuse_connections", frozenset(self.refuse_connections))
+        object.__setattr__(self, "refuse_tools", frozenset(self.refuse_tools or ()))
+        object.__setattr__(self, "refuse_connections", frozenset(self.refuse_connections or ()))
         object.__setattr__(
-            self, "refuse_families", frozenset(Family(f) for f in self.refuse_families)
+            self, "refuse_families", frozenset(Family(f) for f in (self.refuse_families or ()))
         )
+
+
+# --- the rule index -----------------------------------------------------------------
+#
+# A view may hold thousands of rules, and decide() runs on every tool call. So the
+# view arranges its rules once, per (tool, scope), and decide() reads only those that
+# can match. Positions are indexes into ``GovernanceView.rules``: when several rules
+# match, the first in the view decides, exactly as a plain scan would.
+#
+# Deny rules on commands are matched by ``shellcheck.deny_prefix_matches``, which may
+# parse the command. Calling it once per rule is what makes many rules slow, so a rule
+# is skipped when it provably cannot match:
+#
+# - its prefix is made only of plain word characters and blanks (no quotes, escapes
+#   or operators), so its words are ``prefix.split()``;
+# - the command is made only of plain word characters, blanks, newlines, the
+#   operators ``; & | < > ( )``, ``#`` and the quoting characters ``' " \``.
+#   Without ``$``, backquotes, globs, braces, ``~`` or ``!`` there is no expansion,
+#   so every word a shell tokenizer can read from it is a stretch of the text with
+#   some quoting characters (and escaped newlines) removed;
+# - a deny match needs each word of the prefix inside some word of the command.
+#
+# Then each prefix word occurs in the command once quotes, backslashes and newlines
+# are deleted from it (``_searchable``); a rule one of whose words does not occur
+# cannot match. Commands or prefixes outside these alphabets are checked rule by rule.
+# ``tests/test_decision_properties.py`` compares decide() with a plain scan over
+# ``rule_matches`` to hold this.
+
+_WORD_CHARS = string.ascii_letters + string.digits + "_./:@%+,=-"
+_PLAIN_PREFIX = frozenset(_WORD_CHARS + " \t")
+_PLAIN_COMMAND = frozenset(_WORD_CHARS + " \t\n;&|<>()#'\"\\")
+_UNQUOTE = str.maketrans("", "", "'\"\\\n")
+_END = ""  # the trie key that holds the rules ending at a node (never a character)
+
+# A trie over the first words of deny prefixes: node -> {char: node, _END: entries}.
+_Trie = dict[str, Any]
+# (position, prefix, the prefix's other words)
+_KeyedDeny = tuple[int, str, tuple[str, ...]]
+
+
+def _searchable(command: str) -> str | None:
+    """The command with quoting removed, or None when it may expand into other words."""
+    if not _PLAIN_COMMAND.issuperset(command):
+        return None
+    return command.translate(_UNQUOTE)
+
+
+def _trie_hits(trie: _Trie, text: str) -> Iterator[list[_KeyedDeny]]:
+    """The entries of every first word that occurs anywhere in ``text``."""
+    n = len(text)
+    for i in range(n):
+        node = trie.get(text[i])
+        j = i + 1
+        while node is not None:
+            hit = node.get(_END)
+            if hit is not None:
+                yield hit
+            if j == n:
+                break
+            node = node.get(text[j])
+            j += 1
+
+
+def _prefix_hit(table: Mapping[str, int], lengths: tuple[int, ...], text: str) -> int | None:
+    """The first position whose key is a prefix of ``text``."""
+    best: int | None = None
+    size = len(text)
+    for n in lengths:
+        if n > size:
+            break
+        pos = table.get(text[:n])
+        if pos is not None and (best is None or pos < best):
+            best = pos
+    return best
+
+
+def _earliest(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """The rules of one tool and one scope, arranged for matching."""
+
+    deny_all: int | None  # the first deny rule without a prefix
+    deny_text: Mapping[str, int]  # prefix -> first position
+    deny_text_lengths: tuple[int, ...]
+    deny_path: Mapping[str, int]  # normalised prefix -> first position
+    deny_path_lengths: tuple[int, ...]
+    deny_commands: tuple[tuple[int, str], ...]  # every prefixed deny rule, in view order
+    deny_trie: _Trie  # those with a plain prefix, by first word
+    deny_unkeyed: tuple[tuple[int, str], ...]  # those without: always checked
+    allow: Mapping[str, tuple[tuple[int, tuple[str, ...]], ...]]  # first word -> (pos, words)
+
+    def first_deny(
+        self, family: Family | None, texts: tuple[str, ...] | None, searchable: tuple[str | None, ...]
+    ) -> int | None:
+        best = self.deny_all
+        if not self.deny_commands:
+            return best
+        if texts is None:  # an argument without text: every deny rule matches
+            return _earliest(best, self.deny_commands[0][0])
+        for text, plain in zip(texts, searchable):
+            if family is not Family.EXECUTE:
+                best = _earliest(best, _prefix_hit(self.deny_text, self.deny_text_lengths, text))
+                if text:
+                    normal = posixpath.normpath(text)
+                    best = _earliest(best, _prefix_hit(self.deny_path, self.deny_path_lengths, normal))
+            if family in _COMMAND_FAMILIES:
+                best = _earliest(best, self._first_command_deny(text, plain, best))
+        return best
+
+    def _first_command_deny(self, command: str, plain: str | None, before: int | None) -> int | None:
+        if plain is None:
+            candidates: Iterable[tuple[int, str]] = self.deny_commands
+        else:
+            found = list(self.deny_unkeyed)
+            for entries in _trie_hits(self.deny_trie, plain):
+                found.extend((pos, prefix) for pos, prefix, rest in entries if all(w in plain for w in rest))
+            found.sort()
+            candidates = found
+        for pos, prefix in candidates:
+            if before is not None and pos >= before:
+                return None
+            if shellcheck.deny_prefix_matches(prefix, command):
+                return pos
+        return None
+
+    def first_allow(self, words: tuple[str, ...]) -> int | None:
+        best: int | None = None
+        for pos, want in self.allow.get(words[0], ()):
+            if (best is None or pos < best) and words[: len(want)] == want:
+                best = pos
+        return best
+
+
+def _allow_words(prefix: str | None) -> tuple[str, ...] | None:
+    """The words an allow rule's prefix requires, or None when it can allow nothing."""
+    if prefix is None:
+        return None
+    return shellcheck.simple_words(prefix) or None
+
+
+def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
+    deny_all: int | None = None
+    text: dict[str, int] = {}
+    path: dict[str, int] = {}
+    commands: dict[str, int] = {}
+    allow: dict[str, list[tuple[int, tuple[str, ...]]]] = {}
+    for pos, rule in rules:
+        prefix = rule.prefix
+        if rule.effect is Effect.ALLOW:
+            want = _allow_words(prefix)
+            if want is not None:
+                allow.setdefault(want[0], []).append((pos, want))
+        elif prefix is None:
+            deny_all = pos if deny_all is None else deny_all
+        else:
+            text.setdefault(prefix, pos)
+            path.setdefault(posixpath.normpath(prefix), pos)
+            commands.setdefault(prefix, pos)
+    trie: _Trie = {}
+    unkeyed: list[tuple[int, str]] = []
+    for prefix, pos in commands.items():
+        words = prefix.split()
+        if not words or not _PLAIN_PREFIX.issuperset(prefix):
+            unkeyed.append((pos, prefix))
+            continue
+        node = trie
+        for ch in words[0]:
+            node = node.setdefault(ch, {})
+        node.setdefault(_END, []).append((pos, prefix, tuple(words[1:])))
+    return _Rules(
+        deny_all=deny_all,
+        deny_text=text,
+        deny_text_lengths=tuple(sorted({len(k) for k in text})),
+        deny_path=path,
+        deny_path_lengths=tuple(sorted({len(k) for k in path})),
+        deny_commands=tuple(sorted((pos, prefix) for prefix, pos in commands.items())),
+        deny_trie=trie,
+        deny_unkeyed=tuple(sorted(unkeyed)),
+        allow={k: tuple(v) for k, v in allow.items()},
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class GovernanceView:
-    """A snapshot of what governance holds. ``readable=False``: fail closed."""
+    """A snapshot of what governance holds. ``readable=False``: fail closed.
+
+    Built once per snapshot; it arranges its rules for ``decide`` on construction.
+    ``consents`` holds ``(agent, family)`` pairs.
+    """
 
     rules: tuple[Rule, ...] = ()
     consents: frozenset[tuple[str, Family]] = frozenset()
@@ -156,21 +393,47 @@ class GovernanceView:
     readable: bool = True
     unreadable_reason: str = ""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "rules", tuple(self.rules))
-        object.__setattr__(
-            self, "consents", frozenset((a, Family(f)) for a, f in self.consents)
-        )
-        # Index rules by tool so decide() stays fast with many rules.
-        by_tool: dict[str, list[Rule]] = {}
-        for rule in self.rules:
-            by_tool.setdefault(rule.tool, []).append(rule)
-        object.__setattr__(self, "_by_tool", {k: tuple(v) for k, v in by_tool.items()})
+    _by_tool: Mapping[str, tuple[Rule, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _index: Mapping[tuple[str, str], _Rules] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
-    _by_tool: dict[str, tuple[Rule, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    def __post_init__(self) -> None:
+        rules = tuple(self.rules or ())
+        for rule in rules:
+            if not isinstance(rule, Rule):
+                raise TypeError(f"rules must be Rule values, not {type(rule).__name__}")
+        object.__setattr__(self, "rules", rules)
+        object.__setattr__(
+            self, "consents", frozenset((_text("agent", a), Family(f)) for a, f in (self.consents or ()))
+        )
+        object.__setattr__(self, "developer_mode", bool(self.developer_mode))
+        object.__setattr__(self, "readable", bool(self.readable))
+        if self.policy is not None and not isinstance(self.policy, Policy):
+            raise TypeError(f"policy must be a Policy or None, not {type(self.policy).__name__}")
+        by_tool: dict[str, list[Rule]] = {}
+        by_scope: dict[tuple[str, str], list[tuple[int, Rule]]] = {}
+        for pos, rule in enumerate(rules):
+            by_tool.setdefault(rule.tool, []).append(rule)
+            by_scope.setdefault((rule.tool, rule.agent), []).append((pos, rule))
+        object.__setattr__(self, "_by_tool", {k: tuple(v) for k, v in by_tool.items()})
+        object.__setattr__(self, "_index", {k: _arrange(v) for k, v in by_scope.items()})
 
     def rules_for(self, tool: str) -> tuple[Rule, ...]:
+        """The rules naming ``tool``, in view order."""
         return self._by_tool.get(tool, ())
+
+    def _scopes(self, tool: str, agent: str) -> tuple[_Rules, ...]:
+        index = self._index
+        if not index:
+            return ()
+        everyone = index.get((tool, "*"))
+        own = index.get((tool, agent)) if agent != "*" else None
+        if own is None:
+            return () if everyone is None else (everyone,)
+        return (own,) if everyone is None else (own, everyone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,42 +453,94 @@ _ONCE_REFUSE = (Answer.ONCE, Answer.REFUSE)
 _ALL_ANSWERS = (Answer.ONCE, Answer.ALWAYS, Answer.REFUSE)
 
 
+class _Unshowable(Exception):
+    """A first argument whose text cannot be read."""
+
+
+def _show(value: object) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return str(value)
+    except Exception as exc:
+        raise _Unshowable from exc
+
+
 def first_argument(call: Call) -> str | None:
-    """The call's first argument as text, or None when it has none."""
+    """The call's first argument as text, or None when it has none (or no text)."""
     for value in call.arguments.values():
         if value is None:
             return None
-        return value if isinstance(value, str) else str(value)
+        try:
+            return _show(value)
+        except _Unshowable:
+            return None
     return None
 
 
-def _scope_matches(rule: Rule, agent: str) -> bool:
-    return rule.agent == "*" or rule.agent == agent
+def _argument_texts(call: Call) -> tuple[str, ...] | None:
+    """The texts a deny prefix is matched against: the first argument, read broadly.
+
+    ``()`` when there is no first argument; None when it cannot be read as text,
+    which every deny rule of the tool then matches (refusing too much is safe).
+    """
+    for value in call.arguments.values():
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            return (value,)
+        try:
+            shown = _show(value)
+            if isinstance(value, (list, tuple)):
+                return (shown, " ".join(_show(v) for v in value))
+            if isinstance(value, (bytes, bytearray)):
+                return (shown, bytes(value).decode("utf-8", "replace"))
+            return (shown,)
+        except _Unshowable:
+            return None
+    return ()
 
 
-def _deny_prefix_matches(prefix: str, call: Call, arg: str | None) -> bool:
-    """Deny rules match broadly: refusing too much is safe, too little is not."""
-    if arg is None:
+def _command(call: Call) -> str | None:
+    """The first argument when it is a string: only a string is a command."""
+    for value in call.arguments.values():
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _deny_matches(prefix: str, family: Family | None, text: str) -> bool:
+    if family in _COMMAND_FAMILIES and shellcheck.deny_prefix_matches(prefix, text):
+        return True
+    if family is Family.EXECUTE:
         return False
-    if call.family is Family.EXECUTE:
-        return shellcheck.deny_prefix_matches(prefix, arg)
-    if arg.startswith(prefix):
+    if text.startswith(prefix):
         return True
     # Paths: "./secrets/x" and "notes/../secrets/x" are "secrets/x".
-    normal = posixpath.normpath(arg) if arg else arg
-    return normal.startswith(posixpath.normpath(prefix)) if normal else False
+    return bool(text) and posixpath.normpath(text).startswith(posixpath.normpath(prefix))
 
 
 def rule_matches(rule: Rule, call: Call) -> bool:
-    """Whether ``rule`` applies to ``call`` (tool, scope, prefix per its effect)."""
-    if rule.tool != call.tool or not _scope_matches(rule, call.agent):
+    """Whether ``rule`` applies to ``call`` (tool, scope, prefix per its effect).
+
+    The plain statement of matching; ``decide`` gets the same answers from its index.
+    """
+    if rule.tool != call.tool or not (rule.agent == "*" or rule.agent == call.agent):
         return False
+    if rule.effect is Effect.ALLOW:
+        command = _command(call)
+        if command is None or _allow_words(rule.prefix) is None:
+            return False
+        return shellcheck.allow_prefix_matches(rule.prefix, command)  # type: ignore[arg-type]
     if rule.prefix is None:
         return True
-    arg = first_argument(call)
-    if rule.effect is Effect.DENY:
-        return _deny_prefix_matches(rule.prefix, call, arg)
-    return arg is not None and shellcheck.allow_prefix_matches(rule.prefix, arg)
+    texts = _argument_texts(call)
+    if texts is None:
+        return True
+    return any(_deny_matches(rule.prefix, call.family, text) for text in texts)
+
+
+def _scope_words(rule: Rule) -> str:
+    return "every agent" if rule.agent == "*" else f"agent {rule.agent!r}"
 
 
 def decide(call: Call, view: GovernanceView) -> Decision:
@@ -245,17 +560,29 @@ def decide(call: Call, view: GovernanceView) -> Decision:
             return Decision(Outcome.REFUSE, 1, reason=f"organisation policy refuses the family {family.value!r}")
 
     # Line 2: a fine deny rule (read even from a fail-closed view: refusing more is safe).
-    for rule in view.rules_for(call.tool):
-        if rule.effect is Effect.DENY and rule_matches(rule, call):
-            scope = "every agent" if rule.agent == "*" else f"agent {rule.agent!r}"
+    scopes = view._scopes(call.tool, call.agent)
+    if scopes:
+        texts = _argument_texts(call)
+        plain: tuple[str | None, ...] = ()
+        if texts and family in _COMMAND_FAMILIES:
+            plain = tuple(_searchable(t) for t in texts)
+        elif texts:
+            plain = (None,) * len(texts)
+        first: int | None = None
+        for rules in scopes:
+            first = _earliest(first, rules.first_deny(family, texts, plain))
+        if first is not None:
+            rule = view.rules[first]
             what = f" under {rule.prefix!r}" if rule.prefix is not None else ""
             return Decision(
-                Outcome.REFUSE, 2, reason=f"a deny rule for {call.tool!r}{what} ({scope}) matches", rule_id=rule.id
+                Outcome.REFUSE, 2,
+                reason=f"a deny rule for {call.tool!r}{what} ({_scope_words(rule)}) matches",
+                rule_id=rule.id,
             )
 
     # Line 3: reading, the conversation and the agent's own memory.
     if family in READ_ONLY_FAMILIES:
-        return Decision(Outcome.ALLOW, 3, reason=f"family {family.value!r} only reads or touches nothing outside")
+        return Decision(Outcome.ALLOW, 3, reason=f"family {family.value!r} only reads or touches nothing outside")  # type: ignore[union-attr]
 
     # Fail closed: nothing sensitive passes an unreadable view.
     if not view.readable:
@@ -264,27 +591,26 @@ def decide(call: Call, view: GovernanceView) -> Decision:
 
     # Line 4: executing code.
     if family is Family.EXECUTE:
-        command = first_argument(call)
-        simple = command is not None and shellcheck.is_simple(command)
-        if view.developer_mode and simple:
-            for rule in view.rules_for(call.tool):
-                if rule.effect is Effect.ALLOW and rule_matches(rule, call):
-                    return Decision(
-                        Outcome.ALLOW, 4,
-                        reason=f"developer mode and an allow rule for {call.tool!r}"
-                        + (f" under {rule.prefix!r}" if rule.prefix else "")
-                        + " match a single simple command",
-                        rule_id=rule.id,
-                    )
-            return Decision(
-                Outcome.ASK, 4, _ALL_ANSWERS,
-                reason="executes code; no allow rule matches this simple command",
-            )
         if not view.developer_mode:
-            why = "executes code; developer mode is off"
-        else:
-            why = "executes code; not a single simple command"
-        return Decision(Outcome.ASK, 4, _ONCE_REFUSE, reason=why)
+            return Decision(Outcome.ASK, 4, _ONCE_REFUSE, reason="executes code; developer mode is off")
+        command = _command(call)
+        words = shellcheck.simple_words(command) if command is not None else None
+        if not words:
+            return Decision(Outcome.ASK, 4, _ONCE_REFUSE, reason="executes code; not a single simple command")
+        first = None
+        for rules in scopes:
+            first = _earliest(first, rules.first_allow(words))
+        if first is not None:
+            rule = view.rules[first]
+            return Decision(
+                Outcome.ALLOW, 4,
+                reason=f"developer mode and an allow rule for {call.tool!r} under {rule.prefix!r}"
+                f" ({_scope_words(rule)}) match a single simple command",
+                rule_id=rule.id,
+            )
+        return Decision(
+            Outcome.ASK, 4, _ALL_ANSWERS, reason="executes code; no allow rule matches this simple command"
+        )
 
     # Line 5: the profile asks every time; consents and run grants allow the rest.
     if family is Family.PROFILE:
