@@ -1,0 +1,89 @@
+"""Model providers behind one small streaming interface (see :mod:`.base`).
+
+``build_model(manifest["model"])`` turns a manifest's ``[model]`` table into a
+provider: ``scripted`` (the offline, deterministic default), ``openai`` (any
+OpenAI-compatible endpoint) or ``anthropic``. The HTTP providers are imported
+only when asked for, so an offline agent never loads httpx.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from apollia_nb.errors import ManifestInvalid
+
+from .base import (
+    PLAN_TOOL,
+    VERDICT_TOOL,
+    Completed,
+    Message,
+    ModelProvider,
+    ModelResponse,
+    RetryPolicy,
+    StreamEvent,
+    TextDelta,
+    ToolCallArgumentsDelta,
+    ToolCallRequest,
+    ToolCallStarted,
+    ToolSpec,
+    collect,
+    parse_plan,
+    parse_verdict,
+)
+from .scripted import ScriptedModel
+
+__all__ = [
+    "PROVIDERS",
+    "build_model",
+    "ModelProvider",
+    "ToolSpec",
+    "ToolCallRequest",
+    "Message",
+    "ModelResponse",
+    "StreamEvent",
+    "TextDelta",
+    "ToolCallStarted",
+    "ToolCallArgumentsDelta",
+    "Completed",
+    "PLAN_TOOL",
+    "VERDICT_TOOL",
+    "parse_plan",
+    "parse_verdict",
+    "collect",
+    "RetryPolicy",
+    "ScriptedModel",
+]
+
+PROVIDERS = ("scripted", "openai", "anthropic")
+
+
+def build_model(
+    model_table: Mapping[str, Any],
+    *,
+    env: Mapping[str, str] | None = None,
+    retry: RetryPolicy | None = None,
+) -> ModelProvider:
+    """The provider a manifest's ``[model]`` table declares.
+
+    ``provider`` defaults to ``"scripted"``. ``env`` (default ``os.environ``)
+    is where ``api_key_env`` is looked up; ``retry`` overrides the backoff and
+    sleep of the HTTP providers (``max_retries`` comes from the table).
+    Unknown keys and wrong types raise ``ManifestInvalid`` naming the key.
+    """
+    if not isinstance(model_table, Mapping):
+        raise ManifestInvalid(f"model: must be a table, got {model_table!r}")
+    provider = model_table.get("provider", "scripted")
+    environ: Mapping[str, str] = os.environ if env is None else env
+    if provider == "scripted":
+        return ScriptedModel.from_table(model_table, "model")
+    if provider == "openai":
+        from .openai import OpenAIModel
+
+        return OpenAIModel.from_table(model_table, environ, "model", retry=retry)
+    if provider == "anthropic":
+        from .anthropic import AnthropicModel
+
+        return AnthropicModel.from_table(model_table, environ, "model", retry=retry)
+    raise ManifestInvalid(f"model.provider: unknown provider {provider!r} (expected scripted, openai or anthropic)")

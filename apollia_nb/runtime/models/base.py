@@ -1,0 +1,566 @@
+"""The model provider interface: values, stream events, structured outputs.
+
+Every provider (``scripted``, ``openai``, ``anthropic``) speaks this one small
+interface so the task engine and chat never know which model they talk to:
+
+* ``complete(role, messages, tools)`` returns one :class:`ModelResponse`;
+* ``stream(role, messages, tools)`` yields :data:`StreamEvent` values and ends
+  with :class:`Completed`, which carries the same response ``complete`` returns.
+
+Structured outputs (a plan, a verdict) are tool calls: the planner is offered
+:data:`PLAN_TOOL`, the critic :data:`VERDICT_TOOL`, and :func:`parse_plan` /
+:func:`parse_verdict` read the answer or raise ``ModelPermanent``.
+
+The second half of this module is the plumbing the HTTP providers share: a
+sans-IO server-sent-events decoder, the HTTP error classification
+(429/5xx/timeouts are transient, other 4xx permanent), ``Retry-After`` parsing
+and one retrying request loop. httpx is imported only when a request is made,
+so the offline ``scripted`` provider never pays for it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from apollia_nb.errors import BadInput, ManifestInvalid, ModelError, ModelPermanent, ModelTransient
+
+__all__ = [
+    "ROLES",
+    "ToolSpec",
+    "ToolCallRequest",
+    "Message",
+    "ModelResponse",
+    "TextDelta",
+    "ToolCallStarted",
+    "ToolCallArgumentsDelta",
+    "Completed",
+    "StreamEvent",
+    "ModelProvider",
+    "PLAN_TOOL",
+    "VERDICT_TOOL",
+    "parse_plan",
+    "parse_verdict",
+    "collect",
+    "response_events",
+    "check_role",
+]
+
+Role = Literal["planner", "actor", "critic"]
+ROLES: tuple[str, ...] = ("planner", "actor", "critic")
+MessageRole = Literal["system", "user", "assistant", "tool"]
+_MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool offered to the model. ``parameters`` is a JSON Schema object; do not mutate it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCallRequest:
+    """A tool call the model asked for. ``arguments`` is the decoded JSON object."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arguments, dict):
+            raise BadInput(f"tool call {self.id!r}: arguments must be an object, not {type(self.arguments).__name__}")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a conversation, in provider-neutral form.
+
+    ``tool_calls`` only on ``assistant`` messages; ``tool_call_id`` (required) and
+    ``name`` (the tool's name) on ``tool`` messages, whose ``content`` is the result.
+    """
+
+    role: MessageRole
+    content: str = ""
+    tool_calls: tuple[ToolCallRequest, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in _MESSAGE_ROLES:
+            raise BadInput(f"message role {self.role!r} is not one of system, user, assistant, tool")
+        if not isinstance(self.tool_calls, tuple):
+            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if self.tool_calls and self.role != "assistant":
+            raise BadInput(f"a {self.role} message cannot carry tool calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise BadInput("a tool message needs the tool_call_id it answers")
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    """One model turn: its text, the tool calls it asks for, why it stopped, token usage.
+
+    ``stop_reason`` is the provider's own word (``"stop"``/``"tool_calls"`` for
+    openai and scripted, ``"end_turn"``/``"tool_use"``/``"max_tokens"`` for anthropic).
+    """
+
+    text: str
+    tool_calls: tuple[ToolCallRequest, ...] = ()
+    stop_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+# --------------------------------------------------------------------------- stream events
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of the reply's text; the pieces concatenate to ``ModelResponse.text``."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStarted:
+    """The model began a tool call; its arguments follow as deltas with the same id."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArgumentsDelta:
+    """A fragment of a tool call's JSON arguments, as the provider sent it."""
+
+    id: str
+    fragment: str
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The last event of every stream: the whole turn."""
+
+    response: ModelResponse
+
+
+StreamEvent = TextDelta | ToolCallStarted | ToolCallArgumentsDelta | Completed
+
+
+@runtime_checkable
+class ModelProvider(Protocol):
+    """What the task engine and chat use. ``role`` is planner, actor or critic."""
+
+    name: str
+
+    async def complete(
+        self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
+    ) -> ModelResponse: ...
+
+    def stream(
+        self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
+    ) -> AsyncIterator[StreamEvent]: ...
+
+
+def check_role(role: str) -> None:
+    """Refuse a role no provider knows (chat turns use ``"actor"``)."""
+    if role not in ROLES:
+        raise BadInput(f"model role {role!r} is not one of planner, actor, critic")
+
+
+async def collect(events: AsyncIterator[StreamEvent]) -> ModelResponse:
+    """Drain a stream and return its :class:`Completed` response."""
+    async with aclosing(events) as stream:  # type: ignore[type-var]
+        async for event in stream:
+            if isinstance(event, Completed):
+                return event.response
+    raise ModelPermanent("the model's stream ended without a completed response")
+
+
+_WORD = re.compile(r"\s*\S+\s*|\s+")
+
+
+def response_events(response: ModelResponse) -> list[StreamEvent]:
+    """The events that stream a finished response: its text word by word (each
+    word with its trailing whitespace), each tool call with its arguments as one
+    JSON fragment, then :class:`Completed`. Deterministic."""
+    events: list[StreamEvent] = [TextDelta(m.group(0)) for m in _WORD.finditer(response.text)]
+    for call in response.tool_calls:
+        events.append(ToolCallStarted(call.id, call.name))
+        events.append(ToolCallArgumentsDelta(call.id, json.dumps(call.arguments, ensure_ascii=False)))
+    events.append(Completed(response))
+    return events
+
+
+# --------------------------------------------------------------------------- structured outputs
+
+PLAN_TOOL = ToolSpec(
+    name="submit_plan",
+    description=(
+        "Submit your plan: the ordered steps that achieve the goal. "
+        "Each step is one short imperative sentence."
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "steps": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 1,
+                "description": "The steps, in the order they are to be done.",
+            }
+        },
+        "required": ["steps"],
+        "additionalProperties": False,
+    },
+)
+
+VERDICT_TOOL = ToolSpec(
+    name="submit_verdict",
+    description=(
+        "Submit your verdict on whether the goal was achieved: "
+        '"pass" if it was, "fail" with the reasons if it was not.'
+    ),
+    parameters={
+        "type": "object",
+        "properties": {
+            "verdict": {"type": "string", "enum": ["pass", "fail"]},
+            "reasons": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Why the goal is not achieved (may be empty on pass).",
+            },
+        },
+        "required": ["verdict", "reasons"],
+        "additionalProperties": False,
+    },
+)
+
+
+def _structured_call(response: ModelResponse, tool: ToolSpec) -> dict[str, Any]:
+    for call in response.tool_calls:
+        if call.name == tool.name:
+            return call.arguments
+    called = ", ".join(c.name for c in response.tool_calls) or "no tool"
+    raise ModelPermanent(f"expected a call to {tool.name}, the model called {called}")
+
+
+def parse_plan(response: ModelResponse) -> list[str]:
+    """The steps of the first ``submit_plan`` call: a non-empty list of non-empty strings."""
+    steps = _structured_call(response, PLAN_TOOL).get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise ModelPermanent("submit_plan: steps must be a non-empty list of strings")
+    for i, step in enumerate(steps):
+        if not isinstance(step, str) or not step.strip():
+            raise ModelPermanent(f"submit_plan: steps[{i}] must be a non-empty string, got {step!r}")
+    return list(steps)
+
+
+def parse_verdict(response: ModelResponse) -> tuple[Literal["pass", "fail"], list[str]]:
+    """The ``(verdict, reasons)`` of the first ``submit_verdict`` call; missing reasons are ``[]``."""
+    args = _structured_call(response, VERDICT_TOOL)
+    verdict = args.get("verdict")
+    if verdict not in ("pass", "fail"):
+        raise ModelPermanent(f'submit_verdict: verdict must be "pass" or "fail", got {verdict!r}')
+    reasons = args.get("reasons", [])
+    if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+        raise ModelPermanent("submit_verdict: reasons must be a list of strings")
+    return verdict, list(reasons)
+
+
+# --------------------------------------------------------------------------- manifest validation
+
+_REQUIRED: Any = object()
+
+
+def check_keys(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+    """Every key of ``table`` must be in ``allowed``; the error names the first that is not."""
+    for key in table:
+        if key not in allowed:
+            raise ManifestInvalid(f"{where}.{key}: unknown key (expected one of {', '.join(allowed)})")
+
+
+def _type_ok(value: Any, kind: str) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "table":
+        return isinstance(value, dict)
+    if kind == "list":
+        return isinstance(value, list | tuple)
+    raise AssertionError(kind)
+
+
+_KIND_WORDS = {
+    "bool": "true or false",
+    "int": "an integer",
+    "number": "a number",
+    "str": "a string",
+    "table": "a table",
+    "list": "an array",
+}
+
+
+def field_value(table: Mapping[str, Any], key: str, kind: str, where: str, default: Any = _REQUIRED) -> Any:
+    """``table[key]`` checked to be of ``kind`` (bool, int, number, str, table, list)."""
+    if key not in table:
+        if default is _REQUIRED:
+            raise ManifestInvalid(f"{where}.{key}: missing required key")
+        return default
+    value = table[key]
+    if not _type_ok(value, kind):
+        raise ManifestInvalid(f"{where}.{key}: must be {_KIND_WORDS[kind]}, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- HTTP plumbing
+
+
+class SSEDecoder:
+    """Server-sent events, sans-IO: feed lines (without their line ending),
+    get ``(event, data)`` pairs at each blank line. Comments are skipped."""
+
+    def __init__(self) -> None:
+        self._event: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> tuple[str | None, str] | None:
+        if line == "":
+            return self._dispatch()
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+    def close(self) -> tuple[str | None, str] | None:
+        """An event left pending when the stream ended without its blank line."""
+        return self._dispatch()
+
+    def _dispatch(self) -> tuple[str | None, str] | None:
+        event, data = self._event, self._data
+        self._event, self._data = None, []
+        if not data:
+            return None
+        return event, "\n".join(data)
+
+
+class StreamParser(Protocol):
+    """A provider's sans-IO reading of one response."""
+
+    done: bool
+
+    def feed_sse(self, event: str | None, data: str) -> list[StreamEvent]: ...
+
+    def feed_json(self, body: Any) -> list[StreamEvent]: ...
+
+    def finish(self) -> ModelResponse: ...
+
+
+def loads_json(data: str, provider: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise ModelPermanent(f"{provider}: the server sent malformed JSON: {data[:200]!r}") from None
+
+
+def decode_arguments(raw: str, provider: str, name: str) -> dict[str, Any]:
+    """A tool call's JSON arguments; empty means ``{}``; anything but an object is permanent."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise ModelPermanent(f"{provider}: malformed JSON arguments for tool {name}: {raw[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise ModelPermanent(f"{provider}: arguments for tool {name} are not a JSON object: {raw[:200]!r}")
+    return value
+
+
+def server_message(body: bytes) -> str:
+    """The human message in an error body, whatever the server's dialect."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:500] or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+        for key in ("message", "detail"):
+            if isinstance(data.get(key), str):
+                return data[key]
+    return text[:500]
+
+
+def retry_after_secs(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    ms = lowered.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000.0)
+        except ValueError:
+            pass
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def is_transient_status(status: int) -> bool:
+    """429, 408 and every 5xx (Anthropic's 529 included) are worth retrying."""
+    return status in (408, 429) or status >= 500
+
+
+class AttemptFailed(Exception):
+    """One HTTP attempt failed: the error to raise and, for a transient one, the wait asked for."""
+
+    def __init__(self, error: ModelError, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+def status_failure(provider: str, status: int, body: bytes, headers: Mapping[str, str]) -> AttemptFailed:
+    message = f"{provider}: HTTP {status}: {server_message(body)}"
+    if is_transient_status(status):
+        return AttemptFailed(ModelTransient(message), retry_after_secs(headers))
+    return AttemptFailed(ModelPermanent(message))
+
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries of transient failures that happen before any event was yielded.
+
+    The wait is the server's ``Retry-After`` when it sends one, else
+    ``backoff_base_secs * 2**attempt``; never more than ``max_delay_secs``.
+    ``sleep`` is injectable so tests never wait.
+    """
+
+    max_retries: int = 2
+    backoff_base_secs: float = 0.5
+    max_delay_secs: float = 30.0
+    sleep: Sleep | None = None
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        wanted = retry_after if retry_after is not None else self.backoff_base_secs * (2**attempt)
+        return min(self.max_delay_secs, wanted)
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    provider: str
+    url: str
+    headers: Mapping[str, str]
+    body: Mapping[str, Any]
+    timeout_secs: float
+
+
+async def _one_attempt(request: HttpRequest, parser: StreamParser) -> AsyncIterator[StreamEvent]:
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(request.timeout_secs)) as client:
+            async with client.stream(
+                "POST", request.url, headers=dict(request.headers), json=dict(request.body)
+            ) as resp:
+                if resp.status_code >= 400:
+                    raise status_failure(request.provider, resp.status_code, await resp.aread(), resp.headers)
+                if "event-stream" in resp.headers.get("content-type", ""):
+                    decoder = SSEDecoder()
+                    async for line in resp.aiter_lines():
+                        item = decoder.feed(line)
+                        if item is not None:
+                            for event in parser.feed_sse(*item):
+                                yield event
+                        if parser.done:
+                            break
+                    tail = decoder.close()
+                    if tail is not None and not parser.done:
+                        for event in parser.feed_sse(*tail):
+                            yield event
+                else:
+                    text = (await resp.aread()).decode("utf-8", "replace")
+                    if text.lstrip().startswith("data:") or text.lstrip().startswith("event:"):
+                        decoder = SSEDecoder()
+                        for line in text.splitlines() + [""]:
+                            item = decoder.feed(line)
+                            if item is not None and not parser.done:
+                                for event in parser.feed_sse(*item):
+                                    yield event
+                    else:
+                        for event in parser.feed_json(loads_json(text, request.provider)):
+                            yield event
+    except httpx.TimeoutException as exc:
+        raise AttemptFailed(
+            ModelTransient(f"{request.provider}: no answer within {request.timeout_secs:g} s ({type(exc).__name__})")
+        ) from None
+    except httpx.TransportError as exc:
+        raise AttemptFailed(
+            ModelTransient(f"{request.provider}: cannot reach {request.url}: {type(exc).__name__}: {exc}")
+        ) from None
+    yield Completed(parser.finish())
+
+
+async def http_stream(
+    request: HttpRequest, make_parser: Callable[[], StreamParser], retry: RetryPolicy
+) -> AsyncIterator[StreamEvent]:
+    """POST ``request`` and yield its events, retrying transient failures that
+    happen before the first event (a half-delivered reply is never replayed)."""
+    attempt = 0
+    while True:
+        emitted = False
+        try:
+            async with aclosing(_one_attempt(request, make_parser())) as events:
+                async for event in events:
+                    emitted = True
+                    yield event
+            return
+        except AttemptFailed as failed:
+            if emitted or not failed.error.transient or attempt >= retry.max_retries:
+                raise failed.error from None
+            delay = retry.delay(attempt, failed.retry_after)
+        if retry.sleep is None:
+            import anyio
+
+            await anyio.sleep(delay)
+        else:
+            await retry.sleep(delay)
+        attempt += 1
