@@ -1,0 +1,96 @@
+"""Waiting decisions ("cards"): a question to a person, answerable by click or from code.
+
+A card mirrors one row of the pending-decisions table. A watched run awaits its
+card (a plain await: no budget is consumed); an unattended run suspends and is
+resumed by the runtime when the answer arrives. Either way the answer goes
+through ``Runtime.answer`` so it is validated, journaled and applied once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.runtime.runtime import Runtime
+
+__all__ = ["Card", "CHAT_CARD_TIMEOUT_SECS"]
+
+#: An unanswered card in a conversation resolves to ``refuse`` after exactly this long.
+#: Fixed in code, not configurable (SPEC §4).
+CHAT_CARD_TIMEOUT_SECS = 300.0
+
+
+@dataclass(eq=False)
+class Card:
+    id: str
+    run_id: str
+    agent: str
+    tool: str
+    family: str | None
+    arguments: dict[str, Any]
+    answers: tuple[str, ...]
+    reason: str
+    line: int
+    call_id: str
+    created_at: str
+    task_id: str | None = None
+    session_id: str | None = None
+    hints: dict[str, Any] | None = None
+    answer_value: str | None = None
+    answered_by: str | None = None
+    answered_at: str | None = None
+    _runtime: "Runtime | None" = field(default=None, repr=False)
+    _event: anyio.Event = field(default_factory=anyio.Event, repr=False)
+
+    @property
+    def waiting(self) -> bool:
+        return self.answer_value is None
+
+    def answer(self, answer: str, by: str = "user", reason: str | None = None) -> "Card":
+        """Answer this card (``once``, ``always`` or ``refuse`` — only those on offer)."""
+        if self._runtime is None:
+            raise RuntimeError("card is not attached to a runtime")
+        self._runtime.answer(self.id, answer, by=by, reason=reason)
+        return self
+
+    def _resolve(self, answer: str, by: str, at: str) -> None:
+        self.answer_value = answer
+        self.answered_by = by
+        self.answered_at = at
+        self._event.set()
+
+    async def wait(self) -> str:
+        await self._event.wait()
+        assert self.answer_value is not None
+        return self.answer_value
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "session_id": self.session_id,
+            "agent": self.agent,
+            "tool": self.tool,
+            "family": self.family,
+            "arguments": self.arguments,
+            "answers": list(self.answers),
+            "reason": self.reason,
+            "line": self.line,
+            "call_id": self.call_id,
+            "created_at": self.created_at,
+            "hints": self.hints,
+            "answer": self.answer_value,
+            "answered_by": self.answered_by,
+            "answered_at": self.answered_at,
+        }
+
+    def __repr__(self) -> str:
+        state = f"answered {self.answer_value!r} by {self.answered_by}" if self.answer_value else "waiting"
+        return (
+            f"<Card {self.id} {self.agent}→{self.tool} ({self.family or 'unclassified'}) "
+            f"line {self.line}, answers {'/'.join(self.answers)}: {state}>"
+        )

@@ -1,0 +1,481 @@
+"""Chat sessions (Scenario B): streamed replies, plan-mode, pause / inject / resume, fork, children.
+
+States ``active``, ``processing``, ``paused``, ``closed``. A message starts an
+*exchange* — model turns and governed tool calls until the model answers with
+text — run as a background task owned by the runtime; its events (text deltas,
+tool calls, cards, the reply) are kept on the exchange so any number of
+viewers can follow it. A second message while ``processing`` is refused
+(``SESSION_BUSY``). Cards in a conversation resolve to ``refuse`` after exactly
+five minutes. ``pause`` stops the exchange at the next safe point (between
+model turns and tool calls); ``inject`` adds a user message; ``resume``
+continues. In plan-mode a message first gets a plan (the planner may use
+read-only tools only); nothing else runs until the user approves (optionally
+edited) or rejects it. ``close`` cancels the exchange in flight; ``closed`` is
+terminal and the history stays readable. Sessions are persisted in
+``runtime.db``; one left ``processing`` by a crash is not reloaded at boot, and
+``resume`` brings it back as ``active``.
+
+Each session is one journal run (``run_kind`` ``chat``), sealed at close.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from apollia_nb.errors import BadInput, Conflict, SessionBusy, SessionClosed, UnknownSession
+from apollia_nb.governance.decision import READ_ONLY_FAMILIES
+from apollia_nb.runtime.states import SESSION, SessionState, StateCell
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.runtime.agents import Agent
+    from apollia_nb.runtime.cards import Card
+    from apollia_nb.runtime.runtime import Runtime
+
+__all__ = ["Session", "Exchange", "Sessions"]
+
+
+@dataclass(eq=False)
+class Exchange:
+    """One message's work. ``events`` grows as it runs; ``await exchange`` gives the reply."""
+
+    id: str
+    message: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    reply: str | None = None
+    status: str = "running"  # running | paused | done | cancelled | failed
+    error: dict[str, str] | None = None
+    _changed: anyio.Event = field(default_factory=anyio.Event, repr=False)
+    _done: anyio.Event = field(default_factory=anyio.Event, repr=False)
+
+    def _push(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    def _end(self, status: str) -> None:
+        self.status = status
+        self._push({"type": "end", "status": status, "reply": self.reply, "error": self.error})
+        self._done.set()
+
+    async def stream(self):  # type: ignore[no-untyped-def]
+        """Every event from the first, then live ones until the exchange ends or pauses."""
+        index = 0
+        while True:
+            while index < len(self.events):
+                event = self.events[index]
+                index += 1
+                yield event
+                if event["type"] in ("end", "paused"):
+                    return
+            await self._changed.wait()
+
+    @property
+    def text(self) -> str:
+        return "".join(e["text"] for e in self.events if e["type"] == "text")
+
+    async def wait(self) -> "Exchange":
+        await self._done.wait()
+        return self
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self.wait().__await__()
+
+
+class Session:
+    def __init__(self, sessions: "Sessions", agent: "Agent", record: dict[str, Any]) -> None:
+        self._sessions = sessions
+        self.agent = agent
+        self.r = record
+        self.cell = StateCell(SESSION, record["state"])
+        self.exchange: Exchange | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._pause_requested = False
+
+    # ------------------------------------------------------------------ views
+    @property
+    def id(self) -> str:
+        return self.r["id"]
+
+    @property
+    def state(self) -> str:
+        return self.cell.state.value
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return list(self.r["history"])
+
+    @property
+    def pending(self) -> list["Card"]:
+        return [c for c in self._sessions.rt._cards.values() if c.session_id == self.id and c.waiting]
+
+    @property
+    def pending_plan(self) -> list[str] | None:
+        return self.r.get("pending_plan")
+
+    @property
+    def children(self) -> list["Session"]:
+        return [self._sessions.get(cid) for cid in self.r["children"]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "agent": self.agent.name, "state": self.state, "plan_mode": self.r["plan_mode"],
+            "parent_id": self.r.get("parent_id"), "forked_from": self.r.get("forked_from"),
+            "children": list(self.r["children"]), "history": self.history, "run_id": self.r["run_id"],
+            "pending_plan": self.pending_plan, "created_at": self.r["created_at"],
+        }
+
+    # ------------------------------------------------------------------ moves
+    def _move(self, target: SessionState) -> None:
+        self.cell.move(target)
+        self.r["state"] = self.cell.state.value
+        self._save()
+        self._sessions.rt._emit("session", self)
+
+    def _save(self) -> None:
+        rt = self._sessions.rt
+        rt.records.save_session(self.r, rt.now_iso())
+
+    def _check_open(self) -> None:
+        if self.cell.state == SessionState.CLOSED:
+            raise SessionClosed(f"session {self.id} is closed; its history stays readable")
+
+    def send(self, text: str) -> Exchange:
+        """Start an exchange for a user message; returns it at once (stream it or await it)."""
+        self._check_open()
+        if not isinstance(text, str) or not text.strip():
+            raise BadInput("a message needs text")
+        if self.cell.state == SessionState.PROCESSING:
+            raise SessionBusy(f"session {self.id} is still answering; wait for it or pause it")
+        if self.cell.state == SessionState.PAUSED:
+            raise Conflict(f"session {self.id} is paused: inject a message or resume it")
+        if self.pending_plan is not None:
+            raise Conflict(f"session {self.id} has a plan waiting: approve or reject it first")
+        self._append({"role": "user", "content": text})
+        planning = bool(self.r["plan_mode"])
+        return self._start(text, planning=planning)
+
+    def inject(self, text: str) -> None:
+        """Add a user message; the next turn (after resume) sees it."""
+        self._check_open()
+        if not isinstance(text, str) or not text.strip():
+            raise BadInput("a message needs text")
+        self._append({"role": "user", "content": text, "injected": True})
+        self._journal_status("injected")
+
+    def pause(self) -> None:
+        """Stop the exchange in flight at the next safe point."""
+        self._check_open()
+        if self.cell.state == SessionState.PAUSED:
+            return
+        if self.cell.state == SessionState.PROCESSING:
+            self._pause_requested = True
+        else:
+            self._move(SessionState.PAUSED)
+            self._journal_status("paused")
+
+    def resume(self) -> Exchange | None:
+        """Continue a paused exchange (or return to ``active`` when nothing was interrupted)."""
+        self._check_open()
+        if self.cell.state == SessionState.PROCESSING and self.exchange is None:
+            # Left processing by a crash: back to active, nothing to continue.
+            self._move(SessionState.ACTIVE)
+            self._journal_status("active")
+            return None
+        if self.cell.state != SessionState.PAUSED:
+            raise Conflict(f"session {self.id} is {self.state}, not paused")
+        if self.exchange is not None and self.exchange.status == "paused":
+            self._move(SessionState.PROCESSING)
+            return self._start(self.exchange.message, planning=False, resume=True)
+        self._move(SessionState.ACTIVE)
+        self._journal_status("active")
+        return None
+
+    async def close(self) -> None:
+        """Cancel the exchange in flight; ``closed`` is terminal."""
+        if self.cell.state == SessionState.CLOSED:
+            return
+        if self._scope is not None:
+            self._scope.cancel()
+            if self.exchange is not None:
+                await self.exchange.wait()
+        for card in self.pending:
+            self._sessions.rt.answer(card.id, "refuse", by="close", reason="the session was closed")
+        self._move(SessionState.CLOSED)
+        rt = self._sessions.rt
+        await rt.journal.append_async("session_status", {"session_id": self.id, "status": "closed"},
+                                      run_id=self.r["run_id"], agent=self.agent.name)
+        entries = await rt.run_entry_count(self.r["run_id"])
+        await rt.journal.append_async("run_seal", {"status": "closed", "entries": entries},
+                                      run_id=self.r["run_id"], agent=self.agent.name)
+        rt._after_run(self.r["run_id"])
+
+    def approve_plan(self, steps: list[str] | None = None) -> Exchange:
+        """Run the proposed plan (optionally edited)."""
+        plan = self._plan_to_answer()
+        if steps is not None:
+            if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s for s in steps):
+                raise BadInput("edited steps must be a non-empty list of strings")
+            plan = steps
+        self.r["pending_plan"] = None
+        self.r["approved_plan"] = plan
+        self._journal("plan", {"session_id": self.id, "approved": True, "steps": plan, "edited": steps is not None})
+        self._append({"role": "user", "content": "Approved plan:\n" + "\n".join(f"{i + 1}. {s}" for i, s in enumerate(plan))})
+        return self._start("(approved plan)", planning=False)
+
+    def reject_plan(self, reason: str = "") -> None:
+        self._plan_to_answer()
+        self.r["pending_plan"] = None
+        self._journal("plan", {"session_id": self.id, "approved": False, "reason": reason})
+        self._append({"role": "user", "content": f"Plan rejected: {reason}" if reason else "Plan rejected."})
+        self._save()
+
+    def _plan_to_answer(self) -> list[str]:
+        self._check_open()
+        plan = self.pending_plan
+        if plan is None:
+            raise Conflict(f"session {self.id} has no plan waiting")
+        if self.cell.state == SessionState.PROCESSING:
+            raise SessionBusy(f"session {self.id} is still answering")
+        return list(plan)
+
+    # ------------------------------------------------------------------ the exchange
+    def _append(self, message: dict[str, Any]) -> None:
+        self.r["history"].append(message)
+        self._save()
+
+    def _journal(self, kind: str, payload: dict[str, Any]) -> None:
+        self._sessions.rt.journal.append(kind, payload, run_id=self.r["run_id"], agent=self.agent.name)
+
+    def _journal_status(self, status: str) -> None:
+        self._journal("session_status", {"session_id": self.id, "status": status})
+
+    def _start(self, message: str, *, planning: bool, resume: bool = False) -> Exchange:
+        if not resume:
+            self.exchange = Exchange(id=f"x-{uuid.uuid4().hex[:8]}", message=message)
+            self._move(SessionState.PROCESSING)
+        else:
+            assert self.exchange is not None
+            self.exchange.status = "running"
+        self._journal_status("processing")
+        exchange = self.exchange
+        assert exchange is not None
+        rt = self._sessions.rt
+
+        async def owned() -> None:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                try:
+                    await self._run_exchange(exchange, planning)
+                except Exception as exc:  # reported on the exchange; the session stays usable
+                    from apollia_nb.errors import ApolliaError
+
+                    err = exc if isinstance(exc, ApolliaError) else ApolliaError(f"{type(exc).__name__}: {exc}")
+                    exchange.error = err.to_dict()
+                    self._finish_exchange(exchange, "failed")
+            if scope.cancelled_caught and exchange.status == "running":
+                with anyio.CancelScope(shield=True):
+                    exchange._end("cancelled")
+            self._scope = None
+
+        rt._tg.start_soon(owned)
+        return exchange
+
+    def _finish_exchange(self, exchange: Exchange, status: str) -> None:
+        if self.cell.state == SessionState.PROCESSING:
+            self._move(SessionState.ACTIVE)
+            self._journal_status("active")
+        exchange._end(status)
+
+    def _safe_point(self, exchange: Exchange) -> bool:
+        """At a safe point: honour a pause. True when the exchange must stop here."""
+        if not self._pause_requested:
+            return False
+        self._pause_requested = False
+        exchange.status = "paused"
+        exchange._push({"type": "paused"})
+        self._move(SessionState.PAUSED)
+        self._journal_status("paused")
+        return True
+
+    def _messages(self, role: str) -> list[Any]:
+        from apollia_nb.runtime.models.base import Message, ToolCallRequest
+
+        out = [Message(role="system", content=self.agent.system_prompt(role))]
+        for m in self.r["history"]:
+            calls = tuple(ToolCallRequest(**tc) for tc in m.get("tool_calls") or ())
+            out.append(Message(role=m["role"], content=m.get("content") or "", tool_calls=calls,
+                               tool_call_id=m.get("tool_call_id"), name=m.get("name")))
+        return out
+
+    def _tools(self, planning: bool) -> list[Any]:
+        from apollia_nb.runtime.models.base import PLAN_TOOL
+
+        specs = self.agent.tool_specs()
+        if not planning:
+            return specs
+        readonly = [s for s in specs if self.agent.tools.get(s.name).family in READ_ONLY_FAMILIES]
+        return [*readonly, PLAN_TOOL]
+
+    async def _run_exchange(self, exchange: Exchange, planning: bool) -> None:
+        from apollia_nb.runtime.governed import governed_call
+        from apollia_nb.runtime.models.base import Completed, TextDelta, ToolCallStarted, parse_plan
+
+        rt = self._sessions.rt
+        role = "planner" if planning else "actor"
+        while True:
+            if self._safe_point(exchange):
+                return
+            response = None
+            async for event in self.agent.model.stream(role, self._messages(role), self._tools(planning)):
+                if isinstance(event, TextDelta):
+                    exchange._push({"type": "text", "text": event.text})
+                elif isinstance(event, ToolCallStarted):
+                    exchange._push({"type": "tool_call_started", "name": event.name})
+                elif isinstance(event, Completed):
+                    response = event.response
+            assert response is not None
+            self.r["turns"] = self.r.get("turns", 0) + 1
+            turn = self.r["turns"]
+            calls = [
+                {"id": f"s{turn}-{i + 1}", "name": tc.name, "arguments": dict(tc.arguments)}
+                for i, tc in enumerate(response.tool_calls)
+            ]
+            await rt.journal.append_async("model_response", {
+                "role": role, "turn": turn, "text": response.text,
+                "tool_calls": [{"call_id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls
+                               if c["name"] != "submit_plan"],
+            }, run_id=self.r["run_id"], agent=self.agent.name)
+            plan_call = next((c for c in calls if c["name"] == "submit_plan"), None)
+            if planning and plan_call is not None:
+                steps = parse_plan(response)
+                self.r["pending_plan"] = steps
+                self._append({"role": "assistant", "content": response.text or "Proposed plan:\n"
+                              + "\n".join(f"{i + 1}. {s}" for i, s in enumerate(steps))})
+                self._journal("plan", {"session_id": self.id, "proposed": steps})
+                exchange._push({"type": "plan", "steps": steps})
+                exchange.reply = self.r["history"][-1]["content"]
+                self._finish_exchange(exchange, "done")
+                return
+            tool_calls = [c for c in calls if c["name"] != "submit_plan"]
+            self._append({"role": "assistant", "content": response.text, "tool_calls": tool_calls})
+            if not tool_calls:
+                exchange.reply = response.text
+                self._finish_exchange(exchange, "done")
+                return
+            for c in tool_calls:
+                if self._safe_point(exchange):
+                    # The rest of this turn's calls are not made: tell the model so.
+                    for rest in tool_calls[tool_calls.index(c):]:
+                        self._append({"role": "tool", "content": '{"skipped": "paused"}',
+                                      "tool_call_id": rest["id"], "name": rest["name"]})
+                        await rt.journal.append_async("tool_result", {
+                            "call_id": rest["id"], "tool": rest["name"], "status": "skipped",
+                            "error_code": "PAUSED", "output": None,
+                            "output_digest": "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b",
+                        }, run_id=self.r["run_id"], agent=self.agent.name)
+                    return
+                allowed_names = {s.name for s in self._tools(planning)}
+                if planning and c["name"] not in allowed_names:
+                    from apollia_nb.runtime.governed import CallResult
+
+                    result = CallResult(c["id"], c["name"], "refused", error_code="REFUSED",
+                                        error_message="only read-only tools before the plan is approved")
+                    await rt.journal.append_async("tool_result", {
+                        "call_id": c["id"], "tool": c["name"], "status": "refused", "error_code": "REFUSED",
+                        "output": None,
+                        "output_digest": "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b",
+                    }, run_id=self.r["run_id"], agent=self.agent.name)
+                else:
+                    async def on_wait(card: Any) -> None:
+                        exchange._push({"type": "card", "card": card.to_dict()})
+
+                    result = await governed_call(
+                        rt, self.agent, run_id=self.r["run_id"], call_id=c["id"], name=c["name"],
+                        arguments=c["arguments"], mode="chat", session_id=self.id, waiting_hook=on_wait,
+                    )
+                exchange._push({"type": "tool_result", "call_id": c["id"], "tool": c["name"],
+                                "status": result.status, "error_code": result.error_code})
+                self._append({"role": "tool", "content": result.for_model(), "tool_call_id": c["id"],
+                              "name": c["name"]})
+
+
+class Sessions:
+    """The runtime's chat sessions."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        self._sessions: dict[str, Session] = {}
+        self._unloaded: dict[str, dict[str, Any]] = {}
+        for record in rt.records.sessions():
+            agent = rt._agents.get(record["agent"])
+            if record["state"] == SessionState.PROCESSING.value or agent is None:
+                self._unloaded[record["id"]] = record  # not reloaded at boot; resume brings it back
+                continue
+            self._sessions[record["id"]] = Session(self, agent, record)
+
+    def open(self, agent: str, *, plan_mode: bool = False, parent_id: str | None = None,
+             history: list[dict[str, Any]] | None = None, forked_from: str | None = None) -> Session:
+        the_agent = self.rt.agent(agent)
+        the_agent.check_accepts_work()
+        session_id = f"chat-{uuid.uuid4().hex[:12]}"
+        record = {
+            "id": session_id, "agent": agent, "state": SessionState.ACTIVE.value, "plan_mode": plan_mode,
+            "parent_id": parent_id, "forked_from": forked_from, "children": [],
+            "history": list(history or []), "run_id": f"run-{uuid.uuid4().hex[:12]}",
+            "pending_plan": None, "created_at": self.rt.now_iso(),
+        }
+        session = Session(self, the_agent, record)
+        self._sessions[session_id] = session
+        self.rt.journal.append("run_open", {"run_kind": "chat", "session_id": session_id,
+                                            **({"parent_id": parent_id} if parent_id else {}),
+                                            **({"forked_from": forked_from} if forked_from else {})},
+                               run_id=record["run_id"], agent=agent)
+        session._save()
+        if parent_id is not None:
+            parent = self.get(parent_id)
+            parent.r["children"].append(session_id)
+            parent._save()
+        return session
+
+    def get(self, session_id: str) -> Session:
+        if session_id in self._sessions:
+            return self._sessions[session_id]
+        if session_id in self._unloaded:
+            raise Conflict(f"session {session_id} was left processing by a crash: resume it")
+        raise UnknownSession(f"no session {session_id!r}")
+
+    def resume(self, session_id: str) -> Session:
+        """Bring back a session left ``processing`` by a crash, as ``active``."""
+        if session_id in self._unloaded:
+            record = self._unloaded.pop(session_id)
+            agent = self.rt.agent(record["agent"])
+            session = Session(self, agent, record)
+            self._sessions[session_id] = session
+            session.resume()
+            return session
+        session = self.get(session_id)
+        session.resume()
+        return session
+
+    def fork(self, session_id: str) -> Session:
+        """A new session with a copy of this one's history."""
+        source = self.get(session_id)
+        if source.state == SessionState.PROCESSING.value:
+            raise SessionBusy(f"session {session_id} is still answering; fork it when it is done")
+        return self.open(source.agent.name, plan_mode=source.r["plan_mode"],
+                         history=[dict(m) for m in source.r["history"]], forked_from=session_id)
+
+    def spawn_child(self, parent_id: str, agent: str | None = None, *, plan_mode: bool = False) -> Session:
+        parent = self.get(parent_id)
+        parent._check_open()
+        return self.open(agent or parent.agent.name, plan_mode=plan_mode, parent_id=parent_id)
+
+    def all(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def _after_answer(self, card: "Card") -> None:
+        """Cards in chat are awaited in place; nothing to resume."""

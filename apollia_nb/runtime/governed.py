@@ -1,0 +1,203 @@
+"""One governed tool call: decide, journal, ask or run — the same path for tasks and chat.
+
+Order of events for a call, each journaled before what it allows:
+``decision`` → (``answer`` when a person was asked) → ``tool_call`` → the tool
+runs → ``tool_result``. A refused call gets a ``tool_result`` with status
+``refused`` and the tool never runs. An unknown tool or bad arguments get an
+error result the model can read; they never reach the tool.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from apollia_nb.errors import ApolliaError, BadArgument, UnknownTool
+from apollia_nb.governance.decision import Call, Decision, Outcome, decide
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.runtime.agents import Agent
+    from apollia_nb.runtime.cards import Card
+    from apollia_nb.runtime.runtime import Runtime
+
+__all__ = ["CallResult", "governed_call", "run_approved_call", "Mode", "OUTPUT_CAP"]
+
+Mode = Literal["watched", "unattended", "chat"]
+
+#: Outputs larger than this (in canonical JSON characters) are cut in the journal; the digest is of the whole.
+OUTPUT_CAP = 16_384
+
+
+@dataclass
+class CallResult:
+    call_id: str
+    tool: str
+    status: Literal["ok", "error", "refused", "waiting"]
+    output: Any = None
+    error_code: str | None = None
+    error_message: str | None = None
+    decision: Decision | None = None
+    card: "Card | None" = None
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def for_model(self) -> str:
+        """What the model reads as the tool's result."""
+        import json
+
+        if self.status == "ok":
+            return json.dumps(self.output, default=str, ensure_ascii=False)
+        if self.status == "refused":
+            return json.dumps({"refused": True, "reason": self.error_message})
+        return json.dumps({"error": self.error_code, "message": self.error_message})
+
+
+def _capped(output: Any) -> tuple[Any, str, bool]:
+    from apollia_nb.journal.entry import canonical_json
+
+    try:
+        text = canonical_json(output).decode()
+    except Exception:
+        output = repr(output)
+        text = canonical_json(output).decode()
+    import hashlib
+
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    if len(text) > OUTPUT_CAP:
+        return {"truncated": True, "size": len(text), "head": text[:OUTPUT_CAP]}, digest, True
+    return output, digest, False
+
+
+async def governed_call(
+    rt: "Runtime",
+    agent: "Agent",
+    *,
+    run_id: str,
+    call_id: str,
+    name: str,
+    arguments: dict[str, Any],
+    mode: Mode,
+    grants: frozenset[str] = frozenset(),
+    task_id: str | None = None,
+    session_id: str | None = None,
+    waiting_hook: Any = None,
+) -> CallResult:
+    """Decide one call and carry the decision out (or park it when nobody watches)."""
+    from apollia_nb.runtime.tools import order_arguments
+
+    try:
+        tooldef = agent.tools.get(name)
+        ordered = order_arguments(tooldef, arguments)
+    except (UnknownTool, BadArgument) as exc:
+        await rt.journal.append_async(
+            "tool_result",
+            {"call_id": call_id, "tool": name, "status": "error", "error_code": exc.code,
+             "output": None, "output_digest": _capped(None)[1]},
+            run_id=run_id, agent=agent.name,
+        )
+        return CallResult(call_id, name, "error", error_code=exc.code, error_message=exc.message, arguments=arguments)
+
+    family = tooldef.family.value if tooldef.family is not None else None
+    call = Call(
+        agent=agent.name, tool=name, family=tooldef.family, arguments=ordered,
+        connection=tooldef.connection, run_grants=frozenset(grants),
+    )
+    decision = decide(call, rt.governance.view())
+    await rt.journal.append_async(
+        "decision",
+        {
+            "call_id": call_id, "tool": name, "family": family, "arguments": ordered,
+            "outcome": decision.outcome.value, "line": decision.line,
+            "answers": [a.value for a in decision.answers], "reason": decision.reason,
+            "connection": tooldef.connection,
+        },
+        run_id=run_id, agent=agent.name,
+    )
+    if decision.outcome is Outcome.REFUSE:
+        return await _refused(rt, agent, run_id, call_id, name, ordered, decision.reason, decision)
+    if decision.outcome is Outcome.ALLOW:
+        return await run_approved_call(rt, agent, run_id=run_id, call_id=call_id, name=name,
+                                       arguments=ordered, decision=decision)
+
+    card = rt._open_card(
+        agent=agent, run_id=run_id, call_id=call_id, tool=name, family=family, arguments=ordered,
+        decision=decision, task_id=task_id, session_id=session_id,
+        hints=tooldef.annotations,
+    )
+    if mode == "unattended":
+        return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=ordered)
+    if waiting_hook is not None:
+        await waiting_hook(card)
+    if mode == "chat":
+        from apollia_nb.runtime.cards import CHAT_CARD_TIMEOUT_SECS
+
+        with anyio.move_on_after(rt.chat_card_timeout if rt.chat_card_timeout is not None else CHAT_CARD_TIMEOUT_SECS):
+            await card.wait()
+        if card.waiting:
+            rt.answer(card.id, "refuse", by="timeout", reason="unanswered for 5 minutes")
+    else:
+        await card.wait()
+    return await continue_after_answer(rt, agent, card, decision=decision)
+
+
+async def continue_after_answer(
+    rt: "Runtime", agent: "Agent", card: "Card", *, decision: Decision | None = None
+) -> CallResult:
+    """Carry out an answered card: ``once``/``always`` run the call, ``refuse`` refuses it."""
+    if card.answer_value == "refuse":
+        why = f"refused by {card.answered_by}"
+        return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, decision)
+    return await run_approved_call(rt, agent, run_id=card.run_id, call_id=card.call_id, name=card.tool,
+                                   arguments=card.arguments, decision=decision)
+
+
+async def _refused(rt: "Runtime", agent: "Agent", run_id: str, call_id: str, name: str,
+                   arguments: dict[str, Any], reason: str, decision: Decision | None) -> CallResult:
+    await rt.journal.append_async(
+        "tool_result",
+        {"call_id": call_id, "tool": name, "status": "refused", "error_code": "REFUSED",
+         "output": None, "output_digest": _capped(None)[1]},
+        run_id=run_id, agent=agent.name,
+    )
+    return CallResult(call_id, name, "refused", error_code="REFUSED", error_message=reason,
+                      decision=decision, arguments=arguments)
+
+
+async def run_approved_call(
+    rt: "Runtime", agent: "Agent", *, run_id: str, call_id: str, name: str,
+    arguments: dict[str, Any], decision: Decision | None = None,
+) -> CallResult:
+    """Journal ``tool_call`` (durable), run the tool under its breaker and timeout, journal the result."""
+    from apollia_nb.runtime.tools import invoke
+
+    tooldef = agent.tools.get(name)
+    await rt.journal.append_async(
+        "tool_call", {"call_id": call_id, "tool": name, "arguments": arguments},
+        run_id=run_id, agent=agent.name,
+    )
+    outcome = await invoke(tooldef, arguments, breakers=rt.breakers)
+    if outcome.status == "ok":
+        shown, digest, _ = _capped(outcome.output)
+        await rt.journal.append_async(
+            "tool_result",
+            {"call_id": call_id, "tool": name, "status": "ok", "output": shown, "output_digest": digest},
+            run_id=run_id, agent=agent.name,
+        )
+        return CallResult(call_id, name, "ok", output=outcome.output, decision=decision, arguments=arguments)
+    err: ApolliaError | None = outcome.error
+    code = outcome.error_code or (err.code if err else "TOOL_ERROR")
+    message = err.message if err else code
+    await rt.journal.append_async(
+        "tool_result",
+        {"call_id": call_id, "tool": name, "status": "error", "error_code": code,
+         "output": {"message": message}, "output_digest": _capped({"message": message})[1]},
+        run_id=run_id, agent=agent.name,
+    )
+    return CallResult(call_id, name, "error", error_code=code, error_message=message,
+                      decision=decision, arguments=arguments)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"

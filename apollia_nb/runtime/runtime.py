@@ -1,0 +1,710 @@
+"""``Runtime``: the object model every surface drives (notebook, REST API, CLI, plain Python).
+
+One ``Runtime`` owns one home: the owner lock, the journal, the governance
+store, ``runtime.db``. Runs are background tasks owned by the runtime's task
+group; a submission returns a ``TaskHandle`` at once. Use it as::
+
+    async with Runtime(home) as rt:
+        agent = await rt.register_agent(MANIFEST)
+        handle = await rt.submit("clerk", "Write the summary")
+        for card in handle.pending: card.answer("once")
+        task = await handle
+
+or, where no ``async with`` can span the session (a notebook kernel),
+``rt = await Runtime.open(home)`` … ``await rt.aclose()``. ``Runtime.blocking()``
+gives a small synchronous facade over a private event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from apollia_nb.errors import (
+    AgentUnavailable,
+    ApolliaError,
+    BadAnswer,
+    BadInput,
+    Conflict,
+    Expired,
+    Interrupted,
+    UnknownAgent,
+    UnknownDecision,
+    UnknownTask,
+)
+from apollia_nb.home import Home, OwnerLock
+from apollia_nb.runtime.agents import Agent, install_packages, new_state, startup_failure
+from apollia_nb.runtime.cards import Card
+from apollia_nb.runtime.states import ProcessState, TaskStatus
+from apollia_nb.runtime.tasks import TaskRun, new_task_record, task_json
+
+__all__ = ["Runtime", "TaskHandle"]
+
+
+def _utc_iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class TaskHandle:
+    """A submitted task: ``await handle`` returns it finished; ``.status``, ``.pending``, ``.to_dict()``."""
+
+    def __init__(self, rt: "Runtime", task_id: str) -> None:
+        self._rt = rt
+        self.id = task_id
+
+    @property
+    def _run(self) -> TaskRun:
+        return self._rt._runs[self.id]
+
+    @property
+    def record(self) -> dict[str, Any]:
+        return self._run.r
+
+    @property
+    def status(self) -> str:
+        return self._run.status
+
+    @property
+    def run_id(self) -> str:
+        return self._run.r["run_id"]
+
+    @property
+    def error(self) -> dict[str, str] | None:
+        return self._run.r["error"]
+
+    @property
+    def result(self) -> Any:
+        return self._run.r["result"]
+
+    @property
+    def pending(self) -> list[Card]:
+        """This task's waiting cards, each answerable with ``card.answer(...)``."""
+        return [c for c in self._rt._cards.values() if c.task_id == self.id and c.waiting]
+
+    @property
+    def awaiting_plan_approval(self) -> bool:
+        return self._run.r["phase"] == "approve" and self.status == TaskStatus.WAITING.value
+
+    def approve_plan(self, steps: list[str] | None = None) -> None:
+        self._rt.approve_plan(self.id, steps)
+
+    def reject_plan(self, reason: str) -> None:
+        self._rt.reject_plan(self.id, reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return task_json(self._run.r)
+
+    async def wait(self) -> "TaskHandle":
+        """Until the task is completed, failed or cancelled."""
+        await self._run.done.wait()
+        return self
+
+    async def settled(self) -> "TaskHandle":
+        """Until the task is finished or waiting on a person."""
+        while self.status not in ("completed", "failed", "cancelled", "waiting"):
+            await self._rt._changed(self.id).wait()
+        return self
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self.wait().__await__()
+
+    def __repr__(self) -> str:
+        budget = self.record["budget"]
+        return f"<Task {self.id} {self.record['agent']} {self.status} steps {budget['used']}/{budget['ceiling']}>"
+
+
+class Runtime:
+    """Owns a home and runs governed agents in it."""
+
+    def __init__(
+        self,
+        home: Home | str | Path | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        suspend_unattended: bool = True,
+        chat_card_timeout: float | None = None,
+    ) -> None:
+        self.home = home if isinstance(home, Home) else Home.at(home)
+        self.clock = clock
+        self.suspend_unattended = suspend_unattended
+        self.chat_card_timeout = chat_card_timeout  # None: the fixed five minutes
+        self._lock = OwnerLock(self.home)
+        self._agents: dict[str, Agent] = {}
+        self._runs: dict[str, TaskRun] = {}
+        self._cards: dict[str, Card] = {}
+        self._events: dict[str, anyio.Event] = {}
+        self._tg: Any = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._stopped = anyio.Event()
+        self._listeners: list[Callable[[str, Any], None]] = []
+        self.sessions: Any = None
+        self.opened = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> "Runtime":
+        self._cm = anyio.create_task_group()
+        self._tg = await self._cm.__aenter__()
+        try:
+            await self._boot()
+        except BaseException:
+            self._tg.cancel_scope.cancel()
+            await self._cm.__aexit__(None, None, None)
+            self._shutdown_files()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._stop_everything()
+        self._tg.cancel_scope.cancel()
+        try:
+            await self._cm.__aexit__(*exc)
+        finally:
+            self._shutdown_files()
+
+    @classmethod
+    async def open(cls, home: Home | str | Path | None = None, **kwargs: Any) -> "Runtime":
+        """Open for a long-lived event loop (a kernel): runs are owned by a supervisor task."""
+        rt = cls(home, **kwargs)
+        ready = anyio.Event()
+        failure: list[BaseException] = []
+
+        async def supervise() -> None:
+            try:
+                async with anyio.create_task_group() as tg:
+                    rt._tg = tg
+                    try:
+                        await rt._boot()
+                    except BaseException as exc:
+                        failure.append(exc)
+                        ready.set()
+                        raise
+                    ready.set()
+                    await rt._stopped.wait()
+                    tg.cancel_scope.cancel()
+            finally:
+                rt._shutdown_files()
+
+        rt._supervisor = asyncio.get_running_loop().create_task(supervise())
+        await ready.wait()
+        if failure:
+            try:
+                await rt._supervisor
+            except BaseException:
+                pass
+            raise failure[0]
+        return rt
+
+    async def aclose(self) -> None:
+        if self._supervisor is None:
+            raise RuntimeError("use `async with Runtime(...)` or close through its context")
+        await self._stop_everything()
+        self._stopped.set()
+        try:
+            await self._supervisor
+        except asyncio.CancelledError:
+            pass
+
+    async def _boot(self) -> None:
+        from apollia_nb.config import load_config
+        from apollia_nb.governance.store import GovernanceStore
+        from apollia_nb.journal import Journal
+        from apollia_nb.runtime.breaker import Breakers
+        from apollia_nb.runtime.records import RuntimeRecords
+
+        self._lock.acquire()
+        self.config = load_config(self.home.config_path)
+        self.journal = Journal.open(self.home)
+        self.governance = GovernanceStore(self.home, journal=self.journal, trusted_keys=self.config.trusted_keys)
+        self.governance.view()  # loads (and journals) the policy state now
+        self.records = RuntimeRecords(self.home.runtime_db)
+        self.breakers = Breakers()
+        self.opened = True
+        from apollia_nb.runtime.chat import Sessions
+
+        self.sessions = Sessions(self)
+        await self._restore()
+        if self.config.hitl_timeout_hours is not None:
+            self._tg.start_soon(self._expiry_scanner)
+
+    async def _stop_everything(self) -> None:
+        if not self.opened:
+            return
+        for name in list(self._agents):
+            agent = self._agents[name]
+            if agent.state.state in (ProcessState.ACTIVE, ProcessState.DEGRADED):
+                await self.stop_agent(name, drain=False)
+
+    def _shutdown_files(self) -> None:
+        if not self.opened:
+            self._lock.release()
+            return
+        self.opened = False
+        try:
+            self.journal.close()
+        finally:
+            try:
+                self.records.close()
+            finally:
+                self._lock.release()
+
+    # ------------------------------------------------------------------ clocks and notifications
+    def now_iso(self) -> str:
+        return _utc_iso(self.clock())
+
+    def subscribe(self, listener: Callable[[str, Any], None]) -> Callable[[], None]:
+        """Call ``listener(kind, obj)`` on every task/card/session change. Returns an unsubscribe function."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def _emit(self, kind: str, obj: Any) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(kind, obj)
+            except Exception:  # a broken view must not break a run
+                pass
+
+    def _changed(self, task_id: str) -> anyio.Event:
+        event = self._events.get(task_id)
+        if event is None:
+            event = self._events[task_id] = anyio.Event()
+        return event
+
+    def _notify(self, run: TaskRun) -> None:
+        event = self._events.pop(run.id, None)
+        if event is not None:
+            event.set()
+        self._emit("task", run)
+
+    def _after_run(self, run_id: str) -> None:
+        self.journal.checkpoint()
+
+    async def run_entry_count(self, run_id: str) -> int:
+        return len(self.journal.entries(run_id=run_id))
+
+    # ------------------------------------------------------------------ agents
+    async def register_agent(
+        self, manifest: Any, *, tools: Sequence[Any] = (), model: Any = None, cwd: Path | None = None,
+    ) -> Agent:
+        """Register (or re-register a stopped) agent from a manifest text, path or ``Manifest``."""
+        from apollia_nb.runtime.manifest import Manifest, load_manifest, parse_manifest
+
+        if isinstance(manifest, Manifest):
+            parsed = manifest
+        elif isinstance(manifest, Path):
+            parsed = load_manifest(manifest)
+        else:
+            parsed = parse_manifest(str(manifest))
+        existing = self._agents.get(parsed.name)
+        if existing is not None and existing.state.state != ProcessState.STOPPED:
+            raise Conflict(f"agent {parsed.name!r} is already registered ({existing.state.state.value})")
+        agent = await self._start_agent(parsed, tools=tools, model=model, cwd=cwd,
+                                        cell=existing.state if existing else None)
+        return agent
+
+    async def _start_agent(self, manifest: Any, *, tools: Sequence[Any], model: Any, cwd: Path | None,
+                           cell: Any = None) -> Agent:
+        from apollia_nb.runtime.builtins import builtin_tools
+        from apollia_nb.runtime.models import build_model
+        from apollia_nb.runtime.tools import ToolDef, ToolRegistry
+
+        if cell is None:
+            cell = new_state()
+        else:
+            cell.move(ProcessState.INITIALIZING)
+        warnings: list[str] = []
+        workspace = manifest.workspace_path(cwd)
+        memory = self.records.memory_get(manifest.name)
+        try:
+            workspace.mkdir(parents=True, exist_ok=True)
+            registry = ToolRegistry()
+            for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
+                                         profile_sink=lambda fact: None):
+                registry.register(tooldef)
+            custom: list[str] = []
+            for item in tools:
+                tooldef = item if isinstance(item, ToolDef) else ToolDef.from_function(item)
+                registry.register(tooldef)
+                custom.append(tooldef.name)
+            if manifest.tools_required or manifest.tools_optional:
+                resolved, missing = registry.resolve(manifest.tools_required, manifest.tools_optional)
+                offered = tuple(dict.fromkeys([*resolved, *custom]))
+                if missing:
+                    warnings.append("optional tools did not resolve: " + ", ".join(missing))
+            else:
+                offered = tuple(registry.names())
+            provider = model if model is not None else build_model(manifest.model)
+            saved = self.records.model_state(manifest.name)
+            if saved and hasattr(provider, "restore"):
+                provider.restore(saved)
+        except ApolliaError as exc:
+            raise startup_failure(cell, exc) from None
+        error = await anyio.to_thread.run_sync(
+            install_packages, self.home.agents_dir / manifest.name / "venv", manifest.python_packages
+        )
+        if error:
+            warnings.append(error)
+        agent = Agent(manifest=manifest, model=provider, tools=registry, workspace=workspace,
+                      offered=offered, state=cell, warnings=warnings, memory=memory)
+        cell.move(ProcessState.DEGRADED if warnings else ProcessState.ACTIVE)
+        self._agents[manifest.name] = agent
+        self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings, self.now_iso())
+        self._emit("agent", agent)
+        return agent
+
+    def agents(self) -> list[Agent]:
+        return [self._agents[name] for name in sorted(self._agents)]
+
+    def agent(self, name: str) -> Agent:
+        try:
+            return self._agents[name]
+        except KeyError:
+            raise UnknownAgent(f"no agent named {name!r}") from None
+
+    async def stop_agent(self, name: str, *, drain: bool = True) -> Agent:
+        """``stopping`` → drain in-flight runs up to ``drain_timeout_secs`` → cancel the rest → ``stopped``."""
+        agent = self.agent(name)
+        agent.state.move(ProcessState.STOPPING)
+        self.records.set_agent_state(name, agent.state.state.value)
+        self._emit("agent", agent)
+        timeout = agent.manifest.drain_timeout_secs or self.config.drain_timeout_secs
+        running = [r for r in agent.inflight if r.status not in ("completed", "failed", "cancelled")]
+        if drain and running:
+            with anyio.move_on_after(timeout):
+                for run in running:
+                    if run.status != "waiting":
+                        await run.done.wait()
+        for run in list(agent.inflight):
+            scope = getattr(run, "scope", None)
+            if scope is not None and run.status not in ("completed", "failed", "cancelled"):
+                scope.cancel()
+        agent.state.move(ProcessState.STOPPED)
+        self.records.set_agent_state(name, agent.state.state.value)
+        self._emit("agent", agent)
+        return agent
+
+    async def start_agent(self, name: str) -> Agent:
+        """Restart a stopped agent: ``stopped → initializing → active | degraded``."""
+        agent = self.agent(name)
+        if agent.state.state != ProcessState.STOPPED:
+            raise Conflict(f"agent {name!r} is {agent.state.state.value}; only a stopped agent can be started")
+        return await self._start_agent(agent.manifest, tools=[self_tool for self_tool in _custom_tools(agent)],
+                                       model=agent.model, cwd=None, cell=agent.state)
+
+    # ------------------------------------------------------------------ tasks
+    async def submit(
+        self, agent: str, goal: str, *, max_steps: int | None = None, watched: bool = True,
+        grants: Sequence[str] = (), approve_plan: bool = False,
+    ) -> TaskHandle:
+        """Submit a task; returns at once. Refused (``AGENT_UNAVAILABLE``) unless the agent can take work."""
+        from apollia_nb.governance.decision import Family
+
+        the_agent = self.agent(agent)
+        warnings = the_agent.check_accepts_work()
+        if not isinstance(goal, str) or not goal.strip():
+            raise BadInput("a task needs a goal")
+        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+            raise BadInput("max_steps must be a positive integer")
+        try:
+            grant_list = sorted({Family(g).value for g in grants})
+        except ValueError as exc:
+            raise BadInput(f"unknown family in grants: {exc}") from None
+        task_id = f"task-{uuid.uuid4().hex[:12]}"
+        record = new_task_record(
+            task_id=task_id, run_id=f"run-{uuid.uuid4().hex[:12]}", agent=agent, goal=goal,
+            ceiling=max_steps or the_agent.manifest.max_steps, watched=watched, grants=grant_list,
+            approve_plan=approve_plan, warnings=warnings, created_at=self.now_iso(),
+        )
+        self.records.save_task(record, record["created_at"])
+        run = TaskRun(self, the_agent, record)
+        self._runs[task_id] = run
+        self._spawn(run)
+        return TaskHandle(self, task_id)
+
+    def _spawn(self, run: TaskRun) -> None:
+        agent = run.agent
+        agent.inflight.add(run)
+
+        async def owned() -> None:
+            with anyio.CancelScope() as scope:
+                run.scope = scope  # type: ignore[attr-defined]
+                try:
+                    await run.run()
+                finally:
+                    if run.status in ("completed", "failed", "cancelled"):
+                        agent.inflight.discard(run)
+                    self._persist_model_state(agent)
+
+        self._tg.start_soon(owned)
+
+    def task(self, task_id: str) -> TaskHandle:
+        if task_id not in self._runs:
+            raise UnknownTask(f"no task {task_id!r}")
+        return TaskHandle(self, task_id)
+
+    def tasks(self) -> list[TaskHandle]:
+        return [TaskHandle(self, tid) for tid in self._runs]
+
+    async def cancel(self, task_id: str) -> TaskHandle:
+        handle = self.task(task_id)
+        run = self._runs[task_id]
+        if run.status in ("completed", "failed", "cancelled"):
+            raise Conflict(f"task {task_id} is already {run.status}")
+        scope = getattr(run, "scope", None)
+        if scope is not None and not run.done.is_set() and run.status != "waiting":
+            scope.cancel()
+            await run.done.wait()
+        else:  # suspended: nothing runs; close it here
+            for card in [c for c in self._cards.values() if c.task_id == task_id and c.waiting]:
+                self.governance.expire_pending(card.id, by="cancel")
+                self._cards.pop(card.id, None)
+            await run._finish(TaskStatus.CANCELLED, error=None)
+            run.done.set()
+        return handle
+
+    def approve_plan(self, task_id: str, steps: list[str] | None = None) -> None:
+        run = self._plan_run(task_id)
+        if steps is not None and (not isinstance(steps, list) or not all(isinstance(s, str) and s for s in steps)):
+            raise BadInput("edited steps must be a non-empty list of strings")
+        self._answer_plan(run, "approve", None, steps)
+
+    def reject_plan(self, task_id: str, reason: str) -> None:
+        run = self._plan_run(task_id)
+        self._answer_plan(run, "reject", reason or "no reason given", None)
+
+    def _plan_run(self, task_id: str) -> TaskRun:
+        if task_id not in self._runs:
+            raise UnknownTask(f"no task {task_id!r}")
+        run = self._runs[task_id]
+        if not (run.r["phase"] == "approve" and run.status == "waiting"):
+            raise Conflict(f"task {task_id} is not waiting for plan approval")
+        return run
+
+    def _answer_plan(self, run: TaskRun, verdict: str, reason: str | None, steps: list[str] | None) -> None:
+        run.answer_plan(verdict, reason, steps)
+        if not _is_running(run):
+            self._spawn(run)
+
+    # ------------------------------------------------------------------ cards and pending decisions
+    def _open_card(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
+                   arguments: dict[str, Any], decision: Any, task_id: str | None, session_id: str | None,
+                   hints: dict[str, Any] | None) -> Card:
+        pending = self.governance.add_pending(
+            run_id=run_id, task_id=task_id or session_id, agent=agent.name, tool=tool, family=family,
+            arguments=arguments, answers=[a.value for a in decision.answers], reason=decision.reason,
+            line=decision.line, call_id=call_id,
+        )
+        card = Card(
+            id=pending.id, run_id=run_id, agent=agent.name, tool=tool, family=family, arguments=arguments,
+            answers=tuple(a.value for a in decision.answers), reason=decision.reason, line=decision.line,
+            call_id=call_id, created_at=pending.created_at, task_id=task_id, session_id=session_id,
+            hints=hints, _runtime=self,
+        )
+        self._cards[card.id] = card
+        self._emit("card", card)
+        return card
+
+    def _card(self, card_id: str) -> Card | None:
+        return self._cards.get(card_id)
+
+    @property
+    def pending(self) -> list[Card]:
+        """Every waiting card in this home, oldest first."""
+        return sorted((c for c in self._cards.values() if c.waiting), key=lambda c: c.created_at)
+
+    def pending_decisions(self) -> list[dict[str, Any]]:
+        return [p.to_dict() for p in self.governance.pending()]
+
+    def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None) -> dict[str, Any]:
+        """Answer a waiting decision: validated, journaled, applied once; the run resumes."""
+        pending = self.governance.get_pending(decision_id)
+        if pending.status != "pending":
+            raise Conflict(f"decision {decision_id} was already answered ({pending.answer} by {pending.answered_by})")
+        if answer not in pending.answers:
+            raise BadAnswer(f"{answer!r} is not on offer for {decision_id}; answers: {', '.join(pending.answers)}")
+        self.journal.append(
+            "answer",
+            {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer, "answered_by": by,
+             **({"reason": reason} if reason else {})},
+            run_id=pending.run_id, agent=pending.agent,
+        )
+        answered = self.governance.answer_pending(decision_id, answer, by=by, reason=reason)
+        if answer == "always":
+            if pending.line == 4:
+                command = next(iter(pending.arguments.values()), None)
+                self.governance.add_rule(pending.tool, "allow", prefix=str(command), agent=pending.agent, by=by)
+            elif pending.family is not None:
+                self.governance.grant_consent(pending.agent, pending.family, by=by)
+        card = self._cards.get(decision_id)
+        if card is not None:
+            card._resolve(answer, by, answered.answered_at or self.now_iso())
+            self._emit("card", card)
+            run = self._runs.get(card.task_id or "")
+            if run is not None and run.status == "waiting" and not _is_running(run):
+                self._spawn(run)
+            if card.session_id and self.sessions is not None:
+                self.sessions._after_answer(card)
+        return answered.to_dict()
+
+    def expire_overdue(self) -> list[str]:
+        """Refuse decisions older than ``[hitl] timeout_hours`` (no-op when unset). Returns their ids."""
+        hours = self.config.hitl_timeout_hours
+        if hours is None:
+            return []
+        limit = self.clock() - hours * 3600
+        expired = []
+        for p in self.governance.pending():
+            created = _dt.datetime.fromisoformat(p.created_at.replace("Z", "+00:00")).timestamp()
+            if created <= limit:
+                self.answer(p.id, "refuse", by="timeout", reason=f"unanswered for {hours:g} h")
+                expired.append(p.id)
+        return expired
+
+    async def _expiry_scanner(self) -> None:
+        while True:
+            self.expire_overdue()
+            await anyio.sleep(self.config.hitl_scan_interval_secs)
+
+    # ------------------------------------------------------------------ restart
+    async def _restore(self) -> None:
+        """Re-register persisted agents, reload suspended tasks, close runs a crash cut short."""
+        from apollia_nb.runtime.manifest import parse_manifest
+
+        for row in self.records.agents():
+            if row["state"] == ProcessState.STOPPED.value:
+                continue
+            try:
+                await self._start_agent(parse_manifest(row["manifest"]), tools=(), model=None, cwd=None)
+            except ApolliaError as exc:
+                self.records.set_agent_state(row["name"], ProcessState.STOPPED.value)
+                self._emit("warning", f"agent {row['name']} did not start: {exc}")
+        pending_by_id = {p.id: p for p in self.governance.pending()}
+        for record in self.records.tasks():
+            status = record["status"]
+            if status in ("completed", "failed", "cancelled"):
+                continue
+            agent = self._agents.get(record["agent"])
+            if agent is None:
+                continue
+            run = TaskRun(self, agent, record)
+            self._runs[record["id"]] = run
+            if status == "waiting" and not record["watched"]:
+                awaiting = record.get("awaiting")
+                p = pending_by_id.get(awaiting) if awaiting else None
+                if p is not None:
+                    self._cards[p.id] = Card(
+                        id=p.id, run_id=p.run_id, agent=p.agent, tool=p.tool, family=p.family,
+                        arguments=dict(p.arguments), answers=tuple(p.answers), reason=p.reason, line=p.line,
+                        call_id=p.call_id, created_at=p.created_at, task_id=record["id"], _runtime=self,
+                    )
+                agent.inflight.add(run)
+                continue
+            # A run the previous owner was executing: it cannot be continued safely.
+            await run._finish(TaskStatus.FAILED, error=Interrupted(
+                "the process that owned this run ended before it finished"))
+            run.done.set()
+
+    def _persist_model_state(self, agent: Agent) -> None:
+        if hasattr(agent.model, "snapshot"):
+            self.records.save_model_state(agent.name, agent.model.snapshot())
+
+    # ------------------------------------------------------------------ audit
+    def verify(self) -> Any:
+        from apollia_nb.journal.verify import verify_journal
+
+        return verify_journal(self.journal)
+
+    def replay(self, run_id: str) -> Any:
+        from apollia_nb.journal.replay import replay_entries
+
+        return replay_entries(run_id, self.journal.entries(run_id=run_id))
+
+    # ------------------------------------------------------------------ sync facade
+    @classmethod
+    def blocking(cls, home: Home | str | Path | None = None, **kwargs: Any) -> "BlockingRuntime":
+        return BlockingRuntime(home, **kwargs)
+
+
+def _is_running(run: TaskRun) -> bool:
+    return run._active
+
+
+def _custom_tools(agent: Agent) -> list[Any]:
+    from apollia_nb.runtime.builtins import BUILTIN_NAMES
+
+    return [agent.tools.get(n) for n in agent.tools.names() if n not in BUILTIN_NAMES]
+
+
+class _PersistedMemory(dict):  # type: ignore[type-arg]
+    """The agent's memory: a dict that writes through to ``runtime.db``."""
+
+    def __init__(self, rt: Runtime, agent: str, initial: dict[str, Any]) -> None:
+        super().__init__(initial)
+        self._rt = rt
+        self._agent = agent
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._rt.records.memory_set(self._agent, key, value)
+        super().__setitem__(key, value)
+
+
+class BlockingRuntime:
+    """A synchronous facade: a private event loop in a thread runs the ``Runtime``."""
+
+    def __init__(self, home: Home | str | Path | None = None, **kwargs: Any) -> None:
+        from anyio.from_thread import start_blocking_portal
+
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        try:
+            self.rt: Runtime = self._portal.call(lambda: Runtime.open(home, **kwargs))
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+
+    def register_agent(self, manifest: Any, **kw: Any) -> Agent:
+        return self._portal.call(lambda: self.rt.register_agent(manifest, **kw))
+
+    def submit(self, agent: str, goal: str, **kw: Any) -> TaskHandle:
+        return self._portal.call(lambda: self.rt.submit(agent, goal, **kw))
+
+    def wait(self, handle: TaskHandle) -> TaskHandle:
+        return self._portal.call(handle.wait)
+
+    def settled(self, handle: TaskHandle) -> TaskHandle:
+        return self._portal.call(handle.settled)
+
+    def run(self, agent: str, goal: str, **kw: Any) -> TaskHandle:
+        """Submit and wait until finished or waiting on a person."""
+        return self.settled(self.submit(agent, goal, **kw))
+
+    def answer(self, decision_id: str, answer: str, **kw: Any) -> dict[str, Any]:
+        return self._portal.call(lambda: _sync(self.rt.answer, decision_id, answer, **kw))
+
+    def stop_agent(self, name: str) -> Agent:
+        return self._portal.call(lambda: self.rt.stop_agent(name))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rt, name)
+
+    def close(self) -> None:
+        try:
+            self._portal.call(self.rt.aclose)
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    def __enter__(self) -> "BlockingRuntime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+async def _sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)

@@ -1,0 +1,405 @@
+"""The task engine (Scenario A): plan → actor loop → critic → re-plan, under one ceiling.
+
+Every model turn and every tool call is one step of the budget, checked inside
+the actor loop, so the ceiling stops the agent (``failed``, ``BUDGET_EXCEEDED``).
+Every tool call goes through ``governed_call``; a refused call fails its step
+(and the task: a plan whose step failed is not carried on). Waiting for a
+person is a plain await — it consumes no budget. An unattended run suspends at
+the first call that would ask: the record (plan, position, the step's history,
+the calls still to make) is saved in ``runtime.db`` and the run is resumed from
+that call when the decision is answered, in this process or after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from apollia_nb.errors import ApolliaError, BudgetExceeded, Rejected
+from apollia_nb.runtime.states import TASK, TaskStatus, can_transition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.runtime.agents import Agent
+    from apollia_nb.runtime.runtime import Runtime
+
+__all__ = ["TaskRun", "new_task_record", "task_json"]
+
+_NULL_DIGEST = "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b"  # sha256(b"null")
+_TERMINAL = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELLED.value}
+
+
+def new_task_record(
+    *, task_id: str, run_id: str, agent: str, goal: str, ceiling: int, watched: bool,
+    grants: list[str], approve_plan: bool, warnings: list[str], created_at: str,
+) -> dict[str, Any]:
+    return {
+        "id": task_id, "run_id": run_id, "agent": agent, "goal": goal, "status": TaskStatus.PENDING.value,
+        "error": None, "result": None, "warnings": warnings, "watched": watched, "grants": grants,
+        "approve_plan": approve_plan, "budget": {"used": 0, "ceiling": ceiling},
+        "phase": "plan", "plan": [], "steps": [], "step_index": 0, "attempt": 0,
+        "feedback": [], "messages": [], "queued_calls": [], "awaiting": None,
+        "plan_decision": None, "verdict": None, "created_at": created_at, "updated_at": created_at,
+    }
+
+
+def task_json(record: dict[str, Any]) -> dict[str, Any]:
+    """The task as SPEC §7 shows it."""
+    return {
+        "id": record["id"], "run_id": record["run_id"], "agent": record["agent"], "goal": record["goal"],
+        "status": record["status"], "error": record["error"], "steps": record["steps"],
+        "budget": dict(record["budget"]), "result": record["result"], "warnings": list(record["warnings"]),
+        "plan": list(record["plan"]), "verdict": record.get("verdict"),
+        "awaiting_plan_approval": record["phase"] == "approve" and record["status"] == "waiting",
+        "created_at": record["created_at"], "updated_at": record["updated_at"],
+    }
+
+
+class _Suspend(Exception):
+    """Raised inside the engine to park an unattended run; the record is saved first."""
+
+
+class TaskRun:
+    """Drives one task's record through the engine. Resumable from its record."""
+
+    def __init__(self, rt: "Runtime", agent: "Agent", record: dict[str, Any]) -> None:
+        self.rt = rt
+        self.agent = agent
+        self.r = record
+        self.done = anyio.Event()
+        self.plan_answer: tuple[str, str | None, list[str] | None] | None = None
+        self._active = False
+        self._plan_event = anyio.Event()
+
+    # ---------------------------------------------------------------- helpers
+    @property
+    def id(self) -> str:
+        return self.r["id"]
+
+    @property
+    def status(self) -> str:
+        return self.r["status"]
+
+    def _set_status(self, status: TaskStatus) -> None:
+        if self.r["status"] == status.value:
+            return
+        if not can_transition(TASK, self.r["status"], status):
+            return  # terminal already (e.g. cancelled while a step finished)
+        self.r["status"] = status.value
+        self._save()
+        self.rt._notify(self)
+
+    def _save(self) -> None:
+        self.r["updated_at"] = self.rt.now_iso()
+        self.rt.records.save_task(self.r, self.r["updated_at"])
+
+    async def _journal(self, kind: str, payload: dict[str, Any]) -> None:
+        await self.rt.journal.append_async(kind, payload, run_id=self.r["run_id"], agent=self.agent.name)
+
+    def _spend(self) -> None:
+        budget = self.r["budget"]
+        if budget["used"] >= budget["ceiling"]:
+            raise BudgetExceeded(f"the step ceiling of {budget['ceiling']} was reached")
+        budget["used"] += 1
+
+    async def _status_entry(self, status: str) -> None:
+        await self._journal("task_status", {"task_id": self.id, "status": status})
+
+    # ---------------------------------------------------------------- main
+    async def run(self) -> None:
+        """Run (or resume) until completed, failed, cancelled or suspended."""
+        self._active = True
+        try:
+            if self.r["status"] == TaskStatus.PENDING.value:
+                await self._journal("run_open", {"run_kind": "task", "goal": self.r["goal"], "task_id": self.id})
+                self._set_status(TaskStatus.RUNNING)
+                await self._status_entry("running")
+            await self._drive()
+        except _Suspend:
+            return
+        except BudgetExceeded as exc:
+            await self._finish(TaskStatus.FAILED, error=exc)
+        except Rejected as exc:
+            await self._finish(TaskStatus.FAILED, error=exc)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await self._finish(TaskStatus.CANCELLED, error=None)
+            raise
+        except ApolliaError as exc:
+            await self._finish(TaskStatus.FAILED, error=exc)
+        except Exception as exc:  # a bug must still end the run visibly, never silently
+            await self._finish(TaskStatus.FAILED, error=ApolliaError(f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            self._active = False
+            if self.r["status"] in _TERMINAL:
+                self.done.set()
+
+    async def _drive(self) -> None:
+        while True:
+            phase = self.r["phase"]
+            if phase == "plan":
+                await self._plan()
+            elif phase == "approve":
+                await self._await_plan_approval()
+            elif phase == "execute":
+                finished = await self._execute()
+                if not finished:
+                    return  # step failed → task failed already
+            elif phase == "critic":
+                if await self._critic():
+                    return
+            else:  # pragma: no cover - records are written by this module only
+                raise ApolliaError(f"unknown task phase {phase!r}")
+
+    async def _finish(self, status: TaskStatus, *, error: ApolliaError | None, result: Any = None) -> None:
+        if self.r["status"] in _TERMINAL:
+            return
+        for queued in self.r["queued_calls"]:
+            # Calls the model asked for that will never run: say so, so the trace stays complete.
+            await self._journal("tool_result", {
+                "call_id": queued["call_id"], "tool": queued["name"], "status": "skipped",
+                "error_code": error.code if error is not None else "CANCELLED", "output": None,
+                "output_digest": _NULL_DIGEST,
+            })
+        self.r["queued_calls"] = []
+        self.r["error"] = error.to_dict() if error is not None else None
+        if result is not None:
+            self.r["result"] = result
+        self.r["phase"] = "done"
+        payload: dict[str, Any] = {"task_id": self.id, "status": status.value}
+        if error is not None:
+            payload["error"] = error.to_dict()
+        await self._journal("task_status", payload)
+        entries = await self.rt.run_entry_count(self.r["run_id"])
+        seal: dict[str, Any] = {"status": status.value, "entries": entries}
+        if error is not None:
+            seal["error"] = error.to_dict()
+        await self._journal("run_seal", seal)
+        self._set_status(status)
+        self.rt._after_run(self.r["run_id"])
+
+    # ---------------------------------------------------------------- phases
+    async def _plan(self) -> None:
+        from apollia_nb.runtime.models.base import PLAN_TOOL, Message, parse_plan
+
+        self._spend()
+        messages = [Message(role="system", content=self.agent.system_prompt("planner"))]
+        if self.r["feedback"]:
+            messages.append(Message(role="user", content="The critic did not accept the last attempt: "
+                                    + "; ".join(self.r["feedback"])))
+        messages.append(Message(role="user", content=self.r["goal"]))
+        response = await self._model("planner", messages, [PLAN_TOOL])
+        steps = parse_plan(response)
+        if not steps:
+            steps = [self.r["goal"]]
+        self.r["plan"] = steps
+        self.r["steps"] = [{"index": i, "description": s, "status": "pending", "tool_calls": [], "text": None}
+                           for i, s in enumerate(steps)]
+        self.r["step_index"] = 0
+        self.r["messages"] = []
+        self.r["queued_calls"] = []
+        await self._journal("plan", {"task_id": self.id, "steps": steps, "attempt": self.r["attempt"]})
+        self.r["phase"] = "approve" if self.r["approve_plan"] else "execute"
+        self._save()
+        self.rt._notify(self)
+
+    async def _await_plan_approval(self) -> None:
+        if self.plan_answer is None:
+            self._set_status(TaskStatus.WAITING)
+            await self._status_entry("waiting")
+            if not self.r["watched"] and self.rt.suspend_unattended:
+                raise _Suspend()
+            await self._plan_event.wait()
+        assert self.plan_answer is not None
+        verdict, reason, edited = self.plan_answer
+        self.plan_answer = None
+        self._plan_event = anyio.Event()
+        self._set_status(TaskStatus.RUNNING)
+        if verdict == "reject":
+            self.r["plan_decision"] = {"approved": False, "reason": reason}
+            await self._journal("plan", {"task_id": self.id, "approved": False, "reason": reason})
+            raise Rejected(f"the plan was rejected: {reason or 'no reason given'}")
+        if edited:
+            self.r["plan"] = list(edited)
+            self.r["steps"] = [{"index": i, "description": s, "status": "pending", "tool_calls": [], "text": None}
+                               for i, s in enumerate(edited)]
+        self.r["plan_decision"] = {"approved": True, "edited": bool(edited)}
+        await self._journal("plan", {"task_id": self.id, "approved": True, "steps": self.r["plan"]})
+        await self._status_entry("running")
+        self.r["phase"] = "execute"
+        self._save()
+
+    def answer_plan(self, verdict: str, reason: str | None = None, steps: list[str] | None = None) -> None:
+        self.plan_answer = (verdict, reason, steps)
+        self._plan_event.set()
+
+    async def _execute(self) -> bool:
+        """Run the remaining steps. False when a step failed (the task is then failed)."""
+        from apollia_nb.runtime.models.base import Message
+
+        while self.r["step_index"] < len(self.r["plan"]):
+            index = self.r["step_index"]
+            step = self.r["steps"][index]
+            if step["status"] == "pending":
+                step["status"] = "running"
+                self.r["messages"] = [
+                    _msg(Message(role="system", content=self.agent.system_prompt("actor"))),
+                    _msg(Message(role="user", content=f"Goal: {self.r['goal']}\n"
+                                 f"Step {index + 1} of {len(self.r['plan'])}: {step['description']}")),
+                ]
+                self.rt._notify(self)
+            while True:
+                if self.r["queued_calls"] or self.r["awaiting"]:
+                    failed = await self._work_queued_calls(step)
+                    if failed is not None:
+                        step["status"] = "failed"
+                        await self._finish(TaskStatus.FAILED, error=failed)
+                        return False
+                    continue
+                self._spend()
+                response = await self._model("actor", [_unmsg(m) for m in self.r["messages"]],
+                                             self.agent.tool_specs())
+                self.r["messages"].append(_msg(Message(role="assistant", content=response.text,
+                                                       tool_calls=response.tool_calls)))
+                if response.tool_calls:
+                    self.r["queued_calls"] = [
+                        {"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments), "counted": False}
+                        for tc in response.tool_calls
+                    ]
+                    continue
+                step["status"] = "done"
+                step["text"] = response.text
+                self.r["result"] = response.text
+                break
+            self.r["step_index"] = index + 1
+            self.r["messages"] = []
+            self._save()
+            self.rt._notify(self)
+        self.r["phase"] = "critic"
+        return True
+
+    async def _work_queued_calls(self, step: dict[str, Any]) -> ApolliaError | None:
+        """Make the queued calls of the last model turn, in order. Returns the failure of the step, if any."""
+        from apollia_nb.errors import Refused
+        from apollia_nb.runtime.governed import continue_after_answer, governed_call
+        from apollia_nb.runtime.models.base import Message
+
+        while self.r["queued_calls"]:
+            queued = self.r["queued_calls"][0]
+            if self.r["awaiting"]:
+                card = self.rt._card(self.r["awaiting"])
+                if card is None or card.waiting:
+                    if not self.r["watched"] and self.rt.suspend_unattended:
+                        raise _Suspend()
+                    assert card is not None
+                    await card.wait()
+                self._set_status(TaskStatus.RUNNING)
+                await self._status_entry("running")
+                result = await continue_after_answer(self.rt, self.agent, card)
+                self.r["awaiting"] = None
+            else:
+                if not queued["counted"]:
+                    self._spend()
+                    queued["counted"] = True
+                mode = "watched" if (self.r["watched"] or not self.rt.suspend_unattended) else "unattended"
+                waiting_hook = self._on_waiting
+                result = await governed_call(
+                    self.rt, self.agent, run_id=self.r["run_id"], call_id=queued["call_id"],
+                    name=queued["name"], arguments=queued["arguments"], mode=mode,
+                    grants=frozenset(self.r["grants"]), task_id=self.id, waiting_hook=waiting_hook,
+                )
+                if self.r["awaiting"] and result.status != "waiting":
+                    self.r["awaiting"] = None  # a watched wait ended with the answer
+                    self._set_status(TaskStatus.RUNNING)
+                    await self._status_entry("running")
+                if result.status == "waiting":
+                    assert result.card is not None
+                    self.r["awaiting"] = result.card.id
+                    self._set_status(TaskStatus.WAITING)
+                    await self._status_entry("waiting")
+                    self.rt._persist_model_state(self.agent)
+                    self._save()
+                    raise _Suspend()
+            self.r["queued_calls"].pop(0)
+            step["tool_calls"].append({"call_id": result.call_id, "tool": result.tool, "status": result.status,
+                                       "error_code": result.error_code})
+            self.r["messages"].append(_msg(Message(role="tool", content=result.for_model(),
+                                                   tool_call_id=result.call_id, name=result.tool)))
+            self.rt._notify(self)
+            if result.status == "refused":
+                return Refused(f"{result.tool}: {result.error_message}")
+        return None
+
+    async def _on_waiting(self, card: Any) -> None:
+        """A watched run is about to wait on a card: show it as waiting."""
+        self.r["awaiting"] = card.id
+        self._set_status(TaskStatus.WAITING)
+        await self._status_entry("waiting")
+
+    async def _critic(self) -> bool:
+        """True when the task finished (passed); False to re-plan."""
+        from apollia_nb.runtime.models.base import VERDICT_TOOL, Message, parse_verdict
+
+        self._spend()
+        summary = "\n".join(
+            f"{s['index'] + 1}. {s['description']}: {s['status']}"
+            + (f" — {s['text']}" if s.get("text") else "")
+            for s in self.r["steps"]
+        )
+        messages = [
+            Message(role="system", content=self.agent.system_prompt("critic")),
+            Message(role="user", content=f"Goal: {self.r['goal']}\nWhat was done:\n{summary}"),
+        ]
+        response = await self._model("critic", messages, [VERDICT_TOOL])
+        verdict, reasons = parse_verdict(response)
+        self.r["verdict"] = {"verdict": verdict, "reasons": list(reasons)}
+        await self._journal("verdict", {"task_id": self.id, "verdict": verdict, "reasons": list(reasons),
+                                        "attempt": self.r["attempt"]})
+        if verdict == "pass":
+            await self._finish(TaskStatus.COMPLETED, error=None, result=self.r["result"])
+            return True
+        self.r["feedback"] = list(reasons) or ["the critic failed the result"]
+        self.r["attempt"] += 1
+        self.r["phase"] = "plan"
+        self._save()
+        return False
+
+    async def _model(self, role: str, messages: list[Any], tools: list[Any]) -> Any:
+        from apollia_nb.runtime.models.base import ToolCallRequest
+
+        response = await self.agent.model.complete(role, messages, tools)
+        turn = self.r.setdefault("turns", 0) + 1
+        self.r["turns"] = turn
+        # Call ids are the engine's own (unique within the run), whatever the provider sent.
+        calls = tuple(
+            ToolCallRequest(id=f"c{turn}-{i + 1}", name=tc.name, arguments=dict(tc.arguments))
+            for i, tc in enumerate(response.tool_calls)
+        )
+        response = replace(response, tool_calls=calls)
+        await self._journal("model_response", {
+            "role": role, "turn": turn, "text": response.text,
+            "tool_calls": [{"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments)}
+                           for tc in response.tool_calls],
+        })
+        return response
+
+
+def _msg(message: Any) -> dict[str, Any]:
+    data = asdict(message)
+    data["tool_calls"] = [dict(tc) for tc in data.get("tool_calls", ())]
+    return data
+
+
+def _unmsg(data: dict[str, Any]) -> Any:
+    from apollia_nb.runtime.models.base import Message, ToolCallRequest
+
+    calls = tuple(ToolCallRequest(**tc) for tc in data.get("tool_calls") or ())
+    return Message(role=data["role"], content=data.get("content") or "", tool_calls=calls,
+                   tool_call_id=data.get("tool_call_id"), name=data.get("name"))
+
+
+def dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, default=str)
