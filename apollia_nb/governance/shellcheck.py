@@ -1,44 +1,336 @@
-"""The simple-command check (placeholder: conservative; to be completed).
+"""The simple-command check: which shell commands a fine rule may let through.
 
-Interface used by ``decision.py``:
+Line 4 of ``decide()`` allows code execution only for *one simple command* that an
+``allow`` rule's prefix matches, because a blanket allow on a shell is a blanket
+allow on everything: once chaining, pipes, redirection or substitution are in
+play, the first words of a command say nothing about what it does.
 
-- ``simple_words(command) -> tuple[str, ...] | None``: the words of one simple command, or None
-- ``is_simple(command) -> bool``
-- ``allow_prefix_matches(prefix, command) -> bool``: allow rules, whole words, simple only
-- ``deny_prefix_matches(prefix, command) -> bool``: deny rules, broad
+So the check is a small tokenizer that *proves* a command simple or rejects it.
+It accepts a deliberately narrow subset of POSIX shell syntax, one that ``sh``
+(dash), ``bash`` and ``zsh`` all read the same way and in which no expansion can
+happen; anything else is "not simple" and is asked. Rejecting is always safe.
+
+- :func:`simple_words` — the argv of one provably simple command, else ``None``
+- :func:`is_simple`
+- :func:`allow_prefix_matches` — allow rules: whole words of two simple commands
+- :func:`deny_prefix_matches` — deny rules: broad, defence in depth
+
+None of them raises: an internal failure reads as "not simple", "no allow
+match" and "deny matches". ``docs/simple-commands.md`` states the exact rules.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
+import string
+import unicodedata
+from collections.abc import Iterable, Iterator
 
-_SAFE_WORD = re.compile(r"[A-Za-z0-9_./:@%+,=-]+")
+__all__ = [
+    "simple_words",
+    "is_simple",
+    "allow_prefix_matches",
+    "deny_prefix_matches",
+    "MAX_SIMPLE_LENGTH",
+    "MAX_DENY_LENGTH",
+    "RESERVED_WORDS",
+    "WRAPPERS",
+]
+
+#: A longer command is never simple (it is asked instead).
+MAX_SIMPLE_LENGTH = 4096
+#: A longer command matches every deny rule that has a prefix.
+MAX_DENY_LENGTH = 1_000_000
+#: How deep deny matching follows command strings nested in wrappers' arguments.
+_MAX_DEPTH = 8
+
+_PRINTABLE = frozenset(chr(c) for c in range(0x20, 0x7F))  # ASCII, no control chars
+_UNQUOTED = frozenset(string.ascii_letters + string.digits + "_-./:@%+,=")
+_PROGRAM = frozenset(string.ascii_letters + string.digits + "_-./+")
+_NOT_IN_DOUBLE_QUOTES = frozenset("$`\\!")
+
+#: Words a shell may read as syntax in command position (sh, bash, ksh, zsh).
+RESERVED_WORDS = frozenset(
+    {
+        "!", "{", "}", "[[", "]]", "case", "coproc", "do", "done", "elif", "else",
+        "esac", "fi", "for", "function", "if", "in", "select", "then", "time",
+        "until", "while", "repeat", "foreach", "end", "nocorrect", "noglob",
+        "declare", "export", "float", "integer", "local", "readonly", "typeset",
+    }
+)
+
+#: Programs that run another command, a command string or a program text given in
+#: their arguments. A deny rule looks through them; an allow rule never does (a
+#: command starting with one matches only a prefix starting with the same word).
+WRAPPERS = frozenset(
+    {
+        # shells and builtins that run a command or a string
+        "sh", "bash", "dash", "zsh", "ksh", "mksh", "pdksh", "oksh", "yash", "ash",
+        "rbash", "fish", "csh", "tcsh", "busybox", "toybox",
+        "eval", "exec", "command", "builtin", "source", ".", "time", "coproc",
+        "nohup", "noglob", "nocorrect",
+        # privilege and identity
+        "sudo", "doas", "su", "pkexec", "runuser", "sg", "newgrp", "setpriv",
+        # process attributes, sandboxes, limits
+        "env", "nice", "renice", "ionice", "taskset", "chrt", "numactl", "stdbuf",
+        "timeout", "timelimit", "setsid", "unshare", "nsenter", "chroot", "flock",
+        "cgexec", "systemd-run", "runcon", "sandbox-exec", "firejail", "bwrap",
+        "fakeroot", "faketime", "proot", "torsocks", "proxychains", "proxychains4",
+        "unbuffer", "expect", "script", "caffeinate", "arch", "xvfb-run",
+        "dbus-launch", "dbus-run-session", "catchsegv", "tmux", "screen",
+        # tracers and profilers
+        "strace", "ltrace", "gdb", "valgrind", "perf",
+        # repeaters and schedulers
+        "xargs", "parallel", "watch", "find", "entr", "at", "batch",
+        # remote shells
+        "ssh", "rsh", "mosh",
+        # interpreters of program text
+        "python", "python2", "python3", "pypy", "pypy3", "perl", "ruby", "node",
+        "nodejs", "deno", "bun", "php", "lua", "luajit", "tclsh", "wish", "awk",
+        "gawk", "mawk", "nawk", "osascript", "pwsh", "powershell", "Rscript",
+        # package runners and containers
+        "npx", "uvx", "uv", "pipx", "poetry", "pipenv", "conda", "npm", "pnpm",
+        "yarn", "docker", "podman",
+    }
+)
+_VERSIONED_INTERPRETER = re.compile(r"(python|pypy|perl|ruby|node|php|lua|tclsh|wish)[0-9.]+")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 
 
-def simple_words(command: str) -> tuple[str, ...] | None:
-    words = command.split(" ")
-    words = [w for w in words if w]
-    if not words or not all(_SAFE_WORD.fullmatch(w) for w in words):
-        return None
-    if "=" in words[0]:
-        return None
+# --------------------------------------------------------------------------- simple
+
+
+def _tokenize(command: str) -> tuple[str, ...] | None:
+    """Split one line of the accepted subset into words, removing quotes.
+
+    Accepted: words of ``_UNQUOTED`` characters, ``'single-quoted'`` text without
+    ``'``, ``"double-quoted"`` text without ``$ ` \\ !``, all concatenated into words
+    and separated by spaces. Anything else, anywhere, rejects the whole command.
+    """
+    words: list[str] = []
+    current: list[str] = []
+    in_word = False
+    i, n = 0, len(command)
+    while i < n:
+        ch = command[i]
+        if ch == " ":
+            if in_word:
+                words.append("".join(current))
+                current, in_word = [], False
+            i += 1
+        elif ch == "'":
+            end = command.find("'", i + 1)
+            if end < 0:
+                return None
+            current.append(command[i + 1 : end])
+            in_word, i = True, end + 1
+        elif ch == '"':
+            end = command.find('"', i + 1)
+            if end < 0:
+                return None
+            body = command[i + 1 : end]
+            if not _NOT_IN_DOUBLE_QUOTES.isdisjoint(body):
+                return None
+            current.append(body)
+            in_word, i = True, end + 1
+        elif ch in _UNQUOTED:
+            if ch == "=" and not any(current):
+                return None  # zsh expands a word starting with "=" to a program path
+            current.append(ch)
+            in_word, i = True, i + 1
+        else:
+            return None
+    if in_word:
+        words.append("".join(current))
     return tuple(words)
 
 
+def _program_ok(word: str) -> bool:
+    """A first word names a program plainly: no assignment, option, job or keyword."""
+    return (
+        bool(word)
+        and _PROGRAM.issuperset(word)
+        and not word.startswith("-")
+        and word not in RESERVED_WORDS
+    )
+
+
+def simple_words(command: str) -> tuple[str, ...] | None:
+    """The argv of ``command`` if it is provably one simple command, else ``None``.
+
+    Quotes are removed: ``'git' "status"`` gives ``("git", "status")``.
+    """
+    try:
+        if not isinstance(command, str) or len(command) > MAX_SIMPLE_LENGTH:
+            return None
+        if not _PRINTABLE.issuperset(command):
+            return None  # control characters (newline, CR, tab, NUL…) and non-ASCII
+        words = _tokenize(command)
+        if not words or not _program_ok(words[0]):
+            return None
+        return words
+    except Exception:
+        return None
+
+
 def is_simple(command: str) -> bool:
+    """Whether ``command`` is provably one simple command."""
     return simple_words(command) is not None
 
 
+# --------------------------------------------------------------------------- allow
+
+
 def allow_prefix_matches(prefix: str, command: str) -> bool:
-    words = simple_words(command)
-    want = simple_words(prefix)
-    if words is None or want is None:
+    """Allow rules: both simple, and the command's words start with the prefix's words.
+
+    Whole words only, compared after quote removal. Because the first word of a
+    simple command is a plain program name, a command with leading assignments is
+    never simple, a wrapper (``sudo git status``) only matches a prefix that starts
+    with the wrapper, and ``/usr/bin/git`` only matches a prefix that starts with
+    ``/usr/bin/git``.
+    """
+    try:
+        want = simple_words(prefix)
+        words = simple_words(command)
+        if want is None or words is None:
+            return False
+        return len(words) >= len(want) and words[: len(want)] == want
+    except Exception:
         return False
-    return words[: len(want)] == want
+
+
+# --------------------------------------------------------------------------- deny
+
+
+def _basename(word: str) -> str:
+    return posixpath.basename(word)
+
+
+def _is_wrapper(word: str) -> bool:
+    name = _basename(word)
+    return name in WRAPPERS or _VERSIONED_INTERPRETER.fullmatch(name) is not None
+
+
+def _prefix_forms(prefix: str) -> set[tuple[str, ...]]:
+    """The prefix's words: its argv when simple, else its de-quoted text split on blanks.
+
+    A prefix is taken as written: ``/bin/rm`` is not shortened to ``rm``, so every
+    word of a prefix occurs in any command it matches once quoting is removed (the
+    rule index in ``decision.py`` relies on that).
+    """
+    words = simple_words(prefix)
+    if words is None:
+        words = tuple(_dequote(prefix).split())
+    return {words} if words else set()
+
+
+def _starts_with(words: tuple[str, ...] | list[str], forms: set[tuple[str, ...]]) -> bool:
+    if not words:
+        return False
+    candidates = (tuple(words), (_basename(words[0]), *words[1:]))
+    return any(c[: len(f)] == f for c in candidates for f in forms)
+
+
+def _words_match(forms: set[tuple[str, ...]], words: tuple[str, ...], depth: int) -> bool:
+    """A simple command: its start, and for a wrapper every later position and string."""
+    if _starts_with(words, forms):
+        return True
+    if not _is_wrapper(words[0]):
+        return False
+    rest = words[1:]
+    for word in rest:  # a command string: ``bash -c 'echo; rm -rf /'``
+        if not _UNQUOTED.issuperset(word) and _command_matches(forms, word, depth + 1):
+            return True
+    flat = [piece for word in rest for piece in word.split()]  # eval 'rm' '-rf /'
+    return any(_starts_with(flat[i:], forms) for i in range(len(flat)))
+
+
+def _dequote(text: str) -> str:
+    """Delete quoting that a shell removes: ``\\``-newline, empty ``$''``, quotes, backslashes."""
+    text = text.replace("\\\n", "")
+    text = re.sub(r"\$(?:''|\"\")", "", text)
+    return text.replace("'", "").replace('"', "").replace("\\", "")
+
+
+_EXPANSION = re.compile(
+    r"`[^`]*`"                      # `...`
+    r"|\$\([^()]*\)"                # $(...) and $((...)) innermost first
+    r"|\$\{[^{}]*\}"                # ${...}
+    r"|\$[A-Za-z_][A-Za-z0-9_]*"    # $name
+    r"|\$[0-9@*#?$!-]"              # $1 $@ $* ...
+)
+_PUNCTUATION = re.compile(r"[{},;|&()<>`]")
+
+
+def _strip_expansions(text: str, replacement: str) -> str:
+    for _ in range(64):
+        reduced = _EXPANSION.sub(replacement, text)
+        if reduced == text:
+            break
+        text = reduced
+    return text
+
+
+def _text_variants(text: str) -> Iterator[str]:
+    """The text as seen through quote removal and with expansions taken as empty or as a space."""
+    plain = _dequote(text)
+    variants = [
+        plain,
+        _strip_expansions(plain, ""),
+        _PUNCTUATION.sub(" ", _strip_expansions(plain, " ")),
+    ]
+    for variant in variants:
+        yield variant
+        folded = "".join(
+            c for c in unicodedata.normalize("NFKC", variant) if unicodedata.category(c) != "Cf"
+        )
+        if folded != variant:
+            yield folded
+
+
+_LEFT_EDGE = r"(?<![A-Za-z0-9_.+-])"
+_RIGHT_EDGE = r"(?![A-Za-z0-9_.+/-])"
+
+
+def _mention_pattern(words: Iterable[str]) -> re.Pattern[str]:
+    return re.compile(_LEFT_EDGE + r"\s+".join(re.escape(w) for w in words) + _RIGHT_EDGE)
+
+
+def _text_mentions(forms: set[tuple[str, ...]], text: str) -> bool:
+    patterns = [_mention_pattern(f) for f in forms]
+    return any(p.search(v) for v in _text_variants(text) for p in patterns)
+
+
+def _command_matches(forms: set[tuple[str, ...]], command: str, depth: int) -> bool:
+    if depth > _MAX_DEPTH:
+        return True
+    words = simple_words(command)
+    if words is None:
+        return _text_mentions(forms, command)
+    return _words_match(forms, words, depth)
 
 
 def deny_prefix_matches(prefix: str, command: str) -> bool:
-    if command.startswith(prefix):
+    """Deny rules: broad. Whether ``command`` may run the program the prefix names.
+
+    A simple command matches when its words, after taking a program path's basename,
+    start with the prefix's words; after a wrapper word (``sudo``, ``env``,
+    ``timeout 5``, ``bash -c``…) every later word position is tried and every
+    argument that is itself a command string is checked the same way. Any other
+    command matches when the prefix's words occur anywhere in its text, read with
+    quotes and backslashes removed and expansions taken as empty. A blank prefix
+    matches everything.
+    """
+    try:
+        if not isinstance(prefix, str) or not isinstance(command, str):
+            return True
+        if len(command) > MAX_DENY_LENGTH:
+            return True
+        forms = _prefix_forms(prefix)
+        if not forms:
+            return True
+        return _command_matches(forms, command, 0)
+    except Exception:
         return True
-    want = prefix.split()
-    return bool(want) and " ".join(want) in " ".join(command.split())
