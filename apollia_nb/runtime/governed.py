@@ -55,16 +55,11 @@ class CallResult:
 
 
 def _capped(output: Any) -> tuple[Any, str, bool]:
-    from apollia_nb.journal.entry import canonical_json
+    """The output as journaled (cut past ``OUTPUT_CAP``) and the digest of the whole."""
+    from apollia_nb.runtime.tools import canonical_json, output_digest
 
-    try:
-        text = canonical_json(output).decode()
-    except Exception:
-        output = repr(output)
-        text = canonical_json(output).decode()
-    import hashlib
-
-    digest = hashlib.sha256(text.encode()).hexdigest()
+    text = canonical_json(output)
+    digest = output_digest(output)
     if len(text) > OUTPUT_CAP:
         return {"truncated": True, "size": len(text), "head": text[:OUTPUT_CAP]}, digest, True
     return output, digest, False

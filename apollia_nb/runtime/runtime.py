@@ -611,8 +611,8 @@ class Runtime:
             run.done.set()
 
     def _persist_model_state(self, agent: Agent) -> None:
-        if hasattr(agent.model, "snapshot"):
-            self.records.save_model_state(agent.name, agent.model.snapshot())
+        if hasattr(agent.model, "restore") and callable(getattr(agent.model, "state", None)):
+            self.records.save_model_state(agent.name, agent.model.state())
 
     # ------------------------------------------------------------------ audit
     def verify(self) -> Any:
@@ -636,9 +636,9 @@ def _is_running(run: TaskRun) -> bool:
 
 
 def _custom_tools(agent: Agent) -> list[Any]:
-    from apollia_nb.runtime.builtins import BUILTIN_NAMES
+    from apollia_nb.runtime.builtins import BUILTIN_FAMILIES
 
-    return [agent.tools.get(n) for n in agent.tools.names() if n not in BUILTIN_NAMES]
+    return [agent.tools.get(n) for n in agent.tools.names() if n not in BUILTIN_FAMILIES]
 
 
 class _PersistedMemory(dict):  # type: ignore[type-arg]

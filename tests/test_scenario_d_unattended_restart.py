@@ -1,0 +1,127 @@
+"""Unattended runs (SPEC §4, Scenario E's last paragraphs): suspend, list, answer, resume — across a restart."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from apollia_nb.errors import BadAnswer, Conflict, UnknownDecision
+from apollia_nb.runtime import Runtime
+from runtime_helpers import call, manifest
+
+pytestmark = pytest.mark.anyio
+
+SCRIPT = manifest(
+    actor=[
+        {"tool_calls": [call("write_file", path="first.txt", content="one")]},
+        {"tool_calls": [call("bash_executor", command="echo resumed")]},
+        {"text": "All done."},
+    ],
+)
+
+
+async def test_the_first_call_that_would_ask_suspends_the_run_and_lists_the_decision(home):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("write_file", path="a", content="b")]}]))
+        handle = await rt.submit("clerk", "Write", watched=False)
+        await handle.settled()
+        assert handle.status == "waiting"
+        [pending] = rt.pending_decisions()
+        assert pending["task_id"] == handle.id and pending["tool"] == "write_file"
+        assert pending["family"] == "write" and pending["answers"] == ["once", "always", "refuse"]
+        assert pending["arguments"] == {"path": "a", "content": "b"}
+        assert set(pending) >= {"id", "run_id", "task_id", "agent", "tool", "family", "arguments", "answers",
+                                "created_at"}
+
+
+async def test_answering_refuse_refuses_the_call_and_fails_its_step(home):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("write_file", path="a", content="b")]}]))
+        handle = await rt.submit("clerk", "Write", watched=False)
+        await handle.settled()
+        rt.answer(rt.pending_decisions()[0]["id"], "refuse", by="ops")
+        task = await handle
+        assert task.status == "failed" and task.error["code"] == "REFUSED"
+        assert rt.pending_decisions() == []
+
+
+async def test_bad_answers_and_unknown_decisions_get_stable_codes_and_change_nothing(home):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("bash_executor", command="ls")]}]))
+        handle = await rt.submit("clerk", "List", watched=False)
+        await handle.settled()
+        [pending] = rt.pending_decisions()
+        assert pending["answers"] == ["once", "refuse"]  # execute outside developer mode: no always
+        entries = len(rt.journal.entries())
+        with pytest.raises(BadAnswer):
+            rt.answer(pending["id"], "always")
+        with pytest.raises(BadAnswer):
+            rt.answer(pending["id"], "yes please")
+        with pytest.raises(UnknownDecision):
+            rt.answer("pd-does-not-exist", "once")
+        assert len(rt.journal.entries()) == entries
+        assert rt.pending_decisions() == [pending]
+        rt.answer(pending["id"], "once")
+        with pytest.raises(Conflict):
+            rt.answer(pending["id"], "once")
+        assert (await handle).status == "completed"
+
+
+async def test_a_suspended_run_survives_a_restart_and_resumes_without_rerunning_tools(home):
+    home.path.mkdir(parents=True, exist_ok=True)
+    first_process = textwrap.dedent(
+        f"""
+        import anyio, json
+        from apollia_nb.runtime import Runtime
+        async def main():
+            async with Runtime({str(home.path)!r}) as rt:
+                rt.governance.grant_consent("clerk", "write", by="setup")
+                await rt.register_agent({SCRIPT!r})
+                handle = await rt.submit("clerk", "Write then run", watched=False)
+                await handle.settled()
+                print(json.dumps({{"status": handle.status, "task": handle.id}}))
+        anyio.run(main)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", first_process], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    state = json.loads(out.stdout.strip().splitlines()[-1])
+    assert state["status"] == "waiting"
+
+    async with Runtime(home) as rt:  # the process started again
+        handle = rt.task(state["task"])
+        assert handle.status == "waiting"
+        [pending] = rt.pending_decisions()
+        assert pending["tool"] == "bash_executor"
+        rt.answer(pending["id"], "once", by="ops")
+        task = await handle
+        assert task.status == "completed", task.error
+        assert task.result == "All done."
+        started = [json.loads(e.payload)["tool"] for e in rt.journal.entries(run_id=task.run_id)
+                   if e.kind == "tool_call"]
+        assert started == ["write_file", "bash_executor"]  # write_file ran once, before the restart
+        output = [json.loads(e.payload) for e in rt.journal.entries(run_id=task.run_id) if e.kind == "tool_result"]
+        assert output[-1]["output"]["stdout"].strip() == "resumed"
+        assert rt.replay(task.run_id).verdict == "identical"
+
+
+async def test_a_run_cut_short_by_a_crash_is_failed_interrupted_at_the_next_boot(home):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest())
+    # Simulate a record left running by a process that died.
+    from apollia_nb.runtime.records import RuntimeRecords
+    from apollia_nb.runtime.tasks import new_task_record
+
+    records = RuntimeRecords(home.runtime_db)
+    record = new_task_record(task_id="task-crashed", run_id="run-crashed", agent="clerk", goal="g", ceiling=5,
+                             watched=True, grants=[], approve_plan=False, warnings=[], created_at="2026-01-01T00:00:00Z")
+    record["status"] = "running"
+    records.save_task(record, record["created_at"])
+    records.close()
+    async with Runtime(home) as rt:
+        handle = rt.task("task-crashed")
+        assert handle.status == "failed" and handle.error["code"] == "INTERRUPTED"
