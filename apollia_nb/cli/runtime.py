@@ -1,9 +1,217 @@
-"""`apollia-os` commands: runtime."""
+"""``apollia-os`` commands that drive the runtime: run, agents, pending, demo."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from apollia_nb.cli import emit
+
+__all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add this group's commands to the parser."""
+    p = sub.add_parser("run", parents=[common], help="run a task with a registered agent")
+    p.add_argument("agent")
+    p.add_argument("goal")
+    p.add_argument("--unattended", action="store_true",
+                   help="do not prompt: stop at the first call that would ask and list it in `pending`")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--approve-plan", action="store_true", help="show the plan and ask before running it")
+    p.set_defaults(handler=_run)
+
+    agents = sub.add_parser("agents", help="register, list and stop agents")
+    asub = agents.add_subparsers(dest="agents_command", metavar="ACTION", required=True)
+    a = asub.add_parser("list", parents=[common], help="registered agents and their states")
+    a.set_defaults(handler=_agents_list)
+    a = asub.add_parser("register", parents=[common], help="register an agent from a TOML manifest")
+    a.add_argument("file", type=Path)
+    a.set_defaults(handler=_agents_register)
+    a = asub.add_parser("stop", parents=[common], help="stop an agent (drains its runs)")
+    a.add_argument("name")
+    a.set_defaults(handler=_agents_stop)
+
+    pending = sub.add_parser("pending", help="decisions waiting for a person")
+    psub = pending.add_subparsers(dest="pending_command", metavar="ACTION", required=True)
+    a = psub.add_parser("list", parents=[common], help="waiting decisions, oldest first")
+    a.set_defaults(handler=_pending_list)
+    a = psub.add_parser("decide", parents=[common], help="answer a waiting decision; its run resumes")
+    a.add_argument("id")
+    a.add_argument("answer", help="once, always or refuse (only those on offer)")
+    a.add_argument("--reason", default=None)
+    a.add_argument("--by", default=None, help="who answers (default: the user name)")
+    a.set_defaults(handler=_pending_decide)
+
+    d = sub.add_parser("demo", parents=[common], help="a headless tour on a fresh home")
+    d.set_defaults(handler=_demo)
+
+
+def _who(args: argparse.Namespace) -> str:
+    import getpass
+
+    return getattr(args, "by", None) or getpass.getuser()
+
+
+def _open(args: argparse.Namespace) -> Any:
+    from apollia_nb.runtime import Runtime
+
+    return Runtime(args.home)
+
+
+def _task_line(task: dict[str, Any]) -> str:
+    err = task["error"]
+    tail = f" — {err['code']}: {err['message']}" if err else ""
+    budget = task["budget"]
+    return f"task {task['id']} ({task['agent']}): {task['status']}, steps {budget['used']}/{budget['ceiling']}{tail}"
+
+
+def _card_text(card: dict[str, Any]) -> str:
+    import json
+
+    family = card["family"] or "unclassified"
+    return (f"{card['agent']} wants to call {card['tool']} ({family}) with {json.dumps(card['arguments'])}\n"
+            f"  line {card.get('line')}: {card.get('reason')}\n  answers: {' / '.join(card['answers'])}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import anyio
+
+    async def main() -> int:
+        async with _open(args) as rt:
+            handle = await rt.submit(args.agent, args.goal, max_steps=args.max_steps,
+                                     watched=not args.unattended, approve_plan=args.approve_plan)
+            for warning in handle.record["warnings"]:
+                print(f"warning: {warning}", file=sys.stderr)
+            while True:
+                await handle.settled()
+                if handle.status != "waiting":
+                    break
+                if args.unattended:
+                    break
+                if handle.awaiting_plan_approval:
+                    print("plan:\n" + "\n".join(f"  {i + 1}. {s}" for i, s in enumerate(handle.record["plan"])))
+                    reply = (await anyio.to_thread.run_sync(_ask, "approve the plan? [y/N] ")).strip().lower()
+                    if reply in ("y", "yes"):
+                        handle.approve_plan()
+                    else:
+                        handle.reject_plan("rejected at the terminal")
+                    await _until_changed(rt, handle)
+                    continue
+                for card in handle.pending:
+                    print(_card_text(card.to_dict()))
+                    reply = (await anyio.to_thread.run_sync(_ask, "answer: ")).strip() or "refuse"
+                    while reply not in card.answers:
+                        print(f"please answer one of: {', '.join(card.answers)}")
+                        reply = (await anyio.to_thread.run_sync(_ask, "answer: ")).strip() or "refuse"
+                    card.answer(reply, by=_who(args))
+                await _until_changed(rt, handle)
+            task = handle.to_dict()
+            lines = [_task_line(task)]
+            if task["result"]:
+                lines.append(f"result: {task['result']}")
+            if handle.status == "waiting":
+                for p in rt.pending_decisions():
+                    if p["task_id"] == handle.id:
+                        lines.append(f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
+                                     f"answer with `apollia-os pending decide {p['id']} once|refuse`")
+            emit(args, task, "\n".join(lines))
+            return 0 if handle.status in ("completed", "waiting") else 1
+
+    return anyio.run(main)
+
+
+async def _until_changed(rt: Any, handle: Any) -> None:
+    await rt._changed(handle.id).wait()
+
+
+def _ask(prompt: str) -> str:
+    print(prompt, end="", flush=True)
+    line = sys.stdin.readline()
+    return line if line else "refuse"  # end of input refuses: no answer is never a permission
+
+
+def _agents_list(args: argparse.Namespace) -> int:
+    import anyio
+
+    async def main() -> int:
+        async with _open(args) as rt:
+            agents = [a.to_dict() for a in rt.agents()]
+        text = "\n".join(
+            f"{a['name']:<20} {a['state']:<12} {a['model']:<10} {', '.join(a['warnings'])}" for a in agents
+        ) or "no agents registered"
+        emit(args, agents, text)
+        return 0
+
+    return anyio.run(main)
+
+
+def _agents_register(args: argparse.Namespace) -> int:
+    import anyio
+
+    from apollia_nb.runtime.manifest import load_manifest
+
+    manifest = load_manifest(args.file)  # errors name the key and line before the home is touched
+
+    async def main() -> int:
+        async with _open(args) as rt:
+            agent = await rt.register_agent(manifest)
+            data = agent.to_dict()
+        warn = "".join(f"\nwarning: {w}" for w in data["warnings"])
+        emit(args, data, f"registered {data['name']}: {data['state']}{warn}")
+        return 0
+
+    return anyio.run(main)
+
+
+def _agents_stop(args: argparse.Namespace) -> int:
+    import anyio
+
+    async def main() -> int:
+        async with _open(args) as rt:
+            agent = await rt.stop_agent(args.name)
+            data = agent.to_dict()
+        emit(args, data, f"{data['name']}: {data['state']}")
+        return 0
+
+    return anyio.run(main)
+
+
+def _pending_list(args: argparse.Namespace) -> int:
+    import anyio
+
+    async def main() -> int:
+        async with _open(args) as rt:
+            items = rt.pending_decisions()
+        text = "\n".join(f"{p['id']}  {p['created_at']}  {_card_text(p)}" for p in items) or "nothing is waiting"
+        emit(args, items, text)
+        return 0
+
+    return anyio.run(main)
+
+
+def _pending_decide(args: argparse.Namespace) -> int:
+    import anyio
+
+    async def main() -> int:
+        async with _open(args) as rt:
+            decided = rt.answer(args.id, args.answer, by=_who(args), reason=args.reason)
+            lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"]
+            task_id = decided.get("task_id")
+            data: dict[str, Any] = {"decision": decided}
+            if task_id and task_id in rt._runs:
+                handle = rt.task(task_id)
+                await handle.settled()
+                data["task"] = handle.to_dict()
+                lines.append(_task_line(data["task"]))
+            emit(args, data, "\n".join(lines))
+        return 0
+
+    return anyio.run(main)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from apollia_nb.cli.demo import run_demo
+
+    return run_demo(args.home, json_output=args.json)
