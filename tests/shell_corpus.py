@@ -444,6 +444,11 @@ DENY_CASES: dict[str, list[tuple[str, str, bool]]] = {
         ("/usr/bin/git push --force", "git push", True),
         ("GIT_DIR=x git push", "git push", True),
         ("anything at all", "   ", True),
+        ("git -C repo push", "git push", True),
+        ("git --git-dir=x push --force", "git push", True),
+        ("cd x && git -C repo push", "git push", True),
+        ("rm -f -r /", "rm -r", True),
+        ("git log --grep push", "git push", True),  # broad: the words in order are enough
     ],
     "not-caught": [
         ("rmdir x", "rm", False),
@@ -458,6 +463,8 @@ DENY_CASES: dict[str, list[tuple[str, str, bool]]] = {
         ("gitpush", "git push", False),
         ("git commit -m 'do not rm -rf /'", "rm", False),
         ("rm -rf /tmp/x", "rm -rf /", False),
+        ("rm -r -f /", "rm -rf", False),  # options are words: deny "rm" to catch every spelling
+        ("git push", "git push --force", False),
         ("git status", "rm", False),
         ("rm -rf /", "/bin/rm", False),  # a path prefix names only that path
         ("/usr/bin/rm -rf /", "/bin/rm", False),

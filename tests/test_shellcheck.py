@@ -313,3 +313,16 @@ def test_simple_length_limit_is_exact() -> None:
     at_limit = "git " + "x" * (MAX_SIMPLE_LENGTH - 4)
     assert is_simple(at_limit)
     assert not is_simple(at_limit + "x")
+
+
+_deny_word = st.sampled_from(["rm", "-rf", "/", "git", "push", "sudo", "x", "/bin/rm", "'rm'", "r''m"])
+_deny_glue = st.sampled_from([" ", "  ", "; ", " && ", " | ", "\n", " $(", ")", "'", '"', "\\", "\t"])
+_deny_text = st.lists(st.one_of(_deny_word, _deny_glue), max_size=8).map("".join)
+
+
+@_FAST
+@given(_deny_text, _deny_text)
+def test_decide_refuses_exactly_when_the_deny_rule_matches(prefix: str, command: str) -> None:
+    view = GovernanceView(rules=[Rule(tool="bash_executor", prefix=prefix, effect="deny")], developer_mode=True)
+    refused = decide(_execute(command), view).line == 2
+    assert refused is (prefix == "" or deny_prefix_matches(prefix, command))

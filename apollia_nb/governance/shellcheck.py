@@ -21,11 +21,12 @@ match" and "deny matches". ``docs/simple-commands.md`` states the exact rules.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import string
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 __all__ = [
     "simple_words",
@@ -226,11 +227,33 @@ def _prefix_forms(prefix: str) -> set[tuple[str, ...]]:
     return {words} if words else set()
 
 
-def _starts_with(words: tuple[str, ...] | list[str], forms: set[tuple[str, ...]]) -> bool:
-    if not words:
-        return False
-    candidates = (tuple(words), (_basename(words[0]), *words[1:]))
-    return any(c[: len(f)] == f for c in candidates for f in forms)
+def _in_order(needles: tuple[str, ...], hay: Iterable[str]) -> bool:
+    """Whether ``needles`` occur in ``hay`` in this order (other words may come between)."""
+    rest = iter(hay)
+    return all(any(word == needle for word in rest) for needle in needles)
+
+
+def _names(word: str, program: str) -> bool:
+    return word == program or _basename(word) == program
+
+
+def _starts_with(words: tuple[str, ...], forms: set[tuple[str, ...]]) -> bool:
+    """The first word names the prefix's program; its other words follow in order."""
+    return bool(words) and any(
+        _names(words[0], form[0]) and _in_order(form[1:], words[1:]) for form in forms
+    )
+
+
+def _found_after_wrapper(flat: list[str], forms: set[tuple[str, ...]]) -> bool:
+    """Some word names the prefix's program and its other words follow in order."""
+    for form in forms:
+        for i, word in enumerate(flat):
+            if _names(word, form[0]):
+                # The earliest start leaves the most words to follow: it decides.
+                if _in_order(form[1:], flat[i + 1 :]):
+                    return True
+                break
+    return False
 
 
 def _words_match(forms: set[tuple[str, ...]], words: tuple[str, ...], depth: int) -> bool:
@@ -244,7 +267,7 @@ def _words_match(forms: set[tuple[str, ...]], words: tuple[str, ...], depth: int
         if not _UNQUOTED.issuperset(word) and _command_matches(forms, word, depth + 1):
             return True
     flat = [piece for word in rest for piece in word.split()]  # eval 'rm' '-rf /'
-    return any(_starts_with(flat[i:], forms) for i in range(len(flat)))
+    return _found_after_wrapper(flat, forms)
 
 
 def _dequote(text: str) -> str:
@@ -264,43 +287,72 @@ _EXPANSION = re.compile(
 _PUNCTUATION = re.compile(r"[{},;|&()<>`]")
 
 
-def _strip_expansions(text: str, replacement: str) -> str:
-    for _ in range(64):
+#: Nesting deeper than this many expansions is not unpicked: the deny rule matches.
+_MAX_EXPANSION_PASSES = 32
+
+
+def _strip_expansions(text: str, replacement: str) -> str | None:
+    """``text`` with every expansion replaced, innermost first; None if nested too deep."""
+    for _ in range(_MAX_EXPANSION_PASSES):
         reduced = _EXPANSION.sub(replacement, text)
         if reduced == text:
-            break
+            return text
         text = reduced
-    return text
+    return None
 
 
-def _text_variants(text: str) -> Iterator[str]:
-    """The text as seen through quote removal and with expansions taken as empty or as a space."""
+def _folded(text: str) -> str:
+    """Compatibility forms folded (fullwidth ``ｒｍ`` → ``rm``), invisible format characters dropped."""
+    if text.isascii():
+        return text
+    normal = unicodedata.normalize("NFKC", text)
+    return "".join(c for c in normal if unicodedata.category(c) != "Cf")
+
+
+@functools.lru_cache(maxsize=8)  # decide() asks once per deny rule about the same text
+def _text_variants(text: str) -> tuple[str, ...] | None:
+    """The text as seen through quote removal, with expansions taken as empty or as a
+    space and punctuation as a space; None when expansions nest too deep to read."""
     plain = _dequote(text)
-    variants = [
-        plain,
-        _strip_expansions(plain, ""),
-        _PUNCTUATION.sub(" ", _strip_expansions(plain, " ")),
-    ]
-    for variant in variants:
-        yield variant
-        folded = "".join(
-            c for c in unicodedata.normalize("NFKC", variant) if unicodedata.category(c) != "Cf"
-        )
-        if folded != variant:
-            yield folded
+    if "$" not in plain and "`" not in plain:
+        stripped = spaced = plain
+    else:
+        stripped = _strip_expansions(plain, "")
+        if stripped is None:
+            return None
+        spaced = _strip_expansions(plain, " ")
+        if spaced is None:
+            return None
+    variants = [plain, stripped, _PUNCTUATION.sub(" ", spaced)]
+    variants += [_folded(v) for v in variants if not v.isascii()]
+    return tuple(dict.fromkeys(variants))
 
 
 _LEFT_EDGE = r"(?<![A-Za-z0-9_.+-])"
 _RIGHT_EDGE = r"(?![A-Za-z0-9_.+/-])"
 
 
-def _mention_pattern(words: Iterable[str]) -> re.Pattern[str]:
-    return re.compile(_LEFT_EDGE + r"\s+".join(re.escape(w) for w in words) + _RIGHT_EDGE)
+@functools.lru_cache(maxsize=1024)
+def _mention(word: str) -> re.Pattern[str]:
+    return re.compile(_LEFT_EDGE + re.escape(word) + _RIGHT_EDGE)
+
+
+def _mentions_in_order(form: tuple[str, ...], text: str) -> bool:
+    """Each word of ``form`` occurs as a whole word, in order (earliest match first)."""
+    at = 0
+    for word in form:
+        found = _mention(word).search(text, at)
+        if found is None:
+            return False
+        at = found.end()
+    return True
 
 
 def _text_mentions(forms: set[tuple[str, ...]], text: str) -> bool:
-    patterns = [_mention_pattern(f) for f in forms]
-    return any(p.search(v) for v in _text_variants(text) for p in patterns)
+    variants = _text_variants(text)
+    if variants is None:
+        return True
+    return any(_mentions_in_order(f, v) for v in variants for f in forms)
 
 
 def _command_matches(forms: set[tuple[str, ...]], command: str, depth: int) -> bool:
@@ -313,15 +365,15 @@ def _command_matches(forms: set[tuple[str, ...]], command: str, depth: int) -> b
 
 
 def deny_prefix_matches(prefix: str, command: str) -> bool:
-    """Deny rules: broad. Whether ``command`` may run the program the prefix names.
+    """Deny rules: broad. Whether ``command`` may run what the prefix names.
 
-    A simple command matches when its words, after taking a program path's basename,
-    start with the prefix's words; after a wrapper word (``sudo``, ``env``,
-    ``timeout 5``, ``bash -c``…) every later word position is tried and every
-    argument that is itself a command string is checked the same way. Any other
-    command matches when the prefix's words occur anywhere in its text, read with
-    quotes and backslashes removed and expansions taken as empty. A blank prefix
-    matches everything.
+    A simple command matches when its program (or the program's basename) is the
+    prefix's first word and the prefix's other words follow in order; after a
+    wrapper (``sudo``, ``env``, ``timeout 5``, ``bash -c``…) the program may be any
+    later word, and every argument that is itself a command string is checked the
+    same way. Any other command matches when the prefix's words occur in order,
+    as whole words, anywhere in its text read with quotes and backslashes removed
+    and expansions taken as empty. A blank prefix matches everything.
     """
     try:
         if not isinstance(prefix, str) or not isinstance(command, str):
