@@ -456,3 +456,21 @@ def test_outcome_is_frozen() -> None:
     outcome = ToolOutcome("ok", 1, None, None, "d", 0.1)
     with pytest.raises(AttributeError):
         outcome.status = "error"  # type: ignore[misc]
+
+
+def test_tool_decorator_accepts_the_family_positionally() -> None:
+    @tool("read")
+    def peek(path: str) -> str:
+        return path
+
+    assert peek.family is Family.READ and peek.name == "peek"
+
+
+def test_numpy_like_scalars_become_numbers() -> None:
+    class Scalar:
+        shape = ()
+
+        def item(self) -> int:
+            return 5
+
+    assert to_jsonable({"n": Scalar()}) == {"n": 5}

@@ -180,7 +180,7 @@ class ToolDef:
 
 
 def tool(
-    fn: Callable[..., Any] | None = None,
+    fn: Callable[..., Any] | Family | str | None = None,
     *,
     family: Family | str | None = None,
     name: str | None = None,
@@ -199,6 +199,8 @@ def tool(
             func, family, name=name, description=description, timeout_secs=timeout_secs, connection=connection
         )
 
+    if isinstance(fn, (str, Family)):  # @tool("read"): the family given positionally
+        family, fn = fn, None
     return build(fn) if fn is not None else build
 
 
@@ -526,9 +528,18 @@ def to_jsonable(value: Any, _depth: int = 0) -> Any:
         return str(value)
     if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
         return value.isoformat()
+    if _attr_or_none(value, "shape") == () and callable(_attr_or_none(value, "item")):
+        return to_jsonable(value.item(), _depth + 1)  # a numpy-like scalar
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name), _depth + 1) for f in dataclasses.fields(value)}
     return _capped_repr(value)
+
+
+def _attr_or_none(value: Any, name: str) -> Any:
+    try:
+        return getattr(value, name, None)
+    except Exception:
+        return None
 
 
 def _capped_repr(value: Any) -> str:
