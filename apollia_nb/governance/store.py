@@ -1,0 +1,1033 @@
+"""``governance.db``: what ``decide()`` reads, kept current, failing closed.
+
+The store holds the fine rules, the standing consents, developer mode and the
+pending decisions of unattended runs in one DuckDB file in the home, and
+combines them with the organisation policy (``policy.py``) into the
+``GovernanceView`` snapshot that ``decide()`` reads.
+
+Why it is shaped this way:
+
+* **Open per operation.** DuckDB lets one process hold a file and no other
+  process open it, not even read-only. Governance writes are rare, so every
+  operation connects, works and closes (≈ 15 ms), and the file is free between
+  operations: a CLI in another process can change rules while a kernel runs.
+  When another process holds the file at that instant, the store retries for
+  up to ``lock_timeout`` seconds and then raises ``HomeLocked`` naming its PID.
+* **A cheap, current snapshot.** ``view()`` stats the files governance depends
+  on (``governance.db``, its ``.wal``, ``policy/organisation.toml``, its
+  ``.sig`` and ``apollia.toml``) and returns the cached view while their
+  signatures (inode, size, mtime, ctime, mode) are unchanged — a few
+  microseconds. Any change, by this process or another, reloads. A file
+  changed less than a timestamp tick before it was read is "racy" (a second
+  change in the same tick could keep the same signature), so it is read again
+  on the next ``view()`` until it has aged past the window.
+* **Fail closed, never overwrite.** A ``governance.db`` that cannot be read
+  (corrupt, a directory, no permission, written by a newer version) yields a
+  view with ``readable=False`` and a reason; mutations raise
+  ``GovernanceUnreadable`` and the file is left byte for byte as it was. A
+  refused organisation policy also makes the view unreadable. Deny rules
+  loaded before the file became unreadable are kept: refusing more is safe.
+* **Journal first.** Each change to rules, consents or developer mode is
+  appended to the journal inside the database transaction, before the change
+  is committed; if the append raises, the transaction rolls back and nothing
+  changes. Repeating a change that is already in effect journals nothing.
+  Pending decisions are runtime state: the runtime journals the ask and the
+  answer with their run, the store only keeps them across restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from apollia_nb.dbutil import lock_holder_pid, raise_if_locked
+from apollia_nb.errors import (
+    BadAnswer,
+    BadInput,
+    Conflict,
+    GovernanceUnreadable,
+    NotFound,
+    UnknownDecision,
+    UnknownRule,
+)
+from apollia_nb.governance.decision import (
+    READ_ONLY_FAMILIES,
+    Answer,
+    Effect,
+    Family,
+    GovernanceView,
+    Rule,
+)
+from apollia_nb.governance.policy import PolicyState, load_policy, policy_to_dict
+from apollia_nb.home import Home
+
+if TYPE_CHECKING:  # pragma: no cover
+    import duckdb
+
+__all__ = [
+    "JournalSink",
+    "GovernanceStore",
+    "RuleRecord",
+    "ConsentRecord",
+    "DeveloperMode",
+    "PendingDecision",
+    "SCHEMA_VERSION",
+    "validate_agent",
+]
+
+SCHEMA_VERSION = 1
+PENDING, ANSWERED, EXPIRED = "pending", "answered", "expired"
+_AGENT = re.compile(r"[a-z0-9_-]+")
+_DEFAULT_LOCK_TIMEOUT = 2.0
+# A file changed this recently may change again within the same timestamp tick
+# without its signature changing; such a snapshot is re-read on the next view().
+_RACY_NS = 50_000_000
+_RACY_COARSE_NS = 2_500_000_000  # filesystems with whole-second timestamps
+
+
+class JournalSink(Protocol):
+    """Where governance changes are journaled (``apollia_nb.journal.Journal`` is one)."""
+
+    def append(
+        self, kind: str, payload: dict[str, Any], *, run_id: str | None = None, agent: str | None = None
+    ) -> object: ...
+
+
+# --- values ------------------------------------------------------------------------
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return _utc(value).isoformat().replace("+00:00", "Z")  # type: ignore[union-attr]
+
+
+def _naive(value: datetime) -> datetime:
+    """UTC without tzinfo, as stored in DuckDB TIMESTAMP columns."""
+    return _utc(value).replace(tzinfo=None)  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True, slots=True)
+class RuleRecord(Rule):
+    """A stored fine rule: a ``Rule`` (with its id) plus who added it and when."""
+
+    created_by: str = ""
+    created_at: datetime | None = None
+
+    @property
+    def rule(self) -> Rule:
+        return Rule(tool=self.tool, effect=self.effect, prefix=self.prefix, agent=self.agent, id=self.id)
+
+    def to_dict(self) -> dict[str, Any]:
+        """SPEC §7's rule JSON plus ``created_by`` and ``created_at``."""
+        return {
+            "id": self.id,
+            "tool": self.tool,
+            "prefix": self.prefix,
+            "effect": self.effect.value,
+            "agent": self.agent,
+            "created_by": self.created_by,
+            "created_at": _iso(self.created_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ConsentRecord:
+    """A standing consent of one agent for one family."""
+
+    agent: str
+    family: Family
+    granted_by: str
+    granted_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "agent": self.agent,
+            "family": self.family.value,
+            "granted_by": self.granted_by,
+            "granted_at": _iso(self.granted_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeveloperMode:
+    """Developer mode and its last change (``changed_by`` None: never changed)."""
+
+    enabled: bool
+    changed_by: str | None = None
+    changed_at: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "changed_by": self.changed_by, "changed_at": _iso(self.changed_at)}
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDecision:
+    """A call of an unattended run waiting for a person.
+
+    ``status`` is ``pending``, ``answered`` or ``expired`` (an expired decision
+    is answered ``refuse`` by ``timeout``). ``reason`` is why governance asked;
+    ``answer_reason`` is the person's reason, if given.
+    """
+
+    id: str
+    run_id: str
+    task_id: str | None
+    agent: str
+    tool: str
+    family: Family | None
+    arguments: Mapping[str, Any]
+    answers: tuple[Answer, ...]
+    created_at: datetime
+    reason: str = ""
+    line: int = 0
+    call_id: str | None = None
+    status: str = PENDING
+    answer: Answer | None = None
+    answered_by: str | None = None
+    answered_at: datetime | None = None
+    answer_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """SPEC §7's pending-decision JSON, plus its state and context."""
+        return {
+            "id": self.id,
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "agent": self.agent,
+            "tool": self.tool,
+            "family": self.family.value if self.family is not None else None,
+            "arguments": dict(self.arguments),
+            "answers": [a.value for a in self.answers],
+            "created_at": _iso(self.created_at),
+            "status": self.status,
+            "answer": self.answer.value if self.answer is not None else None,
+            "answered_by": self.answered_by,
+            "answered_at": _iso(self.answered_at),
+            "answer_reason": self.answer_reason,
+            "reason": self.reason,
+            "line": self.line,
+            "call_id": self.call_id,
+        }
+
+
+# --- validation (pure) ---------------------------------------------------------------
+
+
+def validate_agent(agent: str, *, allow_all: bool = False) -> str:
+    """An agent name (``[a-z0-9_-]+``), or ``*`` (every agent) when ``allow_all``."""
+    if allow_all and agent == "*":
+        return agent
+    if not isinstance(agent, str) or not _AGENT.fullmatch(agent):
+        want = "'*' or a name of [a-z0-9_-]+" if allow_all else "a name of [a-z0-9_-]+"
+        raise BadInput(f"agent must be {want}, not {agent!r}")
+    return agent
+
+
+def _validate_by(by: str) -> str:
+    if not isinstance(by, str) or not by.strip():
+        raise BadInput("'by' must name who makes the change")
+    return by
+
+
+def _validate_tool(tool: str) -> str:
+    if not isinstance(tool, str) or not tool or any(c.isspace() or not c.isprintable() for c in tool):
+        raise BadInput(f"tool must be a non-empty name without spaces, not {tool!r}")
+    return tool
+
+
+def _validate_effect(effect: Effect | str) -> Effect:
+    try:
+        return Effect(effect)
+    except ValueError:
+        raise BadInput(f"effect must be 'allow' or 'deny', not {effect!r}") from None
+
+
+def _validate_family(family: Family | str) -> Family:
+    try:
+        return Family(family)
+    except ValueError:
+        known = ", ".join(f.value for f in Family)
+        raise BadInput(f"unknown family {family!r} (known: {known})") from None
+
+
+def _consent_family(family: Family | str) -> Family:
+    fam = _validate_family(family)
+    if fam is Family.EXECUTE:
+        raise BadInput(
+            "no standing consent covers 'execute': code execution asks every time, "
+            "or runs under a fine allow rule in developer mode"
+        )
+    if fam is Family.PROFILE:
+        raise BadInput("no standing consent covers 'profile': a profile fact is asked every time")
+    if fam in READ_ONLY_FAMILIES:
+        raise BadInput(f"family {fam.value!r} needs no consent: it is always allowed")
+    return fam
+
+
+def _validate_answers(answers: Sequence[Answer | str]) -> tuple[Answer, ...]:
+    try:
+        out = tuple(Answer(a) for a in answers)
+    except ValueError:
+        raise BadInput(f"answers must be drawn from once, always, refuse: {list(answers)!r}") from None
+    if not out or len(set(out)) != len(out):
+        raise BadInput(f"answers must be a non-empty list without repeats: {list(answers)!r}")
+    return out
+
+
+def _racy(newest_ns: int, now_ns: int) -> bool:
+    """Whether a file changed at ``newest_ns`` may change again unseen (same tick)."""
+    if newest_ns <= 0:
+        return False
+    window = _RACY_COARSE_NS if newest_ns % 1_000_000_000 == 0 else _RACY_NS
+    return now_ns - newest_ns < window
+
+
+# --- the snapshot ------------------------------------------------------------------
+
+_Stat = tuple[int, int, int, int, int] | tuple[str, int] | None
+
+
+def _stat(path: str) -> _Stat:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return ("error", exc.errno or 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
+def _newest(stats: Sequence[_Stat]) -> int:
+    newest = 0
+    for st in stats:
+        if st is not None and len(st) == 5:
+            newest = max(newest, st[2], st[3])  # type: ignore[misc]
+    return newest
+
+
+@dataclass(frozen=True)
+class _DbState:
+    sig: tuple[_Stat, ...]
+    recheck: bool
+    rules: tuple[Rule, ...] = ()
+    consents: frozenset[tuple[str, Family]] = frozenset()
+    developer_mode: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class _PolicySnap:
+    sig: tuple[_Stat, ...]
+    recheck: bool
+    state: PolicyState
+    journal_error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Cached:
+    sig: tuple[_Stat, ...]
+    recheck: bool
+    view: GovernanceView
+
+
+@dataclass(frozen=True)
+class _Change:
+    """One prepared mutation: what to journal (``kind`` None: nothing), then what to write."""
+
+    kind: str | None
+    payload: dict[str, Any]
+    agent: str | None
+    apply: Callable[["duckdb.DuckDBPyConnection"], None]
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class _NoChange:
+    result: Any = None
+
+
+_SCHEMA = [
+    "CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
+    """CREATE TABLE rules (
+        id VARCHAR PRIMARY KEY, tool VARCHAR NOT NULL, prefix VARCHAR, effect VARCHAR NOT NULL,
+        agent VARCHAR NOT NULL, created_by VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
+    """CREATE TABLE consents (
+        agent VARCHAR NOT NULL, family VARCHAR NOT NULL, granted_by VARCHAR NOT NULL,
+        granted_at TIMESTAMP NOT NULL, PRIMARY KEY (agent, family))""",
+    """CREATE TABLE developer_mode (
+        enabled BOOLEAN NOT NULL, changed_by VARCHAR NOT NULL, changed_at TIMESTAMP NOT NULL)""",
+    """CREATE TABLE pending_decisions (
+        id VARCHAR PRIMARY KEY, run_id VARCHAR NOT NULL, task_id VARCHAR, agent VARCHAR NOT NULL,
+        tool VARCHAR NOT NULL, family VARCHAR, arguments VARCHAR NOT NULL, answers VARCHAR NOT NULL,
+        reason VARCHAR NOT NULL, line INTEGER NOT NULL, call_id VARCHAR, created_at TIMESTAMP NOT NULL,
+        status VARCHAR NOT NULL, answer VARCHAR, answered_by VARCHAR, answered_at TIMESTAMP,
+        answer_reason VARCHAR)""",
+]
+_TABLES = frozenset({"meta", "rules", "consents", "developer_mode", "pending_decisions"})
+_PENDING_COLUMNS = (
+    "id, run_id, task_id, agent, tool, family, arguments, answers, created_at, reason, line, call_id, "
+    "status, answer, answered_by, answered_at, answer_reason"
+)
+
+_PATH_LOCKS: dict[str, threading.RLock] = {}
+_PATH_LOCKS_GUARD = threading.Lock()
+
+
+def _path_lock(path: Path) -> threading.RLock:
+    """One lock per database file in this process: DuckDB shares one instance per file."""
+    key = str(path)
+    with _PATH_LOCKS_GUARD:
+        return _PATH_LOCKS.setdefault(key, threading.RLock())
+
+
+def _duckdb() -> Any:
+    import duckdb  # imported on first use: it costs ~100 ms
+
+    return duckdb
+
+
+def _row_to_rule(row: tuple[Any, ...]) -> RuleRecord:
+    rid, tool, prefix, effect, agent, created_by, created_at = row
+    return RuleRecord(
+        tool=tool, effect=Effect(effect), prefix=prefix, agent=agent, id=rid,
+        created_by=created_by, created_at=_utc(created_at),
+    )
+
+
+def _row_to_pending(row: tuple[Any, ...]) -> PendingDecision:
+    (pid, run_id, task_id, agent, tool, family, arguments, answers, created_at, reason, line, call_id,
+     status, answer, answered_by, answered_at, answer_reason) = row
+    return PendingDecision(
+        id=pid, run_id=run_id, task_id=task_id, agent=agent, tool=tool,
+        family=Family(family) if family is not None else None,
+        arguments=json.loads(arguments), answers=tuple(Answer(a) for a in json.loads(answers)),
+        created_at=_utc(created_at), reason=reason, line=int(line), call_id=call_id,  # type: ignore[arg-type]
+        status=status, answer=Answer(answer) if answer is not None else None,
+        answered_by=answered_by, answered_at=_utc(answered_at), answer_reason=answer_reason,
+    )
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class GovernanceStore:
+    """``governance.db`` plus the organisation policy, as one fail-closed snapshot.
+
+    ``trusted_keys`` None reads them from ``[policy] trusted_keys`` of
+    ``apollia.toml``. ``journal`` receives every change before it takes effect.
+    ``clock`` returns an aware UTC time (injected by tests).
+    """
+
+    def __init__(
+        self,
+        home: Home,
+        journal: JournalSink | None = None,
+        trusted_keys: Sequence[str] | None = None,
+        *,
+        lock_timeout: float = _DEFAULT_LOCK_TIMEOUT,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self.home = home
+        self.journal = journal
+        self.trusted_keys = tuple(trusted_keys) if trusted_keys is not None else None
+        self.lock_timeout = lock_timeout
+        self.clock = clock
+        self.path = home.governance_db
+        self._db_files = (str(self.path), str(self.path) + ".wal")
+        self._policy_files = (str(home.policy_path), str(home.policy_sig_path), str(home.config_path))
+        self._lock = _path_lock(self.path)
+        self._db: _DbState | None = None
+        self._policy: _PolicySnap | None = None
+        self._cached: _Cached | None = None
+        self._last_rules: tuple[Rule, ...] = ()
+        self._journaled_policy: tuple[str, str | None, str] | None = None
+
+    def attach_journal(self, journal: JournalSink | None) -> None:
+        """Journal changes to ``journal`` from now on (and the policy state on next ``view()``)."""
+        with self._lock:
+            self.journal = journal
+            self._journaled_policy = None
+            self._policy = None
+            self._cached = None
+
+    # --- the snapshot --------------------------------------------------------------
+
+    def _signature(self) -> tuple[_Stat, ...]:
+        a, b = self._db_files
+        c, d, e = self._policy_files
+        return (_stat(a), _stat(b), _stat(c), _stat(d), _stat(e))
+
+    def view(self) -> GovernanceView:
+        """The current snapshot for ``decide()``; microseconds when nothing changed."""
+        cached = self._cached
+        if cached is not None and not cached.recheck and cached.sig == self._signature():
+            return cached.view
+        with self._lock:
+            return self._refresh()
+
+    def policy_state(self) -> PolicyState:
+        """The organisation policy as the current ``view()`` sees it."""
+        self.view()
+        snap = self._policy
+        assert snap is not None
+        return snap.state
+
+    def _refresh(self) -> GovernanceView:
+        now = time.time_ns()
+        sig = self._signature()
+        db_sig, policy_sig = sig[:2], sig[2:]
+        db = self._db
+        if db is None or db.recheck or db.sig != db_sig:
+            db = self._load_db(db_sig, now)
+            self._db = db
+        snap = self._policy
+        if snap is None or snap.recheck or snap.sig != policy_sig:
+            snap = self._load_policy(policy_sig, now)
+            self._policy = snap
+        view = self._combine(db, snap)
+        self._cached = _Cached(sig, db.recheck or snap.recheck, view)
+        return view
+
+    def _combine(self, db: _DbState, snap: _PolicySnap) -> GovernanceView:
+        reasons: list[str] = []
+        if db.error is not None:
+            reasons.append(db.error)
+        if snap.state.status == "refused":
+            reasons.append(f"the organisation policy is refused: {snap.state.reason}")
+        if snap.journal_error is not None:
+            reasons.append(snap.journal_error)
+        policy = snap.state.policy if snap.state.status == "accepted" else None
+        if reasons:
+            # Fail closed: keep the deny rules known (refusing more is safe), drop the rest.
+            return GovernanceView(
+                rules=tuple(r for r in db.rules if r.effect is Effect.DENY),
+                policy=policy, readable=False, unreadable_reason="; ".join(reasons),
+            )
+        return GovernanceView(
+            rules=db.rules, consents=db.consents, developer_mode=db.developer_mode, policy=policy
+        )
+
+    def _load_db(self, sig: tuple[_Stat, ...], now: int) -> _DbState:
+        recheck = _racy(_newest(sig), now)
+        if sig[0] is None:
+            self._last_rules = ()
+            return _DbState(sig, recheck)
+        duckdb = _duckdb()
+        try:
+            con = self._connect(read_only=True)
+        except GovernanceUnreadable as exc:
+            return _DbState(sig, recheck, rules=self._last_rules, error=exc.message)
+        except Conflict as exc:  # HomeLocked: try again on the next view()
+            return _DbState(sig, True, rules=self._last_rules, error=f"governance.db cannot be read now: {exc.message}")
+        try:
+            if not self._schema_ready(con):
+                self._last_rules = ()
+                return _DbState(sig, recheck)
+            rules = tuple(
+                r.rule for r in map(_row_to_rule, con.execute(
+                    "SELECT id, tool, prefix, effect, agent, created_by, created_at FROM rules ORDER BY created_at, id"
+                ).fetchall())
+            )
+            consents = frozenset(
+                (agent, Family(family))
+                for agent, family in con.execute("SELECT agent, family FROM consents").fetchall()
+            )
+            row = con.execute("SELECT enabled FROM developer_mode").fetchone()
+        except (duckdb.Error, ValueError) as exc:
+            return _DbState(sig, recheck, rules=self._last_rules, error=f"governance.db cannot be read: {exc}")
+        except GovernanceUnreadable as exc:
+            return _DbState(sig, recheck, rules=self._last_rules, error=exc.message)
+        finally:
+            con.close()
+        self._last_rules = rules
+        return _DbState(sig, recheck, rules=rules, consents=consents, developer_mode=bool(row and row[0]))
+
+    def _load_policy(self, sig: tuple[_Stat, ...], now: int) -> _PolicySnap:
+        recheck = _racy(_newest(sig), now)
+        state = load_policy(self.home, self.trusted_keys)
+        seen = (state.status, state.digest, state.reason)
+        journal = self.journal
+        if journal is None or seen == self._journaled_policy:
+            return _PolicySnap(sig, recheck, state)
+        if self._journaled_policy is None and state.status == "none":
+            self._journaled_policy = seen  # nothing deposited at first sight: nothing to record
+            return _PolicySnap(sig, recheck, state)
+        kind = "policy_refused" if state.status == "refused" else "policy_loaded"
+        payload: dict[str, Any] = {"status": state.status, "reason": state.reason, "digest": state.digest}
+        if state.status == "accepted":
+            payload["key"] = state.key
+            payload["policy"] = policy_to_dict(state.policy)  # type: ignore[arg-type]
+        try:
+            journal.append(kind, payload)
+        except Exception as exc:  # the state is not in effect until it is journaled
+            return _PolicySnap(sig, True, state, journal_error=f"the policy state cannot be journaled: {exc}")
+        self._journaled_policy = seen
+        return _PolicySnap(sig, recheck, state)
+
+    # --- connections ----------------------------------------------------------------
+
+    def _connect(self, *, read_only: bool) -> "duckdb.DuckDBPyConnection":
+        """Connect, retrying while another process holds the file; map DuckDB's errors."""
+        duckdb = _duckdb()
+        deadline = time.monotonic() + self.lock_timeout
+        delay = 0.005
+        while True:
+            try:
+                return duckdb.connect(str(self.path), read_only=read_only)
+            except duckdb.Error as exc:
+                text = str(exc)
+                locked = lock_holder_pid(exc) is not None or "Could not set lock" in text
+                if not locked:
+                    raise GovernanceUnreadable(f"governance.db cannot be read: {text}") from None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise_if_locked(exc, self.path)
+                    raise GovernanceUnreadable(f"governance.db cannot be opened: {text}") from None
+                time.sleep(min(delay, remaining))
+                delay = min(delay * 2, 0.1)
+
+    @staticmethod
+    def _tables(con: "duckdb.DuckDBPyConnection") -> set[str]:
+        rows = con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
+            "AND schema_name = 'main'"
+        ).fetchall()
+        return {r[0] for r in rows}
+
+    def _schema_ready(self, con: "duckdb.DuckDBPyConnection") -> bool:
+        """True: our schema; False: an empty database. Anything else is unreadable."""
+        tables = self._tables(con)
+        if not tables:
+            return False
+        if "meta" not in tables:
+            raise GovernanceUnreadable(
+                f"governance.db is not a governance database (it holds {', '.join(sorted(tables))})"
+            )
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = int(row[0]) if row and str(row[0]).isdigit() else None
+        if version is None:
+            raise GovernanceUnreadable("governance.db has no schema version")
+        if version > SCHEMA_VERSION:
+            raise GovernanceUnreadable(
+                f"governance.db has schema version {version}, newer than this version reads ({SCHEMA_VERSION})"
+            )
+        missing = _TABLES - tables
+        if missing:
+            raise GovernanceUnreadable(f"governance.db lacks the table(s) {', '.join(sorted(missing))}")
+        return True
+
+    def _read(self, work: Callable[["duckdb.DuckDBPyConnection"], Any], empty: Any) -> Any:
+        """Run a read; a missing or empty database reads as ``empty``."""
+        duckdb = _duckdb()
+        with self._lock:
+            if not self.path.exists() and not self.path.is_symlink():
+                return empty
+            con = self._connect(read_only=True)
+            try:
+                if not self._schema_ready(con):
+                    return empty
+                return work(con)
+            except duckdb.Error as exc:
+                raise GovernanceUnreadable(f"governance.db cannot be read: {exc}") from None
+            finally:
+                con.close()
+
+    def _write(self, prepare: Callable[["duckdb.DuckDBPyConnection"], _Change | _NoChange]) -> Any:
+        """One transaction: prepare (validate against the rows), journal, apply, commit."""
+        duckdb = _duckdb()
+        with self._lock:
+            self.home.ensure()
+            con = self._connect(read_only=False)
+            try:
+                try:
+                    con.execute("BEGIN TRANSACTION")
+                    if not self._schema_ready(con):
+                        self._create_schema(con)
+                    change = prepare(con)
+                except duckdb.Error as exc:
+                    raise GovernanceUnreadable(f"governance.db cannot be read: {exc}") from None
+                if isinstance(change, _NoChange):
+                    con.execute("ROLLBACK")
+                    return change.result
+                if change.kind is not None and self.journal is not None:
+                    self.journal.append(change.kind, change.payload, agent=change.agent)
+                try:
+                    change.apply(con)
+                    con.execute("COMMIT")
+                except duckdb.Error as exc:
+                    raise GovernanceUnreadable(f"governance.db cannot be written: {exc}") from None
+                return change.result
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    pass
+                raise
+            finally:
+                con.close()
+                self._db = None
+                self._cached = None
+
+    def _create_schema(self, con: "duckdb.DuckDBPyConnection") -> None:
+        for statement in _SCHEMA:
+            con.execute(statement)
+        con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+    def _now(self) -> datetime:
+        return _utc(self.clock())  # type: ignore[return-value]
+
+    # --- fine rules -----------------------------------------------------------------
+
+    def add_rule(
+        self,
+        tool: str,
+        effect: Effect | str,
+        prefix: str | None = None,
+        agent: str = "*",
+        *,
+        by: str,
+    ) -> RuleRecord:
+        """Add a fine rule (journaled ``rule_added``); an identical rule is returned as is."""
+        tool = _validate_tool(tool)
+        eff = _validate_effect(effect)
+        if prefix is not None and not isinstance(prefix, str):
+            raise BadInput(f"prefix must be text, not {prefix!r}")
+        prefix = prefix or None
+        agent = validate_agent(agent, allow_all=True)
+        by = _validate_by(by)
+        now = self._now()
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change | _NoChange:
+            same = con.execute(
+                "SELECT id, tool, prefix, effect, agent, created_by, created_at FROM rules "
+                "WHERE tool = ? AND prefix IS NOT DISTINCT FROM ? AND effect = ? AND agent = ?",
+                [tool, prefix, eff.value, agent],
+            ).fetchone()
+            if same is not None:
+                return _NoChange(_row_to_rule(same))
+            while True:
+                rid = "r-" + secrets.token_hex(4)
+                if con.execute("SELECT 1 FROM rules WHERE id = ?", [rid]).fetchone() is None:
+                    break
+            record = RuleRecord(tool=tool, effect=eff, prefix=prefix, agent=agent, id=rid, created_by=by, created_at=now)
+            payload = {k: v for k, v in record.to_dict().items() if k not in ("created_by", "created_at")}
+            payload["by"] = by
+
+            def apply(c: "duckdb.DuckDBPyConnection") -> None:
+                c.execute(
+                    "INSERT INTO rules VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [rid, tool, prefix, eff.value, agent, by, _naive(now)],
+                )
+
+            return _Change("rule_added", payload, None if agent == "*" else agent, apply, record)
+
+        return self._write(prepare)
+
+    def remove_rule(self, rule_id: str, *, by: str) -> RuleRecord:
+        """Remove a rule by id (journaled ``rule_removed``); ``UnknownRule`` if there is none."""
+        by = _validate_by(by)
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change:
+            row = con.execute(
+                "SELECT id, tool, prefix, effect, agent, created_by, created_at FROM rules WHERE id = ?",
+                [rule_id],
+            ).fetchone()
+            if row is None:
+                raise UnknownRule(f"no rule has the id {rule_id!r}")
+            record = _row_to_rule(row)
+            payload = {k: v for k, v in record.to_dict().items() if k not in ("created_by", "created_at")}
+            payload["by"] = by
+            return _Change(
+                "rule_removed", payload, None if record.agent == "*" else record.agent,
+                lambda c: c.execute("DELETE FROM rules WHERE id = ?", [rule_id]), record,
+            )
+
+        return self._write(prepare)
+
+    def rules(self) -> list[RuleRecord]:
+        """Every fine rule, oldest first, with who added it and when."""
+        return self._read(
+            lambda con: [
+                _row_to_rule(r)
+                for r in con.execute(
+                    "SELECT id, tool, prefix, effect, agent, created_by, created_at FROM rules ORDER BY created_at, id"
+                ).fetchall()
+            ],
+            [],
+        )
+
+    def get_rule(self, rule_id: str) -> RuleRecord:
+        for rule in self.rules():
+            if rule.id == rule_id:
+                return rule
+        raise UnknownRule(f"no rule has the id {rule_id!r}")
+
+    # --- standing consents ----------------------------------------------------------
+
+    def grant_consent(self, agent: str, family: Family | str, *, by: str) -> ConsentRecord:
+        """Record a standing consent (journaled ``consent_granted``); an existing one is returned."""
+        agent = validate_agent(agent)
+        fam = _consent_family(family)
+        by = _validate_by(by)
+        now = self._now()
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change | _NoChange:
+            row = con.execute(
+                "SELECT granted_by, granted_at FROM consents WHERE agent = ? AND family = ?", [agent, fam.value]
+            ).fetchone()
+            if row is not None:
+                return _NoChange(ConsentRecord(agent, fam, row[0], _utc(row[1])))  # type: ignore[arg-type]
+            record = ConsentRecord(agent, fam, by, now)
+            return _Change(
+                "consent_granted", {"agent": agent, "family": fam.value, "by": by}, agent,
+                lambda c: c.execute("INSERT INTO consents VALUES (?, ?, ?, ?)", [agent, fam.value, by, _naive(now)]),
+                record,
+            )
+
+        return self._write(prepare)
+
+    def revoke_consent(self, agent: str, family: Family | str, *, by: str) -> ConsentRecord:
+        """Revoke a standing consent (journaled ``consent_revoked``); ``NotFound`` if none."""
+        agent = validate_agent(agent)
+        fam = _validate_family(family)
+        by = _validate_by(by)
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change:
+            row = con.execute(
+                "SELECT granted_by, granted_at FROM consents WHERE agent = ? AND family = ?", [agent, fam.value]
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"agent {agent!r} holds no standing consent for {fam.value!r}")
+            return _Change(
+                "consent_revoked", {"agent": agent, "family": fam.value, "by": by}, agent,
+                lambda c: c.execute("DELETE FROM consents WHERE agent = ? AND family = ?", [agent, fam.value]),
+                ConsentRecord(agent, fam, row[0], _utc(row[1])),  # type: ignore[arg-type]
+            )
+
+        return self._write(prepare)
+
+    def consents(self) -> list[ConsentRecord]:
+        """Every standing consent, by agent then family, with who granted it and when."""
+        return self._read(
+            lambda con: [
+                ConsentRecord(a, Family(f), by, _utc(at))  # type: ignore[arg-type]
+                for a, f, by, at in con.execute(
+                    "SELECT agent, family, granted_by, granted_at FROM consents ORDER BY agent, family"
+                ).fetchall()
+            ],
+            [],
+        )
+
+    # --- developer mode -------------------------------------------------------------
+
+    def set_developer_mode(self, enabled: bool, *, by: str) -> DeveloperMode:
+        """Turn developer mode on or off (journaled ``devmode_changed`` when it changes)."""
+        if not isinstance(enabled, bool):
+            raise BadInput(f"enabled must be true or false, not {enabled!r}")
+        by = _validate_by(by)
+        now = self._now()
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change | _NoChange:
+            row = con.execute("SELECT enabled, changed_by, changed_at FROM developer_mode").fetchone()
+            current = DeveloperMode(bool(row[0]), row[1], _utc(row[2])) if row else DeveloperMode(False)
+            if current.enabled == enabled:
+                return _NoChange(current)
+
+            def apply(c: "duckdb.DuckDBPyConnection") -> None:
+                c.execute("DELETE FROM developer_mode")
+                c.execute("INSERT INTO developer_mode VALUES (?, ?, ?)", [enabled, by, _naive(now)])
+
+            return _Change("devmode_changed", {"enabled": enabled, "by": by}, None, apply, DeveloperMode(enabled, by, now))
+
+        return self._write(prepare)
+
+    def developer_mode(self) -> bool:
+        """Whether developer mode is on, as ``view()`` sees it (off when unreadable)."""
+        return self.view().developer_mode
+
+    def developer_mode_state(self) -> DeveloperMode:
+        """Developer mode with who changed it last and when."""
+
+        def work(con: "duckdb.DuckDBPyConnection") -> DeveloperMode:
+            row = con.execute("SELECT enabled, changed_by, changed_at FROM developer_mode").fetchone()
+            return DeveloperMode(bool(row[0]), row[1], _utc(row[2])) if row else DeveloperMode(False)
+
+        return self._read(work, DeveloperMode(False))
+
+    # --- pending decisions ----------------------------------------------------------
+
+    def add_pending(
+        self,
+        run_id: str,
+        task_id: str | None,
+        agent: str,
+        tool: str,
+        family: Family | str | None,
+        arguments: Mapping[str, Any],
+        answers: Sequence[Answer | str],
+        reason: str = "",
+        line: int = 0,
+        call_id: str | None = None,
+    ) -> PendingDecision:
+        """List a call of an unattended run as waiting for a person; returns it with its id."""
+        if not isinstance(run_id, str) or not run_id:
+            raise BadInput("run_id must be a non-empty string")
+        agent = validate_agent(agent)
+        tool = _validate_tool(tool)
+        fam = _validate_family(family) if family is not None else None
+        offered = _validate_answers(answers)
+        try:
+            args_json = json.dumps(dict(arguments), sort_keys=False)
+        except (TypeError, ValueError) as exc:
+            raise BadInput(f"arguments must be JSON: {exc}") from None
+        decision = PendingDecision(
+            id="pd-" + secrets.token_hex(6), run_id=run_id, task_id=task_id, agent=agent, tool=tool,
+            family=fam, arguments=json.loads(args_json), answers=offered, created_at=self._now(),
+            reason=reason, line=int(line), call_id=call_id,
+        )
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change:
+            def apply(c: "duckdb.DuckDBPyConnection") -> None:
+                c.execute(
+                    f"INSERT INTO pending_decisions ({_PENDING_COLUMNS}) VALUES "
+                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, NULL)",
+                    [decision.id, run_id, task_id, agent, tool, fam.value if fam else None, args_json,
+                     json.dumps([a.value for a in offered]), _naive(decision.created_at), reason,
+                     decision.line, call_id, PENDING],
+                )
+
+            return _Change(None, {}, agent, apply, decision)
+
+        return self._write(prepare)
+
+    def pending(self, status: str | None = PENDING, *, run_id: str | None = None) -> list[PendingDecision]:
+        """Decisions with ``status`` (None: all), oldest first, optionally of one run."""
+        if status is not None and status not in (PENDING, ANSWERED, EXPIRED):
+            raise BadInput(f"status must be pending, answered or expired, not {status!r}")
+        where, params = [], []
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        sql = f"SELECT {_PENDING_COLUMNS} FROM pending_decisions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at, id"
+        return self._read(lambda con: [_row_to_pending(r) for r in con.execute(sql, params).fetchall()], [])
+
+    def get_pending(self, decision_id: str) -> PendingDecision:
+        """One decision by id; ``UnknownDecision`` if there is none."""
+
+        def work(con: "duckdb.DuckDBPyConnection") -> PendingDecision | None:
+            row = con.execute(
+                f"SELECT {_PENDING_COLUMNS} FROM pending_decisions WHERE id = ?", [decision_id]
+            ).fetchone()
+            return _row_to_pending(row) if row else None
+
+        found = self._read(work, None)
+        if found is None:
+            raise UnknownDecision(f"no pending decision has the id {decision_id!r}")
+        return found
+
+    def answer_pending(
+        self, decision_id: str, answer: Answer | str, *, by: str, reason: str | None = None
+    ) -> PendingDecision:
+        """Answer a waiting decision with one of its offered answers.
+
+        ``UnknownDecision``: no such id; ``Conflict``: already answered or
+        expired; ``BadAnswer``: the answer is not among the decision's answers.
+        """
+        by = _validate_by(by)
+        now = self._now()
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change:
+            row = con.execute(
+                f"SELECT {_PENDING_COLUMNS} FROM pending_decisions WHERE id = ?", [decision_id]
+            ).fetchone()
+            if row is None:
+                raise UnknownDecision(f"no pending decision has the id {decision_id!r}")
+            current = _row_to_pending(row)
+            if current.status != PENDING:
+                raise Conflict(
+                    f"decision {decision_id} is already {current.status}: "
+                    f"{current.answer.value if current.answer else '?'} by {current.answered_by}"
+                )
+            try:
+                chosen = Answer(answer)
+            except ValueError:
+                chosen = None
+            if chosen is None or chosen not in current.answers:
+                offered = ", ".join(a.value for a in current.answers)
+                raise BadAnswer(f"{answer!r} is not on offer for decision {decision_id} (offered: {offered})")
+            done = replace(
+                current, status=ANSWERED, answer=chosen, answered_by=by, answered_at=now, answer_reason=reason
+            )
+
+            def apply(c: "duckdb.DuckDBPyConnection") -> None:
+                c.execute(
+                    "UPDATE pending_decisions SET status = ?, answer = ?, answered_by = ?, answered_at = ?, "
+                    "answer_reason = ? WHERE id = ? AND status = ?",
+                    [ANSWERED, chosen.value, by, _naive(now), reason, decision_id, PENDING],
+                )
+
+            return _Change(None, {}, current.agent, apply, done)
+
+        return self._write(prepare)
+
+    def expire_pending(self, timeout_hours: float, *, now: datetime | None = None) -> list[PendingDecision]:
+        """Resolve to ``refuse`` every decision waiting longer than ``timeout_hours``.
+
+        For ``[hitl] timeout_hours``; returns the decisions it expired so the
+        runtime can fail their steps. Answered ``refuse`` by ``timeout``.
+        """
+        if not isinstance(timeout_hours, (int, float)) or timeout_hours < 0:
+            raise BadInput(f"timeout_hours must be a non-negative number, not {timeout_hours!r}")
+        at = _utc(now) if now is not None else self._now()
+        cutoff = at - timedelta(hours=float(timeout_hours))  # type: ignore[operator]
+        why = f"unanswered for {timeout_hours:g} h ([hitl] timeout_hours)"
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change | _NoChange:
+            rows = con.execute(
+                f"SELECT {_PENDING_COLUMNS} FROM pending_decisions WHERE status = ? AND created_at <= ? "
+                "ORDER BY created_at, id",
+                [PENDING, _naive(cutoff)],
+            ).fetchall()
+            expired = [
+                replace(d, status=EXPIRED, answer=Answer.REFUSE, answered_by="timeout", answered_at=at, answer_reason=why)
+                for d in map(_row_to_pending, rows)
+            ]
+            if not expired:
+                return _NoChange([])
+
+            def apply(c: "duckdb.DuckDBPyConnection") -> None:
+                for d in expired:
+                    c.execute(
+                        "UPDATE pending_decisions SET status = ?, answer = ?, answered_by = ?, "
+                        "answered_at = ?, answer_reason = ? WHERE id = ? AND status = ?",
+                        [EXPIRED, Answer.REFUSE.value, "timeout", _naive(at), why, d.id, PENDING],  # type: ignore[arg-type]
+                    )
+
+            return _Change(None, {}, None, apply, expired)
+
+        if not self.path.exists():
+            return []
+        return self._write(prepare)
