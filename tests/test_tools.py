@@ -159,7 +159,7 @@ def test_registry_register_get_names_specs() -> None:
 def test_registry_resolve_required_and_optional() -> None:
     registry = ToolRegistry([ToolDef.from_function(_noop, "read", name=n) for n in ("a", "b", "c")])
     resolved, missing = registry.resolve(["b", "a"], ["c", "mcp:notes/search", "a"])
-    assert [t.name for t in resolved] == ["b", "a", "c"]
+    assert resolved == ("b", "a", "c")
     assert missing == ("mcp:notes/search",)
     with pytest.raises(errors.UnknownTool, match="'x', 'y'"):
         registry.resolve(["a", "x", "y"], [])

@@ -357,25 +357,26 @@ class ToolRegistry:
 
     def resolve(
         self, required: Iterable[str], optional: Iterable[str] = ()
-    ) -> tuple[tuple[ToolDef, ...], tuple[str, ...]]:
-        """The tools an agent declared: ``(resolved, missing_optional)``.
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The tools an agent declared: ``(resolved_names, missing_optional)``.
 
-        A missing required tool is ``UNKNOWN_TOOL`` naming every missing one; a
-        missing optional tool is returned so the caller can mark the agent degraded.
+        ``resolved_names`` are the required tools then the optional ones that
+        exist, in declared order, without repeats. A missing required tool is
+        ``UNKNOWN_TOOL`` naming every missing one; missing optional tools are
+        returned so the caller can mark the agent degraded.
         """
         required = list(required)
         missing = [name for name in required if name not in self._tools]
         if missing:
             shown = ", ".join(repr(n) for n in missing)
             raise UnknownTool(f"required tool{'s' if len(missing) > 1 else ''} not available: {shown}")
-        resolved = [self._tools[name] for name in required]
+        resolved = list(dict.fromkeys(required))
         missing_optional: list[str] = []
         for name in optional:
-            if name in self._tools:
-                if self._tools[name] not in resolved:
-                    resolved.append(self._tools[name])
-            else:
+            if name not in self._tools:
                 missing_optional.append(name)
+            elif name not in resolved:
+                resolved.append(name)
         return tuple(resolved), tuple(missing_optional)
 
 
