@@ -88,10 +88,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence the stderr log
+    def log_message(self, format: str, *args: Any) -> None:  # silence the stderr log
         pass
 
-    def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+    def do_POST(self) -> None:  # the name http.server calls
         owner = self.server.owner
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length)
@@ -323,11 +323,11 @@ def _message_end(stop_reason: str, output_tokens: int = 5) -> list[tuple[str, di
 
 
 def _text_block(index: int, pieces: Sequence[str]) -> list[tuple[str, dict]]:
-    events: list[tuple[str, dict]] = [
-        ("content_block_start", {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})
-    ]
+    start = {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+    events: list[tuple[str, dict]] = [("content_block_start", start)]
     events += [
-        ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": p}})
+        ("content_block_delta",
+         {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": p}})
         for p in pieces
     ]
     events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))

@@ -223,7 +223,7 @@ async def test_other_client_errors_are_permanent_with_the_servers_message(fake_m
 @pytest.mark.anyio
 async def test_a_server_that_hangs_before_answering_is_a_transient_timeout(fake_model_server):
     fake_model_server.reply(Reply(hang_before=True))
-    with pytest.raises(ModelTransient, match="no answer within 0.3 s"):
+    with pytest.raises(ModelTransient, match=r"no answer within 0\.3 s"):
         await model_for(fake_model_server, timeout_secs=0.3).complete("actor", USER)
 
 

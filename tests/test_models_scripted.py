@@ -327,7 +327,7 @@ async def test_state_and_restore_resume_a_script_where_it_stopped():
     assert (await second.complete("planner", GOAL)).tool_calls[0].id == "call-planner-2-1"
     with pytest.raises(BadInput, match="has not answered yet"):
         second.restore(state)
-    with pytest.raises(BadInput, match="turns.actor must be a count"):
+    with pytest.raises(BadInput, match=r"turns\.actor must be a count"):
         scripted_from_manifest().restore({"turns": {"actor": -1}})
 
 

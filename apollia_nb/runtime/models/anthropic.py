@@ -17,7 +17,7 @@ transient). Translation and parsing are pure; HTTP lives in :mod:`.base`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,7 +213,8 @@ class AnthropicStreamParser:
             for index, block in enumerate(content):
                 if block["type"] == "tool_use":
                     events += self._start(index, dict(block, input={}))
-                    events += self._delta(index, {"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
+                    whole = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+                    events += self._delta(index, whole)
                 else:
                     events += self._start(index, block)
         except (KeyError, TypeError, AttributeError):
@@ -252,7 +253,7 @@ class AnthropicModel:
         timeout_secs: float = 60.0,
         temperature: float | None = None,
         force_tools: bool = True,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.model = model
         self.api_key = api_key
@@ -261,7 +262,7 @@ class AnthropicModel:
         self.timeout_secs = timeout_secs
         self.temperature = temperature
         self.force_tools = force_tools
-        self.retry = retry
+        self.retry = retry or RetryPolicy()
         self.name = f"{PROVIDER}:{model}"
 
     @classmethod
@@ -327,7 +328,7 @@ class AnthropicModel:
 
     async def stream(
         self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         check_role(role)
         request = HttpRequest(
             provider=PROVIDER,

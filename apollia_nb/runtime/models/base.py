@@ -25,7 +25,7 @@ import json
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -182,11 +182,15 @@ def check_role(role: str) -> None:
 
 
 async def collect(events: AsyncIterator[StreamEvent]) -> ModelResponse:
-    """Drain a stream and return its :class:`Completed` response."""
-    async with aclosing(events) as stream:  # type: ignore[type-var]
-        async for event in stream:
+    """Drain a stream and return its :class:`Completed` response (closing the stream)."""
+    try:
+        async for event in events:
             if isinstance(event, Completed):
                 return event.response
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
     raise ModelPermanent("the model's stream ended without a completed response")
 
 
@@ -502,41 +506,48 @@ def _ssl_context() -> Any:
     return httpx.create_ssl_context()
 
 
-async def _one_attempt(request: HttpRequest, parser: StreamParser) -> AsyncIterator[StreamEvent]:
+async def _sse_lines(lines: AsyncIterator[str], parser: StreamParser) -> AsyncGenerator[StreamEvent, None]:
+    decoder = SSEDecoder()
+    async for line in lines:
+        item = decoder.feed(line)
+        if item is not None:
+            for event in parser.feed_sse(*item):
+                yield event
+        if parser.done:
+            return
+    tail = decoder.close()
+    if tail is not None:
+        for event in parser.feed_sse(*tail):
+            yield event
+
+
+async def _lines_of(text: str) -> AsyncGenerator[str, None]:
+    for line in text.splitlines():
+        yield line
+    yield ""
+
+
+async def _one_attempt(request: HttpRequest, parser: StreamParser) -> AsyncGenerator[StreamEvent, None]:
+    """One POST: a server-sent event stream, or one JSON document, read by ``parser``."""
     import httpx
 
     try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(request.timeout_secs), verify=_ssl_context()) as client:
-            async with client.stream(
-                "POST", request.url, headers=dict(request.headers), json=dict(request.body)
-            ) as resp:
-                if resp.status_code >= 400:
-                    raise status_failure(request.provider, resp.status_code, await resp.aread(), resp.headers)
-                if "event-stream" in resp.headers.get("content-type", ""):
-                    decoder = SSEDecoder()
-                    async for line in resp.aiter_lines():
-                        item = decoder.feed(line)
-                        if item is not None:
-                            for event in parser.feed_sse(*item):
-                                yield event
-                        if parser.done:
-                            break
-                    tail = decoder.close()
-                    if tail is not None and not parser.done:
-                        for event in parser.feed_sse(*tail):
-                            yield event
+        client = httpx.AsyncClient(timeout=httpx.Timeout(request.timeout_secs), verify=_ssl_context())
+        body = dict(request.body)
+        async with client, client.stream("POST", request.url, headers=dict(request.headers), json=body) as resp:
+            if resp.status_code >= 400:
+                raise status_failure(request.provider, resp.status_code, await resp.aread(), resp.headers)
+            if "event-stream" in resp.headers.get("content-type", ""):
+                events = _sse_lines(resp.aiter_lines(), parser)
+            else:
+                text = (await resp.aread()).decode("utf-8", "replace")
+                if text.lstrip().startswith(("data:", "event:")):  # SSE sent with the wrong content type
+                    events = _sse_lines(_lines_of(text), parser)
                 else:
-                    text = (await resp.aread()).decode("utf-8", "replace")
-                    if text.lstrip().startswith("data:") or text.lstrip().startswith("event:"):
-                        decoder = SSEDecoder()
-                        for line in text.splitlines() + [""]:
-                            item = decoder.feed(line)
-                            if item is not None and not parser.done:
-                                for event in parser.feed_sse(*item):
-                                    yield event
-                    else:
-                        for event in parser.feed_json(loads_json(text, request.provider)):
-                            yield event
+                    events = _aiter(parser.feed_json(loads_json(text, request.provider)))
+            async with aclosing(events):
+                async for event in events:
+                    yield event
     except httpx.TimeoutException as exc:
         raise AttemptFailed(
             ModelTransient(f"{request.provider}: no answer within {request.timeout_secs:g} s ({type(exc).__name__})")
@@ -548,9 +559,14 @@ async def _one_attempt(request: HttpRequest, parser: StreamParser) -> AsyncItera
     yield Completed(parser.finish())
 
 
+async def _aiter(events: list[StreamEvent]) -> AsyncGenerator[StreamEvent, None]:
+    for event in events:
+        yield event
+
+
 async def http_stream(
     request: HttpRequest, make_parser: Callable[[], StreamParser], retry: RetryPolicy
-) -> AsyncIterator[StreamEvent]:
+) -> AsyncGenerator[StreamEvent, None]:
     """POST ``request`` and yield its events, retrying transient failures that
     happen before the first event (a half-delivered reply is never replayed)."""
     attempt = 0

@@ -16,7 +16,7 @@ live in :mod:`.base`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,7 +243,7 @@ class OpenAIModel:
         temperature: float | None = None,
         max_tokens: int | None = None,
         force_tools: bool = True,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.model = model
         self.base_url = base_url.rstrip("/")
@@ -252,7 +252,7 @@ class OpenAIModel:
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.force_tools = force_tools
-        self.retry = retry
+        self.retry = retry or RetryPolicy()
         self.name = f"{PROVIDER}:{model}"
 
     @classmethod
@@ -314,7 +314,7 @@ class OpenAIModel:
 
     async def stream(
         self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         check_role(role)
         request = HttpRequest(
             provider=PROVIDER,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,6 +232,7 @@ class ScriptedModel:
         check_role(role)
         self._turns[role] += 1
         turn = self._turns[role]
+        item: ScriptEntry | ModelResponse | None
         if self._queues[role]:
             item = self._queues[role].popleft()
         elif self._function is not None:
@@ -244,7 +245,7 @@ class ScriptedModel:
 
     async def stream(
         self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         response = await self.complete(role, messages, tools)
         for event in response_events(response):
             yield event
@@ -279,6 +280,7 @@ class ScriptedModel:
         if entry is None:
             return ModelResponse(text=DEFAULT_ACTOR_TEXT, stop_reason="stop")
         calls = tuple(
-            ToolCallRequest(c.id or call_id(i), c.name, copy.deepcopy(c.arguments)) for i, c in enumerate(entry.tool_calls, 1)
+            ToolCallRequest(c.id or call_id(i), c.name, copy.deepcopy(c.arguments))
+            for i, c in enumerate(entry.tool_calls, 1)
         )
         return ModelResponse(text=entry.text, tool_calls=calls, stop_reason="tool_calls" if calls else "stop")
