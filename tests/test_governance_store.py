@@ -703,3 +703,41 @@ def test_attaching_a_journal_records_the_policy_in_force(home: Home, tmp_path: P
     store.attach_journal(journal)
     store.view()
     assert journal.kinds == ["policy_loaded"]
+
+
+def test_threads_and_two_stores_in_one_process_share_the_file(home: Home) -> None:
+    import threading
+
+    writer_store, reader_store = GovernanceStore(home), GovernanceStore(home)
+    done = threading.Event()
+    errors: list[BaseException] = []
+    views = 0
+
+    def write(n: int) -> None:
+        try:
+            for i in range(4):
+                writer_store.add_rule(f"tool_{n}_{i}", "deny", by="ana")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def read() -> None:
+        nonlocal views
+        try:
+            while not done.is_set():
+                assert reader_store.view().readable
+                views += 1
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(3)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    done.set()
+    reader.join()
+    assert errors == []
+    assert views > 0
+    assert len(reader_store.view().rules) == 12
