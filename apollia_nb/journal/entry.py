@@ -1,0 +1,341 @@
+"""One journal entry: its columns, its canonical payload bytes and its hash.
+
+An entry is what gets signed, so it is an immutable value. Everything here is
+pure (no clock, no I/O), so the writer, the verifier and an auditor's own
+re-implementation compute exactly the same bytes.
+
+Canonical payload
+    ``json.dumps(payload, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False, allow_nan=False).encode("utf-8")``. The bytes are stored
+    as they were hashed; the verifier hashes the stored bytes and never
+    re-serialises. A payload must be a JSON object whose keys are strings all the
+    way down, with values from ``None``, ``bool``, ``int``, finite ``float``,
+    ``str``, ``list``/``tuple`` and ``dict``; anything else is ``BadInput``.
+
+Entry hash (``ENTRY_HASH_DOMAIN`` version 1)
+    ``SHA-256( "apollia-nb/journal-entry/v1" 0x0A
+               u64be(seq)
+               field(ts) field(run_id) field(agent) field(kind) field(payload)
+               prev_hash )``
+    where ``field(None) = 0x00`` and ``field(b) = 0x01 || u32be(len(b)) || b``
+    (text columns as UTF-8), and ``prev_hash`` is the previous entry's 32-byte
+    hash (32 zero bytes for seq 1). ``signature`` is Ed25519 over the 32-byte
+    ``hash``; ``key_id`` names the signing key (see ``keys.key_id``).
+
+Payload kinds
+    The runtime writes the kinds below; the SQL views read the first seven.
+    They are typed as ``Literal``-tagged ``TypedDict`` s for readers and tools;
+    the journal itself accepts any kind matching ``KIND_PATTERN``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal, NotRequired, TypedDict
+
+from apollia_nb.errors import BadInput
+
+__all__ = [
+    "Entry",
+    "ENTRY_HASH_DOMAIN",
+    "GENESIS_HASH",
+    "HASH_SIZE",
+    "SIGNATURE_SIZE",
+    "KIND_PATTERN",
+    "KINDS",
+    "VIEW_KINDS",
+    "canonical_json",
+    "canonical_payload",
+    "entry_hash",
+    "format_ts",
+    "check_text",
+    "check_kind",
+    "ErrorInfo",
+    "RunOpen",
+    "RunSeal",
+    "DecisionPayload",
+    "AnswerPayload",
+    "ToolCallPayload",
+    "ToolResultPayload",
+    "ModelToolCall",
+    "ModelResponse",
+]
+
+HASH_SIZE = 32
+SIGNATURE_SIZE = 64
+GENESIS_HASH = bytes(HASH_SIZE)
+ENTRY_HASH_DOMAIN = b"apollia-nb/journal-entry/v1\n"
+KIND_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+_sha256 = hashlib.sha256
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+
+
+# --- payload kinds ---------------------------------------------------------------
+
+
+class ErrorInfo(TypedDict):
+    code: str
+    message: str
+
+
+class RunOpen(TypedDict):
+    """``run_open``: a run starts. ``run_id`` and ``agent`` are the entry's columns."""
+
+    run_kind: str  # "task", "chat", ...
+    goal: NotRequired[str]
+    task_id: NotRequired[str]
+
+
+class RunSeal(TypedDict):
+    """``run_seal``: a run ends, committing to how many entries it wrote before the seal."""
+
+    status: str
+    entries: int  # entries of this run before the seal, including run_open
+    error: NotRequired[ErrorInfo]
+
+
+class DecisionPayload(TypedDict):
+    """``decision``: governance decided one tool call."""
+
+    call_id: str
+    tool: str
+    family: str | None  # None when the tool is unclassified
+    arguments: dict[str, Any]
+    outcome: Literal["allow", "refuse", "ask"]
+    line: int
+    answers: list[Literal["once", "always", "refuse"]]
+    reason: str
+    connection: NotRequired[str | None]
+
+
+class AnswerPayload(TypedDict):
+    """``answer``: a person (or code on their behalf) answered an asked call."""
+
+    call_id: str
+    answer: Literal["once", "always", "refuse"]
+    answered_by: str
+    reason: NotRequired[str]
+
+
+class ToolCallPayload(TypedDict):
+    """``tool_call``: the tool is about to run (appended before its effect)."""
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+class ToolResultPayload(TypedDict):
+    """``tool_result``: how the call ended; ``refused`` when it never ran."""
+
+    call_id: str
+    tool: str
+    status: Literal["ok", "error", "refused"]
+    error_code: NotRequired[str | None]
+    output: NotRequired[Any]
+    output_digest: str
+
+
+class ModelToolCall(TypedDict):
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ModelResponse(TypedDict):
+    """``model_response``: one captured model turn."""
+
+    role: str
+    turn: int
+    text: str
+    tool_calls: list[ModelToolCall]
+
+
+#: Kinds the SQL views derive from, with their payload types.
+VIEW_KINDS: dict[str, type] = {
+    "run_open": RunOpen,
+    "run_seal": RunSeal,
+    "decision": DecisionPayload,
+    "answer": AnswerPayload,
+    "tool_call": ToolCallPayload,
+    "tool_result": ToolResultPayload,
+    "model_response": ModelResponse,
+}
+
+#: Every kind the runtime writes. The governance and status kinds need no view.
+KINDS: frozenset[str] = frozenset(
+    {
+        *VIEW_KINDS,
+        "rule_added",
+        "rule_removed",
+        "consent_granted",
+        "consent_revoked",
+        "devmode_changed",
+        "policy_loaded",
+        "policy_refused",
+        "task_status",
+        "session_status",
+        "plan",
+        "verdict",
+    }
+)
+
+
+# --- canonical bytes ----------------------------------------------------------------
+
+
+def _check_json(value: Any, path: str) -> None:
+    """Refuse what canonical JSON cannot carry faithfully (non-string keys, odd types)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise BadInput(f"payload key {key!r} at {path} is not a string")
+            _check_json(item, f"{path}.{key}")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_json(item, f"{path}[{i}]")
+        return
+    raise BadInput(f"payload value at {path} is a {type(value).__name__}, not JSON")
+
+
+def canonical_json(value: Any) -> bytes:
+    """The canonical JSON bytes of any JSON value; ``BadInput`` for anything else."""
+    try:
+        _check_json(value, "$")
+    except RecursionError:
+        raise BadInput("payload is nested too deeply") from None
+    try:
+        text = json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+        return text.encode("utf-8")
+    except (TypeError, ValueError) as exc:  # NaN/inf, cycles, lone surrogates
+        raise BadInput(f"payload is not canonical JSON: {exc}") from None
+
+
+def canonical_payload(payload: Any) -> bytes:
+    """A journal payload: a JSON object, as canonical bytes; ``BadInput`` otherwise."""
+    if not isinstance(payload, dict):
+        raise BadInput(f"a journal payload must be a JSON object, not {type(payload).__name__}")
+    return canonical_json(payload)
+
+
+def check_text(name: str, value: object, *, nullable: bool) -> None:
+    """Refuse a column value that is not text (or None where allowed)."""
+    if value is None and nullable:
+        return
+    if not isinstance(value, str):
+        raise BadInput(f"journal {name} must be a string, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"journal {name} is not valid Unicode") from None
+
+
+def check_kind(kind: object) -> str:
+    if not isinstance(kind, str) or not KIND_PATTERN.fullmatch(kind):
+        raise BadInput(f"journal kind {kind!r} must match {KIND_PATTERN.pattern}")
+    return kind
+
+
+def format_ts(moment: datetime) -> str:
+    """UTC ISO-8601 with microseconds and ``Z``: ``2026-11-29T12:34:56.123456Z``."""
+    if moment.tzinfo is None:
+        raise BadInput("journal timestamps must be timezone-aware")
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def entry_hash(
+    seq: int,
+    ts: str,
+    run_id: str | None,
+    agent: str | None,
+    kind: str,
+    payload: bytes,
+    prev_hash: bytes,
+) -> bytes:
+    """SHA-256 over the unambiguous encoding described in the module docstring."""
+    parts = [ENTRY_HASH_DOMAIN, _U64.pack(seq)]
+    append = parts.append
+    for value in (ts, run_id, agent, kind, payload):
+        if value is None:
+            append(b"\x00")
+        else:
+            data = value.encode("utf-8") if type(value) is str else bytes(value)
+            append(b"\x01" + _U32.pack(len(data)))
+            append(data)
+    append(prev_hash)
+    return _sha256(b"".join(parts)).digest()
+
+
+# --- the entry ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One row of the journal, exactly as stored and hashed."""
+
+    seq: int
+    ts: str
+    run_id: str | None
+    agent: str | None
+    kind: str
+    payload: bytes
+    prev_hash: bytes
+    hash: bytes
+    signature: bytes
+    key_id: str
+
+    COLUMNS = (
+        "seq", "ts", "run_id", "agent", "kind", "payload",
+        "prev_hash", "hash", "signature", "key_id",
+    )  # fmt: skip
+
+    @classmethod
+    def from_row(cls, row: tuple[Any, ...]) -> Entry:
+        """Build from a row in ``COLUMNS`` order (as DuckDB returns it)."""
+        seq, ts, run_id, agent, kind, payload, prev_hash, hash_, signature, key_id = row
+        return cls(
+            int(seq), ts, run_id, agent, kind, bytes(payload),
+            bytes(prev_hash), bytes(hash_), bytes(signature), key_id,
+        )  # fmt: skip
+
+    def as_row(self) -> tuple[Any, ...]:
+        return (
+            self.seq, self.ts, self.run_id, self.agent, self.kind, self.payload,
+            self.prev_hash, self.hash, self.signature, self.key_id,
+        )  # fmt: skip
+
+    def computed_hash(self) -> bytes:
+        return entry_hash(
+            self.seq, self.ts, self.run_id, self.agent, self.kind, self.payload, self.prev_hash
+        )
+
+    def data(self) -> dict[str, Any]:
+        """The payload as a Python object (parsed from the stored bytes)."""
+        return json.loads(self.payload)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: payload parsed, binary columns as lowercase hex."""
+        return {
+            "seq": self.seq,
+            "ts": self.ts,
+            "run_id": self.run_id,
+            "agent": self.agent,
+            "kind": self.kind,
+            "payload": self.data(),
+            "prev_hash": self.prev_hash.hex(),
+            "hash": self.hash.hex(),
+            "signature": self.signature.hex(),
+            "key_id": self.key_id,
+        }

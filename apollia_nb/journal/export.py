@@ -1,0 +1,212 @@
+"""Export the journal as an offline audit bundle: Parquet files, keys and instructions.
+
+A bundle is a folder an auditor can take away and check without the home:
+
+``entries.parquet``      the ``entries`` table, exact bytes (payload, hashes, signatures)
+``checkpoints.parquet``  every stored signed checkpoint
+``checkpoint.txt``       the latest checkpoint note (when there is one)
+``journal.pub``          base64 of the 32-byte Ed25519 public key
+``journal.vkey``         the C2SP verifier key for checkpoint notes (``<origin>+<id>+<key>``)
+``meta.json``            origin, format, entry count, head hash, key id
+``views.sql``            the SQL views over the Parquet files, for the ``duckdb`` CLI
+``README.md``            how to verify and query the bundle
+
+DuckDB writes Parquet itself (``COPY ... (FORMAT parquet)``); no other library
+is needed. Everything is read in one transaction, so the files agree.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from apollia_nb.errors import BadInput, IntegrityError, NotFound
+from apollia_nb.journal.checkpoint import NoteVerifier
+from apollia_nb.journal.views import bundle_sql
+
+if TYPE_CHECKING:
+    from apollia_nb.home import Home
+    from apollia_nb.journal.store import Journal
+
+__all__ = ["BUNDLE_FILES", "ExportResult", "export_home", "export_journal", "read_bundle_key"]
+
+BUNDLE_FILES = {
+    "entries": "entries.parquet",
+    "checkpoints": "checkpoints.parquet",
+    "checkpoint": "checkpoint.txt",
+    "pub": "journal.pub",
+    "vkey": "journal.vkey",
+    "meta": "meta.json",
+    "views": "views.sql",
+    "readme": "README.md",
+}
+
+_README = """\
+# apollia-nb audit bundle
+
+Origin `{origin}`, {entries} entries, head hash `{head}`, key id `{key_id}`.
+
+| file | holds |
+|---|---|
+| `entries.parquet` | every journal entry, byte for byte: `seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id` |
+| `checkpoints.parquet` | every signed checkpoint: `size, root, note, created_at` |
+| `checkpoint.txt` | the latest signed checkpoint (C2SP signed note) |
+| `journal.pub` | base64 of the Ed25519 public key that signs entries and checkpoints |
+| `journal.vkey` | the same key as a C2SP verifier key: `{vkey}` |
+| `views.sql` | the SQL views `journal`, `decisions`, `tool_calls`, `runs` over these files |
+
+## Verify
+
+Compare `journal.pub` (or the key in `journal.vkey`) with a copy of the key you
+hold from elsewhere first: the bundle cannot vouch for its own key. Then:
+
+```sh
+apollia-os audit verify --bundle .                      # chain, hashes, signatures, checkpoints
+apollia-os audit verify --bundle . --checkpoint SAVED   # also against a checkpoint kept elsewhere
+```
+
+Exit status 0 means every check passed; 1 prints the first bad sequence number.
+
+By hand: entry `hash` is SHA-256 over
+`"apollia-nb/journal-entry/v1\\n" || u64be(seq) || f(ts) || f(run_id) || f(agent) || f(kind) || f(payload) || prev_hash`,
+with `f(NULL) = 0x00` and `f(x) = 0x01 || u32be(len(x)) || x` (text as UTF-8);
+`prev_hash` of entry 1 is 32 zero bytes; `signature` is Ed25519 over the 32-byte
+`hash`; Merkle leaves are `SHA-256(0x00 || hash)` (RFC 6962).
+
+## Query
+
+```sh
+duckdb -init views.sql
+```
+
+```sql
+SELECT kind, count(*) FROM journal GROUP BY kind ORDER BY 2 DESC;
+SELECT * FROM decisions WHERE outcome = 'ask' AND answer IS NULL;
+SELECT * FROM runs ORDER BY started_at;
+```
+"""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    directory: Path
+    entries: int
+    checkpoints: int
+    files: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "directory": str(self.directory),
+            "entries": self.entries,
+            "checkpoints": self.checkpoints,
+            "files": list(self.files),
+        }
+
+
+def read_bundle_key(directory: Path) -> NoteVerifier:
+    """The bundle's verifier (origin and public key), cross-checked with ``journal.pub``."""
+    verifier = NoteVerifier.from_key((directory / BUNDLE_FILES["vkey"]).read_text().strip())
+    pub = directory / BUNDLE_FILES["pub"]
+    if pub.exists():
+        try:
+            raw = base64.b64decode(pub.read_text().strip(), validate=True)
+        except ValueError:
+            raise IntegrityError(f"{pub} is not base64") from None
+        if raw != verifier.public_key:
+            raise IntegrityError(f"{pub} and {BUNDLE_FILES['vkey']} name different keys")
+    return verifier
+
+
+def _sql_path(path: Path) -> str:
+    return "'" + str(path).replace("'", "''") + "'"
+
+
+def _prepare_dir(directory: Path) -> Path:
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise BadInput(f"{directory} exists and is not a folder")
+    directory.mkdir(parents=True, exist_ok=True)
+    clashes = [name for name in BUNDLE_FILES.values() if (directory / name).exists()]
+    if clashes:
+        raise BadInput(f"{directory} already holds {', '.join(clashes)}; export into an empty folder")
+    return directory
+
+
+def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str) -> ExportResult:
+    from apollia_nb.journal.store import FORMAT_VERSION
+
+    directory = _prepare_dir(directory)
+    con.begin()
+    try:
+        entries = con.execute("SELECT count(*) FROM entries").fetchone()[0]
+        head = con.execute("SELECT hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
+        latest = con.execute("SELECT note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
+        checkpoints = con.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+        con.execute(
+            "COPY (SELECT seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id "
+            f"FROM entries ORDER BY seq) TO {_sql_path(directory / BUNDLE_FILES['entries'])} (FORMAT parquet)"
+        )
+        con.execute(
+            "COPY (SELECT size, root, note, created_at FROM checkpoints ORDER BY size) "
+            f"TO {_sql_path(directory / BUNDLE_FILES['checkpoints'])} (FORMAT parquet)"
+        )
+    finally:
+        con.commit()
+    files = [BUNDLE_FILES["entries"], BUNDLE_FILES["checkpoints"]]
+    if latest is not None:
+        (directory / BUNDLE_FILES["checkpoint"]).write_text(latest[0])
+        files.append(BUNDLE_FILES["checkpoint"])
+    head_hex = bytes(head[0]).hex() if head else "0" * 64
+    texts = {
+        "pub": base64.b64encode(verifier.public_key).decode() + "\n",
+        "vkey": verifier.key() + "\n",
+        "meta": json.dumps(
+            {
+                "origin": verifier.name,
+                "format": FORMAT_VERSION,
+                "entries": entries,
+                "head_hash": head_hex,
+                "key_id": key_id,
+                "checkpoints": checkpoints,
+            },
+            indent=2,
+        ) + "\n",
+        "views": bundle_sql(),
+        "readme": _README.format(
+            origin=verifier.name, entries=entries, head=head_hex, key_id=key_id, vkey=verifier.key()
+        ),
+    }
+    for name, text in texts.items():
+        (directory / BUNDLE_FILES[name]).write_text(text)
+        files.append(BUNDLE_FILES[name])
+    return ExportResult(directory, int(entries), int(checkpoints), tuple(files))
+
+
+def export_home(home: Home, directory: Path) -> ExportResult:
+    """Export a home's journal (opened read-only) into ``directory``."""
+    from apollia_nb.journal.keys import key_id, load_public_key
+    from apollia_nb.journal.store import connect_locked
+
+    if not home.journal_db.exists():
+        raise NotFound(f"no journal at {home.journal_db}")
+    public_key = load_public_key(home)
+    con = connect_locked(home.journal_db, read_only=True)
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
+        if row is None:
+            raise IntegrityError(f"{home.journal_db} has no origin in its meta table")
+        return _export(con, directory, verifier=NoteVerifier(row[0], public_key), key_id=key_id(public_key))
+    finally:
+        con.close()
+
+
+def export_journal(journal: Journal, directory: Path) -> ExportResult:
+    """Export an open journal into ``directory`` (from one consistent snapshot)."""
+    cursor = journal.cursor()
+    try:
+        return _export(cursor, directory, verifier=journal.verifier(), key_id=journal.key_id)
+    finally:
+        cursor.close()

@@ -1,0 +1,692 @@
+"""The journal in ``journal.db``: durable, signed, hash-chained appends with group commit.
+
+One writer thread owns every write. Callers hand it requests through a queue and
+wait on a future; the writer takes every request waiting at that moment,
+sequences, hashes and signs their entries, inserts them in one DuckDB
+transaction, commits, and only then resolves the futures. So an ``append`` that
+returned is committed (a governed effect may follow), concurrent appenders share
+one commit (group commit), and nothing is ever held unflushed.
+
+Checkpoints go through the same writer, so a checkpoint always describes a
+committed prefix of the journal. Reads use their own cursor and see committed
+rows only.
+
+Tables (format 1)::
+
+    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at'
+    entries(seq PRIMARY KEY, ts, run_id, agent, kind, payload BLOB,
+            prev_hash BLOB, hash BLOB, signature BLOB, key_id)
+    checkpoints(size PRIMARY KEY, root BLOB, note, created_at)
+
+The SQL views of ``views.py`` are recreated on every open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import duckdb
+
+from apollia_nb.dbutil import raise_if_locked
+from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound
+from apollia_nb.home import Home
+from apollia_nb.journal import keys as _keys
+from apollia_nb.journal.checkpoint import (
+    Checkpoint,
+    NoteSigner,
+    NoteVerifier,
+    open_checkpoint,
+)
+from apollia_nb.journal.entry import (
+    GENESIS_HASH,
+    Entry,
+    canonical_payload,
+    check_kind,
+    check_text,
+    entry_hash,
+    format_ts,
+)
+from apollia_nb.journal.merkle import (
+    MerkleAccumulator,
+    consistency_proof,
+    inclusion_proof,
+    leaf_hash,
+    root,
+    verify_consistency,
+    verify_inclusion,
+)
+from apollia_nb.journal.views import create_views
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Draft",
+    "Journal",
+    "InclusionProof",
+    "ConsistencyProof",
+    "connect_locked",
+]
+
+FORMAT_VERSION = "1"
+_COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id"
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS meta (
+        key VARCHAR PRIMARY KEY,
+        value VARCHAR NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS entries (
+        seq BIGINT PRIMARY KEY,
+        ts VARCHAR NOT NULL,
+        run_id VARCHAR,
+        agent VARCHAR,
+        kind VARCHAR NOT NULL,
+        payload BLOB NOT NULL,
+        prev_hash BLOB NOT NULL,
+        hash BLOB NOT NULL,
+        signature BLOB NOT NULL,
+        key_id VARCHAR NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS checkpoints (
+        size BIGINT PRIMARY KEY,
+        root BLOB NOT NULL,
+        note VARCHAR NOT NULL,
+        created_at VARCHAR NOT NULL)""",
+)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def connect_locked(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Connect to a DuckDB file, turning DuckDB's lock conflict into ``HomeLocked``."""
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.Error as exc:
+        raise_if_locked(exc, path)
+        raise
+    con.execute("SET enable_progress_bar = false")
+    return con
+
+
+class Draft(NamedTuple):
+    """One entry to append with ``append_many``: ``Draft(kind, payload, run_id, agent)``."""
+
+    kind: str
+    payload: dict[str, Any]
+    run_id: str | None = None
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
+class InclusionProof:
+    """RFC 6962 audit path of one entry against a signed checkpoint (verified when built)."""
+
+    seq: int
+    tree_size: int
+    entry_hash: bytes
+    leaf_hash: bytes
+    path: tuple[bytes, ...]
+    root: bytes
+    checkpoint: str
+
+    @property
+    def leaf_index(self) -> int:
+        return self.seq - 1
+
+    def verify(self, verifier: NoteVerifier) -> None:
+        """Raise ``IntegrityError`` unless the note verifies and the path leads to its root."""
+        cp = open_checkpoint(self.checkpoint, [verifier])
+        if cp.size != self.tree_size or cp.root != self.root:
+            raise IntegrityError("the proof's tree does not match its checkpoint")
+        if leaf_hash(self.entry_hash) != self.leaf_hash:
+            raise IntegrityError("the leaf hash is not the hash of the entry hash")
+        verify_inclusion(self.leaf_index, self.tree_size, self.leaf_hash, list(self.path), self.root)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "leaf_index": self.leaf_index,
+            "tree_size": self.tree_size,
+            "entry_hash": self.entry_hash.hex(),
+            "leaf_hash": self.leaf_hash.hex(),
+            "path": [h.hex() for h in self.path],
+            "root": self.root.hex(),
+            "checkpoint": self.checkpoint,
+        }
+
+
+@dataclass(frozen=True)
+class ConsistencyProof:
+    """RFC 6962 proof that the tree of ``new_size`` entries extends the one of ``old_size``."""
+
+    old_size: int
+    new_size: int
+    old_root: bytes
+    new_root: bytes
+    path: tuple[bytes, ...]
+
+    def verify(self) -> None:
+        verify_consistency(self.old_size, self.new_size, self.old_root, self.new_root, list(self.path))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "old_size": self.old_size,
+            "new_size": self.new_size,
+            "old_root": self.old_root.hex(),
+            "new_root": self.new_root.hex(),
+            "path": [h.hex() for h in self.path],
+        }
+
+
+class _Item(NamedTuple):
+    kind: str
+    payload: bytes
+    run_id: str | None
+    agent: str | None
+
+
+class _Request:
+    """Entries to append atomically, or (``job``) a function the writer runs between batches."""
+
+    __slots__ = ("items", "job", "future")
+
+    def __init__(self, items: list[_Item] | None, job: Callable[[], Any] | None = None) -> None:
+        self.items = items
+        self.job = job
+        self.future: Future[Any] = Future()
+
+
+_STOP = object()
+_OPEN: dict[Path, "Journal"] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+class Journal:
+    """The home's journal. ``Journal.open(home)``; ``close()`` when done (or use ``with``)."""
+
+    def __init__(
+        self,
+        path: Path,
+        con: duckdb.DuckDBPyConnection,
+        key: _keys.JournalKey,
+        origin: str,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.path = path
+        self._con = con
+        self._reader = con.cursor()
+        self._read_lock = threading.Lock()
+        self._key = key
+        self._origin = origin
+        self._signer = NoteSigner(origin, key.signing_key)
+        self._clock = clock
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._submit_lock = threading.Lock()
+        self._closed = False
+        self._state_lock = threading.Lock()
+        self._head: tuple[int, bytes] = (0, GENESIS_HASH)
+        self._acc = MerkleAccumulator()
+        self._latest: tuple[int, str] | None = None
+        self._transactions = 0
+        self._largest_batch = 0
+        self._close_error: BaseException | None = None
+        self._appender = con.appender("entries")
+        self._thread = threading.Thread(target=self._run_writer, name=f"journal-writer:{path}", daemon=True)
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(
+        cls,
+        home: Home,
+        *,
+        create: bool = True,
+        clock: Callable[[], datetime] | None = None,
+    ) -> Journal:
+        """Open (or create) ``home.journal_db``; keys are created on first use.
+
+        Raises ``HomeLocked`` when another process (or another ``Journal`` in this
+        process) holds the file, ``NotFound`` when ``create`` is false and there
+        is no journal, ``IntegrityError`` when the stored sequence has a gap.
+        """
+        path = home.journal_db
+        if not create and not path.exists():
+            raise NotFound(f"no journal at {path}")
+        home.ensure()
+        key = _keys.load_or_create(home)
+        resolved = path.resolve()
+        with _OPEN_LOCK:
+            if resolved in _OPEN:
+                raise HomeLocked(
+                    f"{path.name} in {path.parent} is already open in this process (PID {os.getpid()}); "
+                    "use that journal, or close it first."
+                )
+            con = connect_locked(path)
+            try:
+                origin = _prepare(con)
+                journal = cls(path, con, key, origin, clock or _utcnow)
+                journal._load()
+            except BaseException:
+                con.close()
+                raise
+            _OPEN[resolved] = journal
+        journal._thread.start()
+        atexit.register(journal.close)
+        return journal
+
+    def _load(self) -> None:
+        rows = self._con.execute("SELECT seq, hash FROM entries ORDER BY seq").fetchall()
+        acc = MerkleAccumulator()
+        prev = GENESIS_HASH
+        for expected, (seq, h) in enumerate(rows, start=1):
+            if seq != expected:
+                raise IntegrityError(
+                    f"{self.path} is not contiguous: entry {expected} is missing or duplicated "
+                    f"(found {seq}); run `apollia-os audit verify`"
+                )
+            prev = bytes(h)
+            acc.append(leaf_hash(prev))
+        self._acc = acc
+        self._head = (len(rows), prev)
+        latest = self._con.execute(
+            "SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1"
+        ).fetchone()
+        self._latest = (int(latest[0]), latest[1]) if latest else None
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def origin(self) -> str:
+        """The log's origin line (``apollia-nb/<id>``), also the note signer's key name."""
+        return self._origin
+
+    @property
+    def key_id(self) -> str:
+        return self._key.key_id
+
+    def public_key(self) -> bytes:
+        """The raw 32-byte Ed25519 public key that signs entries and checkpoints."""
+        return self._key.public_key
+
+    def verifier_key(self) -> str:
+        """The C2SP verifier key (``<origin>+<key id>+<base64>``) for checkpoint notes."""
+        return self._signer.verifier_key()
+
+    def verifier(self) -> NoteVerifier:
+        return self._signer.verifier()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Write transactions committed since open, and the largest batch among them."""
+        with self._state_lock:
+            return {"transactions": self._transactions, "largest_batch": self._largest_batch}
+
+    # ------------------------------------------------------------------ appending
+    def append(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        run_id: str | None = None,
+        agent: str | None = None,
+    ) -> Entry:
+        """Append one entry; it is committed when this returns. Thread-safe."""
+        return self._submit([_item(kind, payload, run_id, agent)]).result()[0]
+
+    def append_many(self, drafts: Iterable[Draft | tuple[Any, ...]]) -> list[Entry]:
+        """Append entries atomically (consecutive seqs, one transaction); committed on return."""
+        items = [_item(*Draft(*d)) for d in drafts]
+        if not items:
+            return []
+        return self._submit(items).result()
+
+    async def append_async(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        run_id: str | None = None,
+        agent: str | None = None,
+    ) -> Entry:
+        """``append`` for asyncio callers: awaits the commit without blocking the loop.
+
+        Cancelled while still queued, the entry is not written; once the writer
+        has taken it, it is committed whatever happens to the awaiting task.
+        """
+        entries = await asyncio.wrap_future(self._submit([_item(kind, payload, run_id, agent)]))
+        return entries[0]
+
+    async def append_many_async(self, drafts: Iterable[Draft | tuple[Any, ...]]) -> list[Entry]:
+        items = [_item(*Draft(*d)) for d in drafts]
+        if not items:
+            return []
+        return await asyncio.wrap_future(self._submit(items))
+
+    def _submit(self, items: list[_Item] | None, job: Callable[[], Any] | None = None) -> Future[Any]:
+        request = _Request(items, job)
+        with self._submit_lock:
+            if self._closed:
+                raise Conflict(f"the journal {self.path} is closed")
+            self._queue.put(request)
+        return request.future
+
+    # ------------------------------------------------------------------ the writer
+    def _run_writer(self) -> None:
+        stop = False
+        while not stop:
+            first = self._queue.get()
+            batch: list[_Request] = []
+            pending = [first]
+            while True:
+                try:
+                    pending.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            for request in pending:
+                if request is _STOP:
+                    stop = True
+                    continue
+                if request.job is not None:
+                    self._write_entries(batch)
+                    batch = []
+                    self._run_job(request)
+                elif request.future.set_running_or_notify_cancel():
+                    batch.append(request)
+            self._write_entries(batch)
+        self._finish()
+
+    def _run_job(self, request: _Request) -> None:
+        if not request.future.set_running_or_notify_cancel():
+            return
+        try:
+            request.future.set_result(request.job())  # type: ignore[misc]
+        except BaseException as exc:  # handed to the caller, never lost
+            request.future.set_exception(exc)
+
+    def _write_entries(self, batch: list[_Request]) -> None:
+        if not batch:
+            return
+        try:
+            seq, prev = self._head
+            key_id, sign = self._key.key_id, self._key.sign
+            results: list[list[Entry]] = []
+            rows: list[tuple[Any, ...]] = []
+            for request in batch:
+                entries = []
+                for kind, payload, run_id, agent in request.items:  # type: ignore[union-attr]
+                    seq += 1
+                    ts = format_ts(self._clock())
+                    h = entry_hash(seq, ts, run_id, agent, kind, payload, prev)
+                    entry = Entry(seq, ts, run_id, agent, kind, payload, prev, h, sign(h), key_id)
+                    entries.append(entry)
+                    rows.append(entry.as_row())
+                    prev = h
+                results.append(entries)
+            self._insert(rows)
+        except BaseException as exc:
+            error = IntegrityError(
+                f"the journal could not record {len(batch)} request(s); nothing of them was written: {exc}"
+            )
+            error.__cause__ = exc
+            for request in batch:
+                request.future.set_exception(error)
+            return
+        with self._state_lock:
+            for entries in results:
+                for entry in entries:
+                    self._acc.append(leaf_hash(entry.hash))
+            self._head = (seq, prev)
+            self._transactions += 1
+            self._largest_batch = max(self._largest_batch, len(rows))
+        for request, entries in zip(batch, results):
+            request.future.set_result(entries)
+
+    def _insert(self, rows: list[tuple[Any, ...]]) -> None:
+        """Insert rows in one committed transaction (see docs/journal.md for the measurement)."""
+        con = self._con
+        if len(rows) == 1:
+            con.execute(f"INSERT INTO entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows[0])
+            return
+        # One appender flush is one statement, so in autocommit mode it is one
+        # transaction: every row of the group or none.
+        try:
+            self._appender.append_rows(rows)
+            self._appender.flush()
+        except BaseException:
+            self._appender.clear()
+            raise
+
+    def _finish(self) -> None:
+        """On close: refuse what is left, write the closing checkpoint, close the appender."""
+        while True:
+            try:
+                request = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if request is not _STOP and request.future.set_running_or_notify_cancel():
+                request.future.set_exception(Conflict(f"the journal {self.path} is closed"))
+        size = self._acc.size
+        if size and (self._latest is None or self._latest[0] < size):
+            try:
+                self._write_checkpoint()
+            except BaseException as exc:  # re-raised by close()
+                self._close_error = exc
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self) -> str:
+        """Sign and store a C2SP checkpoint of every committed entry; returns the note.
+
+        When the latest stored checkpoint already covers every entry, returns it.
+        """
+        return self._submit(None, self._write_checkpoint).result()
+
+    def _write_checkpoint(self) -> str:
+        size = self._acc.size
+        if self._latest is not None and self._latest[0] == size:
+            return self._latest[1]
+        cp = Checkpoint(self._origin, size, self._acc.root())
+        note = self._signer.sign(cp.body())
+        self._con.execute(
+            "INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)",
+            [size, cp.root, note, format_ts(self._clock())],
+        )
+        self._latest = (size, note)
+        return note
+
+    def latest_checkpoint(self) -> str | None:
+        """The latest stored checkpoint note, or None."""
+        latest = self._latest
+        return latest[1] if latest else None
+
+    def checkpoints(self) -> list[tuple[int, bytes, str]]:
+        """Every stored checkpoint as ``(size, root, note)``, smallest first."""
+        return [
+            (int(s), bytes(r), n)
+            for s, r, n in self._read("SELECT size, root, note FROM checkpoints ORDER BY size")
+        ]
+
+    # ------------------------------------------------------------------ proofs
+    def _leaf_hashes(self, size: int) -> list[bytes]:
+        rows = self._read("SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [size])
+        if len(rows) != size:
+            raise IntegrityError(f"the journal holds {len(rows)} of the {size} entries asked for")
+        return [leaf_hash(bytes(h)) for (h,) in rows]
+
+    def inclusion_proof(self, seq: int, checkpoint: str | None = None) -> InclusionProof:
+        """Prove entry ``seq`` is in the tree of a checkpoint (default: the latest,
+        written first when it does not cover ``seq``). The proof is verified before return."""
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            raise BadInput(f"sequence numbers start at 1, got {seq!r}")
+        if seq > self.head()[0]:
+            raise NotFound(f"the journal has no entry {seq} (head is {self.head()[0]})")
+        if checkpoint is None:
+            latest = self._latest
+            checkpoint = latest[1] if latest and latest[0] >= seq else self.checkpoint()
+        cp = open_checkpoint(checkpoint, [self.verifier()], origin=self._origin)
+        if seq > cp.size:
+            raise BadInput(f"entry {seq} is not covered by a checkpoint of size {cp.size}")
+        leaves = self._leaf_hashes(cp.size)
+        (h,) = self._read("SELECT hash FROM entries WHERE seq = ?", [seq])[0]
+        proof = InclusionProof(
+            seq=seq,
+            tree_size=cp.size,
+            entry_hash=bytes(h),
+            leaf_hash=leaves[seq - 1],
+            path=tuple(inclusion_proof(seq - 1, leaves)),
+            root=cp.root,
+            checkpoint=checkpoint,
+        )
+        proof.verify(self.verifier())
+        return proof
+
+    def consistency_proof(self, old_size: int, new_size: int | None = None) -> ConsistencyProof:
+        """Prove the tree of ``new_size`` entries (default: all) extends that of ``old_size``."""
+        head = self.head()[0]
+        new = head if new_size is None else new_size
+        if not isinstance(old_size, int) or not isinstance(new, int) or not 0 < old_size <= new <= head:
+            raise BadInput(f"need 0 < old_size <= new_size <= {head}, got {old_size!r}, {new!r}")
+        leaves = self._leaf_hashes(new)
+        proof = ConsistencyProof(
+            old_size, new, root(leaves[:old_size]), root(leaves), tuple(consistency_proof(old_size, new, leaves))
+        )
+        proof.verify()
+        return proof
+
+    # ------------------------------------------------------------------ reading
+    def head(self) -> tuple[int, bytes]:
+        """``(seq, hash)`` of the last committed entry; ``(0, 32 zero bytes)`` when empty."""
+        with self._state_lock:
+            return self._head
+
+    def _read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        with self._read_lock:
+            if self._reader is None:
+                raise Conflict(f"the journal {self.path} is closed")
+            return self._reader.execute(sql, params).fetchall()
+
+    def entries(
+        self,
+        run_id: str | None = None,
+        since_seq: int | None = None,
+        kinds: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        """Committed entries in seq order, filtered by run, by ``seq > since_seq`` and by kind."""
+        where, params = [], []
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if since_seq is not None:
+            where.append("seq > ?")
+            params.append(int(since_seq))
+        if kinds is not None:
+            kinds = list(kinds)
+            if not kinds:
+                return []
+            where.append(f"kind IN ({', '.join('?' for _ in kinds)})")
+            params.extend(kinds)
+        sql = f"SELECT {_COLUMNS} FROM entries"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [Entry.from_row(r) for r in self._read(sql, params)]
+
+    def get(self, seq: int) -> Entry:
+        rows = self._read(f"SELECT {_COLUMNS} FROM entries WHERE seq = ?", [seq])
+        if not rows:
+            raise NotFound(f"the journal has no entry {seq}")
+        return Entry.from_row(rows[0])
+
+    def snapshot_rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes, str]]]:
+        """Every entry row and checkpoint row, read in one transaction (for ``verify``)."""
+        with self._read_lock:
+            if self._reader is None:
+                raise Conflict(f"the journal {self.path} is closed")
+            cur = self._reader
+            cur.begin()
+            try:
+                rows = cur.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY seq").fetchall()
+                cps = cur.execute("SELECT size, root, note FROM checkpoints ORDER BY size").fetchall()
+            finally:
+                cur.commit()
+        return rows, [(int(s), bytes(r), n) for s, r, n in cps]
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new DuckDB cursor on the journal's database, for the caller's own reads; close it."""
+        with self._read_lock:
+            if self._reader is None:
+                raise Conflict(f"the journal {self.path} is closed")
+            return self._reader.cursor()
+
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run a read query (e.g. over the views) on the journal's reader cursor."""
+        return self._read(query, params)
+
+    # ------------------------------------------------------------------ closing
+    def close(self) -> None:
+        """Commit what is queued, write a checkpoint if entries were added since the last, close."""
+        with self._submit_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        atexit.unregister(self.close)
+        try:
+            if self._thread.is_alive():
+                self._thread.join()
+        finally:
+            with self._read_lock:
+                self._reader.close()
+                self._reader = None
+            self._con.close()
+            with _OPEN_LOCK:
+                _OPEN.pop(self.path.resolve(), None)
+        if self._close_error is not None:
+            raise IntegrityError(f"the closing checkpoint was not written: {self._close_error}")
+
+
+def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: str | None = None) -> _Item:
+    """Validate in the caller's thread, so bad input raises there and nothing is queued."""
+    check_kind(kind)
+    check_text("run_id", run_id, nullable=True)
+    check_text("agent", agent, nullable=True)
+    return _Item(kind, canonical_payload(payload), run_id, agent)
+
+
+def _prepare(con: duckdb.DuckDBPyConnection) -> str:
+    """Create the schema and views if missing; return the log's origin."""
+    con.begin()
+    try:
+        for ddl in _SCHEMA:
+            con.execute(ddl)
+        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        if "format" not in meta:
+            origin = f"apollia-nb/{os.urandom(8).hex()}"
+            con.executemany(
+                "INSERT INTO meta VALUES (?, ?)",
+                [("format", FORMAT_VERSION), ("origin", origin), ("created_at", format_ts(_utcnow()))],
+            )
+            meta = {"format": FORMAT_VERSION, "origin": origin}
+        if meta["format"] != FORMAT_VERSION:
+            raise IntegrityError(f"journal format {meta['format']!r} is not supported (want {FORMAT_VERSION})")
+        create_views(con)
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+    return meta["origin"]

@@ -1,0 +1,533 @@
+"""Verify a journal offline: every hash, link, key id and signature, and every checkpoint.
+
+The core, :func:`verify_rows`, is pure over rows and keys; thin readers feed it
+from a ``journal.db`` file (:func:`verify_file`, :func:`verify_home`), an open
+:class:`~apollia_nb.journal.store.Journal` (:func:`verify_journal`) or an exported
+bundle (:func:`verify_bundle`).
+
+Checks, for entries in ``seq`` order:
+
+1. ``seq`` runs 1, 2, 3, … with no gap and no duplicate;
+2. ``prev_hash`` is the previous entry's ``hash`` (32 zero bytes for seq 1);
+3. ``hash`` is the SHA-256 of the entry's encoding (``entry.entry_hash``);
+4. ``key_id`` names the journal key, and ``signature`` is its valid Ed25519
+   signature of ``hash``;
+5. every stored checkpoint and the given external one verifies as a signed note
+   under the journal's key and origin, and the first ``size`` entry hashes have
+   exactly its Merkle root; a checkpoint larger than the journal means entries
+   were deleted from its end.
+
+The result names the first bad sequence number. Signatures dominate the cost
+(Ed25519 verify ≈ 20,000/s on one core), so large journals verify them in a pool
+of worker processes while this process checks hashes, links and roots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from apollia_nb.errors import BadInput, IntegrityError, NotFound
+from apollia_nb.journal.checkpoint import Checkpoint, NoteVerifier, open_checkpoint
+from apollia_nb.journal.entry import GENESIS_HASH, entry_hash
+from apollia_nb.journal.merkle import EMPTY_ROOT, MerkleAccumulator, leaf_hash
+
+if TYPE_CHECKING:
+    from apollia_nb.home import Home
+    from apollia_nb.journal.store import Journal
+
+__all__ = [
+    "VerifyReport",
+    "verify_rows",
+    "verify_journal",
+    "verify_file",
+    "verify_home",
+    "verify_bundle",
+    "PARALLEL_MIN",
+    "CHUNK",
+]
+
+#: Below this many entries signatures are checked inline (a worker costs ~0.1 s to start).
+PARALLEL_MIN = 8_000
+#: Rows per chunk read from DuckDB and handed to a worker.
+CHUNK = 4_000
+
+_COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome: ``ok``, entries read, the first bad seq and what was wrong with it."""
+
+    ok: bool
+    entries: int
+    first_bad_seq: int | None
+    problem: str | None
+    checked_checkpoints: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "entries": self.entries,
+            "first_bad_seq": self.first_bad_seq,
+            "problem": self.problem,
+            "checked_checkpoints": self.checked_checkpoints,
+        }
+
+    def summary(self) -> str:
+        if self.ok:
+            return (
+                f"ok: {self.entries} entries verified (chain, hashes, signatures), "
+                f"{self.checked_checkpoints} checkpoint(s)"
+            )
+        where = f"seq {self.first_bad_seq}" if self.first_bad_seq is not None else "unknown seq"
+        return f"FAILED at {where}: {self.problem}"
+
+
+# --- signatures (checked in worker processes for large journals) ----------------------
+#
+# Workers are plain ``python -m apollia_nb.journal.verify --signature-worker``
+# subprocesses, not a multiprocessing pool: nothing of the caller's ``__main__``
+# is re-imported (scripts without a main guard, notebooks), and a worker loads
+# only this module and PyNaCl. Wire format, all integers big-endian:
+#   parent → worker: public key (32 bytes), then per chunk u32 count and
+#                    count × (i64 seq, 32-byte hash, 64-byte signature)
+#   worker → parent: per chunk, one byte (0 all valid, 1 bad) and i64 seq of the first bad
+
+
+_ITEM = struct.Struct(">q32s64s")
+_COUNT = struct.Struct(">I")
+_ANSWER = struct.Struct(">Bq")
+
+
+def _first_bad_signature(public_key: bytes, items: Sequence[tuple[int, bytes, bytes]]) -> int | None:
+    """The seq of the first item whose signature does not verify, or None."""
+    from nacl.bindings import crypto_sign_open
+    from nacl.exceptions import CryptoError
+
+    for seq, digest, signature in items:
+        if len(signature) != 64 or len(digest) != 32:
+            return seq
+        try:
+            crypto_sign_open(signature + digest, public_key)
+        except (CryptoError, ValueError, TypeError):
+            return seq
+    return None
+
+
+def _pack(items: Sequence[tuple[int, bytes, bytes]]) -> bytes:
+    """A chunk for a worker; a hash or signature of the wrong size is padded, so it fails there."""
+    out = [_COUNT.pack(len(items))]
+    for seq, digest, signature in items:
+        pad_d = digest if len(digest) == 32 else b"\xff" * 32
+        pad_s = signature if len(signature) == 64 else bytes(64)
+        out.append(_ITEM.pack(seq, pad_d, pad_s))
+    return b"".join(out)
+
+
+def _read_exact(stream: Any, n: int) -> bytes | None:
+    data = stream.read(n)
+    return data if data is not None and len(data) == n else None
+
+
+def _worker_main() -> None:
+    """Verify chunks from stdin, answer each on stdout (see the wire format above)."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    public_key = _read_exact(stdin, 32)
+    if public_key is None:
+        return
+    while (head := _read_exact(stdin, _COUNT.size)) is not None:
+        (count,) = _COUNT.unpack(head)
+        body = _read_exact(stdin, count * _ITEM.size)
+        if body is None:
+            return
+        bad = _first_bad_signature(public_key, list(_ITEM.iter_unpack(body)))
+        stdout.write(_ANSWER.pack(0, 0) if bad is None else _ANSWER.pack(1, bad))
+        stdout.flush()
+
+
+class _Worker:
+    """One signature-checking subprocess, fed by a thread so the caller never blocks on a pipe."""
+
+    def __init__(self, public_key: bytes) -> None:
+        import apollia_nb
+
+        env = dict(os.environ)
+        root = str(Path(apollia_nb.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "apollia_nb.journal.verify", "--signature-worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+        )
+        self.chunks: list[Sequence[tuple[int, bytes, bytes]]] = []
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._queue.put(public_key)
+        self._feeder = threading.Thread(target=self._feed, name="journal-verify-feeder", daemon=True)
+        self._feeder.start()
+
+    def _feed(self) -> None:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            while (data := self._queue.get()) is not None:
+                stdin.write(data)
+            stdin.close()
+        except OSError:  # the worker died; results() falls back to checking inline
+            pass
+
+    def submit(self, items: Sequence[tuple[int, bytes, bytes]]) -> None:
+        self.chunks.append(items)
+        self._queue.put(_pack(items))
+
+    def results(self, public_key: bytes) -> list[int]:
+        """First bad seq of each chunk that had one; chunks a dead worker left are checked here."""
+        self._queue.put(None)
+        out = self.proc.stdout
+        assert out is not None
+        answers = out.read()
+        self._feeder.join()
+        self.proc.wait()
+        bad: list[int] = []
+        n = min(len(answers) // _ANSWER.size, len(self.chunks))
+        for i in range(n):
+            flag, seq = _ANSWER.unpack_from(answers, i * _ANSWER.size)
+            if flag:
+                bad.append(seq)
+        for items in self.chunks[n:]:
+            seq = _first_bad_signature(public_key, items)
+            if seq is not None:
+                bad.append(seq)
+        return bad
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _as_bytes(value: object) -> bytes:
+    if type(value) is bytes:
+        return value
+    return bytes(value) if isinstance(value, (bytearray, memoryview)) else b""
+
+
+# --- the core ----------------------------------------------------------------------
+
+
+@dataclass
+class _Target:
+    """A checkpoint to check against the entry hashes while scanning."""
+
+    label: str
+    checkpoint: Checkpoint
+    verified: bool = False
+
+
+@dataclass
+class _Failure:
+    seq: int | None
+    problem: str
+
+    def key(self) -> tuple[int, int]:
+        # Known seqs first, lowest first; unknown ones after.
+        return (0, self.seq) if self.seq is not None else (1, 0)
+
+
+@dataclass
+class _Scan:
+    public_key: bytes
+    key_id: str
+    targets: dict[int, list[_Target]]
+    count: int = 0
+    prev: bytes = GENESIS_HASH
+    acc: MerkleAccumulator | None = None
+    failure: _Failure | None = None
+    bad_signature_seqs: list[int] = field(default_factory=list)
+
+    def fail(self, seq: int | None, problem: str) -> None:
+        self.failure = _Failure(seq, problem)
+
+    def row(self, row: Sequence[Any]) -> None:
+        """Check one row's sequence, link, hash and key id, and feed the Merkle tree."""
+        expected = self.count + 1
+        try:
+            seq, ts, run_id, agent, kind, payload, prev_hash, digest, _sig, kid = row
+        except (TypeError, ValueError):
+            return self.fail(expected, f"entry {expected} is malformed (not the ten journal columns)")
+        if seq != expected:
+            if isinstance(seq, int) and seq < expected:
+                return self.fail(seq, f"entry {seq} appears more than once")
+            found = "no sequence number" if seq is None else f"seq {seq}"
+            return self.fail(expected, f"entry {expected} is missing (the next entry has {found})")
+        prev_hash, digest = _as_bytes(prev_hash), _as_bytes(digest)
+        if prev_hash != self.prev:
+            return self.fail(seq, f"entry {seq}: prev_hash does not match the hash of entry {seq - 1}"
+                             if seq > 1 else "entry 1: prev_hash is not the genesis value (32 zero bytes)")
+        try:
+            computed = entry_hash(seq, ts, run_id, agent, kind, _as_bytes(payload) if payload is not None else None,
+                                  prev_hash)  # type: ignore[arg-type]
+        except (TypeError, ValueError, AttributeError, OverflowError):
+            return self.fail(seq, f"entry {seq} has a column of the wrong type")
+        if computed != digest:
+            return self.fail(seq, f"entry {seq}: hash does not match its contents")
+        if kid != self.key_id:
+            return self.fail(seq, f"entry {seq}: key id {kid!r} is not the journal key {self.key_id}")
+        self.count = seq
+        self.prev = digest
+        if self.acc is not None:
+            self.acc.append(leaf_hash(digest))
+            for target in self.targets.get(seq, ()):
+                self._check_root(target)
+
+    def _check_root(self, target: _Target) -> None:
+        root = self.acc.root() if self.acc is not None else EMPTY_ROOT
+        if root == target.checkpoint.root:
+            target.verified = True
+
+
+def _open_targets(
+    public_key: bytes,
+    origin: str,
+    checkpoints: Sequence[tuple[int, bytes, str]],
+    external: str | None,
+) -> tuple[list[_Target], list[_Failure]]:
+    verifier = NoteVerifier(origin, public_key)
+    targets: list[_Target] = []
+    failures: list[_Failure] = []
+    labelled: list[tuple[str, str, tuple[int, bytes] | None]] = [
+        (f"stored checkpoint of size {size}", note, (size, _as_bytes(root_)))
+        for size, root_, note in checkpoints
+    ]
+    if external is not None:
+        labelled.append(("the given checkpoint", external, None))
+    for label, note, stored in labelled:
+        try:
+            cp = open_checkpoint(note, [verifier], origin=origin)
+        except IntegrityError as exc:
+            failures.append(_Failure(None, f"{label}: {exc.message}"))
+            continue
+        if stored is not None and (cp.size, cp.root) != stored:
+            failures.append(_Failure(None, f"{label}: the checkpoints row does not match its signed note"))
+            continue
+        targets.append(_Target(f"{label}" if stored else f"{label} (size {cp.size})", cp))
+    return targets, failures
+
+
+def verify_rows(
+    chunks: Iterable[Sequence[Sequence[Any]]],
+    *,
+    public_key: bytes,
+    origin: str,
+    checkpoints: Sequence[tuple[int, bytes, str]] = (),
+    external: str | None = None,
+    total: int | None = None,
+    workers: int = 2,
+    parallel_min: int = PARALLEL_MIN,
+) -> VerifyReport:
+    """Verify entry rows (``Entry.COLUMNS`` order, ascending seq, in chunks).
+
+    ``checkpoints`` are stored ``(size, root, note)`` rows; ``external`` is a
+    checkpoint note kept elsewhere. ``total`` (the number of rows, when known)
+    decides whether signatures are checked in ``workers`` processes.
+    """
+    from apollia_nb.journal.keys import key_id as _key_id
+
+    if not isinstance(public_key, bytes) or len(public_key) != 32:
+        raise BadInput("the journal public key must be 32 bytes")
+    targets, failures = _open_targets(public_key, origin, checkpoints, external)
+    by_size: dict[int, list[_Target]] = {}
+    for t in targets:
+        by_size.setdefault(t.checkpoint.size, []).append(t)
+    scan = _Scan(public_key, _key_id(public_key), by_size)
+    if by_size:
+        scan.acc = MerkleAccumulator()
+        for t in by_size.get(0, ()):
+            scan._check_root(t)
+
+    pool: list[_Worker] = []
+    if workers > 1 and total is not None and total >= parallel_min:
+        pool = [_Worker(public_key) for _ in range(workers)]
+    try:
+        for i, chunk in enumerate(chunks):
+            items = [(r[0], _as_bytes(r[7]), _as_bytes(r[8])) for r in chunk
+                     if len(r) == 10 and isinstance(r[0], int)]
+            if pool:
+                pool[i % len(pool)].submit(items)
+            else:
+                bad = _first_bad_signature(public_key, items)
+                if bad is not None:
+                    scan.bad_signature_seqs.append(bad)
+            for row in chunk:
+                scan.row(row)
+                if scan.failure is not None:
+                    break
+            if scan.failure is not None or scan.bad_signature_seqs:
+                break
+        for worker in pool:
+            scan.bad_signature_seqs.extend(worker.results(public_key))
+    finally:
+        for worker in pool:
+            worker.kill()
+
+    if scan.failure is not None:
+        failures.append(scan.failure)
+    for seq in scan.bad_signature_seqs:
+        if isinstance(seq, int):
+            failures.append(_Failure(seq, f"entry {seq}: signature does not verify under the journal key"))
+    entry_failed = any(f.seq is not None for f in failures)
+    if not entry_failed:
+        n = scan.count
+        for t in targets:
+            size = t.checkpoint.size
+            if size > n:
+                failures.append(_Failure(
+                    n + 1,
+                    f"entry {n + 1} is missing: {t.label} covers {size} entries, the journal holds {n}",
+                ))
+            elif not t.verified:
+                failures.append(_Failure(
+                    None,
+                    f"{t.label}: the first {size} entries do not have its Merkle root "
+                    "(history was rewritten)",
+                ))
+    checked = sum(1 for t in targets if t.verified)
+    if failures:
+        first = min(failures, key=_Failure.key)
+        return VerifyReport(False, scan.count, first.seq, first.problem, checked)
+    return VerifyReport(True, scan.count, None, None, checked)
+
+
+# --- readers -----------------------------------------------------------------------
+
+
+def _chunks(cursor: Any, size: int = CHUNK) -> Iterator[list[tuple[Any, ...]]]:
+    while True:
+        rows = cursor.fetchmany(size)
+        if not rows:
+            return
+        yield rows
+
+
+def _verify_connection(
+    con: Any,
+    *,
+    entries: str,
+    checkpoints: str | None,
+    public_key: bytes,
+    origin: str,
+    external: str | None,
+    workers: int,
+) -> VerifyReport:
+    con.begin()
+    try:
+        total = con.execute(f"SELECT count(*) FROM {entries}").fetchone()[0]
+        stored = (
+            [(int(s), bytes(r), n) for s, r, n in
+             con.execute(f"SELECT size, root, note FROM {checkpoints} ORDER BY size").fetchall()]
+            if checkpoints else []
+        )
+        cursor = con.execute(f"SELECT {_COLUMNS} FROM {entries} ORDER BY seq")
+        return verify_rows(
+            _chunks(cursor),
+            public_key=public_key,
+            origin=origin,
+            checkpoints=stored,
+            external=external,
+            total=total,
+            workers=workers,
+        )
+    finally:
+        con.commit()
+
+
+def verify_file(
+    path: Path,
+    *,
+    public_key: bytes,
+    external: str | None = None,
+    workers: int = 2,
+) -> VerifyReport:
+    """Verify a closed ``journal.db`` (opened read-only) under ``public_key``."""
+    from apollia_nb.journal.store import connect_locked
+
+    if not Path(path).exists():
+        raise NotFound(f"no journal at {path}")
+    con = connect_locked(Path(path), read_only=True)
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
+        if row is None:
+            return VerifyReport(False, 0, None, "the journal has no origin in its meta table", 0)
+        return _verify_connection(
+            con, entries="entries", checkpoints="checkpoints", public_key=public_key,
+            origin=row[0], external=external, workers=workers,
+        )
+    finally:
+        con.close()
+
+
+def verify_home(home: Home, *, external: str | None = None, workers: int = 2) -> VerifyReport:
+    """Verify ``home.journal_db`` under the home's public key (``keys/journal.pub``)."""
+    from apollia_nb.journal.keys import load_public_key
+
+    if not home.journal_db.exists():
+        raise NotFound(f"no journal at {home.journal_db}")
+    return verify_file(home.journal_db, public_key=load_public_key(home), external=external, workers=workers)
+
+
+def verify_journal(journal: Journal, checkpoint: str | None = None, *, workers: int = 2) -> VerifyReport:
+    """Verify an open journal from one consistent snapshot of its rows."""
+    rows, stored = journal.snapshot_rows()
+    chunks = [rows[i : i + CHUNK] for i in range(0, len(rows), CHUNK)]
+    return verify_rows(
+        chunks,
+        public_key=journal.public_key(),
+        origin=journal.origin,
+        checkpoints=stored,
+        external=checkpoint,
+        total=len(rows),
+        workers=workers,
+    )
+
+
+def verify_bundle(directory: Path, *, external: str | None = None, workers: int = 2) -> VerifyReport:
+    """Verify an exported bundle (``entries.parquet``, ``checkpoints.parquet``, ``journal.vkey``)."""
+    import duckdb
+
+    from apollia_nb.journal.export import BUNDLE_FILES, read_bundle_key
+
+    directory = Path(directory)
+    for name in (BUNDLE_FILES["entries"], BUNDLE_FILES["vkey"]):
+        if not (directory / name).exists():
+            raise NotFound(f"{directory} is not an audit bundle: {name} is missing")
+    verifier = read_bundle_key(directory)
+    con = duckdb.connect(":memory:")
+    con.execute("SET enable_progress_bar = false")
+    try:
+        def quoted(name: str) -> str:
+            return "read_parquet('" + str(directory / name).replace("'", "''") + "')"
+
+        cps = directory / BUNDLE_FILES["checkpoints"]
+        return _verify_connection(
+            con,
+            entries=quoted(BUNDLE_FILES["entries"]),
+            checkpoints=quoted(BUNDLE_FILES["checkpoints"]) if cps.exists() else None,
+            public_key=verifier.public_key,
+            origin=verifier.name,
+            external=external,
+            workers=workers,
+        )
+    finally:
+        con.close()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--signature-worker"]:
+    _worker_main()
