@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
+import anyio
 import pytest
 from fake_model_servers import (
     FakeModelServer,
@@ -234,6 +235,18 @@ async def test_a_stream_that_stalls_midway_is_a_transient_timeout(fake_model_ser
     with pytest.raises(ModelTransient):
         async for event in model_for(fake_model_server, timeout_secs=0.3).stream("actor", USER):
             seen.append(event)
+    assert seen == [TextDelta("Hel")]
+
+
+@pytest.mark.anyio
+async def test_cancelling_a_stream_in_flight_stops_it_at_once(fake_model_server):
+    fake_model_server.reply(openai_stream(openai_text_chunks(["Hel", "lo"]), hang_after=2))
+    seen = []
+    with anyio.CancelScope() as scope:
+        async for event in model_for(fake_model_server, timeout_secs=30).stream("actor", USER):
+            seen.append(event)
+            scope.cancel()
+    assert scope.cancelled_caught
     assert seen == [TextDelta("Hel")]
 
 
