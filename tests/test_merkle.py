@@ -319,7 +319,7 @@ def test_equal_sizes_and_empty_tree() -> None:
 def test_malformed_proof_elements_are_rejected() -> None:
     proof = inclusion_proof(2, LEAVES[:8])
     for bad_element in (b"", proof[0] + b"\x00", proof[0][:-1]):
-        with pytest.raises(ProofError):
+        with pytest.raises(ProofError, match="is not 32 bytes"):
             verify_inclusion(2, 8, LEAVES[2], [bad_element] + proof[1:], ROOTS[8])
     with pytest.raises(ProofError):
         verify_inclusion(2, 8, LEAVES[2], proof, ROOTS[8][:31])
