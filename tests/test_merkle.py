@@ -183,6 +183,8 @@ def test_generators_reject_bad_input_with_stable_code() -> None:
     with pytest.raises(BadInput):
         consistency_proof(0, 3, leaves)
     with pytest.raises(BadInput):
+        consistency_proof(0, 0, leaves)
+    with pytest.raises(BadInput):
         consistency_proof(2, 6, leaves)
     assert consistency_proof(3, 3, leaves) == []
 

@@ -228,8 +228,9 @@ def consistency_proof(
 ) -> list[bytes]:
     """PROOF(old_size, D[new_size]) of RFC 6962 §2.1.2 from the first new_size leaves.
 
-    Empty when the sizes are equal. A proof from the empty tree is refused: it
-    proves nothing, and :func:`verify_consistency` rejects it.
+    Empty when the sizes are equal. A proof from the empty tree (old_size 0,
+    even to size 0) is refused: it proves nothing, and :func:`verify_consistency`
+    rejects it.
     """
     if not _is_size(old_size) or not _is_size(new_size):
         raise BadInput("tree sizes must be non-negative integers")
@@ -237,10 +238,10 @@ def consistency_proof(
         raise BadInput(f"old size {old_size} is larger than new size {new_size}")
     if new_size > len(leaf_hashes):
         raise BadInput(f"new size {new_size} exceeds the {len(leaf_hashes)} leaves given")
-    if old_size == new_size:
-        return []
     if old_size == 0:
         raise BadInput("a consistency proof from the empty tree proves nothing")
+    if old_size == new_size:
+        return []
     leaves = leaf_hashes[:new_size]
     _check_leaves(leaves)
     # SUBPROOF(m, D[lo:hi], b), unrolled: descend, collecting the sibling at each level.
