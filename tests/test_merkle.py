@@ -23,7 +23,7 @@ from apollia_nb.journal.merkle import (
     verify_inclusion,
 )
 
-VECTORS = Path("/work/shared/vectors/rfc6962-merkle")
+VECTORS = Path(__file__).parent / "vectors" / "rfc6962-merkle"  # a copy of the public RFC 6962 vectors (Apache-2.0, LICENSE beside them)
 INCLUSION_FILES = sorted((VECTORS / "inclusion").rglob("*.json"))
 CONSISTENCY_FILES = sorted((VECTORS / "consistency").rglob("*.json"))
 

@@ -34,6 +34,7 @@ from apollia_nb.errors import (
     BadInput,
     Conflict,
     Expired,
+    GovernanceUnreadable,
     Interrupted,
     UnknownAgent,
     UnknownDecision,
@@ -214,14 +215,17 @@ class Runtime:
     async def _boot(self) -> None:
         from apollia_nb.config import load_config
         from apollia_nb.governance.store import GovernanceStore
-        from apollia_nb.journal import Journal
+        from apollia_nb.journal.store import Journal
         from apollia_nb.runtime.breaker import Breakers
         from apollia_nb.runtime.records import RuntimeRecords
 
         self._lock.acquire()
         self.config = load_config(self.home.config_path)
         self.journal = Journal.open(self.home)
-        self.governance = GovernanceStore(self.home, journal=self.journal, trusted_keys=self.config.trusted_keys)
+        self.governance = GovernanceStore(
+            self.home, journal=self.journal, trusted_keys=self.config.trusted_keys,
+            clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
+        )
         self.governance.view()  # loads (and journals) the policy state now
         self.records = RuntimeRecords(self.home.runtime_db)
         self.breakers = Breakers()
@@ -462,8 +466,8 @@ class Runtime:
             await run.done.wait()
         else:  # suspended: nothing runs; close it here
             for card in [c for c in self._cards.values() if c.task_id == task_id and c.waiting]:
-                self.governance.expire_pending(card.id, by="cancel")
-                self._cards.pop(card.id, None)
+                self._record_answer(card.id, "refuse", by="cancel", reason="the task was cancelled")
+                card._resolve("refuse", "cancel", self.now_iso())
             await run._finish(TaskStatus.CANCELLED, error=None)
             run.done.set()
         return handle
@@ -503,7 +507,7 @@ class Runtime:
         card = Card(
             id=pending.id, run_id=run_id, agent=agent.name, tool=tool, family=family, arguments=arguments,
             answers=tuple(a.value for a in decision.answers), reason=decision.reason, line=decision.line,
-            call_id=call_id, created_at=pending.created_at, task_id=task_id, session_id=session_id,
+            call_id=call_id, created_at=pending.to_dict()["created_at"], task_id=task_id, session_id=session_id,
             hints=hints, _runtime=self,
         )
         self._cards[card.id] = card
@@ -523,11 +527,24 @@ class Runtime:
 
     def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None) -> dict[str, Any]:
         """Answer a waiting decision: validated, journaled, applied once; the run resumes."""
+        answered = self._record_answer(decision_id, answer, by=by, reason=reason)
+        card = self._cards.get(decision_id)
+        if card is not None:
+            card._resolve(answer, by, answered["answered_at"] or self.now_iso())
+            self._emit("card", card)
+            run = self._runs.get(card.task_id or "")
+            if run is not None and run.status == "waiting" and not _is_running(run):
+                self._spawn(run)
+        return answered
+
+    def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None) -> dict[str, Any]:
+        """Validate, journal (before the effect), store, and apply ``always``."""
         pending = self.governance.get_pending(decision_id)
         if pending.status != "pending":
             raise Conflict(f"decision {decision_id} was already answered ({pending.answer} by {pending.answered_by})")
-        if answer not in pending.answers:
-            raise BadAnswer(f"{answer!r} is not on offer for {decision_id}; answers: {', '.join(pending.answers)}")
+        if answer not in [a.value for a in pending.answers]:
+            offered = ", ".join(a.value for a in pending.answers)
+            raise BadAnswer(f"{answer!r} is not on offer for {decision_id}; answers: {offered}")
         self.journal.append(
             "answer",
             {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer, "answered_by": by,
@@ -541,15 +558,6 @@ class Runtime:
                 self.governance.add_rule(pending.tool, "allow", prefix=str(command), agent=pending.agent, by=by)
             elif pending.family is not None:
                 self.governance.grant_consent(pending.agent, pending.family, by=by)
-        card = self._cards.get(decision_id)
-        if card is not None:
-            card._resolve(answer, by, answered.answered_at or self.now_iso())
-            self._emit("card", card)
-            run = self._runs.get(card.task_id or "")
-            if run is not None and run.status == "waiting" and not _is_running(run):
-                self._spawn(run)
-            if card.session_id and self.sessions is not None:
-                self.sessions._after_answer(card)
         return answered.to_dict()
 
     def expire_overdue(self) -> list[str]:
@@ -560,8 +568,10 @@ class Runtime:
         limit = self.clock() - hours * 3600
         expired = []
         for p in self.governance.pending():
-            created = _dt.datetime.fromisoformat(p.created_at.replace("Z", "+00:00")).timestamp()
-            if created <= limit:
+            created = p.created_at
+            if created.tzinfo is None:
+                created = created.replace(tzinfo=_dt.timezone.utc)
+            if created.timestamp() <= limit:
                 self.answer(p.id, "refuse", by="timeout", reason=f"unanswered for {hours:g} h")
                 expired.append(p.id)
         return expired
@@ -584,7 +594,11 @@ class Runtime:
             except ApolliaError as exc:
                 self.records.set_agent_state(row["name"], ProcessState.STOPPED.value)
                 self._emit("warning", f"agent {row['name']} did not start: {exc}")
-        pending_by_id = {p.id: p for p in self.governance.pending()}
+        try:
+            pending_by_id = {p.id: p for p in self.governance.pending()}
+        except GovernanceUnreadable as exc:
+            pending_by_id = {}
+            self._emit("warning", f"pending decisions cannot be read: {exc.message}")
         for record in self.records.tasks():
             status = record["status"]
             if status in ("completed", "failed", "cancelled"):
@@ -598,10 +612,11 @@ class Runtime:
                 awaiting = record.get("awaiting")
                 p = pending_by_id.get(awaiting) if awaiting else None
                 if p is not None:
+                    d = p.to_dict()
                     self._cards[p.id] = Card(
-                        id=p.id, run_id=p.run_id, agent=p.agent, tool=p.tool, family=p.family,
-                        arguments=dict(p.arguments), answers=tuple(p.answers), reason=p.reason, line=p.line,
-                        call_id=p.call_id, created_at=p.created_at, task_id=record["id"], _runtime=self,
+                        id=p.id, run_id=p.run_id, agent=p.agent, tool=p.tool, family=d["family"],
+                        arguments=dict(p.arguments), answers=tuple(d["answers"]), reason=p.reason, line=p.line,
+                        call_id=p.call_id or "", created_at=d["created_at"], task_id=record["id"], _runtime=self,
                     )
                 agent.inflight.add(run)
                 continue
