@@ -1,9 +1,150 @@
-"""`apollia-os` commands: audit."""
+"""``apollia-os audit``: verify, checkpoint, prove and export the journal.
+
+``verify`` and ``export`` only read: they open ``journal.db`` read-only (or an
+exported bundle) and create nothing. ``checkpoint`` and ``prove`` may write a
+checkpoint, so they own the home for their duration (``OwnerLock``; another
+owner is ``HOME_LOCKED``, naming it). ``verify`` exits 1 on any integrity
+failure, printing the first bad sequence number and what was wrong.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from apollia_nb.cli import emit
+
+__all__ = ["register"]
+
+EXIT_INTEGRITY = 1
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add this group's commands to the parser."""
+    """Add ``audit verify|checkpoint|prove|export``."""
+    audit = sub.add_parser("audit", help="verify, checkpoint, prove and export the journal")
+    asub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
+
+    p = asub.add_parser("verify", parents=[common],
+                        help="check the chain, every hash and signature, and checkpoints (exit 1: fails)")
+    p.add_argument("--checkpoint", type=Path, default=None, metavar="F",
+                   help="also check a signed checkpoint kept elsewhere (detects truncation and rollback)")
+    p.add_argument("--bundle", type=Path, default=None, metavar="DIR",
+                   help="verify an exported bundle instead of the home's journal")
+    p.set_defaults(handler=_verify)
+
+    p = asub.add_parser("checkpoint", parents=[common],
+                        help="sign a checkpoint of the whole journal and print it")
+    p.add_argument("--out", type=Path, default=None, metavar="F", help="also write the note to F")
+    p.set_defaults(handler=_checkpoint)
+
+    p = asub.add_parser("prove", parents=[common],
+                        help="an RFC 6962 inclusion proof of one entry against the latest checkpoint")
+    p.add_argument("seq", type=int, metavar="SEQ")
+    p.set_defaults(handler=_prove)
+
+    p = asub.add_parser("export", parents=[common], help="write an offline audit bundle")
+    p.add_argument("--format", choices=["parquet"], default="parquet")
+    p.add_argument("dir", type=Path, metavar="DIR")
+    p.set_defaults(handler=_export)
+
+
+def _home(args: argparse.Namespace) -> Any:
+    from apollia_nb.home import Home
+
+    return Home.at(args.home, create=False)
+
+
+@contextmanager
+def _owned_journal(args: argparse.Namespace) -> Iterator[Any]:
+    """The home's existing journal, opened by a process that owns the home."""
+    from apollia_nb.home import OwnerLock
+    from apollia_nb.journal.store import Journal
+
+    from apollia_nb.errors import NotFound
+
+    home = _home(args)
+    if not home.journal_db.exists():
+        raise NotFound(f"no journal at {home.journal_db}")
+    with OwnerLock(home):
+        journal = Journal.open(home, create=False)
+        try:
+            yield journal
+        finally:
+            journal.close()
+
+
+def _read_checkpoint(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    from apollia_nb.errors import BadInput
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"cannot read checkpoint {path}: {exc}") from None
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from apollia_nb.journal.verify import verify_bundle, verify_home
+
+    external = _read_checkpoint(args.checkpoint)
+    if args.bundle is not None:
+        report = verify_bundle(args.bundle, external=external)
+    else:
+        report = verify_home(_home(args), external=external)
+    emit(args, report.to_dict(), report.summary())
+    return 0 if report.ok else EXIT_INTEGRITY
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    with _owned_journal(args) as journal:
+        note = journal.checkpoint()
+    if args.out is not None:
+        args.out.write_text(note, encoding="utf-8")
+    if getattr(args, "json", False):
+        from apollia_nb.journal.checkpoint import parse_checkpoint, parse_note
+
+        cp = parse_checkpoint(parse_note(note)[0])
+        emit(args, {"origin": cp.origin, "size": cp.size, "root": cp.root.hex(), "note": note}, note)
+    else:
+        print(note, end="")
+    return 0
+
+
+def _prove(args: argparse.Namespace) -> int:
+    with _owned_journal(args) as journal:
+        proof = journal.inclusion_proof(args.seq)
+        proof.verify(journal.verifier())  # checked again here, before anything is printed
+        entry = journal.get(args.seq)
+    data = proof.to_dict()
+    data["entry"] = entry.to_dict()
+    lines = [
+        f"entry {proof.seq} ({entry.kind}) is leaf {proof.leaf_index} of the tree of "
+        f"{proof.tree_size} entries; the proof verifies.",
+        f"entry hash  {proof.entry_hash.hex()}",
+        f"leaf hash   {proof.leaf_hash.hex()}",
+        f"root        {proof.root.hex()}",
+        f"audit path  ({len(proof.path)} hashes, lowest first)",
+        *(f"  {h.hex()}" for h in proof.path),
+        "checkpoint",
+        proof.checkpoint.rstrip("\n"),
+    ]
+    emit(args, data, "\n".join(lines))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from apollia_nb.journal.export import export_home
+
+    result = export_home(_home(args), args.dir)
+    emit(
+        args,
+        result.to_dict(),
+        f"exported {result.entries} entries and {result.checkpoints} checkpoint(s) to {result.directory}\n"
+        f"verify with: apollia-os audit verify --bundle {json.dumps(str(result.directory))}",
+    )
+    return 0
