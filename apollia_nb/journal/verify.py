@@ -66,7 +66,14 @@ _COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, k
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome: ``ok``, entries read, the first bad seq and what was wrong with it."""
+    """The outcome of a verification.
+
+    ``entries``: how many leading entries passed every check (all of them when
+    ``ok``); ``first_bad_seq``: the first entry that did not (for a deleted tail,
+    the first missing seq; None when only a checkpoint's root or signature
+    failed, which does not say where); ``problem``: what was wrong;
+    ``checked_checkpoints``: stored and given checkpoints that verified.
+    """
 
     ok: bool
     entries: int
@@ -402,7 +409,8 @@ def verify_rows(
     checked = sum(1 for t in targets if t.verified)
     if failures:
         first = min(failures, key=_Failure.key)
-        return VerifyReport(False, scan.count, first.seq, first.problem, checked)
+        good = scan.count if first.seq is None else min(scan.count, first.seq - 1)
+        return VerifyReport(False, good, first.seq, first.problem, checked)
     return VerifyReport(True, scan.count, None, None, checked)
 
 

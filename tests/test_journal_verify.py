@@ -1,0 +1,231 @@
+"""The verifier: its pure core over rows, worker processes, bundles, and the open-journal path."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import pytest
+from nacl.signing import SigningKey
+
+from apollia_nb.errors import BadInput, IntegrityError, NotFound
+from apollia_nb.journal import Draft, Journal, export_home, verify_bundle, verify_home, verify_journal
+from apollia_nb.journal.checkpoint import Checkpoint, NoteSigner
+from apollia_nb.journal.entry import GENESIS_HASH, canonical_json, entry_hash
+from apollia_nb.journal.keys import key_id
+from apollia_nb.journal.merkle import EMPTY_ROOT, leaf_hash, root
+from apollia_nb.journal.verify import VerifyReport, verify_rows
+
+ORIGIN = "apollia-nb/test"
+
+
+def make_rows(n: int, key: SigningKey, *, bad_signature_at: int | None = None) -> list[tuple]:
+    rows, prev = [], GENESIS_HASH
+    kid = key_id(bytes(key.verify_key))
+    for seq in range(1, n + 1):
+        ts = f"2026-01-01T00:00:{seq % 60:02d}.000000Z"
+        payload = canonical_json({"n": seq})
+        digest = entry_hash(seq, ts, "run", None, "plan", payload, prev)
+        sig = key.sign(digest).signature
+        if seq == bad_signature_at:
+            sig = SigningKey.generate().sign(digest).signature
+        rows.append((seq, ts, "run", None, "plan", payload, prev, digest, sig, kid))
+        prev = digest
+    return rows
+
+
+def note_for(key: SigningKey, rows: list[tuple], size: int) -> str:
+    cp = Checkpoint(ORIGIN, size, root([leaf_hash(r[7]) for r in rows[:size]]))
+    return NoteSigner(ORIGIN, key).sign(cp.body())
+
+
+@pytest.fixture(scope="module")
+def key() -> SigningKey:
+    return SigningKey(bytes(range(32)))
+
+
+def check(rows, key, **kw) -> VerifyReport:
+    chunks = [rows[i : i + 100] for i in range(0, len(rows), 100)]
+    return verify_rows(chunks, public_key=bytes(key.verify_key), origin=ORIGIN, total=len(rows), **kw)
+
+
+def test_an_empty_journal_verifies(key):
+    assert check([], key) == VerifyReport(True, 0, None, None, 0)
+    empty = NoteSigner(ORIGIN, key).sign(Checkpoint(ORIGIN, 0, EMPTY_ROOT).body())
+    assert check([], key, external=empty).checked_checkpoints == 1
+
+
+def test_rows_verify_with_stored_and_external_checkpoints(key):
+    rows = make_rows(300, key)
+    stored = [(size, root([leaf_hash(r[7]) for r in rows[:size]]), note_for(key, rows, size)) for size in (1, 128, 300)]
+    report = check(rows, key, checkpoints=stored, external=note_for(key, rows, 257))
+    assert report.ok and report.entries == 300 and report.checked_checkpoints == 4
+    assert report.to_dict() == {"ok": True, "entries": 300, "first_bad_seq": None, "problem": None,
+                                "checked_checkpoints": 4}
+    assert report.summary().startswith("ok: 300 entries")
+
+
+def test_the_lowest_failure_wins(key):
+    rows = make_rows(300, key, bad_signature_at=250)
+    rows[279] = rows[279][:4] + ("verdict",) + rows[279][5:]
+    report = check(rows, key)
+    assert (report.ok, report.first_bad_seq) == (False, 250)
+    assert report.summary() == f"FAILED at seq 250: {report.problem}"
+
+
+@pytest.mark.parametrize("bad", [1, 150, 299])
+def test_worker_processes_find_the_same_bad_signature(key, bad):
+    rows = make_rows(300, key, bad_signature_at=bad)
+    inline = check(rows, key, workers=1)
+    pooled = check(rows, key, workers=2, parallel_min=1)
+    assert inline == pooled
+    assert (pooled.ok, pooled.first_bad_seq) == (False, bad)
+    assert "signature" in pooled.problem
+
+
+def test_worker_processes_verify_a_clean_journal(key):
+    rows = make_rows(500, key)
+    assert check(rows, key, workers=2, parallel_min=1) == VerifyReport(True, 500, None, None, 0)
+
+
+def test_a_structural_failure_and_a_later_bad_signature(key):
+    rows = make_rows(300, key, bad_signature_at=280)
+    del rows[99]  # seq 100 missing
+    report = check(rows, key, workers=2, parallel_min=1)
+    assert (report.first_bad_seq, report.entries) == (100, 99)
+    assert "entry 100 is missing" in report.problem
+
+
+def test_malformed_rows_fail_cleanly(key):
+    rows = make_rows(5, key)
+    rows[2] = rows[2][:9]
+    report = check(rows, key)
+    assert (report.ok, report.first_bad_seq) == (False, 3)
+    rows = make_rows(5, key)
+    rows[3] = (4, 12345, "run", None, "plan", None, rows[2][7], rows[3][7], rows[3][8], rows[3][9])
+    assert check(rows, key).first_bad_seq == 4
+    rows = make_rows(5, key)
+    rows[4] = (None,) + rows[4][1:]
+    assert check(rows, key).first_bad_seq == 5
+
+
+def test_a_note_from_another_origin_is_refused(key):
+    rows = make_rows(10, key)
+    other = NoteSigner("apollia-nb/other", key).sign(Checkpoint("apollia-nb/other", 10, EMPTY_ROOT).body())
+    report = check(rows, key, external=other)
+    assert not report.ok and report.first_bad_seq is None
+    assert "the given checkpoint" in report.problem
+
+
+def test_a_bad_public_key_is_bad_input(key):
+    with pytest.raises(BadInput):
+        verify_rows([], public_key=b"short", origin=ORIGIN)
+
+
+def test_verify_an_open_journal_and_its_home(home):
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(50))
+        journal.checkpoint()
+        journal.append("plan", {"i": 50})
+        report = verify_journal(journal)
+        assert report.ok and report.entries == 51 and report.checked_checkpoints == 1
+        note = journal.checkpoint()
+        assert verify_journal(journal, note).checked_checkpoints == 3
+    assert verify_home(home, external=note).ok
+
+
+def test_verify_home_needs_a_journal(home):
+    with pytest.raises(NotFound):
+        verify_home(home)
+
+
+def test_verify_without_a_key_fails(home):
+    with Journal.open(home) as journal:
+        journal.append("plan", {})
+    for name in ("journal.key", "journal.pub"):
+        (home.keys_dir / name).unlink()
+    with pytest.raises(IntegrityError):
+        verify_home(home)
+
+
+def test_an_exported_bundle_verifies_and_is_queryable(home, tmp_path):
+    with Journal.open(home) as journal:
+        journal.append("run_open", {"run_kind": "task", "goal": "g"}, run_id="r1", agent="clerk")
+        journal.append("decision", {"call_id": "c1", "tool": "read_file", "family": "read",
+                                    "arguments": {"path": "a"}, "outcome": "allow", "line": 3,
+                                    "answers": [], "reason": "reads"}, run_id="r1", agent="clerk")
+        journal.append("run_seal", {"status": "succeeded", "entries": 2}, run_id="r1", agent="clerk")
+        origin, vkey, public = journal.origin, journal.verifier_key(), journal.public_key()
+    bundle = tmp_path / "bundle"
+    result = export_home(home, bundle)
+    assert result.entries == 3 and result.checkpoints == 1
+    assert set(result.files) == {p.name for p in bundle.iterdir()}
+    assert (bundle / "journal.vkey").read_text().strip() == vkey
+    meta = json.loads((bundle / "meta.json").read_text())
+    assert meta["origin"] == origin and meta["entries"] == 3
+    assert "apollia-os audit verify --bundle" in (bundle / "README.md").read_text()
+    report = verify_bundle(bundle, external=(bundle / "checkpoint.txt").read_text())
+    assert report.ok and report.entries == 3 and report.checked_checkpoints == 2
+
+    # exact bytes survive Parquet
+    con = duckdb.connect()
+    live = duckdb.connect(str(home.journal_db), read_only=True)
+    assert con.execute(f"SELECT * FROM read_parquet('{bundle / 'entries.parquet'}') ORDER BY seq").fetchall() == \
+        live.execute("SELECT * FROM entries ORDER BY seq").fetchall()
+    live.close()
+
+    # the views script runs over the bundle
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(bundle)
+    try:
+        con.execute((bundle / "views.sql").read_text())
+        assert con.execute("SELECT run_id, agent, kind, status, entries FROM runs").fetchall() == \
+            [("r1", "clerk", "task", "succeeded", 3)]
+        assert con.execute("SELECT tool, outcome FROM decisions").fetchall() == [("read_file", "allow")]
+    finally:
+        os.chdir(cwd)
+        con.close()
+    import base64
+
+    assert base64.b64decode((bundle / "journal.pub").read_text()) == public
+
+
+def test_a_tampered_bundle_fails(home, tmp_path):
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(20))
+    bundle = tmp_path / "bundle"
+    export_home(home, bundle)
+    con = duckdb.connect()
+    path = bundle / "entries.parquet"
+    con.execute(
+        f"COPY (SELECT * REPLACE (CASE WHEN seq = 7 THEN CAST('{{}}' AS BLOB) ELSE payload END AS payload) "
+        f"FROM read_parquet('{path}')) TO '{tmp_path / 'e.parquet'}' (FORMAT parquet)"
+    )
+    con.close()
+    (tmp_path / "e.parquet").replace(path)
+    report = verify_bundle(bundle)
+    assert (report.ok, report.first_bad_seq) == (False, 7)
+
+
+def test_bundle_keys_must_agree(home, tmp_path):
+    with Journal.open(home) as journal:
+        journal.append("plan", {})
+    bundle = tmp_path / "bundle"
+    export_home(home, bundle)
+    import base64
+
+    (bundle / "journal.pub").write_text(base64.b64encode(bytes(SigningKey.generate().verify_key)).decode())
+    with pytest.raises(IntegrityError):
+        verify_bundle(bundle)
+    with pytest.raises(NotFound):
+        verify_bundle(tmp_path / "nothing")
+
+
+def test_export_refuses_a_folder_with_a_bundle(home, tmp_path):
+    with Journal.open(home) as journal:
+        journal.append("plan", {})
+    export_home(home, tmp_path / "b")
+    with pytest.raises(BadInput):
+        export_home(home, tmp_path / "b")
