@@ -82,17 +82,15 @@ def test_kill_nine_at_random_moments(tmp_path):
             reported: dict[int, str] = {}
             pid = None
             # a quarter of the kills land while the child is still opening the journal
-            early = rng.random() < 0.25
-            while True:
+            ready = rng.random() < 0.25
+            while pid is None or not ready:
                 line = zygote.stdout.readline().decode()
                 assert line, f"zygote ended (seed {seed})"
                 word, _, rest = line.strip().partition(" ")
                 if word == "forked":
                     pid = int(rest)
-                    if early:
-                        break
                 elif word == "ready":
-                    break
+                    ready = True
             time.sleep(rng.uniform(0, 0.06))  # a random moment, not an ordering
             os.kill(pid, signal.SIGKILL)
             while True:
