@@ -106,7 +106,8 @@ async def test_a_suspended_run_survives_a_restart_and_resumes_without_rerunning_
         assert started == ["write_file", "bash_executor"]  # write_file ran once, before the restart
         output = [json.loads(e.payload) for e in rt.journal.entries(run_id=task.run_id) if e.kind == "tool_result"]
         assert output[-1]["output"]["stdout"].strip() == "resumed"
-        assert rt.replay(task.run_id).verdict == "identical"
+        replay = rt.replay(task.run_id)
+        assert replay.verdict == "identical", replay.to_dict()
 
 
 async def test_a_run_cut_short_by_a_crash_is_failed_interrupted_at_the_next_boot(home):

@@ -109,7 +109,8 @@ class TaskHandle:
 
     async def settled(self) -> "TaskHandle":
         """Until the task is finished or waiting on a person."""
-        while self.status not in ("completed", "failed", "cancelled", "waiting"):
+        run = self._run
+        while not (run.done.is_set() or (self.status == "waiting" and (run.r["watched"] or not run._active))):
             await self._rt._changed(self.id).wait()
         return self
 
@@ -162,10 +163,10 @@ class Runtime:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self._stop_everything()
-        self._tg.cancel_scope.cancel()
         try:
-            await self._cm.__aexit__(*exc)
+            await self._stop_everything()
+            self._tg.cancel_scope.cancel()
+            await self._cm.__aexit__(None, None, None)
         finally:
             self._shutdown_files()
 
@@ -238,12 +239,21 @@ class Runtime:
             self._tg.start_soon(self._expiry_scanner)
 
     async def _stop_everything(self) -> None:
+        """Closing the runtime: cancel what is running; suspended runs and agents stay as recorded."""
         if not self.opened:
             return
-        for name in list(self._agents):
-            agent = self._agents[name]
-            if agent.state.state in (ProcessState.ACTIVE, ProcessState.DEGRADED):
-                await self.stop_agent(name, drain=False)
+        for run in list(self._runs.values()):
+            scope = getattr(run, "scope", None)
+            if run._active and scope is not None:
+                scope.cancel()
+        for run in list(self._runs.values()):
+            if run._active:
+                with anyio.move_on_after(5):
+                    await run.done.wait()
+        if self.sessions is not None:
+            for session in self.sessions.all():
+                if session._scope is not None:
+                    session._scope.cancel()
 
     def _shutdown_files(self) -> None:
         if not self.opened:

@@ -136,6 +136,8 @@ class TaskRun:
             self._active = False
             if self.r["status"] in _TERMINAL:
                 self.done.set()
+            else:
+                self.rt._notify(self)  # suspended: parked with nothing running
 
     async def _drive(self) -> None:
         while True:
@@ -210,7 +212,7 @@ class TaskRun:
         if self.plan_answer is None:
             self._set_status(TaskStatus.WAITING)
             await self._status_entry("waiting")
-            if not self.r["watched"] and self.rt.suspend_unattended:
+            if not self.r["watched"] and self.rt.suspend_unattended and self.plan_answer is None:
                 raise _Suspend()
             await self._plan_event.wait()
         assert self.plan_answer is not None
@@ -322,7 +324,9 @@ class TaskRun:
                     await self._status_entry("waiting")
                     self.rt._persist_model_state(self.agent)
                     self._save()
-                    raise _Suspend()
+                    if result.card.waiting:  # no await between this check and leaving: no lost answer
+                        raise _Suspend()
+                    continue
             self.r["queued_calls"].pop(0)
             step["tool_calls"].append({"call_id": result.call_id, "tool": result.tool, "status": result.status,
                                        "error_code": result.error_code})
@@ -379,11 +383,12 @@ class TaskRun:
             for i, tc in enumerate(response.tool_calls)
         )
         response = replace(response, tool_calls=calls)
-        await self._journal("model_response", {
-            "role": role, "turn": turn, "text": response.text,
-            "tool_calls": [{"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments)}
-                           for tc in response.tool_calls],
-        })
+        listed = [{"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments)} for tc in response.tool_calls]
+        payload: dict[str, Any] = {"role": role, "turn": turn, "text": response.text, "tool_calls": listed}
+        if role != "actor":
+            # The planner's and critic's calls are structured answers (submit_plan, submit_verdict), not tools.
+            payload = {"role": role, "turn": turn, "text": response.text, "tool_calls": [], "structured": listed}
+        await self._journal("model_response", payload)
         return response
 
 
