@@ -611,3 +611,45 @@ def test_decide_reads_its_inputs_and_changes_nothing() -> None:
     first = decide(c, v)
     assert all(decide(c, v) == first for _ in range(3))
     assert args == {"command": "git status"} and v == GovernanceView(rules=[Rule(BASH, "allow", "git status")], developer_mode=True)
+
+
+# --- many rules: the index must answer as a scan of every rule would ------------------------
+
+DECOYS = [Rule(BASH, "deny", f"tool{i} sub{i}", id=f"decoy{i}") for i in range(300)] + [
+    Rule(BASH, "deny", "/usr/local/bin/zzz", id="path decoy"),
+    Rule(BASH, "deny", "'quoted decoy'", id="quoted decoy"),
+]
+WRITTEN_AS_RM = [
+    "r'm' -rf /", '"rm" -rf /', "\\rm -rf /", "r\\\nm -rf /", 'r""m -rf /', "ls;r'm' x",
+    "bash -c 'rm -rf /'", "sudo /bin/rm -rf /", "sh -c \"sh -c 'rm x'\"", "echo $(rm -rf /)",
+    "echo `rm x`", "r$()m x", "ｒｍ -rf /", "env FOO=1 rm -rf /", "xargs rm < list", "ls && \\\nrm x",
+    "(rm x)", "ls|rm x", "ls #\nrm x",
+]
+
+
+def scan(c: Call, rules: list[Rule]) -> str | None:
+    return next((r.id for r in rules if r.effect == "deny" and rule_matches(r, c)), None)
+
+
+@pytest.mark.parametrize("command", WRITTEN_AS_RM, ids=repr)
+@pytest.mark.parametrize("family", ["execute", None], ids=str)
+def test_a_deny_rule_among_many_sees_through_quoting_and_wrappers(command: str, family: str | None) -> None:
+    rules = [*DECOYS, Rule(BASH, "deny", "rm", id="rm")]
+    c = call(family, tool=BASH, args={"command": command})
+    d = decide(c, view(rules=rules, developer_mode=True))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "rm") and scan(c, rules) == "rm"
+
+
+@pytest.mark.parametrize("command", ["ls -la", "git status; ls", "tool1 sub2", "echo 'rm'x", "farm x"], ids=repr)
+def test_decoys_that_do_not_match_are_not_refusals(command: str) -> None:
+    rules = [*DECOYS, Rule(BASH, "deny", "rm", id="rm")]
+    c = run(command)
+    assert decide(c, view(rules=rules)).rule_id == scan(c, rules)
+
+
+def test_a_command_too_long_to_read_matches_every_deny_rule() -> None:
+    command = "ls " + "a " * 500_001  # longer than the simple-command check reads
+    rules = [Rule(BASH, "deny", "zzz", id="zzz"), Rule(BASH, "allow", "ls")]
+    c = run(command)
+    assert scan(c, rules) == "zzz"
+    expect(decide(c, view(rules=rules, developer_mode=True)), "refuse", 2)
