@@ -37,8 +37,11 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 def journal_entries(home: Path) -> list[tuple[str, dict[str, Any], str | None]]:
-    from apollia_nb.journal.store import Journal
+    """The home's journal, after checking that it verifies."""
+    from apollia_nb.journal import Journal, verify_home
 
+    report = verify_home(Home.at(home))
+    assert report.ok, report
     with Journal.open(Home.at(home)) as journal:
         return [(e.kind, json.loads(e.payload), e.agent) for e in journal.entries()]
 

@@ -741,3 +741,29 @@ def test_threads_and_two_stores_in_one_process_share_the_file(home: Home) -> Non
     assert errors == []
     assert views > 0
     assert len(reader_store.view().rules) == 12
+
+
+def test_the_real_journal_takes_every_governance_kind(home: Home, tmp_path: Path) -> None:
+    import json
+
+    from apollia_nb.journal import Journal, verify_home
+
+    public = _deposit(home, tmp_path)
+    with Journal.open(home) as real:
+        store = GovernanceStore(home, real)
+        assert store.view().readable
+        rule = store.add_rule("bash_executor", "allow", "git status", "clerk", by="ana")
+        store.remove_rule(rule.id, by="ana")
+        store.grant_consent("clerk", "write", by="ana")
+        store.revoke_consent("clerk", "write", by="ana")
+        store.set_developer_mode(True, by="ana")
+        home.policy_sig_path.unlink()
+        assert not store.view().readable
+        entries = [(e.kind, json.loads(e.payload), e.agent) for e in real.entries()]
+    assert [k for k, _, _ in entries] == [
+        "policy_loaded", "rule_added", "rule_removed", "consent_granted", "consent_revoked",
+        "devmode_changed", "policy_refused",
+    ]
+    assert entries[0][1]["key"] == public and entries[1][2] == "clerk"
+    assert "not signed" in entries[-1][1]["reason"]
+    assert verify_home(home).ok

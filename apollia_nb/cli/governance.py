@@ -98,10 +98,8 @@ def _reader(args: argparse.Namespace) -> Any:
 
 def _open_journal(home: Any) -> Any:
     """The home's journal, so the change is journaled before it takes effect."""
-    try:
-        from apollia_nb.journal import Journal  # type: ignore[attr-defined]
-    except ImportError:
-        from apollia_nb.journal.store import Journal
+    from apollia_nb.journal import Journal
+
     return Journal.open(home)
 
 
