@@ -66,7 +66,7 @@ def run_demo(home: str | None, *, json_output: bool = False, out: Any = None) ->
         home_path = resolve_home(home)
         if home_path.exists() and any(home_path.iterdir()):
             raise BadInput(f"the demo needs a fresh home; {home_path} is not empty (omit --home to use a new one)")
-        base = home_path.parent
+        base = Path(tempfile.mkdtemp(prefix="apollia-demo-"))
     workdir = base / "work"
     (workdir / "notes").mkdir(parents=True, exist_ok=True)
     (workdir / "notes" / "meeting.txt").write_text("Launch moved from Wednesday to Friday.\n")

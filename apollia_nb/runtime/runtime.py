@@ -233,8 +233,8 @@ class Runtime:
         self.opened = True
         from apollia_nb.runtime.chat import Sessions
 
-        self.sessions = Sessions(self)
         await self._restore()
+        self.sessions = Sessions(self)
         if self.config.hitl_timeout_hours is not None:
             self._tg.start_soon(self._expiry_scanner)
 
