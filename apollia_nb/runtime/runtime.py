@@ -224,7 +224,7 @@ class Runtime:
         self.config = load_config(self.home.config_path)
         self.journal = Journal.open(self.home)
         self.governance = GovernanceStore(
-            self.home, journal=self.journal, trusted_keys=self.config.trusted_keys,
+            self.home, journal=self.journal, trusted_keys=None,  # re-read from apollia.toml as it changes
             clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
         )
         self.governance.view()  # loads (and journals) the policy state now
