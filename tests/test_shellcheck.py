@@ -326,3 +326,39 @@ def test_decide_refuses_exactly_when_the_deny_rule_matches(prefix: str, command:
     view = GovernanceView(rules=[Rule(tool="bash_executor", prefix=prefix, effect="deny")], developer_mode=True)
     refused = decide(_execute(command), view).line == 2
     assert refused is (prefix == "" or deny_prefix_matches(prefix, command))
+
+
+# --------------------------------------------------------------------------- docs
+
+_DOC = Path(__file__).parent.parent / "docs" / "simple-commands.md"
+
+
+def _listed_after(marker: str) -> set[str]:
+    text = _DOC.read_text(encoding="utf-8")
+    block = text.split(f"<!-- {marker} -->", 1)[1].split("```", 2)[1]
+    return set(block.split())
+
+
+def test_docs_list_exactly_the_wrappers() -> None:
+    assert _listed_after("wrappers") == WRAPPERS
+
+
+def test_docs_list_exactly_the_reserved_words() -> None:
+    assert _listed_after("reserved-words") == RESERVED_WORDS
+
+
+class _Sly(str):
+    """A string that shows one text to iteration and str() and holds another."""
+
+    def __iter__(self):  # type: ignore[override]
+        return iter("git status")
+
+    def __str__(self) -> str:
+        return "git status"
+
+
+def test_a_str_subclass_is_read_by_its_real_text() -> None:
+    sly = _Sly("git status; rm -rf /")
+    assert simple_words(sly) is None
+    assert not allow_prefix_matches("git status", sly)
+    assert deny_prefix_matches("rm", sly)

@@ -96,10 +96,15 @@ WRAPPERS = frozenset(
     }
 )
 _VERSIONED_INTERPRETER = re.compile(r"(python|pypy|perl|ruby|node|php|lua|tclsh|wish)[0-9.]+")
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
 
 
 # --------------------------------------------------------------------------- simple
+
+
+def _exact_text(value: object) -> str | None:
+    """``value`` as a plain ``str`` (a subclass cannot override what is read), else None."""
+    return str.__str__(value) if isinstance(value, str) else None
+
 
 
 def _tokenize(command: str) -> tuple[str, ...] | None:
@@ -163,7 +168,8 @@ def simple_words(command: str) -> tuple[str, ...] | None:
     Quotes are removed: ``'git' "status"`` gives ``("git", "status")``.
     """
     try:
-        if not isinstance(command, str) or len(command) > MAX_SIMPLE_LENGTH:
+        command = _exact_text(command)
+        if command is None or len(command) > MAX_SIMPLE_LENGTH:
             return None
         if not _PRINTABLE.issuperset(command):
             return None  # control characters (newline, CR, tab, NUL…) and non-ASCII
@@ -376,7 +382,8 @@ def deny_prefix_matches(prefix: str, command: str) -> bool:
     and expansions taken as empty. A blank prefix matches everything.
     """
     try:
-        if not isinstance(prefix, str) or not isinstance(command, str):
+        prefix, command = _exact_text(prefix), _exact_text(command)
+        if prefix is None or command is None:
             return True
         if len(command) > MAX_DENY_LENGTH:
             return True
