@@ -444,6 +444,7 @@ class Runtime:
     def _spawn(self, run: TaskRun) -> None:
         agent = run.agent
         agent.inflight.add(run)
+        run._active = True  # from now, not only once the task starts: no one may spawn it twice
 
         async def owned() -> None:
             with anyio.CancelScope() as scope:
