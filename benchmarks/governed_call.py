@@ -1,0 +1,275 @@
+"""Cost per governed tool call, beside pydantic-ai calling a plain tool in the same process.
+
+Run: ``.venv/bin/python benchmarks/governed_call.py [--sizes 50 400] [--repeats 5] [--profile]
+[--home-root DIR]``
+
+Ours: the real ``Runtime`` on a fresh temporary home per repetition. A
+scripted agent plans one step, makes N turns of one call each to a tool of
+family ``read`` (decided ``allow`` without asking), ends its step with text,
+and the critic passes. Every call journals ``model_response``, ``decision``,
+``tool_call`` and ``tool_result``, each committed before the run goes on.
+Timed from ``submit`` to the finished task (runtime open/close and agent
+registration excluded); the task must be ``completed`` with N ``tool_result``
+entries in its run.
+
+Theirs: pydantic-ai's ``FunctionModel`` answering one ``ToolCallPart`` per
+turn for N turns, then a ``TextPart``; the tool is a plain function. Timed
+around ``await agent.run(...)``. Skipped, with a message, when pydantic-ai is
+not installed (``pip install pydantic-ai-slim``).
+
+Both figures are wall time per call: the run's time divided by N, the median
+of ``--repeats`` runs, ours and theirs alternating so both see the same
+machine. Each of our calls commits four journal entries, so our figure follows
+the disk's fsync time: ``--home-root /dev/shm`` shows the cost without it. ``--profile`` also runs ours once at the largest size
+under cProfile (event-loop thread, sorted by cumulative time) and times the
+journal's writer thread (sequencing and signing, DuckDB insert and commit),
+which cProfile does not see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from apollia_nb.runtime import Runtime
+from apollia_nb.runtime.tools import ToolDef
+
+AGENT = "bench"
+
+
+def read_note(key: str) -> str:
+    """Read a note by its key."""
+    return f"note {key}"
+
+
+# --------------------------------------------------------------------------- ours
+
+
+def manifest_text(n: int, workspace: Path) -> str:
+    """An agent whose actor makes N calls of ``read_note``, one per turn, then ends with text."""
+    lines = [
+        f'name = "{AGENT}"', 'description = "benchmark agent"', 'instructions = "Read the notes."', "",
+        "[model]", 'provider = "scripted"',
+    ]
+    for i in range(n):
+        lines += ["[[model.script.actor]]", f'tool_calls = [{{ name = "read_note", arguments = {{ key = "k{i}" }} }}]']
+    lines += ["[[model.script.actor]]", 'text = "All notes read."']
+    lines += ["[workspace]", f"root = {json.dumps(str(workspace))}", "[budget]", f"max_steps = {2 * n + 10}"]
+    return "\n".join(lines) + "\n"
+
+
+HOME_ROOT: str | None = None  # where temporary homes are made (None: the system's temp directory)
+
+
+async def ours_once(n: int, *, around: Callable[[Callable[[], Any]], Any] | None = None,
+                    runtime_hook: Callable[[Runtime], None] | None = None) -> float:
+    """One task of N allowed calls on a fresh home; seconds from submit to the finished task."""
+    with tempfile.TemporaryDirectory(prefix="apollia-bench-", dir=HOME_ROOT) as tmp:
+        root = Path(tmp)
+        async with Runtime(root / "home") as rt:
+            tool = ToolDef.from_function(read_note, family="read")
+            await rt.register_agent(manifest_text(n, root / "workspace"), tools=[tool])
+            if runtime_hook is not None:
+                runtime_hook(rt)
+
+            async def task() -> Any:
+                return await (await rt.submit(AGENT, "Read every note"))
+
+            t0 = time.perf_counter()
+            handle = await (around(task) if around is not None else task())
+            elapsed = time.perf_counter() - t0
+            if handle.status != "completed":
+                raise SystemExit(f"ours: the task ended {handle.status}: {handle.error}")
+            kinds = [e.kind for e in rt.journal.entries(run_id=handle.run_id)]
+            if kinds.count("tool_result") != n:
+                raise SystemExit(f"ours: {kinds.count('tool_result')} tool_result entries, expected {n}")
+            decisions = [json.loads(e.payload) for e in rt.journal.entries(run_id=handle.run_id)
+                         if e.kind == "decision"]
+            if any(d["outcome"] != "allow" for d in decisions):
+                raise SystemExit("ours: a call was not decided allow")
+    return elapsed
+
+
+# --------------------------------------------------------------------------- theirs
+
+
+def pydantic_ai_version() -> str | None:
+    try:
+        import pydantic_ai
+    except ImportError:
+        return None
+    return getattr(pydantic_ai, "__version__", "?")
+
+
+async def theirs_once(n: int) -> float:
+    """pydantic-ai: N turns of one tool call each, then text; seconds for ``agent.run``."""
+    from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, ToolCallPart, UsageLimits
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    turns = 0
+    tool_runs = 0
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        nonlocal turns
+        turns += 1
+        if turns <= n:
+            return ModelResponse(parts=[ToolCallPart("read_note", {"key": f"k{turns - 1}"})])
+        return ModelResponse(parts=[TextPart("All notes read.")])
+
+    agent = Agent(FunctionModel(model), instructions="Read the notes.")
+
+    @agent.tool_plain
+    def read_note(key: str) -> str:
+        """Read a note by its key."""
+        nonlocal tool_runs
+        tool_runs += 1
+        return f"note {key}"
+
+    t0 = time.perf_counter()
+    result = await agent.run("Read every note", usage_limits=UsageLimits(request_limit=None))
+    elapsed = time.perf_counter() - t0
+    if result.output != "All notes read." or tool_runs != n:
+        raise SystemExit(f"theirs: output {result.output!r} after {tool_runs} tool runs, expected {n}")
+    return elapsed
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+async def per_call_ms(n: int, repeats: int, with_theirs: bool) -> tuple[list[float], list[float]]:
+    """Ours and theirs alternately, so both see the same machine; ms per call of each timed run."""
+    await ours_once(n)  # warm-up: imports, first DuckDB open, pydantic schema building
+    if with_theirs:
+        await theirs_once(n)
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(repeats):
+        ours.append(await ours_once(n) / n * 1000)
+        if with_theirs:
+            theirs.append(await theirs_once(n) / n * 1000)
+    return ours, theirs
+
+
+async def measure(sizes: list[int], repeats: int) -> None:
+    version = pydantic_ai_version()
+    if version is None:
+        print("pydantic-ai is not installed: only our figures are printed "
+              "(install it with `pip install pydantic-ai-slim` to compare).")
+    else:
+        print(f"pydantic-ai {version}")
+    print(f"homes under {HOME_ROOT or tempfile.gettempdir()}; median of {repeats} runs per size; "
+          "wall time per call in ms\n")
+    ours: dict[int, float] = {}
+    theirs: dict[int, float] = {}
+    for n in sizes:
+        ours_runs, theirs_runs = await per_call_ms(n, repeats, version is not None)
+        ours[n] = statistics.median(ours_runs)
+        print(f"  ours   N={n:<4} runs: " + " ".join(f"{r:.3f}" for r in ours_runs))
+        if theirs_runs:
+            theirs[n] = statistics.median(theirs_runs)
+            print(f"  theirs N={n:<4} runs: " + " ".join(f"{r:.3f}" for r in theirs_runs))
+    print()
+    first = sizes[0]
+    print(f"{'N':>5}  {'ours ms/call':>12}  {'theirs ms/call':>14}  {'ours/theirs':>11}  {f'ours / ours@{first}':>15}")
+    for n in sizes:
+        t = theirs.get(n)
+        t_text = f"{t:14.3f}" if t is not None else f"{'-':>14}"
+        ratio = f"{ours[n] / t:11.2f}" if t is not None else f"{'-':>11}"
+        print(f"{n:5d}  {ours[n]:12.3f}  {t_text}  {ratio}  {ours[n] / ours[first]:15.2f}")
+    if theirs:
+        verdict = all(ours[n] <= theirs[n] / 2 for n in sizes)
+        print(f"\ntarget ours <= half of theirs at every size: {'met' if verdict else 'NOT met'}")
+    if len(sizes) > 1:
+        print(f"flatness, ours at N={sizes[-1]} / ours at N={first}: {ours[sizes[-1]] / ours[first]:.2f}")
+
+
+#: Functions shown on their own after the top of the profile: the parts of one governed call.
+FOCUS = (r"\((decide|view|_unmsg|_msg|tool_specs|deepcopy|save_task|_exec|_notify|governed_call"
+         r"|run_approved_call|invoke|run_sync|append_async|_submit|_model|complete|order_arguments"
+         r"|_capped|for_model|_item)\)")
+
+
+async def profile(n: int, top: int) -> None:
+    """cProfile of the event-loop thread, plus the journal writer's own time."""
+    writer: dict[str, list[float]] = {"sequence (hash+sign)": [], "insert+commit (DuckDB)": []}
+
+    def hook(rt: Runtime) -> None:
+        journal = rt.journal
+
+        def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    writer[label].append(time.perf_counter() - t0)
+            return wrapper
+
+        journal._sequence = timed("sequence (hash+sign)", journal._sequence)  # type: ignore[method-assign]
+        journal._insert = timed("insert+commit (DuckDB)", journal._insert)  # type: ignore[method-assign]
+
+    profiler = cProfile.Profile()
+
+    async def around(task: Callable[[], Any]) -> Any:
+        profiler.enable()
+        try:
+            return await task()
+        finally:
+            profiler.disable()
+
+    elapsed = await ours_once(n, around=around, runtime_hook=hook)
+    print(f"\nprofile of ours, N={n}: {elapsed * 1000:.0f} ms under cProfile ({elapsed / n * 1000:.3f} ms/call)")
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out).sort_stats("cumulative")
+    stats.print_stats(top)
+    print(out.getvalue().rstrip())
+    out = io.StringIO()
+    stats.stream = out  # type: ignore[attr-defined]
+    stats.print_stats(FOCUS)
+    print("\nselected functions, by cumulative time:")
+    print("   ncalls  tottime  percall  cumtime  percall filename:lineno(function)")
+    print(out.getvalue().split("filename:lineno(function)", 1)[-1].strip("\n").rstrip())
+    print(f"\njournal writer thread, N={n} (not in the profile above):")
+    for label, times in writer.items():
+        total = sum(times)
+        mean = total / len(times) * 1e6 if times else 0.0
+        print(f"  {label:<24} {len(times):5d} calls  {total * 1000:8.1f} ms total  {mean:7.1f} µs each"
+              f"  ({total / n * 1000:.3f} ms per governed call)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[50, 400], help="calls per task (default 50 400)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per size (median taken)")
+    parser.add_argument("--profile", action="store_true", help="also profile ours at the largest size")
+    parser.add_argument("--top", type=int, default=25, help="profile lines to print")
+    parser.add_argument("--home-root", default=None,
+                        help="directory for the temporary homes (default: the system temp directory; "
+                             "/dev/shm takes the disk's fsync out of the figures)")
+    args = parser.parse_args()
+    global HOME_ROOT
+    HOME_ROOT = args.home_root
+    if any(n < 1 for n in args.sizes) or args.repeats < 1:
+        parser.error("sizes and repeats must be positive")
+    sizes = sorted(args.sizes)
+
+    async def run() -> None:
+        await measure(sizes, args.repeats)
+        if args.profile:
+            await profile(sizes[-1], args.top)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
