@@ -1,18 +1,30 @@
 """Replay a run from its journal trace, offline: no model is called, no tool runs.
 
 The trace is stepped through in sequence order: each captured model response,
-then the decisions and outputs of the tool calls it asked for. The answer is
+then the decisions, answers and outputs of the tool calls it asked for. The
+answer is
 
 - ``identical``: the capture is consistent with itself;
 - ``diverged``: with every divergence, typed — ``missing_output`` (a requested
-  call has no decision or result), ``extra_output`` (a decision, call or result
-  no response asked for, or a second one), ``arguments_mismatch`` (a call ran
-  with other arguments than the response asked for), ``order`` (calls handled
-  out of the order they were asked for, or a result before its call),
-  ``output_digest`` (a result's output does not hash to its recorded digest);
+  call has no output before the next model response, or before the seal),
+  ``extra_output`` (a decision, answer, start or output no response asked for,
+  a second one, or a tool that started although its call was refused),
+  ``arguments_mismatch`` (a call was decided or ran with another tool or other
+  arguments than the response asked for), ``order`` (calls handled out of the
+  order they were asked for, a tool started before its decision or before the
+  answer it was waiting on, a result before its start, an output after the next
+  model response), ``output_digest`` (a result's output does not hash to its
+  recorded digest);
 - ``incomplete``: the trace lacks its start (``run_open``), its end
   (``run_seal``), entries its seal counts, or an output a call needed (a tool
-  that started has no result).
+  that started has no result). Divergences found on the way are still listed.
+
+Arguments: the runtime fills in a tool's declared defaults before deciding, so
+a decision may carry arguments the model left out; every argument the model
+gave must be there with the same value, and the tool must start with exactly
+the decided arguments. An output cut in the journal (``{"truncated": true,
+...}``) carries the digest of the whole, which cannot be recomputed from the
+cut; it is not checked.
 
 Pure: takes entries, returns a value. The journal's own verification (chain,
 signatures, checkpoints) is separate — replay assumes nothing about it.
@@ -28,6 +40,9 @@ from typing import Any, Literal
 __all__ = ["Divergence", "ReplayResult", "replay_entries", "DIVERGENCE_KINDS"]
 
 DIVERGENCE_KINDS = ("missing_output", "extra_output", "arguments_mismatch", "order", "output_digest")
+
+#: Kinds that carry nothing a call is checked against.
+_CONTEXT_KINDS = frozenset({"run_open", "run_seal", "task_status", "session_status", "plan", "verdict"})
 
 
 @dataclass(frozen=True)
@@ -83,15 +98,20 @@ class _Call:
     name: str
     arguments: dict[str, Any]
     asked_at: int
-    decided: bool = False
+    outcome: str | None = None  # the decision's outcome, once decided
+    decided_arguments: dict[str, Any] | None = None
+    answer: str | None = None
     started: bool = False
     result: bool = False
+    superseded_at: int | None = None  # seq of the next model response
+    misordered: bool = False  # an order divergence was reported for this call
 
 
 @dataclass
 class _State:
     requested: dict[str, _Call] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)  # call ids of the current response, in order
+    handled: frozenset[Any] = frozenset()  # call ids with a decision, start or output anywhere in the trace
     divergences: list[Divergence] = field(default_factory=list)
 
     def add(self, seq: int, kind: str, call_id: str | None, expected: Any, found: Any) -> None:
@@ -113,100 +133,157 @@ def replay_entries(run_id: str, entries: list[Any]) -> ReplayResult:
         if counted != len(before):
             missing.append(f"the seal counts {counted} entries before it, the trace has {len(before)}")
 
-    state = _State()
+    state = _State(handled=frozenset(
+        _payload(e).get("call_id") for e in entries if e.kind in ("decision", "tool_call", "tool_result")))
     responses = 0
     for entry in entries:
         kind = entry.kind
-        if kind in ("run_open", "run_seal", "task_status", "session_status", "plan", "verdict", "answer"):
+        if kind in _CONTEXT_KINDS:
             continue
         p = _payload(entry)
         if kind == "model_response":
-            _close_response(state, entry.seq)
             responses += 1
-            state.order = []
-            for tc in p.get("tool_calls") or []:
-                call = _Call(tc["call_id"], tc["name"], dict(tc.get("arguments") or {}), entry.seq)
-                if call.call_id in state.requested:
-                    state.add(entry.seq, "extra_output", call.call_id, "a new call id", "a repeated call id")
-                state.requested[call.call_id] = call
-                state.order.append(call.call_id)
+            _response(state, entry.seq, p)
             continue
         call_id = p.get("call_id")
         call = state.requested.get(call_id) if call_id is not None else None
         if kind == "decision":
-            if call is None:
-                state.add(entry.seq, "extra_output", call_id, "no call", f"a decision on {p.get('tool')}")
-                continue
-            if call.decided:
-                state.add(entry.seq, "extra_output", call_id, "one decision", "a second decision")
-            _check_order(state, entry.seq, call)
-            call.decided = True
-            _check_arguments(state, entry.seq, call, p)
+            _decision(state, entry.seq, call_id, call, p)
+        elif kind == "answer":
+            _answer(state, entry.seq, call_id, call, p)
         elif kind == "tool_call":
-            if call is None:
-                state.add(entry.seq, "extra_output", call_id, "no call", f"{p.get('tool')} started")
-                continue
-            if call.started:
-                state.add(entry.seq, "extra_output", call_id, "one start", "a second start")
-            call.started = True
-            _check_arguments(state, entry.seq, call, p)
+            _start(state, entry.seq, call_id, call, p)
         elif kind == "tool_result":
-            if call is None:
-                state.add(entry.seq, "extra_output", call_id, "no call", f"an output of {p.get('tool')}")
-                continue
-            if call.result:
-                state.add(entry.seq, "extra_output", call_id, "one output", "a second output")
-            _check_order(state, entry.seq, call)
-            if p.get("status") == "ok" and not call.started:
-                state.add(entry.seq, "order", call_id, "the call started before its output", "an output first")
-            call.result = True
-            output = p.get("output")
-            truncated = isinstance(output, dict) and output.get("truncated") is True
-            if "output_digest" in p and not truncated and _digest(output) != p["output_digest"]:
-                state.add(entry.seq, "output_digest", call_id, p["output_digest"], _digest(output))
-    end = seal.seq if seal is not None else (entries[-1].seq if entries else 0)
+            _result(state, entry.seq, call_id, call, p)
+
     for call in state.requested.values():
         if call.result:
             continue
         if call.started:
             missing.append(f"call {call.call_id} ({call.name}) started and has no output")
+        elif call.superseded_at is not None:
+            state.add(call.superseded_at, "missing_output", call.call_id, f"an output of {call.name}",
+                      "the next model response")
         elif seal is not None:
-            state.add(end, "missing_output", call.call_id, f"an output of {call.name}", None)
+            state.add(seal.seq, "missing_output", call.call_id, f"an output of {call.name}", "the end of the run")
     if missing:
         verdict: Literal["identical", "diverged", "incomplete"] = "incomplete"
     elif state.divergences:
         verdict = "diverged"
     else:
         verdict = "identical"
-    return ReplayResult(run_id, verdict, tuple(state.divergences), tuple(missing), responses,
+    divergences = sorted(state.divergences, key=lambda d: d.position)
+    return ReplayResult(run_id, verdict, tuple(divergences), tuple(missing), responses,
                         len(state.requested), len(entries))
 
 
-def _close_response(state: _State, seq: int) -> None:
-    """A new response: every call of the previous one must have had its output by now."""
+def _response(state: _State, seq: int, p: dict[str, Any]) -> None:
+    """A new response: the previous one's calls are superseded; this one's are asked, in order."""
     for call_id in state.order:
         call = state.requested[call_id]
-        if not call.result and not call.started:
-            state.add(seq, "missing_output", call_id, f"an output of {call.name}", "the next model response")
-            call.result = True  # reported once
+        if call.superseded_at is None:
+            call.superseded_at = seq
+    state.order = []
+    for tc in p.get("tool_calls") or []:
+        call = _Call(tc["call_id"], tc["name"], dict(tc.get("arguments") or {}), seq)
+        if call.call_id in state.requested:
+            state.add(seq, "extra_output", call.call_id, "a new call id", "a repeated call id")
+        state.requested[call.call_id] = call
+        state.order.append(call.call_id)
+
+
+def _decision(state: _State, seq: int, call_id: Any, call: _Call | None, p: dict[str, Any]) -> None:
+    if call is None:
+        state.add(seq, "extra_output", call_id, "no call", f"a decision on {p.get('tool')}")
+        return
+    if call.outcome is not None:
+        state.add(seq, "extra_output", call_id, "one decision", "a second decision")
+    _check_order(state, seq, call)
+    found = dict(p.get("arguments") or {})
+    if p.get("tool") != call.name or any(k not in found or _digest(found[k]) != _digest(v)
+                                         for k, v in call.arguments.items()):
+        _mismatch(state, seq, call, call.arguments, p.get("tool"), found)
+    call.outcome = str(p.get("outcome"))
+    call.decided_arguments = found
+
+
+def _answer(state: _State, seq: int, call_id: Any, call: _Call | None, p: dict[str, Any]) -> None:
+    answer = p.get("answer")
+    if call is None:
+        state.add(seq, "extra_output", call_id, "no call", f"an answer {answer!r}")
+    elif call.outcome is None:
+        if not call.misordered:
+            call.misordered = True
+            state.add(seq, "order", call_id, "the decision before its answer", f"an answer {answer!r} first")
+        call.answer = str(answer)
+    elif call.outcome != "ask":
+        state.add(seq, "extra_output", call_id, f"no answer (the decision was {call.outcome!r})",
+                  f"an answer {answer!r}")
+    elif call.answer is not None:
+        state.add(seq, "extra_output", call_id, "one answer", f"a second answer {answer!r}")
+    else:
+        call.answer = str(answer)
+
+
+def _start(state: _State, seq: int, call_id: Any, call: _Call | None, p: dict[str, Any]) -> None:
+    if call is None:
+        state.add(seq, "extra_output", call_id, "no call", f"{p.get('tool')} started")
+        return
+    if call.started:
+        state.add(seq, "extra_output", call_id, "one start", "a second start")
+    call.started = True
+    _check_order(state, seq, call)
+    if call.outcome is None:
+        state.add(seq, "order", call_id, f"a decision before {call.name} started", f"{call.name} started undecided")
+    elif call.outcome == "refuse" or call.answer == "refuse":
+        state.add(seq, "extra_output", call_id, "no start (the call was refused)", f"{call.name} started")
+    elif call.outcome == "ask" and call.answer is None:
+        state.add(seq, "order", call_id, f"an answer before {call.name} started", f"{call.name} started unanswered")
+    found = dict(p.get("arguments") or {})
+    wanted = call.decided_arguments if call.decided_arguments is not None else call.arguments
+    if p.get("tool") != call.name or _digest(found) != _digest(wanted):
+        _mismatch(state, seq, call, wanted, p.get("tool"), found)
+
+
+def _result(state: _State, seq: int, call_id: Any, call: _Call | None, p: dict[str, Any]) -> None:
+    if call is None:
+        state.add(seq, "extra_output", call_id, "no call", f"an output of {p.get('tool')}")
+        return
+    if call.result:
+        state.add(seq, "extra_output", call_id, "one output", "a second output")
+    _check_order(state, seq, call)
+    if p.get("status") == "ok" and not call.started:
+        state.add(seq, "order", call_id, "the call started before its output", "an output first")
+    if p.get("tool") not in (None, call.name):
+        state.add(seq, "arguments_mismatch", call_id, {"tool": call.name}, {"tool": p.get("tool")})
+    call.result = True
+    output = p.get("output")
+    truncated = isinstance(output, dict) and output.get("truncated") is True
+    if "output_digest" in p and not truncated and _digest(output) != p["output_digest"]:
+        state.add(seq, "output_digest", call_id, p["output_digest"], _digest(output))
 
 
 def _check_order(state: _State, seq: int, call: _Call) -> None:
-    """Calls are handled in the order asked: every earlier call of the response has its output."""
+    """Calls are handled in the order asked, before the next response; reported once per call.
+
+    An earlier call that is never handled is a ``missing_output`` only, not also
+    an ``order`` divergence of every call after it.
+    """
+    if call.misordered:
+        return
     if call.call_id not in state.order:
-        state.add(seq, "order", call.call_id, "a call of the latest response", "a call of an earlier one")
+        call.misordered = True
+        state.add(seq, "order", call.call_id, "a call of the latest response",
+                  f"a call of an earlier one (superseded at {call.superseded_at})")
         return
     for earlier in state.order[: state.order.index(call.call_id)]:
-        if not state.requested[earlier].result:
+        if not state.requested[earlier].result and earlier in state.handled:
+            call.misordered = True
             state.add(seq, "order", call.call_id, f"{earlier} handled first", f"{call.call_id} handled first")
             return
 
 
-def _check_arguments(state: _State, seq: int, call: _Call, payload: dict[str, Any]) -> None:
-    found = payload.get("arguments")
-    if found is None:
-        return
-    if _digest(dict(found)) != _digest(call.arguments) or payload.get("tool") not in (None, call.name):
-        state.add(seq, "arguments_mismatch", call.call_id,
-                  {"tool": call.name, "arguments": call.arguments},
-                  {"tool": payload.get("tool"), "arguments": found})
+def _mismatch(state: _State, seq: int, call: _Call, wanted: dict[str, Any], tool: Any,
+              found: dict[str, Any]) -> None:
+    state.add(seq, "arguments_mismatch", call.call_id,
+              {"tool": call.name, "arguments": wanted}, {"tool": tool, "arguments": found})
