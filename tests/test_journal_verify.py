@@ -229,3 +229,15 @@ def test_export_refuses_a_folder_with_a_bundle(home, tmp_path):
     export_home(home, tmp_path / "b")
     with pytest.raises(BadInput):
         export_home(home, tmp_path / "b")
+
+
+def test_chunks_of_a_dead_worker_are_checked_inline(key):
+    from apollia_nb.journal.verify import _Worker
+
+    rows = make_rows(50, key, bad_signature_at=42)
+    items = [(r[0], r[7], r[8]) for r in rows]
+    worker = _Worker(bytes(key.verify_key))
+    worker.proc.kill()
+    worker.submit(items[:25])
+    worker.submit(items[25:])
+    assert worker.results(bytes(key.verify_key)) == [42]
