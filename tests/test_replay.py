@@ -500,3 +500,27 @@ async def test_a_real_run_replays_identical_and_a_tampered_copy_diverges(home):
     d = only(result)
     assert (d.kind, d.position, d.call_id) == ("output_digest", first.seq, recorded["call_id"])
     assert (d.expected, d.found) == (recorded["output_digest"], digest("all on fire"))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("answer, status", [("once", "completed"), ("refuse", "failed")])
+async def test_real_runs_with_an_answered_card_replay_identical(home, answer, status):
+    from apollia_nb.runtime import Runtime
+    from runtime_helpers import call, manifest
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call("write_file", path="a.txt", content="hi"), call("list_dir")]},
+                   {"text": "Wrote it."}],
+            critic=[{"verdict": "pass"}],
+        ))
+        handle = await rt.submit("clerk", "Write a file")
+        await handle.settled()
+        handle.pending[0].answer(answer)
+        task = await handle
+        assert task.status == status
+        statuses = [json.loads(e.payload)["status"] for e in rt.journal.entries(run_id=task.run_id)
+                    if e.kind == "tool_result"]
+        assert statuses == (["ok", "ok"] if answer == "once" else ["refused", "skipped"])
+        result = rt.replay(task.run_id)
+        assert result.verdict == "identical", result.to_dict()
