@@ -1,0 +1,63 @@
+"""Regenerate docs/cli.md from `apollia-os --help` of every command; `--check` fails on drift.
+
+    python docs/make_cli_reference.py          # rewrite docs/cli.md
+    python docs/make_cli_reference.py --check  # exit 1 if docs/cli.md is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DOC = Path(__file__).with_name("cli.md")
+
+HEADER = """# `apollia-os` command reference
+
+Generated from the commands' own `--help` by `docs/make_cli_reference.py`; a test fails
+when it drifts. Every command takes `--home` (default `$APOLLIA_HOME`, else `~/.apollia`)
+and `--json` where its output is data.
+
+Exit status: 0 success; 1 an integrity failure (`audit verify`), a diverged replay, or a
+refused policy (`policy check`); 2 an incomplete replay; 3 an error with a stable code,
+printed as `error: CODE: message` (with `--json`, `{"code", "message"}` on stderr).
+"""
+
+
+def _walk(parser: argparse.ArgumentParser, path: list[str]) -> list[tuple[list[str], str]]:
+    out = [(path, parser.format_help())]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out.extend(_walk(sub, [*path, name]))
+    return out
+
+
+def render() -> str:
+    os.environ["COLUMNS"] = "100"
+    from apollia_nb.cli import build_parser
+
+    parser = build_parser()
+    parser.prog = "apollia-os"
+    parts = [HEADER]
+    for path, text in _walk(parser, ["apollia-os"]):
+        title = " ".join(path)
+        parts.append(f"\n## `{title}`\n\n```text\n{text.rstrip()}\n```\n")
+    return "".join(parts)
+
+
+def main() -> int:
+    check = "--check" in sys.argv[1:]
+    text = render()
+    if check:
+        if not DOC.exists() or DOC.read_text() != text:
+            print("docs/cli.md is out of date: run python docs/make_cli_reference.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
