@@ -446,6 +446,7 @@ class _Locator:
             self.advance()
             index = 0
             while self.pos < len(self.text):
+                start = self.pos
                 self.skip_space(newlines=True)
                 if self.peek() == "]":
                     self.advance()
@@ -456,9 +457,12 @@ class _Locator:
                 self.skip_space(newlines=True)
                 if self.peek() == ",":
                     self.advance()
+                if self.pos == start:  # pragma: no cover - never stall on unexpected text
+                    self.advance()
         elif char == "{":
             self.advance()
             while self.pos < len(self.text):
+                start = self.pos
                 self.skip_space(newlines=True)
                 if self.peek() == "}":
                     self.advance()
@@ -467,6 +471,8 @@ class _Locator:
                     self.advance()
                     continue
                 self.key_value(path)
+                if self.pos == start:  # pragma: no cover - never stall on unexpected text
+                    self.advance()
         else:
             while self.pos < len(self.text) and self.peek() not in ",]}\n#":
                 self.advance()
