@@ -352,3 +352,26 @@ def test_load_manifest_names_the_file(tmp_path: Path) -> None:
     assert caught.value.message == f'{path}:2: unknown key "bogus"'
     with pytest.raises(ManifestInvalid, match="cannot read"):
         load_manifest(tmp_path / "missing.toml")
+
+
+def test_an_unknown_key_inserted_anywhere_is_reported_at_its_line() -> None:
+    import tomllib
+
+    lines = SPEC_EXAMPLE.splitlines()
+    checked = 0
+    for at in range(len(lines) + 1):
+        text = "\n".join([*lines[:at], "zz_unknown = 1", *lines[at:]]) + "\n"
+        try:
+            tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            continue
+        try:
+            parse_manifest(text, source="clerk.toml")
+        except ManifestInvalid as exc:
+            assert exc.message.startswith(f"clerk.toml:{at + 1}: unknown key "), (at, exc.message)
+            assert exc.message.endswith('zz_unknown"')
+            checked += 1
+        else:  # landed inside [model], whose keys are the provider's
+            headers = [line for line in lines[:at] if line.startswith("[")]
+            assert headers and headers[-1].lstrip("[").startswith("model"), at
+    assert checked >= 8
