@@ -355,9 +355,47 @@ def test_an_output_that_does_not_hash_to_its_digest_is_an_output_digest_divergen
     assert d.found == digest("Tuesday: all on fire.")
 
 
-def test_every_kind_is_one_the_module_names():
-    assert set(DIVERGENCE_KINDS) == {"missing_output", "extra_output", "arguments_mismatch", "order",
-                                     "output_digest"}
+def test_an_answer_before_its_decision_is_an_order_divergence():
+    t = good()
+    answer = t.events.pop(t.index("answer", "c3-1"))
+    t.events.insert(t.index("decision", "c3-1"), answer)
+    d = only(replay(t.entries()))
+    assert (d.kind, d.position, d.call_id) == ("order", 13, "c3-1")
+    assert (d.expected, d.found) == ("the decision before its answer", "an answer 'once' first")
+
+
+def test_a_second_decision_and_a_repeated_call_id_are_extra_outputs():
+    t = good()
+    t.events.insert(t.index("decision", "c2-1") + 1, ("decision", dict(t.payload("decision", "c2-1"))))
+    t.payload("model_response", nth=3)["tool_calls"] = [READ]  # asks c2-1 again, which is then never handled
+    result = replay(t.entries())
+    assert [(d.kind, d.position, d.call_id, d.found) for d in result.divergences] == [
+        ("extra_output", 7, "c2-1", "a second decision"),
+        ("extra_output", 20, "c2-1", "a repeated call id"),
+        ("missing_output", 21, "c2-1", "the next model response"),
+    ]
+
+
+def test_an_output_naming_another_tool_is_an_arguments_mismatch():
+    t = good()
+    t.payload("tool_result", "c2-2")["tool"] = "delete_file"
+    d = only(replay(t.entries()))
+    assert (d.kind, d.position, d.call_id) == ("arguments_mismatch", 11, "c2-2")
+    assert (d.expected, d.found) == ({"tool": "list_dir"}, {"tool": "delete_file"})
+
+
+def test_one_edit_per_kind_yields_exactly_the_kinds_the_module_names():
+    t = good()
+    t.payload("tool_result", "c2-1")["output"] = "changed"                       # output_digest
+    t.payload("tool_call", "c2-2")["arguments"] = {"path": "/"}                  # arguments_mismatch
+    t.drop("answer", "c3-1")                                                     # order
+    t.payload("model_response", nth=3)["tool_calls"] = [tool_call("c4-1", "read_file", path="x")]  # missing_output
+    t.add("tool_result", {"call_id": "c9-9", "tool": "x", "status": "ok", "output": 1,
+                          "output_digest": digest(1)})                           # extra_output
+    result = replay(t.entries())
+    assert [d.kind for d in result.divergences] == [
+        "output_digest", "arguments_mismatch", "order", "missing_output", "extra_output"]
+    assert sorted(DIVERGENCE_KINDS) == sorted(d.kind for d in result.divergences)
 
 
 def test_several_divergences_are_all_reported_in_trace_order():
