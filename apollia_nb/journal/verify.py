@@ -187,9 +187,13 @@ class _Worker:
         try:
             while (data := self._queue.get()) is not None:
                 stdin.write(data)
-            stdin.close()
         except OSError:  # the worker died; results() falls back to checking inline
             pass
+        finally:
+            try:
+                stdin.close()
+            except OSError:
+                pass
 
     def submit(self, items: Sequence[tuple[int, bytes, bytes]]) -> None:
         self.chunks.append(items)
@@ -201,6 +205,7 @@ class _Worker:
         out = self.proc.stdout
         assert out is not None
         answers = out.read()
+        out.close()
         self._feeder.join()
         self.proc.wait()
         bad: list[int] = []
@@ -219,6 +224,11 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._queue.put(None)
+        if self._feeder.is_alive():
+            self._feeder.join()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 def _as_bytes(value: object) -> bytes:
@@ -361,9 +371,13 @@ def verify_rows(
             scan._check_root(t)
 
     pool: list[_Worker] = []
-    if workers > 1 and total is not None and total >= parallel_min:
-        pool = [_Worker(public_key) for _ in range(workers)]
     try:
+        if workers > 1 and total is not None and total >= parallel_min:
+            try:
+                for _ in range(workers):
+                    pool.append(_Worker(public_key))
+            except OSError:  # no interpreter to start: the workers there are (maybe none) do it
+                pass
         for i, chunk in enumerate(chunks):
             items = [(r[0], _as_bytes(r[7]), _as_bytes(r[8])) for r in chunk
                      if len(r) == 10 and isinstance(r[0], int)]
