@@ -59,7 +59,7 @@ __all__ = [
 #: Below this many entries signatures are checked inline (a worker costs ~0.1 s to start).
 PARALLEL_MIN = 8_000
 #: Rows per chunk read from DuckDB and handed to a worker.
-CHUNK = 4_000
+CHUNK = 2_500
 
 _COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id"
 
@@ -378,11 +378,17 @@ def verify_rows(
                     pool.append(_Worker(public_key))
             except OSError:  # no interpreter to start: the workers there are (maybe none) do it
                 pass
+        # With workers, this process keeps one share of the signatures for
+        # itself and checks them after reading and scanning every row.
+        own: list[Sequence[tuple[int, bytes, bytes]]] = []
         for i, chunk in enumerate(chunks):
             items = [(r[0], _as_bytes(r[7]), _as_bytes(r[8])) for r in chunk
                      if len(r) == 10 and isinstance(r[0], int)]
-            if pool:
-                pool[i % len(pool)].submit(items)
+            share = i % (len(pool) + 1)
+            if share < len(pool):
+                pool[share].submit(items)
+            elif pool:
+                own.append(items)
             else:
                 bad = _first_bad_signature(public_key, items)
                 if bad is not None:
@@ -392,6 +398,11 @@ def verify_rows(
                 if scan.failure is not None:
                     break
             if scan.failure is not None or scan.bad_signature_seqs:
+                break
+        for items in own:
+            bad = _first_bad_signature(public_key, items)
+            if bad is not None:
+                scan.bad_signature_seqs.append(bad)
                 break
         for worker in pool:
             scan.bad_signature_seqs.extend(worker.results(public_key))
