@@ -19,9 +19,10 @@ not installed (``pip install pydantic-ai-slim``).
 
 Both figures are wall time per call: the run's time divided by N, the median
 of ``--repeats`` runs, ours and theirs alternating so both see the same
-machine. Each of our calls commits four journal entries, so our figure follows
-the disk's fsync time: ``--home-root /dev/shm`` shows the cost without it. ``--profile`` also runs ours once at the largest size
-under cProfile (event-loop thread, sorted by cumulative time) and times the
+machine. Each of our calls commits four journal entries one by one, so our
+figure follows the disk's fsync time; ``--home-root /dev/shm`` shows the cost
+without it. ``--profile`` also runs ours once at the largest size under
+cProfile (event-loop thread, sorted by cumulative time) and times the
 journal's writer thread (sequencing and signing, DuckDB insert and commit),
 which cProfile does not see.
 """
