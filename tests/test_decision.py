@@ -640,7 +640,12 @@ def test_a_deny_rule_among_many_sees_through_quoting_and_wrappers(command: str, 
     assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "rm") and scan(c, rules) == "rm"
 
 
-@pytest.mark.parametrize("command", ["ls -la", "git status; ls", "tool1 sub2", "echo 'rm'x", "farm x"], ids=repr)
+@pytest.mark.parametrize(
+    "command",
+    ["ls -la", "git status; ls", "tool1 sub2", "echo 'rm'x", "farm x", "ls *.py", "find . -name '*.py'", "cat ~/x",
+     "rm[0-9] x", "echo $HOME", "r{a,b}m"],
+    ids=repr,
+)
 def test_decoys_that_do_not_match_are_not_refusals(command: str) -> None:
     rules = [*DECOYS, Rule(BASH, "deny", "rm", id="rm")]
     c = run(command)

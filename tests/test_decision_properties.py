@@ -45,6 +45,11 @@ STYLES = {
     "backquotes": lambda w: f"`{w}`",
     "empty expansion": lambda w: f"{w[0]}$(){w[1:]}",
     "empty variable": lambda w: f"{w[0]}${{x}}{w[1:]}",
+    "glob": lambda w: f"{w[0]}*",
+    "glob one": lambda w: f"{w[0]}?{w[2:]}",
+    "glob class": lambda w: f"[{w[0]}]{w[1:]}",
+    "brace": lambda w: f"{{{w[0]},}}{w[1:]}",
+    "tilde": lambda w: f"~/{w}",
     "fullwidth": lambda w: "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in w),
 }
 
@@ -116,7 +121,11 @@ word_prefixes = st.integers(0, 29).flatmap(
 
 @st.composite
 def rule_lists(
-    draw: st.DrawFn, max_size: int = 12, tools: list[str] = TOOLS, prefixes: st.SearchStrategy[str | None] = prefixes
+    draw: st.DrawFn,
+    max_size: int = 12,
+    tools: list[str] = TOOLS,
+    prefixes: st.SearchStrategy[str | None] = prefixes,
+    agents: list[str] = AGENTS,
 ) -> list[Rule]:
     n = draw(st.integers(0, max_size))
     return [
@@ -124,7 +133,7 @@ def rule_lists(
             tool=draw(st.sampled_from(tools)),
             effect=draw(st.sampled_from(["allow", "deny"])),
             prefix=draw(prefixes),
-            agent=draw(st.sampled_from(AGENTS)),
+            agent=draw(st.sampled_from(agents)),
             id=f"r{i}",
         )
         for i in range(n)
@@ -284,17 +293,26 @@ def test_properties_of_decide(call: Call, view: GovernanceView) -> None:
 
 # The index skips deny rules that cannot match a command: many rules, all on one shell,
 # and commands written from the rules' own words, quoted, split, escaped or wrapped.
-QUOTING = ["split", "empty quotes", "inner backslash", "escaped newline", "single", "double", "backslash"]
+# Styles that put something inside a word: the index must still find the word.
+QUOTING = ["split", "empty quotes", "inner backslash", "escaped newline", "escaped newline", "empty expansion",
+           "empty variable", "glob one", "brace", "backslash"]
 
 
 @st.composite
 def shell_cases(draw: st.DrawFn) -> tuple[list[Rule], Any]:
-    rules = draw(rule_lists(max_size=draw(st.sampled_from([3, 10, 40])), tools=[BASH], prefixes=word_prefixes))
-    sources = [r.prefix.split() for r in rules if r.prefix and r.prefix.split()] or [["rm"]]
+    # Mostly rules for every agent: the index keeps one table per tool and scope.
+    agents = ["*", "*", "*", "clerk"]
+    rules = draw(rule_lists(max_size=draw(st.sampled_from([3, 12, 40])), tools=[BASH], prefixes=word_prefixes, agents=agents))
+    # A target deny rule, often first, whose words the command writes in some odd way:
+    # if the index wrongly skipped it, another rule (or none) would answer.
+    target = Rule(BASH, "deny", " ".join(draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=2))),
+                  draw(st.sampled_from(agents)), id="target")
+    rules.insert(draw(st.sampled_from([0, 0, 0, len(rules) // 2, len(rules)])), target)
+    sources = [r.prefix.split() for r in rules if r.prefix and r.prefix.split()]
     segments = []
-    for _ in range(draw(st.integers(1, 3))):
-        picked = draw(st.sampled_from(sources))
-        styles = draw(st.sampled_from([["plain"], QUOTING, list(STYLES)]))
+    for i in range(draw(st.integers(1, 3))):
+        picked = target.prefix.split() if i == 0 else draw(st.sampled_from(sources))
+        styles = draw(st.sampled_from([["plain"], QUOTING, QUOTING, QUOTING, list(STYLES)]))
         written = [STYLES[draw(st.sampled_from(styles))](w) for w in picked]
         if draw(st.booleans()):
             written.insert(draw(st.integers(0, len(written))), draw(st.sampled_from(WORDS)))

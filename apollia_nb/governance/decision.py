@@ -205,11 +205,12 @@ class Policy:
 # - its prefix is made only of plain word characters and blanks (no quotes, escapes
 #   or operators), so its words are ``prefix.split()``;
 # - the command is made only of plain word characters, blanks, newlines, the
-#   operators ``; & | < > ( )``, ``#`` and the quoting characters ``' " \``.
-#   Without ``$``, backquotes, globs, braces, ``~``, ``!`` or non-ASCII there is no
-#   expansion or folding, so every word a shell tokenizer can read from it (and every
-#   command string nested in it) is a stretch of the text with some quoting
-#   characters and escaped newlines removed;
+#   operators ``; & | < > ( )``, ``#``, ``~``, the glob characters ``* ? [ ]`` and the
+#   quoting characters ``' " \``. Without ``$``, backquotes, braces, ``!`` or
+#   non-ASCII there is nothing the matcher expands or folds (it does not expand
+#   globs or ``~``: it cannot know the file system), so every word it reads from the
+#   command (and every command string nested in it) is a stretch of the text with
+#   some quoting characters and escaped newlines removed;
 # - a deny match needs each word of the prefix inside the command read that way (the
 #   first word may match as its basename: ``/bin/rm`` also refuses ``rm``), except
 #   where the matcher refuses whatever the prefix is (a command too long or nested
@@ -224,9 +225,10 @@ class Policy:
 
 _WORD_CHARS = string.ascii_letters + string.digits + "_./:@%+,=-"
 _PLAIN_PREFIX = frozenset(_WORD_CHARS + " \t")
-_PLAIN_COMMAND = frozenset(_WORD_CHARS + " \t\n;&|<>()#'\"\\")
+_PLAIN_COMMAND = frozenset(_WORD_CHARS + " \t\n;&|<>()#*?[]~'\"\\")
 _UNQUOTE = str.maketrans("", "", "'\"\\\n")
 _ABSENT = "zq0absent0qz"
+_SCAN_AT_MOST = 4  # this few rules are checked one by one: searching costs more
 _END = ""  # the trie key that holds the rules ending at a node (never a character)
 
 # A trie over the first words of deny prefixes: node -> {char: node, _END: entries}.
@@ -367,7 +369,7 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
     unkeyed: list[tuple[int, str]] = []
     for prefix, pos in commands.items():
         words = prefix.split()
-        if not words or not _PLAIN_PREFIX.issuperset(prefix):
+        if len(commands) <= _SCAN_AT_MOST or not words or not _PLAIN_PREFIX.issuperset(prefix):
             unkeyed.append((pos, prefix))
             continue
         node = trie
