@@ -1,9 +1,9 @@
 """The journal in ``journal.db``: durable, signed, hash-chained appends with group commit.
 
 One writer thread owns every write. Callers hand it requests through a queue and
-wait on a future; the writer takes every request waiting at that moment,
-sequences, hashes and signs their entries, inserts them in one DuckDB
-transaction, commits, and only then resolves the futures. So an ``append`` that
+wait on a future; the writer takes every request waiting (including those that
+queue while it works), sequences, hashes and signs their entries, inserts them
+in one DuckDB transaction, commits, and only then resolves the futures. So an ``append`` that
 returned is committed (a governed effect may follow), concurrent appenders share
 one commit (group commit), and nothing is ever held unflushed.
 

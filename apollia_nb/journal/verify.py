@@ -24,7 +24,6 @@ of worker processes while this process checks hashes, links and roots.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import struct
