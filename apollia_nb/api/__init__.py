@@ -1,0 +1,23 @@
+"""The REST API (SPEC §7): ``create_app`` (FastAPI) and the server of ``apollia-os serve``.
+
+Imported lazily: ``import apollia_nb.api`` costs nothing until a name is used,
+so the CLI and the SDK (which shares :mod:`apollia_nb.api.schemas`) stay quick.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["create_app", "serve", "ServerThread", "API_PREFIX"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("create_app", "API_PREFIX"):
+        from apollia_nb.api import app
+
+        return getattr(app, name)
+    if name in ("serve", "ServerThread"):
+        from apollia_nb.api import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module 'apollia_nb.api' has no attribute {name!r}")

@@ -1,0 +1,754 @@
+"""The REST API (SPEC §7): a thin FastAPI shell over one ``Runtime``.
+
+Every route under ``/api/v1`` calls the runtime and returns one of the models
+of :mod:`apollia_nb.api.schemas`; the app adds only what HTTP needs:
+
+* **One error model.** Every error is ``{"code", "message"}`` with a stable
+  code: an ``ApolliaError`` keeps its own code and status; request validation
+  is 422 ``BAD_INPUT`` naming the field; unknown routes 404 ``NOT_FOUND``;
+  a wrong method 405 ``METHOD_NOT_ALLOWED``; a missing or wrong token 401
+  ``UNAUTHORIZED`` (with ``WWW-Authenticate: Bearer``); a body over the limit
+  413 ``PAYLOAD_TOO_LARGE``. Nothing a client sends is a 500.
+* **A bearer token** on every route but ``/health``, compared in constant time.
+* **No CORS** unless origins are configured.
+* **Server-sent events** for a task's changes and a chat exchange's events,
+  ended by the task finishing, the exchange ending or the server shutting down.
+
+The runtime lives on the server's event loop, so runs are background tasks of
+the server: ``create_app(runtime, token=...)`` wraps a runtime opened on that
+loop by the caller, and ``create_app(home=..., token=...)`` opens one in the
+app's lifespan (``await Runtime.open(home)``) and closes it on shutdown.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request, Response, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from apollia_nb import __version__
+from apollia_nb.api import schemas as s
+from apollia_nb.errors import ApolliaError, BadInput, Conflict, NotFound, UnknownRun, UnknownTask
+from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
+
+__all__ = ["create_app", "API_PREFIX", "ROUTE_STATUS"]
+
+API_PREFIX = "/api/v1"
+_TERMINAL = ("completed", "failed", "cancelled")
+_DEFAULT_BY = "api"
+
+_STATUS_WORDS = {
+    401: "the bearer token is missing or wrong (`UNAUTHORIZED`)",
+    404: "no such thing (`NOT_FOUND` or a specific `UNKNOWN_*` code)",
+    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code)",
+    413: "the request body is over the server's limit (`PAYLOAD_TOO_LARGE`)",
+    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`)",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in statuses}
+
+
+# --- the runtime and the token -------------------------------------------------------------------
+
+_bearer = HTTPBearer(
+    auto_error=False, scheme_name="bearerToken",
+    description="The token `apollia-os serve` was started with (`--token`, `$APOLLIA_TOKEN`, or generated "
+                "and written to `<home>/server.json`).",
+)
+
+
+def _runtime(request: Request) -> Any:
+    return request.app.state.runtime
+
+
+def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
+    expected: bytes = request.app.state.token
+    given = credentials.credentials.encode("utf-8", "surrogateescape") if credentials is not None else b""
+    if credentials is None or not hmac.compare_digest(given, expected):
+        raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def _error_response(exc: ApolliaError, status: int | None = None,
+                    headers: dict[str, str] | None = None) -> JSONResponse:
+    headers = dict(headers or {})
+    if exc.code == Unauthorized.code:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(exc.to_dict(), status_code=status or exc.http_status, headers=headers or None)
+
+
+def _validation_message(errors: Sequence[Any]) -> str:
+    parts = []
+    for err in errors:
+        loc = [str(p) for p in err.get("loc", ())]
+        if err.get("type") == "json_invalid":
+            detail = (err.get("ctx") or {}).get("error", "")
+            parts.append(f"the body is not valid JSON: {detail} (at character {loc[-1] if loc else '?'})")
+            continue
+        where = ".".join(loc) or "request"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "the request is malformed"
+
+
+def _http_error(status: int, detail: Any) -> ApolliaError:
+    text = detail if isinstance(detail, str) else json.dumps(detail)
+    if status == 404:
+        return NotFound(f"no such route: {text}" if text and text != "Not Found" else "no such route")
+    if status == 405:
+        return MethodNotAllowed("this route does not take that method")
+    if status == 413:
+        return PayloadTooLarge(text)
+    if status == 401:
+        return Unauthorized(text)
+    if 400 <= status < 500:
+        return BadInput(text)
+    return ApolliaError(text)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApolliaError)
+    async def apollia_error(request: Request, exc: ApolliaError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(BadInput(_validation_message(exc.errors())), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err = _http_error(exc.status_code, exc.detail)
+        kept = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+        return _error_response(err, exc.status_code if exc.status_code >= 400 else None, kept)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        return _error_response(ApolliaError(f"internal error: {type(exc).__name__}"), 500)
+
+
+# --- the body limit -------------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413 ``PAYLOAD_TOO_LARGE``.
+
+    A declared ``Content-Length`` over the limit is refused before the body is
+    read; a streamed body is counted as it arrives, and the route's read fails
+    with the same error once it passes the limit.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        message = f"the request body is over the limit of {self.limit} bytes"
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.limit:
+                    await _error_response(PayloadTooLarge(message))(scope, receive, send)
+                    return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise StarletteHTTPException(413, message)
+            return msg
+
+        await self.app(scope, counted, send)
+
+
+# --- helpers over the runtime ---------------------------------------------------------------------
+
+
+def _task_dict(rt: Any, task_id: str) -> dict[str, Any]:
+    """The task's JSON: live for this process's tasks, else as last recorded in ``runtime.db``."""
+    try:
+        return rt.task(task_id).to_dict()
+    except UnknownTask:
+        from apollia_nb.runtime.tasks import task_json
+
+        record = rt.records.task(task_id)
+        if record is None:
+            raise
+        return task_json(record)
+
+
+def _all_tasks(rt: Any) -> list[dict[str, Any]]:
+    from apollia_nb.runtime.tasks import task_json
+
+    live = {h.id: h.to_dict() for h in rt.tasks()}
+    out = dict(live)
+    for record in rt.records.tasks():
+        if record["id"] not in out:
+            out[record["id"]] = task_json(record)
+    return sorted(out.values(), key=lambda t: (t["created_at"], t["id"]))
+
+
+async def _first(*events: anyio.Event) -> None:
+    """Until any of ``events`` is set."""
+    if any(e.is_set() for e in events):
+        return
+    async with anyio.create_task_group() as tg:
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(wait, event)
+
+
+def _closing(request: Request) -> anyio.Event:
+    return request.app.state.closing
+
+
+def _current_segment(events: list[dict[str, Any]]) -> int:
+    """Where the exchange's current stretch starts: after the last pause it has been resumed from."""
+    pauses = [i for i, e in enumerate(events) if e["type"] == "paused"]
+    if pauses and pauses[-1] == len(events) - 1:
+        pauses = pauses[:-1]  # paused now: the stretch that ended with this pause
+    return pauses[-1] + 1 if pauses else 0
+
+
+async def _exchange_events(exchange: Any, start: int, closing: anyio.Event) -> AsyncIterator[ServerSentEvent]:
+    index = start
+    while True:
+        while index < len(exchange.events):
+            event = exchange.events[index]
+            index += 1
+            yield ServerSentEvent(event=event["type"], data=event)
+            if event["type"] in ("end", "paused"):
+                return
+        changed = exchange._changed  # replaced on every push; read with no await since the length check
+        await _first(changed, closing)
+        if closing.is_set():
+            return
+
+
+# --- routes ---------------------------------------------------------------------------------------
+
+public = APIRouter()
+router = APIRouter(dependencies=[Depends(_authorize)], responses=_errors(401))
+
+#: Each route's success status, for the reference and the tests.
+ROUTE_STATUS: dict[str, int] = {}
+
+
+def _route(method: str, path: str, status: int = 200, **kw: Any) -> Any:
+    ROUTE_STATUS[f"{method} {path}"] = status
+    decorator = getattr(router, method.lower())
+    return decorator(path, status_code=status, **kw)
+
+
+@public.get("/health", response_model=s.Health, operation_id="health", tags=["health"],
+            summary="Liveness (no token needed)")
+async def health() -> dict[str, Any]:
+    return {"status": "ok", "version": __version__}
+
+
+ROUTE_STATUS["GET /health"] = 200
+
+
+# agents
+
+@_route("GET", "/agents", response_model=list[s.Agent], operation_id="listAgents", tags=["agents"],
+        summary="Registered agents and their states")
+async def list_agents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
+    return [a.to_dict() for a in rt.agents()]
+
+
+@_route("POST", "/agents", 201, response_model=s.Agent, operation_id="registerAgent", tags=["agents"],
+        summary="Register an agent from its TOML manifest", responses=_errors(409, 413, 422),
+        description="Ends `active`, or `degraded` when optional tools do not resolve. A name already registered "
+                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key.")
+async def register_agent(response: Response, body: s.ManifestIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    agent = await rt.register_agent(body.manifest)
+    response.headers["Location"] = f"{API_PREFIX}/agents/{agent.name}"
+    return agent.to_dict()
+
+
+@_route("GET", "/agents/{name}", response_model=s.Agent, operation_id="getAgent", tags=["agents"],
+        summary="One agent", responses=_errors(404))
+async def get_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.agent(name).to_dict()
+
+
+@_route("POST", "/agents/{name}/start", response_model=s.Agent, operation_id="startAgent", tags=["agents"],
+        summary="Restart a stopped agent", responses=_errors(404, 409))
+async def start_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return (await rt.start_agent(name)).to_dict()
+
+
+@_route("POST", "/agents/{name}/stop", response_model=s.Agent, operation_id="stopAgent", tags=["agents"],
+        summary="Stop an agent", responses=_errors(404, 409),
+        description="`stopping`, then drains its running work for up to `drain_timeout_secs` and cancels the "
+                    "rest; answers once the agent is `stopped`. Suspended runs stay suspended.")
+async def stop_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return (await rt.stop_agent(name)).to_dict()
+
+
+# tasks
+
+@_route("POST", "/tasks", 202, response_model=s.Submission, operation_id="submitTask", tags=["tasks"],
+        summary="Submit a task", responses=_errors(404, 409, 413, 422),
+        description="Returns at once; the run continues in the background. `watched` defaults to false over the "
+                    "API: the first call that would ask suspends the run (`waiting`) and lists the decision in "
+                    "`GET /pending-decisions`. 409 `AGENT_UNAVAILABLE` when the agent is initializing, stopping "
+                    "or stopped; a degraded agent accepts the task with a warning.")
+async def submit_task(response: Response, body: s.TaskIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    handle = await rt.submit(body.agent, body.goal, max_steps=body.max_steps, watched=body.watched,
+                             grants=list(body.grants), approve_plan=body.approve_plan)
+    response.headers["Location"] = f"{API_PREFIX}/tasks/{handle.id}"
+    task = handle.to_dict()
+    return {"id": task["id"], "run_id": task["run_id"], "status": task["status"], "warnings": task["warnings"]}
+
+
+@_route("GET", "/tasks", response_model=list[s.Task], operation_id="listTasks", tags=["tasks"],
+        summary="Tasks, oldest first", responses=_errors(422))
+async def list_tasks(
+    agent: str | None = Query(None, description="only this agent's tasks"),
+    status: s.TaskStatus | None = Query(None, description="only tasks with this status"),
+    rt: Any = Depends(_runtime),
+) -> list[dict[str, Any]]:
+    tasks = _all_tasks(rt)
+    return [t for t in tasks if (agent is None or t["agent"] == agent) and (status is None or t["status"] == status)]
+
+
+@_route("GET", "/tasks/{task_id}", response_model=s.Task, operation_id="getTask", tags=["tasks"],
+        summary="One task", responses=_errors(404))
+async def get_task(task_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return _task_dict(rt, task_id)
+
+
+@_route("GET", "/tasks/{task_id}/wait", response_model=s.Task, operation_id="waitTask", tags=["tasks"],
+        summary="Wait until a task settles (long poll)", responses=_errors(404, 422),
+        description="Answers when the task is finished (`until=finished`), or also when it is waiting on a "
+                    "person with nothing running (`until=settled`, the default: a run resumed by an answer is "
+                    "not settled until it parks again or ends), or when `timeout` seconds pass — whichever "
+                    "comes first; the task as it then stands.")
+async def wait_task(
+    request: Request, task_id: str,
+    until: Literal["settled", "finished"] = Query("settled"),
+    timeout: float = Query(25.0, ge=0, le=300, description="seconds to wait at most"),
+    rt: Any = Depends(_runtime),
+) -> dict[str, Any]:
+    _task_dict(rt, task_id)
+    if task_id in {h.id for h in rt.tasks()}:
+        handle = rt.task(task_id)
+        with anyio.move_on_after(timeout):
+            finished = handle.wait if until == "finished" else handle.settled
+            done = anyio.Event()
+
+            async def settle() -> None:
+                await finished()
+                done.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(settle)
+                await _first(done, _closing(request))
+                tg.cancel_scope.cancel()
+    return _task_dict(rt, task_id)
+
+
+@_route("POST", "/tasks/{task_id}/cancel", response_model=s.Task, operation_id="cancelTask", tags=["tasks"],
+        summary="Cancel a task", responses=_errors(404, 409),
+        description="A running task is cancelled at once; a waiting one has its pending decisions refused. "
+                    "409 when the task has already finished.")
+async def cancel_task(task_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    _task_dict(rt, task_id)  # 404 for an unknown task, 409 below for a finished one of an earlier process
+    if task_id not in {h.id for h in rt.tasks()}:
+        raise Conflict(f"task {task_id} has already finished")
+    return (await rt.cancel(task_id)).to_dict()
+
+
+@_route("POST", "/tasks/{task_id}/plan/approve", 202, response_model=s.Task, operation_id="approveTaskPlan",
+        tags=["tasks"], summary="Approve (optionally edit) a task's plan", responses=_errors(404, 409, 413, 422),
+        description="Only while the task is `waiting` with `awaiting_plan_approval`; the run continues.")
+async def approve_task_plan(task_id: str, body: s.PlanApprovalIn | None = Body(None),
+                            rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    _task_dict(rt, task_id)
+    rt.approve_plan(task_id, list(body.steps) if body is not None and body.steps is not None else None)
+    return _task_dict(rt, task_id)
+
+
+@_route("POST", "/tasks/{task_id}/plan/reject", 202, response_model=s.Task, operation_id="rejectTaskPlan",
+        tags=["tasks"], summary="Reject a task's plan", responses=_errors(404, 409, 413, 422),
+        description="The task fails with code `REJECTED` and the reason, without calling the agent again.")
+async def reject_task_plan(task_id: str, body: s.PlanRejectionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    _task_dict(rt, task_id)
+    rt.reject_plan(task_id, body.reason)
+    return _task_dict(rt, task_id)
+
+
+async def _existing_task(task_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return _task_dict(rt, task_id)
+
+
+@router.get("/tasks/{task_id}/events", response_class=EventSourceResponse, operation_id="taskEvents",
+            tags=["tasks"], summary="A task's changes (server-sent events)", responses=_errors(404),
+            description="`event: task` with the task's JSON (as `GET /tasks/{id}`) now and on every change, "
+                        "until the task is completed, failed or cancelled; then the stream ends. A task waiting "
+                        "on a person keeps its stream open.")
+async def task_events(request: Request, task_id: str, first: dict[str, Any] = Depends(_existing_task),
+                      rt: Any = Depends(_runtime)) -> AsyncIterator[ServerSentEvent]:
+    closing = _closing(request)
+    changed = anyio.Event()
+
+    def listener(kind: str, obj: Any) -> None:
+        if kind == "task" and getattr(obj, "id", None) == task_id:
+            changed.set()
+
+    unsubscribe = rt.subscribe(listener)
+    try:
+        last: dict[str, Any] | None = None
+        while True:
+            changed = anyio.Event()  # a change after the read below sets this one
+            data = _task_dict(rt, task_id)
+            if data != last:
+                yield ServerSentEvent(event="task", data=data)
+                last = data
+            if data["status"] in _TERMINAL:
+                return
+            await _first(changed, closing)
+            if closing.is_set():
+                return
+    finally:
+        unsubscribe()
+
+
+ROUTE_STATUS["GET /tasks/{task_id}/events"] = 200
+
+
+# sessions
+
+def _session(rt: Any, session_id: str) -> Any:
+    return rt.sessions.get(session_id)
+
+
+@_route("POST", "/sessions", 201, response_model=s.Session, operation_id="openSession", tags=["sessions"],
+        summary="Open a chat session", responses=_errors(404, 409, 413, 422))
+async def open_session(response: Response, body: s.SessionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    session = rt.sessions.open(body.agent, plan_mode=body.plan_mode)
+    response.headers["Location"] = f"{API_PREFIX}/sessions/{session.id}"
+    return session.to_dict()
+
+
+@_route("GET", "/sessions", response_model=list[s.Session], operation_id="listSessions", tags=["sessions"],
+        summary="Chat sessions of this runtime")
+async def list_sessions(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
+    return [x.to_dict() for x in rt.sessions.all()]
+
+
+@_route("GET", "/sessions/{session_id}", response_model=s.Session, operation_id="getSession", tags=["sessions"],
+        summary="One chat session, with its history", responses=_errors(404, 409))
+async def get_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return _session(rt, session_id).to_dict()
+
+
+async def _start_exchange(session_id: str, body: s.MessageIn, rt: Any = Depends(_runtime)) -> Any:
+    return _session(rt, session_id).send(body.text)
+
+
+_EXCHANGE_EVENTS = (
+    "Events, each with its JSON as `data`: `text` (`{\"text\"}`, a piece of the reply), `tool_call_started` "
+    "(`{\"name\"}`), `card` (`{\"card\"}`: a decision waiting for an answer; answer it with "
+    "`POST /pending-decisions/decide`), `tool_result` (`{\"call_id\", \"tool\", \"status\", \"error_code\"}`), "
+    "`plan` (`{\"steps\"}`, in plan-mode), then `paused` or `end` (`{\"status\", \"reply\", \"error\"}`), "
+    "after which the stream ends."
+)
+
+
+@router.post("/sessions/{session_id}/messages", response_class=EventSourceResponse, operation_id="sendMessage",
+             tags=["sessions"], summary="Send a message and stream the exchange (server-sent events)",
+             responses=_errors(404, 409, 413, 422),
+             description="409 `SESSION_BUSY` while the session is processing, `SESSION_CLOSED` once closed. "
+                         + _EXCHANGE_EVENTS)
+async def send_message(request: Request, exchange: Any = Depends(_start_exchange)) -> AsyncIterator[ServerSentEvent]:
+    async for event in _exchange_events(exchange, 0, _closing(request)):
+        yield event
+
+
+ROUTE_STATUS["POST /sessions/{session_id}/messages"] = 200
+
+
+async def _existing_session(session_id: str, rt: Any = Depends(_runtime)) -> Any:
+    return _session(rt, session_id)
+
+
+@router.get("/sessions/{session_id}/events", response_class=EventSourceResponse, operation_id="sessionEvents",
+            tags=["sessions"], summary="Follow the session's current exchange (server-sent events)",
+            responses=_errors(404, 409),
+            description="The current exchange from its start (or from where it was last resumed), then live. "
+                        "Ends at once when the session has no exchange. " + _EXCHANGE_EVENTS)
+async def session_events(request: Request, session: Any = Depends(_existing_session)) -> AsyncIterator[ServerSentEvent]:
+    exchange = session.exchange
+    if exchange is None:
+        return
+    async for event in _exchange_events(exchange, _current_segment(exchange.events), _closing(request)):
+        yield event
+
+
+ROUTE_STATUS["GET /sessions/{session_id}/events"] = 200
+
+
+@_route("POST", "/sessions/{session_id}/pause", response_model=s.Session, operation_id="pauseSession",
+        tags=["sessions"], summary="Pause at the next safe point", responses=_errors(404, 409))
+async def pause_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    session = _session(rt, session_id)
+    session.pause()
+    return session.to_dict()
+
+
+@_route("POST", "/sessions/{session_id}/inject", response_model=s.Session, operation_id="injectMessage",
+        tags=["sessions"], summary="Add a user message (seen by the next turn)", responses=_errors(404, 409, 413, 422))
+async def inject_message(session_id: str, body: s.MessageIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    session = _session(rt, session_id)
+    session.inject(body.text)
+    return session.to_dict()
+
+
+@_route("POST", "/sessions/{session_id}/resume", 202, response_model=s.Session, operation_id="resumeSession",
+        tags=["sessions"], summary="Resume a paused session", responses=_errors(404, 409),
+        description="A paused exchange continues in the background (follow it with `GET /sessions/{id}/events`); "
+                    "a session left `processing` by a crash comes back `active`.")
+async def resume_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.sessions.resume(session_id).to_dict()
+
+
+@_route("POST", "/sessions/{session_id}/fork", 201, response_model=s.Session, operation_id="forkSession",
+        tags=["sessions"], summary="A new session with a copy of this one's history", responses=_errors(404, 409))
+async def fork_session(response: Response, session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    session = rt.sessions.fork(session_id)
+    response.headers["Location"] = f"{API_PREFIX}/sessions/{session.id}"
+    return session.to_dict()
+
+
+@_route("POST", "/sessions/{session_id}/close", response_model=s.Session, operation_id="closeSession",
+        tags=["sessions"], summary="Close (cancels the exchange in flight; terminal)", responses=_errors(404, 409))
+async def close_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    session = _session(rt, session_id)
+    await session.close()
+    return session.to_dict()
+
+
+@_route("POST", "/sessions/{session_id}/plan/approve", 202, response_model=s.Session,
+        operation_id="approveSessionPlan", tags=["sessions"], summary="Approve (optionally edit) the proposed plan",
+        responses=_errors(404, 409, 413, 422),
+        description="The plan runs as a new exchange in the background; follow it with `GET /sessions/{id}/events`.")
+async def approve_session_plan(session_id: str, body: s.PlanApprovalIn | None = Body(None),
+                               rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    session = _session(rt, session_id)
+    session.approve_plan(list(body.steps) if body is not None and body.steps is not None else None)
+    return session.to_dict()
+
+
+@_route("POST", "/sessions/{session_id}/plan/reject", response_model=s.Session, operation_id="rejectSessionPlan",
+        tags=["sessions"], summary="Reject the proposed plan", responses=_errors(404, 409, 413, 422))
+async def reject_session_plan(session_id: str, body: s.PlanRejectionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    session = _session(rt, session_id)
+    session.reject_plan(body.reason)
+    return session.to_dict()
+
+
+# pending decisions
+
+@_route("GET", "/pending-decisions", response_model=list[s.PendingDecision], operation_id="listPendingDecisions",
+        tags=["pending decisions"], summary="Decisions waiting for a person, oldest first")
+async def list_pending(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
+    return rt.pending_decisions()
+
+
+@_route("POST", "/pending-decisions/decide", response_model=s.PendingDecision, operation_id="decide",
+        tags=["pending decisions"], summary="Answer a waiting decision; its run resumes",
+        responses=_errors(404, 409, 413, 422),
+        description="Validated, journaled, then applied: `once`/`always` let the call run (`always` also records "
+                    "the standing consent, or the allow rule for a simple command in developer mode), `refuse` "
+                    "refuses it and fails its step. 422 `BAD_ANSWER` for an answer not on offer, 404 "
+                    "`UNKNOWN_DECISION`, 409 `CONFLICT` when it was already answered.")
+async def decide(body: s.DecideIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason)
+
+
+# governance
+
+@_route("GET", "/governance/rules", response_model=list[s.Rule], operation_id="listRules", tags=["governance"],
+        summary="Fine rules, oldest first")
+async def list_rules(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
+    return [r.to_dict() for r in rt.governance.rules()]
+
+
+@_route("POST", "/governance/rules", 201, response_model=s.Rule, operation_id="addRule", tags=["governance"],
+        summary="Add a fine rule", responses=_errors(413, 422),
+        description="An identical rule already stored is returned as it is.")
+async def add_rule(response: Response, body: s.RuleIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    rule = rt.governance.add_rule(body.tool, body.effect, prefix=body.prefix, agent=body.agent,
+                                  by=body.by or _DEFAULT_BY)
+    response.headers["Location"] = f"{API_PREFIX}/governance/rules/{rule.id}"
+    return rule.to_dict()
+
+
+@_route("DELETE", "/governance/rules/{rule_id}", 204, operation_id="removeRule", tags=["governance"],
+        summary="Remove a fine rule", responses=_errors(404), response_class=Response)
+async def remove_rule(rule_id: str, rt: Any = Depends(_runtime)) -> Response:
+    rt.governance.remove_rule(rule_id, by=_DEFAULT_BY)
+    return Response(status_code=204)
+
+
+@_route("GET", "/governance/consents", response_model=list[s.Consent], operation_id="listConsents",
+        tags=["governance"], summary="Standing consents (one agent, one family)")
+async def list_consents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
+    return [c.to_dict() for c in rt.governance.consents()]
+
+
+@_route("DELETE", "/governance/consents/{agent}/{family}", 204, operation_id="revokeConsent", tags=["governance"],
+        summary="Revoke a standing consent", responses=_errors(404, 422), response_class=Response)
+async def revoke_consent(agent: str, family: str, rt: Any = Depends(_runtime)) -> Response:
+    rt.governance.revoke_consent(agent, family, by=_DEFAULT_BY)
+    return Response(status_code=204)
+
+
+@_route("GET", "/governance/developer-mode", response_model=s.DeveloperMode, operation_id="getDeveloperMode",
+        tags=["governance"], summary="Developer mode")
+async def get_developer_mode(rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.developer_mode_state().to_dict()
+
+
+@_route("PUT", "/governance/developer-mode", response_model=s.DeveloperMode, operation_id="setDeveloperMode",
+        tags=["governance"], summary="Turn developer mode on or off", responses=_errors(413, 422))
+async def set_developer_mode(body: s.DeveloperModeIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.set_developer_mode(body.enabled, by=body.by or _DEFAULT_BY).to_dict()
+
+
+@_route("GET", "/governance/policy", response_model=s.Policy, operation_id="getPolicy", tags=["governance"],
+        summary="The organisation policy's state", description="`none`, `accepted` (with its refusals and the "
+        "key that verified it) or `refused` (governance then fails closed).")
+async def get_policy(rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.policy_state().to_dict()
+
+
+# audit
+
+@_route("GET", "/audit/verify", response_model=s.VerifyReport, operation_id="verifyJournal", tags=["audit"],
+        summary="Verify the whole journal", description="Chain, hashes, every signature, sequence continuity "
+        "and the stored checkpoints. A journal that does not verify is still a 200 with `ok: false`.")
+async def verify_journal(rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    report = await anyio.to_thread.run_sync(rt.verify)
+    return report.to_dict()
+
+
+@_route("POST", "/audit/replay/{run_id}", response_model=s.ReplayResult, operation_id="replayRun", tags=["audit"],
+        summary="Replay a run offline from its trace", responses=_errors(404),
+        description="`identical`, `diverged` (every divergence) or `incomplete`. Calls no model and runs no tool. "
+                    "404 `UNKNOWN_RUN` when the journal holds no entry of that run.")
+async def replay_run(run_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    if not rt.journal.entries(run_id=run_id, limit=1):
+        raise UnknownRun(f"the journal holds no entry of run {run_id!r}")
+    return rt.replay(run_id).to_dict()
+
+
+@_route("GET", "/audit/entries", response_model=s.EntriesPage, operation_id="listEntries", tags=["audit"],
+        summary="Journal entries in sequence order, a page at a time", responses=_errors(422))
+async def list_entries(
+    since_seq: int | None = Query(None, ge=0, le=2**62, description="only entries with a greater seq"),
+    limit: int = Query(100, ge=1, le=1000, description="at most this many"),
+    run_id: str | None = Query(None, description="only this run's entries"),
+    rt: Any = Depends(_runtime),
+) -> dict[str, Any]:
+    entries = rt.journal.entries(run_id=run_id, since_seq=since_seq, limit=limit)
+    data = [e.to_dict() for e in entries]
+    return {"entries": data, "next_since_seq": data[-1]["seq"] if len(data) == limit else None}
+
+
+# --- the app --------------------------------------------------------------------------------------
+
+
+def create_app(
+    runtime: Any = None,
+    *,
+    token: str,
+    home: Any = None,
+    cors_origins: Sequence[str] = (),
+    max_body_bytes: int = 1_000_000,
+    runtime_options: dict[str, Any] | None = None,
+) -> FastAPI:
+    """The REST API over ``runtime`` (opened on the server's loop), or over a runtime of ``home``.
+
+    With ``runtime`` the caller owns it; without, the app's lifespan opens
+    ``Runtime.open(home, **runtime_options)`` and closes it on shutdown.
+    ``app.state.closing`` is set when the server begins to shut down, which
+    ends every event stream.
+    """
+    if not isinstance(token, str) or not token:
+        raise BadInput("the API needs a non-empty token")
+    if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise BadInput("max_body_bytes must be a positive integer")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.closing = anyio.Event()
+        owned = None
+        if app.state.runtime is None:
+            from apollia_nb.runtime import Runtime
+
+            owned = app.state.runtime = await Runtime.open(home, **(runtime_options or {}))
+        try:
+            yield
+        finally:
+            app.state.closing.set()
+            if owned is not None:
+                await owned.aclose()
+                app.state.runtime = None
+
+    app = FastAPI(
+        title="apollia-nb",
+        version=__version__,
+        summary="Drive governed agents headless: agents, tasks, chat, pending decisions, governance, audit.",
+        description=(
+            "Every route but `/health` needs `Authorization: Bearer <token>`. Every error is "
+            "`{\"code\", \"message\"}` with a stable code."
+        ),
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url=f"{API_PREFIX}/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.state.token = token.encode("utf-8")
+    app.state.home = Path(home) if home is not None else None
+    _install_error_handlers(app)
+    app.include_router(public, prefix=API_PREFIX)
+    app.include_router(router, prefix=API_PREFIX)
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_credentials=False,
+                           allow_methods=["GET", "POST", "PUT", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    return app

@@ -1,0 +1,327 @@
+"""The wire format of the REST API: one pydantic model per body and per response.
+
+The app declares these as request bodies and ``response_model``s, so the
+OpenAPI document at ``/api/v1/openapi.json`` is generated from them; the SDK
+parses responses into the same models, so a client and the server cannot
+disagree on a field. Request bodies forbid unknown keys (a typo is a 422
+``BAD_INPUT`` naming the field, never silently ignored); responses are frozen
+and ignore keys they do not know, so an older client reads a newer server.
+
+This module imports pydantic and nothing heavier: the SDK imports it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+__all__ = [
+    "FAMILIES", "ANSWERS", "TASK_STATUSES", "AGENT_STATES", "SESSION_STATES",
+    "Error", "Health",
+    "ManifestIn", "Agent",
+    "TaskIn", "Submission", "Budget", "StepCall", "Step", "Verdict", "Task", "PlanApprovalIn", "PlanRejectionIn",
+    "SessionIn", "MessageIn", "Session",
+    "DecideIn", "PendingDecision",
+    "RuleIn", "Rule", "Consent", "DeveloperModeIn", "DeveloperMode", "PolicyRefusals", "PolicyDocument", "Policy",
+    "VerifyReport", "Divergence", "ReplayResult", "JournalEntry", "EntriesPage",
+]
+
+# The enumerations are spelled out (not imported from the runtime) to keep this module
+# light; tests pin them to the runtime's enums.
+FAMILIES = ("read", "read_personal", "write", "send", "execute", "conversation", "memory", "profile")
+ANSWERS = ("once", "always", "refuse")
+TASK_STATUSES = ("pending", "running", "waiting", "completed", "failed", "cancelled")
+AGENT_STATES = ("initializing", "active", "degraded", "stopping", "stopped")
+SESSION_STATES = ("active", "processing", "paused", "closed")
+
+FamilyName = Literal["read", "read_personal", "write", "send", "execute", "conversation", "memory", "profile"]
+TaskStatus = Literal["pending", "running", "waiting", "completed", "failed", "cancelled"]
+AgentState = Literal["initializing", "active", "degraded", "stopping", "stopped"]
+SessionState = Literal["active", "processing", "paused", "closed"]
+AnswerName = Literal["once", "always", "refuse"]
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+Name = Annotated[str, Field(min_length=1, max_length=200, description="an agent name, `[a-z0-9_-]+`")]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# --- errors and health ------------------------------------------------------------------
+
+
+class Error(_Out):
+    """Every error response: a stable ``code`` (see `apollia_nb.errors`) and a message for people."""
+
+    code: str = Field(examples=["UNKNOWN_TASK"])
+    message: str
+
+
+class Health(_Out):
+    status: Literal["ok"]
+    version: str
+
+
+# --- agents ------------------------------------------------------------------------------
+
+
+class ManifestIn(_In):
+    manifest: NonEmpty = Field(description="the agent's TOML manifest (SPEC §8), as text")
+
+
+class Agent(_Out):
+    name: str
+    description: str
+    state: AgentState
+    warnings: list[str]
+    tools: list[str]
+    model: str | None
+    workspace: str
+    max_steps: int
+    inflight: int = Field(description="runs of this agent not finished (running or waiting)")
+
+
+# --- tasks -------------------------------------------------------------------------------
+
+
+class TaskIn(_In):
+    agent: NonEmpty
+    goal: NonEmpty
+    watched: StrictBool = Field(
+        False, description="false (the default over the API): an unattended run; the first call that would "
+        "ask suspends it and lists the decision in the pending decisions")
+    max_steps: int | None = Field(None, ge=1, le=1_000_000, description="the step ceiling (default: the manifest's)")
+    grants: list[FamilyName] = Field(default_factory=list, max_length=len(FAMILIES),
+                                     description="families this run may use without asking (line 5)")
+    approve_plan: StrictBool = Field(False, description="wait for an operator to approve the plan")
+
+
+class Submission(_Out):
+    id: str
+    run_id: str
+    status: TaskStatus
+    warnings: list[str]
+
+
+class Budget(_Out):
+    used: int
+    ceiling: int
+
+
+class StepCall(_Out):
+    call_id: str
+    tool: str
+    status: str
+    error_code: str | None = None
+
+
+class Step(_Out):
+    index: int
+    description: str
+    status: str
+    tool_calls: list[StepCall] = []
+    text: str | None = None
+
+
+class Verdict(_Out):
+    verdict: Literal["pass", "fail"]
+    reasons: list[str] = []
+
+
+class Task(_Out):
+    id: str
+    run_id: str
+    agent: str
+    goal: str
+    status: TaskStatus
+    error: Error | None
+    steps: list[Step]
+    budget: Budget
+    result: Any = None
+    warnings: list[str]
+    plan: list[str] = []
+    verdict: Verdict | None = None
+    awaiting_plan_approval: bool = False
+    created_at: str
+    updated_at: str
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+
+class PlanApprovalIn(_In):
+    steps: list[NonEmpty] | None = Field(None, min_length=1, description="an edited plan; omit to run it as proposed")
+
+
+class PlanRejectionIn(_In):
+    reason: NonEmpty
+
+
+# --- chat sessions -----------------------------------------------------------------------
+
+
+class SessionIn(_In):
+    agent: NonEmpty
+    plan_mode: StrictBool = False
+
+
+class MessageIn(_In):
+    text: NonEmpty
+
+
+class Session(_Out):
+    id: str
+    agent: str
+    state: SessionState
+    plan_mode: bool
+    parent_id: str | None
+    forked_from: str | None
+    children: list[str]
+    history: list[dict[str, Any]]
+    run_id: str
+    pending_plan: list[str] | None
+    created_at: str
+
+
+# --- pending decisions -------------------------------------------------------------------
+
+
+class DecideIn(_In):
+    id: NonEmpty
+    answer: Annotated[str, Field(json_schema_extra={"enum": list(ANSWERS)},
+                                 description="one of the decision's `answers` (else 422 `BAD_ANSWER`)")]
+    reason: str | None = Field(None, max_length=10_000)
+    by: str | None = Field(None, min_length=1, max_length=200,
+                           description="who answers, for the journal (default `api`)")
+
+
+class PendingDecision(_Out):
+    id: str
+    run_id: str
+    task_id: str | None
+    agent: str
+    tool: str
+    family: FamilyName | None = Field(description="null when the tool is unclassified")
+    arguments: dict[str, Any]
+    answers: list[AnswerName]
+    created_at: str
+    status: Literal["pending", "answered", "expired"] = "pending"
+    answer: AnswerName | None = None
+    answered_by: str | None = None
+    answered_at: str | None = None
+    answer_reason: str | None = None
+    reason: str = ""
+    line: int = 0
+    call_id: str | None = None
+
+
+# --- governance --------------------------------------------------------------------------
+
+
+class RuleIn(_In):
+    tool: NonEmpty
+    effect: Literal["allow", "deny"]
+    prefix: str | None = Field(None, description="a prefix of the first argument (commands: at a word boundary)")
+    agent: NonEmpty = Field("*", description='one agent, or "*" for every agent')
+    by: str | None = Field(None, min_length=1, max_length=200, description="who adds it (default `api`)")
+
+
+class Rule(_Out):
+    id: str
+    tool: str
+    prefix: str | None
+    effect: Literal["allow", "deny"]
+    agent: str
+    created_by: str | None = None
+    created_at: str | None = None
+
+
+class Consent(_Out):
+    agent: str
+    family: FamilyName
+    granted_by: str
+    granted_at: str | None
+
+
+class DeveloperModeIn(_In):
+    enabled: StrictBool
+    by: str | None = Field(None, min_length=1, max_length=200, description="who changes it (default `api`)")
+
+
+class DeveloperMode(_Out):
+    enabled: bool
+    changed_by: str | None = None
+    changed_at: str | None = None
+
+
+class PolicyRefusals(_Out):
+    tools: list[str]
+    connections: list[str]
+    families: list[str]
+
+
+class PolicyDocument(_Out):
+    refuse: PolicyRefusals
+
+
+class Policy(_Out):
+    status: Literal["none", "accepted", "refused"]
+    reason: str
+    key: str | None
+    digest: str | None
+    policy: PolicyDocument | None
+
+
+# --- audit -------------------------------------------------------------------------------
+
+
+class VerifyReport(_Out):
+    ok: bool
+    entries: int
+    first_bad_seq: int | None
+    problem: str | None
+    checked_checkpoints: int
+
+
+class Divergence(_Out):
+    position: int
+    kind: str
+    call_id: str | None
+    expected: Any = None
+    found: Any = None
+
+
+class ReplayResult(_Out):
+    run_id: str
+    verdict: Literal["identical", "diverged", "incomplete"]
+    divergences: list[Divergence]
+    missing: list[str]
+    responses: int
+    calls: int
+    entries: int
+
+
+class JournalEntry(_Out):
+    seq: int
+    ts: str
+    run_id: str | None
+    agent: str | None
+    kind: str
+    payload: Any
+    prev_hash: str
+    hash: str
+    signature: str
+    key_id: str
+
+
+class EntriesPage(_Out):
+    entries: list[JournalEntry]
+    next_since_seq: int | None = Field(
+        description="pass as `since_seq` for the next page; null when this page is the last")

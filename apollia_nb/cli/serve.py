@@ -1,0 +1,48 @@
+"""``apollia-os serve``: own the home and serve the REST API (SPEC §7).
+
+Loopback only unless ``--allow-remote``. The token comes from ``--token``, else
+``$APOLLIA_TOKEN``, else is generated; it is written to ``<home>/server.json``
+(mode 0600) and printed only with ``--print-token``. FastAPI and uvicorn are
+imported when the command runs, not when the CLI starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("serve", parents=[common], help="serve the REST API for this home (owns the home)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default 0)")
+    p.add_argument("--token", default=None,
+                   help="bearer token (default: $APOLLIA_TOKEN, else a generated one); see server.json")
+    p.add_argument("--allow-remote", action="store_true", help="allow binding an address other than loopback")
+    p.add_argument("--print-token", action="store_true", help="print the token with the URL")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser calls from this origin (repeatable; default: no CORS)")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="largest request body (default 1000000)")
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from apollia_nb.api.server import ServerInfo, run
+
+    def listening(info: ServerInfo) -> None:
+        if args.json:
+            data = {"url": info.url, "pid": info.pid, **({"token": info.token} if args.print_token else {})}
+            print(json.dumps(data))
+        else:
+            tail = f" token {info.token}" if args.print_token else ""
+            print(f"apollia-os serve: listening on {info.url}{tail} (pid {info.pid}; stop with Ctrl+C)")
+        sys.stdout.flush()
+
+    run(args.home, host=args.host, port=args.port, token=args.token, allow_remote=args.allow_remote,
+        cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes, on_listening=listening,
+        log_level=args.log_level)
+    return 0

@@ -1,0 +1,613 @@
+"""``Client`` (sync) and ``AsyncClient``: the REST API as Python calls, over httpx.
+
+    from apollia_nb.sdk import Client
+
+    with Client.from_home() as api:                 # reads <home>/server.json
+        api.register_agent(Path("clerk.toml").read_text())
+        sub = api.submit("clerk", "Tidy the notes")  # unattended by default
+        task = api.wait(sub.id)                      # finished, or waiting on a person
+        for decision in api.pending():
+            api.decide(decision.id, "once")
+
+Every method is one route. Each request is described once (a ``_Req``: method,
+path, body, and the model its answer parses into) and sent by either client, so
+the two cannot drift. Results are the frozen models of
+:mod:`apollia_nb.api.schemas`. An error response raises the class of its code:
+``UNKNOWN_TASK`` raises ``errors.UnknownTask`` (see :mod:`apollia_nb.sdk.errors`);
+failures to reach the server stay httpx's ``httpx.TransportError``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import TypeAdapter
+
+from apollia_nb.api import schemas as s
+from apollia_nb.errors import ApolliaError, NotFound, error_for_code
+from apollia_nb.sdk import errors as _errors  # noqa: F401 - registers the HTTP-only codes with error_for_code
+
+__all__ = ["Client", "AsyncClient", "Event", "SSEDecoder", "raise_for_error", "server_info"]
+
+API_PREFIX = "/api/v1"
+Answer = Literal["once", "always", "refuse"]
+Until = Literal["settled", "finished"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One server-sent event: its name (``task``, ``text``, ``card``, ``end``, …) and its JSON data."""
+
+    event: str
+    data: Any
+    id: str | None = None
+
+
+class SSEDecoder:
+    """The ``text/event-stream`` format, a line at a time (pure; comments such as pings are skipped)."""
+
+    def __init__(self) -> None:
+        self._event: str | None = None
+        self._data: list[str] = []
+        self._id: str | None = None
+
+    def feed(self, line: str) -> Event | None:
+        """Take one line (without its ending); returns an event at the blank line that ends it."""
+        if line == "":
+            if not self._data and self._event is None:
+                return None
+            text = "\n".join(self._data)
+            data = json.loads(text) if text else None
+            event = Event(self._event or "message", data, self._id)
+            self._event, self._data = None, []
+            return event
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        elif name == "id":
+            self._id = value
+        return None
+
+
+@lru_cache(maxsize=None)
+def _adapter(model: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(model)
+
+
+def raise_for_error(status: int, body: bytes) -> None:
+    """Raise the error class of a response's ``code`` (``ApolliaError`` for a body without one)."""
+    if status < 400:
+        return
+    try:
+        data = json.loads(body)
+        code, message = data["code"], data["message"]
+    except (ValueError, KeyError, TypeError):
+        raise ApolliaError(f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}") from None
+    raise error_for_code(str(code), str(message))
+
+
+@dataclass(frozen=True)
+class _Req:
+    method: str
+    path: str
+    body: Any = None
+    params: dict[str, Any] | None = None
+    model: Any = None  # None: no body expected
+    sent: bool = False  # whether ``body`` is sent (an empty JSON body is still a body)
+
+    def kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.sent:
+            out["json"] = self.body
+        if self.params:
+            out["params"] = {k: v for k, v in self.params.items() if v is not None}
+        return out
+
+    def parse(self, response: httpx.Response) -> Any:
+        raise_for_error(response.status_code, response.content)
+        if self.model is None:
+            return None
+        return _adapter(self.model).validate_python(response.json())
+
+
+def _post(path: str, body: Any = None, model: Any = None, *, sent: bool | None = None) -> _Req:
+    return _Req("POST", path, body, model=model, sent=body is not None if sent is None else sent)
+
+
+def _q(value: str) -> str:
+    """A path segment, percent-encoded."""
+    from urllib.parse import quote
+
+    return quote(value, safe="")
+
+
+class _Routes:
+    """Each route, described once for both clients."""
+
+    health = staticmethod(lambda: _Req("GET", "/health", model=s.Health))
+    agents = staticmethod(lambda: _Req("GET", "/agents", model=list[s.Agent]))
+    agent = staticmethod(lambda name: _Req("GET", f"/agents/{_q(name)}", model=s.Agent))
+    register_agent = staticmethod(lambda manifest: _post("/agents", {"manifest": manifest}, s.Agent))
+    start_agent = staticmethod(lambda name: _post(f"/agents/{_q(name)}/start", model=s.Agent))
+    stop_agent = staticmethod(lambda name: _post(f"/agents/{_q(name)}/stop", model=s.Agent))
+
+    @staticmethod
+    def submit(agent: str, goal: str, watched: bool, max_steps: int | None, grants: Sequence[str],
+               approve_plan: bool) -> _Req:
+        body: dict[str, Any] = {"agent": agent, "goal": goal, "watched": watched, "grants": list(grants),
+                                "approve_plan": approve_plan}
+        if max_steps is not None:
+            body["max_steps"] = max_steps
+        return _post("/tasks", body, s.Submission)
+
+    tasks = staticmethod(lambda agent, status: _Req("GET", "/tasks", params={"agent": agent, "status": status},
+                                                    model=list[s.Task]))
+    task = staticmethod(lambda task_id: _Req("GET", f"/tasks/{_q(task_id)}", model=s.Task))
+    wait = staticmethod(lambda task_id, until, timeout: _Req(
+        "GET", f"/tasks/{_q(task_id)}/wait", params={"until": until, "timeout": timeout}, model=s.Task))
+    cancel = staticmethod(lambda task_id: _post(f"/tasks/{_q(task_id)}/cancel", model=s.Task))
+    approve_plan = staticmethod(lambda task_id, steps: _post(
+        f"/tasks/{_q(task_id)}/plan/approve", {"steps": list(steps)} if steps is not None else None, s.Task))
+    reject_plan = staticmethod(lambda task_id, reason: _post(
+        f"/tasks/{_q(task_id)}/plan/reject", {"reason": reason}, s.Task))
+    task_events = staticmethod(lambda task_id: _Req("GET", f"/tasks/{_q(task_id)}/events"))
+
+    open_session = staticmethod(lambda agent, plan_mode: _post(
+        "/sessions", {"agent": agent, "plan_mode": plan_mode}, s.Session))
+    sessions = staticmethod(lambda: _Req("GET", "/sessions", model=list[s.Session]))
+    session = staticmethod(lambda sid: _Req("GET", f"/sessions/{_q(sid)}", model=s.Session))
+    send_message = staticmethod(lambda sid, text: _post(f"/sessions/{_q(sid)}/messages", {"text": text}))
+    session_events = staticmethod(lambda sid: _Req("GET", f"/sessions/{_q(sid)}/events"))
+    pause = staticmethod(lambda sid: _post(f"/sessions/{_q(sid)}/pause", model=s.Session))
+    inject = staticmethod(lambda sid, text: _post(f"/sessions/{_q(sid)}/inject", {"text": text}, s.Session))
+    resume = staticmethod(lambda sid: _post(f"/sessions/{_q(sid)}/resume", model=s.Session))
+    fork = staticmethod(lambda sid: _post(f"/sessions/{_q(sid)}/fork", model=s.Session))
+    close_session = staticmethod(lambda sid: _post(f"/sessions/{_q(sid)}/close", model=s.Session))
+    approve_session_plan = staticmethod(lambda sid, steps: _post(
+        f"/sessions/{_q(sid)}/plan/approve", {"steps": list(steps)} if steps is not None else None, s.Session))
+    reject_session_plan = staticmethod(lambda sid, reason: _post(
+        f"/sessions/{_q(sid)}/plan/reject", {"reason": reason}, s.Session))
+
+    pending = staticmethod(lambda: _Req("GET", "/pending-decisions", model=list[s.PendingDecision]))
+
+    @staticmethod
+    def decide(decision_id: str, answer: str, reason: str | None, by: str | None) -> _Req:
+        body: dict[str, Any] = {"id": decision_id, "answer": answer}
+        if reason is not None:
+            body["reason"] = reason
+        if by is not None:
+            body["by"] = by
+        return _post("/pending-decisions/decide", body, s.PendingDecision)
+
+    rules = staticmethod(lambda: _Req("GET", "/governance/rules", model=list[s.Rule]))
+
+    @staticmethod
+    def add_rule(tool: str, effect: str, prefix: str | None, agent: str, by: str | None) -> _Req:
+        body: dict[str, Any] = {"tool": tool, "effect": effect, "agent": agent}
+        if prefix is not None:
+            body["prefix"] = prefix
+        if by is not None:
+            body["by"] = by
+        return _post("/governance/rules", body, s.Rule)
+
+    remove_rule = staticmethod(lambda rule_id: _Req("DELETE", f"/governance/rules/{_q(rule_id)}"))
+    consents = staticmethod(lambda: _Req("GET", "/governance/consents", model=list[s.Consent]))
+    revoke_consent = staticmethod(lambda agent, family: _Req(
+        "DELETE", f"/governance/consents/{_q(agent)}/{_q(family)}"))
+    developer_mode = staticmethod(lambda: _Req("GET", "/governance/developer-mode", model=s.DeveloperMode))
+    set_developer_mode = staticmethod(lambda enabled, by: _Req(
+        "PUT", "/governance/developer-mode", {"enabled": enabled, **({"by": by} if by else {})},
+        model=s.DeveloperMode, sent=True))
+    policy = staticmethod(lambda: _Req("GET", "/governance/policy", model=s.Policy))
+
+    verify = staticmethod(lambda: _Req("GET", "/audit/verify", model=s.VerifyReport))
+    replay = staticmethod(lambda run_id: _post(f"/audit/replay/{_q(run_id)}", model=s.ReplayResult))
+    entries = staticmethod(lambda since_seq, limit, run_id: _Req(
+        "GET", "/audit/entries", params={"since_seq": since_seq, "limit": limit, "run_id": run_id},
+        model=s.EntriesPage))
+
+
+def server_info(home: str | Path | None = None) -> tuple[str, str]:
+    """``(url, token)`` from ``<home>/server.json`` (``--home``, else ``$APOLLIA_HOME``, else ``~/.apollia``)."""
+    from apollia_nb.api.server import read_server_json
+    from apollia_nb.home import resolve_home
+
+    path = resolve_home(home) / "server.json"
+    info = read_server_json(path)
+    if info is None:
+        raise NotFound(f"no server is advertised in {path}: start one with `apollia-os serve`")
+    return info.url, info.token
+
+
+def _base(base_url: str) -> str:
+    base = base_url.rstrip("/")
+    return base if base.endswith(API_PREFIX) else base + API_PREFIX
+
+
+def _stream_timeout(timeout: float | None) -> httpx.Timeout:
+    # The server pings an idle stream every 15 s; a stream may stay quiet while a person thinks.
+    return httpx.Timeout(timeout, read=None)
+
+
+def _settled(task: s.Task, until: Until) -> bool:
+    return task.finished if until == "finished" else task.finished or task.status == "waiting"
+
+
+class Client:
+    """The REST API, synchronously. ``with Client(url, token) as api: api.tasks()``."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float | None = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = _base(base_url)
+        self.timeout = timeout
+        self._http = httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {token}"},
+                                  timeout=timeout, transport=transport)
+
+    @classmethod
+    def from_home(cls, home: str | Path | None = None, **kwargs: Any) -> "Client":
+        """A client of the server advertised in the home's ``server.json``."""
+        url, token = server_info(home)
+        return cls(url, token, **kwargs)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _do(self, req: _Req) -> Any:
+        return req.parse(self._http.request(req.method, req.path, **req.kwargs()))
+
+    def _events(self, req: _Req) -> Iterator[Event]:
+        with self._http.stream(req.method, req.path, timeout=_stream_timeout(self.timeout), **req.kwargs()) as r:
+            if r.status_code >= 400:
+                raise_for_error(r.status_code, r.read())
+            decoder = SSEDecoder()
+            for line in r.iter_lines():
+                event = decoder.feed(line)
+                if event is not None:
+                    yield event
+
+    # health and agents
+    def health(self) -> s.Health:
+        return self._do(_Routes.health())
+
+    def agents(self) -> list[s.Agent]:
+        return self._do(_Routes.agents())
+
+    def agent(self, name: str) -> s.Agent:
+        return self._do(_Routes.agent(name))
+
+    def register_agent(self, manifest: str | Path) -> s.Agent:
+        """Register from a manifest's TOML text (or a path to it)."""
+        return self._do(_Routes.register_agent(_manifest_text(manifest)))
+
+    def start_agent(self, name: str) -> s.Agent:
+        return self._do(_Routes.start_agent(name))
+
+    def stop_agent(self, name: str) -> s.Agent:
+        return self._do(_Routes.stop_agent(name))
+
+    # tasks
+    def submit(self, agent: str, goal: str, watched: bool = False, *, max_steps: int | None = None,
+               grants: Sequence[str] = (), approve_plan: bool = False) -> s.Submission:
+        return self._do(_Routes.submit(agent, goal, watched, max_steps, grants, approve_plan))
+
+    def tasks(self, *, agent: str | None = None, status: str | None = None) -> list[s.Task]:
+        return self._do(_Routes.tasks(agent, status))
+
+    def task(self, task_id: str) -> s.Task:
+        return self._do(_Routes.task(task_id))
+
+    def wait(self, task_id: str, *, until: Until = "settled", timeout: float | None = None) -> s.Task:
+        """Until the task is finished (``until="finished"``) or also waiting on a person (``"settled"``).
+
+        Returns the task as it stands when ``timeout`` seconds pass first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 25.0 if deadline is None else max(0.0, min(25.0, deadline - time.monotonic()))
+            task = self._do(_Routes.wait(task_id, until, left))
+            if _settled(task, until) or (deadline is not None and time.monotonic() >= deadline):
+                return task
+
+    def cancel(self, task_id: str) -> s.Task:
+        return self._do(_Routes.cancel(task_id))
+
+    def approve_plan(self, task_id: str, steps: Sequence[str] | None = None) -> s.Task:
+        return self._do(_Routes.approve_plan(task_id, steps))
+
+    def reject_plan(self, task_id: str, reason: str) -> s.Task:
+        return self._do(_Routes.reject_plan(task_id, reason))
+
+    def task_events(self, task_id: str) -> Iterator[Event]:
+        """``Event("task", {...})`` now and at every change, until the task finishes."""
+        return self._events(_Routes.task_events(task_id))
+
+    # sessions
+    def open_session(self, agent: str, *, plan_mode: bool = False) -> s.Session:
+        return self._do(_Routes.open_session(agent, plan_mode))
+
+    def sessions(self) -> list[s.Session]:
+        return self._do(_Routes.sessions())
+
+    def session(self, session_id: str) -> s.Session:
+        return self._do(_Routes.session(session_id))
+
+    def send_message(self, session_id: str, text: str) -> Iterator[Event]:
+        """Send a message; iterate the exchange's events until ``end`` (or ``paused``)."""
+        return self._events(_Routes.send_message(session_id, text))
+
+    def session_events(self, session_id: str) -> Iterator[Event]:
+        return self._events(_Routes.session_events(session_id))
+
+    def pause(self, session_id: str) -> s.Session:
+        return self._do(_Routes.pause(session_id))
+
+    def inject(self, session_id: str, text: str) -> s.Session:
+        return self._do(_Routes.inject(session_id, text))
+
+    def resume(self, session_id: str) -> s.Session:
+        return self._do(_Routes.resume(session_id))
+
+    def fork(self, session_id: str) -> s.Session:
+        return self._do(_Routes.fork(session_id))
+
+    def close_session(self, session_id: str) -> s.Session:
+        return self._do(_Routes.close_session(session_id))
+
+    def approve_session_plan(self, session_id: str, steps: Sequence[str] | None = None) -> s.Session:
+        return self._do(_Routes.approve_session_plan(session_id, steps))
+
+    def reject_session_plan(self, session_id: str, reason: str) -> s.Session:
+        return self._do(_Routes.reject_session_plan(session_id, reason))
+
+    # pending decisions
+    def pending(self) -> list[s.PendingDecision]:
+        return self._do(_Routes.pending())
+
+    def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
+               by: str | None = None) -> s.PendingDecision:
+        return self._do(_Routes.decide(decision_id, answer, reason, by))
+
+    # governance
+    def rules(self) -> list[s.Rule]:
+        return self._do(_Routes.rules())
+
+    def add_rule(self, tool: str, effect: Literal["allow", "deny"], *, prefix: str | None = None,
+                 agent: str = "*", by: str | None = None) -> s.Rule:
+        return self._do(_Routes.add_rule(tool, effect, prefix, agent, by))
+
+    def remove_rule(self, rule_id: str) -> None:
+        self._do(_Routes.remove_rule(rule_id))
+
+    def consents(self) -> list[s.Consent]:
+        return self._do(_Routes.consents())
+
+    def revoke_consent(self, agent: str, family: str) -> None:
+        self._do(_Routes.revoke_consent(agent, family))
+
+    def developer_mode(self) -> s.DeveloperMode:
+        return self._do(_Routes.developer_mode())
+
+    def set_developer_mode(self, enabled: bool, *, by: str | None = None) -> s.DeveloperMode:
+        return self._do(_Routes.set_developer_mode(enabled, by))
+
+    def policy(self) -> s.Policy:
+        return self._do(_Routes.policy())
+
+    # audit
+    def verify(self) -> s.VerifyReport:
+        return self._do(_Routes.verify())
+
+    def replay(self, run_id: str) -> s.ReplayResult:
+        return self._do(_Routes.replay(run_id))
+
+    def entries(self, *, since_seq: int | None = None, limit: int | None = None,
+                run_id: str | None = None) -> s.EntriesPage:
+        return self._do(_Routes.entries(since_seq, limit, run_id))
+
+    def iter_entries(self, *, since_seq: int | None = None, run_id: str | None = None,
+                     page: int = 500) -> Iterator[s.JournalEntry]:
+        """Every entry after ``since_seq``, a page at a time."""
+        while True:
+            result = self.entries(since_seq=since_seq, limit=page, run_id=run_id)
+            yield from result.entries
+            if result.next_since_seq is None:
+                return
+            since_seq = result.next_since_seq
+
+
+class AsyncClient:
+    """The REST API for asyncio code: the same methods as ``Client``, awaited; events with ``async for``."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float | None = 30.0,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = _base(base_url)
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers={"Authorization": f"Bearer {token}"},
+                                       timeout=timeout, transport=transport)
+
+    @classmethod
+    def from_home(cls, home: str | Path | None = None, **kwargs: Any) -> "AsyncClient":
+        url, token = server_info(home)
+        return cls(url, token, **kwargs)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def _do(self, req: _Req) -> Any:
+        return req.parse(await self._http.request(req.method, req.path, **req.kwargs()))
+
+    async def _events(self, req: _Req) -> AsyncIterator[Event]:
+        async with self._http.stream(req.method, req.path, timeout=_stream_timeout(self.timeout),
+                                     **req.kwargs()) as r:
+            if r.status_code >= 400:
+                raise_for_error(r.status_code, await r.aread())
+            decoder = SSEDecoder()
+            async for line in r.aiter_lines():
+                event = decoder.feed(line)
+                if event is not None:
+                    yield event
+
+    async def health(self) -> s.Health:
+        return await self._do(_Routes.health())
+
+    async def agents(self) -> list[s.Agent]:
+        return await self._do(_Routes.agents())
+
+    async def agent(self, name: str) -> s.Agent:
+        return await self._do(_Routes.agent(name))
+
+    async def register_agent(self, manifest: str | Path) -> s.Agent:
+        return await self._do(_Routes.register_agent(_manifest_text(manifest)))
+
+    async def start_agent(self, name: str) -> s.Agent:
+        return await self._do(_Routes.start_agent(name))
+
+    async def stop_agent(self, name: str) -> s.Agent:
+        return await self._do(_Routes.stop_agent(name))
+
+    async def submit(self, agent: str, goal: str, watched: bool = False, *, max_steps: int | None = None,
+                     grants: Sequence[str] = (), approve_plan: bool = False) -> s.Submission:
+        return await self._do(_Routes.submit(agent, goal, watched, max_steps, grants, approve_plan))
+
+    async def tasks(self, *, agent: str | None = None, status: str | None = None) -> list[s.Task]:
+        return await self._do(_Routes.tasks(agent, status))
+
+    async def task(self, task_id: str) -> s.Task:
+        return await self._do(_Routes.task(task_id))
+
+    async def wait(self, task_id: str, *, until: Until = "settled", timeout: float | None = None) -> s.Task:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 25.0 if deadline is None else max(0.0, min(25.0, deadline - time.monotonic()))
+            task = await self._do(_Routes.wait(task_id, until, left))
+            if _settled(task, until) or (deadline is not None and time.monotonic() >= deadline):
+                return task
+
+    async def cancel(self, task_id: str) -> s.Task:
+        return await self._do(_Routes.cancel(task_id))
+
+    async def approve_plan(self, task_id: str, steps: Sequence[str] | None = None) -> s.Task:
+        return await self._do(_Routes.approve_plan(task_id, steps))
+
+    async def reject_plan(self, task_id: str, reason: str) -> s.Task:
+        return await self._do(_Routes.reject_plan(task_id, reason))
+
+    def task_events(self, task_id: str) -> AsyncIterator[Event]:
+        return self._events(_Routes.task_events(task_id))
+
+    async def open_session(self, agent: str, *, plan_mode: bool = False) -> s.Session:
+        return await self._do(_Routes.open_session(agent, plan_mode))
+
+    async def sessions(self) -> list[s.Session]:
+        return await self._do(_Routes.sessions())
+
+    async def session(self, session_id: str) -> s.Session:
+        return await self._do(_Routes.session(session_id))
+
+    def send_message(self, session_id: str, text: str) -> AsyncIterator[Event]:
+        return self._events(_Routes.send_message(session_id, text))
+
+    def session_events(self, session_id: str) -> AsyncIterator[Event]:
+        return self._events(_Routes.session_events(session_id))
+
+    async def pause(self, session_id: str) -> s.Session:
+        return await self._do(_Routes.pause(session_id))
+
+    async def inject(self, session_id: str, text: str) -> s.Session:
+        return await self._do(_Routes.inject(session_id, text))
+
+    async def resume(self, session_id: str) -> s.Session:
+        return await self._do(_Routes.resume(session_id))
+
+    async def fork(self, session_id: str) -> s.Session:
+        return await self._do(_Routes.fork(session_id))
+
+    async def close_session(self, session_id: str) -> s.Session:
+        return await self._do(_Routes.close_session(session_id))
+
+    async def approve_session_plan(self, session_id: str, steps: Sequence[str] | None = None) -> s.Session:
+        return await self._do(_Routes.approve_session_plan(session_id, steps))
+
+    async def reject_session_plan(self, session_id: str, reason: str) -> s.Session:
+        return await self._do(_Routes.reject_session_plan(session_id, reason))
+
+    async def pending(self) -> list[s.PendingDecision]:
+        return await self._do(_Routes.pending())
+
+    async def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
+                     by: str | None = None) -> s.PendingDecision:
+        return await self._do(_Routes.decide(decision_id, answer, reason, by))
+
+    async def rules(self) -> list[s.Rule]:
+        return await self._do(_Routes.rules())
+
+    async def add_rule(self, tool: str, effect: Literal["allow", "deny"], *, prefix: str | None = None,
+                       agent: str = "*", by: str | None = None) -> s.Rule:
+        return await self._do(_Routes.add_rule(tool, effect, prefix, agent, by))
+
+    async def remove_rule(self, rule_id: str) -> None:
+        await self._do(_Routes.remove_rule(rule_id))
+
+    async def consents(self) -> list[s.Consent]:
+        return await self._do(_Routes.consents())
+
+    async def revoke_consent(self, agent: str, family: str) -> None:
+        await self._do(_Routes.revoke_consent(agent, family))
+
+    async def developer_mode(self) -> s.DeveloperMode:
+        return await self._do(_Routes.developer_mode())
+
+    async def set_developer_mode(self, enabled: bool, *, by: str | None = None) -> s.DeveloperMode:
+        return await self._do(_Routes.set_developer_mode(enabled, by))
+
+    async def policy(self) -> s.Policy:
+        return await self._do(_Routes.policy())
+
+    async def verify(self) -> s.VerifyReport:
+        return await self._do(_Routes.verify())
+
+    async def replay(self, run_id: str) -> s.ReplayResult:
+        return await self._do(_Routes.replay(run_id))
+
+    async def entries(self, *, since_seq: int | None = None, limit: int | None = None,
+                      run_id: str | None = None) -> s.EntriesPage:
+        return await self._do(_Routes.entries(since_seq, limit, run_id))
+
+    async def iter_entries(self, *, since_seq: int | None = None, run_id: str | None = None,
+                           page: int = 500) -> AsyncIterator[s.JournalEntry]:
+        while True:
+            result = await self.entries(since_seq=since_seq, limit=page, run_id=run_id)
+            for entry in result.entries:
+                yield entry
+            if result.next_since_seq is None:
+                return
+            since_seq = result.next_since_seq
+
+
+def _manifest_text(manifest: str | Path) -> str:
+    return manifest.read_text() if isinstance(manifest, Path) else manifest
+
