@@ -241,3 +241,29 @@ def test_chunks_of_a_dead_worker_are_checked_inline(key):
     worker.submit(items[:25])
     worker.submit(items[25:])
     assert worker.results(bytes(key.verify_key)) == [42]
+
+
+def test_verify_home_reads_what_a_killed_writer_committed(home):
+    """Read-only verification replays the WAL a kill -9 left behind."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from apollia_nb.home import Home
+        from apollia_nb.journal import Journal
+        journal = Journal.open(Home.at({str(home.path)!r}))
+        for i in range(30):
+            journal.append("plan", {{"i": i}})
+        journal.checkpoint()
+        for i in range(5):
+            journal.append("plan", {{"i": i}})
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == -9
+    assert (home.path / "journal.db.wal").exists()
+    report = verify_home(home)
+    assert report.ok and report.entries == 35 and report.checked_checkpoints == 1
