@@ -658,3 +658,17 @@ def test_a_command_too_long_to_read_matches_every_deny_rule() -> None:
     c = run(command)
     assert scan(c, rules) == "zzz"
     expect(decide(c, view(rules=rules, developer_mode=True)), "refuse", 2)
+
+
+def test_the_example_in_the_docs_runs_as_written() -> None:
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "governance.md").read_text(encoding="utf-8")
+    block = re.search(r"```python\n(.*?)```", text, re.S)
+    assert block is not None
+    scope: dict[str, Any] = {}
+    exec(block.group(1), scope)
+    d = scope["d"]
+    assert (d.outcome, d.line, d.answers, d.rule_id) == ("allow", 4, (), None)
+    assert f'd.reason    # "{d.reason}"' in block.group(1)
