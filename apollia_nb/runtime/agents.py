@@ -54,12 +54,17 @@ class Agent:
         return f"{base}\n\n{_ROLE_PROMPTS[role]}".strip()
 
     def tool_specs(self) -> list[Any]:
+        """The tools offered to the model (built once per agent incarnation)."""
+        cached = self.__dict__.get("_specs")
+        if cached is not None:
+            return cached
         from apollia_nb.runtime.models.base import ToolSpec
 
         out = []
         for name in self.offered:
             spec = self.tools.get(name).spec()
             out.append(ToolSpec(name=spec["name"], description=spec["description"], parameters=spec["parameters"]))
+        self.__dict__["_specs"] = out
         return out
 
     def check_accepts_work(self) -> list[str]:

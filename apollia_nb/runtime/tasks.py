@@ -71,6 +71,7 @@ class TaskRun:
         self.done = anyio.Event()
         self.plan_answer: tuple[str, str | None, list[str] | None] | None = None
         self._active = False
+        self._history: list[Any] | None = None
         self._plan_event = anyio.Event()
 
     # ---------------------------------------------------------------- helpers
@@ -247,11 +248,11 @@ class TaskRun:
             step = self.r["steps"][index]
             if step["status"] == "pending":
                 step["status"] = "running"
-                self.r["messages"] = [
-                    _msg(Message(role="system", content=self.agent.system_prompt("actor"))),
-                    _msg(Message(role="user", content=f"Goal: {self.r['goal']}\n"
-                                 f"Step {index + 1} of {len(self.r['plan'])}: {step['description']}")),
-                ]
+                self.r["messages"] = []
+                self._history = []
+                self._push(Message(role="system", content=self.agent.system_prompt("actor")))
+                self._push(Message(role="user", content=f"Goal: {self.r['goal']}\n"
+                                   f"Step {index + 1} of {len(self.r['plan'])}: {step['description']}"))
                 self.rt._notify(self)
             while True:
                 if self.r["queued_calls"] or self.r["awaiting"]:
@@ -262,10 +263,8 @@ class TaskRun:
                         return False
                     continue
                 self._spend()
-                response = await self._model("actor", [_unmsg(m) for m in self.r["messages"]],
-                                             self.agent.tool_specs())
-                self.r["messages"].append(_msg(Message(role="assistant", content=response.text,
-                                                       tool_calls=response.tool_calls)))
+                response = await self._model("actor", list(self._messages()), self.agent.tool_specs())
+                self._push(Message(role="assistant", content=response.text, tool_calls=response.tool_calls))
                 if response.tool_calls:
                     self.r["queued_calls"] = [
                         {"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments), "counted": False}
@@ -278,6 +277,7 @@ class TaskRun:
                 break
             self.r["step_index"] = index + 1
             self.r["messages"] = []
+            self._history = []
             self._save()
             self.rt._notify(self)
         self.r["phase"] = "critic"
@@ -330,12 +330,23 @@ class TaskRun:
             self.r["queued_calls"].pop(0)
             step["tool_calls"].append({"call_id": result.call_id, "tool": result.tool, "status": result.status,
                                        "error_code": result.error_code})
-            self.r["messages"].append(_msg(Message(role="tool", content=result.for_model(),
-                                                   tool_call_id=result.call_id, name=result.tool)))
+            self._push(Message(role="tool", content=result.for_model(), tool_call_id=result.call_id,
+                               name=result.tool))
             self.rt._notify(self)
             if result.status == "refused":
                 return Refused(f"{result.tool}: {result.error_message}")
         return None
+
+    def _messages(self) -> list[Any]:
+        """The step's history as model messages, kept incrementally (rebuilt only after a resume)."""
+        if self._history is None or len(self._history) != len(self.r["messages"]):
+            self._history = [_unmsg(m) for m in self.r["messages"]]
+        return self._history
+
+    def _push(self, message: Any) -> None:
+        self._messages()
+        self.r["messages"].append(_msg(message))
+        self._history.append(message)
 
     async def _on_waiting(self, card: Any) -> None:
         """A watched run is about to wait on a card: show it as waiting."""
