@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -78,20 +79,24 @@ async def governed_call(
     task_id: str | None = None,
     session_id: str | None = None,
     waiting_hook: Any = None,
+    prefix: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> CallResult:
-    """Decide one call and carry the decision out (or park it when nobody watches)."""
+    """Decide one call and carry the decision out (or park it when nobody watches).
+
+    ``prefix``: entries that must be durable together with the decision (the model
+    response that asked for this call); they are committed in the same transaction.
+    """
     from apollia_nb.runtime.tools import order_arguments
 
     try:
         tooldef = agent.tools.get(name)
         ordered = order_arguments(tooldef, arguments)
     except (UnknownTool, BadArgument) as exc:
-        await rt.journal.append_async(
+        await _commit(rt, run_id, agent, [*prefix, (
             "tool_result",
             {"call_id": call_id, "tool": name, "status": "error", "error_code": exc.code,
              "output": None, "output_digest": _capped(None)[1]},
-            run_id=run_id, agent=agent.name,
-        )
+        )])
         return CallResult(call_id, name, "error", error_code=exc.code, error_message=exc.message, arguments=arguments)
 
     family = tooldef.family.value if tooldef.family is not None else None
@@ -100,7 +105,7 @@ async def governed_call(
         connection=tooldef.connection, run_grants=frozenset(grants),
     )
     decision = decide(call, rt.governance.view())
-    await rt.journal.append_async(
+    decided = (
         "decision",
         {
             "call_id": call_id, "tool": name, "family": family, "arguments": ordered,
@@ -108,13 +113,14 @@ async def governed_call(
             "answers": [a.value for a in decision.answers], "reason": decision.reason,
             "connection": tooldef.connection,
         },
-        run_id=run_id, agent=agent.name,
     )
     if decision.outcome is Outcome.REFUSE:
-        return await _refused(rt, agent, run_id, call_id, name, ordered, decision.reason, decision)
+        return await _refused(rt, agent, run_id, call_id, name, ordered, decision.reason, decision,
+                              prefix=[*prefix, decided])
     if decision.outcome is Outcome.ALLOW:
         return await run_approved_call(rt, agent, run_id=run_id, call_id=call_id, name=name,
-                                       arguments=ordered, decision=decision)
+                                       arguments=ordered, decision=decision, prefix=[*prefix, decided])
+    await _commit(rt, run_id, agent, [*prefix, decided])
 
     card = rt._open_card(
         agent=agent, run_id=run_id, call_id=call_id, tool=name, family=family, arguments=ordered,
@@ -148,14 +154,22 @@ async def continue_after_answer(
                                    arguments=card.arguments, decision=decision)
 
 
+async def _commit(rt: "Runtime", run_id: str, agent: "Agent",
+                  drafts: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """Append entries in one transaction; durable when this returns."""
+    from apollia_nb.journal.store import Draft
+
+    await rt.journal.append_many_async([Draft(kind, payload, run_id, agent.name) for kind, payload in drafts])
+
+
 async def _refused(rt: "Runtime", agent: "Agent", run_id: str, call_id: str, name: str,
-                   arguments: dict[str, Any], reason: str, decision: Decision | None) -> CallResult:
-    await rt.journal.append_async(
+                   arguments: dict[str, Any], reason: str, decision: Decision | None,
+                   prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
+    await _commit(rt, run_id, agent, [*prefix, (
         "tool_result",
         {"call_id": call_id, "tool": name, "status": "refused", "error_code": "REFUSED",
          "output": None, "output_digest": _capped(None)[1]},
-        run_id=run_id, agent=agent.name,
-    )
+    )])
     return CallResult(call_id, name, "refused", error_code="REFUSED", error_message=reason,
                       decision=decision, arguments=arguments)
 
@@ -163,15 +177,15 @@ async def _refused(rt: "Runtime", agent: "Agent", run_id: str, call_id: str, nam
 async def run_approved_call(
     rt: "Runtime", agent: "Agent", *, run_id: str, call_id: str, name: str,
     arguments: dict[str, Any], decision: Decision | None = None,
+    prefix: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> CallResult:
-    """Journal ``tool_call`` (durable), run the tool under its breaker and timeout, journal the result."""
+    """Journal ``tool_call`` (durable, with ``prefix``), run the tool under its breaker and timeout,
+    journal the result."""
     from apollia_nb.runtime.tools import invoke
 
     tooldef = agent.tools.get(name)
-    await rt.journal.append_async(
-        "tool_call", {"call_id": call_id, "tool": name, "arguments": arguments},
-        run_id=run_id, agent=agent.name,
-    )
+    await _commit(rt, run_id, agent, [*prefix, ("tool_call", {"call_id": call_id, "tool": name,
+                                                              "arguments": arguments})])
     outcome = await invoke(tooldef, arguments, breakers=rt.breakers)
     if outcome.status == "ok":
         shown, digest, _ = _capped(outcome.output)

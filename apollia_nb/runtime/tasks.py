@@ -72,6 +72,7 @@ class TaskRun:
         self.plan_answer: tuple[str, str | None, list[str] | None] | None = None
         self._active = False
         self._history: list[Any] | None = None
+        self._turn_entry: tuple[str, dict[str, Any]] | None = None
         self._plan_event = anyio.Event()
 
     # ---------------------------------------------------------------- helpers
@@ -160,6 +161,9 @@ class TaskRun:
     async def _finish(self, status: TaskStatus, *, error: ApolliaError | None, result: Any = None) -> None:
         if self.r["status"] in _TERMINAL:
             return
+        if self._turn_entry is not None:  # the ceiling stopped the run before the turn's first call
+            await self._journal(*self._turn_entry)
+            self._turn_entry = None
         for queued in self.r["queued_calls"]:
             # Calls the model asked for that will never run: say so, so the trace stays complete.
             await self._journal("tool_result", {
@@ -308,10 +312,13 @@ class TaskRun:
                     queued["counted"] = True
                 mode = "watched" if (self.r["watched"] or not self.rt.suspend_unattended) else "unattended"
                 waiting_hook = self._on_waiting
+                prefix = [self._turn_entry] if self._turn_entry is not None else []
+                self._turn_entry = None
                 result = await governed_call(
                     self.rt, self.agent, run_id=self.r["run_id"], call_id=queued["call_id"],
                     name=queued["name"], arguments=queued["arguments"], mode=mode,
                     grants=frozenset(self.r["grants"]), task_id=self.id, waiting_hook=waiting_hook,
+                    prefix=prefix,
                 )
                 if self.r["awaiting"] and result.status != "waiting":
                     self.r["awaiting"] = None  # a watched wait ended with the answer
@@ -399,7 +406,11 @@ class TaskRun:
         if role != "actor":
             # The planner's and critic's calls are structured answers (submit_plan, submit_verdict), not tools.
             payload = {"role": role, "turn": turn, "text": response.text, "tool_calls": [], "structured": listed}
-        await self._journal("model_response", payload)
+        if role == "actor" and calls:
+            # Committed together with the first call's decision, before anything it asked for runs.
+            self._turn_entry = ("model_response", payload)
+        else:
+            await self._journal("model_response", payload)
         return response
 
 
