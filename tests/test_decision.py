@@ -534,9 +534,12 @@ def test_an_unknown_family_is_refused_at_construction(family: str) -> None:
         lambda: Rule(tool="t", prefix=3),  # type: ignore[arg-type]
         lambda: GovernanceView(rules=[{"tool": "t"}]),  # type: ignore[list-item]
         lambda: GovernanceView(policy={"refuse_tools": ["t"]}),  # type: ignore[arg-type]
+        lambda: GovernanceView(readable="false"),  # type: ignore[arg-type]
+        lambda: GovernanceView(developer_mode=1),  # type: ignore[arg-type]
+        lambda: GovernanceView(readable=None),  # type: ignore[arg-type]
     ],
     ids=["agent None", "tool int", "arguments list", "connection int", "rule agent None", "prefix int",
-         "rule as dict", "policy as dict"],
+         "rule as dict", "policy as dict", "readable as text", "developer mode as int", "readable None"],
 )
 def test_wrong_types_are_refused_at_construction(build: Any) -> None:
     with pytest.raises(TypeError):

@@ -420,8 +420,10 @@ class GovernanceView:
         object.__setattr__(
             self, "consents", frozenset((_text("agent", a), Family(f)) for a, f in (self.consents or ()))
         )
-        object.__setattr__(self, "developer_mode", bool(self.developer_mode))
-        object.__setattr__(self, "readable", bool(self.readable))
+        for name in ("developer_mode", "readable"):  # "false" must not read as true
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, not {getattr(self, name)!r}")
+        _text("unreadable_reason", self.unreadable_reason)
         if self.policy is not None and not isinstance(self.policy, Policy):
             raise TypeError(f"policy must be a Policy or None, not {type(self.policy).__name__}")
         by_tool: dict[str, list[Rule]] = {}
@@ -449,6 +451,8 @@ class GovernanceView:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """The answer to one call: what happens, which line decided, what a person may answer, why."""
+
     outcome: Outcome
     line: int
     answers: tuple[Answer, ...] = ()
