@@ -1,0 +1,43 @@
+"""``%load_ext apollia_nb``: register the ``apollia`` magic, open the home, print the status line.
+
+The extension only registers (and opens the home this kernel owns); widgets,
+pandas and the SQL machinery are imported when first used, so loading stays
+quick. Loading again in the same kernel keeps the open home.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["load_ipython_extension", "unload_ipython_extension", "loaded_magics"]
+
+_REGISTRY_NAME = "ApolliaMagics"
+
+
+def loaded_magics(ipython: Any) -> Any:
+    """The registered ``ApolliaMagics`` of this shell, or None."""
+    return ipython.magics_manager.registry.get(_REGISTRY_NAME)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from apollia_nb.notebook.magics import ApolliaMagics
+
+    magics = loaded_magics(ipython)
+    if magics is None:
+        magics = ApolliaMagics(shell=ipython, parent=ipython)
+        ipython.register_magics(magics)
+    if magics not in ipython.configurables:
+        ipython.configurables.append(magics)  # so `%config ApolliaMagics` lists and sets its traits
+    magics.open_home()
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    magics = loaded_magics(ipython)
+    if magics is None:
+        return
+    magics.close_home()
+    if magics in ipython.configurables:
+        ipython.configurables.remove(magics)
+    for kind in ("line", "cell"):
+        ipython.magics_manager.magics[kind].pop("apollia", None)
+    ipython.magics_manager.registry.pop(_REGISTRY_NAME, None)

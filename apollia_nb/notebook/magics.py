@@ -1,0 +1,412 @@
+"""``%apollia`` / ``%%apollia``: the notebook's one magic and its subcommands (SPEC §7).
+
+Cell subcommands (the cell is the input)::
+
+    %%apollia agent                         manifest TOML → registers the agent, shows it
+    %%apollia task AGENT [--max-steps N] [--unattended | --watched] [--approve-plan]
+                                            goal → a task handle at once (live run view)
+    %%apollia chat SESSION_OR_AGENT [--plan]
+                                            message → the exchange at once (streaming chat view)
+    %%apollia sql                           SQL over the journal's views → a DataFrame (read-only)
+
+Line subcommands: ``status`` (the default), ``agents``, ``stop NAME``,
+``pending``, ``rules``, ``consents``, ``devmode [on|off]``, ``verify``,
+``replay RUN``, ``serve``, ``help``.
+
+A magic waits only for short operations on the runtime (registering, submitting,
+reading); runs go on in the background, so no cell ever waits for a click.
+Errors show as one line ``CODE: message`` (the cell fails, without a
+traceback). Settings are traits of ``ApolliaMagics`` (``%config ApolliaMagics``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from traitlets import Bool, Unicode, observe
+
+from apollia_nb.errors import ApolliaError, BadInput, Conflict, UnknownRun, UnknownSession
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.notebook.bridge import KernelRuntime
+
+__all__ = ["ApolliaMagics", "ApolliaMagicError", "SERVE_MESSAGE", "HELP"]
+
+SERVE_MESSAGE = (
+    "Serving the REST API from a kernel is not available in this version: it arrives with the REST API "
+    "(`apollia-os serve`). This kernel owns the home {home}; while it does, `apollia-os serve` cannot "
+    "open the same home."
+)
+
+HELP = """\
+%apollia [status]                 the status line: home, journal head, developer mode, policy
+%apollia agents                   the registered agents and their states
+%apollia stop NAME                stop an agent (drains its in-flight work first)
+%apollia pending                  every waiting decision of the home, answerable
+%apollia rules | consents         fine rules | standing consents
+%apollia devmode [on|off]         show or set developer mode
+%apollia verify                   verify the journal (chain, hashes, signatures, checkpoints)
+%apollia replay RUN               replay a run offline from the journal
+%apollia serve                    about serving the REST API from a kernel
+%%apollia agent                   cell: a manifest (TOML); registers the agent
+%%apollia task AGENT [--max-steps N] [--unattended | --watched] [--approve-plan]
+                                  cell: the goal; returns the task handle at once
+%%apollia chat SESSION_OR_AGENT [--plan]
+                                  cell: the message; opens a session for an agent or continues a session
+%%apollia sql                     cell: one read-only SQL query over journal, decisions, tool_calls, runs"""
+
+
+class ApolliaMagicError(Exception):
+    """A failed ``%apollia``: IPython shows it as the one line ``CODE: message``, not a traceback."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def from_error(cls, exc: ApolliaError) -> "ApolliaMagicError":
+        return cls(exc.code, exc.message)
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{self.code}: {self.message}"]
+
+
+class _Exit(Exception):
+    """argparse asked to exit (after printing ``--help``)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(f"{self.prog}: {message}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            print(message, file=sys.stderr)
+        raise _Exit()
+
+
+def _parser(prog: str) -> _Parser:
+    return _Parser(prog=prog, add_help=True, allow_abbrev=False)
+
+
+def _words(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise BadInput(f"cannot read the arguments: {exc}") from None
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+@magics_class
+class ApolliaMagics(Magics):
+    """The ``apollia`` magic. Settings: ``%config ApolliaMagics.<trait> = value``."""
+
+    home = Unicode(
+        "", help="The home to open; empty: $APOLLIA_HOME, else ~/.apollia. Changing it reopens the runtime."
+    ).tag(config=True)
+    unattended_default = Bool(
+        False, help="Tasks run unattended unless `--watched` is given (then the first ask suspends them)."
+    ).tag(config=True)
+    show_widgets = Bool(
+        True, help="Display live widgets; when off, results show as HTML and text only."
+    ).tag(config=True)
+    user = Unicode(
+        "", help="The name answers and changes are journaled under; empty: the login name."
+    ).tag(config=True)
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self.runtime: KernelRuntime | None = None
+        self._commands: dict[str, Callable[[list[str], str | None], Any]] = {
+            "agent": self._agent, "task": self._task, "chat": self._chat, "sql": self._sql,
+            "status": self._status, "agents": self._agents, "stop": self._stop, "pending": self._pending,
+            "rules": self._rules, "consents": self._consents, "devmode": self._devmode, "verify": self._verify,
+            "replay": self._replay, "serve": self._serve, "help": self._help,
+        }
+
+    # ------------------------------------------------------------------ the home
+    def open_home(self, *, announce: bool = True) -> "KernelRuntime":
+        """Open the home for this kernel (once) and print the status line."""
+        if self.runtime is not None and not self.runtime.closed:
+            return self.runtime
+        from apollia_nb.notebook.bridge import KernelRuntime
+        from apollia_nb.notebook.render import status_line
+
+        try:
+            self.runtime = KernelRuntime(self.home or None, ui_loop=_running_loop(), user=self.user or None,
+                                         show_widgets=self.show_widgets)
+        except ApolliaError as exc:
+            raise ApolliaMagicError.from_error(exc) from None
+        if announce:
+            print(status_line(self.runtime.status()))
+        return self.runtime
+
+    def close_home(self) -> None:
+        if self.runtime is not None:
+            runtime, self.runtime = self.runtime, None
+            runtime.close()
+
+    @observe("home")
+    def _home_changed(self, change: Any) -> None:
+        if self.runtime is not None:
+            self.close_home()
+            self.open_home()
+
+    @observe("show_widgets")
+    def _show_widgets_changed(self, change: Any) -> None:
+        if self.runtime is not None:
+            self.runtime.show_widgets = bool(change.new)
+
+    @observe("user")
+    def _user_changed(self, change: Any) -> None:
+        if self.runtime is not None:
+            from apollia_nb.notebook.bridge import login_name
+
+            self.runtime.user = change.new or login_name()
+
+    # ------------------------------------------------------------------ the magic
+    @line_cell_magic
+    def apollia(self, line: str = "", cell: str | None = None) -> Any:
+        """Governed agents in this kernel. `%apollia help` lists the subcommands."""
+        words = _words(line)
+        command = words[0] if words else "status"
+        handler = self._commands.get(command)
+        try:
+            if handler is None:
+                raise BadInput(f"unknown subcommand {command!r}; `%apollia help` lists them")
+            return handler(words[1:], cell)
+        except _Exit:
+            return None
+        except ApolliaError as exc:
+            raise ApolliaMagicError.from_error(exc) from None
+
+    def _rt(self) -> "KernelRuntime":
+        return self.open_home(announce=False)
+
+    @staticmethod
+    def _cell(command: str, cell: str | None) -> str:
+        if cell is None:
+            raise BadInput(f"`%%apollia {command}` is a cell magic: the cell below the line is its input")
+        return cell
+
+    @staticmethod
+    def _no_cell(command: str, cell: str | None) -> None:
+        if cell is not None and cell.strip():
+            raise BadInput(f"`%apollia {command}` takes no cell")
+
+    # ------------------------------------------------------------------ cell subcommands
+    def _agent(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import AgentInfo
+        from apollia_nb.notebook.tools import notebook_tools
+        from apollia_nb.runtime.manifest import parse_manifest
+
+        _parser("%%apollia agent").parse_args(args)
+        manifest = parse_manifest(self._cell("agent", cell), source="<cell>")
+        shell = self.shell
+        tools = notebook_tools(lambda: shell.user_ns, manifest)
+        runtime = self._rt()
+        rt = runtime.rt
+
+        async def declare() -> dict[str, Any]:
+            # Declaring again (a re-run cell, or an agent restored from the home) replaces it when idle.
+            existing = next((a for a in rt.agents() if a.name == manifest.name), None)
+            if existing is not None and existing.state.state.value != "stopped":
+                if existing.inflight:
+                    raise Conflict(f"agent {manifest.name!r} has {len(existing.inflight)} task(s) in flight; "
+                                   f"stop it first (`%apollia stop {manifest.name}`)")
+                await rt.stop_agent(manifest.name)
+            agent = await rt.register_agent(manifest, tools=tools)
+            return agent.to_dict()
+
+        return AgentInfo(runtime.block(declare))
+
+    def _task(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import NotebookTask
+
+        parser = _parser("%%apollia task")
+        parser.add_argument("agent")
+        parser.add_argument("--max-steps", type=int, default=None)
+        mode = parser.add_mutually_exclusive_group()
+        mode.add_argument("--unattended", action="store_true", help="nothing prompts: the first ask suspends the run")
+        mode.add_argument("--watched", action="store_true", help="cards ask here (overrides unattended_default)")
+        parser.add_argument("--approve-plan", action="store_true", help="wait for plan approval before executing")
+        ns = parser.parse_args(args)
+        goal = self._cell("task", cell).strip()
+        unattended = ns.unattended or (self.unattended_default and not ns.watched)
+        runtime = self._rt()
+        handle = runtime.call(runtime.rt.submit, ns.agent, goal, max_steps=ns.max_steps, watched=not unattended,
+                              approve_plan=ns.approve_plan)
+        return NotebookTask(runtime, handle)
+
+    def _chat(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import NotebookExchange, NotebookSession
+
+        parser = _parser("%%apollia chat")
+        parser.add_argument("target", metavar="SESSION_OR_AGENT")
+        parser.add_argument("--plan", action="store_true", help="plan-mode (when opening a session)")
+        ns = parser.parse_args(args)
+        message = self._cell("chat", cell).strip()
+        runtime = self._rt()
+        sessions = runtime.rt.sessions
+
+        def open_and_send() -> tuple[Any, Any]:
+            session = None
+            try:
+                session = sessions.get(ns.target)
+            except UnknownSession:
+                pass
+            if session is not None:
+                if ns.plan:
+                    raise BadInput("--plan applies when a session is opened, not to an existing session")
+            else:
+                session = sessions.open(ns.target, plan_mode=ns.plan)
+            return session, session.send(message)
+
+        session, exchange = runtime.call(open_and_send)
+        return NotebookExchange(runtime, NotebookSession(runtime, session), exchange)
+
+    def _sql(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import SqlRows
+        from apollia_nb.notebook.sql import run_query
+
+        _parser("%%apollia sql").parse_args(args)
+        query = self._cell("sql", cell)
+        runtime = self._rt()
+        result = run_query(runtime.rt.journal, query)
+        count = len(result.rows)
+        print(f"{count} row{'s' if count != 1 else ''}")
+        if result.frame is not None:
+            return result.frame
+        return SqlRows(result.columns, result.rows)
+
+    # ------------------------------------------------------------------ line subcommands
+    def _status(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import Report
+        from apollia_nb.notebook.render import status_html, status_line
+
+        self._no_cell("status", cell)
+        _parser("%apollia status").parse_args(args)
+        status = self._rt().status()
+        counts = f"{status['agents']} agent(s), {status['pending']} pending decision(s)"
+        return Report(f"{status_line(status)}\n{counts}", f"{status_html(status)}<div>{counts}</div>", status)
+
+    def _agents(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import Report
+
+        self._no_cell("agents", cell)
+        _parser("%apollia agents").parse_args(args)
+        runtime = self._rt()
+        agents = runtime.call(lambda: [a.to_dict() for a in runtime.rt.agents()])
+        columns = ("name", "state", "model", "max_steps", "inflight", "tools", "warnings")
+        rows = [(a["name"], a["state"], a["model"], a["max_steps"], a["inflight"], ", ".join(a["tools"]),
+                 "; ".join(a["warnings"])) for a in agents]
+        return Report.table(columns, rows, f"{len(agents)} agent(s)", agents)
+
+    def _stop(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import AgentInfo
+
+        self._no_cell("stop", cell)
+        parser = _parser("%apollia stop")
+        parser.add_argument("name")
+        ns = parser.parse_args(args)
+        runtime = self._rt()
+        rt = runtime.rt
+
+        async def stop() -> dict[str, Any]:
+            return (await rt.stop_agent(ns.name)).to_dict()
+
+        return AgentInfo(runtime.block(stop))
+
+    def _pending(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import PendingInbox
+
+        self._no_cell("pending", cell)
+        _parser("%apollia pending").parse_args(args)
+        return PendingInbox(self._rt())
+
+    def _rules(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import Report
+
+        self._no_cell("rules", cell)
+        _parser("%apollia rules").parse_args(args)
+        runtime = self._rt()
+        rules = runtime.call(lambda: [r.to_dict() for r in runtime.rt.governance.rules()])
+        columns = ("id", "tool", "prefix", "effect", "agent", "created_by", "created_at")
+        return Report.table(columns, [tuple(r[c] for c in columns) for r in rules], f"{len(rules)} rule(s)", rules)
+
+    def _consents(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import Report
+
+        self._no_cell("consents", cell)
+        _parser("%apollia consents").parse_args(args)
+        runtime = self._rt()
+        consents = runtime.call(lambda: [c.to_dict() for c in runtime.rt.governance.consents()])
+        columns = ("agent", "family", "granted_by", "granted_at")
+        return Report.table(columns, [tuple(c[k] for k in columns) for c in consents],
+                            f"{len(consents)} standing consent(s)", consents)
+
+    def _devmode(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import Report
+
+        self._no_cell("devmode", cell)
+        parser = _parser("%apollia devmode")
+        parser.add_argument("state", nargs="?", choices=("on", "off"))
+        ns = parser.parse_args(args)
+        runtime = self._rt()
+        governance = runtime.rt.governance
+        if ns.state is None:
+            state = runtime.call(lambda: governance.developer_mode_state().to_dict())
+        else:
+            state = runtime.call(lambda: governance.set_developer_mode(ns.state == "on", by=runtime.user).to_dict())
+        words = f"developer mode {'on' if state['enabled'] else 'off'}"
+        if state.get("changed_by"):
+            words += f" (changed by {state['changed_by']} at {state['changed_at']})"
+        return Report(words, f"<div class='apollia-devmode'>{words}</div>", state)
+
+    def _verify(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import JournalReport
+
+        self._no_cell("verify", cell)
+        _parser("%apollia verify").parse_args(args)
+        return JournalReport(self._rt())
+
+    def _replay(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.handles import Report
+        from apollia_nb.notebook.render import replay_html, replay_text
+
+        self._no_cell("replay", cell)
+        parser = _parser("%apollia replay")
+        parser.add_argument("run")
+        ns = parser.parse_args(args)
+        runtime = self._rt()
+        rt = runtime.rt
+
+        def replay() -> dict[str, Any]:
+            if not rt.journal.entries(run_id=ns.run, limit=1):
+                raise UnknownRun(f"the journal has no entries for run {ns.run!r}")
+            return rt.replay(ns.run).to_dict()
+
+        result = runtime.call(replay)
+        return Report(replay_text(result), replay_html(result), result)
+
+    def _serve(self, args: list[str], cell: str | None) -> None:
+        self._no_cell("serve", cell)
+        _parser("%apollia serve").parse_args(args)
+        home = self.runtime.rt.home.path if self.runtime is not None else (self.home or "(not open)")
+        print(SERVE_MESSAGE.format(home=home))
+
+    def _help(self, args: list[str], cell: str | None) -> None:
+        print(HELP)
