@@ -103,3 +103,17 @@ def test_demo_refuses_a_home_that_is_not_fresh(home, capsys):
     (home.path / "something").write_text("x")
     assert main(["demo", "--home", str(home.path)]) == 3
     assert "fresh home" in capsys.readouterr().err
+
+
+def test_audit_replay_exits_0_identical_2_incomplete_3_unknown(home, clerk_file):
+    assert run_cli("agents", "register", str(clerk_file), home=home.path).returncode == 0
+    waiting = json.loads(run_cli("run", "clerk", "Write", "--unattended", "--json", home=home.path).stdout)
+    out = run_cli("audit", "replay", waiting["run_id"], home=home.path)
+    assert out.returncode == 2 and out.stdout.startswith("incomplete")  # suspended: no seal yet
+    pending = json.loads(run_cli("pending", "list", "--json", home=home.path).stdout)
+    run_cli("pending", "decide", pending[0]["id"], "once", home=home.path)
+    out = run_cli("audit", "replay", waiting["run_id"], "--json", home=home.path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads(out.stdout)["verdict"] == "identical"
+    unknown = run_cli("audit", "replay", "run-nope", home=home.path)
+    assert unknown.returncode == 3 and "UNKNOWN_RUN" in unknown.stderr

@@ -24,8 +24,8 @@ EXIT_INTEGRITY = 1
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add ``audit verify|checkpoint|prove|export``."""
-    audit = sub.add_parser("audit", help="verify, checkpoint, prove and export the journal")
+    """Add ``audit verify|checkpoint|prove|replay|export``."""
+    audit = sub.add_parser("audit", help="verify, checkpoint, prove, replay and export the journal")
     asub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
     p = asub.add_parser("verify", parents=[common],
@@ -45,6 +45,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         help="an RFC 6962 inclusion proof of one entry against the latest checkpoint")
     p.add_argument("seq", type=int, metavar="SEQ")
     p.set_defaults(handler=_prove)
+
+    p = asub.add_parser("replay", parents=[common],
+                        help="replay a run offline (exit 0 identical, 1 diverged, 2 incomplete)")
+    p.add_argument("run", metavar="RUN", help="the run id (see the runs view)")
+    p.set_defaults(handler=_replay)
 
     p = asub.add_parser("export", parents=[common], help="write an offline audit bundle")
     p.add_argument("--format", choices=["parquet"], default="parquet")
@@ -148,3 +153,21 @@ def _export(args: argparse.Namespace) -> int:
         f"verify with: apollia-os audit verify --bundle {json.dumps(str(result.directory))}",
     )
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from apollia_nb.errors import UnknownRun
+    from apollia_nb.journal.replay import replay_entries
+
+    with _owned_journal(args) as journal:
+        entries = journal.entries(run_id=args.run)
+    if not entries:
+        raise UnknownRun(f"the journal has no run {args.run!r}")
+    result = replay_entries(args.run, entries)
+    lines = [f"{result.verdict}: run {args.run}, {result.entries} entries, {result.responses} model responses, "
+             f"{result.calls} tool calls"]
+    lines += [f"  missing: {m}" for m in result.missing]
+    lines += [f"  seq {d.position}: {d.kind} ({d.call_id}) expected {d.expected!r}, found {d.found!r}"
+              for d in result.divergences]
+    emit(args, result.to_dict(), "\n".join(lines))
+    return result.exit_code
