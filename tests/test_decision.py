@@ -675,3 +675,28 @@ def test_the_example_in_the_docs_runs_as_written() -> None:
     d = scope["d"]
     assert (d.outcome, d.line, d.answers, d.rule_id) == ("allow", 4, (), None)
     assert f'd.reason    # "{d.reason}"' in block.group(1)
+
+
+class Sly(str):
+    """A string that claims to start with nothing and to equal everything."""
+
+    def startswith(self, *a: Any) -> bool:  # type: ignore[override]
+        return False
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = str.__hash__
+
+    def split(self, *a: Any) -> list[str]:  # type: ignore[override]
+        return ["ls"]
+
+
+def test_string_subclasses_are_read_as_their_text() -> None:
+    v = view(rules=[Rule("write_file", prefix="secrets/")], consents={("clerk", "write")})
+    expect(decide(call("write", tool="write_file", args={"path": Sly("secrets/key")}), v), "refuse", 2)
+    dev = view(developer_mode=True, rules=[Rule(BASH, "allow", "ls")])
+    expect(decide(run(Sly("rm -rf /")), dev), "ask", 4, ALL)
+    assert type(Call(agent=Sly("a"), tool=Sly("t")).agent) is str
+    assert type(Rule(tool=Sly("t"), prefix=Sly("p")).prefix) is str
+    assert decide(call("write", tool="write_file"), view(rules=[Rule(Sly("other"))])).line == 6

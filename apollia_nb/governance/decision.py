@@ -118,9 +118,10 @@ def _family(value: Family | str | None) -> Family | None:
 
 
 def _text(name: str, value: object) -> str:
+    """``value`` as a plain ``str``: a subclass cannot change how it compares or matches."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, not {type(value).__name__}")
-    return value
+    return str.__str__(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,15 +140,15 @@ class Call:
     run_grants: frozenset[Family] = frozenset()
 
     def __post_init__(self) -> None:
-        _text("agent", self.agent)
-        _text("tool", self.tool)
+        object.__setattr__(self, "agent", _text("agent", self.agent))
+        object.__setattr__(self, "tool", _text("tool", self.tool))
         object.__setattr__(self, "family", _family(self.family))
         if self.arguments is None:
             object.__setattr__(self, "arguments", {})
         elif not isinstance(self.arguments, Mapping):
             raise TypeError(f"arguments must be a mapping, not {type(self.arguments).__name__}")
         if self.connection is not None:
-            _text("connection", self.connection)
+            object.__setattr__(self, "connection", _text("connection", self.connection))
         grants = frozenset(_family(g) for g in (self.run_grants or ()))
         object.__setattr__(self, "run_grants", grants - {None})
 
@@ -166,11 +167,11 @@ class Rule:
     id: str | None = None
 
     def __post_init__(self) -> None:
-        _text("tool", self.tool)
-        _text("agent", self.agent)
+        object.__setattr__(self, "tool", _text("tool", self.tool))
+        object.__setattr__(self, "agent", _text("agent", self.agent))
         object.__setattr__(self, "effect", Effect(self.effect))
         if self.prefix is not None:
-            _text("prefix", self.prefix)
+            object.__setattr__(self, "prefix", _text("prefix", self.prefix))
         if self.prefix == "":
             object.__setattr__(self, "prefix", None)
 
@@ -184,8 +185,10 @@ class Policy:
     refuse_families: frozenset[Family] = frozenset()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "refuse_tools", frozenset(self.refuse_tools or ()))
-        object.__setattr__(self, "refuse_connections", frozenset(self.refuse_connections or ()))
+        object.__setattr__(self, "refuse_tools", frozenset(_text("tool", t) for t in (self.refuse_tools or ())))
+        object.__setattr__(
+            self, "refuse_connections", frozenset(_text("connection", c) for c in (self.refuse_connections or ()))
+        )
         object.__setattr__(
             self, "refuse_families", frozenset(Family(f) for f in (self.refuse_families or ()))
         )
@@ -474,7 +477,7 @@ class _Unshowable(Exception):
 
 def _show(value: object) -> str:
     if isinstance(value, str):
-        return value
+        return str.__str__(value)
     try:
         return str(value)
     except Exception as exc:
@@ -503,7 +506,7 @@ def _argument_texts(call: Call) -> tuple[str, ...] | None:
         if value is None:
             return ()
         if isinstance(value, str):
-            return (value,)
+            return (str.__str__(value),)
         try:
             shown = _show(value)
             if isinstance(value, (list, tuple)):
@@ -519,7 +522,7 @@ def _argument_texts(call: Call) -> tuple[str, ...] | None:
 def _command(call: Call) -> str | None:
     """The first argument when it is a string: only a string is a command."""
     for value in call.arguments.values():
-        return value if isinstance(value, str) else None
+        return str.__str__(value) if isinstance(value, str) else None
     return None
 
 
