@@ -62,6 +62,52 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in statuses}
 
 
+def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, dict[str, Any]]:
+    """An event-stream route's responses: its events (name → schema of the JSON ``data``), and JSON errors.
+
+    Written out because a model here would take the route's media type.
+    """
+    items = [
+        {"type": "object", "required": ["event", "data"], "properties": {
+            "event": {"const": name},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": {"$ref": f"#/components/schemas/{schema}"}},
+        }}
+        for name, schema in events.items()
+    ]
+    out: dict[int | str, dict[str, Any]] = {
+        200: {"description": "a stream of server-sent events, each with JSON `data`",
+              "content": {"text/event-stream": {"itemSchema": {"oneOf": items}}}},
+    }
+    error = {"schema": {"$ref": "#/components/schemas/Error"}}
+    for code in (401, 422, *statuses):
+        out[code] = {"description": _STATUS_WORDS[code], "content": {"application/json": error}}
+    return out
+
+
+_TASK_EVENTS = {"task": "Task"}
+_EXCHANGE_EVENT_SCHEMAS = {name: model.__name__ for name, model in s.EXCHANGE_EVENTS.items()}
+
+
+def _with_event_schemas(app: FastAPI) -> None:
+    """Add the exchange events' models to the document's components (only event streams refer to them)."""
+    from pydantic.json_schema import models_json_schema
+
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = generate()
+            _, defs = models_json_schema([(m, "serialization") for m in s.EXCHANGE_EVENTS.values()],
+                                         ref_template="#/components/schemas/{model}")
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for name, schema in defs.get("$defs", {}).items():
+                schemas.setdefault(name, schema)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 # --- the runtime and the token -------------------------------------------------------------------
 
 _bearer = HTTPBearer(
@@ -121,6 +167,19 @@ def _http_error(status: int, detail: Any) -> ApolliaError:
     return ApolliaError(text)
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the API takes at this path, from its OpenAPI document."""
+    from starlette.routing import compile_path
+
+    table = getattr(request.app.state, "methods_by_path", None)
+    if table is None:
+        table = request.app.state.methods_by_path = [
+            (compile_path(path)[0], sorted(m.upper() for m in item))
+            for path, item in request.app.openapi()["paths"].items()
+        ]
+    return sorted({m for regex, methods in table if regex.match(request.url.path) for m in methods})
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApolliaError)
     async def apollia_error(request: Request, exc: ApolliaError) -> JSONResponse:
@@ -133,7 +192,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         err = _http_error(exc.status_code, exc.detail)
-        kept = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+        kept = {}
+        if exc.status_code == 405:
+            kept["Allow"] = ", ".join(_allowed_methods(request))
         return _error_response(err, exc.status_code if exc.status_code >= 400 else None, kept)
 
     @app.exception_handler(Exception)
@@ -254,7 +315,7 @@ async def _exchange_events(exchange: Any, start: int, closing: anyio.Event) -> A
 # --- routes ---------------------------------------------------------------------------------------
 
 public = APIRouter()
-router = APIRouter(dependencies=[Depends(_authorize)], responses=_errors(401))
+router = APIRouter(dependencies=[Depends(_authorize)], responses=_errors(401, 422))
 
 #: Each route's success status, for the reference and the tests.
 ROUTE_STATUS: dict[str, int] = {}
@@ -411,7 +472,7 @@ async def _existing_task(task_id: str, rt: Any = Depends(_runtime)) -> dict[str,
 
 
 @router.get("/tasks/{task_id}/events", response_class=EventSourceResponse, operation_id="taskEvents",
-            tags=["tasks"], summary="A task's changes (server-sent events)", responses=_errors(404),
+            tags=["tasks"], summary="A task's changes (server-sent events)", responses=_stream_errors(404, events=_TASK_EVENTS),
             description="`event: task` with the task's JSON (as `GET /tasks/{id}`) now and on every change, "
                         "until the task is completed, failed or cancelled; then the stream ends. A task waiting "
                         "on a person keeps its stream open.")
@@ -486,7 +547,7 @@ _EXCHANGE_EVENTS = (
 
 @router.post("/sessions/{session_id}/messages", response_class=EventSourceResponse, operation_id="sendMessage",
              tags=["sessions"], summary="Send a message and stream the exchange (server-sent events)",
-             responses=_errors(404, 409, 413, 422),
+             responses=_stream_errors(404, 409, 413, 422, events=_EXCHANGE_EVENT_SCHEMAS),
              description="409 `SESSION_BUSY` while the session is processing, `SESSION_CLOSED` once closed. "
                          + _EXCHANGE_EVENTS)
 async def send_message(request: Request, exchange: Any = Depends(_start_exchange)) -> AsyncIterator[ServerSentEvent]:
@@ -503,7 +564,7 @@ async def _existing_session(session_id: str, rt: Any = Depends(_runtime)) -> Any
 
 @router.get("/sessions/{session_id}/events", response_class=EventSourceResponse, operation_id="sessionEvents",
             tags=["sessions"], summary="Follow the session's current exchange (server-sent events)",
-            responses=_errors(404, 409),
+            responses=_stream_errors(404, 409, events=_EXCHANGE_EVENT_SCHEMAS),
             description="The current exchange from its start (or from where it was last resumed), then live. "
                         "Ends at once when the session has no exchange. " + _EXCHANGE_EVENTS)
 async def session_events(request: Request, session: Any = Depends(_existing_session)) -> AsyncIterator[ServerSentEvent]:
@@ -742,6 +803,7 @@ def create_app(
     app.state.token = token.encode("utf-8")
     app.state.home = Path(home) if home is not None else None
     _install_error_handlers(app)
+    _with_event_schemas(app)
     app.include_router(public, prefix=API_PREFIX)
     app.include_router(router, prefix=API_PREFIX)
     if cors_origins:

@@ -21,7 +21,9 @@ __all__ = [
     "Error", "Health",
     "ManifestIn", "Agent",
     "TaskIn", "Submission", "Budget", "StepCall", "Step", "Verdict", "Task", "PlanApprovalIn", "PlanRejectionIn",
-    "SessionIn", "MessageIn", "Session",
+    "SessionIn", "MessageIn", "Session", "Card",
+    "TextEvent", "ToolCallStartedEvent", "CardEvent", "ToolResultEvent", "PlanEvent", "PausedEvent", "EndEvent",
+    "EXCHANGE_EVENTS",
     "DecideIn", "PendingDecision",
     "RuleIn", "Rule", "Consent", "DeveloperModeIn", "DeveloperMode", "PolicyRefusals", "PolicyDocument", "Policy",
     "VerifyReport", "Divergence", "ReplayResult", "JournalEntry", "EntriesPage",
@@ -188,6 +190,74 @@ class Session(_Out):
     run_id: str
     pending_plan: list[str] | None
     created_at: str
+
+
+class Card(_Out):
+    """A decision waiting in a conversation, as the ``card`` event shows it."""
+
+    id: str
+    run_id: str
+    task_id: str | None = None
+    session_id: str | None = None
+    agent: str
+    tool: str
+    family: FamilyName | None
+    arguments: dict[str, Any]
+    answers: list[AnswerName]
+    reason: str = ""
+    line: int = 0
+    call_id: str | None = None
+    created_at: str
+    hints: dict[str, Any] | None = None
+    answer: AnswerName | None = None
+    answered_by: str | None = None
+    answered_at: str | None = None
+
+
+class TextEvent(_Out):
+    type: Literal["text"]
+    text: str
+
+
+class ToolCallStartedEvent(_Out):
+    type: Literal["tool_call_started"]
+    name: str
+
+
+class CardEvent(_Out):
+    type: Literal["card"]
+    card: Card
+
+
+class ToolResultEvent(_Out):
+    type: Literal["tool_result"]
+    call_id: str
+    tool: str
+    status: str
+    error_code: str | None = None
+
+
+class PlanEvent(_Out):
+    type: Literal["plan"]
+    steps: list[str]
+
+
+class PausedEvent(_Out):
+    type: Literal["paused"]
+
+
+class EndEvent(_Out):
+    type: Literal["end"]
+    status: Literal["done", "cancelled", "failed"]
+    reply: str | None = None
+    error: Error | None = None
+
+
+#: The events of a chat exchange: the SSE ``event`` name → the model of its ``data``.
+EXCHANGE_EVENTS: dict[str, type[BaseModel]] = {
+    "text": TextEvent, "tool_call_started": ToolCallStartedEvent, "card": CardEvent,
+    "tool_result": ToolResultEvent, "plan": PlanEvent, "paused": PausedEvent, "end": EndEvent,
+}
 
 
 # --- pending decisions -------------------------------------------------------------------
