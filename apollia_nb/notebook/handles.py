@@ -393,17 +393,32 @@ class NotebookExchange(Displayable):
     def pending(self) -> list[NotebookCard]:
         return self.session.pending
 
+    async def _until_settled(self) -> None:
+        """On the runtime's loop: until the exchange ends, pauses, or a card of it waits."""
+        session = self.session._session
+        async for event in self._exchange.stream():
+            if event["type"] == "card" and any(c.id == event["card"]["id"] for c in session.pending):
+                return
+
     async def wait(self) -> "NotebookExchange":
+        """Until the exchange ends (replied, failed or cancelled)."""
         assert self._bridge is not None
         await self._bridge.wait_for(self._exchange.wait)
+        return self
+
+    async def settled(self) -> "NotebookExchange":
+        """Until the exchange ends, pauses, or waits on a card (then answer ``exchange.pending``)."""
+        assert self._bridge is not None
+        await self._bridge.wait_for(self._until_settled)
         return self
 
     def __await__(self):  # type: ignore[no-untyped-def]
         return self.wait().__await__()
 
-    def join(self, timeout: float | None = None) -> "NotebookExchange":
+    def join(self, timeout: float | None = None, *, settled: bool = False) -> "NotebookExchange":
+        """Block this thread until the exchange ends (or settles). Never while a card waits on a click here."""
         assert self._bridge is not None
-        self._bridge.block(self._exchange.wait, timeout=timeout)
+        self._bridge.block(self._until_settled if settled else self._exchange.wait, timeout=timeout)
         return self
 
     def _text(self) -> str:

@@ -128,8 +128,8 @@ class ApolliaMagics(Magics):
     ).tag(config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        self.runtime: KernelRuntime | None = None  # before the config loads: its observers read it
         super().__init__(shell=shell, **kwargs)
-        self.runtime: KernelRuntime | None = None
         self._commands: dict[str, Callable[[list[str], str | None], Any]] = {
             "agent": self._agent, "task": self._task, "chat": self._chat, "sql": self._sql,
             "status": self._status, "agents": self._agents, "stop": self._stop, "pending": self._pending,

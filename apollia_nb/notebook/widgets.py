@@ -74,6 +74,8 @@ class ConsentCardView:
         return list(self.buttons)
 
     def _clicked(self, answer: str, _button: Any = None) -> None:
+        if self.frozen:
+            return
         rt = self.bridge.rt
         try:
             self.bridge.call(rt.answer, self.snap["id"], answer, by=self.bridge.user)
