@@ -126,3 +126,40 @@ async def test_a_run_cut_short_by_a_crash_is_failed_interrupted_at_the_next_boot
     async with Runtime(home) as rt:
         handle = rt.task("task-crashed")
         assert handle.status == "failed" and handle.error["code"] == "INTERRUPTED"
+
+
+async def test_every_governed_action_of_a_run_lands_in_the_signed_journal_which_verifies(home):
+    async with Runtime(home) as rt:
+        rt.governance.grant_consent("clerk", "write", by="setup")
+        await rt.register_agent(SCRIPT)
+        handle = await rt.submit("clerk", "Write then run")
+        await handle.settled()
+        handle.pending[0].answer("once", by="auditor-test")
+        task = await handle
+        kinds = [e.kind for e in rt.journal.entries(run_id=task.run_id)]
+        for kind in ("run_open", "model_response", "decision", "answer", "tool_call", "tool_result",
+                     "verdict", "task_status", "run_seal"):
+            assert kind in kinds, kind
+        report = rt.verify()
+        assert report.ok and report.first_bad_seq is None
+        governance = [e.kind for e in rt.journal.entries() if e.run_id is None]
+        assert "consent_granted" in governance
+        assert rt.journal.latest_checkpoint() is not None  # written at the end of the run
+    from apollia_nb.journal.verify import verify_home
+
+    assert verify_home(home).ok  # and again offline, from the files alone
+
+
+async def test_a_run_grant_allows_its_family_for_that_run_only(home):
+    write = {"tool_calls": [call("write_file", path="g.txt", content="x")]}
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[write, {"text": "ok"}, write]))
+        granted = await (await rt.submit("clerk", "Write", grants=["write"]))
+        assert granted.status == "completed"
+        decision = [json.loads(e.payload) for e in rt.journal.entries(run_id=granted.run_id) if e.kind == "decision"]
+        assert (decision[0]["outcome"], decision[0]["line"]) == ("allow", 5)
+        other = await rt.submit("clerk", "Write again")
+        await other.settled()
+        assert other.status == "waiting"  # the grant was that run's, not a consent
+        other.pending[0].answer("refuse")
+        await other
