@@ -26,7 +26,8 @@ answer from an index built once per snapshot):
   first argument starts with the prefix, as text or as a normalised path; for
   ``execute`` calls (and unclassified ones, which may run commands too) the
   simple-command check's deny matching decides instead of (unclassified: as well
-  as) the text match. A first argument that is not a string is matched as its text.
+  as) the text match. A first argument that is not a string is matched as its text;
+  one whose text cannot be read matches every deny rule of its tool.
 - An ``allow`` rule acts on line 4 only. It needs a prefix — an allow rule on a
   shell without one would be a blanket allow on everything — and matches a single
   simple command whose words begin with the prefix's words (``git status``
