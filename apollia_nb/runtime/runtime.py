@@ -147,6 +147,7 @@ class Runtime:
         self._stopped = anyio.Event()
         self._listeners: list[Callable[[str, Any], None]] = []
         self.sessions: Any = None
+        self.tool_sources: list[Any] = []
         self.opened = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -233,6 +234,11 @@ class Runtime:
         self.opened = True
         from apollia_nb.runtime.chat import Sessions
 
+        self.tool_sources = []
+        if self.config.mcp_servers or self.config.hosts:
+            from apollia_nb.federation import open_sources
+
+            self.tool_sources = list(open_sources(self))
         await self._restore()
         self.sessions = Sessions(self)
         if self.config.hitl_timeout_hours is not None:
@@ -242,6 +248,12 @@ class Runtime:
         """Closing the runtime: cancel what is running; suspended runs and agents stay as recorded."""
         if not self.opened:
             return
+        for source in getattr(self, "tool_sources", []):
+            with anyio.CancelScope(shield=True):
+                try:
+                    await source.aclose()
+                except Exception as exc:  # a source that cannot close must not keep the home open
+                    self._emit("warning", f"closing {getattr(source, 'name', 'a tool source')}: {exc}")
         for run in list(self._runs.values()):
             scope = getattr(run, "scope", None)
             if run._active and scope is not None:
@@ -341,6 +353,15 @@ class Runtime:
             for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
                                          profile_sink=lambda fact: None):
                 registry.register(tooldef)
+            for source in self.tool_sources:
+                # Federated tools (MCP servers, host REST APIs): a source that fails leaves its tools
+                # unresolved (an optional one degrades the agent; a required one fails the start).
+                try:
+                    for tooldef in await source.tools(manifest):
+                        if tooldef.name not in registry:
+                            registry.register(tooldef)
+                except ApolliaError as exc:
+                    warnings.append(f"{getattr(source, 'name', 'tool source')}: {exc.message}")
             custom: list[str] = []
             for item in tools:
                 tooldef = item if isinstance(item, ToolDef) else ToolDef.from_function(item)
