@@ -8,5 +8,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# Third-party servers and browsers the tests talk to, each installed the way users install them.
+for extra in dev/install-test-*.sh; do
+  [ -e "$extra" ] && bash "$extra"
+done
 # pytest exits 5 when it collects no test: that is a failure here, never a pass.
 exec .venv/bin/python -m pytest "$@"
