@@ -10,7 +10,7 @@ fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 # Third-party servers and browsers the tests talk to, each installed the way users install them.
 for extra in dev/install-test-*.sh; do
-  [ -e "$extra" ] && bash "$extra"
+  if [ -e "$extra" ]; then bash "$extra"; fi
 done
 # pytest exits 5 when it collects no test: that is a failure here, never a pass.
 exec .venv/bin/python -m pytest "$@"
