@@ -260,6 +260,7 @@ class ChatView:
         self.cards: dict[str, ConsentCardView] = {}
         self.plan_view: PlanApprovalView | None = None
         self.turns: list[tuple[str, list[dict[str, Any]]]] = []
+        self.followers: list[Any] = []  # one future per followed exchange; done when it ends or pauses
         self.box = W.VBox([self.header, self.transcript, self.cards_box, self.plan_box], layout=_BOX)
         self._unwatch = bridge.watch(self._on_change)
         self.follow(exchange)
@@ -274,7 +275,7 @@ class ChatView:
             async for event in exchange._exchange.stream():
                 bridge.deliver(self._on_event, events, copy.deepcopy(event))
 
-        bridge.start(follow)
+        self.followers.append(bridge.start(follow))
 
     def _on_event(self, events: list[dict[str, Any]], event: dict[str, Any]) -> None:
         events.append(event)
@@ -330,7 +331,9 @@ class InboxView:
     def _on_change(self, kind: str, snap: dict[str, Any]) -> None:
         if kind != "card":
             return
-        if snap["id"] not in self.cards and not snap.get("answer"):
+        if snap["id"] in self.cards:
+            self.cards[snap["id"]].apply(snap)  # before counting: its own notification may come later
+        elif not snap.get("answer"):
             self._add(snap)
         self._render_title()
 
