@@ -130,10 +130,11 @@ def test_typed_results_for_agents_tasks_and_decisions(api, home):
         api.task("task-none")
     with pytest.raises(errors.UnknownAgent):
         api.submit("nobody", "x")
-    assert api.stop_agent("clerk").state == "stopped"
+    api.register_agent(manifest("spare"))
+    assert api.stop_agent("spare").state == "stopped"
     with pytest.raises(errors.AgentUnavailable):
-        api.submit("clerk", "x")
-    assert api.start_agent("clerk").state == "active"
+        api.submit("spare", "x")
+    assert api.start_agent("spare").state == "active"
     with pytest.raises(errors.ManifestInvalid):
         api.register_agent('name = "x"\nbogus = 1\n')
 
