@@ -562,3 +562,10 @@ async def test_real_runs_with_an_answered_card_replay_identical(home, answer, st
         assert statuses == (["ok", "ok"] if answer == "once" else ["refused", "skipped"])
         result = rt.replay(task.run_id)
         assert result.verdict == "identical", result.to_dict()
+
+
+def test_the_null_digest_constant_is_the_digest_of_no_output():
+    from apollia_nb.runtime.governed import NULL_DIGEST
+    from apollia_nb.runtime.tools import output_digest
+
+    assert NULL_DIGEST == output_digest(None)

@@ -321,7 +321,7 @@ class Session:
         return [*readonly, PLAN_TOOL]
 
     async def _run_exchange(self, exchange: Exchange, planning: bool) -> None:
-        from apollia_nb.runtime.governed import governed_call
+        from apollia_nb.runtime.governed import NULL_DIGEST, governed_call
         from apollia_nb.runtime.models.base import Completed, TextDelta, ToolCallStarted, parse_plan
 
         rt = self._sessions.rt
@@ -375,7 +375,7 @@ class Session:
                         await rt.journal.append_async("tool_result", {
                             "call_id": rest["id"], "tool": rest["name"], "status": "skipped",
                             "error_code": "PAUSED", "output": None,
-                            "output_digest": "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b",
+                            "output_digest": NULL_DIGEST,
                         }, run_id=self.r["run_id"], agent=self.agent.name)
                     return
                 allowed_names = {s.name for s in self._tools(planning)}
@@ -387,7 +387,7 @@ class Session:
                     await rt.journal.append_async("tool_result", {
                         "call_id": c["id"], "tool": c["name"], "status": "refused", "error_code": "REFUSED",
                         "output": None,
-                        "output_digest": "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b",
+                        "output_digest": NULL_DIGEST,
                     }, run_id=self.r["run_id"], agent=self.agent.name)
                 else:
                     async def on_wait(card: Any) -> None:

@@ -24,9 +24,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.cards import Card
     from apollia_nb.runtime.runtime import Runtime
 
-__all__ = ["CallResult", "governed_call", "run_approved_call", "Mode", "OUTPUT_CAP"]
+__all__ = ["CallResult", "governed_call", "run_approved_call", "Mode", "OUTPUT_CAP", "NULL_DIGEST"]
 
 Mode = Literal["watched", "unattended", "chat"]
+
+#: The digest of a result with no output (``null``): refused and skipped calls.
+NULL_DIGEST = "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b"
 
 #: Outputs larger than this (in canonical JSON characters) are cut in the journal; the digest is of the whole.
 OUTPUT_CAP = 16_384
@@ -95,7 +98,7 @@ async def governed_call(
         await _commit(rt, run_id, agent, [*prefix, (
             "tool_result",
             {"call_id": call_id, "tool": name, "status": "error", "error_code": exc.code,
-             "output": None, "output_digest": _capped(None)[1]},
+             "output": None, "output_digest": NULL_DIGEST},
         )])
         return CallResult(call_id, name, "error", error_code=exc.code, error_message=exc.message, arguments=arguments)
 
@@ -168,7 +171,7 @@ async def _refused(rt: "Runtime", agent: "Agent", run_id: str, call_id: str, nam
     await _commit(rt, run_id, agent, [*prefix, (
         "tool_result",
         {"call_id": call_id, "tool": name, "status": "refused", "error_code": "REFUSED",
-         "output": None, "output_digest": _capped(None)[1]},
+         "output": None, "output_digest": NULL_DIGEST},
     )])
     return CallResult(call_id, name, "refused", error_code="REFUSED", error_message=reason,
                       decision=decision, arguments=arguments)

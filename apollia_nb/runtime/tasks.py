@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from apollia_nb.errors import ApolliaError, BudgetExceeded, Rejected
+from apollia_nb.runtime.governed import NULL_DIGEST
 from apollia_nb.runtime.states import TASK, TaskStatus, can_transition
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,7 +28,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["TaskRun", "new_task_record", "task_json"]
 
-_NULL_DIGEST = "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b"  # sha256(b"null")
 _TERMINAL = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELLED.value}
 
 
@@ -169,7 +169,7 @@ class TaskRun:
             await self._journal("tool_result", {
                 "call_id": queued["call_id"], "tool": queued["name"], "status": "skipped",
                 "error_code": error.code if error is not None else "CANCELLED", "output": None,
-                "output_digest": _NULL_DIGEST,
+                "output_digest": NULL_DIGEST,
             })
         self.r["queued_calls"] = []
         self.r["error"] = error.to_dict() if error is not None else None
