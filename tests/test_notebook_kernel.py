@@ -35,6 +35,7 @@ def test_a_notebook_runs_a_governed_task_headless(home, kernel_path, tmp_path):
         "%%apollia task clerk\nWrite the summary",
         "task = _\nawait task.settled()\nanswered = [card.answer('once') for card in task.pending]\nprint(len(answered), 'answered')",
         "task = await task\ntask.status",
+        "%apollia devmode on",  # journaled after the run's own checkpoint: only closing covers it
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     work = tmp_path / "work"
@@ -59,8 +60,13 @@ def test_a_notebook_runs_a_governed_task_headless(home, kernel_path, tmp_path):
     assert (work / "summary.txt").read_text() == "ok"
     assert elapsed < 45, f"the notebook took {elapsed:.1f} s"
 
-    # The kernel has exited and let go of the home; what it journaled verifies.
+    # The kernel has exited, closing its runtime: a checkpoint covers every entry.
+    from apollia_nb.journal.store import Journal
     from apollia_nb.runtime import Runtime
+
+    with Journal.open(home) as journal:
+        assert journal.entries()[-1].kind == "devmode_changed"
+        assert journal.checkpoints()[-1][0] == journal.head()[0]
 
     with Runtime.blocking(home) as rt:
         assert rt.verify().ok
