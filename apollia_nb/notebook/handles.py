@@ -37,7 +37,7 @@ __all__ = [
 class Displayable:
     """Rich display: the widget view (when enabled) plus ``text/plain`` and ``text/html``."""
 
-    _bridge: "KernelRuntime | None" = None
+    _bridge: "KernelRuntime"
     _view: Any = None
 
     def _text(self) -> str:
@@ -58,7 +58,8 @@ class Displayable:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {}
-        if self._bridge is not None and self._bridge.show_widgets:
+        bridge = getattr(self, "_bridge", None)  # a Report has none: it shows no widget
+        if bridge is not None and bridge.show_widgets:
             view = self.widget
             if view is not None:
                 bundle.update(view.box._repr_mimebundle_() or {})
@@ -144,30 +145,23 @@ class NotebookCard(Displayable):
 
     def answer(self, answer: str, by: str | None = None, reason: str | None = None) -> "NotebookCard":
         """Answer it (only an answer on offer; validated, journaled, applied once); the run resumes."""
-        assert self._bridge is not None
         self._bridge.call(self._card.answer, answer, by=by or self._bridge.user, reason=reason)
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        assert self._bridge is not None
         return self._bridge.call(lambda: copy.deepcopy(self._card.to_dict()))
 
     def _timeout(self) -> float:
-        assert self._bridge is not None
         return self._bridge.chat_card_timeout
 
     def _text(self) -> str:
-        assert self._bridge is not None
         return render.card_text(self.to_dict(), now=self._bridge.rt.clock(), timeout=self._timeout())
 
     def _html(self) -> str:
-        assert self._bridge is not None
         return render.card_html(self.to_dict(), now=self._bridge.rt.clock(), timeout=self._timeout())
 
     def _make_widget(self) -> Any:
         from apollia_nb.notebook.widgets import ConsentCardView
-
-        assert self._bridge is not None
         return ConsentCardView(self._bridge, self.to_dict())
 
 
@@ -188,12 +182,10 @@ class NotebookTask(Displayable):
 
     def to_dict(self) -> dict[str, Any]:
         """SPEC §7's task JSON (+ goal, plan, verdict, awaiting_plan_approval, timestamps), copied."""
-        assert self._bridge is not None
         return self._bridge.call(lambda: copy.deepcopy(self._handle.to_dict()))
 
     @property
     def status(self) -> str:
-        assert self._bridge is not None
         return self._bridge.call(lambda: self._handle.status)
 
     @property
@@ -215,37 +207,30 @@ class NotebookTask(Displayable):
     @property
     def pending(self) -> list[NotebookCard]:
         """This task's waiting cards, each answerable with ``card.answer(...)``."""
-        assert self._bridge is not None
         bridge = self._bridge
         return bridge.call(lambda: [NotebookCard(bridge, c) for c in self._handle.pending])
 
     @property
     def awaiting_plan_approval(self) -> bool:
-        assert self._bridge is not None
         return self._bridge.call(lambda: self._handle.awaiting_plan_approval)
 
     def approve_plan(self, steps: list[str] | None = None) -> None:
-        assert self._bridge is not None
         self._bridge.call(self._handle.approve_plan, steps)
 
     def reject_plan(self, reason: str) -> None:
-        assert self._bridge is not None
         self._bridge.call(self._handle.reject_plan, reason)
 
     def cancel(self) -> "NotebookTask":
-        assert self._bridge is not None
         self._bridge.block(self._bridge.rt.cancel, self.id)
         return self
 
     async def wait(self) -> "NotebookTask":
         """Until the task is completed, failed or cancelled."""
-        assert self._bridge is not None
         await self._bridge.wait_for(self._handle.wait)
         return self
 
     async def settled(self) -> "NotebookTask":
         """Until the task is finished or waiting on a person (then answer ``task.pending``)."""
-        assert self._bridge is not None
         await self._bridge.wait_for(self._handle.settled)
         return self
 
@@ -254,17 +239,14 @@ class NotebookTask(Displayable):
 
     def join(self, timeout: float | None = None, *, settled: bool = False) -> "NotebookTask":
         """Block this thread until finished (or settled). Never while a card waits on a click in this kernel."""
-        assert self._bridge is not None
         self._bridge.block(self._handle.settled if settled else self._handle.wait, timeout=timeout)
         return self
 
     def _waiting_cards(self) -> list[dict[str, Any]]:
-        assert self._bridge is not None
         return self._bridge.call(lambda: [copy.deepcopy(c.to_dict()) for c in self._handle.pending])
 
     def decisions(self) -> list[dict[str, Any]]:
         """This run's rows of the journal's ``decisions`` view, in order."""
-        assert self._bridge is not None
         return self._bridge.decisions(self.run_id)
 
     def _text(self) -> str:
@@ -275,8 +257,6 @@ class NotebookTask(Displayable):
 
     def _make_widget(self) -> Any:
         from apollia_nb.notebook.widgets import RunView
-
-        assert self._bridge is not None
         return RunView(self._bridge, self)
 
 
@@ -293,7 +273,6 @@ class NotebookSession(Displayable):
         self.agent: str = session.agent.name
 
     def _call(self, fn: Any, *args: Any) -> Any:
-        assert self._bridge is not None
         return self._bridge.call(fn, *args)
 
     def to_dict(self) -> dict[str, Any]:
@@ -310,14 +289,14 @@ class NotebookSession(Displayable):
     @property
     def pending(self) -> list[NotebookCard]:
         bridge = self._bridge
-        return self._call(lambda: [NotebookCard(bridge, c) for c in self._session.pending])  # type: ignore[arg-type]
+        return self._call(lambda: [NotebookCard(bridge, c) for c in self._session.pending])
 
     @property
     def pending_plan(self) -> list[str] | None:
         return self._call(lambda: copy.deepcopy(self._session.pending_plan))
 
     def _exchange(self, exchange: Any) -> "NotebookExchange | None":
-        return None if exchange is None else NotebookExchange(self._bridge, self, exchange)  # type: ignore[arg-type]
+        return None if exchange is None else NotebookExchange(self._bridge, self, exchange)
 
     def send(self, text: str) -> "NotebookExchange":
         return self._exchange(self._call(self._session.send, text))  # type: ignore[return-value]
@@ -338,11 +317,9 @@ class NotebookSession(Displayable):
         self._call(self._session.reject_plan, reason)
 
     def fork(self) -> "NotebookSession":
-        assert self._bridge is not None
         return NotebookSession(self._bridge, self._call(self._bridge.rt.sessions.fork, self.id))
 
     def close(self) -> None:
-        assert self._bridge is not None
         self._bridge.block(self._session.close)
 
     def _text(self) -> str:
@@ -366,7 +343,6 @@ class NotebookExchange(Displayable):
         self.message: str = exchange.message
 
     def _get(self, name: str) -> Any:
-        assert self._bridge is not None
         return self._bridge.call(lambda: copy.deepcopy(getattr(self._exchange, name)))
 
     @property
@@ -402,13 +378,11 @@ class NotebookExchange(Displayable):
 
     async def wait(self) -> "NotebookExchange":
         """Until the exchange ends (replied, failed or cancelled)."""
-        assert self._bridge is not None
         await self._bridge.wait_for(self._exchange.wait)
         return self
 
     async def settled(self) -> "NotebookExchange":
         """Until the exchange ends, pauses, or waits on a card (then answer ``exchange.pending``)."""
-        assert self._bridge is not None
         await self._bridge.wait_for(self._until_settled)
         return self
 
@@ -417,7 +391,6 @@ class NotebookExchange(Displayable):
 
     def join(self, timeout: float | None = None, *, settled: bool = False) -> "NotebookExchange":
         """Block this thread until the exchange ends (or settles). Never while a card waits on a click here."""
-        assert self._bridge is not None
         self._bridge.block(self._until_settled if settled else self._exchange.wait, timeout=timeout)
         return self
 
@@ -429,8 +402,6 @@ class NotebookExchange(Displayable):
 
     def _make_widget(self) -> Any:
         from apollia_nb.notebook.widgets import ChatView
-
-        assert self._bridge is not None
         return ChatView(self._bridge, self)
 
 
@@ -446,7 +417,6 @@ class PendingInbox(Displayable):
     @property
     def cards(self) -> list[NotebookCard]:
         bridge = self._bridge
-        assert bridge is not None
         return bridge.call(lambda: [NotebookCard(bridge, c) for c in bridge.rt.pending])
 
     def __iter__(self) -> Iterator[NotebookCard]:
@@ -459,7 +429,6 @@ class PendingInbox(Displayable):
         return self.cards[index]
 
     def _snaps(self) -> list[dict[str, Any]]:
-        assert self._bridge is not None
         rt = self._bridge.rt
         return self._bridge.call(lambda: [copy.deepcopy(c.to_dict()) for c in rt.pending])
 
@@ -467,7 +436,6 @@ class PendingInbox(Displayable):
         snaps = self._snaps()
         if not snaps:
             return "No pending decisions."
-        assert self._bridge is not None
         now, timeout = self._bridge.rt.clock(), self._bridge.chat_card_timeout
         return f"{len(snaps)} pending decision(s)\n" + "\n".join(
             render.card_text(s, now=now, timeout=timeout) for s in snaps)
@@ -476,15 +444,12 @@ class PendingInbox(Displayable):
         snaps = self._snaps()
         if not snaps:
             return "<div class='apollia-inbox'>No pending decisions.</div>"
-        assert self._bridge is not None
         now, timeout = self._bridge.rt.clock(), self._bridge.chat_card_timeout
         return (f"<div class='apollia-inbox'><b>{len(snaps)} pending decision(s)</b>"
                 + "".join(render.card_html(s, now=now, timeout=timeout) for s in snaps) + "</div>")
 
     def _make_widget(self) -> Any:
         from apollia_nb.notebook.widgets import InboxView
-
-        assert self._bridge is not None
         return InboxView(self._bridge)
 
 
@@ -501,7 +466,6 @@ class JournalReport(Displayable):
 
     def refresh(self) -> "JournalReport":
         """Verify the journal again and re-read its head and tail."""
-        assert self._bridge is not None
         rt = self._bridge.rt
         self.report: dict[str, Any] = self._bridge.call(lambda: rt.verify().to_dict())
         self.head = self._bridge.status()
@@ -523,6 +487,4 @@ class JournalReport(Displayable):
 
     def _make_widget(self) -> Any:
         from apollia_nb.notebook.widgets import JournalView
-
-        assert self._bridge is not None
         return JournalView(self._bridge, self)

@@ -94,8 +94,6 @@ def run_query(journal: Any, query: str, *, want_frame: bool = True) -> QueryResu
 
 
 def _has_pandas() -> bool:
-    try:
-        import pandas  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("pandas") is not None
