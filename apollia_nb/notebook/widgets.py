@@ -216,6 +216,8 @@ class RunView:
                 self._add_card(snap)
 
     def _add_card(self, snap: dict[str, Any]) -> None:
+        if snap["id"] in self.cards:  # seen both in the first read and in a notification
+            return
         view = ConsentCardView(self.bridge, snap)
         self.cards[snap["id"]] = view
         self.cards_box.children = (*self.cards_box.children, view.box)
@@ -324,6 +326,8 @@ class InboxView:
         self._render_title()
 
     def _add(self, snap: dict[str, Any]) -> None:
+        if snap["id"] in self.cards:
+            return
         view = ConsentCardView(self.bridge, snap)
         self.cards[snap["id"]] = view
         self.cards_box.children = (*self.cards_box.children, view.box)
