@@ -53,7 +53,11 @@ def test_a_notebook_runs_a_governed_task_headless(home, kernel_path, tmp_path):
     [shown] = [o for o in outputs[2] if o["output_type"] in ("execute_result", "display_data")]
     assert WIDGET_MIME in shown["data"]
     assert {"text/plain", "text/html"} <= set(shown["data"])
+    # Displayed when the task had just been submitted, updated in place when it completed:
     assert shown["data"]["text/plain"].startswith("Task task-")
+    assert "(clerk): completed" in shown["data"]["text/plain"]
+    assert "write_file (write): ask by line 6, answered once" in shown["data"]["text/plain"]
+    assert "Wrote summary.txt." in shown["data"]["text/html"]
     assert "".join(o.get("text", "") for o in outputs[3]).strip() == "1 answered"
     [result] = [o for o in outputs[4] if o["output_type"] == "execute_result"]
     assert result["data"]["text/plain"] == "'completed'"

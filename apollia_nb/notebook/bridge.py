@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextvars
 import copy
 import inspect
 import threading
@@ -221,7 +222,9 @@ class KernelRuntime:
         loop = self.ui_loop
         if loop is not None and not loop.is_closed():
             try:
-                loop.call_soon_threadsafe(_quietly, fn, *args)
+                # An empty context: the runtime's tasks carry the context of the cell that started them,
+                # and what a view publishes belongs to the kernel's current cell, not to that one.
+                loop.call_soon_threadsafe(_quietly, fn, *args, context=contextvars.Context())
                 return
             except RuntimeError:  # the kernel's loop is shutting down
                 pass

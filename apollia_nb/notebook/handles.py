@@ -6,7 +6,9 @@ safe to use from a cell, a widget click or a test thread. Handles are
 awaitable from any asyncio loop (a cell's ``await``) and can also be waited
 for from plain code (``join``). Every handle displays as its live widget
 (unless ``show_widgets`` is off) together with ``text/plain`` and
-``text/html`` fallbacks.
+``text/html`` fallbacks; when its view reaches a final state (a task or an
+exchange ended, a card answered) the displayed output is updated in place, so
+a saved notebook shows how things ended, not how they began.
 """
 
 from __future__ import annotations
@@ -54,7 +56,30 @@ class Displayable:
         """The live ipywidgets view (created on first use), or None."""
         if self._view is None:
             self._view = self._make_widget()
+            if self._view is not None:
+                self._view.on_final = self.refresh_display
         return self._view
+
+    def _ipython_display_(self) -> None:
+        """Display with a display id, so ``refresh_display`` can bring the fallbacks up to date."""
+        import uuid
+
+        from IPython.display import display
+
+        display_id = uuid.uuid4().hex
+        self._display_ids = [*getattr(self, "_display_ids", ()), display_id]
+        display(self._repr_mimebundle_(), raw=True, display_id=display_id)
+
+    def refresh_display(self) -> None:
+        """Re-send what was displayed with the current state (the view calls it when it is final)."""
+        ids = getattr(self, "_display_ids", ())
+        if not ids:
+            return
+        from IPython.display import update_display
+
+        bundle = self._repr_mimebundle_()
+        for display_id in ids:
+            update_display(bundle, raw=True, display_id=display_id)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {}

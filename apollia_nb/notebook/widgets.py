@@ -37,6 +37,10 @@ _TERMINAL = ("completed", "failed", "cancelled")
 _BOX = W.Layout(border="1px solid #d0d7de", padding="4px 8px", margin="2px 0")
 
 
+def _nothing() -> None:
+    return None
+
+
 def _error_html(exc: ApolliaError) -> str:
     return f"<span style='color:#cf222e'><code>{render._e(render.error_line(exc.code, exc.message))}</code></span>"
 
@@ -63,6 +67,7 @@ class ConsentCardView:
         self.box = W.VBox([self.header, self.arguments, self.reason, self.button_row, self.state, self.error],
                           layout=_BOX)
         self._stop_tick: Callable[[], None] | None = None
+        self.on_final: Callable[[], None] = _nothing
         self._unwatch = bridge.watch(self._on_change)
         if snap.get("session_id") and not snap.get("answer"):
             self._stop_tick = bridge.every(1.0, self._render_state)
@@ -127,6 +132,7 @@ class ConsentCardView:
             self._stop_tick()
             self._stop_tick = None
         self._unwatch()
+        self.on_final()
 
 
 class PlanApprovalView:
@@ -201,6 +207,7 @@ class RunView:
         self.cards_box = W.VBox()
         self.cards: dict[str, ConsentCardView] = {}
         self.plan_view: PlanApprovalView | None = None
+        self.on_final: Callable[[], None] = _nothing
         self.box = W.VBox([self.header, W.HBox([self.budget, self.budget_label]), self.timeline, self.decisions,
                            self.plan_box, self.cards_box, self.outcome], layout=_BOX)
         self._unwatch: Callable[[], None] | None = bridge.watch(self._on_change)
@@ -245,6 +252,7 @@ class RunView:
         if snap["status"] in _TERMINAL and self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
+            self.on_final()
 
 
 class ChatView:
@@ -263,6 +271,7 @@ class ChatView:
         self.plan_view: PlanApprovalView | None = None
         self.turns: list[tuple[str, list[dict[str, Any]]]] = []
         self.followers: list[Any] = []  # one future per followed exchange; done when it ends or pauses
+        self.on_final: Callable[[], None] = _nothing
         self.box = W.VBox([self.header, self.transcript, self.cards_box, self.plan_box], layout=_BOX)
         self._unwatch = bridge.watch(self._on_change)
         self.follow(exchange)
@@ -289,6 +298,8 @@ class ChatView:
             self.plan_view = PlanApprovalView(event["steps"], on_approve=self._approve, on_reject=self.session.reject_plan)
             self.plan_box.children = (self.plan_view.box,)
         self._render()
+        if event["type"] == "end":
+            self.on_final()
 
     def _approve(self, steps: list[str] | None) -> None:
         self.follow(self.session.approve_plan(steps))
@@ -318,6 +329,7 @@ class InboxView:
         self.title = W.HTML()
         self.cards_box = W.VBox()
         self.cards: dict[str, ConsentCardView] = {}
+        self.on_final: Callable[[], None] = _nothing  # an inbox is never final
         self.box = W.VBox([self.title, self.cards_box])
         rt = bridge.rt
         for snap in bridge.call(lambda: [copy.deepcopy(c.to_dict()) for c in rt.pending]):
@@ -363,12 +375,14 @@ class JournalView:
         self.state = W.HTML()
         self.verify_button = W.Button(description="verify again", icon="check")
         self.verify_button.on_click(self._verify)
+        self.on_final: Callable[[], None] = _nothing
         self.box = W.VBox([self.state, self.verify_button])
         self._render()
 
     def _verify(self, _button: Any = None) -> None:
         self.report.refresh()
         self._render()
+        self.on_final()
 
     def _render(self) -> None:
         r = self.report
