@@ -27,10 +27,11 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request, Response, Security
+from fastapi import Path as FastPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -162,6 +163,8 @@ def _http_error(status: int, detail: Any) -> ApolliaError:
         return PayloadTooLarge(text)
     if status == 401:
         return Unauthorized(text)
+    if status == 400:
+        return BadInput(f"the body could not be read as JSON: {text}")
     if 400 <= status < 500:
         return BadInput(text)
     return ApolliaError(text)
@@ -192,10 +195,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         err = _http_error(exc.status_code, exc.detail)
+        status = 422 if exc.status_code == 400 else exc.status_code  # one status for malformed input
         kept = {}
         if exc.status_code == 405:
             kept["Allow"] = ", ".join(_allowed_methods(request))
-        return _error_response(err, exc.status_code if exc.status_code >= 400 else None, kept)
+        return _error_response(err, status if status >= 400 else None, kept)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
@@ -689,7 +693,11 @@ async def list_consents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
 
 @_route("DELETE", "/governance/consents/{agent}/{family}", 204, operation_id="revokeConsent", tags=["governance"],
         summary="Revoke a standing consent", responses=_errors(404, 422), response_class=Response)
-async def revoke_consent(agent: str, family: str, rt: Any = Depends(_runtime)) -> Response:
+async def revoke_consent(
+    agent: Annotated[str, FastPath(pattern=r"^[a-z0-9_-]+$", max_length=200, description="an agent name")],
+    family: Annotated[s.FamilyName, FastPath(description="a family of action")],
+    rt: Any = Depends(_runtime),
+) -> Response:
     rt.governance.revoke_consent(agent, family, by=_DEFAULT_BY)
     return Response(status_code=204)
 

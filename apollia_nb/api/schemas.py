@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 __all__ = [
+    "AgentName", "FamilyName",
     "FAMILIES", "ANSWERS", "TASK_STATUSES", "AGENT_STATES", "SESSION_STATES",
     "Error", "Health",
     "ManifestIn", "Agent",
@@ -44,7 +45,15 @@ SessionState = Literal["active", "processing", "paused", "closed"]
 AnswerName = Literal["once", "always", "refuse"]
 
 NonEmpty = Annotated[str, Field(min_length=1)]
-Name = Annotated[str, Field(min_length=1, max_length=200, description="an agent name, `[a-z0-9_-]+`")]
+# Python's str.strip() also strips \x1c-\x1f and \x85, which \s does not name.
+_VISIBLE = r"[^\s\x1c-\x1f\x85]"
+Text = Annotated[str, Field(min_length=1, pattern=_VISIBLE, description="text with at least one non-space character")]
+AgentName = Annotated[str, Field(pattern=r"^[a-z0-9_-]+$", max_length=200, description="an agent name, `[a-z0-9_-]+`")]
+RuleAgent = Annotated[str, Field(pattern=r"^(\*|[a-z0-9_-]+)$", max_length=200,
+                                 description='an agent name, or `"*"` for every agent')]
+ToolName = Annotated[str, Field(pattern=r"^[\x21-\x7e]+$", max_length=500,
+                                description="a tool name: printable ASCII without spaces")]
+Who = Annotated[str, Field(min_length=1, max_length=200, pattern=_VISIBLE)]
 
 
 class _In(BaseModel):
@@ -94,7 +103,7 @@ class Agent(_Out):
 
 class TaskIn(_In):
     agent: NonEmpty
-    goal: NonEmpty
+    goal: Text
     watched: StrictBool = Field(
         False, description="false (the default over the API): an unattended run; the first call that would "
         "ask suspends it and lists the decision in the pending decisions")
@@ -159,11 +168,11 @@ class Task(_Out):
 
 
 class PlanApprovalIn(_In):
-    steps: list[NonEmpty] | None = Field(None, min_length=1, description="an edited plan; omit to run it as proposed")
+    steps: list[Text] | None = Field(None, min_length=1, description="an edited plan; omit to run it as proposed")
 
 
 class PlanRejectionIn(_In):
-    reason: NonEmpty
+    reason: Text
 
 
 # --- chat sessions -----------------------------------------------------------------------
@@ -175,7 +184,7 @@ class SessionIn(_In):
 
 
 class MessageIn(_In):
-    text: NonEmpty
+    text: Text
 
 
 class Session(_Out):
@@ -268,8 +277,7 @@ class DecideIn(_In):
     answer: Annotated[str, Field(json_schema_extra={"enum": list(ANSWERS)},
                                  description="one of the decision's `answers` (else 422 `BAD_ANSWER`)")]
     reason: str | None = Field(None, max_length=10_000)
-    by: str | None = Field(None, min_length=1, max_length=200,
-                           description="who answers, for the journal (default `api`)")
+    by: Who | None = Field(None, description="who answers, for the journal (default `api`)")
 
 
 class PendingDecision(_Out):
@@ -296,11 +304,11 @@ class PendingDecision(_Out):
 
 
 class RuleIn(_In):
-    tool: NonEmpty
+    tool: ToolName
     effect: Literal["allow", "deny"]
     prefix: str | None = Field(None, description="a prefix of the first argument (commands: at a word boundary)")
-    agent: NonEmpty = Field("*", description='one agent, or "*" for every agent')
-    by: str | None = Field(None, min_length=1, max_length=200, description="who adds it (default `api`)")
+    agent: RuleAgent = "*"
+    by: Who | None = Field(None, description="who adds it (default `api`)")
 
 
 class Rule(_Out):
@@ -322,7 +330,7 @@ class Consent(_Out):
 
 class DeveloperModeIn(_In):
     enabled: StrictBool
-    by: str | None = Field(None, min_length=1, max_length=200, description="who changes it (default `api`)")
+    by: Who | None = Field(None, description="who changes it (default `api`)")
 
 
 class DeveloperMode(_Out):
