@@ -207,7 +207,7 @@ def test_unattended_task_suspends_and_is_listed_pending(ip, capsys):
     inbox = ip.run_line_magic("apollia", "pending")
     assert isinstance(inbox, PendingInbox) and len(inbox) == 1
     assert inbox[0].task_id == task.id
-    inbox[0].answer("once")
+    ip.run_cell("inbox = %apollia pending\nfor card in inbox:\n    card.answer('once')")
     assert task.join(10).status == "completed"
     assert len(ip.run_line_magic("apollia", "pending")) == 0
 
@@ -397,6 +397,23 @@ def test_help_and_unknown_subcommands(ip, capsys):
 
 
 # --- settings --------------------------------------------------------------------------
+
+
+def test_home_set_before_loading_is_the_home_opened(ip, tmp_path, capsys):
+    ip.run_line_magic("config", f"ApolliaMagics.home = {str(tmp_path / 'chosen')!r}")
+    assert f"apollia: home {tmp_path / 'chosen'} " in load(ip, capsys)
+
+
+def test_kernel_runtime_is_the_open_home(ip, capsys):
+    from apollia_nb.errors import Conflict
+    from apollia_nb.notebook import kernel_runtime
+
+    with pytest.raises(Conflict):
+        kernel_runtime(ip)
+    load(ip, capsys)
+    kr = kernel_runtime(ip)
+    assert kr is magics(ip).runtime
+    assert kr.call(lambda: kr.rt.opened) is True
 
 
 def test_config_lists_and_sets_the_traits(ip, tmp_path, capsys):
