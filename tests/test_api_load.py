@@ -9,6 +9,7 @@ entry is lost and the journal verifies over the API and offline.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ _PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "api_load.py"
 def _load_module():
     spec = importlib.util.spec_from_file_location("api_load", _PATH)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["api_load"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
