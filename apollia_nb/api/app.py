@@ -44,7 +44,7 @@ from apollia_nb.api import schemas as s
 from apollia_nb.errors import ApolliaError, BadInput, Conflict, NotFound, UnknownRun, UnknownTask
 from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
 
-__all__ = ["create_app", "API_PREFIX", "ROUTE_STATUS"]
+__all__ = ["create_app", "API_PREFIX"]
 
 API_PREFIX = "/api/v1"
 _TERMINAL = ("completed", "failed", "cancelled")
@@ -321,12 +321,7 @@ async def _exchange_events(exchange: Any, start: int, closing: anyio.Event) -> A
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(_authorize)], responses=_errors(401, 422))
 
-#: Each route's success status, for the reference and the tests.
-ROUTE_STATUS: dict[str, int] = {}
-
-
 def _route(method: str, path: str, status: int = 200, **kw: Any) -> Any:
-    ROUTE_STATUS[f"{method} {path}"] = status
     decorator = getattr(router, method.lower())
     return decorator(path, status_code=status, **kw)
 
@@ -336,8 +331,6 @@ def _route(method: str, path: str, status: int = 200, **kw: Any) -> Any:
 async def health() -> dict[str, Any]:
     return {"status": "ok", "version": __version__}
 
-
-ROUTE_STATUS["GET /health"] = 200
 
 
 # agents
@@ -507,8 +500,6 @@ async def task_events(request: Request, task_id: str, first: dict[str, Any] = De
         unsubscribe()
 
 
-ROUTE_STATUS["GET /tasks/{task_id}/events"] = 200
-
 
 # sessions
 
@@ -559,8 +550,6 @@ async def send_message(request: Request, exchange: Any = Depends(_start_exchange
         yield event
 
 
-ROUTE_STATUS["POST /sessions/{session_id}/messages"] = 200
-
 
 async def _existing_session(session_id: str, rt: Any = Depends(_runtime)) -> Any:
     return _session(rt, session_id)
@@ -578,8 +567,6 @@ async def session_events(request: Request, session: Any = Depends(_existing_sess
     async for event in _exchange_events(exchange, _current_segment(exchange.events), _closing(request)):
         yield event
 
-
-ROUTE_STATUS["GET /sessions/{session_id}/events"] = 200
 
 
 @_route("POST", "/sessions/{session_id}/pause", response_model=s.Session, operation_id="pauseSession",

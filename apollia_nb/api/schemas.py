@@ -68,7 +68,7 @@ class _Out(BaseModel):
 
 
 class Error(_Out):
-    """Every error response: a stable ``code`` (see `apollia_nb.errors`) and a message for people."""
+    """Every error response: a stable `code` (see `apollia_nb.errors`) and a message for people."""
 
     code: str = Field(examples=["UNKNOWN_TASK"])
     message: str
@@ -202,7 +202,7 @@ class Session(_Out):
 
 
 class Card(_Out):
-    """A decision waiting in a conversation, as the ``card`` event shows it."""
+    """A decision waiting in a conversation, as the `card` event shows it."""
 
     id: str
     run_id: str
