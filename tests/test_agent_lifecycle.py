@@ -74,13 +74,15 @@ async def test_an_invalid_transition_is_an_error_to_the_caller_and_is_not_record
 
 async def test_restart_goes_stopped_initializing_active(home):
     async with Runtime(home) as rt:
-        await rt.register_agent(manifest())
+        await rt.register_agent(manifest(actor=[{"text": "first"}, {"text": "second"}]))
+        assert (await (await rt.submit("clerk", "once"))).result == "first"
         await rt.stop_agent("clerk")
         moves = []
         rt.subscribe(lambda kind, obj: moves.append(obj.state.state.value) if kind == "agent" else None)
         agent = await rt.start_agent("clerk")
         assert agent.state.state == "active"
-        assert (await (await rt.submit("clerk", "again"))).status == "completed"
+        again = await (await rt.submit("clerk", "again"))
+        assert again.status == "completed" and again.result == "second"  # the script goes on
 
 
 async def test_stopping_drains_in_flight_work_then_cancels_it(home):

@@ -167,8 +167,6 @@ def test_agents_register_list_get_stop_start(api):
     assert submit(api)["status"] == "pending"
 
 
-@pytest.mark.xfail(strict=True, reason="Runtime.start_agent restores the saved script position into the "
-                   "agent's already-used scripted model, which refuses it (BAD_INPUT)")
 def test_an_agent_that_has_worked_can_be_stopped_and_started_again(api):
     register(api, manifest())
     sub = submit(api)

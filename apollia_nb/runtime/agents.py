@@ -44,6 +44,7 @@ class Agent:
     warnings: list[str] = field(default_factory=list)
     memory: dict[str, Any] = field(default_factory=dict)
     inflight: set[Any] = field(default_factory=set)
+    custom_model: bool = False  # given from Python (kept on restart) rather than built from the manifest
 
     @property
     def name(self) -> str:

@@ -376,8 +376,8 @@ class Runtime:
                 offered = tuple(registry.names())
             provider = model if model is not None else build_model(manifest.model)
             saved = self.records.model_state(manifest.name)
-            if saved and hasattr(provider, "restore"):
-                provider.restore(saved)
+            if model is None and saved and hasattr(provider, "restore"):
+                provider.restore(saved)  # a fresh scripted model continues where the last one stopped
         except ApolliaError as exc:
             raise startup_failure(cell, exc) from None
         error = await anyio.to_thread.run_sync(
@@ -386,7 +386,8 @@ class Runtime:
         if error:
             warnings.append(error)
         agent = Agent(manifest=manifest, model=provider, tools=registry, workspace=workspace,
-                      offered=offered, state=cell, warnings=warnings, memory=memory)
+                      offered=offered, state=cell, warnings=warnings, memory=memory,
+                      custom_model=model is not None)
         cell.move(ProcessState.DEGRADED if warnings else ProcessState.ACTIVE)
         self._agents[manifest.name] = agent
         self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings, self.now_iso())
@@ -429,8 +430,10 @@ class Runtime:
         agent = self.agent(name)
         if agent.state.state != ProcessState.STOPPED:
             raise Conflict(f"agent {name!r} is {agent.state.state.value}; only a stopped agent can be started")
-        return await self._start_agent(agent.manifest, tools=[self_tool for self_tool in _custom_tools(agent)],
-                                       model=agent.model, cwd=None, cell=agent.state)
+        self._persist_model_state(agent)
+        return await self._start_agent(agent.manifest, tools=_custom_tools(agent),
+                                       model=agent.model if agent.custom_model else None, cwd=None,
+                                       cell=agent.state)
 
     # ------------------------------------------------------------------ tasks
     async def submit(
