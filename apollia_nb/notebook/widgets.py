@@ -262,8 +262,10 @@ class ChatView:
         self.bridge = bridge
         self.exchange = exchange
         self.session = exchange.session
+        self.header = W.HTML()
+        self._unwatch = bridge.watch(self._on_change)  # before reading: a change after the read is seen
         self.session_snap = self.session.to_dict()
-        self.header = W.HTML(render.session_header_html(self.session_snap))
+        self.header.value = render.session_header_html(self.session_snap)
         self.transcript = W.HTML()
         self.cards_box = W.VBox()
         self.plan_box = W.VBox()
@@ -273,7 +275,6 @@ class ChatView:
         self.followers: list[Any] = []  # one future per followed exchange; done when it ends or pauses
         self.on_final: Callable[[], None] = _nothing
         self.box = W.VBox([self.header, self.transcript, self.cards_box, self.plan_box], layout=_BOX)
-        self._unwatch = bridge.watch(self._on_change)
         self.follow(exchange)
 
     def follow(self, exchange: "NotebookExchange") -> None:
