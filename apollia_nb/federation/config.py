@@ -21,17 +21,22 @@ from apollia_nb.governance.decision import Family
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECS",
+    "DEFAULT_START_TIMEOUT_SECS",
     "McpServerConfig",
     "HostConfig",
     "parse_mcp_server",
     "parse_host",
 ]
 
-#: Seconds one federated call may take (starting a stdio server is bounded by the same figure).
+#: Seconds one federated call may take.
 DEFAULT_TIMEOUT_SECS = 30.0
+#: Seconds starting an MCP server (process, handshake, tool list) may take.
+DEFAULT_START_TIMEOUT_SECS = 30.0
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-_MCP_KEYS = frozenset({"command", "args", "env", "cwd", "url", "headers", "token_env", "families", "timeout_secs"})
+_MCP_KEYS = frozenset({
+    "command", "args", "env", "cwd", "url", "headers", "token_env", "families", "timeout_secs", "start_timeout_secs",
+})
 _HOST_KEYS = frozenset({"base_url", "openapi", "token_env", "families", "timeout_secs"})
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -50,6 +55,7 @@ class McpServerConfig:
     token_env: str | None = None
     families: dict[str, Family] = field(default_factory=dict, hash=False)
     timeout_secs: float = DEFAULT_TIMEOUT_SECS
+    start_timeout_secs: float = DEFAULT_START_TIMEOUT_SECS
 
     @property
     def transport(self) -> str:
@@ -136,10 +142,11 @@ def _families(section: str, name: str, table: Mapping[str, Any]) -> dict[str, Fa
     return out
 
 
-def _timeout(section: str, name: str, table: Mapping[str, Any]) -> float:
-    value = table.get("timeout_secs", DEFAULT_TIMEOUT_SECS)
+def _timeout(section: str, name: str, table: Mapping[str, Any], key: str = "timeout_secs",
+             default: float = DEFAULT_TIMEOUT_SECS) -> float:
+    value = table.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise BadInput(f"{_where(section, name, 'timeout_secs')} must be a positive number, got {value!r}")
+        raise BadInput(f"{_where(section, name, key)} must be a positive number, got {value!r}")
     return float(value)
 
 
@@ -188,6 +195,7 @@ def parse_mcp_server(name: object, value: object) -> McpServerConfig:
         token_env=_token_env(section, name, table),
         families=_families(section, name, table),
         timeout_secs=_timeout(section, name, table),
+        start_timeout_secs=_timeout(section, name, table, "start_timeout_secs", DEFAULT_START_TIMEOUT_SECS),
     )
 
 

@@ -244,7 +244,6 @@ class McpSource:
         schema.setdefault("type", "object")
         if not isinstance(schema.get("properties"), Mapping):
             schema["properties"] = {}
-        timeout = self.config.timeout_secs
 
         async def call(**arguments: Any) -> Any:
             return await self._call(tool.name, arguments)
@@ -257,7 +256,7 @@ class McpSource:
             parameters=schema,
             description=tool.description or "",
             # A backstop: the call bounds starting the server and waiting for the answer itself.
-            timeout_secs=2 * timeout + 5,
+            timeout_secs=self.config.start_timeout_secs + self.config.timeout_secs + 5,
             connection=self.server,
             annotations=tool_hints(tool),
         )
@@ -311,7 +310,7 @@ class McpSource:
                 raise TransientToolError(f"{self.name}: the runtime is closing")
             check_connection_allowed(self._rt, self.server)
             live = _Live()
-            timeout = self.config.timeout_secs
+            timeout = self.config.start_timeout_secs
             try:
                 with anyio.fail_after(timeout):
                     await self._rt._tg.start(functools.partial(self._serve, live))
