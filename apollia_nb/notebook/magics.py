@@ -146,8 +146,9 @@ class ApolliaMagics(Magics):
         from apollia_nb.notebook.render import status_line
 
         try:
+            shell = self.shell
             self.runtime = KernelRuntime(self.home or None, ui_loop=_running_loop(), user=self.user or None,
-                                         show_widgets=self.show_widgets)
+                                         show_widgets=self.show_widgets, namespace=lambda: shell.user_ns)
         except ApolliaError as exc:
             raise ApolliaMagicError.from_error(exc) from None
         if announce:
@@ -210,13 +211,10 @@ class ApolliaMagics(Magics):
     # ------------------------------------------------------------------ cell subcommands
     def _agent(self, args: list[str], cell: str | None) -> Any:
         from apollia_nb.notebook.handles import AgentInfo
-        from apollia_nb.notebook.tools import notebook_tools
         from apollia_nb.runtime.manifest import parse_manifest
 
         _parser("%%apollia agent").parse_args(args)
         manifest = parse_manifest(self._cell("agent", cell), source="<cell>")
-        shell = self.shell
-        tools = notebook_tools(lambda: shell.user_ns, manifest)
         runtime = self._rt()
         rt = runtime.rt
 
@@ -228,7 +226,7 @@ class ApolliaMagics(Magics):
                     raise Conflict(f"agent {manifest.name!r} has {len(existing.inflight)} task(s) in flight; "
                                    f"stop it first (`%apollia stop {manifest.name}`)")
                 await rt.stop_agent(manifest.name)
-            agent = await rt.register_agent(manifest, tools=tools)
+            agent = await rt.register_agent(manifest)  # the notebook_* built-ins come from the runtime
             return agent.to_dict()
 
         return AgentInfo(runtime.block(declare))

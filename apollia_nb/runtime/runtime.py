@@ -132,8 +132,10 @@ class Runtime:
         clock: Callable[[], float] = time.time,
         suspend_unattended: bool = True,
         chat_card_timeout: float | None = None,
+        namespace: Callable[[], Any] | None = None,
     ) -> None:
         self.home = home if isinstance(home, Home) else Home.at(home)
+        self.namespace = namespace  # the kernel's user namespace: enables the notebook_* built-ins
         self.clock = clock
         self.suspend_unattended = suspend_unattended
         self.chat_card_timeout = chat_card_timeout  # None: the fixed five minutes
@@ -351,7 +353,7 @@ class Runtime:
             workspace.mkdir(parents=True, exist_ok=True)
             registry = ToolRegistry()
             for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
-                                         profile_sink=lambda fact: None):
+                                         profile_sink=lambda fact: None, namespace=self.namespace):
                 registry.register(tooldef)
             for source in self.tool_sources:
                 # Federated tools (MCP servers, host REST APIs): a source that fails leaves its tools
