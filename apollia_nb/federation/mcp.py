@@ -186,10 +186,17 @@ class _Live:
     done: anyio.Event = field(default_factory=anyio.Event)
     client: Any = None
     tools: list[Any] = field(default_factory=list)
+    reason: str = ""
 
     @property
     def usable(self) -> bool:
         return self.client is not None and not self.stop.is_set()
+
+    def drop(self, reason: str) -> None:
+        """Stop this connection (the first reason given is the one logged)."""
+        if not self.stop.is_set():
+            self.reason = reason
+            self.stop.set()
 
 
 class McpSource:
@@ -226,7 +233,7 @@ class McpSource:
         """Stop the server (or close the HTTP session); wait for it to be gone."""
         self._closed = True
         for live in list(self._running):
-            live.stop.set()
+            live.drop("the runtime is closing")
         with anyio.move_on_after(CLOSE_WAIT_SECS):
             for live in list(self._running):
                 await live.done.wait()
@@ -275,28 +282,31 @@ class McpSource:
             result = await live.client.call_tool(tool, arguments, read_timeout_seconds=timeout)
         except MCPError as exc:
             if exc.code == REQUEST_TIMEOUT:
-                live.stop.set()
+                live.drop(f"{tool} did not answer within {timeout:g} s")
                 raise ToolTimeout(f"{label} did not answer within {timeout:g} s; the server is restarted on next use") from None
             if exc.code == CONNECTION_CLOSED:
-                live.stop.set()
+                live.drop(f"the connection closed during a call of {tool}")
                 raise TransientToolError(
-                    f"{label}: the server closed the connection; it is restarted on next use (see {self._log_hint()})"
+                    f"{label}: the server closed the connection; it is restarted on next use{self._log_hint()}"
                 ) from None
             raise PermanentToolError(f"{label}: {exc.message}") from None
         except ValidationError as exc:
             raise PermanentToolError(f"{label}: the server's answer is not a valid MCP result: {exc.error_count()} problems") from None
         except TimeoutError:
-            live.stop.set()
+            live.drop(f"{tool} did not answer within {timeout:g} s")
             raise ToolTimeout(f"{label} did not answer within {timeout:g} s; the server is restarted on next use") from None
         except Exception as exc:  # the transport failed under the call
-            live.stop.set()
+            live.drop(f"the transport failed during a call of {tool}: {_describe(exc)}")
             raise TransientToolError(f"{label}: {type(exc).__name__}: {exc}; the server is restarted on next use") from None
         if result.is_error:
             raise PermanentToolError(f"{label}: {_error_text(result)}")
         return tool_output(result)
 
     def _log_hint(self) -> str:
-        return str(self.log_path) if self.config.transport == "stdio" else self.config.url or self.server
+        return f" (see {self.log_path})" if self.config.transport == "stdio" else ""
+
+    def _verb(self) -> str:
+        return "started" if self.config.transport == "stdio" else "reached"
 
     # -- the connection --------------------------------------------------------------------
 
@@ -315,13 +325,13 @@ class McpSource:
                 with anyio.fail_after(timeout):
                     await self._rt._tg.start(functools.partial(self._serve, live))
             except TimeoutError:
-                raise TransientToolError(f"{self.name}: the server did not start within {timeout:g} s "
-                                         f"(see {self._log_hint()})") from None
+                raise TransientToolError(f"{self.name}: the server could not be {self._verb()} within "
+                                         f"{timeout:g} s{self._log_hint()}") from None
             except ApolliaError:
                 raise
             except Exception as exc:
-                raise TransientToolError(f"{self.name}: the server could not be started: "
-                                         f"{_describe(exc)} (see {self._log_hint()})") from None
+                raise TransientToolError(f"{self.name}: the server could not be {self._verb()}: "
+                                         f"{_describe(exc)}{self._log_hint()}") from None
             self._live = live
             return live
 
@@ -340,7 +350,7 @@ class McpSource:
             else:
                 transport = self._http_transport()
             client = Client(
-                _watched(transport, live.stop.set),
+                _watched(transport, lambda: live.drop("the server exited or closed its output")),
                 cache=None,
                 client_info=Implementation(name="apollia-nb", version=_version()),
                 read_timeout_seconds=self.config.timeout_secs,
@@ -351,6 +361,8 @@ class McpSource:
                 task_status.started()
                 started = True
                 await live.stop.wait()
+            if errlog is not None:
+                _note(errlog, f"stopped: {live.reason or 'done'}")
         except Exception as exc:
             if not started:
                 raise
