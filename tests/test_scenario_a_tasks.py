@@ -235,3 +235,21 @@ async def test_every_tool_call_lands_in_the_sql_views(home):
     assert rows == [("list_dir", "ok")]
     runs = con.execute("SELECT status, entries FROM runs WHERE run_id = ?", [task.run_id]).fetchall()
     assert runs[0][0] == "completed" and runs[0][1] > 5
+
+
+@pytest.mark.parametrize("watched", [True, False])
+async def test_cancelling_a_waiting_task_closes_its_card_and_seals_the_run(home, watched):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("write_file", path="a", content="b")]}]))
+        handle = await rt.submit("clerk", "Write", watched=watched)
+        await handle.settled()
+        assert handle.status == "waiting"
+        await rt.cancel(handle.id)
+        assert handle.status == "cancelled"
+        assert rt.pending_decisions() == [] and handle.pending == []
+        kinds = [e.kind for e in rt.journal.entries(run_id=handle.run_id)]
+        assert kinds[-1] == "run_seal" and kinds.count("run_seal") == 1
+        assert rt.replay(handle.run_id).verdict == "identical"
+        with pytest.raises(Exception) as err:
+            await rt.cancel(handle.id)
+        assert getattr(err.value, "code", "") == "CONFLICT"

@@ -498,7 +498,10 @@ class Runtime:
         if run.status in ("completed", "failed", "cancelled"):
             raise Conflict(f"task {task_id} is already {run.status}")
         scope = getattr(run, "scope", None)
-        if scope is not None and not run.done.is_set() and run.status != "waiting":
+        if run._active and scope is not None:
+            for card in [c for c in self._cards.values() if c.task_id == task_id and c.waiting]:
+                self._record_answer(card.id, "refuse", by="cancel", reason="the task was cancelled")
+                card._resolve("refuse", "cancel", self.now_iso())
             scope.cancel()
             await run.done.wait()
         else:  # suspended: nothing runs; close it here
