@@ -187,3 +187,14 @@ async def test_a_host_refused_by_policy_is_never_contacted(home, tmp_path, token
         assert any(w.startswith("rest:crm: organisation policy refuses the connection 'crm'") for w in agent.warnings)
         with pytest.raises(UnknownTool):
             await rt.register_agent(manifest(name="strict", required=["rest:crm/createNote"]))
+
+
+def test_the_walkthrough_runs_offline_and_shows_both_paths():
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "host_notes" / "walkthrough.py")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  mcp:") or line.startswith("  rest:")]
+    assert ["mcp:notes/search", "read", "allow", "3", "-", "ok"] in rows
+    assert ["rest:notes/createSummary", "write", "ask", "6", "once", "ok"] in rows
+    assert "entries mentioning the host's token: 0" in done.stdout
+    assert "the host now holds 1 summary" in done.stdout
