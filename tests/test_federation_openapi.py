@@ -213,3 +213,13 @@ def test_annotations_become_hints_with_their_wire_names():
                   annotations=t.ToolAnnotations(destructive_hint=True, open_world_hint=False))
     assert tool_hints(tool) == {"destructiveHint": True, "openWorldHint": False, "title": "Remove"}
     assert tool_hints(t.Tool(name="x", input_schema={"type": "object"})) is None
+
+
+@pytest.mark.anyio
+async def test_a_missing_token_for_an_http_server_is_reported_without_connecting(home, monkeypatch):
+    monkeypatch.delenv("WIKI_TOKEN", raising=False)
+    write_config(home, servers={"wiki": {"url": "http://127.0.0.1:9/mcp", "token_env": "WIKI_TOKEN"}})
+    async with Runtime(home) as rt:
+        agent = await rt.register_agent(manifest(optional=["mcp:wiki/lookup"]))
+        assert agent.state.state.value == "degraded"
+        assert any("mcp:wiki: the environment variable WIKI_TOKEN is not set" in w for w in agent.warnings)
