@@ -118,11 +118,11 @@ _bearer = HTTPBearer(
 )
 
 
-def _runtime(request: Request) -> Any:
+async def _runtime(request: Request) -> Any:  # async: a plain def would run in a worker thread
     return request.app.state.runtime
 
 
-def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
+async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
     expected: bytes = request.app.state.token
     given = credentials.credentials.encode("utf-8", "surrogateescape") if credentials is not None else b""
     if credentials is None or not hmac.compare_digest(given, expected):
