@@ -48,8 +48,9 @@ async def test_unclassified_tool_is_asked_every_time_never_with_always(home, tmp
     write_config(home, servers={"files": filesystem_server(root)})
     async with Runtime(home) as rt:
         read = call("mcp:files/read_text_file", path=str(root / "plan.txt"))
-        await rt.register_agent(manifest(actor=[{"tool_calls": [read]}, {"tool_calls": [read]}, {"text": "read twice"}],
-                                         required=["mcp:files/read_text_file"]))
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [read]}, {"tool_calls": [read]}, {"text": "read twice"}],
+            required=["mcp:files/read_text_file"]))
         handle = await rt.submit("clerk", "Read the plan twice")
         cards = await answer_all(rt, handle, "once")
         assert handle.status == "completed", handle.error
@@ -72,7 +73,8 @@ async def test_classified_read_tool_runs_unattended_without_asking(home):
         assert handle.status == "completed", handle.error
         assert rt.pending_decisions() == []
         [decided] = decisions(rt, handle.run_id)
-        assert (decided["outcome"], decided["line"], decided["family"], decided["connection"]) == ("allow", 3, "read", "time")
+        shown = (decided["outcome"], decided["line"], decided["family"], decided["connection"])
+        assert shown == ("allow", 3, "read", "time")
         [result] = results(rt, handle.run_id)
         assert result["status"] == "ok" and result["output"]["timezone"] == "UTC"
 

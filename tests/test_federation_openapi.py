@@ -195,7 +195,8 @@ def test_mcp_results_become_json_outputs():
 
     text = t.TextContent(text="hello")
     image = t.ImageContent(data="aGVsbG8=", mime_type="image/png")
-    resource = t.EmbeddedResource(resource=t.TextResourceContents(uri="file:///n.txt", text="note", mime_type="text/plain"))
+    resource = t.EmbeddedResource(
+        resource=t.TextResourceContents(uri="file:///n.txt", text="note", mime_type="text/plain"))
     assert tool_output(t.CallToolResult(content=[text], structured_content={"a": 1})) == {"a": 1}
     assert tool_output(t.CallToolResult(content=[text])) == "hello"
     assert tool_output(t.CallToolResult(content=[])) is None

@@ -193,7 +193,7 @@ def test_the_walkthrough_runs_offline_and_shows_both_paths():
     done = subprocess.run([sys.executable, str(REPO / "examples" / "host_notes" / "walkthrough.py")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  mcp:") or line.startswith("  rest:")]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("  mcp:", "  rest:"))]
     assert ["mcp:notes/search", "read", "allow", "3", "-", "ok"] in rows
     assert ["rest:notes/createSummary", "write", "ask", "6", "once", "ok"] in rows
     assert "entries mentioning the host's token: 0" in done.stdout

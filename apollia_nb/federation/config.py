@@ -183,7 +183,8 @@ def parse_mcp_server(name: object, value: object) -> McpServerConfig:
     else:
         for key in ("headers", "token_env"):
             if key in table:
-                raise BadInput(f"{_where(section, name, key)} applies to a streamable HTTP server (url), not to a command")
+                raise BadInput(
+                    f"{_where(section, name, key)} applies to a streamable HTTP server (url), not to a command")
     return McpServerConfig(
         name=name,
         command=command,

@@ -278,26 +278,28 @@ class McpSource:
         live = await self._connection()
         label = f"{self.name}/{tool}"
         timeout = self.config.timeout_secs
+        late = f"{tool} did not answer within {timeout:g} s"
+        again = "the server is restarted on next use"
         try:
             result = await live.client.call_tool(tool, arguments, read_timeout_seconds=timeout)
         except MCPError as exc:
             if exc.code == REQUEST_TIMEOUT:
-                live.drop(f"{tool} did not answer within {timeout:g} s")
-                raise ToolTimeout(f"{label} did not answer within {timeout:g} s; the server is restarted on next use") from None
+                live.drop(late)
+                raise ToolTimeout(f"{self.name}/{late}; {again}") from None
             if exc.code == CONNECTION_CLOSED:
                 live.drop(f"the connection closed during a call of {tool}")
-                raise TransientToolError(
-                    f"{label}: the server closed the connection; it is restarted on next use{self._log_hint()}"
-                ) from None
+                closed = f"{label}: the server closed the connection; {again}{self._log_hint()}"
+                raise TransientToolError(closed) from None
             raise PermanentToolError(f"{label}: {exc.message}") from None
         except ValidationError as exc:
-            raise PermanentToolError(f"{label}: the server's answer is not a valid MCP result: {exc.error_count()} problems") from None
+            raise PermanentToolError(
+                f"{label}: the server's answer is not a valid MCP result ({exc.error_count()} problems)") from None
         except TimeoutError:
-            live.drop(f"{tool} did not answer within {timeout:g} s")
-            raise ToolTimeout(f"{label} did not answer within {timeout:g} s; the server is restarted on next use") from None
+            live.drop(late)
+            raise ToolTimeout(f"{self.name}/{late}; {again}") from None
         except Exception as exc:  # the transport failed under the call
             live.drop(f"the transport failed during a call of {tool}: {_describe(exc)}")
-            raise TransientToolError(f"{label}: {type(exc).__name__}: {exc}; the server is restarted on next use") from None
+            raise TransientToolError(f"{label}: {_describe(exc)}; {again}") from None
         if result.is_error:
             raise PermanentToolError(f"{label}: {_error_text(result)}")
         return tool_output(result)
@@ -396,8 +398,8 @@ class McpSource:
         return stdio_client(params, errlog=errlog)
 
     def _http_transport(self) -> Any:
+        import httpx2  # the MCP SDK's HTTP client library
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
         headers = dict(self.config.headers)
         if self.config.token_env:
@@ -405,7 +407,8 @@ class McpSource:
             if not token:
                 raise PermanentToolError(f"{self.name}: the environment variable {self.config.token_env} is not set")
             headers["Authorization"] = f"Bearer {token}"
-        http_client = create_mcp_http_client(headers=headers or None)
+        # The SDK's recommended timeouts: 30 s to connect and write, 300 s to read an open event stream.
+        http_client = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
         return _owning(http_client, streamable_http_client(self.config.url or "", http_client=http_client))
 
 

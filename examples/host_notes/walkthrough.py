@@ -48,7 +48,12 @@ tool_calls = [{ name = "mcp:notes/search", arguments = { query = "budget" } }]
 text = "Found the budget notes: n1, n2 and n4."
 
 [[model.script.actor]]
-tool_calls = [{ name = "rest:notes/createSummary", arguments = { title = "Budget, in short", text = "Q3 is 4% over plan; cut travel first. One hire now, one after January.", note_ids = ["n1", "n2"] } }]
+[[model.script.actor.tool_calls]]
+name = "rest:notes/createSummary"
+[model.script.actor.tool_calls.arguments]
+title = "Budget, in short"
+text = "Q3 is 4% over plan; cut travel first. One hire now, one after January."
+note_ids = ["n1", "n2"]
 
 [[model.script.actor]]
 text = "Filed the summary with the notes host."
