@@ -122,3 +122,39 @@ def test_binding_beyond_loopback_needs_allow_remote(home_dir):
             assert api.health().status == "ok"
     finally:
         assert stop(proc) == 0
+
+
+def test_create_app_over_a_home_opens_the_runtime_in_its_lifespan_and_closes_it(tmp_path):
+    import asyncio
+    import threading
+
+    import httpx
+
+    from apollia_nb.api.app import create_app
+    from apollia_nb.api.server import _uvicorn_server
+    from apollia_nb.home import Home, OwnerLock
+
+    home = Home.at(tmp_path / "lifespan-home")
+    app = create_app(home=home.path, token="t")
+    listening = threading.Event()
+    ports: list[int] = []
+
+    def on_listening(port: int) -> None:
+        ports.append(port)
+        listening.set()
+
+    server = _uvicorn_server(app, host="127.0.0.1", port=0, log_level="warning", on_listening=on_listening,
+                             install_signal_handlers=False)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()))
+    thread.start()
+    try:
+        assert listening.wait(60)
+        with pytest.raises(errors.HomeLocked):
+            OwnerLock(home).acquire()  # the app's runtime owns the home while it serves
+        r = httpx.get(f"http://127.0.0.1:{ports[0]}/api/v1/agents", headers={"Authorization": "Bearer t"})
+        assert r.status_code == 200 and r.json() == []
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    assert not thread.is_alive() and app.state.runtime is None
+    OwnerLock(home).acquire().release()  # closed on shutdown: the home is free again
