@@ -102,7 +102,9 @@ def test_pending_decisions_survive_a_restart_of_the_server_and_answering_resumes
         # Finished in an earlier process: still readable, and cannot be cancelled.
         assert api.get(f"/tasks/{sub['id']}").json()["status"] == "completed"
         assert [t["id"] for t in api.get("/tasks").json()] == [sub["id"]]
-        assert api.post(f"/tasks/{sub['id']}/cancel").json()["code"] == "CONFLICT"
+        for action in ("cancel", "plan/approve"):
+            r = api.post(f"/tasks/{sub['id']}/{action}")
+            assert r.status_code == 409 and r.json()["code"] == "CONFLICT"
 
 
 @pytest.mark.timeout(60)

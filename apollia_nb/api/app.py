@@ -265,6 +265,13 @@ def _task_dict(rt: Any, task_id: str) -> dict[str, Any]:
         return task_json(record)
 
 
+def _live_task(rt: Any, task_id: str) -> None:
+    """404 for a task nobody knows; 409 for one that finished in an earlier process (nothing to act on)."""
+    _task_dict(rt, task_id)
+    if task_id not in {h.id for h in rt.tasks()}:
+        raise Conflict(f"task {task_id} has already finished")
+
+
 def _all_tasks(rt: Any) -> list[dict[str, Any]]:
     from apollia_nb.runtime.tasks import task_json
 
@@ -439,9 +446,7 @@ async def wait_task(
         description="A running task is cancelled at once; a waiting one has its pending decisions refused. "
                     "409 when the task has already finished.")
 async def cancel_task(task_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    _task_dict(rt, task_id)  # 404 for an unknown task, 409 below for a finished one of an earlier process
-    if task_id not in {h.id for h in rt.tasks()}:
-        raise Conflict(f"task {task_id} has already finished")
+    _live_task(rt, task_id)
     return (await rt.cancel(task_id)).to_dict()
 
 
@@ -450,7 +455,7 @@ async def cancel_task(task_id: str, rt: Any = Depends(_runtime)) -> dict[str, An
         description="Only while the task is `waiting` with `awaiting_plan_approval`; the run continues.")
 async def approve_task_plan(task_id: str, body: s.PlanApprovalIn | None = Body(None),
                             rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    _task_dict(rt, task_id)
+    _live_task(rt, task_id)
     rt.approve_plan(task_id, list(body.steps) if body is not None and body.steps is not None else None)
     return _task_dict(rt, task_id)
 
@@ -459,7 +464,7 @@ async def approve_task_plan(task_id: str, body: s.PlanApprovalIn | None = Body(N
         tags=["tasks"], summary="Reject a task's plan", responses=_errors(404, 409, 413, 422),
         description="The task fails with code `REJECTED` and the reason, without calling the agent again.")
 async def reject_task_plan(task_id: str, body: s.PlanRejectionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    _task_dict(rt, task_id)
+    _live_task(rt, task_id)
     rt.reject_plan(task_id, body.reason)
     return _task_dict(rt, task_id)
 
