@@ -26,7 +26,6 @@ import hmac
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -801,7 +800,6 @@ def create_app(
     )
     app.state.runtime = runtime
     app.state.token = token.encode("utf-8")
-    app.state.home = Path(home) if home is not None else None
     _install_error_handlers(app)
     _with_event_schemas(app)
     app.include_router(public, prefix=API_PREFIX)
