@@ -9,6 +9,9 @@ Messages are for people and may change; codes may not.
     │   ├── ManifestInvalid           MANIFEST_INVALID: names the key and line
     │   ├── BadAnswer                 BAD_ANSWER: an answer not on offer
     │   └── BadArgument               BAD_ARGUMENT: a tool called with bad arguments
+    │   └── PayloadTooLarge           PAYLOAD_TOO_LARGE: a request body over the server's limit (413)
+    ├── Unauthorized                  UNAUTHORIZED: a missing or wrong bearer token (401)
+    ├── MethodNotAllowed              METHOD_NOT_ALLOWED: the route exists, the method does not (405)
     ├── NotFound                      NOT_FOUND
     │   ├── UnknownAgent              UNKNOWN_AGENT
     │   ├── UnknownTask               UNKNOWN_TASK
@@ -52,6 +55,9 @@ __all__ = [
     "ManifestInvalid",
     "BadAnswer",
     "BadArgument",
+    "PayloadTooLarge",
+    "Unauthorized",
+    "MethodNotAllowed",
     "NotFound",
     "UnknownAgent",
     "UnknownTask",
@@ -119,6 +125,21 @@ class BadAnswer(BadInput):
 
 class BadArgument(BadInput):
     code = "BAD_ARGUMENT"
+
+
+class PayloadTooLarge(BadInput):
+    code = "PAYLOAD_TOO_LARGE"
+    http_status = 413
+
+
+class Unauthorized(ApolliaError):
+    code = "UNAUTHORIZED"
+    http_status = 401
+
+
+class MethodNotAllowed(ApolliaError):
+    code = "METHOD_NOT_ALLOWED"
+    http_status = 405
 
 
 class NotFound(ApolliaError):
