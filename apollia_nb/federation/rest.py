@@ -436,7 +436,7 @@ class RestSource:
             description=op.description,
             timeout_secs=self.config.timeout_secs + 5,  # a backstop: the request has its own timeout
             connection=self.host,
-            annotations={"method": op.method, "url": base_url.rstrip("/") + op.path},
+            annotations={"method": op.method, "url": _without_userinfo(base_url).rstrip("/") + op.path},
         )
         self._tooldefs[name] = tooldef
         return tooldef
@@ -473,6 +473,13 @@ class RestSource:
         if 300 <= status < 400:
             message += f" (redirect to {response.headers.get('location', '?')} not followed)"
         raise PermanentToolError(message)
+
+
+def _without_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 def _same_origin(a: str, b: str) -> bool:
