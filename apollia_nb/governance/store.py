@@ -458,6 +458,42 @@ class GovernanceStore:
         self._cached: _Cached | None = None
         self._last_rules: tuple[Rule, ...] = ()
         self._journaled_policy: tuple[str, str | None, str] | None = None
+        self._keeper: Any = None
+
+    def keep_open(self) -> bool:
+        """Hold ``governance.db`` open for this process (the home's owner) until ``close()``.
+
+        DuckDB shares one database instance among a process's connections while
+        one is open, so each operation's connection then costs well under a
+        millisecond instead of reopening the file. Nothing else changes: every
+        operation still runs in its own connection and transaction. A database
+        that cannot be opened is not kept (the view stays fail closed). Other
+        processes cannot open the file meanwhile — the owner holds the home anyway.
+        """
+        duckdb = _duckdb()
+        with self._lock:
+            if self._keeper is not None:
+                return True
+            if not self.path.exists():
+                return False  # created by the first write; kept from the next call on
+            try:
+                keeper = duckdb.connect(str(self.path))
+                self._schema_ready(keeper)
+            except (duckdb.Error, GovernanceUnreadable):
+                try:
+                    keeper.close()  # type: ignore[possibly-undefined]
+                except Exception:
+                    pass
+                return False
+            self._keeper = keeper
+            return True
+
+    def close(self) -> None:
+        """Stop holding the database open (see ``keep_open``)."""
+        with self._lock:
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.close()
 
     def attach_journal(self, journal: JournalSink | None) -> None:
         """Journal changes to ``journal`` from now on (and the policy state on next ``view()``)."""
@@ -586,6 +622,9 @@ class GovernanceStore:
     def _connect(self, *, read_only: bool) -> "duckdb.DuckDBPyConnection":
         """Connect, retrying while another process holds the file; map DuckDB's errors."""
         duckdb = _duckdb()
+        if self._keeper is not None:
+            # Same instance as the keeper: the same configuration (read-write), no file reopen.
+            return duckdb.connect(str(self.path))
         deadline = time.monotonic() + self.lock_timeout
         delay = 0.005
         while True:

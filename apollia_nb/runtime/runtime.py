@@ -231,6 +231,7 @@ class Runtime:
             clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
         )
         self.governance.view()  # loads (and journals) the policy state now
+        self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
         self.records = RuntimeRecords(self.home.runtime_db)
         self.breakers = Breakers()
         self.opened = True
@@ -275,6 +276,7 @@ class Runtime:
             return
         self.opened = False
         try:
+            self.governance.close()
             self.journal.close()
         finally:
             try:
