@@ -325,7 +325,7 @@ class McpSource:
             timeout = self.config.start_timeout_secs
             try:
                 with anyio.fail_after(timeout):
-                    await self._rt._tg.start(functools.partial(self._serve, live))
+                    await self._rt.start_owned(functools.partial(self._serve, live))
             except TimeoutError:
                 raise TransientToolError(f"{self.name}: the server could not be {self._verb()} within "
                                          f"{timeout:g} s{self._log_hint()}") from None

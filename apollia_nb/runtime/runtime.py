@@ -110,9 +110,18 @@ class TaskHandle:
     async def settled(self) -> "TaskHandle":
         """Until the task is finished or waiting on a person."""
         run = self._run
-        while not (run.done.is_set() or (self.status == "waiting" and (run.r["watched"] or not run._active))):
+        while not (run.done.is_set() or self._parked()):
             await self._rt._changed(self.id).wait()
         return self
+
+    def _parked(self) -> bool:
+        """Waiting on a person right now: a card or the plan is open (watched), or the run is suspended."""
+        run = self._run
+        if self.status != "waiting":
+            return False
+        if not run.r["watched"]:
+            return not run._active
+        return bool(self.pending) or self.awaiting_plan_approval
 
     def __await__(self):  # type: ignore[no-untyped-def]
         return self.wait().__await__()
@@ -284,6 +293,11 @@ class Runtime:
             finally:
                 self._lock.release()
 
+    async def start_owned(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Start ``fn`` as a background task owned by the runtime (``anyio`` ``TaskGroup.start``
+        semantics: returns what it passes to ``task_status.started``). Cancelled on close."""
+        return await self._tg.start(fn, *args)
+
     # ------------------------------------------------------------------ clocks and notifications
     def now_iso(self) -> str:
         return _utc_iso(self.clock())
@@ -383,6 +397,8 @@ class Runtime:
             if model is None and saved and hasattr(provider, "restore"):
                 provider.restore(saved)  # a fresh scripted model continues where the last one stopped
         except ApolliaError as exc:
+            if warnings:  # e.g. a tool source that could not give its tools, and why
+                exc.message = f"{exc.message} ({'; '.join(warnings)})"
             raise startup_failure(cell, exc) from None
         error = await anyio.to_thread.run_sync(
             install_packages, self.home.agents_dir / manifest.name / "venv", manifest.python_packages
@@ -659,6 +675,7 @@ class Runtime:
                         id=p.id, run_id=p.run_id, agent=p.agent, tool=p.tool, family=d["family"],
                         arguments=dict(p.arguments), answers=tuple(d["answers"]), reason=p.reason, line=p.line,
                         call_id=p.call_id or "", created_at=d["created_at"], task_id=record["id"], _runtime=self,
+                        hints=agent.tools.get(p.tool).annotations if p.tool in agent.tools else None,
                     )
                 agent.inflight.add(run)
                 continue
