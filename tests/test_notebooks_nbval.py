@@ -1,0 +1,125 @@
+"""The example notebooks run offline and reproduce their saved outputs (nbval), and are saved executed.
+
+nbval runs every notebook in ``notebooks/`` top to bottom in a fresh kernel of this
+interpreter and compares each cell's outputs with the saved ones, after the
+sanitisers of ``notebooks/nbval-sanitize.cfg`` (times, ids, hashes, temporary
+paths). It runs as a subprocess so its kernels, its collection and its options stay
+apart from this suite's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+SANITIZE = NOTEBOOKS / "nbval-sanitize.cfg"
+EXPECTED = ["01-tour", "02-governance-six-lines", "03-orchestrated-task", "04-chat-plan-mode",
+            "05-audit-with-sql", "06-replay"]
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+IGNORE_TAG = "nbval-ignore-output"
+# Live views are displayed when a run starts and change as it runs; only they may skip comparison.
+LIVE_VIEW_CELL = re.compile(r"^%%apollia (task|chat) ")
+
+
+def load(name: str) -> dict:
+    return json.loads((NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8"))
+
+
+def code_cells(nb: dict) -> list[dict]:
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def joined(value: str | list[str]) -> str:
+    """A notebook's multiline string: saved as one string or as a list of lines."""
+    return "".join(value) if isinstance(value, list) else value
+
+
+def source(cell: dict) -> str:
+    return joined(cell["source"])
+
+
+def test_the_six_notebooks_are_there():
+    assert sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")) == EXPECTED
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_a_notebook_is_saved_executed_in_order_without_errors(name):
+    nb = load(name)
+    counts = [c["execution_count"] for c in code_cells(nb)]
+    assert counts == list(range(1, len(counts) + 1)), f"{name}: re-execute it top to bottom and save it"
+    for cell in code_cells(nb):
+        assert all(o["output_type"] != "error" for o in cell["outputs"]), source(cell)
+        assert "NBVAL_" not in source(cell), "mark cells with tags, not comments"
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_only_live_views_skip_the_comparison(name):
+    for cell in code_cells(load(name)):
+        tags = cell.get("metadata", {}).get("tags", [])
+        assert set(tags) <= {IGNORE_TAG}, tags
+        if IGNORE_TAG in tags:
+            assert LIVE_VIEW_CELL.match(source(cell)), f"{name}: a checked cell must not skip: {source(cell)!r}"
+
+
+@pytest.mark.parametrize("name", [n for n in EXPECTED if n != "02-governance-six-lines"])
+def test_a_notebook_makes_its_own_fresh_home_before_loading_the_extension(name):
+    first, second = code_cells(load(name))[:2]
+    assert "tempfile.mkdtemp(" in source(first) and 'os.environ["APOLLIA_HOME"]' in source(first)
+    assert source(second).startswith("%load_ext apollia_nb")
+
+
+def test_the_saved_tour_shows_widgets_a_card_and_a_completed_verified_task():
+    cells = code_cells(load("01-tour"))
+
+    def shown(cell: dict) -> list[dict]:
+        return [o["data"] for o in cell["outputs"] if o["output_type"] in ("display_data", "execute_result")]
+
+    def text(cell: dict) -> str:
+        return "".join(joined(o.get("text", "")) for o in cell["outputs"] if o["output_type"] == "stream") + "".join(
+            joined(d.get("text/plain", "")) for d in shown(cell))
+
+    by_start = {source(c).splitlines()[0]: c for c in cells}
+    [task_view] = shown(by_start["%%apollia task clerk"])
+    assert WIDGET_MIME in task_view and {"text/plain", "text/html"} <= set(task_view)
+    assert "Consent card pd-" in text(by_start["[card] = task.pending"])
+    assert "waiting (answers: once/always/refuse)" in text(by_start["[card] = task.pending"])
+    [answered] = shown(by_start['card.answer("once")'])
+    assert WIDGET_MIME in answered and "answered once by ann" in joined(answered["text/plain"])
+    assert text(by_start["task.status, task.result, task.budget"]).startswith("('completed'")
+    assert "verified:" in text(by_start["%apollia verify"])
+    assert "identical" in text(by_start["%apollia replay {task.run_id}"])
+
+
+def test_the_notebooks_reproduce_their_saved_outputs_under_nbval(tmp_path):
+    """Every cell of every notebook runs in a fresh kernel and matches its saved outputs."""
+    expected_cells = sum(len(code_cells(load(n))) for n in EXPECTED)
+    env = {
+        **os.environ,
+        "APOLLIA_HOME": str(tmp_path / "unused-home"),  # each notebook makes its own; never the user's
+        "TMPDIR": str(tmp_path),                          # the notebooks' temporary folders land here
+        "IPYTHONDIR": str(tmp_path / "ipython"),          # no profile or startup file of the user's
+        "MPLCONFIGDIR": str(tmp_path / "matplotlib"),
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    command = [sys.executable, "-m", "pytest", "--nbval", str(NOTEBOOKS), "--nbval-sanitize-with", str(SANITIZE),
+               "--nbval-current-env", "--nbval-cell-timeout", "120", "-p", "no:cacheprovider", "-q",
+               "-o", "addopts=", "--rootdir", str(ROOT)]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    elapsed = time.monotonic() - started
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report
+    assert re.search(rf"\b{expected_cells} passed\b", report), report
+    assert not re.search(r"\b(failed|skipped|xfailed|error)\b", report.splitlines()[-1]), report
+    print(f"nbval: {expected_cells} cells of {len(EXPECTED)} notebooks in {elapsed:.1f} s")
