@@ -1,0 +1,236 @@
+"""The tour notebook, run through a real Jupyter server: its kernel, its websocket, a real widget click.
+
+A ``jupyter server`` (with JupyterLab's server extension, as ``jupyter lab`` runs it)
+starts headless on 127.0.0.1 with a random port and a token, in a temporary root
+holding a copy of ``notebooks/01-tour.ipynb``. The test opens a session for the
+notebook through the REST API and executes its cells in order over the kernel's
+websocket, as JupyterLab does. Where the tour answers the consent card from code,
+the test clicks the card's ``once`` button instead — a widget comm message, as the
+browser sends it — and the rest of the tour runs on unchanged. Then the server is
+shut down through its API, and the journal the kernel left is verified offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+websocket = pytest.importorskip("websocket")  # websocket-client, a dependency of jupyter_server
+
+ROOT = Path(__file__).resolve().parents[1]
+TOUR = ROOT / "notebooks" / "01-tour.ipynb"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+ANSWER_CELL = 'card.answer("once")'
+DEADLINE = 120.0
+
+
+def _lines(value: str | list[str]) -> str:
+    return "".join(value) if isinstance(value, list) else value
+
+
+def _decode(frame: str | bytes) -> dict[str, Any]:
+    """A message of the server's JSON websocket protocol (binary when it carries buffers)."""
+    if isinstance(frame, str):
+        return json.loads(frame)
+    count = int.from_bytes(frame[:4], "big")
+    offsets = [int.from_bytes(frame[4 * (i + 1):4 * (i + 2)], "big") for i in range(count)]
+    end = offsets[1] if count > 1 else len(frame)
+    return json.loads(frame[offsets[0]:end])
+
+
+class KernelSocket:
+    """The kernel's channels over the server's websocket, as a browser uses them."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.session = uuid.uuid4().hex
+        self.ws = websocket.create_connection(f"{url}?session_id={self.session}",
+                                              header=[f"Authorization: token {token}"], timeout=DEADLINE)
+        self.iopub: list[dict[str, Any]] = []
+
+    def send(self, msg_type: str, content: dict[str, Any], channel: str = "shell") -> str:
+        msg_id = uuid.uuid4().hex
+        header = {"msg_id": msg_id, "msg_type": msg_type, "session": self.session, "username": "ann",
+                  "date": "2026-01-01T00:00:00.000000Z", "version": "5.3"}
+        self.ws.send(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content,
+                                 "channel": channel, "buffers": []}))
+        return msg_id
+
+    def reply(self, msg_id: str, msg_type: str) -> dict[str, Any]:
+        """Read until the shell reply to ``msg_id`` and then its ``idle`` status; iopub is kept in ``self.iopub``."""
+        reply = None
+        idle = False
+        end = time.monotonic() + DEADLINE
+        while reply is None or not idle:
+            if time.monotonic() > end:
+                raise TimeoutError(f"no {msg_type} for {msg_id}")
+            msg = _decode(self.ws.recv())
+            parent = msg.get("parent_header", {}).get("msg_id")
+            if msg["channel"] == "iopub":
+                self.iopub.append(msg)
+                if parent == msg_id and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                    idle = True
+            elif msg["channel"] == "shell" and parent == msg_id and msg["msg_type"] == msg_type:
+                reply = msg
+        return reply
+
+    def execute(self, code: str) -> dict[str, Any]:
+        msg_id = self.send("execute_request", {"code": code, "silent": False, "store_history": True,
+                                               "user_expressions": {}, "allow_stdin": False,
+                                               "stop_on_error": True})
+        reply = self.reply(msg_id, "execute_reply")
+        reply["outputs"] = [m for m in self.iopub if m.get("parent_header", {}).get("msg_id") == msg_id
+                            and m["msg_type"] in ("stream", "display_data", "execute_result", "error")]
+        return reply
+
+    def click(self, comm_id: str) -> None:
+        """What a browser sends when a widget button is clicked (handled before the next request)."""
+        self.send("comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": {"event": "click"}}})
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def _text(outputs: list[dict[str, Any]]) -> str:
+    parts = []
+    for msg in outputs:
+        content = msg["content"]
+        parts.append(content.get("text", "") if msg["msg_type"] == "stream"
+                     else _lines(content.get("data", {}).get("text/plain", "")))
+    return "".join(parts)
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A headless Jupyter server on a random port, rooted in a folder holding a copy of the tour."""
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copy(TOUR, root / TOUR.name)
+    token = uuid.uuid4().hex
+    runtime_dir = tmp_path / "runtime"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
+    env.update({
+        "JUPYTER_RUNTIME_DIR": str(runtime_dir), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_PLATFORM_DIRS": "1",
+        "IPYTHONDIR": str(tmp_path / "ipython"), "TMPDIR": str(tmp_path),
+        "APOLLIA_HOME": str(tmp_path / "unused-home"),  # the tour makes its own home under TMPDIR
+    })
+    log = (tmp_path / "server.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
+         "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        info_file = runtime_dir / f"jpserver-{process.pid}.json"
+        end = time.monotonic() + DEADLINE
+        while not info_file.exists():  # written once the server listens
+            assert process.poll() is None, (tmp_path / "server.log").read_text()
+            assert time.monotonic() < end, "the server did not start"
+            time.sleep(0.1)
+        info = json.loads(info_file.read_text())
+        client = httpx.Client(base_url=info["url"].rstrip("/"), headers={"Authorization": f"token {token}"},
+                              timeout=DEADLINE)
+        yield {"client": client, "token": token, "info": info, "root": root, "process": process,
+               "tmp": tmp_path}
+        client.close()
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)
+        log.close()
+
+
+def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(server):
+    client, process = server["client"], server["process"]
+    assert client.get("/api/status").status_code == 200
+    assert httpx.get(f"{client.base_url}/api/sessions").status_code == 403  # without the token
+
+    created = client.post("/api/sessions", json={"path": TOUR.name, "type": "notebook", "name": TOUR.name,
+                                                 "kernel": {"name": "python3"}})
+    assert created.status_code == 201, created.text
+    kernel_id = created.json()["kernel"]["id"]
+    ws_url = server["info"]["url"].replace("http://", "ws://").rstrip("/") + f"/api/kernels/{kernel_id}/channels"
+    kernel = KernelSocket(ws_url, server["token"])
+    try:
+        assert kernel.reply(kernel.send("kernel_info_request", {}), "kernel_info_reply")["content"]["status"] == "ok"
+        cells = [_lines(c["source"]) for c in json.loads(TOUR.read_text())["cells"] if c["cell_type"] == "code"]
+        assert ANSWER_CELL in cells
+        results: dict[str, dict[str, Any]] = {}
+        clicked = None
+        for code in cells:
+            if code == ANSWER_CELL:
+                clicked = _click_once(kernel)
+                continue
+            reply = kernel.execute(code)
+            assert reply["content"]["status"] == "ok", (code, reply["content"], _text(reply["outputs"]))
+            results[code.splitlines()[0]] = reply
+    finally:
+        kernel.close()
+
+    # The run view is a live widget, with its text and HTML beside it.
+    [view] = [m for m in results["%%apollia task clerk"]["outputs"] if m["msg_type"] == "display_data"]
+    assert WIDGET_MIME in view["content"]["data"] and "text/html" in view["content"]["data"]
+    assert "waiting (answers: once/always/refuse)" in _text(results["[card] = task.pending"]["outputs"])
+    # The click answered the card: its buttons were disabled, the run went on, and it completed.
+    assert clicked is not None and _disabled(kernel.iopub, clicked)
+    final = _text(results["task.status, task.result, task.budget"]["outputs"])
+    assert final.startswith("('completed', 'Wrote summary.txt.'"), final
+    assert _text(results["print((tour / \"notes\" / \"summary.txt\").read_text())"]["outputs"]) == \
+        "Launch moves to Friday.\n"
+    decisions = _text(results["%%apollia sql"]["outputs"])
+    assert "write_file" in decisions and "once" in decisions and "ann" in decisions
+    assert "verified:" in _text(results["%apollia verify"]["outputs"])
+    assert "identical" in _text(results["%apollia replay {task.run_id}"]["outputs"])
+
+    # Shut the server down through its API: the kernel exits and closes its home.
+    assert client.post("/api/shutdown").status_code in (200, 202, 204)
+    assert process.wait(timeout=60) == 0
+
+    from apollia_nb.runtime import Runtime
+
+    [home] = [p / "home" for p in server["tmp"].glob("apollia-tour-*")]
+    with Runtime.blocking(home) as rt:
+        assert rt.verify().ok
+        [(run_id, status)] = rt.journal.sql("SELECT run_id, status FROM runs")
+        assert status == "completed"
+        assert rt.journal.sql("SELECT answer, answered_by FROM decisions WHERE tool = 'write_file'") == \
+            [("once", "ann")]
+        assert rt.replay(run_id).verdict == "identical"
+
+
+def _widget_states(iopub: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every widget model the kernel opened, with its state as last updated."""
+    states: dict[str, dict[str, Any]] = {}
+    for msg in iopub:
+        content = msg["content"]
+        if msg["msg_type"] == "comm_open" and content.get("target_name") == "jupyter.widget":
+            states[content["comm_id"]] = dict(content["data"]["state"])
+        elif msg["msg_type"] == "comm_msg" and content["comm_id"] in states:
+            data = content["data"]
+            if data.get("method") in ("update", "echo_update"):
+                states[content["comm_id"]].update(data.get("state", {}))
+    return states
+
+
+def _click_once(kernel: KernelSocket) -> str:
+    """Click the consent card's ``once`` button, the only one on offer so far; return its model id."""
+    states = _widget_states(kernel.iopub)
+    [button] = [comm_id for comm_id, state in states.items()
+                if state.get("_model_name") == "ButtonModel" and state.get("description") == "once"]
+    assert not states[button].get("disabled")
+    kernel.click(button)
+    return button
+
+
+def _disabled(iopub: list[dict[str, Any]], comm_id: str) -> bool:
+    return bool(_widget_states(iopub)[comm_id].get("disabled"))
