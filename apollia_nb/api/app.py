@@ -804,6 +804,8 @@ def create_app(
     _with_event_schemas(app)
     app.include_router(public, prefix=API_PREFIX)
     app.include_router(router, prefix=API_PREFIX)
+    from apollia_nb.api.internal import router as internal  # the home's clients: docs/shared-home.md
+    app.include_router(internal, prefix=API_PREFIX)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -35,6 +35,7 @@ from apollia_nb.errors import (
     Conflict,
     Expired,
     GovernanceUnreadable,
+    HomeLocked,
     Interrupted,
     UnknownAgent,
     UnknownDecision,
@@ -232,16 +233,31 @@ class Runtime:
         from apollia_nb.runtime.breaker import Breakers
         from apollia_nb.runtime.records import RuntimeRecords
 
-        self._lock.acquire()
+        self.mode = "owner"
+        server = None
+        try:
+            self._lock.acquire()
+        except HomeLocked as locked:  # owned: by `apollia-os serve` (become its client) or HOME_LOCKED
+            from apollia_nb.runtime.remote import find_server
+
+            server = find_server(self.home, locked)
         self.config = load_config(self.home.config_path)
-        self.journal = Journal.open(self.home)
-        self.governance = GovernanceStore(
-            self.home, journal=self.journal, trusted_keys=None,  # re-read from apollia.toml as it changes
-            clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
-        )
-        self.governance.view()  # loads (and journals) the policy state now
-        self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
-        self.records = RuntimeRecords(self.home.runtime_db)
+        if server is not None:  # docs/shared-home.md
+            from apollia_nb.runtime.remote import RemoteHome
+
+            self._remote = RemoteHome(self.home, server)
+            self.mode = "client"
+            self.journal, self.governance = self._remote.journal, self._remote.governance
+            self.records = RuntimeRecords(Path(":memory:"))  # this process's agents, tasks and sessions only
+        else:
+            self.journal = Journal.open(self.home)
+            self.governance = GovernanceStore(
+                self.home, journal=self.journal, trusted_keys=None,  # re-read from apollia.toml as it changes
+                clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
+            )
+            self.governance.view()  # loads (and journals) the policy state now
+            self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
+            self.records = RuntimeRecords(self.home.runtime_db)
         self.breakers = Breakers()
         self.opened = True
         from apollia_nb.runtime.chat import Sessions
@@ -253,7 +269,11 @@ class Runtime:
             self.tool_sources = list(open_sources(self))
         await self._restore()
         self.sessions = Sessions(self)
-        if self.config.hitl_timeout_hours is not None:
+        if self.mode == "client":  # answers given elsewhere; the server expires overdue decisions
+            from apollia_nb.runtime.remote import watch_answers
+
+            self._tg.start_soon(watch_answers, self, self._remote)
+        elif self.config.hitl_timeout_hours is not None:
             self._tg.start_soon(self._expiry_scanner)
 
     async def _stop_everything(self) -> None:
@@ -586,17 +606,23 @@ class Runtime:
     def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None) -> dict[str, Any]:
         """Answer a waiting decision: validated, journaled, applied once; the run resumes."""
         answered = self._record_answer(decision_id, answer, by=by, reason=reason)
-        card = self._cards.get(decision_id)
-        if card is not None:
-            card._resolve(answer, by, answered["answered_at"] or self.now_iso())
+        self._deliver_answer(answered)
+        return answered
+
+    def _deliver_answer(self, answered: dict[str, Any]) -> None:
+        """An answered decision reaches its card when it is this process's: it resolves, its run resumes."""
+        card = self._cards.get(answered["id"])
+        if card is not None and card.waiting:
+            card._resolve(answered["answer"], answered["answered_by"], answered["answered_at"] or self.now_iso())
             self._emit("card", card)
             run = self._runs.get(card.task_id or "")
             if run is not None and run.status == "waiting" and not _is_running(run):
                 self._spawn(run)
-        return answered
 
     def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None) -> dict[str, Any]:
         """Validate, journal (before the effect), store, and apply ``always``."""
+        if self.mode == "client":  # the server records it, in one step (docs/shared-home.md)
+            return self.governance.record_answer(decision_id, answer, by=by, reason=reason)
         pending = self.governance.get_pending(decision_id)
         if pending.status != "pending":
             raise Conflict(f"decision {decision_id} was already answered ({pending.answer} by {pending.answered_by})")

@@ -1,0 +1,416 @@
+"""Routes for the home's clients: what a kernel needs from the process that owns the home.
+
+A home has one owner process (SPEC §3). When ``apollia-os serve`` owns it, a
+kernel (or a script, or ``apollia-os run``) that finds it running becomes its
+client (``apollia_nb.runtime.remote``): its agents run in the kernel, but
+every journal entry is appended by the server's single writer, and every read
+and change of governance goes through the server's store. These routes, under
+``/api/v1/internal``, carry that, bearer-protected like the rest:
+
+* **The journal.** Append entries (one request is one atomic group, committed
+  before the answer), read a run's entries a page at a time, read and write
+  checkpoints, the head with the log's origin and public key.
+* **The governance snapshot** that ``decide()`` reads, with a generation
+  (also its ``ETag``): ``If-None-Match`` with the last generation answers
+  ``304`` with no body while nothing changed, so a client can ask before every
+  decision and still see at once every change any process committed.
+* **Pending decisions**: list one, add one, and a long poll that answers as
+  soon as any of the given decisions is no longer pending. Answers use the
+  public ``POST /pending-decisions/decide`` (validated, journaled, stored,
+  ``always`` applied by the server's ``Runtime.answer``).
+* **Governance changes** the public routes do not carry with their author:
+  granting and revoking a standing consent, removing a rule.
+
+The token grants all of it: an append is signed with the home's key like any
+entry, so keep the token as you keep the home.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any, Literal
+
+import anyio
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import AfterValidator, Field
+
+from apollia_nb.api import schemas as s
+from apollia_nb.api.app import _authorize, _errors, _runtime
+from apollia_nb.api.schemas import _In, _Out
+
+__all__ = ["router", "ANSWER_TICK_SECS", "MAX_PAGE"]
+
+#: How often an open long poll for answers looks at the journal's head (an in-memory read).
+ANSWER_TICK_SECS = 0.05
+#: The most entries one page of ``GET /internal/journal/entries`` holds.
+MAX_PAGE = 10_000
+#: The most entries one append takes (the journal's largest group commit).
+MAX_APPEND = 1024
+
+router = APIRouter(prefix="/internal", dependencies=[Depends(_authorize)], responses=_errors(401, 422),
+                   tags=["internal"])
+
+
+# --- wire models ----------------------------------------------------------------------------------
+
+Kind = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$", description="the entry's kind")]
+Hex = Annotated[str, Field(description="lowercase hex")]
+
+
+def _distinct(answers: list[str]) -> list[str]:
+    if len(set(answers)) != len(answers):
+        raise ValueError("answers must not repeat")
+    return answers
+
+
+Answers = Annotated[list[s.AnswerName], Field(min_length=1, max_length=3, json_schema_extra={"uniqueItems": True}),
+                    AfterValidator(_distinct)]
+ConsentFamily = Literal["read_personal", "write", "send"]
+
+
+class DraftIn(_In):
+    kind: Kind
+    payload: dict[str, Any] = Field(description="a JSON object; stored as its canonical JSON bytes")
+    run_id: str | None = None
+    agent: str | None = None
+
+
+class AppendIn(_In):
+    entries: list[DraftIn] = Field(min_length=1, max_length=MAX_APPEND,
+                                   description="appended atomically, in order, with consecutive seqs")
+
+
+class JournalRow(_Out):
+    """One entry exactly as stored: the payload as its canonical JSON text (the hashed bytes, UTF-8)."""
+
+    seq: int
+    ts: str
+    run_id: str | None
+    agent: str | None
+    kind: str
+    payload: str
+    prev_hash: Hex
+    hash: Hex
+    signature: Hex
+    key_id: str
+
+
+class JournalRows(_Out):
+    entries: list[JournalRow]
+
+
+class JournalRowsPage(_Out):
+    entries: list[JournalRow]
+    next_since_seq: int | None = Field(
+        description="pass as `since_seq` for the next page; null when this page is the last")
+
+
+class JournalHead(_Out):
+    seq: int = Field(description="the last committed entry's seq (0: empty)")
+    hash: Hex = Field(description="its hash (32 zero bytes when empty)")
+    origin: str = Field(description="the log's origin line")
+    key_id: str
+    public_key: Hex = Field(description="the raw Ed25519 public key that signs entries and checkpoints")
+    checkpoint: str | None = Field(description="the latest stored checkpoint note")
+
+
+class CheckpointRow(_Out):
+    size: int
+    root: Hex
+    note: str
+
+
+class Checkpoints(_Out):
+    checkpoints: list[CheckpointRow]
+
+
+class CheckpointNote(_Out):
+    note: str
+
+
+class SnapshotRule(_Out):
+    id: str | None
+    tool: str
+    prefix: str | None
+    effect: Literal["allow", "deny"]
+    agent: str
+
+
+class SnapshotConsent(_Out):
+    agent: str
+    family: s.FamilyName
+
+
+class GovernanceSnapshot(_Out):
+    """What ``decide()`` reads, as the server's store holds it now."""
+
+    generation: str = Field(description="changes whenever anything below changes; also the `ETag`")
+    rules: list[SnapshotRule]
+    consents: list[SnapshotConsent]
+    developer_mode: bool
+    refusals: s.PolicyDocument | None = Field(description="the organisation policy's refusals in effect")
+    policy: s.Policy = Field(description="the organisation policy's state")
+    readable: bool = Field(description="false: governance fails closed")
+    reason: str = Field(description="why it fails closed (empty when readable)")
+
+
+class PendingIn(_In):
+    run_id: Annotated[str, Field(min_length=1, max_length=200)]
+    task_id: Annotated[str, Field(max_length=200)] | None = None
+    agent: s.AgentName
+    tool: s.ToolName
+    family: s.FamilyName | None = Field(description="null when the tool is unclassified")
+    arguments: dict[str, Any]
+    answers: Answers
+    reason: Annotated[str, Field(max_length=10_000)] = ""
+    line: int = Field(0, ge=0, le=6, description="the line of `decide()` that asked")
+    call_id: Annotated[str, Field(max_length=200)] | None = None
+
+
+class ConsentIn(_In):
+    agent: s.AgentName
+    family: ConsentFamily = Field(description="a family a standing consent can cover")
+    by: s.Who
+
+
+class RevokeIn(_In):
+    agent: s.AgentName
+    family: s.FamilyName
+    by: s.Who
+
+
+class RuleRemoveIn(_In):
+    id: Annotated[str, Field(min_length=1, max_length=200)]
+    by: s.Who
+
+
+# --- the journal ----------------------------------------------------------------------------------
+
+
+def _row(entry: Any) -> dict[str, Any]:
+    return {
+        "seq": entry.seq, "ts": entry.ts, "run_id": entry.run_id, "agent": entry.agent, "kind": entry.kind,
+        "payload": entry.payload.decode("utf-8"), "prev_hash": entry.prev_hash.hex(), "hash": entry.hash.hex(),
+        "signature": entry.signature.hex(), "key_id": entry.key_id,
+    }
+
+
+@router.get("/journal/head", response_model=JournalHead, operation_id="internalJournalHead",
+            summary="The journal's head, origin and signing key")
+async def journal_head(rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    journal = rt.journal
+    seq, digest = journal.head()
+    return {"seq": seq, "hash": digest.hex(), "origin": journal.origin, "key_id": journal.key_id,
+            "public_key": journal.public_key().hex(), "checkpoint": journal.latest_checkpoint()}
+
+
+@router.post("/journal/entries", status_code=201, response_model=JournalRows, operation_id="internalAppend",
+             summary="Append entries (atomic, durable on return)", responses=_errors(413, 422),
+             description="The entries get consecutive seqs in one transaction of the server's journal writer "
+                         "(group commit with every other appender) and are committed when this answers.")
+async def append_entries(body: AppendIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    from apollia_nb.journal.store import Draft
+
+    drafts = [Draft(d.kind, d.payload, d.run_id, d.agent) for d in body.entries]
+    entries = await rt.journal.append_many_async(drafts)
+    return {"entries": [_row(e) for e in entries]}
+
+
+@router.get("/journal/entries", response_model=JournalRowsPage, operation_id="internalEntries",
+            summary="Committed entries in seq order, as stored, a page at a time")
+async def read_entries(
+    run_id: str | None = Query(None, description="only this run's entries"),
+    since_seq: int | None = Query(None, ge=0, le=2**62, description="only entries with a greater seq"),
+    kinds: list[Kind] | None = Query(None, max_length=100, description="only entries of these kinds"),
+    limit: int = Query(1000, ge=1, le=MAX_PAGE, description="at most this many"),
+    rt: Any = Depends(_runtime),
+) -> dict[str, Any]:
+    entries = rt.journal.entries(run_id=run_id, since_seq=since_seq, kinds=kinds, limit=limit)
+    rows = [_row(e) for e in entries]
+    return {"entries": rows, "next_since_seq": rows[-1]["seq"] if len(rows) == limit else None}
+
+
+@router.get("/journal/checkpoints", response_model=Checkpoints, operation_id="internalCheckpoints",
+            summary="Stored checkpoints, smallest first")
+async def read_checkpoints(
+    since_size: int = Query(0, ge=0, le=2**62, description="only checkpoints of a larger tree"),
+    rt: Any = Depends(_runtime),
+) -> dict[str, Any]:
+    rows = [{"size": size, "root": root.hex(), "note": note}
+            for size, root, note in rt.journal.checkpoints() if size > since_size]
+    return {"checkpoints": rows}
+
+
+@router.post("/journal/checkpoint", response_model=CheckpointNote, operation_id="internalCheckpoint",
+             summary="Sign and store a checkpoint of every committed entry",
+             description="The latest checkpoint when it already covers every entry.")
+async def write_checkpoint(rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return {"note": await anyio.to_thread.run_sync(rt.journal.checkpoint)}
+
+
+# --- the governance snapshot ----------------------------------------------------------------------
+
+
+class _Generations:
+    """Numbers the snapshots a server hands out: a new generation only when the content changes."""
+
+    def __init__(self) -> None:
+        self.instance = secrets.token_hex(4)  # a restarted server never repeats a generation
+        self.count = 0
+        self.seen: tuple[Any, Any] | None = None
+        self.body: dict[str, Any] | None = None
+
+    def current(self, governance: Any) -> dict[str, Any]:
+        view = governance.view()
+        state = governance.policy_state()
+        seen = self.seen
+        if seen is not None and (seen[0] is view or seen[0] == view) and (seen[1] is state or seen[1] == state):
+            self.seen = (view, state)
+            assert self.body is not None
+            return self.body
+        from apollia_nb.governance.policy import policy_to_dict
+
+        self.count += 1
+        self.seen = (view, state)
+        self.body = {
+            "generation": f"{self.instance}.{self.count}",
+            "rules": [{"id": r.id, "tool": r.tool, "prefix": r.prefix, "effect": r.effect.value, "agent": r.agent}
+                      for r in view.rules],
+            "consents": [{"agent": a, "family": f.value} for a, f in sorted(view.consents)],
+            "developer_mode": view.developer_mode,
+            "refusals": policy_to_dict(view.policy) if view.policy is not None else None,
+            "policy": state.to_dict(),
+            "readable": view.readable,
+            "reason": view.unreadable_reason,
+        }
+        return self.body
+
+
+def _generations(request: Request) -> _Generations:
+    generations = getattr(request.app.state, "governance_generations", None)
+    if generations is None:
+        generations = request.app.state.governance_generations = _Generations()
+    return generations
+
+
+@router.get("/governance/snapshot", response_model=GovernanceSnapshot, operation_id="internalGovernanceSnapshot",
+            summary="The governance snapshot `decide()` reads, with its generation",
+            responses={304: {"description": "unchanged since the generation given in `If-None-Match`"}},
+            description="Includes every change committed before the request. `ETag` is the quoted generation; "
+                        "send it back in `If-None-Match` for a `304` (no body) while nothing changed.")
+async def governance_snapshot(
+    request: Request, response: Response,
+    if_none_match: str | None = Header(None, description="the `ETag` of the snapshot the client holds"),
+    rt: Any = Depends(_runtime),
+) -> Any:
+    body = _generations(request).current(rt.governance)
+    etag = f'"{body["generation"]}"'
+    if if_none_match == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
+    return body
+
+
+# --- pending decisions ----------------------------------------------------------------------------
+
+
+@router.post("/pending-decisions", status_code=201, response_model=s.PendingDecision,
+             operation_id="internalAddPending", summary="List a call waiting for a person",
+             responses=_errors(413, 422),
+             description="The runtime that asks journals the decision itself, before it lists it here.")
+async def add_pending(body: PendingIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    pending = rt.governance.add_pending(
+        run_id=body.run_id, task_id=body.task_id, agent=body.agent, tool=body.tool, family=body.family,
+        arguments=body.arguments, answers=list(body.answers), reason=body.reason, line=body.line,
+        call_id=body.call_id,
+    )
+    return pending.to_dict()
+
+
+@router.get("/pending-decisions", response_model=list[s.PendingDecision], operation_id="internalListPending",
+            summary="Decisions by status (and run), oldest first")
+async def list_pending(
+    status: Literal["pending", "answered", "expired", "all"] = Query("pending"),
+    run_id: str | None = Query(None, description="only this run's decisions"),
+    rt: Any = Depends(_runtime),
+) -> list[dict[str, Any]]:
+    chosen = None if status == "all" else status
+    return [p.to_dict() for p in rt.governance.pending(chosen, run_id=run_id)]
+
+
+@router.get("/pending-decisions/{decision_id}", response_model=s.PendingDecision,
+            operation_id="internalGetPending", summary="One decision, answered or not", responses=_errors(404))
+async def get_pending(decision_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.get_pending(decision_id).to_dict()
+
+
+def _settled(rt: Any, ids: set[str]) -> list[dict[str, Any]]:
+    """Those of ``ids`` no longer pending (``UNKNOWN_DECISION`` for an id nobody knows)."""
+    out = []
+    for decision_id in sorted(ids):
+        decision = rt.governance.get_pending(decision_id)
+        if decision.status != "pending":
+            out.append(decision.to_dict())
+    return out
+
+
+@router.get("/answers", response_model=list[s.PendingDecision], operation_id="internalAwaitAnswers",
+            summary="Wait until any of these decisions is answered (long poll)", responses=_errors(404),
+            description="Answers at once with those of `ids` that are answered or expired; else as soon as one "
+                        "is, or with `[]` when `timeout` seconds pass or the server shuts down. 404 "
+                        "`UNKNOWN_DECISION` names an id nobody knows.")
+async def await_answers(
+    request: Request,
+    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Query(
+        ..., min_length=1, max_length=1000, description="decision ids"),
+    timeout: float = Query(20.0, ge=0, le=60, description="seconds to wait at most"),
+    rt: Any = Depends(_runtime),
+) -> list[dict[str, Any]]:
+    wanted = set(ids)
+    journal = rt.journal
+    seen = journal.head()[0]
+    done = _settled(rt, wanted)
+    if done:
+        return done
+    closing: anyio.Event = request.app.state.closing
+    hinted: set[str] = set()
+    with anyio.move_on_after(timeout):
+        while not closing.is_set():
+            # Every answer is journaled (kind ``answer``) by the server's runtime before it is stored,
+            # so a decision is read again only when an answer to it has been appended.
+            with anyio.move_on_after(ANSWER_TICK_SECS):
+                await closing.wait()
+            head = journal.head()[0]
+            if head != seen:
+                for entry in journal.entries(since_seq=seen, kinds=["answer"]):
+                    decision_id = entry.data().get("decision_id")
+                    if decision_id in wanted:
+                        hinted.add(decision_id)
+                seen = head
+            if hinted:
+                done = _settled(rt, hinted)
+                if done:
+                    return done
+    return []
+
+
+# --- governance changes with their author ---------------------------------------------------------
+
+
+@router.post("/governance/consents", status_code=201, response_model=s.Consent,
+             operation_id="internalGrantConsent", summary="Grant a standing consent", responses=_errors(413, 422),
+             description="Journaled `consent_granted` before it takes effect; an existing consent is returned as is.")
+async def grant_consent(body: ConsentIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.grant_consent(body.agent, body.family, by=body.by).to_dict()
+
+
+@router.post("/governance/consents/revoke", response_model=s.Consent, operation_id="internalRevokeConsent",
+             summary="Revoke a standing consent", responses=_errors(404, 413, 422))
+async def revoke_consent(body: RevokeIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.revoke_consent(body.agent, body.family, by=body.by).to_dict()
+
+
+@router.post("/governance/rules/remove", response_model=s.Rule, operation_id="internalRemoveRule",
+             summary="Remove a fine rule", responses=_errors(404, 413, 422))
+async def remove_rule(body: RuleRemoveIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.remove_rule(body.id, by=body.by).to_dict()

@@ -1,0 +1,765 @@
+"""Client mode: a runtime in a process that finds its home owned by ``apollia-os serve``.
+
+A home has one owner process (SPEC §3): DuckDB lets no second process open
+``journal.db``, ``governance.db`` or ``runtime.db``. To share a home between
+several kernels and the REST API, ``apollia-os serve`` owns it and advertises
+itself in ``<home>/server.json``. A ``Runtime`` whose home is owned by that
+server boots as its client (``rt.mode == "client"``):
+
+* its agents, tasks and chat sessions run in this process, recorded in a
+  process-local in-memory ``RuntimeRecords`` (they end with the process);
+* ``rt.journal`` is a ``RemoteJournal``: every entry is appended by the
+  server's single writer (one chain, group-committed with every other
+  process's entries, durable when the append returns);
+* ``rt.governance`` is a ``RemoteGovernance``: ``view()`` asks the server for
+  the snapshot before every decision with a conditional request (``304``
+  while nothing changed), so a consent or rule committed by any process applies
+  here at once; when the server cannot be reached, the view fails closed;
+* answers are recorded by the server (``Runtime.answer`` there: validated,
+  journaled, stored, ``always`` applied) and a task owned by the runtime
+  (``watch_answers``) long-polls the server for answers given elsewhere to
+  this process's waiting cards, resolving them and resuming their runs.
+
+``find_server`` decides between client mode and ``HOME_LOCKED``: the owner
+lock's holder must be the server named in ``server.json``, alive, answering
+``/health`` and serving this home's journal key. Nothing here writes a file of
+the home. httpx is imported only here, only in client mode.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from apollia_nb.errors import (
+    ApolliaError,
+    GovernanceUnreadable,
+    HomeLocked,
+    IntegrityError,
+    UnknownDecision,
+    error_for_code,
+)
+from apollia_nb.home import Home
+
+if TYPE_CHECKING:  # pragma: no cover
+    import duckdb
+    import httpx
+
+    from apollia_nb.governance.decision import GovernanceView
+    from apollia_nb.governance.policy import PolicyState
+    from apollia_nb.governance.store import ConsentRecord, DeveloperMode, PendingDecision, RuleRecord
+    from apollia_nb.journal.entry import Entry
+    from apollia_nb.runtime.runtime import Runtime
+
+__all__ = [
+    "ServerAddress",
+    "find_server",
+    "RemoteHome",
+    "RemoteJournal",
+    "RemoteGovernance",
+    "watch_answers",
+    "ANSWER_POLL_SECS",
+]
+
+API = "/api/v1"
+#: How long one long poll for answers waits on the server before it is asked again.
+ANSWER_POLL_SECS = 20.0
+#: How long ``find_server`` waits for ``/health``.
+HEALTH_TIMEOUT_SECS = 3.0
+#: At close: how long cancelling this process's suspended runs may take.
+CLOSE_SECS = 10.0
+_PAGE = 10_000
+
+
+# --- finding the server ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    """What ``server.json`` advertises: ``{"url", "token", "pid"}``."""
+
+    url: str
+    token: str
+    pid: int
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+def _holder_words(holder: dict[str, Any] | None) -> str:
+    if not holder:
+        return "another process"
+    return f"process {holder.get('pid')} ({holder.get('command', '?')}, since {holder.get('since', '?')})"
+
+
+def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
+    """The ``apollia-os serve`` that owns ``home``, or raise ``HOME_LOCKED`` saying who holds it.
+
+    ``locked`` is the error the owner lock raised: raised as it is when no
+    server is advertised, replaced by one naming the advertised server when
+    it does not answer.
+    """
+    import httpx
+
+    advertised = _read_json(home.server_json)
+    if advertised is None:
+        raise locked
+    try:
+        address = ServerAddress(url=str(advertised["url"]).rstrip("/"), token=str(advertised["token"]),
+                                pid=int(advertised["pid"]))
+    except (KeyError, TypeError, ValueError):
+        raise locked from None
+    holder = _read_json(home.owner_lock_path)
+    stale = HomeLocked(
+        f"the home {home.path} is owned by {_holder_words(holder)}; its server.json advertises {address.url} "
+        f"(process {address.pid}), which does not answer for it. Stop that process, or run `apollia-os serve` "
+        "in its place so several processes can share the home, or use another --home."
+    )
+    if (holder is not None and holder.get("pid") != address.pid) or not _alive(address.pid):
+        raise stale
+    try:
+        health = httpx.get(address.url + API + "/health", timeout=HEALTH_TIMEOUT_SECS)
+        ok = health.status_code == 200 and health.json().get("status") == "ok"
+    except (httpx.HTTPError, ValueError):
+        ok = False
+    if not ok:
+        raise stale
+    return address
+
+
+# --- the connection -------------------------------------------------------------------------------
+
+
+def _error(response: "httpx.Response") -> ApolliaError:
+    try:
+        data = response.json()
+        return error_for_code(str(data["code"]), str(data["message"]))
+    except (ValueError, KeyError, TypeError):
+        return ApolliaError(f"HTTP {response.status_code} from the server that owns the home")
+
+
+def _when(value: str | None) -> _dt.datetime | None:
+    if value is None:
+        return None
+    return _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+class RemoteHome:
+    """One keep-alive HTTP connection to the server that owns the home, and the remote stores over it.
+
+    ``journal.close()`` closes it (the runtime closes governance first, then the journal).
+    """
+
+    def __init__(self, home: Home, address: ServerAddress, *, timeout: float = 60.0) -> None:
+        import httpx
+
+        self.home = home
+        self.address = address
+        self.headers = {"Authorization": f"Bearer {address.token}"}
+        self.http = httpx.Client(base_url=address.url + API, headers=self.headers,
+                                 timeout=httpx.Timeout(timeout, connect=5.0))
+        try:
+            self.journal = RemoteJournal(self)
+            self.governance = RemoteGovernance(self)
+        except BaseException:
+            self.http.close()
+            raise
+
+    @property
+    def url(self) -> str:
+        return self.address.url
+
+    def call(self, method: str, path: str, *, unreachable: type[ApolliaError], what: str,
+             **kwargs: Any) -> "httpx.Response":
+        """One request; an error answer raises its code's class, no answer raises ``unreachable``."""
+        import httpx
+
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise unreachable(f"{what}: the server that owns the home ({self.url}) did not answer: "
+                              f"{type(exc).__name__}: {exc}") from None
+        if response.status_code >= 400:
+            raise _error(response)
+        return response
+
+    def close(self) -> None:
+        self.http.close()
+
+
+# --- the journal ----------------------------------------------------------------------------------
+
+
+def _entry(row: dict[str, Any]) -> "Entry":
+    from apollia_nb.journal.entry import Entry
+
+    return Entry(
+        int(row["seq"]), row["ts"], row["run_id"], row["agent"], row["kind"], row["payload"].encode("utf-8"),
+        bytes.fromhex(row["prev_hash"]), bytes.fromhex(row["hash"]), bytes.fromhex(row["signature"]),
+        row["key_id"],
+    )
+
+
+def _draft(kind: str, payload: dict[str, Any], run_id: str | None, agent: str | None) -> dict[str, Any]:
+    """Checked here as the local journal checks it, so bad input raises in the caller and nothing is sent."""
+    from apollia_nb.journal.entry import canonical_payload, check_kind, check_text
+
+    check_kind(kind)
+    check_text("run_id", run_id, nullable=True)
+    check_text("agent", agent, nullable=True)
+    canonical_payload(payload)
+    return {"kind": kind, "payload": payload, "run_id": run_id, "agent": agent}
+
+
+class RemoteJournal:
+    """``rt.journal`` in client mode: the server's journal, with the methods the runtime and notebook use.
+
+    Appends are committed by the server before they return. SQL (``sql``,
+    ``cursor``) and ``snapshot_rows`` (verification) read a local in-memory
+    copy of the journal, brought up to date from the server first; the
+    signing key is read from the home, not taken from the server.
+    """
+
+    def __init__(self, remote: RemoteHome) -> None:
+        from apollia_nb.journal.keys import key_id, load_public_key
+
+        self._remote = remote
+        self.path = remote.home.journal_db
+        self._public_key = load_public_key(remote.home)
+        head = self._head()
+        if bytes.fromhex(head["public_key"]) != self._public_key:
+            raise HomeLocked(
+                f"the server at {remote.url} signs its journal with another key than the home "
+                f"{remote.home.path} holds: it does not serve this home's journal"
+            )
+        self._origin: str = head["origin"]
+        self._key_id = key_id(self._public_key)
+        self._mirror: _Mirror | None = None
+        self._mirror_lock = threading.Lock()
+        self._closed = False
+
+    def _call(self, method: str, path: str, *, what: str, **kwargs: Any) -> Any:
+        return self._remote.call(method, path, unreachable=IntegrityError, what=what, **kwargs).json()
+
+    def _head(self) -> dict[str, Any]:
+        return self._call("GET", "/internal/journal/head", what="the journal's head cannot be read")
+
+    # identity ------------------------------------------------------------------------------------
+    @property
+    def origin(self) -> str:
+        return self._origin
+
+    @property
+    def key_id(self) -> str:
+        return self._key_id
+
+    @property
+    def server_url(self) -> str:
+        return self._remote.url
+
+    def public_key(self) -> bytes:
+        """The home's journal public key (``keys/journal.pub``), checked against the server's at connect."""
+        return self._public_key
+
+    def verifier(self) -> Any:
+        from apollia_nb.journal.checkpoint import NoteVerifier
+
+        return NoteVerifier(self._origin, self._public_key)
+
+    # appending -----------------------------------------------------------------------------------
+    def append_many(self, drafts: Iterable[Any]) -> list["Entry"]:
+        """Append entries atomically (consecutive seqs, one transaction); committed on return."""
+        from apollia_nb.journal.store import Draft
+
+        body = [_draft(*Draft(*d)) for d in drafts]
+        if not body:
+            return []
+        n = len(body)
+        data = self._call("POST", "/internal/journal/entries", json={"entries": body},
+                          what=f"the journal could not record {n} entr{'y' if n == 1 else 'ies'} "
+                               "(they may or may not be recorded)")
+        return [_entry(row) for row in data["entries"]]
+
+    def append(self, kind: str, payload: dict[str, Any], *, run_id: str | None = None,
+               agent: str | None = None) -> "Entry":
+        """Append one entry; it is committed when this returns."""
+        return self.append_many([(kind, payload, run_id, agent)])[0]
+
+    async def append_many_async(self, drafts: Iterable[Any]) -> list["Entry"]:
+        """``append_many`` without blocking the event loop. Cancelled once sent, it still completes."""
+        items = list(drafts)
+        return await anyio.to_thread.run_sync(self.append_many, items)
+
+    async def append_async(self, kind: str, payload: dict[str, Any], *, run_id: str | None = None,
+                           agent: str | None = None) -> "Entry":
+        return (await self.append_many_async([(kind, payload, run_id, agent)]))[0]
+
+    # reading -------------------------------------------------------------------------------------
+    def head(self) -> tuple[int, bytes]:
+        head = self._head()
+        return int(head["seq"]), bytes.fromhex(head["hash"])
+
+    def _pages(self, params: dict[str, Any], limit: int | None) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        while True:
+            want = _PAGE if limit is None else min(_PAGE, limit - len(rows))
+            page = self._call("GET", "/internal/journal/entries", params={**params, "limit": want},
+                              what="the journal cannot be read")
+            rows.extend(page["entries"])
+            if page["next_since_seq"] is None or (limit is not None and len(rows) >= limit):
+                return rows
+            params = {**params, "since_seq": page["next_since_seq"]}
+
+    def entries(self, run_id: str | None = None, since_seq: int | None = None,
+                kinds: Iterable[str] | None = None, limit: int | None = None) -> list["Entry"]:
+        """Committed entries in seq order, filtered by run, by ``seq > since_seq`` and by kind."""
+        params: dict[str, Any] = {}
+        if run_id is not None:
+            params["run_id"] = run_id
+        if since_seq is not None:
+            params["since_seq"] = int(since_seq)
+        if kinds is not None:
+            kinds = list(kinds)
+            if not kinds:
+                return []
+            params["kinds"] = kinds
+        if limit is not None and limit <= 0:
+            return []
+        return [_entry(row) for row in self._pages(params, limit)]
+
+    def get(self, seq: int) -> "Entry":
+        from apollia_nb.errors import NotFound
+
+        found = self.entries(since_seq=seq - 1, limit=1)
+        if not found or found[0].seq != seq:
+            raise NotFound(f"the journal has no entry {seq}")
+        return found[0]
+
+    def checkpoint(self) -> str:
+        """Have the server sign and store a checkpoint of every committed entry; returns the note."""
+        return self._call("POST", "/internal/journal/checkpoint", what="no checkpoint could be written")["note"]
+
+    def latest_checkpoint(self) -> str | None:
+        return self._head()["checkpoint"]
+
+    def checkpoints(self) -> list[tuple[int, bytes, str]]:
+        return [(int(c["size"]), bytes.fromhex(c["root"]), c["note"]) for c in self._checkpoints_since(0)]
+
+    def _checkpoints_since(self, size: int) -> list[dict[str, Any]]:
+        return self._call("GET", "/internal/journal/checkpoints", params={"since_size": size},
+                          what="the journal's checkpoints cannot be read")["checkpoints"]
+
+    # SQL over a local copy -----------------------------------------------------------------------
+    def _synced(self) -> "_Mirror":
+        with self._mirror_lock:
+            if self._mirror is None:
+                self._mirror = _Mirror()
+            self._mirror.sync(self)
+            return self._mirror
+
+    def snapshot_rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes, str]]]:
+        """Every entry row and checkpoint row, as of now (for ``verify``)."""
+        return self._synced().rows()
+
+    def cursor(self) -> "duckdb.DuckDBPyConnection":
+        """A cursor on the local copy (the journal's tables and views), up to date; close it."""
+        return self._synced().con.cursor()
+
+    def sql(self, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        """A read query (e.g. over the views) on the local copy, brought up to date first."""
+        mirror = self._synced()
+        with mirror.lock:
+            return mirror.con.execute(query, params).fetchall()
+
+    # closing -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Ask for a checkpoint of what is committed (when the server answers), then disconnect."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.checkpoint()
+        except ApolliaError:
+            pass  # the server is gone: it wrote its own checkpoint when it closed
+        finally:
+            with self._mirror_lock:
+                if self._mirror is not None:
+                    self._mirror.close()
+                    self._mirror = None
+            self._remote.close()
+
+
+class _Mirror:
+    """An in-memory DuckDB copy of the journal (tables and views), appended to from the server."""
+
+    def __init__(self) -> None:
+        import duckdb
+
+        from apollia_nb.journal.store import _SCHEMA  # the same tables as journal.db
+        from apollia_nb.journal.views import create_views
+
+        self.con = duckdb.connect(":memory:")
+        for ddl in _SCHEMA:
+            self.con.execute(ddl)
+        create_views(self.con)
+        self.lock = threading.Lock()
+        self.seq = 0
+        self.size = 0
+
+    def sync(self, journal: RemoteJournal) -> None:
+        # Checkpoints first: every one of them covers only entries committed before it, all of which
+        # the entries read next include, so a verification never sees a checkpoint past the copy's end.
+        checkpoints = journal._checkpoints_since(self.size)
+        rows = journal._pages({"since_seq": self.seq}, None)
+        with self.lock:
+            for c in checkpoints:
+                self.con.execute("INSERT OR IGNORE INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)",
+                                 [int(c["size"]), bytes.fromhex(c["root"]), c["note"], ""])
+                self.size = max(self.size, int(c["size"]))
+            fresh = [_entry(r).as_row() for r in rows if int(r["seq"]) > self.seq]
+            if fresh:
+                appender = self.con.appender("entries")
+                appender.append_rows(fresh)
+                appender.flush()
+                self.seq = fresh[-1][0]
+
+    def rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes, str]]]:
+        from apollia_nb.journal.store import _COLUMNS
+
+        with self.lock:
+            rows = self.con.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY seq").fetchall()
+            cps = self.con.execute("SELECT size, root, note FROM checkpoints ORDER BY size").fetchall()
+        return rows, [(int(s), bytes(r), n) for s, r, n in cps]
+
+    def close(self) -> None:
+        with self.lock:
+            self.con.close()
+
+
+# --- governance -----------------------------------------------------------------------------------
+
+
+def _rule_record(d: dict[str, Any]) -> "RuleRecord":
+    from apollia_nb.governance.decision import Effect
+    from apollia_nb.governance.store import RuleRecord
+
+    return RuleRecord(tool=d["tool"], effect=Effect(d["effect"]), prefix=d["prefix"], agent=d["agent"], id=d["id"],
+                      created_by=d.get("created_by") or "", created_at=_when(d.get("created_at")))
+
+
+def _consent_record(d: dict[str, Any]) -> "ConsentRecord":
+    from apollia_nb.governance.decision import Family
+    from apollia_nb.governance.store import ConsentRecord
+
+    return ConsentRecord(d["agent"], Family(d["family"]), d["granted_by"], _when(d["granted_at"]))  # type: ignore[arg-type]
+
+
+def _pending(d: dict[str, Any]) -> "PendingDecision":
+    from apollia_nb.governance.decision import Answer, Family
+    from apollia_nb.governance.store import PendingDecision
+
+    return PendingDecision(
+        id=d["id"], run_id=d["run_id"], task_id=d["task_id"], agent=d["agent"], tool=d["tool"],
+        family=Family(d["family"]) if d["family"] is not None else None, arguments=d["arguments"],
+        answers=tuple(Answer(a) for a in d["answers"]), created_at=_when(d["created_at"]),  # type: ignore[arg-type]
+        reason=d.get("reason", ""), line=int(d.get("line", 0)), call_id=d.get("call_id"),
+        status=d.get("status", "pending"), answer=Answer(d["answer"]) if d.get("answer") else None,
+        answered_by=d.get("answered_by"), answered_at=_when(d.get("answered_at")),
+        answer_reason=d.get("answer_reason"),
+    )
+
+
+def _policy(document: dict[str, Any] | None) -> Any:
+    from apollia_nb.governance.decision import Policy
+
+    if document is None:
+        return None
+    refuse = document["refuse"]
+    return Policy(refuse_tools=frozenset(refuse["tools"]), refuse_connections=frozenset(refuse["connections"]),
+                  refuse_families=frozenset(refuse["families"]))
+
+
+def _policy_state(d: dict[str, Any]) -> "PolicyState":
+    from apollia_nb.governance.policy import PolicyState
+
+    return PolicyState(status=d["status"], reason=d["reason"], policy=_policy(d["policy"]), key=d["key"],
+                       digest=d["digest"])
+
+
+def _snapshot_view(data: dict[str, Any]) -> "GovernanceView":
+    from apollia_nb.governance.decision import Effect, Family, GovernanceView, Rule
+
+    return GovernanceView(
+        rules=tuple(Rule(tool=r["tool"], effect=Effect(r["effect"]), prefix=r["prefix"], agent=r["agent"], id=r["id"])
+                    for r in data["rules"]),
+        consents=frozenset((c["agent"], Family(c["family"])) for c in data["consents"]),
+        developer_mode=bool(data["developer_mode"]), policy=_policy(data["refusals"]),
+        readable=bool(data["readable"]), unreadable_reason=data["reason"],
+    )
+
+
+class RemoteGovernance:
+    """``rt.governance`` in client mode: the server's store, with the methods the runtime and notebook use.
+
+    ``view()`` asks the server every time (``If-None-Match`` with the held
+    generation: ``304`` while nothing changed), so it includes every change
+    committed before the call, by any process. When the server cannot be
+    reached or answers with an error, the view fails closed (deny rules known
+    so far are kept; a failure never becomes a permission).
+    """
+
+    def __init__(self, remote: RemoteHome) -> None:
+        self._remote = remote
+        self._lock = threading.Lock()
+        self._held: tuple[str, "GovernanceView", "PolicyState"] | None = None  # (etag, view, policy state)
+        self._deny: tuple[Any, ...] = ()
+
+    def _call(self, method: str, path: str, *, what: str, **kwargs: Any) -> Any:
+        response = self._remote.call(method, path, unreachable=GovernanceUnreadable, what=what, **kwargs)
+        return response.json() if response.content else None
+
+    # the snapshot --------------------------------------------------------------------------------
+    def view(self) -> "GovernanceView":
+        """The current snapshot for ``decide()``: every change committed before this call."""
+        import httpx
+
+        from apollia_nb.governance.decision import Effect, GovernanceView
+
+        held = self._held
+        headers = {"If-None-Match": held[0]} if held is not None else {}
+        try:
+            response = self._remote.http.get("/internal/governance/snapshot", headers=headers)
+        except httpx.HTTPError as exc:
+            return self._closed(f"governance cannot be read: the server that owns the home ({self._remote.url}) "
+                                f"did not answer: {type(exc).__name__}: {exc}")
+        if response.status_code == 304 and held is not None:
+            return held[1]
+        if response.status_code != 200:
+            return self._closed(f"governance cannot be read: {_error(response).message}")
+        data = response.json()
+        view = _snapshot_view(data)
+        with self._lock:
+            self._held = (response.headers.get("ETag", ""), view, _policy_state(data["policy"]))
+            self._deny = tuple(r for r in view.rules if r.effect is Effect.DENY)
+        return view
+
+    def _closed(self, reason: str) -> "GovernanceView":
+        from apollia_nb.governance.decision import GovernanceView
+
+        with self._lock:
+            self._held = None
+            return GovernanceView(rules=self._deny, readable=False, unreadable_reason=reason)
+
+    def policy_state(self) -> "PolicyState":
+        """The organisation policy as the current ``view()`` sees it."""
+        from apollia_nb.governance.policy import PolicyState
+
+        self.view()
+        held = self._held
+        if held is None:
+            return PolicyState(status="refused", reason="governance cannot be read from the server")
+        return held[2]
+
+    def developer_mode(self) -> bool:
+        return self.view().developer_mode
+
+    def developer_mode_state(self) -> "DeveloperMode":
+        from apollia_nb.governance.store import DeveloperMode
+
+        d = self._call("GET", "/governance/developer-mode", what="developer mode cannot be read")
+        return DeveloperMode(bool(d["enabled"]), d.get("changed_by"), _when(d.get("changed_at")))
+
+    def set_developer_mode(self, enabled: bool, *, by: str) -> "DeveloperMode":
+        from apollia_nb.governance.store import DeveloperMode
+
+        d = self._call("PUT", "/governance/developer-mode", json={"enabled": enabled, "by": by},
+                       what="developer mode cannot be changed")
+        return DeveloperMode(bool(d["enabled"]), d.get("changed_by"), _when(d.get("changed_at")))
+
+    # rules and consents --------------------------------------------------------------------------
+    def rules(self) -> list["RuleRecord"]:
+        return [_rule_record(r) for r in self._call("GET", "/governance/rules", what="rules cannot be read")]
+
+    def get_rule(self, rule_id: str) -> "RuleRecord":
+        from apollia_nb.errors import UnknownRule
+
+        for rule in self.rules():
+            if rule.id == rule_id:
+                return rule
+        raise UnknownRule(f"no rule has the id {rule_id!r}")
+
+    def add_rule(self, tool: str, effect: Any, prefix: str | None = None, agent: str = "*", *,
+                 by: str) -> "RuleRecord":
+        body: dict[str, Any] = {"tool": tool, "effect": getattr(effect, "value", effect), "agent": agent, "by": by}
+        if prefix:
+            body["prefix"] = prefix
+        return _rule_record(self._call("POST", "/governance/rules", json=body, what="the rule cannot be added"))
+
+    def remove_rule(self, rule_id: str, *, by: str) -> "RuleRecord":
+        return _rule_record(self._call("POST", "/internal/governance/rules/remove", json={"id": rule_id, "by": by},
+                                       what="the rule cannot be removed"))
+
+    def consents(self) -> list["ConsentRecord"]:
+        return [_consent_record(c) for c in self._call("GET", "/governance/consents",
+                                                       what="standing consents cannot be read")]
+
+    def grant_consent(self, agent: str, family: Any, *, by: str) -> "ConsentRecord":
+        body = {"agent": agent, "family": getattr(family, "value", family), "by": by}
+        return _consent_record(self._call("POST", "/internal/governance/consents", json=body,
+                                          what="the consent cannot be granted"))
+
+    def revoke_consent(self, agent: str, family: Any, *, by: str) -> "ConsentRecord":
+        body = {"agent": agent, "family": getattr(family, "value", family), "by": by}
+        return _consent_record(self._call("POST", "/internal/governance/consents/revoke", json=body,
+                                          what="the consent cannot be revoked"))
+
+    # pending decisions ---------------------------------------------------------------------------
+    def add_pending(self, run_id: str, task_id: str | None, agent: str, tool: str, family: Any,
+                    arguments: Any, answers: Sequence[Any], reason: str = "", line: int = 0,
+                    call_id: str | None = None) -> "PendingDecision":
+        body = {"run_id": run_id, "task_id": task_id, "agent": agent, "tool": tool,
+                "family": getattr(family, "value", family), "arguments": dict(arguments),
+                "answers": [getattr(a, "value", a) for a in answers], "reason": reason, "line": int(line),
+                "call_id": call_id}
+        return _pending(self._call("POST", "/internal/pending-decisions", json=body,
+                                   what="the decision cannot be listed"))
+
+    def pending(self, status: str | None = "pending", *, run_id: str | None = None) -> list["PendingDecision"]:
+        params: dict[str, Any] = {"status": status or "all"}
+        if run_id is not None:
+            params["run_id"] = run_id
+        return [_pending(d) for d in self._call("GET", "/internal/pending-decisions", params=params,
+                                                what="pending decisions cannot be read")]
+
+    def get_pending(self, decision_id: str) -> "PendingDecision":
+        from urllib.parse import quote
+
+        return _pending(self._call("GET", f"/internal/pending-decisions/{quote(decision_id, safe='')}",
+                                   what="the decision cannot be read"))
+
+    def record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None) -> dict[str, Any]:
+        """Answer through the server's ``Runtime.answer`` (validated, journaled, stored, ``always`` applied)."""
+        body: dict[str, Any] = {"id": decision_id, "answer": answer, "by": by}
+        if reason is not None:
+            body["reason"] = reason
+        return self._call("POST", "/pending-decisions/decide", json=body, what="the answer cannot be recorded")
+
+    def close(self) -> None:
+        """Nothing to release: the connection is the journal's (closed with it)."""
+
+
+# --- answers given elsewhere ----------------------------------------------------------------------
+
+
+async def watch_answers(rt: "Runtime", remote: RemoteHome, *, poll_secs: float = ANSWER_POLL_SECS) -> None:
+    """Deliver answers given in other processes to this runtime's waiting cards; owned by the runtime.
+
+    Long-polls the server for the decisions of this process's waiting cards
+    and hands each answered one to ``rt._deliver_answer`` (the card resolves,
+    a suspended run resumes). A card opened or answered here restarts the poll
+    with the new set. When the server does not answer, it tries again, less
+    often, until it does. At close, this process's suspended unattended runs
+    are cancelled (their decisions refused ``by cancel``): nothing here could
+    resume them after the process ends.
+    """
+    import httpx
+
+    changed = anyio.Event()
+
+    def listener(kind: str, obj: Any) -> None:
+        if kind == "card":
+            changed.set()
+
+    unsubscribe = rt.subscribe(listener)
+    ignored: set[str] = set()
+    delay = 0.5
+    try:
+        async with httpx.AsyncClient(base_url=remote.url + API, headers=remote.headers,
+                                     timeout=httpx.Timeout(poll_secs + 30.0, connect=5.0)) as http:
+            while True:
+                changed = anyio.Event()
+                waiting = sorted(c.id for c in list(rt._cards.values()) if c.waiting and c.id not in ignored)
+                if not waiting:
+                    await changed.wait()
+                    continue
+                outcome: list[Any] = []
+
+                async def poll(scope: anyio.CancelScope, ids: list[str]) -> None:
+                    try:
+                        response = await http.get("/internal/answers", params={"ids": ids, "timeout": poll_secs})
+                        outcome.append(response)
+                    except httpx.HTTPError as exc:
+                        outcome.append(exc)
+                    scope.cancel()
+
+                async def interrupted(scope: anyio.CancelScope) -> None:
+                    await changed.wait()
+                    scope.cancel()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(poll, tg.cancel_scope, waiting)
+                    tg.start_soon(interrupted, tg.cancel_scope)
+                if not outcome:
+                    continue  # the waiting cards changed: ask again with the new set
+                result = outcome[0]
+                if isinstance(result, httpx.Response) and result.status_code == 200:
+                    delay = 0.5
+                    for answered in result.json():
+                        rt._deliver_answer(answered)
+                    continue
+                if isinstance(result, httpx.Response) and isinstance(_error(result), UnknownDecision):
+                    ignored.update(await _unknown(http, waiting))
+                    continue
+                problem = _error(result).message if isinstance(result, httpx.Response) else str(result)
+                rt._emit("warning", f"answers given elsewhere cannot be read from {remote.url}: {problem}")
+                with anyio.move_on_after(delay):
+                    await changed.wait()
+                delay = min(delay * 2, 10.0)
+    finally:
+        unsubscribe()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_SECS):
+            await _cancel_suspended(rt)
+
+
+async def _unknown(http: "httpx.AsyncClient", ids: list[str]) -> set[str]:
+    """The ids the server does not know (their cards can only be answered here)."""
+    from urllib.parse import quote
+
+    unknown = set()
+    for decision_id in ids:
+        response = await http.get(f"/internal/pending-decisions/{quote(decision_id, safe='')}")
+        if response.status_code == 404:
+            unknown.add(decision_id)
+    return unknown
+
+
+async def _cancel_suspended(rt: "Runtime") -> None:
+    for run in list(rt._runs.values()):
+        if run.status == "waiting" and not run._active and not run.done.is_set():
+            try:
+                await rt.cancel(run.id)
+            except ApolliaError as exc:
+                rt._emit("warning", f"task {run.id} could not be cancelled at close: {exc.message}")
