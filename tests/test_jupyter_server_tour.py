@@ -1,8 +1,8 @@
-"""The tour notebook, run through a real Jupyter server: its kernel, its websocket, a real widget click.
+"""The tour notebook, run through a real JupyterLab server: its kernel, its websocket, a real widget click.
 
-A ``jupyter server`` (with JupyterLab's server extension, as ``jupyter lab`` runs it)
-starts headless on 127.0.0.1 with a random port and a token, in a temporary root
-holding a copy of ``notebooks/01-tour.ipynb``. The test opens a session for the
+JupyterLab starts as ``dev/lab.sh`` starts it (``jupyter lab notebooks/01-tour.ipynb``),
+but headless: no browser, 127.0.0.1, a random port, a token, and a temporary root
+holding a copy of the tour. The test checks the page it would open is the tour's, opens a session for the
 notebook through the REST API and executes its cells in order over the kernel's
 websocket, as JupyterLab does. Where the tour answers the consent card from code,
 the test clicks the card's ``once`` button instead — a widget comm message, as the
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def _text(outputs: list[dict[str, Any]]) -> str:
 
 @pytest.fixture
 def server(tmp_path):
-    """A headless Jupyter server on a random port, rooted in a folder holding a copy of the tour."""
+    """``jupyter lab <the tour>`` without a browser, on a random port, rooted in a folder holding a copy of it."""
     root = tmp_path / "root"
     root.mkdir()
     shutil.copy(TOUR, root / TOUR.name)
@@ -126,7 +127,7 @@ def server(tmp_path):
     })
     log = (tmp_path / "server.log").open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server", "--no-browser", "--allow-root",
+        [sys.executable, "-m", "jupyterlab", str(root / TOUR.name), "--no-browser", "--allow-root",
          "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", f"--IdentityProvider.token={token}",
          f"--ServerApp.root_dir={root}"],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -141,7 +142,7 @@ def server(tmp_path):
         client = httpx.Client(base_url=info["url"].rstrip("/"), headers={"Authorization": f"token {token}"},
                               timeout=DEADLINE)
         yield {"client": client, "token": token, "info": info, "root": root, "process": process,
-               "tmp": tmp_path}
+               "tmp": tmp_path, "runtime_dir": runtime_dir}
         client.close()
     finally:
         if process.poll() is None:
@@ -153,6 +154,10 @@ def server(tmp_path):
 def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(server):
     client, process = server["client"], server["process"]
     assert client.get("/api/status").status_code == 200
+    # What a browser would open: JupyterLab on the tour.
+    [opener] = server["runtime_dir"].glob(f"jpserver-file-to-run-{process.pid}-open.html")
+    assert f"/lab/tree/{TOUR.name}?" in opener.read_text()
+    assert client.get(f"/lab/tree/{TOUR.name}").status_code == 200
     assert httpx.get(f"{client.base_url}/api/sessions").status_code == 403  # without the token
 
     created = client.post("/api/sessions", json={"path": TOUR.name, "type": "notebook", "name": TOUR.name,
@@ -234,3 +239,17 @@ def _click_once(kernel: KernelSocket) -> str:
 
 def _disabled(iopub: list[dict[str, Any]], comm_id: str) -> bool:
     return bool(_widget_states(iopub)[comm_id].get("disabled"))
+
+
+def test_dev_lab_sh_installs_and_opens_jupyterlab_on_the_tour_as_the_readme_says():
+    script = ROOT / "dev" / "lab.sh"
+    assert os.access(script, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    lines = [line.strip() for line in script.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert any(".venv/bin/python -m pip install" in line and "-e ." in line for line in lines)
+    assert lines[-1] == 'exec .venv/bin/jupyter lab notebooks/01-tour.ipynb "$@"'
+    assert "APOLLIA_HOME" not in script.read_text()  # the tour makes its own home
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"^bash dev/\S+", readme, flags=re.MULTILINE)
+    assert commands[:2] == ["bash dev/lab.sh", "bash dev/test.sh"], commands
+    assert "apollia-os demo" in readme
