@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from apollia_nb.api import schemas as s
 from apollia_nb.api.app import _authorize, _errors, _runtime
@@ -61,6 +61,12 @@ def _distinct(answers: list[str]) -> list[str]:
     if len(set(answers)) != len(answers):
         raise ValueError("answers must not repeat")
     return answers
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # JSON's true is not the integer 1
+        raise ValueError("must be an integer, not a boolean")
+    return value
 
 
 Answers = Annotated[list[s.AnswerName], Field(min_length=1, max_length=3, json_schema_extra={"uniqueItems": True}),
@@ -163,7 +169,8 @@ class PendingIn(_In):
     arguments: dict[str, Any]
     answers: Answers
     reason: Annotated[str, Field(max_length=10_000)] = ""
-    line: int = Field(0, ge=0, le=6, description="the line of `decide()` that asked")
+    line: Annotated[int, BeforeValidator(_not_bool)] = Field(
+        0, ge=0, le=6, description="the line of `decide()` that asked")
     call_id: Annotated[str, Field(max_length=200)] | None = None
 
 

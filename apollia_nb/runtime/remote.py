@@ -474,7 +474,8 @@ def _consent_record(d: dict[str, Any]) -> "ConsentRecord":
     from apollia_nb.governance.decision import Family
     from apollia_nb.governance.store import ConsentRecord
 
-    return ConsentRecord(d["agent"], Family(d["family"]), d["granted_by"], _when(d["granted_at"]))  # type: ignore[arg-type]
+    granted_at = _when(d["granted_at"])
+    return ConsentRecord(d["agent"], Family(d["family"]), d["granted_by"], granted_at)  # type: ignore[arg-type]
 
 
 def _pending(d: dict[str, Any]) -> "PendingDecision":
