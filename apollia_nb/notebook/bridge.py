@@ -254,6 +254,7 @@ class KernelRuntime:
             policy = self.rt.governance.policy_state()
             return {
                 "home": str(self.rt.home.path),
+                "mode": self.rt.mode,
                 "journal_seq": seq,
                 "journal_head": bytes(digest).hex(),
                 "developer_mode": self.rt.governance.developer_mode(),

@@ -100,8 +100,11 @@ def status_line(status: Mapping[str, Any]) -> str:
     seq = status["journal_seq"]
     head = f"#{seq} {short_hash(status['journal_head'])}" if seq else "empty"
     mode = "on" if status["developer_mode"] else "off"
-    return (f"apollia: home {status['home']} · journal {head} · developer mode {mode} · "
+    line = (f"apollia: home {status['home']} · journal {head} · developer mode {mode} · "
             f"{_policy_words(status)}")
+    if status.get("mode") == "client":  # the home is owned by `apollia-os serve` (docs/shared-home.md)
+        line += " · client of apollia-os serve"
+    return line
 
 
 def status_html(status: Mapping[str, Any]) -> str:
