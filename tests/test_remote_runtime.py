@@ -308,3 +308,12 @@ async def test_view_latency_in_client_mode(home, server):
         median_ms = statistics.median(samples) * 1000
         print(f"client view(): median {median_ms:.2f} ms, p90 {sorted(samples)[179] * 1000:.2f} ms")
         assert median_ms < 20
+
+
+async def test_a_client_runtime_is_not_served_again(home, server):
+    from apollia_nb.api.app import create_app
+
+    async with Runtime(home) as rt:
+        with pytest.raises(HomeLocked) as twice:
+            create_app(rt, token="another")
+    assert f"process {os.getpid()}" in twice.value.message and server.url in twice.value.message

@@ -764,6 +764,9 @@ def create_app(
     ``app.state.closing`` is set when the server begins to shut down, which
     ends every event stream.
     """
+    from apollia_nb.api import internal as _internal  # the home's clients: docs/shared-home.md
+
+    _internal.require_owner(runtime)
     if not isinstance(token, str) or not token:
         raise BadInput("the API needs a non-empty token")
     if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
@@ -777,6 +780,9 @@ def create_app(
             from apollia_nb.runtime import Runtime
 
             owned = app.state.runtime = await Runtime.open(home, **(runtime_options or {}))
+            if owned.mode == "client":  # the home is served already: a home has one server
+                await owned.aclose()
+                _internal.require_owner(owned)
         try:
             yield
         finally:
@@ -804,8 +810,7 @@ def create_app(
     _with_event_schemas(app)
     app.include_router(public, prefix=API_PREFIX)
     app.include_router(router, prefix=API_PREFIX)
-    from apollia_nb.api.internal import router as internal  # the home's clients: docs/shared-home.md
-    app.include_router(internal, prefix=API_PREFIX)
+    app.include_router(_internal.router, prefix=API_PREFIX)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -38,7 +38,7 @@ from apollia_nb.api import schemas as s
 from apollia_nb.api.app import _authorize, _errors, _runtime
 from apollia_nb.api.schemas import _In, _Out
 
-__all__ = ["router", "ANSWER_TICK_SECS", "MAX_PAGE"]
+__all__ = ["router", "require_owner", "ANSWER_TICK_SECS", "MAX_PAGE"]
 
 #: How often an open long poll for answers looks at the journal's head (an in-memory read).
 ANSWER_TICK_SECS = 0.05
@@ -46,6 +46,18 @@ ANSWER_TICK_SECS = 0.05
 MAX_PAGE = 10_000
 #: The most entries one append takes (the journal's largest group commit).
 MAX_APPEND = 1024
+
+def require_owner(runtime: Any) -> None:
+    """Refuse to serve a runtime that is itself a client: a home has one server (``HOME_LOCKED``)."""
+    if runtime is not None and getattr(runtime, "mode", "owner") == "client":
+        from apollia_nb.errors import HomeLocked
+
+        server = runtime.journal.server_url
+        raise HomeLocked(
+            f"the home {runtime.home.path} is served by process {runtime._remote.address.pid} at {server} "
+            "(apollia-os serve): a home has one server; use that one, or stop it first"
+        )
+
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(_authorize)], responses=_errors(401, 422),
                    tags=["internal"])

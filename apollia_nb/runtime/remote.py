@@ -260,6 +260,7 @@ class RemoteJournal:
         self._mirror: _Mirror | None = None
         self._mirror_lock = threading.Lock()
         self._closed = False
+        self._appended = False
 
     def _call(self, method: str, path: str, *, what: str, **kwargs: Any) -> Any:
         return self._remote.call(method, path, unreachable=IntegrityError, what=what, **kwargs).json()
@@ -298,6 +299,7 @@ class RemoteJournal:
         if not body:
             return []
         n = len(body)
+        self._appended = True
         data = self._call("POST", "/internal/journal/entries", json={"entries": body},
                           what=f"the journal could not record {n} entr{'y' if n == 1 else 'ies'} "
                                "(they may or may not be recorded)")
@@ -396,12 +398,13 @@ class RemoteJournal:
 
     # closing -------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Ask for a checkpoint of what is committed (when the server answers), then disconnect."""
+        """After appending: ask for a checkpoint of what is committed (when the server answers). Disconnect."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.checkpoint()
+            if self._appended:
+                self.checkpoint()
         except ApolliaError:
             pass  # the server is gone: it wrote its own checkpoint when it closed
         finally:
