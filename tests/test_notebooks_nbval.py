@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -104,6 +105,52 @@ def test_the_saved_tour_shows_widgets_a_card_and_a_completed_verified_task():
     assert "identical" in text(by_start["%apollia replay {task.run_id}"])
 
 
+def outputs_text(cell: dict) -> str:
+    """A cell's printed text and the text/plain of what it displayed."""
+    return "".join(
+        joined(o.get("text", "")) if o["output_type"] == "stream" else joined(o.get("data", {}).get("text/plain", ""))
+        for o in cell["outputs"])
+
+
+def test_the_saved_federation_notebook_shows_both_paths_governed_and_stops_its_host():
+    cells = code_cells(load("07-federation"))
+    shown = "\n".join(outputs_text(c) for c in cells)
+
+    def out(start: str) -> str:
+        [cell] = [c for c in cells if source(c).startswith(start)]
+        return outputs_text(cell)
+
+    for line in ("[mcp.servers.notes]", 'families = { search = "read" }', "[hosts.notes]", 'token_env = "NOTES_TOKEN"'):
+        assert line in out("config = ")
+    assert re.search(r"mcp:notes/search\n  family read · connection notes\n  hints \{'readOnlyHint': True", shown)
+    assert re.search(r"rest:notes/createSummary\n  family write · connection notes\n  hints \{'method': 'POST'", shown)
+    card = out("[card] = task.pending")
+    assert "rest:notes/createSummary (write)" in card and "asked by line 6" in card
+    assert 'hints (not trusted): {"method": "POST", "url": "http://127.0.0.1:' in card
+    assert "answered once by ann" in out('card.answer("once")')
+    assert out("task = await task").startswith("('completed'")
+    assert "'note_ids': ['n1', 'n2']" in out("stored = httpx.get(")
+    assert re.search(r"mcp:notes/search\s+notes\s+read\s+allow\s+3\s", shown)
+    assert re.search(r"rest:notes/createSummary\s+notes\s+write\s+ask\s+6\s+once\s+ann", shown)
+    assert re.search(r"mcp:notes/search\s+ok\s", shown) and re.search(r"rest:notes/createSummary\s+ok\s", shown)
+    assert "0 of them mention the token" in shown and "verified:" in out("%apollia verify")
+    assert "host.terminate()" in source(cells[-1]) and outputs_text(cells[-1]).endswith("has stopped: True\n")
+
+
+def hosts_left_running(tmp_path: Path) -> list[int]:
+    """Notes hosts a notebook started under this run (its TMPDIR in their environment) that still run."""
+    left = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"examples.host_notes" in cmdline and f"TMPDIR={tmp_path}".encode() in environ:
+            left.append(int(proc.name))
+    return left
+
+
 def test_the_notebooks_reproduce_their_saved_outputs_under_nbval(tmp_path):
     """Every cell of every notebook runs in a fresh kernel and matches its saved outputs."""
     expected_cells = sum(len(code_cells(load(n))) for n in EXPECTED)
@@ -120,9 +167,15 @@ def test_the_notebooks_reproduce_their_saved_outputs_under_nbval(tmp_path):
                "--nbval-current-env", "--nbval-cell-timeout", "120", "-p", "no:cacheprovider", "-q",
                "-o", "addopts=", "--rootdir", str(ROOT)]
     started = time.monotonic()
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    try:
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    finally:
+        left = hosts_left_running(tmp_path)  # a notebook that starts a host stops it in its last cell
+        for pid in left:
+            os.kill(pid, signal.SIGTERM)
     elapsed = time.monotonic() - started
     report = done.stdout + done.stderr
+    assert not left, f"hosts still running after the notebooks: {left}"
     assert done.returncode == 0, report
     assert re.search(rf"\b{expected_cells} passed\b", report), report
     assert not re.search(r"\b(failed|skipped|xfailed|error)\b", report.splitlines()[-1]), report
