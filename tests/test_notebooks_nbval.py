@@ -180,3 +180,58 @@ def test_the_notebooks_reproduce_their_saved_outputs_under_nbval(tmp_path):
     assert re.search(rf"\b{expected_cells} passed\b", report), report
     assert not re.search(r"\b(failed|skipped|xfailed|error)\b", report.splitlines()[-1]), report
     print(f"nbval: {expected_cells} cells of {len(EXPECTED)} notebooks in {elapsed:.1f} s")
+
+
+# --- the governance notebook's decision explorer (notebooks/decision_explorer.py) -------------------------
+
+
+@pytest.fixture(scope="module")
+def explorer_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("decision_explorer", NOTEBOOKS / "decision_explorer.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_explorer_rules_are_read_one_per_line(explorer_module):
+    rules = explorer_module.parse_rules('deny write_file secrets/\n\n# a comment\nallow bash_executor "git status" clerk')
+    assert [(r.effect, r.tool, r.prefix, r.agent) for r in rules] == [
+        ("deny", "write_file", "secrets/", "*"), ("allow", "bash_executor", "git status", "clerk")]
+    for bad in ("permit write_file", "deny", "deny a b c d"):
+        with pytest.raises(ValueError, match="rule line 1"):
+            explorer_module.parse_rules(bad)
+
+
+def test_explorer_explains_the_deciding_line_and_says_why_it_cannot_decide(explorer_module):
+    Setting = explorer_module.Setting
+    refused = Setting(rules="deny write_file secrets/", arguments='{"path": "secrets/key"}', consents=("write",))
+    text = explorer_module.explain_text(refused)
+    assert "decision: refuse by line 2 · answers —" in text
+    html = explorer_module.explain_html(refused)
+    assert "2. a fine deny rule matches → refuse ← decided" in html and "1. " in html and "did not apply" in html
+    assert "cannot decide: the arguments are not JSON" in explorer_module.explain_text(Setting(arguments="{nope"))
+    assert "cannot decide: rule line 1" in explorer_module.explain_text(Setting(rules="maybe write_file"))
+    broken = Setting(readable=False, consents=("write",))
+    assert "decision: refuse by line 0" in explorer_module.explain_text(broken)
+
+
+def test_explorer_follows_its_form(explorer_module):
+    explorer = explorer_module.DecisionExplorer()
+    assert (explorer.decision.outcome, explorer.decision.line) == ("ask", 6)
+    explorer.consents.value = ("write",)  # as a click in the form would
+    assert (explorer.decision.outcome, explorer.decision.line) == ("allow", 5)
+    assert "allow</b> by line 5" in explorer.result.value
+    explorer.set(tool="read_file")  # a built-in tool brings its family and example arguments
+    assert explorer.family.value == "read" and "meeting.txt" in explorer.arguments.value
+    assert explorer.decision.line == 3
+    explorer.set(family=None)
+    assert explorer.decision.answers == ("once", "refuse")  # unclassified: never always
+    bundle = explorer._repr_mimebundle_()
+    assert {WIDGET_MIME, "text/plain", "text/html"} <= set(bundle)
+    assert bundle["text/plain"] == explorer_module.explain_text(explorer.setting)
