@@ -163,6 +163,8 @@ def test_the_notebooks_reproduce_their_saved_outputs_under_nbval(tmp_path):
         "JUPYTER_PLATFORM_DIRS": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+    # Matplotlib builds its font cache on first use and says so when that is slow: not in a cell.
+    subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], env=env, check=True, timeout=120)
     command = [sys.executable, "-m", "pytest", "--nbval", str(NOTEBOOKS), "--nbval-sanitize-with", str(SANITIZE),
                "--nbval-current-env", "--nbval-cell-timeout", "120", "-p", "no:cacheprovider", "-q",
                "-o", "addopts=", "--rootdir", str(ROOT)]
