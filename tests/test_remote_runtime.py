@@ -317,3 +317,22 @@ async def test_a_client_runtime_is_not_served_again(home, server):
         with pytest.raises(HomeLocked) as twice:
             create_app(rt, token="another")
     assert f"process {os.getpid()}" in twice.value.message and server.url in twice.value.message
+
+
+async def test_a_conversation_in_a_client_waits_for_an_answer_given_over_the_api(home, server, api):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("write_file", path="a", content="b")]},
+                                                {"text": "written"}]))
+        session = rt.sessions.open("clerk")
+        exchange = session.send("write a")
+        with anyio.fail_after(20):
+            async for event in exchange.stream():
+                if event["type"] == "card":
+                    [pending] = await anyio.to_thread.run_sync(api.pending)
+                    assert pending.id == event["card"]["id"] and pending.task_id == session.id
+                    await anyio.to_thread.run_sync(lambda: api.decide(pending.id, "once", by="frank"))
+        assert exchange.reply == "written"
+        assert (rt.agent("clerk").workspace / "a").read_text() == "b"
+        await session.close()
+        kinds = [e.kind for e in rt.journal.entries(run_id=session.r["run_id"])]
+        assert kinds[0] == "run_open" and kinds[-1] == "run_seal" and "answer" in kinds

@@ -550,7 +550,7 @@ class RemoteGovernance:
         """The current snapshot for ``decide()``: every change committed before this call."""
         import httpx
 
-        from apollia_nb.governance.decision import Effect, GovernanceView
+        from apollia_nb.governance.decision import Effect
 
         held = self._held
         headers = {"If-None-Match": held[0]} if held is not None else {}
@@ -563,10 +563,13 @@ class RemoteGovernance:
             return held[1]
         if response.status_code != 200:
             return self._closed(f"governance cannot be read: {_error(response).message}")
-        data = response.json()
-        view = _snapshot_view(data)
+        try:
+            data = response.json()
+            view, state = _snapshot_view(data), _policy_state(data["policy"])
+        except (ValueError, KeyError, TypeError) as exc:
+            return self._closed(f"governance cannot be read: the server's snapshot is malformed: {exc!r}")
         with self._lock:
-            self._held = (response.headers.get("ETag", ""), view, _policy_state(data["policy"]))
+            self._held = (response.headers.get("ETag", ""), view, state)
             self._deny = tuple(r for r in view.rules if r.effect is Effect.DENY)
         return view
 
@@ -729,15 +732,18 @@ async def watch_answers(rt: "Runtime", remote: RemoteHome, *, poll_secs: float =
                 if not outcome:
                     continue  # the waiting cards changed: ask again with the new set
                 result = outcome[0]
-                if isinstance(result, httpx.Response) and result.status_code == 200:
-                    delay = 0.5
-                    for answered in result.json():
-                        rt._deliver_answer(answered)
-                    continue
-                if isinstance(result, httpx.Response) and isinstance(_error(result), UnknownDecision):
-                    ignored.update(await _unknown(http, waiting))
-                    continue
-                problem = _error(result).message if isinstance(result, httpx.Response) else str(result)
+                try:
+                    if isinstance(result, httpx.Response) and result.status_code == 200:
+                        for answered in result.json():
+                            rt._deliver_answer(answered)
+                        delay = 0.5
+                        continue
+                    if isinstance(result, httpx.Response) and isinstance(_error(result), UnknownDecision):
+                        ignored.update(await _unknown(http, waiting))
+                        continue
+                    problem = _error(result).message if isinstance(result, httpx.Response) else str(result)
+                except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                    problem = f"{type(exc).__name__}: {exc}"
                 rt._emit("warning", f"answers given elsewhere cannot be read from {remote.url}: {problem}")
                 with anyio.move_on_after(delay):
                     await changed.wait()
