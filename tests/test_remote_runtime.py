@@ -336,3 +336,19 @@ async def test_a_conversation_in_a_client_waits_for_an_answer_given_over_the_api
         await session.close()
         kinds = [e.kind for e in rt.journal.entries(run_id=session.r["run_id"])]
         assert kinds[0] == "run_open" and kinds[-1] == "run_seal" and "answer" in kinds
+
+
+async def test_a_server_of_another_journal_is_not_joined(home, server, tmp_path):
+    from apollia_nb.home import Home
+    from apollia_nb.journal.store import Journal
+
+    other = Home.at(tmp_path / "other")
+    Journal.open(other).close()  # its own key
+    holder = OwnerLock(other).acquire()
+    try:
+        other.server_json.write_text(json.dumps({"url": server.url, "token": TOKEN, "pid": os.getpid()}))
+        with pytest.raises(HomeLocked, match="signs its journal with another key"):
+            async with Runtime(other):
+                pass
+    finally:
+        holder.release()

@@ -74,6 +74,8 @@ API = "/api/v1"
 ANSWER_POLL_SECS = 20.0
 #: How long ``find_server`` waits for ``/health``.
 HEALTH_TIMEOUT_SECS = 3.0
+#: The most decisions one long poll names (the rest are asked for as these are answered).
+MAX_WATCHED = 200
 #: At close: how long cancelling this process's suspended runs may take.
 CLOSE_SECS = 10.0
 _PAGE = 10_000
@@ -708,7 +710,8 @@ async def watch_answers(rt: "Runtime", remote: RemoteHome, *, poll_secs: float =
                                      timeout=httpx.Timeout(poll_secs + 30.0, connect=5.0)) as http:
             while True:
                 changed = anyio.Event()
-                waiting = sorted(c.id for c in list(rt._cards.values()) if c.waiting and c.id not in ignored)
+                waiting = sorted(c.id for c in list(rt._cards.values())
+                                 if c.waiting and c.id not in ignored)[:MAX_WATCHED]
                 if not waiting:
                     await changed.wait()
                     continue
