@@ -710,8 +710,9 @@ async def watch_answers(rt: "Runtime", remote: RemoteHome, *, poll_secs: float =
                                      timeout=httpx.Timeout(poll_secs + 30.0, connect=5.0)) as http:
             while True:
                 changed = anyio.Event()
-                waiting = sorted(c.id for c in list(rt._cards.values())
-                                 if c.waiting and c.id not in ignored)[:MAX_WATCHED]
+                cards = sorted((c for c in list(rt._cards.values()) if c.waiting and c.id not in ignored),
+                               key=lambda c: (c.created_at, c.id))
+                waiting = [c.id for c in cards[:MAX_WATCHED]]
                 if not waiting:
                     await changed.wait()
                     continue
