@@ -463,3 +463,26 @@ def test_a_manifest_listing_tools_gets_only_the_notebook_tools_it_names(ip, caps
     load(ip, capsys)
     agent = ip.run_cell_magic("apollia", "agent", manifest(required=["read_file", "notebook_get_variable"]))
     assert set(agent.data["tools"]) == {"read_file", "notebook_get_variable"}
+
+
+def test_a_chat_plan_whose_step_asks_does_not_block_the_cell(ip, home):
+    """Approving a plan returns the exchange at once; its card is answered from code afterwards."""
+    from runtime_helpers import call as tool_call, manifest as make_manifest
+
+    ip.run_line_magic("load_ext", "apollia_nb")
+    ip.run_cell_magic("apollia", "agent", make_manifest(
+        "tidy", planner=[{"steps": ["write the file"]}],
+        actor=[{"tool_calls": [tool_call("write_file", path="p.txt", content="x")]}, {"text": "written"}]))
+    exchange = ip.run_cell_magic("apollia", "chat tidy --plan", "please write p.txt")
+    exchange.join(30)
+    session = ip.user_ns.get("_apollia_session") or exchange.session
+    run = session.approve_plan()          # must return while the card waits
+    import time
+
+    deadline = time.monotonic() + 30
+    while not run.pending and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert run.pending, "the card should be waiting"
+    run.pending[0].answer("once")
+    run.join(30)
+    assert run.reply == "written"

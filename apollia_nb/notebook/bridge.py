@@ -74,11 +74,16 @@ class LoopThread:
         return self.thread.is_alive() and not self.loop.is_closed()
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        """Run ``fn(*args, **kwargs)`` (awaited when it returns an awaitable) as a task on the loop."""
+        """Run ``fn(*args, **kwargs)`` (awaited when it returns a coroutine) as a task on the loop.
+
+        Only coroutines are awaited: a handle that is merely awaitable (a task handle,
+        a chat exchange) is returned as it is — awaiting it here would block the cell
+        until a person answers, which is exactly what must never happen.
+        """
 
         async def run() -> Any:
             result = fn(*args, **kwargs)
-            if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
                 result = await result
             return result
 
@@ -88,7 +93,8 @@ class LoopThread:
         """Run ``fn`` on the loop and wait for its result (its exception is raised here)."""
         if self.on_thread:
             result = fn(*args, **kwargs)
-            if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
                 raise RuntimeError("an asynchronous call cannot be waited for on the runtime's own thread")
             return result
         future = self.submit(fn, *args, **kwargs)
