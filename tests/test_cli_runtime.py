@@ -117,3 +117,21 @@ def test_audit_replay_exits_0_identical_2_incomplete_3_unknown(home, clerk_file)
     assert json.loads(out.stdout)["verdict"] == "identical"
     unknown = run_cli("audit", "replay", "run-nope", home=home.path)
     assert unknown.returncode == 3 and "UNKNOWN_RUN" in unknown.stderr
+
+
+def test_with_a_server_running_agent_commands_refuse_and_pending_goes_through_the_server(home, clerk_file):
+    from apollia_nb.api.server import ServerThread
+    from apollia_nb.sdk import Client
+
+    with ServerThread(home.path, port=0) as server:
+        client = Client(server.url, server.token)
+        client.register_agent(clerk_file.read_text())
+        task = client.submit("clerk", "Write out.txt", watched=False)
+        client.wait(task.id, until="settled", timeout=30)
+        listed = run_cli("agents", "list", home=home.path)
+        assert listed.returncode == 3 and "HOME_LOCKED" in listed.stderr and "apollia-os serve" in listed.stderr
+        pending = json.loads(run_cli("pending", "list", "--json", home=home.path).stdout)
+        assert [p["tool"] for p in pending] == ["write_file"]
+        done = run_cli("pending", "decide", pending[0]["id"], "once", home=home.path)
+        assert done.returncode == 0, done.stderr
+        assert client.wait(task.id, until="finished", timeout=30).status == "completed"

@@ -54,10 +54,34 @@ def _who(args: argparse.Namespace) -> str:
     return getattr(args, "by", None) or getpass.getuser()
 
 
-def _open(args: argparse.Namespace) -> Any:
+def _open(args: argparse.Namespace, *, client_ok: bool = False) -> Any:
+    """The home's runtime. Agents live in the process that runs them, so commands about agents and
+    runs refuse to work as a client of `apollia-os serve` (use its REST API or SDK instead)."""
     from apollia_nb.runtime import Runtime
 
-    return Runtime(args.home)
+    return _OwnerOnly(Runtime(args.home), client_ok=client_ok)
+
+
+class _OwnerOnly:
+    def __init__(self, rt: Any, *, client_ok: bool) -> None:
+        self.rt = rt
+        self.client_ok = client_ok
+
+    async def __aenter__(self) -> Any:
+        rt = await self.rt.__aenter__()
+        if rt.mode == "client" and not self.client_ok:
+            from apollia_nb.errors import HomeLocked
+
+            await self.rt.__aexit__(None, None, None)
+            raise HomeLocked(
+                f"the home {rt.home.path} is served by `apollia-os serve`; agents and runs of this command "
+                "would live only in this process. Use the server's REST API or the SDK "
+                "(apollia_nb.sdk.Client.from_home()), or stop the server."
+            )
+        return rt
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.rt.__aexit__(*exc)
 
 
 def _task_line(task: dict[str, Any]) -> str:
@@ -182,7 +206,7 @@ def _pending_list(args: argparse.Namespace) -> int:
     import anyio
 
     async def main() -> int:
-        async with _open(args) as rt:
+        async with _open(args, client_ok=True) as rt:
             items = rt.pending_decisions()
         text = "\n".join(f"{p['id']}  {p['created_at']}  {_card_text(p)}" for p in items) or "nothing is waiting"
         emit(args, items, text)
@@ -195,7 +219,7 @@ def _pending_decide(args: argparse.Namespace) -> int:
     import anyio
 
     async def main() -> int:
-        async with _open(args) as rt:
+        async with _open(args, client_ok=True) as rt:
             decided = rt.answer(args.id, args.answer, by=_who(args), reason=args.reason)
             lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"]
             task_id = decided.get("task_id")

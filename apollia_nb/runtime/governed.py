@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from apollia_nb.errors import ApolliaError, BadArgument, UnknownTool
+from apollia_nb.errors import ApolliaError, BadArgument, Conflict, UnknownTool
 from apollia_nb.governance.decision import Call, Decision, Outcome, decide
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -140,7 +140,10 @@ async def governed_call(
         with anyio.move_on_after(rt.chat_card_timeout if rt.chat_card_timeout is not None else CHAT_CARD_TIMEOUT_SECS):
             await card.wait()
         if card.waiting:
-            rt.answer(card.id, "refuse", by="timeout", reason="unanswered for 5 minutes")
+            try:
+                rt.answer(card.id, "refuse", by="timeout", reason="unanswered for 5 minutes")
+            except Conflict:
+                await card.wait()  # answered elsewhere at the same moment: that answer stands
     else:
         await card.wait()
     return await continue_after_answer(rt, agent, card, decision=decision)

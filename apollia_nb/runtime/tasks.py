@@ -161,6 +161,18 @@ class TaskRun:
     async def _finish(self, status: TaskStatus, *, error: ApolliaError | None, result: Any = None) -> None:
         if self.r["status"] in _TERMINAL:
             return
+        try:
+            await self._seal(status, error=error, result=result)
+        except ApolliaError as exc:
+            # The journal refused the closing entries (it is closed, or its server went away): the run
+            # still ends, failed, and says why; the unsealed trace shows as incomplete on replay.
+            self.r["error"] = {"code": exc.code, "message": f"the run could not be sealed: {exc.message}"}
+            self.r["queued_calls"] = []
+            self.r["phase"] = "done"
+            self._set_status(TaskStatus.FAILED)
+            self.rt._emit("warning", f"task {self.id}: {exc}")
+
+    async def _seal(self, status: TaskStatus, *, error: ApolliaError | None, result: Any) -> None:
         if self._turn_entry is not None:  # the ceiling stopped the run before the turn's first call
             await self._journal(*self._turn_entry)
             self._turn_entry = None
