@@ -459,6 +459,7 @@ class GovernanceStore:
         self._last_rules: tuple[Rule, ...] = ()
         self._journaled_policy: tuple[str, str | None, str] | None = None
         self._keeper: Any = None
+        self._keep = False
 
     def keep_open(self) -> bool:
         """Hold ``governance.db`` open for this process (the home's owner) until ``close()``.
@@ -472,10 +473,11 @@ class GovernanceStore:
         """
         duckdb = _duckdb()
         with self._lock:
+            self._keep = True
             if self._keeper is not None:
                 return True
             if not self.path.exists():
-                return False  # created by the first write; kept from the next call on
+                return False  # created by the first write; kept from the next operation on
             try:
                 keeper = duckdb.connect(str(self.path))
                 self._schema_ready(keeper)
@@ -491,6 +493,7 @@ class GovernanceStore:
     def close(self) -> None:
         """Stop holding the database open (see ``keep_open``)."""
         with self._lock:
+            self._keep = False
             keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.close()
@@ -622,6 +625,17 @@ class GovernanceStore:
     def _connect(self, *, read_only: bool) -> "duckdb.DuckDBPyConnection":
         """Connect, retrying while another process holds the file; map DuckDB's errors."""
         duckdb = _duckdb()
+        if self._keep and self._keeper is None and self.path.exists():
+            keeper = None
+            try:
+                keeper = duckdb.connect(str(self.path))
+                if self._schema_ready(keeper):
+                    self._keeper, keeper = keeper, None
+            except (duckdb.Error, GovernanceUnreadable):
+                self._keep = False  # unreadable: per-operation connections report it, fail closed
+            finally:
+                if keeper is not None:
+                    keeper.close()
         if self._keeper is not None:
             # Same instance as the keeper: the same configuration (read-write), no file reopen.
             return duckdb.connect(str(self.path))
