@@ -17,15 +17,14 @@ transient). Translation and parsing are pure; HTTP lives in :mod:`.base`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from apollia_nb.errors import ManifestInvalid, ModelPermanent, ModelTransient
 
 from .base import (
-    HttpRequest,
+    HttpProvider,
     Message,
     ModelResponse,
     RetryPolicy,
@@ -36,11 +35,8 @@ from .base import (
     ToolCallStarted,
     ToolSpec,
     check_keys,
-    check_role,
-    collect,
     decode_arguments,
     field_value,
-    http_stream,
     loads_json,
 )
 
@@ -236,12 +232,16 @@ class AnthropicStreamParser:
         )
 
 
-class AnthropicModel:
+class AnthropicModel(HttpProvider):
     """A provider for the Anthropic Messages API.
 
     With ``force_tools`` (the default), a planner or critic offered exactly one
     tool is made to call a tool (``tool_choice: {"type": "any"}``).
     """
+
+    PROVIDER = PROVIDER
+    ENDPOINT = "/v1/messages"
+    PARSER = AnthropicStreamParser
 
     def __init__(
         self,
@@ -321,22 +321,3 @@ class AnthropicModel:
             "accept": "text/event-stream, application/json",
         }
 
-    async def complete(
-        self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
-    ) -> ModelResponse:
-        return await collect(self.stream(role, messages, tools))
-
-    async def stream(
-        self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
-    ) -> AsyncGenerator[StreamEvent, None]:
-        check_role(role)
-        request = HttpRequest(
-            provider=PROVIDER,
-            url=f"{self.base_url}/v1/messages",
-            headers=self.request_headers(),
-            body=self.request_body(role, messages, tools),
-            timeout_secs=self.timeout_secs,
-        )
-        async with aclosing(http_stream(request, AnthropicStreamParser, self.retry)) as events:
-            async for event in events:
-                yield event

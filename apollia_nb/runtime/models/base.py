@@ -589,3 +589,42 @@ async def http_stream(
         else:
             await retry.sleep(delay)
         attempt += 1
+
+
+class HttpProvider:
+    """What the HTTP providers share: ``complete`` drains ``stream``, which POSTs to
+    ``base_url + ENDPOINT`` and parses the reply with ``PARSER``. Subclasses give
+    ``PROVIDER``, ``ENDPOINT``, ``PARSER``, ``request_headers()`` and ``request_body()``."""
+
+    PROVIDER: str
+    ENDPOINT: str
+    PARSER: Callable[[], StreamParser]
+    base_url: str
+    timeout_secs: float
+    retry: RetryPolicy
+
+    def request_headers(self) -> dict[str, str]:  # pragma: no cover - every provider overrides it
+        raise NotImplementedError
+
+    def request_body(self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
+        raise NotImplementedError  # pragma: no cover
+
+    async def complete(
+        self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
+    ) -> ModelResponse:
+        return await collect(self.stream(role, messages, tools))
+
+    async def stream(
+        self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
+    ) -> AsyncGenerator[StreamEvent, None]:
+        check_role(role)
+        request = HttpRequest(
+            provider=self.PROVIDER,
+            url=f"{self.base_url}{self.ENDPOINT}",
+            headers=self.request_headers(),
+            body=self.request_body(role, messages, tools),
+            timeout_secs=self.timeout_secs,
+        )
+        async with aclosing(http_stream(request, self.PARSER, self.retry)) as events:
+            async for event in events:
+                yield event

@@ -16,15 +16,14 @@ live in :mod:`.base`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from apollia_nb.errors import ManifestInvalid, ModelPermanent, ModelTransient
 
 from .base import (
-    HttpRequest,
+    HttpProvider,
     Message,
     ModelResponse,
     RetryPolicy,
@@ -35,11 +34,8 @@ from .base import (
     ToolCallStarted,
     ToolSpec,
     check_keys,
-    check_role,
-    collect,
     decode_arguments,
     field_value,
-    http_stream,
     loads_json,
 )
 
@@ -225,13 +221,17 @@ class OpenAIStreamParser:
         )
 
 
-class OpenAIModel:
+class OpenAIModel(HttpProvider):
     """A provider for an OpenAI-compatible ``/chat/completions`` endpoint.
 
     ``api_key`` None sends no ``Authorization`` header (Ollama, local vLLM).
     With ``force_tools`` (the default), a planner or critic offered exactly one
     tool is made to call it (``tool_choice: "required"``).
     """
+
+    PROVIDER = PROVIDER
+    ENDPOINT = "/chat/completions"
+    PARSER = OpenAIStreamParser
 
     def __init__(
         self,
@@ -307,22 +307,3 @@ class OpenAIModel:
             headers["authorization"] = f"Bearer {self.api_key}"
         return headers
 
-    async def complete(
-        self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
-    ) -> ModelResponse:
-        return await collect(self.stream(role, messages, tools))
-
-    async def stream(
-        self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
-    ) -> AsyncGenerator[StreamEvent, None]:
-        check_role(role)
-        request = HttpRequest(
-            provider=PROVIDER,
-            url=f"{self.base_url}/chat/completions",
-            headers=self.request_headers(),
-            body=self.request_body(role, messages, tools),
-            timeout_secs=self.timeout_secs,
-        )
-        async with aclosing(http_stream(request, OpenAIStreamParser, self.retry)) as events:
-            async for event in events:
-                yield event
