@@ -112,7 +112,9 @@ def run_demo(home: str | None, *, json_output: bool = False, out: Any = None) ->
             rows = rt.journal.entries(run_id=task.run_id)
             say(f"7. The run's {len(rows)} journal entries: " + ", ".join(e.kind for e in rows))
             say()
-            say(f"Query it yourself: duckdb {home_path / 'journal.db'} -c 'SELECT * FROM decisions'")
+            say("Query it yourself (DuckDB from Python, or the duckdb CLI if you have it):")
+            say(f"  python -c \"import duckdb; duckdb.connect('{home_path / 'journal.db'}', read_only=True)"
+                ".sql('SELECT tool, outcome, line, answer FROM decisions').show()\"")
             say(f"Verify it yourself: apollia-os audit verify --home {home_path}")
             return {"home": str(home_path), "task": task.to_dict(), "verified": report.ok,
                     "replay": replay.to_dict()}
