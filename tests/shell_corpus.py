@@ -469,6 +469,20 @@ DENY_CASES: dict[str, list[tuple[str, str, bool]]] = {
         ("rm -rf /", "/bin/rm", False),  # a path prefix names only that path
         ("/usr/bin/rm -rf /", "/bin/rm", False),
     ],
+    # Glob and brace words the shell may expand into the program's name: never simple (so
+    # never allowed silently), and caught by a deny rule for the program.
+    "deny: globs and braces": [
+        ("{r,}m -rf /tmp/x", "rm", True),
+        ("/bin/r? -rf /tmp/x", "rm", True),
+        ("/usr/bin/[r]m -rf /", "rm", True),
+        ("r* -rf /", "rm", True),
+        ("* -rf /", "rm", True),  # the first file's name runs, whatever it is
+        ("sudo /bin/r[a-z] -rf /", "rm", True),
+        ("true && /bin/{rm,ls} -rf /", "rm -rf", True),
+        ("ls *.txt", "rm", False),
+        ("echo {a,b}", "rm", False),
+        ("git st*", "rm", False),
+    ],
 }
 
 

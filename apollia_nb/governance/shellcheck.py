@@ -390,6 +390,84 @@ def deny_prefix_matches(prefix: str, command: str) -> bool:
         forms = _prefix_forms(prefix)
         if not forms:
             return True
-        return _command_matches(forms, command, 0)
+        return _command_matches(forms, command, 0) or _pattern_may_name(forms, command)
     except Exception:
+        return True
+
+
+_GLOB_CHARS = frozenset("*?[{")
+_TOKEN_SPLIT = re.compile(r"[\s;&|()<>`]+|\$\(")
+
+
+def _glob_regex(word: str) -> "re.Pattern[str] | None":
+    """What a word with glob or brace characters may expand to, as a regex (None: no pattern)."""
+    out: list[str] = []
+    depth = 0
+    i = 0
+    while i < len(word):
+        c = word[i]
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            end = word.find("]", i + 2)
+            if end == -1:
+                out.append(re.escape(c))
+            else:
+                body = word[i + 1:end].replace("\\", "\\\\")
+                if body.startswith(("!", "^")):
+                    body = "^" + body[1:]
+                out.append(f"[{body}]")
+                i = end
+        elif c == "{":
+            depth += 1
+            out.append("(?:")
+        elif c == "," and depth:
+            out.append("|")
+        elif c == "}" and depth:
+            depth -= 1
+            out.append(")")
+        else:
+            out.append(re.escape(c))
+        i += 1
+    out.append(")" * depth)
+    try:
+        return re.compile("".join(out), re.DOTALL)
+    except re.error:
+        return re.compile(".*", re.DOTALL)  # an unreadable pattern may name anything
+
+
+def _pattern_may_name(forms: set[tuple[str, ...]], command: str) -> bool:
+    """A glob or brace word the shell may expand into the prefix's program (``/bin/r?``, ``{r,}m``).
+
+    Deny rules only: any word with ``* ? [ {`` that could expand to the program's name
+    (or a path ending in it) counts as naming it. Refusing too much is safe here; such
+    commands are never simple, so no allow rule is ever at stake.
+    """
+    if not _GLOB_CHARS.intersection(command):
+        return False
+    programs = {form[0] for form in forms if form}
+    for token in _TOKEN_SPLIT.split(_dequote(command)):
+        if not token or not _GLOB_CHARS.intersection(token):
+            continue
+        pattern = _glob_regex(token)
+        if pattern is None:
+            continue
+        for program in programs:
+            if pattern.fullmatch(program) or pattern.fullmatch("/" + program) or \
+                    re.fullmatch(f"(?:{pattern.pattern})", "x/" + program) or _tail_matches(pattern, program):
+                return True
+    return False
+
+
+def _tail_matches(pattern: "re.Pattern[str]", program: str) -> bool:
+    """Whether the pattern can name a path whose last part is ``program`` (``/usr/bin/r?``)."""
+    text = pattern.pattern
+    cut = text.rfind("/")
+    if cut == -1:
+        return False
+    try:
+        return re.fullmatch(text[cut + 1:], program, re.DOTALL) is not None
+    except re.error:
         return True
