@@ -11,20 +11,7 @@ WRITE = [{"tool_calls": [call("write_file", path="a.txt", content="hello")]}, {"
 SHELL = [{"tool_calls": [call("bash_executor", command="echo hi")]}, {"text": "Ran it."}]
 
 
-@pytest.fixture
-def ip(home, capsys):
-    from IPython.testing import globalipapp
-
-    globalipapp.start_ipython()
-    shell = globalipapp.get_ipython()
-    shell.run_line_magic("load_ext", "apollia_nb")
-    capsys.readouterr()
-    yield shell
-    from apollia_nb.notebook.extension import unload_ipython_extension
-
-    unload_ipython_extension(shell)
-    shell.extension_manager.loaded.discard("apollia_nb")
-    shell.config.pop("ApolliaMagics", None)
+from notebook_fixtures import ip  # noqa: F401 - the fixture
 
 
 def runtime(ip):
