@@ -258,20 +258,59 @@ def test_a_cancelled_queued_append_is_not_written(home):
         assert journal.append("plan", {"n": 3}).seq == 2
 
 
-def test_a_failed_commit_raises_and_writes_nothing_of_its_group(home):
+def test_a_failed_commit_raises_and_writes_nothing_of_its_group(home, monkeypatch):
+    """The disk fails half-way through a group's record: nothing of it is written, the next commit works."""
+    import errno
+
+    from apollia_nb.journal import tail as tail_module
+
+    real_write = os.write
+    with Journal.open(home) as journal:
+        journal.append("plan", {"n": 1})
+
+        def half_then_fail(fd, data):
+            real_write(fd, bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(tail_module.os, "write", half_then_fail)
+        with pytest.raises(IntegrityError) as info:
+            journal.append_many([("plan", {"n": 2}), ("plan", {"n": 3})])
+        assert "nothing of them was written" in info.value.message
+        assert "No space left" in info.value.message
+        assert journal.head()[0] == 1
+        monkeypatch.setattr(tail_module.os, "write", real_write)
+        assert journal.append("plan", {"n": 4}).seq == 2
+        assert [e.data() for e in journal.entries()] == [{"n": 1}, {"n": 4}]
+    with Journal.open(home) as journal:
+        assert [e.data() for e in journal.entries()] == [{"n": 1}, {"n": 4}]
+        assert verify_journal(journal).ok
+
+
+def test_an_entry_written_behind_the_journals_back_breaks_it_and_nothing_is_lost(home):
+    """Someone inserts seq 2 into journal.db directly: the copy of the real seq 2 fails, the
+    journal refuses from then on (fail closed), and the committed entries stay in journal.log."""
     with Journal.open(home) as journal:
         journal.append("plan", {"n": 1})
         cursor = journal.cursor()
-        try:  # something else took seq 2 behind the journal's back
+        try:
             cursor.execute("INSERT INTO entries SELECT 2, ts, run_id, agent, kind, payload, prev_hash, "
                            "hash, signature, key_id FROM entries WHERE seq = 1")
         finally:
             cursor.close()
-        with pytest.raises(IntegrityError) as info:
-            journal.append_many([("plan", {"n": 2}), ("plan", {"n": 3})])
-        assert "nothing of them was written" in info.value.message
-        assert journal.head()[0] == 1
-        assert [e.data() for e in journal.entries()] == [{"n": 1}, {"n": 1}]
+        committed = journal.append_many([("plan", {"n": 2}), ("plan", {"n": 3})])  # durable in the log
+        assert [e.seq for e in committed] == [2, 3]
+        with pytest.raises(IntegrityError, match="kept there"):
+            journal.entries()
+        with pytest.raises(IntegrityError, match="nothing of them was written"):
+            journal.append("plan", {"n": 4})
+        with pytest.raises(IntegrityError):
+            journal.close()
+    log = home.journal_db.with_suffix(".log")
+    before = log.read_bytes()
+    assert before
+    with pytest.raises(IntegrityError, match="is not the entry journal.db holds"):
+        Journal.open(home)
+    assert log.read_bytes() == before  # refused, and nothing changed
 
 
 def test_entries_filters(home):

@@ -135,19 +135,20 @@ def _prepare_dir(directory: Path) -> Path:
     return directory
 
 
-def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str) -> ExportResult:
+def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
+            entries_sql: str = "entries") -> ExportResult:
     from apollia_nb.journal.store import FORMAT_VERSION
 
     directory = _prepare_dir(directory)
     con.begin()
     try:
-        entries = con.execute("SELECT count(*) FROM entries").fetchone()[0]
-        head = con.execute("SELECT hash FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
+        entries = con.execute(f"SELECT count(*) FROM {entries_sql}").fetchone()[0]
+        head = con.execute(f"SELECT hash FROM {entries_sql} ORDER BY seq DESC LIMIT 1").fetchone()
         latest = con.execute("SELECT note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
         checkpoints = con.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
         con.execute(
             "COPY (SELECT seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id "
-            f"FROM entries ORDER BY seq) TO {_sql_path(directory / BUNDLE_FILES['entries'])} (FORMAT parquet)"
+            f"FROM {entries_sql} ORDER BY seq) TO {_sql_path(directory / BUNDLE_FILES['entries'])} (FORMAT parquet)"
         )
         con.execute(
             "COPY (SELECT size, root, note, created_at FROM checkpoints ORDER BY size) "
@@ -188,7 +189,7 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str) -
 def export_home(home: Home, directory: Path) -> ExportResult:
     """Export a home's journal (opened read-only) into ``directory``."""
     from apollia_nb.journal.keys import key_id, load_public_key
-    from apollia_nb.journal.store import connect_locked
+    from apollia_nb.journal.store import connect_locked, entries_with_tail
 
     if not home.journal_db.exists():
         raise NotFound(f"no journal at {home.journal_db}")
@@ -198,7 +199,8 @@ def export_home(home: Home, directory: Path) -> ExportResult:
         row = con.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
         if row is None:
             raise IntegrityError(f"{home.journal_db} has no origin in its meta table")
-        return _export(con, directory, verifier=NoteVerifier(row[0], public_key), key_id=key_id(public_key))
+        return _export(con, directory, verifier=NoteVerifier(row[0], public_key), key_id=key_id(public_key),
+                       entries_sql=entries_with_tail(con, home.journal_db))
     finally:
         con.close()
 

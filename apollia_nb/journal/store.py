@@ -2,14 +2,22 @@
 
 One writer thread owns every write. Callers hand it requests through a queue and
 wait on a future; the writer takes every request waiting (including those that
-queue while it works), sequences, hashes and signs their entries, inserts them
-in one DuckDB transaction, commits, and only then resolves the futures. So an ``append`` that
-returned is committed (a governed effect may follow), concurrent appenders share
-one commit (group commit), and nothing is ever held unflushed.
+queue while it works), sequences, hashes and signs their entries, makes them
+durable as one record of ``journal.log`` (one ``write``, one ``fdatasync``: see
+``tail.py``), and only then resolves the futures. So an ``append`` that returned
+is committed (a governed effect may follow), concurrent appenders share one
+commit (group commit), and nothing is ever held unflushed.
+
+The writer copies committed entries from the log into ``journal.db`` in batches
+(``IMPORT_BATCH`` entries, or when it has been idle ``IMPORT_IDLE_SECS``, or
+before any read), one DuckDB transaction per batch, and then truncates the log.
+Opening the journal finishes a copy a crash interrupted; closing it leaves every
+entry in ``journal.db`` and no log.
 
 Checkpoints go through the same writer, so a checkpoint always describes a
-committed prefix of the journal. Reads use their own cursor and see committed
-rows only.
+committed prefix of the journal. Reads use their own cursor; every read through
+the journal first has the writer copy what is pending, so it sees every entry
+an ``append`` has returned.
 
 Tables (format 1)::
 
@@ -66,6 +74,7 @@ from apollia_nb.journal.merkle import (
     verify_consistency,
     verify_inclusion,
 )
+from apollia_nb.journal.tail import TailLog, read_tail, tail_path
 from apollia_nb.journal.views import create_views
 
 __all__ = [
@@ -75,6 +84,7 @@ __all__ = [
     "InclusionProof",
     "ConsistencyProof",
     "connect_locked",
+    "entries_with_tail",
 ]
 
 FORMAT_VERSION = "1"
@@ -116,6 +126,35 @@ def connect_locked(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyCon
         raise
     con.execute("SET enable_progress_bar = false")
     return con
+
+
+def entries_with_tail(con: duckdb.DuckDBPyConnection, db_path: Path) -> str:
+    """For a read-only connection to a journal nobody holds: its entries as a SQL table expression.
+
+    Usually ``entries``. When the last owner died before copying its last
+    commits from ``journal.log`` into ``journal.db``, those entries are put in a
+    temporary table and the expression is the union of both, so offline readers
+    (``audit verify``, ``audit export``) see every committed entry without
+    writing anything. Raises ``IntegrityError`` when the log is damaged before
+    its end, or holds a different entry where ``journal.db`` already has one.
+    """
+    read = read_tail(tail_path(db_path))
+    if not read.rows:
+        return "entries"
+    (max_seq,) = con.execute("SELECT coalesce(max(seq), 0) FROM entries").fetchall()[0]
+    copied = [row for row in read.rows if row[0] <= max_seq]
+    if copied:
+        stored = dict(con.execute("SELECT seq, hash FROM entries WHERE seq BETWEEN ? AND ?",
+                                  [copied[0][0], copied[-1][0]]).fetchall())
+        for row in copied:
+            if bytes(stored.get(row[0], b"")) != row[7]:
+                raise IntegrityError(
+                    f"{tail_path(db_path)}: entry {row[0]} is not the entry {Path(db_path).name} holds at that place"
+                )
+    con.execute(f"CREATE OR REPLACE TEMP TABLE tail_entries AS SELECT {_COLUMNS} FROM main.entries LIMIT 0")
+    con.executemany(f"INSERT INTO temp.tail_entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [row for row in read.rows if row[0] > max_seq])
+    return f"(SELECT {_COLUMNS} FROM main.entries UNION ALL SELECT {_COLUMNS} FROM temp.tail_entries)"
 
 
 class Draft(NamedTuple):
@@ -221,6 +260,10 @@ class _Group:
 _STOP = object()
 #: Most entries one group commit takes (a bound on one transaction's size and latency).
 MAX_GROUP = 1024
+#: Entries the log holds before the writer copies them into ``journal.db``.
+IMPORT_BATCH = 512
+#: Idle time after which the writer copies what the log holds.
+IMPORT_IDLE_SECS = 0.1
 _OPEN: dict[Path, "Journal"] = {}
 _OPEN_LOCK = threading.Lock()
 
@@ -255,6 +298,10 @@ class Journal:
         self._largest_batch = 0
         self._close_error: BaseException | None = None
         self._appender = con.appender("entries")
+        self._tail: TailLog | None = None
+        self._pending: list[tuple[Any, ...]] = []  # in the log, not yet in journal.db (writer's)
+        self._imports = 0
+        self._broken: BaseException | None = None
         self._thread = threading.Thread(target=self._run_writer, name=f"journal-writer:{path}", daemon=True)
 
     # ------------------------------------------------------------------ opening
@@ -270,7 +317,9 @@ class Journal:
 
         Raises ``HomeLocked`` when another process (or another ``Journal`` in this
         process) holds the file, ``NotFound`` when ``create`` is false and there
-        is no journal, ``IntegrityError`` when the stored sequence has a gap.
+        is no journal, ``IntegrityError`` when the stored sequence has a gap or
+        ``journal.log`` holds entries that cannot be taken (damaged, not this
+        journal's, not continuing it).
         """
         path = home.journal_db
         if not create and not path.exists():
@@ -285,14 +334,17 @@ class Journal:
                     "use that journal, or close it first."
                 )
             con = connect_locked(path)
+            journal: Journal | None = None
             try:
                 # Journal statements are tiny; DuckDB's worker threads only add
                 # per-statement overhead (measured: 10-20% of an append).
                 con.execute("SET threads = 1")
                 origin = _prepare(con)
                 journal = cls(path, con, key, origin, clock or _utcnow)
-                journal._load()
+                journal._recover_tail(journal._load())
             except BaseException:
+                if journal is not None and journal._tail is not None:
+                    journal._tail.close(remove_if_empty=False)
                 con.close()
                 raise
             _OPEN[resolved] = journal
@@ -300,10 +352,12 @@ class Journal:
         atexit.register(journal.close)
         return journal
 
-    def _load(self) -> None:
+    def _load(self) -> list[bytes]:
+        """Read the chain's hashes from ``journal.db``; returns them (seq order)."""
         rows = self._con.execute("SELECT seq, hash FROM entries ORDER BY seq").fetchall()
         acc = MerkleAccumulator()
         prev = GENESIS_HASH
+        hashes = []
         for expected, (seq, h) in enumerate(rows, start=1):
             if seq != expected:
                 raise IntegrityError(
@@ -311,13 +365,62 @@ class Journal:
                     f"(found {seq}); run `apollia-os audit verify`"
                 )
             prev = bytes(h)
+            hashes.append(prev)
             acc.append(leaf_hash(prev))
         self._acc = acc
         self._head = (len(rows), prev)
-        latest = self._con.execute(
-            "SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1"
-        ).fetchone()
-        self._latest = (int(latest[0]), latest[1]) if latest else None
+        rows = self._con.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchall()
+        self._latest = (int(rows[0][0]), rows[0][1]) if rows else None
+        return hashes
+
+    def _recover_tail(self, hashes: list[bytes]) -> None:
+        """Copy into ``journal.db`` what a previous owner left in ``journal.log``; open the log.
+
+        Entries already in ``journal.db`` (a crash between a copy and the log's
+        truncation) must be the very same entries. The others must continue the
+        chain, hash to their stored hash and carry this journal's signature.
+        Anything else raises ``IntegrityError`` and changes nothing.
+        """
+        path = tail_path(self.path)
+        read = read_tail(path)
+        seq, prev = self._head
+        verify_key = self._key.verify_key
+        fresh: list[Entry] = []
+        for row in read.rows:
+            entry = Entry.from_row(row)
+            if not fresh and entry.seq <= len(hashes):
+                if entry.seq < 1 or hashes[entry.seq - 1] != entry.hash:
+                    raise IntegrityError(
+                        f"{path}: entry {entry.seq} is not the entry {self.path.name} holds at that place; "
+                        "nothing was changed (run `apollia-os audit verify`)"
+                    )
+                continue
+            if entry.seq != seq + 1 or entry.prev_hash != prev:
+                raise IntegrityError(
+                    f"{path}: entry {entry.seq} does not continue the journal (its head is {seq}); "
+                    "nothing was changed"
+                )
+            if entry.computed_hash() != entry.hash:
+                raise IntegrityError(f"{path}: entry {entry.seq} does not hash to its stored hash; nothing was changed")
+            try:
+                if entry.key_id != self._key.key_id:
+                    raise ValueError(entry.key_id)
+                verify_key.verify(entry.hash, entry.signature)
+            except Exception as exc:
+                raise IntegrityError(
+                    f"{path}: entry {entry.seq} is not signed by this journal's key; nothing was changed"
+                ) from exc
+            fresh.append(entry)
+            seq, prev = entry.seq, entry.hash
+        tail = TailLog(path)
+        self._tail = tail
+        if fresh:
+            self._insert([e.as_row() for e in fresh])
+            for entry in fresh:
+                self._acc.append(leaf_hash(entry.hash))
+            self._head = (seq, prev)
+        if tail.length:
+            tail.truncate(0)
 
     def __enter__(self) -> Journal:
         return self
@@ -348,9 +451,11 @@ class Journal:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Write transactions committed since open, and the largest batch among them."""
+        """Commits since open (durable log records), the largest batch among them, and the
+        copies into ``journal.db``."""
         with self._state_lock:
-            return {"transactions": self._transactions, "largest_batch": self._largest_batch}
+            return {"transactions": self._transactions, "largest_batch": self._largest_batch,
+                    "imports": self._imports}
 
     # ------------------------------------------------------------------ appending
     def append(
@@ -412,7 +517,16 @@ class Journal:
         """
         backlog: deque[Any] = deque()
         while True:
-            request = backlog.popleft() if backlog else self._queue.get()
+            if backlog:
+                request = backlog.popleft()
+            elif self._pending:
+                try:
+                    request = self._queue.get(timeout=IMPORT_IDLE_SECS)
+                except queue.Empty:
+                    self._import_quietly()
+                    continue
+            else:
+                request = self._queue.get()
             if request is _STOP:
                 break
             if request.job is not None:
@@ -433,6 +547,8 @@ class Journal:
                     break
                 self._sequence(group, nxt)
             self._commit(group)
+            if len(self._pending) >= IMPORT_BATCH:
+                self._import_quietly()
         self._finish()
 
     def _run_job(self, request: _Request) -> None:
@@ -469,7 +585,10 @@ class Journal:
         if not group.rows:
             return
         try:
-            self._insert(group.rows)
+            if self._broken is not None:
+                raise self._broken
+            assert self._tail is not None
+            self._tail.append(group.rows)
         except BaseException as exc:
             error = IntegrityError(
                 f"the journal could not record {len(group.requests)} request(s); "
@@ -486,8 +605,42 @@ class Journal:
             self._head = (group.seq, group.prev)
             self._transactions += 1
             self._largest_batch = max(self._largest_batch, len(group.rows))
+        self._pending.extend(group.rows)
         for request, entries in group.requests:
             request.future.set_result(entries)
+
+    def _import(self) -> None:
+        """Copy the pending entries into ``journal.db`` (one transaction), then truncate the log.
+
+        Runs on the writer thread. A failure leaves the entries in the log (they
+        are committed there) and breaks the journal: later appends and reads
+        raise, and the next open finishes the copy or refuses.
+        """
+        if self._broken is not None:
+            raise self._broken
+        if not self._pending:
+            return
+        try:
+            self._insert(self._pending)
+            self._pending = []
+            self._imports += 1
+            assert self._tail is not None
+            self._tail.truncate(0)
+        except BaseException as exc:
+            broken = IntegrityError(
+                f"{self.path.name} could not take the entries committed in {tail_path(self.path).name}: {exc}; "
+                "they are kept there, and the next open of the journal copies them or refuses"
+            )
+            broken.__cause__ = exc
+            self._broken = broken
+            raise broken from exc
+
+    def _import_quietly(self) -> None:
+        """``_import`` where nobody waits on it; a failure stays in ``_broken`` for the next caller."""
+        try:
+            self._import()
+        except BaseException:
+            pass
 
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
         """Insert rows in one committed transaction (see docs/journal.md for the measurement)."""
@@ -505,13 +658,14 @@ class Journal:
             raise
 
     def _finish(self) -> None:
-        """On close, after every queued request: write the closing checkpoint."""
-        size = self._acc.size
-        if size and (self._latest is None or self._latest[0] < size):
-            try:
+        """On close, after every queued request: copy what is pending, write the closing checkpoint."""
+        try:
+            self._import()
+            size = self._acc.size
+            if size and (self._latest is None or self._latest[0] < size):
                 self._write_checkpoint()
-            except BaseException as exc:  # re-raised by close()
-                self._close_error = exc
+        except BaseException as exc:  # re-raised by close()
+            self._close_error = exc
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint(self) -> str:
@@ -522,6 +676,7 @@ class Journal:
         return self._submit(None, self._write_checkpoint).result()
 
     def _write_checkpoint(self) -> str:
+        self._import()  # journal.db holds every entry the checkpoint covers
         size = self._acc.size
         if self._latest is not None and self._latest[0] == size:
             return self._latest[1]
@@ -599,7 +754,22 @@ class Journal:
         with self._state_lock:
             return self._head
 
+    def _catch_up(self) -> None:
+        """Have the writer copy pending entries into ``journal.db`` before a read.
+
+        Every entry an append has returned is pending or copied when this is
+        called, so the read that follows sees it. Raises when the journal is broken.
+        """
+        if self._broken is not None:
+            raise self._broken
+        if self._pending and threading.current_thread() is not self._thread:
+            try:
+                self._submit(None, self._import).result()
+            except Conflict:
+                pass  # closing: close() copies everything itself
+
     def _read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+        self._catch_up()
         with self._read_lock:
             if self._reader is None:
                 raise Conflict(f"the journal {self.path} is closed")
@@ -642,6 +812,7 @@ class Journal:
 
     def snapshot_rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes, str]]]:
         """Every entry row and checkpoint row, read in one transaction (for ``verify``)."""
+        self._catch_up()
         with self._read_lock:
             if self._reader is None:
                 raise Conflict(f"the journal {self.path} is closed")
@@ -655,7 +826,11 @@ class Journal:
         return rows, [(int(s), bytes(r), n) for s, r, n in cps]
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A new DuckDB cursor on the journal's database, for the caller's own reads; close it."""
+        """A new DuckDB cursor on the journal's database, for the caller's own reads; close it.
+
+        It sees every entry appended before this call (later ones once they are
+        copied: ask for a new cursor to see them)."""
+        self._catch_up()
         with self._read_lock:
             if self._reader is None:
                 raise Conflict(f"the journal {self.path} is closed")
@@ -682,6 +857,8 @@ class Journal:
                 self._reader.close()
                 self._reader = None
             self._con.close()
+            if self._tail is not None:
+                self._tail.close(remove_if_empty=True)
             with _OPEN_LOCK:
                 _OPEN.pop(self.path.resolve(), None)
         if self._close_error is not None:

@@ -488,8 +488,11 @@ def verify_file(
     external: str | None = None,
     workers: int = 2,
 ) -> VerifyReport:
-    """Verify a closed ``journal.db`` (opened read-only) under ``public_key``."""
-    from apollia_nb.journal.store import connect_locked
+    """Verify a closed ``journal.db`` (opened read-only) under ``public_key``.
+
+    Entries its last owner committed to ``journal.log`` but had not copied yet
+    (a crash) are verified with the others."""
+    from apollia_nb.journal.store import connect_locked, entries_with_tail
 
     if not Path(path).exists():
         raise NotFound(f"no journal at {path}")
@@ -498,8 +501,12 @@ def verify_file(
         row = con.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
         if row is None:
             return VerifyReport(False, 0, None, "the journal has no origin in its meta table", 0)
+        try:
+            entries = entries_with_tail(con, Path(path))
+        except IntegrityError as exc:
+            return VerifyReport(False, 0, None, exc.message, 0)
         return _verify_connection(
-            con, entries="entries", checkpoints="checkpoints", public_key=public_key,
+            con, entries=entries, checkpoints="checkpoints", public_key=public_key,
             origin=row[0], external=external, workers=workers,
         )
     finally:
