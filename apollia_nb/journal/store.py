@@ -235,13 +235,16 @@ class _Item(NamedTuple):
 
 
 class _Request:
-    """Entries to append atomically, or (``job``) a function the writer runs between batches."""
+    """Entries to append atomically, or (``job``) a function the writer runs between batches.
 
-    __slots__ = ("items", "job", "future")
+    ``soon``: nobody waits on it (``append_soon``); if it fails, its runs are marked failed."""
 
-    def __init__(self, items: list[_Item] | None, job: Callable[[], Any] | None = None) -> None:
+    __slots__ = ("items", "job", "future", "soon")
+
+    def __init__(self, items: list[_Item] | None, job: Callable[[], Any] | None = None, soon: bool = False) -> None:
         self.items = items
         self.job = job
+        self.soon = soon
         self.future: Future[Any] = Future()
 
 
@@ -302,6 +305,10 @@ class Journal:
         self._pending: list[tuple[Any, ...]] = []  # in the log, not yet in journal.db (writer's)
         self._imports = 0
         self._broken: BaseException | None = None
+        self._opened_at = 0  # entries journal.db held when opened (after recovery)
+        self._run_counts: dict[str, int] = {}  # entries per run appended since open
+        self._run_base: dict[str, int] = {}  # entries per run before open, as asked for
+        self._failed_runs: dict[str, BaseException] = {}  # runs whose append_soon failed (writer's)
         self._thread = threading.Thread(target=self._run_writer, name=f"journal-writer:{path}", daemon=True)
 
     # ------------------------------------------------------------------ opening
@@ -421,6 +428,7 @@ class Journal:
             self._head = (seq, prev)
         if tail.length:
             tail.truncate(0)
+        self._opened_at = self._head[0]
 
     def __enter__(self) -> Journal:
         return self
@@ -498,8 +506,30 @@ class Journal:
             return []
         return await asyncio.wrap_future(self._submit(items))
 
-    def _submit(self, items: list[_Item] | None, job: Callable[[], Any] | None = None) -> Future[Any]:
-        request = _Request(items, job)
+    def append_soon(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        run_id: str,
+        agent: str | None = None,
+    ) -> Future[list[Entry]]:
+        """Hand an entry to the writer without waiting for its commit; returns its future.
+
+        For an entry that records what already happened (a tool's result) while
+        the run goes on with what no effect depends on (the next model turn).
+        The writer commits it at once, in order: every append submitted after it
+        commits after it, so once any later append of the run has returned, this
+        one is durable too. If it fails, every later append of the same run fails
+        with its error (the run cannot go on with a hole in its trace).
+        """
+        if not run_id:
+            raise BadInput("append_soon needs the run the entry belongs to")
+        return self._submit([_item(kind, payload, run_id, agent)], soon=True)
+
+    def _submit(self, items: list[_Item] | None, job: Callable[[], Any] | None = None,
+                soon: bool = False) -> Future[Any]:
+        request = _Request(items, job, soon)
         with self._submit_lock:
             if self._closed:
                 raise Conflict(f"the journal {self.path} is closed")
@@ -563,6 +593,14 @@ class Journal:
         """Number, hash and sign one request's entries onto the group (unless it was cancelled)."""
         if not request.future.set_running_or_notify_cancel():
             return
+        if self._failed_runs:
+            for item in request.items:  # type: ignore[union-attr]
+                failed = self._failed_runs.get(item.run_id) if item.run_id is not None else None
+                if failed is not None:
+                    request.future.set_exception(IntegrityError(
+                        f"run {item.run_id} cannot go on: an entry it handed over earlier was not written "
+                        f"({failed})"))
+                    return
         try:
             seq, prev = group.seq, group.prev
             key_id, sign, clock = self._key.key_id, self._key.sign, self._clock
@@ -574,6 +612,7 @@ class Journal:
                 entries.append(Entry(seq, ts, run_id, agent, kind, payload, prev, h, sign(h), key_id))
                 prev = h
         except BaseException as exc:  # this request fails alone; the group goes on
+            self._mark_failed(request, exc)
             request.future.set_exception(exc)
             return
         group.seq, group.prev = seq, prev
@@ -596,6 +635,7 @@ class Journal:
             )
             error.__cause__ = exc
             for request, _ in group.requests:
+                self._mark_failed(request, error)
                 request.future.set_exception(error)
             return
         with self._state_lock:
@@ -606,8 +646,18 @@ class Journal:
             self._transactions += 1
             self._largest_batch = max(self._largest_batch, len(group.rows))
         self._pending.extend(group.rows)
+        counts = self._run_counts
+        for row in group.rows:
+            if row[2] is not None:
+                counts[row[2]] = counts.get(row[2], 0) + 1
         for request, entries in group.requests:
             request.future.set_result(entries)
+
+    def _mark_failed(self, request: _Request, error: BaseException) -> None:
+        if request.soon:
+            for item in request.items or ():
+                if item.run_id is not None:
+                    self._failed_runs.setdefault(item.run_id, error)
 
     def _import(self) -> None:
         """Copy the pending entries into ``journal.db`` (one transaction), then truncate the log.
@@ -668,6 +718,23 @@ class Journal:
             self._close_error = exc
 
     # ------------------------------------------------------------------ checkpoints
+    def run_size(self, run_id: str) -> int:
+        """How many entries the run has, without a query for runs that began since open."""
+        base = self._run_base.get(run_id)
+        if base is None:
+            with self._read_lock:  # rows up to the opening head are in journal.db since open
+                if self._reader is None:
+                    raise Conflict(f"the journal {self.path} is closed")
+                (base,) = self._reader.execute(
+                    "SELECT count(*) FROM entries WHERE run_id = ? AND seq <= ?", [run_id, self._opened_at]
+                ).fetchall()[0]
+            self._run_base[run_id] = base
+        return base + self._run_counts.get(run_id, 0)
+
+    async def checkpoint_async(self) -> str:
+        """``checkpoint`` for asyncio callers: the writer signs it while the loop goes on."""
+        return await asyncio.wrap_future(self._submit(None, self._write_checkpoint))
+
     def checkpoint(self) -> str:
         """Sign and store a C2SP checkpoint of every committed entry; returns the note.
 
@@ -676,7 +743,8 @@ class Journal:
         return self._submit(None, self._write_checkpoint).result()
 
     def _write_checkpoint(self) -> str:
-        self._import()  # journal.db holds every entry the checkpoint covers
+        # The entries it covers may still be in journal.log only: they are committed,
+        # and whoever reads journal.db after a crash reads the log too.
         size = self._acc.size
         if self._latest is not None and self._latest[0] == size:
             return self._latest[1]

@@ -71,7 +71,12 @@ class Displayable:
         display(self._repr_mimebundle_(), raw=True, display_id=display_id)
 
     def refresh_display(self) -> None:
-        """Re-send what was displayed with the current state (the view calls it when it is final)."""
+        """Re-send what was displayed with the current state.
+
+        The view calls it when it is final, and awaiting a task or exchange calls
+        it on return, inside the awaiting cell: a front end that only listens to
+        the running cell (a headless run, nbclient) still gets the final state
+        when the run ended between two cells."""
         ids = getattr(self, "_display_ids", ())
         if not ids:
             return
@@ -252,11 +257,13 @@ class NotebookTask(Displayable):
     async def wait(self) -> "NotebookTask":
         """Until the task is completed, failed or cancelled."""
         await self._bridge.wait_for(self._handle.wait)
+        self.refresh_display()
         return self
 
     async def settled(self) -> "NotebookTask":
         """Until the task is finished or waiting on a person (then answer ``task.pending``)."""
         await self._bridge.wait_for(self._handle.settled)
+        self.refresh_display()
         return self
 
     def __await__(self):  # type: ignore[no-untyped-def]
@@ -265,6 +272,7 @@ class NotebookTask(Displayable):
     def join(self, timeout: float | None = None, *, settled: bool = False) -> "NotebookTask":
         """Block this thread until finished (or settled). Never while a card waits on a click in this kernel."""
         self._bridge.block(self._handle.settled if settled else self._handle.wait, timeout=timeout)
+        self.refresh_display()
         return self
 
     def _waiting_cards(self) -> list[dict[str, Any]]:
@@ -404,11 +412,13 @@ class NotebookExchange(Displayable):
     async def wait(self) -> "NotebookExchange":
         """Until the exchange ends (replied, failed or cancelled)."""
         await self._bridge.wait_for(self._exchange.wait)
+        self.refresh_display()
         return self
 
     async def settled(self) -> "NotebookExchange":
         """Until the exchange ends, pauses, or waits on a card (then answer ``exchange.pending``)."""
         await self._bridge.wait_for(self._until_settled)
+        self.refresh_display()
         return self
 
     def __await__(self):  # type: ignore[no-untyped-def]
@@ -417,6 +427,7 @@ class NotebookExchange(Displayable):
     def join(self, timeout: float | None = None, *, settled: bool = False) -> "NotebookExchange":
         """Block this thread until the exchange ends (or settles). Never while a card waits on a click here."""
         self._bridge.block(self._until_settled if settled else self._exchange.wait, timeout=timeout)
+        self.refresh_display()
         return self
 
     def _text(self) -> str:

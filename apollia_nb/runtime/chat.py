@@ -211,7 +211,7 @@ class Session:
         entries = await rt.run_entry_count(self.r["run_id"])
         await rt.journal.append_async("run_seal", {"status": "closed", "entries": entries},
                                       run_id=self.r["run_id"], agent=self.agent.name)
-        rt._after_run(self.r["run_id"])
+        await rt._after_run(self.r["run_id"])
 
     def approve_plan(self, steps: list[str] | None = None) -> Exchange:
         """Run the proposed plan (optionally edited)."""

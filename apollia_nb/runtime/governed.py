@@ -186,16 +186,19 @@ async def run_approved_call(
     prefix: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> CallResult:
     """Journal ``tool_call`` (durable, with ``prefix``), run the tool under its breaker and timeout,
-    journal the result."""
+    journal the result (``append_soon``: committed before anything later of the run)."""
     from apollia_nb.runtime.tools import invoke
 
     tooldef = agent.tools.get(name)
     await _commit(rt, run_id, agent, [*prefix, ("tool_call", {"call_id": call_id, "tool": name,
                                                               "arguments": arguments})])
     outcome = await invoke(tooldef, arguments, breakers=rt.breakers)
+    # The result records what already happened: handed to the journal's writer, which
+    # commits it at once and before any later entry of the run, while the run goes on
+    # (the next model turn depends on no durable entry; the next tool call waits for its own).
     if outcome.status == "ok":
         shown, digest, _ = _capped(outcome.output)
-        await rt.journal.append_async(
+        rt.journal.append_soon(
             "tool_result",
             {"call_id": call_id, "tool": name, "status": "ok", "output": shown, "output_digest": digest},
             run_id=run_id, agent=agent.name,
@@ -204,7 +207,7 @@ async def run_approved_call(
     err: ApolliaError | None = outcome.error
     code = outcome.error_code or (err.code if err else "TOOL_ERROR")
     message = err.message if err else code
-    await rt.journal.append_async(
+    rt.journal.append_soon(
         "tool_result",
         {"call_id": call_id, "tool": name, "status": "error", "error_code": code,
          "output": {"message": message}, "output_digest": _capped({"message": message})[1]},

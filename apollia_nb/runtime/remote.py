@@ -33,6 +33,7 @@ import json
 import os
 import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -361,6 +362,19 @@ class RemoteJournal:
         if not found or found[0].seq != seq:
             raise NotFound(f"the journal has no entry {seq}")
         return found[0]
+
+    def append_soon(self, kind: str, payload: dict[str, Any], *, run_id: str,
+                    agent: str | None = None) -> "Future[list[Entry]]":
+        """The server commits on return; here the append is made at once (no writer to hand it to)."""
+        future: Future[list[Entry]] = Future()
+        future.set_result([self.append(kind, payload, run_id=run_id, agent=agent)])
+        return future
+
+    def run_size(self, run_id: str) -> int:
+        return len(self.entries(run_id=run_id))
+
+    async def checkpoint_async(self) -> str:
+        return await anyio.to_thread.run_sync(self.checkpoint)
 
     def checkpoint(self) -> str:
         """Have the server sign and store a checkpoint of every committed entry; returns the note."""

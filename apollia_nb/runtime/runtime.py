@@ -341,16 +341,21 @@ class Runtime:
         return event
 
     def _notify(self, run: TaskRun) -> None:
-        event = self._events.pop(run.id, None)
-        if event is not None:
-            event.set()
+        self._wake(run.id)
         self._emit("task", run)
 
-    def _after_run(self, run_id: str) -> None:
-        self.journal.checkpoint()
+    def _wake(self, task_id: str) -> None:
+        """Wake whoever waits for a change of the task (``settled``), without an event to listeners."""
+        event = self._events.pop(task_id, None)
+        if event is not None:
+            event.set()
+
+    async def _after_run(self, run_id: str) -> None:
+        """A signed checkpoint at the end of every run (SPEC §6)."""
+        await self.journal.checkpoint_async()
 
     async def run_entry_count(self, run_id: str) -> int:
-        return len(self.journal.entries(run_id=run_id))
+        return self.journal.run_size(run_id)
 
     # ------------------------------------------------------------------ agents
     async def register_agent(

@@ -138,6 +138,7 @@ class TaskRun:
             self._active = False
             if self.r["status"] in _TERMINAL:
                 self.done.set()
+                self.rt._wake(self.id)  # the status changed before the closing checkpoint; now it is done
             else:
                 self.rt._notify(self)  # suspended: parked with nothing running
 
@@ -198,7 +199,7 @@ class TaskRun:
             seal["error"] = error.to_dict()
         await self._journal("run_seal", seal)
         self._set_status(status)
-        self.rt._after_run(self.r["run_id"])
+        await self.rt._after_run(self.r["run_id"])
 
     # ---------------------------------------------------------------- phases
     async def _plan(self) -> None:
@@ -222,7 +223,9 @@ class TaskRun:
         self.r["queued_calls"] = []
         await self._journal("plan", {"task_id": self.id, "steps": steps, "attempt": self.r["attempt"]})
         self.r["phase"] = "approve" if self.r["approve_plan"] else "execute"
-        self._save()
+        # Not saved here: a running task is saved at its status changes and when it
+        # suspends; one its process loses mid-run is failed at the next start (the
+        # journal holds its whole trace), so a progress save would buy nothing.
         self.rt._notify(self)
 
     async def _await_plan_approval(self) -> None:
@@ -294,8 +297,7 @@ class TaskRun:
             self.r["step_index"] = index + 1
             self.r["messages"] = []
             self._history = []
-            self._save()
-            self.rt._notify(self)
+            self.rt._notify(self)  # saved at the next status change or suspension (see _plan)
         self.r["phase"] = "critic"
         return True
 
