@@ -6,8 +6,10 @@ Run: ``.venv/bin/python benchmarks/governed_call.py [--sizes 50 400] [--repeats 
 Ours: the real ``Runtime`` on a fresh temporary home per repetition. A
 scripted agent plans one step, makes N turns of one call each to a tool of
 family ``read`` (decided ``allow`` without asking), ends its step with text,
-and the critic passes. Every call journals ``model_response``, ``decision``,
-``tool_call`` and ``tool_result``, each committed before the run goes on.
+and the critic passes. Every call journals ``model_response``, ``decision`` and
+``tool_call`` in one commit before the tool runs, and ``tool_result`` in the
+next (handed over as the tool returns, committed before anything later of the
+run).
 Timed from ``submit`` to the finished task (runtime open/close and agent
 registration excluded); the task must be ``completed`` with N ``tool_result``
 entries in its run.
@@ -19,11 +21,12 @@ not installed (``pip install pydantic-ai-slim``).
 
 Both figures are wall time per call: the run's time divided by N, the median
 of ``--repeats`` runs, ours and theirs alternating so both see the same
-machine. Each of our calls commits four journal entries one by one, so our
-figure follows the disk's fsync time; ``--home-root /dev/shm`` shows the cost
-without it. ``--profile`` also runs ours once at the largest size under
-cProfile (event-loop thread, sorted by cumulative time) and times the
-journal's writer thread (sequencing and signing, DuckDB insert and commit),
+machine. Each of our calls makes two durable commits (each a synced record of
+``journal.log``), so our figure follows the disk's sync time;
+``--home-root /dev/shm`` shows the cost without it. ``--profile`` also runs
+ours once at the largest size under cProfile (event-loop thread, sorted by
+cumulative time) and times the journal's writer thread (sequencing and
+signing, the log's write and sync, the batched copies into ``journal.db``),
 which cProfile does not see.
 """
 
@@ -202,7 +205,8 @@ FOCUS = (r"\((decide|view|_unmsg|_msg|tool_specs|deepcopy|save_task|_exec|_notif
 
 async def profile(n: int, top: int) -> None:
     """cProfile of the event-loop thread, plus the journal writer's own time."""
-    writer: dict[str, list[float]] = {"sequence (hash+sign)": [], "insert+commit (DuckDB)": []}
+    writer: dict[str, list[float]] = {"sequence (hash+sign)": [], "commit (log write+sync)": [],
+                                      "copy into journal.db": []}
 
     def hook(rt: Runtime) -> None:
         journal = rt.journal
@@ -217,7 +221,8 @@ async def profile(n: int, top: int) -> None:
             return wrapper
 
         journal._sequence = timed("sequence (hash+sign)", journal._sequence)  # type: ignore[method-assign]
-        journal._insert = timed("insert+commit (DuckDB)", journal._insert)  # type: ignore[method-assign]
+        journal._tail.append = timed("commit (log write+sync)", journal._tail.append)  # type: ignore[method-assign]
+        journal._insert = timed("copy into journal.db", journal._insert)  # type: ignore[method-assign]
 
     profiler = cProfile.Profile()
 

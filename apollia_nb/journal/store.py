@@ -143,18 +143,25 @@ def entries_with_tail(con: duckdb.DuckDBPyConnection, db_path: Path) -> str:
         return "entries"
     (max_seq,) = con.execute("SELECT coalesce(max(seq), 0) FROM entries").fetchall()[0]
     copied = [row for row in read.rows if row[0] <= max_seq]
-    if copied:
-        stored = dict(con.execute("SELECT seq, hash FROM entries WHERE seq BETWEEN ? AND ?",
-                                  [copied[0][0], copied[-1][0]]).fetchall())
-        for row in copied:
-            if bytes(stored.get(row[0], b"")) != row[7]:
-                raise IntegrityError(
-                    f"{tail_path(db_path)}: entry {row[0]} is not the entry {Path(db_path).name} holds at that place"
-                )
+    stored = _stored_rows(con, copied)
+    for row in copied:
+        if stored.get(row[0]) != Entry.from_row(row):
+            raise IntegrityError(
+                f"{tail_path(db_path)}: entry {row[0]} is not the entry {Path(db_path).name} holds at that place"
+            )
     con.execute(f"CREATE OR REPLACE TEMP TABLE tail_entries AS SELECT {_COLUMNS} FROM main.entries LIMIT 0")
     con.executemany(f"INSERT INTO temp.tail_entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [row for row in read.rows if row[0] > max_seq])
     return f"(SELECT {_COLUMNS} FROM main.entries UNION ALL SELECT {_COLUMNS} FROM temp.tail_entries)"
+
+
+def _stored_rows(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> dict[int, Entry]:
+    """The entries ``journal.db`` holds at the seqs of these log rows (to compare them whole)."""
+    if not rows:
+        return {}
+    low, high = min(r[0] for r in rows), max(r[0] for r in rows)
+    found = con.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq BETWEEN ? AND ?", [low, high]).fetchall()
+    return {int(r[0]): Entry.from_row(r) for r in found}
 
 
 class Draft(NamedTuple):
@@ -393,10 +400,12 @@ class Journal:
         seq, prev = self._head
         verify_key = self._key.verify_key
         fresh: list[Entry] = []
+        copied = [row for row in read.rows if row[0] <= len(hashes)]
+        stored = _stored_rows(self._con, copied)
         for row in read.rows:
             entry = Entry.from_row(row)
             if not fresh and entry.seq <= len(hashes):
-                if entry.seq < 1 or hashes[entry.seq - 1] != entry.hash:
+                if stored.get(entry.seq) != entry:
                     raise IntegrityError(
                         f"{path}: entry {entry.seq} is not the entry {self.path.name} holds at that place; "
                         "nothing was changed (run `apollia-os audit verify`)"

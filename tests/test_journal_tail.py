@@ -1,0 +1,297 @@
+"""journal.log: commits land there first, are copied into journal.db in batches, and survive crashes.
+
+The log is security-relevant parsing: a torn last write is dropped, anything else that
+is wrong (damage before the end, a forged entry, another journal's log, an entry that
+contradicts journal.db) refuses the open and changes nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import duckdb
+import pytest
+
+from apollia_nb.errors import IntegrityError
+from apollia_nb.journal import Journal, verify_journal
+from apollia_nb.journal import tail as tail_module
+from apollia_nb.journal.export import export_home
+from apollia_nb.journal.store import IMPORT_BATCH
+from apollia_nb.journal.tail import encode_rows, read_tail
+from apollia_nb.journal.verify import verify_home
+
+
+def _log(home):
+    return home.journal_db.with_suffix(".log")
+
+
+def _db_seqs(home) -> list[int]:
+    con = duckdb.connect(str(home.journal_db), read_only=True)
+    try:
+        return [r[0] for r in con.execute("SELECT seq FROM entries ORDER BY seq").fetchall()]
+    finally:
+        con.close()
+
+
+def _until(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def crash(home, groups: list[int]) -> None:
+    """A child process appends groups of entries (sizes given) and is killed with SIGKILL."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from apollia_nb.home import Home
+        from apollia_nb.journal import Journal
+        journal = Journal.open(Home.at({str(home.path)!r}))
+        n = 0
+        for size in {groups!r}:
+            journal.append_many([("plan", {{"n": n + i}}, "run-1", "clerk") for i in range(size)])
+            n += size
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+
+
+def _records(data: bytes) -> list[tuple[int, int]]:
+    """(offset, end) of each record in a log's bytes."""
+    spans, offset = [], 0
+    while offset < len(data):
+        length = int.from_bytes(data[offset + 4 : offset + 8], "big")
+        end = offset + 40 + length
+        spans.append((offset, end))
+        offset = end
+    return spans
+
+
+def _rewrite_last_entry(data: bytes, change) -> bytes:
+    """The log with its last record's last row changed by ``change(row)`` and a valid checksum."""
+    offset, end = _records(data)[-1]
+    body = json.loads(data[offset + 40 : end])
+    change(body[-1])
+    rows = tail_module._decode_body(json.dumps(body).encode())
+    return data[:offset] + encode_rows(rows)
+
+
+# --- the happy path --------------------------------------------------------------------------
+
+
+def test_a_commit_is_a_record_of_the_log_and_reads_see_it(home):
+    with Journal.open(home) as journal:
+        journal.append("plan", {"n": 1})
+        journal.append_many([("plan", {"n": 2}), ("plan", {"n": 3})])
+        assert [r[0] for r in read_tail(_log(home)).rows] in ([1, 2, 3], [])  # unless already copied
+        assert [e.data()["n"] for e in journal.entries()] == [1, 2, 3]  # a read copies first
+        assert read_tail(_log(home)).rows == []
+        assert journal.stats["imports"] >= 1
+        cursor = journal.cursor()
+        try:
+            assert cursor.execute("SELECT count(*) FROM entries").fetchone()[0] == 3
+        finally:
+            cursor.close()
+
+
+def test_a_clean_close_leaves_everything_in_journal_db_and_no_log(home):
+    with Journal.open(home) as journal:
+        for i in range(10):
+            journal.append("plan", {"n": i})
+    assert not _log(home).exists()
+    assert _db_seqs(home) == list(range(1, 11))
+    report = verify_home(home)
+    assert report.ok and report.entries == 10
+
+
+def test_the_writer_copies_a_full_batch_and_when_idle_without_a_read(home):
+    with Journal.open(home) as journal:
+        journal.append_many([("plan", {"n": i}) for i in range(IMPORT_BATCH)])
+        _until(lambda: read_tail(_log(home)).size == 0, "the batch copy")
+        journal.append("plan", {"n": "last"})
+        _until(lambda: read_tail(_log(home)).size == 0, "the idle copy")
+        assert journal.stats["imports"] >= 2
+
+
+# --- crashes -------------------------------------------------------------------------------
+
+
+def test_a_crash_leaves_committed_entries_in_the_log_and_the_next_open_copies_them(home, tmp_path):
+    crash(home, [1, 3, 2, 4])
+    log = _log(home)
+    left = read_tail(log)
+    assert [r[0] for r in left.rows] == list(range(1, 11))  # all ten committed, none copied yet
+    before = log.read_bytes()
+
+    # Offline readers take them from the log and write nothing.
+    report = verify_home(home)
+    assert report.ok and report.entries == 10
+    exported = export_home(home, tmp_path / "bundle")
+    assert exported.entries == 10
+    assert log.read_bytes() == before
+
+    with Journal.open(home) as journal:
+        assert read_tail(log).size == 0
+        entries = journal.entries()
+        assert [e.data()["n"] for e in entries] == list(range(10))
+        assert all(e.run_id == "run-1" for e in entries)
+        assert verify_journal(journal).ok
+        assert journal.append("plan", {"n": 10}).seq == 11
+    assert _db_seqs(home) == list(range(1, 12))
+
+
+def test_a_torn_last_record_is_dropped_and_the_rest_is_kept(home):
+    crash(home, [2, 2])
+    log = _log(home)
+    data = log.read_bytes()
+    offset, end = _records(data)[-1]
+    torn_copy = data[offset:end][:-7]  # a record whose body was cut short
+    for torn in (torn_copy, data[offset : offset + 20], b"\0" * 64):
+        log.write_bytes(data + torn)
+        assert read_tail(log).torn
+        assert verify_home(home).entries == 4
+    with Journal.open(home) as journal:
+        assert journal.head()[0] == 4
+        assert read_tail(log).size == 0
+        assert journal.append("plan", {"n": 4}).seq == 5
+        assert verify_journal(journal).ok
+
+
+def test_a_torn_last_record_whose_checksum_fails_is_dropped(home):
+    crash(home, [2, 2])
+    log = _log(home)
+    data = bytearray(log.read_bytes())
+    data[-3] ^= 0x01  # the last record's body, at the very end of the file
+    log.write_bytes(bytes(data))
+    with Journal.open(home) as journal:
+        assert journal.head()[0] == 2
+
+
+def test_damage_before_the_end_refuses_the_open_and_changes_nothing(home):
+    crash(home, [2, 2])
+    log = _log(home)
+    data = bytearray(log.read_bytes())
+    data[45] ^= 0x01  # inside the first record's body; a second record follows
+    log.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="damaged at byte 0"):
+        Journal.open(home)
+    assert log.read_bytes() == bytes(data)
+    assert _db_seqs(home) == []  # nothing was copied
+    report = verify_home(home)
+    assert not report.ok and "damaged" in report.problem
+    data[45] ^= 0x01
+    data[0:4] = b"XXXX"  # a header that is not a record's
+    log.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="no valid header"):
+        Journal.open(home)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda row: row.__setitem__(5, "eyJuIjo5OX0="), "does not hash to its stored hash"),  # payload {"n":99}
+        (lambda row: row.__setitem__(8, "00" * 64), "not signed by this journal's key"),
+        (lambda row: row.__setitem__(9, "someone-else"), "not signed by this journal's key"),
+        (lambda row: row.__setitem__(0, row[0] + 1), "does not continue the journal"),
+    ],
+    ids=["payload", "signature", "key-id", "seq"],
+)
+def test_a_forged_entry_in_the_log_refuses_the_open(home, change, message):
+    crash(home, [2, 2])
+    log = _log(home)
+    forged = _rewrite_last_entry(log.read_bytes(), change)
+    log.write_bytes(forged)
+    with pytest.raises(IntegrityError, match=message):
+        Journal.open(home)
+    assert log.read_bytes() == forged
+
+
+def test_another_journals_log_refuses_the_open(home, tmp_path):
+    from apollia_nb.home import Home
+
+    other = Home.at(tmp_path / "other")
+    crash(other, [3])
+    with Journal.open(home) as journal:
+        journal.append("plan", {"mine": True})
+    _log(home).write_bytes(_log(other).read_bytes())
+    with pytest.raises(IntegrityError):
+        Journal.open(home)
+    assert _db_seqs(home) == [1]
+
+
+def test_entries_already_copied_must_be_the_very_same(home):
+    """A crash between a copy and the log's truncation: the log repeats entries journal.db holds."""
+    crash(home, [2, 3])
+    log = _log(home)
+    data = log.read_bytes()
+    with Journal.open(home):
+        pass  # copies the five, removes the log
+    assert not log.exists()
+    log.write_bytes(data)
+    with Journal.open(home) as journal:  # the same entries again: taken as already there
+        assert journal.head()[0] == 5
+        assert [e.data()["n"] for e in journal.entries()] == list(range(5))
+    log.write_bytes(_rewrite_last_entry(data, lambda row: row.__setitem__(5, "eyJuIjo5OX0=")))
+    with pytest.raises(IntegrityError, match="is not the entry journal.db holds"):
+        Journal.open(home)
+    assert not verify_home(home).ok
+
+
+# --- failures while running --------------------------------------------------------------------
+
+
+def test_a_failed_sync_writes_nothing_and_the_next_commit_works(home, monkeypatch):
+    with Journal.open(home) as journal:
+        journal.append("plan", {"n": 1})
+
+        def failing_sync(fd):
+            raise OSError(errno.EIO, "Input/output error")
+
+        real = os.fdatasync
+        monkeypatch.setattr(tail_module.os, "fdatasync", failing_sync)
+        with pytest.raises(IntegrityError, match="nothing of them was written"):
+            journal.append("plan", {"n": 2})
+        monkeypatch.setattr(tail_module.os, "fdatasync", real)
+        assert journal.append("plan", {"n": 3}).seq == 2
+        assert [e.data()["n"] for e in journal.entries()] == [1, 3]
+
+
+def test_append_soon_commits_in_order_before_anything_later(home):
+    with Journal.open(home) as journal:
+        future = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1", agent="clerk")
+        later = journal.append("tool_call", {"call_id": "c2"}, run_id="r1", agent="clerk")
+        assert future.done()  # committed before the later append returned
+        [entry] = future.result()
+        assert entry.seq < later.seq
+        assert [e.kind for e in journal.entries(run_id="r1")] == ["tool_result", "tool_call"]
+        assert journal.run_size("r1") == 2
+
+
+def test_a_failed_append_soon_stops_its_run_and_only_its_run(home, monkeypatch):
+    real_write = os.write
+    with Journal.open(home) as journal:
+        journal.append("run_open", {"run_kind": "task"}, run_id="r1")
+
+        def no_space(fd, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(tail_module.os, "write", no_space)
+        future = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
+        with pytest.raises(IntegrityError):
+            future.result(timeout=10)
+        monkeypatch.setattr(tail_module.os, "write", real_write)
+        with pytest.raises(IntegrityError, match="run r1 cannot go on"):
+            journal.append("tool_call", {"call_id": "c2"}, run_id="r1")
+        assert journal.append("run_open", {"run_kind": "task"}, run_id="r2").seq == 2
+        assert [e.run_id for e in journal.entries()] == ["r1", "r2"]
