@@ -221,7 +221,7 @@ async def profile(n: int, top: int) -> None:
             return wrapper
 
         journal._sequence = timed("sequence (hash+sign)", journal._sequence)  # type: ignore[method-assign]
-        journal._tail.append = timed("commit (log write+sync)", journal._tail.append)  # type: ignore[method-assign]
+        journal._tail.write = timed("commit (log write+sync)", journal._tail.write)  # type: ignore[method-assign]
         journal._insert = timed("copy into journal.db", journal._insert)  # type: ignore[method-assign]
 
     profiler = cProfile.Profile()

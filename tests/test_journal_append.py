@@ -264,21 +264,23 @@ def test_a_failed_commit_raises_and_writes_nothing_of_its_group(home, monkeypatc
 
     from apollia_nb.journal import tail as tail_module
 
-    real_write = os.write
+    real_pwrite = os.pwrite
     with Journal.open(home) as journal:
         journal.append("plan", {"n": 1})
 
-        def half_then_fail(fd, data):
-            real_write(fd, bytes(data[: len(data) // 2]))
+        def half_then_fail(fd, data, offset):
+            if not any(data):
+                return real_pwrite(fd, data, offset)  # the writer zeroing what it wrote
+            real_pwrite(fd, bytes(data[: len(data) // 2]), offset)
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(tail_module.os, "write", half_then_fail)
+        monkeypatch.setattr(tail_module.os, "pwrite", half_then_fail)
         with pytest.raises(IntegrityError) as info:
             journal.append_many([("plan", {"n": 2}), ("plan", {"n": 3})])
         assert "nothing of them was written" in info.value.message
         assert "No space left" in info.value.message
         assert journal.head()[0] == 1
-        monkeypatch.setattr(tail_module.os, "write", real_write)
+        monkeypatch.setattr(tail_module.os, "pwrite", real_pwrite)
         assert journal.append("plan", {"n": 4}).seq == 2
         assert [e.data() for e in journal.entries()] == [{"n": 1}, {"n": 4}]
     with Journal.open(home) as journal:

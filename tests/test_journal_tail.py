@@ -68,9 +68,9 @@ def crash(home, groups: list[int]) -> None:
 
 
 def _records(data: bytes) -> list[tuple[int, int]]:
-    """(offset, end) of each record in a log's bytes."""
+    """(offset, end) of each record in a log's bytes (zeros follow the last)."""
     spans, offset = [], 0
-    while offset < len(data):
+    while offset < len(data) and data[offset : offset + 4] == tail_module.MAGIC:
         length = int.from_bytes(data[offset + 4 : offset + 8], "big")
         end = offset + 40 + length
         spans.append((offset, end))
@@ -84,7 +84,7 @@ def _rewrite_last_entry(data: bytes, change) -> bytes:
     body = json.loads(data[offset + 40 : end])
     change(body[-1])
     rows = tail_module._decode_body(json.dumps(body).encode())
-    return data[:offset] + encode_rows(rows)
+    return data[:offset] + encode_rows(rows) + b"\0" * 4096
 
 
 # --- the happy path --------------------------------------------------------------------------
@@ -94,9 +94,8 @@ def test_a_commit_is_a_record_of_the_log_and_reads_see_it(home):
     with Journal.open(home) as journal:
         journal.append("plan", {"n": 1})
         journal.append_many([("plan", {"n": 2}), ("plan", {"n": 3})])
-        assert [r[0] for r in read_tail(_log(home)).rows] in ([1, 2, 3], [])  # unless already copied
+        assert [r[0] for r in read_tail(_log(home)).rows] == [1, 2, 3]
         assert [e.data()["n"] for e in journal.entries()] == [1, 2, 3]  # a read copies first
-        assert read_tail(_log(home)).rows == []
         assert journal.stats["imports"] >= 1
         cursor = journal.cursor()
         try:
@@ -118,10 +117,21 @@ def test_a_clean_close_leaves_everything_in_journal_db_and_no_log(home):
 def test_the_writer_copies_a_full_batch_and_when_idle_without_a_read(home):
     with Journal.open(home) as journal:
         journal.append_many([("plan", {"n": i}) for i in range(IMPORT_BATCH)])
-        _until(lambda: read_tail(_log(home)).size == 0, "the batch copy")
+        _until(lambda: journal.stats["imports"] >= 1, "the batch copy")
         journal.append("plan", {"n": "last"})
-        _until(lambda: read_tail(_log(home)).size == 0, "the idle copy")
-        assert journal.stats["imports"] >= 2
+        _until(lambda: journal.stats["imports"] >= 2, "the idle copy")
+
+
+def test_the_log_starts_over_when_full_once_everything_is_copied(home, monkeypatch):
+    monkeypatch.setattr(tail_module, "PREALLOCATE", 8192)
+    with Journal.open(home) as journal:
+        for i in range(60):  # several times what 8 KiB holds
+            journal.append("plan", {"n": i, "text": "x" * 200})
+        assert _log(home).stat().st_size < 8192 + 4096
+        left = read_tail(_log(home)).rows
+        assert left and left[-1][0] == 60 and left[0][0] > 1  # only the latest records remain
+        assert [e.data()["n"] for e in journal.entries()] == list(range(60))
+        assert verify_journal(journal).ok
 
 
 # --- crashes -------------------------------------------------------------------------------
@@ -142,7 +152,7 @@ def test_a_crash_leaves_committed_entries_in_the_log_and_the_next_open_copies_th
     assert log.read_bytes() == before
 
     with Journal.open(home) as journal:
-        assert read_tail(log).size == 0
+        assert read_tail(log).rows == []  # copied, and the log started over
         entries = journal.entries()
         assert [e.data()["n"] for e in entries] == list(range(10))
         assert all(e.run_id == "run-1" for e in entries)
@@ -156,14 +166,23 @@ def test_a_torn_last_record_is_dropped_and_the_rest_is_kept(home):
     log = _log(home)
     data = log.read_bytes()
     offset, end = _records(data)[-1]
-    torn_copy = data[offset:end][:-7]  # a record whose body was cut short
-    for torn in (torn_copy, data[offset : offset + 20], b"\0" * 64):
-        log.write_bytes(data + torn)
-        assert read_tail(log).torn
-        assert verify_home(home).entries == 4
+    record = data[offset:end]
+    zeros = b"\0" * 4096
+    torn_writes = {
+        "body cut short": record[:-7],
+        "header cut short": record[:20],
+        "header half written": b"AJ",
+        "all zeros": b"",
+    }
+    for what, torn in torn_writes.items():
+        log.write_bytes(data[:end] + torn + zeros)
+        read = read_tail(log)
+        assert [r[0] for r in read.rows] == [1, 2, 3, 4], what
+        assert read.torn == bool(torn), what
+        assert verify_home(home).entries == 4, what
     with Journal.open(home) as journal:
         assert journal.head()[0] == 4
-        assert read_tail(log).size == 0
+        assert read_tail(log).rows == []
         assert journal.append("plan", {"n": 4}).seq == 5
         assert verify_journal(journal).ok
 
@@ -172,7 +191,8 @@ def test_a_torn_last_record_whose_checksum_fails_is_dropped(home):
     crash(home, [2, 2])
     log = _log(home)
     data = bytearray(log.read_bytes())
-    data[-3] ^= 0x01  # the last record's body, at the very end of the file
+    _, end = _records(bytes(data))[-1]
+    data[end - 3] ^= 0x01  # the last record's body; only zeros follow it
     log.write_bytes(bytes(data))
     with Journal.open(home) as journal:
         assert journal.head()[0] == 2
@@ -279,18 +299,18 @@ def test_append_soon_commits_in_order_before_anything_later(home):
 
 
 def test_a_failed_append_soon_stops_its_run_and_only_its_run(home, monkeypatch):
-    real_write = os.write
+    real_pwrite = os.pwrite
     with Journal.open(home) as journal:
         journal.append("run_open", {"run_kind": "task"}, run_id="r1")
 
-        def no_space(fd, data):
+        def no_space(fd, data, offset):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(tail_module.os, "write", no_space)
+        monkeypatch.setattr(tail_module.os, "pwrite", no_space)
         future = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
         with pytest.raises(IntegrityError):
             future.result(timeout=10)
-        monkeypatch.setattr(tail_module.os, "write", real_write)
+        monkeypatch.setattr(tail_module.os, "pwrite", real_pwrite)
         with pytest.raises(IntegrityError, match="run r1 cannot go on"):
             journal.append("tool_call", {"call_id": "c2"}, run_id="r1")
         assert journal.append("run_open", {"run_kind": "task"}, run_id="r2").seq == 2

@@ -3,16 +3,16 @@
 One writer thread owns every write. Callers hand it requests through a queue and
 wait on a future; the writer takes every request waiting (including those that
 queue while it works), sequences, hashes and signs their entries, makes them
-durable as one record of ``journal.log`` (one ``write``, one ``fdatasync``: see
-``tail.py``), and only then resolves the futures. So an ``append`` that returned
+durable as one record of ``journal.log`` (one ``pwrite`` into preallocated
+space, one ``fdatasync``: see ``tail.py``), and only then resolves the futures. So an ``append`` that returned
 is committed (a governed effect may follow), concurrent appenders share one
 commit (group commit), and nothing is ever held unflushed.
 
 The writer copies committed entries from the log into ``journal.db`` in batches
 (``IMPORT_BATCH`` entries, or when it has been idle ``IMPORT_IDLE_SECS``, or
-before any read), one DuckDB transaction per batch, and then truncates the log.
-Opening the journal finishes a copy a crash interrupted; closing it leaves every
-entry in ``journal.db`` and no log.
+before any read), one DuckDB transaction per batch; the log starts over when
+it is full and everything in it is copied. Opening the journal finishes a copy
+a crash interrupted; closing it leaves every entry in ``journal.db`` and no log.
 
 Checkpoints go through the same writer, so a checkpoint always describes a
 committed prefix of the journal. Reads use their own cursor; every read through
@@ -74,7 +74,7 @@ from apollia_nb.journal.merkle import (
     verify_consistency,
     verify_inclusion,
 )
-from apollia_nb.journal.tail import TailLog, read_tail, tail_path
+from apollia_nb.journal.tail import TailLog, encode_rows, read_tail, tail_path
 from apollia_nb.journal.views import create_views
 
 __all__ = [
@@ -358,7 +358,7 @@ class Journal:
                 journal._recover_tail(journal._load())
             except BaseException:
                 if journal is not None and journal._tail is not None:
-                    journal._tail.close(remove_if_empty=False)
+                    journal._tail.close()
                 con.close()
                 raise
             _OPEN[resolved] = journal
@@ -428,15 +428,12 @@ class Journal:
                 ) from exc
             fresh.append(entry)
             seq, prev = entry.seq, entry.hash
-        tail = TailLog(path)
-        self._tail = tail
         if fresh:
             self._insert([e.as_row() for e in fresh])
             for entry in fresh:
                 self._acc.append(leaf_hash(entry.hash))
             self._head = (seq, prev)
-        if tail.length:
-            tail.truncate(0)
+        self._tail = TailLog(path)  # starts the file over: everything in it is in journal.db now
         self._opened_at = self._head[0]
 
     def __enter__(self) -> Journal:
@@ -635,8 +632,13 @@ class Journal:
         try:
             if self._broken is not None:
                 raise self._broken
-            assert self._tail is not None
-            self._tail.append(group.rows)
+            tail = self._tail
+            assert tail is not None
+            record = encode_rows(group.rows)
+            if not tail.fits(len(record)):
+                self._import()  # the file starts over only once journal.db holds all it has
+                tail.reset(len(record))
+            tail.write(record)
         except BaseException as exc:
             error = IntegrityError(
                 f"the journal could not record {len(group.requests)} request(s); "
@@ -669,7 +671,7 @@ class Journal:
                     self._failed_runs.setdefault(item.run_id, error)
 
     def _import(self) -> None:
-        """Copy the pending entries into ``journal.db`` (one transaction), then truncate the log.
+        """Copy the pending entries into ``journal.db`` (one transaction).
 
         Runs on the writer thread. A failure leaves the entries in the log (they
         are committed there) and breaks the journal: later appends and reads
@@ -683,8 +685,6 @@ class Journal:
             self._insert(self._pending)
             self._pending = []
             self._imports += 1
-            assert self._tail is not None
-            self._tail.truncate(0)
         except BaseException as exc:
             broken = IntegrityError(
                 f"{self.path.name} could not take the entries committed in {tail_path(self.path).name}: {exc}; "
@@ -934,8 +934,8 @@ class Journal:
                 self._reader.close()
                 self._reader = None
             self._con.close()
-            if self._tail is not None:
-                self._tail.close(remove_if_empty=True)
+            if self._tail is not None:  # removed when journal.db holds everything it has
+                self._tail.close(remove=not self._pending and self._broken is None and self._close_error is None)
             with _OPEN_LOCK:
                 _OPEN.pop(self.path.resolve(), None)
         if self._close_error is not None:

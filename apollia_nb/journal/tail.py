@@ -3,10 +3,9 @@
 A DuckDB write transaction costs about 0.4 ms of CPU before any disk work (even
 in memory), and a governed call needs two durable appends: the decision and call
 before the tool runs, the result after. So the writer makes each group of
-entries durable here — one record, one ``write`` and one ``fdatasync`` (about
-0.2 ms) — releases its appenders, and copies the entries into ``journal.db`` in
-batches (one DuckDB transaction per batch), truncating this file after each
-copy. Every entry an ``append`` returned is in one of the two files; a clean close
+entries durable here — one record, one ``pwrite`` and one ``fdatasync`` (about
+0.15 ms) — releases its appenders, and copies the entries into ``journal.db`` in
+batches (one DuckDB transaction per batch). Every entry an ``append`` returned is in one of the two files; a clean close
 leaves everything in ``journal.db`` and removes this file.
 
 Record layout (all integers big-endian)::
@@ -18,12 +17,16 @@ Record layout (all integers big-endian)::
                                    [seq, ts, run_id, agent, kind, payload (base64),
                                     prev_hash (hex), hash (hex), signature (hex), key_id]
 
-A record is one writer group: all its entries or none. Reading stops at the
-first record that is cut short or fails its checksum *at the end of the file*:
-it was being written when the process died and nobody was told it was
-written, so it is dropped. A bad record with more bytes after it is damage, not
-a torn write, and reading refuses (``IntegrityError``): nothing is dropped or
-rewritten then. The entries themselves are checked by whoever takes them
+A record is one writer group: all its entries or none. The file is
+preallocated and records are written in place, one after the other; zeros
+follow the last. Reading stops at a record that is cut short or fails its
+checksum when nothing but zeros follows it: it was being written when the
+process died and nobody was told it was written, so it is dropped. A bad
+record with more records after it is damage, not a torn write, and reading
+refuses (``IntegrityError``): nothing is dropped or rewritten then. Records
+already copied into ``journal.db`` stay until the file starts over; whoever
+reads the log skips them after checking they are the very entries
+``journal.db`` holds. The entries themselves are checked by whoever takes them
 (hash, chain and signature), not here.
 """
 
@@ -78,47 +81,54 @@ def _decode_body(body: bytes) -> list[tuple[Any, ...]]:
 
 
 class TailRead:
-    """What a tail file holds: its rows in order, and the length of its valid prefix."""
+    """What a tail file holds: its rows in order, where its valid records end, and
+    whether a torn last write was dropped after them."""
 
-    __slots__ = ("rows", "valid_length", "size", "torn")
+    __slots__ = ("rows", "valid_length", "torn")
 
-    def __init__(self, rows: list[tuple[Any, ...]], valid_length: int, size: int) -> None:
+    def __init__(self, rows: list[tuple[Any, ...]], valid_length: int, torn: bool) -> None:
         self.rows = rows
         self.valid_length = valid_length
-        self.size = size
-        self.torn = valid_length < size
+        self.torn = torn
 
 
 def read_tail(path: Path) -> TailRead:
-    """Parse a tail file (missing: empty). Raises ``IntegrityError`` on damage before its end."""
+    """Parse a tail file (missing: empty). Raises ``IntegrityError`` on damage before its end.
+
+    The file is preallocated: zeros follow the last record. A record that is
+    cut short, has no valid header or fails its checksum is the write a crash
+    interrupted when nothing but zeros follows it (for a bad header: when no
+    other record's magic follows it); otherwise it is damage.
+    """
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        return TailRead([], 0, 0)
+        return TailRead([], 0, False)
     except OSError as exc:
         raise IntegrityError(f"{path} cannot be read: {exc}") from exc
+    end_of_data = len(data.rstrip(b"\0"))
     rows: list[tuple[Any, ...]] = []
     offset = 0
     record = 0
-    while offset < len(data):
+    while offset < end_of_data:
         record += 1
         header_end = offset + _HEADER.size
         if header_end > len(data):
             break  # a header cut short: the last write, never acknowledged
         magic, length, digest = _HEADER.unpack_from(data, offset)
-        end = header_end + length
         if magic != MAGIC or length > MAX_BODY:
-            if not data[offset:].strip(b"\0"):
-                break  # zeros where the last write was to go (a crash of the machine)
+            if data.find(MAGIC, offset + 1) < 0:
+                break  # a header the crash interrupted: nothing of a later record follows
             raise IntegrityError(
                 f"{path} is damaged at byte {offset} (record {record} has no valid header); "
                 "nothing was changed"
             )
+        end = header_end + length
         if end > len(data):
             break  # a body cut short: the last write
         body = data[header_end:end]
         if hashlib.sha256(body).digest() != digest:
-            if end == len(data):
+            if end >= end_of_data:
                 break  # the last record, torn mid-write
             raise IntegrityError(
                 f"{path} is damaged at byte {offset} (record {record} fails its checksum "
@@ -129,67 +139,93 @@ def read_tail(path: Path) -> TailRead:
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             raise IntegrityError(f"{path}: record {record} at byte {offset} does not parse: {exc}") from exc
         offset = end
-    return TailRead(rows, offset, len(data))
+    return TailRead(rows, offset, offset < end_of_data)
+
+
+#: Space the log takes ahead of its records, so a commit's sync writes data, not the file's size.
+PREALLOCATE = 4 * 1024 * 1024
 
 
 class TailLog:
-    """The writer's handle on the tail file: append a durable record, truncate after a copy.
+    """The writer's handle on the tail file: write a durable record; start over when copied.
 
-    Used by one thread (the journal's writer).
+    The file is preallocated (``PREALLOCATE`` bytes of zeros) and records are
+    written in place, so ``fdatasync`` need not also commit a new file size
+    (measured here: 0.14-0.16 ms against 0.28 ms for an append). Records stay
+    after they are copied into ``journal.db``; the file starts over (cut to
+    zero and preallocated again) only when the next record does not fit, after
+    everything is copied. Used by one thread (the journal's writer).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         existed = self.path.exists()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
-        self._length = os.fstat(self._fd).st_size
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+        self._length = 0
+        self._allocated = 0
+        self.reset()
         if not existed:
             _fsync_dir(self.path.parent)
 
     @property
     def length(self) -> int:
+        """Bytes of records written since the file last started over."""
         return self._length
 
-    def append(self, rows: list[tuple[Any, ...]]) -> None:
-        """Write one record and ``fdatasync``: durable when this returns.
+    def fits(self, size: int) -> bool:
+        return self._length + size <= self._allocated
 
-        On failure the file is cut back to where it was (so a later record never
+    def reset(self, at_least: int = 0) -> None:
+        """Start over: cut the file to nothing and preallocate it again, durably."""
+        os.ftruncate(self._fd, 0)
+        size = max(PREALLOCATE, at_least)
+        try:
+            os.posix_fallocate(self._fd, 0, size)
+        except OSError:  # a file system without fallocate: the records grow the file instead
+            pass
+        os.fsync(self._fd)
+        self._length = 0
+        self._allocated = size
+
+    def write(self, record: bytes) -> None:
+        """Write one record after the last and ``fdatasync``: durable when this returns.
+
+        On failure the bytes written are zeroed again (so a later record never
         follows a partial one) and the error is raised; if even that fails, the
         file is left for the next open to judge and the error says so.
         """
-        record = encode_rows(rows)
+        at = self._length
         try:
             view = memoryview(record)
             while view:
-                written = os.write(self._fd, view)
+                written = os.pwrite(self._fd, view, at + len(record) - len(view))
                 view = view[written:]
             os.fdatasync(self._fd)
         except OSError as exc:
             try:
-                os.ftruncate(self._fd, self._length)
+                os.pwrite(self._fd, b"\0" * len(record), at)
                 os.fdatasync(self._fd)
             except OSError as again:
-                raise OSError(f"{exc}; and {self.path} could not be cut back: {again}") from exc
+                raise OSError(f"{exc}; and {self.path} could not be cleared after it: {again}") from exc
             raise
-        self._length += len(record)
+        self._length = at + len(record)
+        self._allocated = max(self._allocated, self._length)
 
-    def truncate(self, length: int = 0) -> None:
-        """Cut the file to ``length`` bytes, durably."""
-        os.ftruncate(self._fd, length)
-        os.fdatasync(self._fd)
-        self._length = length
+    def append(self, rows: list[tuple[Any, ...]]) -> None:
+        """``write`` the record of these rows."""
+        self.write(encode_rows(rows))
 
-    def close(self, *, remove_if_empty: bool = True) -> None:
+    def close(self, *, remove: bool = False) -> None:
         if self._fd < 0:
             return
         os.close(self._fd)
         self._fd = -1
-        if remove_if_empty and self._length == 0:
+        if remove:
             try:
                 self.path.unlink()
                 _fsync_dir(self.path.parent)
             except OSError:
-                pass  # an empty tail is harmless
+                pass  # a log whose entries are all in journal.db is harmless
 
 
 def _fsync_dir(directory: Path) -> None:
