@@ -12,8 +12,9 @@ that call when the decision is answered, in this process or after a restart.
 
 from __future__ import annotations
 
+import copy
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -429,9 +430,15 @@ class TaskRun:
 
 
 def _msg(message: Any) -> dict[str, Any]:
-    data = asdict(message)
-    data["tool_calls"] = [dict(tc) for tc in data.get("tool_calls", ())]
-    return data
+    """A ``Message`` as the plain dict stored in the task's record (``_unmsg`` reads it back)."""
+    return {
+        "role": message.role,
+        "content": message.content,
+        "tool_calls": [{"id": tc.id, "name": tc.name, "arguments": copy.deepcopy(tc.arguments)}
+                       for tc in message.tool_calls],
+        "tool_call_id": message.tool_call_id,
+        "name": message.name,
+    }
 
 
 def _unmsg(data: dict[str, Any]) -> Any:

@@ -487,10 +487,21 @@ def order_arguments(tooldef: ToolDef, arguments: Mapping[str, Any] | None) -> di
     return ordered
 
 
+@functools.lru_cache(maxsize=1024)
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``inspect.signature``, once per function (it costs tens of µs, on every call otherwise)."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
 def _check_binds(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> None:
     try:
+        signature = _signature(fn)
+    except TypeError:  # an unhashable callable
         signature = inspect.signature(fn)
-    except (TypeError, ValueError):
+    if signature is None:
         return
     try:
         signature.bind(**arguments)
