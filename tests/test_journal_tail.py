@@ -315,3 +315,32 @@ def test_a_failed_append_soon_stops_its_run_and_only_its_run(home, monkeypatch):
             journal.append("tool_call", {"call_id": "c2"}, run_id="r1")
         assert journal.append("run_open", {"run_kind": "task"}, run_id="r2").seq == 2
         assert [e.run_id for e in journal.entries()] == ["r1", "r2"]
+
+
+def test_without_fdatasync_pwrite_or_fallocate_the_log_still_commits(home, monkeypatch):
+    """As on macOS (no fdatasync, no posix_fallocate) or Windows (no pwrite): the nearest call stands in."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        for name in ("fdatasync", "pwrite", "posix_fallocate"):
+            if hasattr(os, name):
+                delattr(os, name)
+        from apollia_nb.home import Home
+        from apollia_nb.journal import Journal
+        journal = Journal.open(Home.at({str(home.path)!r}))
+        for i in range(3):
+            journal.append("plan", {{"n": i}})
+        journal.append_many([("plan", {{"n": 3}}), ("plan", {{"n": 4}})])
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    assert [r[0] for r in read_tail(_log(home)).rows] == [1, 2, 3, 4, 5]
+    for name in ("fdatasync", "pwrite", "posix_fallocate"):
+        monkeypatch.delattr(os, name, raising=False)
+    with Journal.open(home) as journal:
+        assert [e.data()["n"] for e in journal.entries()] == [0, 1, 2, 3, 4]
+        assert journal.append("plan", {"n": 5}).seq == 6
+        assert verify_journal(journal).ok
+    assert not _log(home).exists()

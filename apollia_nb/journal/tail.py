@@ -180,7 +180,7 @@ class TailLog:
         os.ftruncate(self._fd, 0)
         size = max(PREALLOCATE, at_least)
         try:
-            os.posix_fallocate(self._fd, 0, size)
+            _preallocate(self._fd, size)
         except OSError:  # a file system without fallocate: the records grow the file instead
             pass
         os.fsync(self._fd)
@@ -198,13 +198,13 @@ class TailLog:
         try:
             view = memoryview(record)
             while view:
-                written = os.pwrite(self._fd, view, at + len(record) - len(view))
+                written = _pwrite(self._fd, view, at + len(record) - len(view))
                 view = view[written:]
-            os.fdatasync(self._fd)
+            _datasync(self._fd)
         except OSError as exc:
             try:
-                os.pwrite(self._fd, b"\0" * len(record), at)
-                os.fdatasync(self._fd)
+                _pwrite(self._fd, b"\0" * len(record), at)
+                _datasync(self._fd)
             except OSError as again:
                 raise OSError(f"{exc}; and {self.path} could not be cleared after it: {again}") from exc
             raise
@@ -226,6 +226,29 @@ class TailLog:
                 _fsync_dir(self.path.parent)
             except OSError:
                 pass  # a log whose entries are all in journal.db is harmless
+
+
+# Where the platform lacks a call (macOS has no fdatasync or posix_fallocate, Windows no
+# pwrite), the nearest one that is at least as durable stands in; looked up at each call.
+
+
+def _datasync(fd: int) -> None:
+    sync = getattr(os, "fdatasync", None)
+    (sync or os.fsync)(fd)
+
+
+def _pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
+    pwrite = getattr(os, "pwrite", None)
+    if pwrite is not None:
+        return pwrite(fd, data, offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # one writer thread: nothing moves the offset meanwhile
+    return os.write(fd, data)
+
+
+def _preallocate(fd: int, size: int) -> None:
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None:
+        fallocate(fd, 0, size)
 
 
 def _fsync_dir(directory: Path) -> None:
