@@ -207,6 +207,43 @@ def test_a_plan_in_chat_is_approved_in_the_chat_view(ip):
     assert len(view.turns) == 2 and "Looked." in view.transcript.value
 
 
+def test_the_chat_view_follows_its_exchange_past_a_pause(ip):
+    import anyio
+
+    from apollia_nb.runtime.models.scripted import ScriptedModel
+
+    kr = runtime(ip)
+    gate = kr.call(anyio.Event)
+    turns = []
+
+    async def model(role, messages, tools):
+        turns.append(role)
+        if len(turns) == 1:
+            await gate.wait()  # the pause is asked for while this turn runs
+            return {"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]}
+        return {"text": "finished after the pause"}
+
+    kr.block(lambda: kr.rt.register_agent(manifest(), model=ScriptedModel.from_function(model)))
+    exchange = ip.run_cell_magic("apollia", "chat clerk", "start")
+    view = exchange.widget
+    exchange.session.pause()
+    kr.call(gate.set)
+    exchange.join(10, settled=True)
+    view.followers[0].result(10)  # the first follower is done at the pause
+    assert exchange.session.state == "paused"
+    assert view.turns[0][1][-1]["type"] == "paused"
+
+    resumed = exchange.session.resume()
+    assert resumed.join(10).reply == "finished after the pause"
+    followed(view)
+    assert len(view.turns) == 1  # the same exchange went on, in the same turn
+    assert [e["type"] for e in view.turns[0][1]].count("paused") == 1
+    assert view.turns[0][1][-1]["type"] == "end"
+    assert view.reply_text == "finished after the pause"
+    assert "finished after the pause" in view.transcript.value
+    assert "active" in view.header.value
+
+
 # --- inbox and journal ----------------------------------------------------------------
 
 

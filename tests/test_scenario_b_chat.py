@@ -153,6 +153,20 @@ async def test_pause_stops_at_the_next_safe_point_inject_adds_a_message_resume_c
         assert turns[-1] == ["start", "also mention the date"]
 
 
+async def test_closing_a_paused_session_ends_its_interrupted_exchange(home):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("list_dir", path=".")]}, {"text": "unsaid"}]))
+        session = rt.sessions.open("clerk")
+        exchange = session.send("start")
+        session.pause()
+        assert [e async for e in exchange.stream()][-1]["type"] == "paused"
+        await session.close()
+        with anyio.fail_after(5):
+            await exchange  # ended, not left waiting for a resume that cannot come
+        assert exchange.status == "cancelled" and exchange.events[-1]["type"] == "end"
+        assert session.state == "closed"
+
+
 async def test_fork_copies_history_and_children_are_listed_under_their_parent(home):
     async with Runtime(home) as rt:
         await rt.register_agent(manifest(actor=[{"text": "one"}, {"text": "two"}]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -263,9 +264,17 @@ class ChatView:
         self.exchange = exchange
         self.session = exchange.session
         self.header = W.HTML()
-        self._unwatch = bridge.watch(self._on_change)  # before reading: a change after the read is seen
-        self.session_snap = self.session.to_dict()
-        self.header.value = render.session_header_html(self.session_snap)
+        # Watch before reading, so a change after the read is seen. Without a kernel loop a
+        # change is delivered on the runtime's thread, maybe while the read is under way: a
+        # change delivered by then is kept (anything newer than it is delivered too).
+        self._snap_lock = threading.Lock()
+        self.session_snap: dict[str, Any] | None = None
+        self._unwatch = bridge.watch(self._on_change)
+        snap = self.session.to_dict()
+        with self._snap_lock:
+            if self.session_snap is None:
+                self.session_snap = snap
+                self.header.value = render.session_header_html(snap)
         self.transcript = W.HTML()
         self.cards_box = W.VBox()
         self.plan_box = W.VBox()
@@ -278,16 +287,30 @@ class ChatView:
         self.follow(exchange)
 
     def follow(self, exchange: "NotebookExchange") -> None:
-        """Stream an exchange's events (from its first) into this view."""
+        """Stream an exchange's events (from its first) into this view, past pauses.
+
+        Each follower is done when the exchange ends or pauses; at a pause, the
+        next follower waits for the exchange to go on (the session resumed) and
+        streams what follows into the same turn."""
         events: list[dict[str, Any]] = []
         self.turns.append((exchange.message, events))
         bridge = self.bridge
+        live = exchange._exchange
 
-        async def follow() -> None:
-            async for event in exchange._exchange.stream():
+        async def follow(start: int) -> None:  # on the runtime's loop
+            seen = start
+            async for event in live.stream(start):
+                seen += 1
                 bridge.deliver(self._on_event, events, copy.deepcopy(event))
+            if live.status == "paused":
+                self.followers.append(bridge.start(go_on, seen))
 
-        self.followers.append(bridge.start(follow))
+        async def go_on(start: int) -> None:
+            while len(live.events) <= start:
+                await live._changed.wait()
+            await follow(start)
+
+        self.followers.append(bridge.start(follow, 0))
 
     def _on_event(self, events: list[dict[str, Any]], event: dict[str, Any]) -> None:
         events.append(event)
@@ -307,13 +330,14 @@ class ChatView:
 
     def _on_change(self, kind: str, snap: dict[str, Any]) -> None:
         if kind == "session" and snap["id"] == self.session.id:
-            self.session_snap = snap
-            self.header.value = render.session_header_html(snap)
+            with self._snap_lock:
+                self.session_snap = snap
+                self.header.value = render.session_header_html(snap)
             if snap["state"] == "closed":
                 self._unwatch()
 
     def _render(self) -> None:
-        agent = self.session_snap["agent"]
+        agent = self.session.agent
         self.transcript.value = "".join(
             render.exchange_body_html(agent, message, events, cards=False) for message, events in self.turns)
 

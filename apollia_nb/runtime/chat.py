@@ -61,9 +61,11 @@ class Exchange:
         self._push({"type": "end", "status": status, "reply": self.reply, "error": self.error})
         self._done.set()
 
-    async def stream(self):  # type: ignore[no-untyped-def]
-        """Every event from the first, then live ones until the exchange ends or pauses."""
-        index = 0
+    async def stream(self, start: int = 0):  # type: ignore[no-untyped-def]
+        """Every event from the first (or from index ``start``), then live ones until the
+        exchange ends or pauses. A resumed exchange goes on in the same object: stream it
+        again from ``start=len(events seen)`` to follow it past a pause."""
+        index = start
         while True:
             while index < len(self.events):
                 event = self.events[index]
@@ -202,6 +204,8 @@ class Session:
             self._scope.cancel()
             if self.exchange is not None:
                 await self.exchange.wait()
+        if self.exchange is not None and self.exchange.status == "paused":
+            self.exchange._end("cancelled")  # interrupted and never to be resumed: it ends here
         for card in self.pending:
             self._sessions.rt.answer(card.id, "refuse", by="close", reason="the session was closed")
         self._move(SessionState.CLOSED)
