@@ -110,6 +110,44 @@ async def test_a_suspended_run_survives_a_restart_and_resumes_without_rerunning_
         assert replay.verdict == "identical", replay.to_dict()
 
 
+async def test_a_suspended_run_survives_a_kill_nine_the_moment_it_is_settled(home):
+    """No clean close: what was recorded when the run suspended is all the next process has."""
+    home.path.mkdir(parents=True, exist_ok=True)
+    first_process = textwrap.dedent(
+        f"""
+        import anyio, json, os, signal
+        from apollia_nb.runtime import Runtime
+        async def main():
+            async with Runtime({str(home.path)!r}) as rt:
+                rt.governance.grant_consent("clerk", "write", by="setup")
+                await rt.register_agent({SCRIPT!r})
+                handle = await rt.submit("clerk", "Write then run", watched=False)
+                await handle.settled()
+                os.write(1, json.dumps({{"status": handle.status, "task": handle.id}}).encode() + b"\\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+        anyio.run(main)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", first_process], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -9, out.stderr
+    state = json.loads(out.stdout.strip().splitlines()[-1])
+    assert state["status"] == "waiting"
+    assert home.journal_db.with_suffix(".log").exists()  # no clean close: the log still holds the run
+
+    async with Runtime(home) as rt:
+        handle = rt.task(state["task"])
+        assert handle.status == "waiting"
+        [pending] = rt.pending_decisions()
+        rt.answer(pending["id"], "once", by="ops")
+        task = await handle
+        assert task.status == "completed", task.error
+        started = [json.loads(e.payload)["tool"] for e in rt.journal.entries(run_id=task.run_id)
+                   if e.kind == "tool_call"]
+        assert started == ["write_file", "bash_executor"]
+        assert rt.replay(task.run_id).verdict == "identical"
+        assert rt.verify().ok
+
+
 async def test_a_run_cut_short_by_a_crash_is_failed_interrupted_at_the_next_boot(home):
     async with Runtime(home) as rt:
         await rt.register_agent(manifest())

@@ -436,6 +436,7 @@ class Runtime:
         cell.move(ProcessState.DEGRADED if warnings else ProcessState.ACTIVE)
         self._agents[manifest.name] = agent
         self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings, self.now_iso())
+        await self._recorded(f"agent {manifest.name}")
         self._emit("agent", agent)
         return agent
 
@@ -507,13 +508,25 @@ class Runtime:
         self.records.save_task(record, record["created_at"])
         run = TaskRun(self, the_agent, record)
         self._runs[task_id] = run
-        self._spawn(run)
+        self._claim(run)  # in flight already: a stop drains it, nobody spawns it twice
+        await self._recorded(f"task {task_id}")  # submitted means recorded (waited for off the loop)
+        if run.status == TaskStatus.PENDING.value:
+            self._start(run)
+        else:  # cancelled while it was being recorded
+            run.agent.inflight.discard(run)
+            run._active = False
         return TaskHandle(self, task_id)
 
     def _spawn(self, run: TaskRun) -> None:
-        agent = run.agent
-        agent.inflight.add(run)
+        self._claim(run)
+        self._start(run)
+
+    def _claim(self, run: TaskRun) -> None:
+        run.agent.inflight.add(run)
         run._active = True  # from now, not only once the task starts: no one may spawn it twice
+
+    def _start(self, run: TaskRun) -> None:
+        agent = run.agent
 
         async def owned() -> None:
             with anyio.CancelScope() as scope:
@@ -714,6 +727,17 @@ class Runtime:
             await run._finish(TaskStatus.FAILED, error=Interrupted(
                 "the process that owned this run ended before it finished"))
             run.done.set()
+
+    async def _recorded(self, what: str) -> None:
+        """Wait until ``runtime.db`` holds every row written so far (off the loop).
+
+        A failed write does not undo what already happened (the journal holds it);
+        it is reported as a warning, so the run goes on and whoever listens is told
+        that a restart may not find ``what``."""
+        try:
+            await self.records.flush_async()
+        except Exception as exc:
+            self._emit("warning", f"runtime.db could not record {what}: {exc}")
 
     def _persist_model_state(self, agent: Agent) -> None:
         if hasattr(agent.model, "restore") and callable(getattr(agent.model, "state", None)):

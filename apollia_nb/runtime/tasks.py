@@ -121,6 +121,8 @@ class TaskRun:
                 await self._status_entry("running")
             await self._drive()
         except _Suspend:
+            # Suspended means recorded: a restart finds it, with what it needs to resume.
+            await self.rt._recorded(f"suspended task {self.id}")
             return
         except BudgetExceeded as exc:
             await self._finish(TaskStatus.FAILED, error=exc)
