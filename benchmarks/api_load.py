@@ -40,15 +40,24 @@ from apollia_nb.sdk import Client
 TOKEN = "load-token"
 
 
-def _manifest(name: str, actor: list[str], workspace: Path) -> str:
+def _manifest(name: str, actor: list[str], workspace: Path, max_steps: int | None = None) -> str:
     lines = [f'name = "{name}"', 'description = "load"', 'instructions = "Work."', "", "[model]",
              'provider = "scripted"', *actor, "[workspace]", f"root = {json.dumps(str(workspace))}"]
+    if max_steps is not None:
+        lines += ["[budget]", f"max_steps = {max_steps}"]
     return "\n".join(lines) + "\n"
 
 
 def reader_manifest(tasks: int, workspace: Path) -> str:
+    """``list_dir`` turns, one per task, from one queue the concurrent tasks share.
+
+    Which task takes which turn depends on timing: a task may take several
+    ``list_dir`` turns in a row before the queue's default (text) ends its step.
+    The ceiling lets even one task take every turn (two steps each), so every
+    reader completes whatever the interleaving.
+    """
     call = '[[model.script.actor]]\ntool_calls = [{ name = "list_dir", arguments = { path = "." } }]'
-    return _manifest("reader", [call] * tasks, workspace)
+    return _manifest("reader", [call] * tasks, workspace, max_steps=2 * tasks + 10)
 
 
 def writer_manifest(tasks: int, workspace: Path) -> str:

@@ -396,7 +396,7 @@ async def submit_task(response: Response, body: s.TaskIn, rt: Any = Depends(_run
 @_route("GET", "/tasks", response_model=list[s.Task], operation_id="listTasks", tags=["tasks"],
         summary="Tasks, oldest first", responses=_errors(422))
 async def list_tasks(
-    agent: str | None = Query(None, description="only this agent's tasks"),
+    agent: str | None = Query(None, max_length=200, description="only this agent's tasks"),
     status: s.TaskStatus | None = Query(None, description="only tasks with this status"),
     rt: Any = Depends(_runtime),
 ) -> list[dict[str, Any]]:
@@ -737,7 +737,7 @@ async def replay_run(run_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]
 async def list_entries(
     since_seq: int | None = Query(None, ge=0, le=2**62, description="only entries with a greater seq"),
     limit: int = Query(100, ge=1, le=1000, description="at most this many"),
-    run_id: str | None = Query(None, description="only this run's entries"),
+    run_id: str | None = Query(None, max_length=200, description="only this run's entries"),
     rt: Any = Depends(_runtime),
 ) -> dict[str, Any]:
     entries = rt.journal.entries(run_id=run_id, since_seq=since_seq, limit=limit)

@@ -238,7 +238,7 @@ async def append_entries(body: AppendIn, rt: Any = Depends(_runtime)) -> dict[st
 @router.get("/journal/entries", response_model=JournalRowsPage, operation_id="internalEntries",
             summary="Committed entries in seq order, as stored, a page at a time")
 async def read_entries(
-    run_id: str | None = Query(None, description="only this run's entries"),
+    run_id: str | None = Query(None, max_length=200, description="only this run's entries"),
     since_seq: int | None = Query(None, ge=0, le=2**62, description="only entries with a greater seq"),
     kinds: list[Kind] | None = Query(None, max_length=100, description="only entries of these kinds"),
     limit: int = Query(1000, ge=1, le=MAX_PAGE, description="at most this many"),
@@ -350,7 +350,7 @@ async def add_pending(body: PendingIn, rt: Any = Depends(_runtime)) -> dict[str,
             summary="Decisions by status (and run), oldest first")
 async def list_pending(
     status: Literal["pending", "answered", "expired", "all"] = Query("pending"),
-    run_id: str | None = Query(None, description="only this run's decisions"),
+    run_id: str | None = Query(None, max_length=200, description="only this run's decisions"),
     rt: Any = Depends(_runtime),
 ) -> list[dict[str, Any]]:
     chosen = None if status == "all" else status
@@ -380,8 +380,10 @@ def _settled(rt: Any, ids: set[str]) -> list[dict[str, Any]]:
                         "`UNKNOWN_DECISION` names an id nobody knows.")
 async def await_answers(
     request: Request,
-    ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Query(
-        ..., min_length=1, max_length=1000, description="decision ids"),
+    # At most 200 ids of at most 64 URL-safe characters: the request line stays within what
+    # the HTTP server reads (h11: 16 KiB), so no request is refused before it reaches the API.
+    ids: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = Query(
+        ..., min_length=1, max_length=200, description="decision ids"),
     timeout: float = Query(20.0, ge=0, le=60, description="seconds to wait at most"),
     rt: Any = Depends(_runtime),
 ) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ suspended). A write that fails is kept and raised by the next read or flush.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import queue
 import threading
@@ -87,6 +88,7 @@ class RuntimeRecords:
         self._error: BaseException | None = None
         self._writer = threading.Thread(target=self._run_writes, name=f"runtime-records:{path}", daemon=True)
         self._writer.start()
+        atexit.register(self.close)  # a process that ends without closing still commits what is queued
 
     def close(self) -> None:
         """Commit what is queued, then close."""
@@ -95,6 +97,7 @@ class RuntimeRecords:
                 return
             self._closed = True
             self._writes.put((None, None))
+        atexit.unregister(self.close)
         self._writer.join()
         with self._lock:
             self._con.close()
