@@ -148,6 +148,38 @@ async def test_a_suspended_run_survives_a_kill_nine_the_moment_it_is_settled(hom
         assert rt.verify().ok
 
 
+async def test_an_answer_given_while_the_suspension_is_being_recorded_resumes_the_run(home):
+    """The run has suspended and waits for runtime.db (held here): an answer given then must resume it."""
+    import threading
+
+    import anyio
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="x")]},
+                                                {"text": "Wrote it."}]))
+        release = threading.Event()
+        recording = anyio.Event()
+        real_flush = rt.records._flush_future
+
+        def held_flush():
+            if not recording.is_set():
+                rt.records._write(lambda: release.wait(10))  # the writer is busy until released
+                recording.set()
+            return real_flush()
+
+        try:
+            handle = await rt.submit("clerk", "Write", watched=False)
+            rt.records._flush_future = held_flush  # from now on: the suspension's wait is held
+            with anyio.fail_after(10):
+                await recording.wait()
+                [pending] = rt.pending_decisions()
+                rt.answer(pending["id"], "once", by="ops")
+                task = await handle
+            assert task.status == "completed" and task.result == "Wrote it."
+        finally:
+            release.set()
+
+
 async def test_a_run_cut_short_by_a_crash_is_failed_interrupted_at_the_next_boot(home):
     async with Runtime(home) as rt:
         await rt.register_agent(manifest())

@@ -114,6 +114,7 @@ class TaskRun:
     async def run(self) -> None:
         """Run (or resume) until completed, failed, cancelled or suspended."""
         self._active = True
+        suspended = False
         try:
             if self.r["status"] == TaskStatus.PENDING.value:
                 await self._journal("run_open", {"run_kind": "task", "goal": self.r["goal"], "task_id": self.id})
@@ -121,8 +122,7 @@ class TaskRun:
                 await self._status_entry("running")
             await self._drive()
         except _Suspend:
-            # Suspended means recorded: a restart finds it, with what it needs to resume.
-            await self.rt._recorded(f"suspended task {self.id}")
+            suspended = True  # no await until _active is false: an answer arriving now must resume it
             return
         except BudgetExceeded as exc:
             await self._finish(TaskStatus.FAILED, error=exc)
@@ -138,11 +138,16 @@ class TaskRun:
             await self._finish(TaskStatus.FAILED, error=ApolliaError(f"{type(exc).__name__}: {exc}"))
             raise
         finally:
-            self._active = False
+            self._active = False  # from here an answer resumes the run anew
             if self.r["status"] in _TERMINAL:
                 self.done.set()
                 self.rt._wake(self.id)  # the status changed before the closing checkpoint; now it is done
             else:
+                if suspended:
+                    # Suspended means recorded (a restart finds it, with what it needs to resume)
+                    # before whoever waits for it to settle is told.
+                    with anyio.CancelScope(shield=True):
+                        await self.rt._recorded(f"suspended task {self.id}")
                 self.rt._notify(self)  # suspended: parked with nothing running
 
     async def _drive(self) -> None:
