@@ -71,11 +71,14 @@ async def test_bad_answers_and_unknown_decisions_get_stable_codes_and_change_not
         assert (await handle).status == "completed"
 
 
-async def test_a_suspended_run_survives_a_restart_and_resumes_without_rerunning_tools(home):
+def _first_process_until_waiting(home, *, then: str) -> tuple[dict, int]:
+    """Another process submits SCRIPT unattended and waits until it settles, then ``then``
+    (``"exit"`` cleanly or ``"kill"`` itself with SIGKILL); returns what it printed and its exit code."""
     home.path.mkdir(parents=True, exist_ok=True)
-    first_process = textwrap.dedent(
+    ending = "" if then == "exit" else "os.kill(os.getpid(), signal.SIGKILL)"
+    script = textwrap.dedent(
         f"""
-        import anyio, json
+        import anyio, json, os, signal
         from apollia_nb.runtime import Runtime
         async def main():
             async with Runtime({str(home.path)!r}) as rt:
@@ -83,17 +86,19 @@ async def test_a_suspended_run_survives_a_restart_and_resumes_without_rerunning_
                 await rt.register_agent({SCRIPT!r})
                 handle = await rt.submit("clerk", "Write then run", watched=False)
                 await handle.settled()
-                print(json.dumps({{"status": handle.status, "task": handle.id}}))
+                os.write(1, json.dumps({{"status": handle.status, "task": handle.id}}).encode() + b"\\n")
+                {ending}
         anyio.run(main)
         """
     )
-    out = subprocess.run([sys.executable, "-c", first_process], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    state = json.loads(out.stdout.strip().splitlines()[-1])
-    assert state["status"] == "waiting"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.returncode
 
-    async with Runtime(home) as rt:  # the process started again
-        handle = rt.task(state["task"])
+
+async def _answer_and_finish(home, task_id: str):
+    """In this (restarted) process: the task is waiting on bash_executor; answer it and see it through."""
+    async with Runtime(home) as rt:
+        handle = rt.task(task_id)
         assert handle.status == "waiting"
         [pending] = rt.pending_decisions()
         assert pending["tool"] == "bash_executor"
@@ -108,44 +113,21 @@ async def test_a_suspended_run_survives_a_restart_and_resumes_without_rerunning_
         assert output[-1]["output"]["stdout"].strip() == "resumed"
         replay = rt.replay(task.run_id)
         assert replay.verdict == "identical", replay.to_dict()
+        assert rt.verify().ok
+
+
+async def test_a_suspended_run_survives_a_restart_and_resumes_without_rerunning_tools(home):
+    state, code = _first_process_until_waiting(home, then="exit")
+    assert code == 0 and state["status"] == "waiting"
+    await _answer_and_finish(home, state["task"])  # the process started again
 
 
 async def test_a_suspended_run_survives_a_kill_nine_the_moment_it_is_settled(home):
     """No clean close: what was recorded when the run suspended is all the next process has."""
-    home.path.mkdir(parents=True, exist_ok=True)
-    first_process = textwrap.dedent(
-        f"""
-        import anyio, json, os, signal
-        from apollia_nb.runtime import Runtime
-        async def main():
-            async with Runtime({str(home.path)!r}) as rt:
-                rt.governance.grant_consent("clerk", "write", by="setup")
-                await rt.register_agent({SCRIPT!r})
-                handle = await rt.submit("clerk", "Write then run", watched=False)
-                await handle.settled()
-                os.write(1, json.dumps({{"status": handle.status, "task": handle.id}}).encode() + b"\\n")
-                os.kill(os.getpid(), signal.SIGKILL)
-        anyio.run(main)
-        """
-    )
-    out = subprocess.run([sys.executable, "-c", first_process], capture_output=True, text=True, timeout=120)
-    assert out.returncode == -9, out.stderr
-    state = json.loads(out.stdout.strip().splitlines()[-1])
-    assert state["status"] == "waiting"
+    state, code = _first_process_until_waiting(home, then="kill")
+    assert code == -9 and state["status"] == "waiting"
     assert home.journal_db.with_suffix(".log").exists()  # no clean close: the log still holds the run
-
-    async with Runtime(home) as rt:
-        handle = rt.task(state["task"])
-        assert handle.status == "waiting"
-        [pending] = rt.pending_decisions()
-        rt.answer(pending["id"], "once", by="ops")
-        task = await handle
-        assert task.status == "completed", task.error
-        started = [json.loads(e.payload)["tool"] for e in rt.journal.entries(run_id=task.run_id)
-                   if e.kind == "tool_call"]
-        assert started == ["write_file", "bash_executor"]
-        assert rt.replay(task.run_id).verdict == "identical"
-        assert rt.verify().ok
+    await _answer_and_finish(home, state["task"])
 
 
 async def test_an_answer_given_while_the_suspension_is_being_recorded_resumes_the_run(home):
