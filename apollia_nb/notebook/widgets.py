@@ -298,11 +298,11 @@ class ChatView:
         live = exchange._exchange
 
         async def follow(start: int) -> None:  # on the runtime's loop
-            seen = start
+            seen, last = start, None
             async for event in live.stream(start):
-                seen += 1
+                seen, last = seen + 1, event["type"]
                 bridge.deliver(self._on_event, events, copy.deepcopy(event))
-            if live.status == "paused":
+            if last == "paused":  # (it may have been resumed already: then go_on starts at once)
                 self.followers.append(bridge.start(go_on, seen))
 
         async def go_on(start: int) -> None:
