@@ -8,8 +8,12 @@ Messages are for people and may change; codes may not.
     ├── BadInput                      BAD_INPUT: malformed argument or body (4xx)
     │   ├── ManifestInvalid           MANIFEST_INVALID: names the key and line
     │   ├── BadAnswer                 BAD_ANSWER: an answer not on offer
-    │   └── BadArgument               BAD_ARGUMENT: a tool called with bad arguments
-    │   └── PayloadTooLarge           PAYLOAD_TOO_LARGE: a request body over the server's limit (413)
+    │   ├── BadArgument               BAD_ARGUMENT: a tool called with bad arguments
+    │   ├── PayloadTooLarge           PAYLOAD_TOO_LARGE: a request body over the server's limit (413)
+    │   ├── WorkspaceOverlapsHome     WORKSPACE_OVERLAPS_HOME: a workspace that contains the home or lies inside it
+    │   └── IdempotencyKeyReused      IDEMPOTENCY_KEY_REUSED: one Idempotency-Key sent with another body
+    ├── HostNotAllowed                HOST_NOT_ALLOWED: a request whose Host is not served (421)
+    ├── OriginNotAllowed              ORIGIN_NOT_ALLOWED: a browser Origin that is not allowed (403)
     ├── Unauthorized                  UNAUTHORIZED: a missing or wrong bearer token (401)
     ├── MethodNotAllowed              METHOD_NOT_ALLOWED: the route exists, the method does not (405)
     ├── NotFound                      NOT_FOUND
@@ -25,7 +29,8 @@ Messages are for people and may change; codes may not.
     │   ├── AgentUnavailable          AGENT_UNAVAILABLE: agent cannot take work
     │   ├── SessionBusy               SESSION_BUSY: a message while processing
     │   ├── SessionClosed             SESSION_CLOSED
-    │   └── HomeLocked                HOME_LOCKED: another process owns the home
+    │   ├── HomeLocked                HOME_LOCKED: another process owns the home
+    │   └── IdempotencyInProgress     IDEMPOTENCY_IN_PROGRESS: the first request with this key has not finished
     ├── Refused                       REFUSED: governance refused a call
     ├── Rejected                      REJECTED: an operator rejected a plan
     ├── BudgetExceeded                BUDGET_EXCEEDED: the step ceiling was reached
@@ -34,6 +39,12 @@ Messages are for people and may change; codes may not.
     ├── GovernanceUnreadable          GOVERNANCE_UNREADABLE: fail closed
     ├── PolicyRefused                 POLICY_REFUSED: organisation policy not accepted
     ├── IntegrityError                INTEGRITY_FAILURE: the journal does not verify
+    ├── HomeDamaged                   HOME_DAMAGED: a file the home had is missing or unusable
+    │   ├── HomeFileMissing           HOME_FILE_MISSING: names the file and how to recover
+    │   ├── HomeFileCorrupt           HOME_FILE_CORRUPT: names the file and how to recover
+    │   └── HomeKeyMismatch           HOME_KEY_MISMATCH: the signing key is not the journal's
+    ├── StorageError                  STORAGE_ERROR: the disk refused a write (503); nothing was recorded
+    │   └── StorageFull               STORAGE_FULL: no space left (507); nothing was recorded
     ├── ModelError                    MODEL_ERROR: a model provider failed
     │   ├── ModelTransient            MODEL_TRANSIENT: 429, 5xx, connection or timeout
     │   └── ModelPermanent            MODEL_PERMANENT: 4xx other than 429, bad response
@@ -42,7 +53,8 @@ Messages are for people and may change; codes may not.
         ├── PermanentToolError        TOOL_PERMANENT: retrying will not help
         ├── ToolTimeout               TOOL_TIMEOUT: transient
         ├── CircuitOpen               CIRCUIT_OPEN: failing fast while the breaker is open
-        └── PathEscape                PATH_ESCAPE: a path leaves the workspace (permanent)
+        ├── PathEscape                PATH_ESCAPE: a path leaves the workspace (permanent)
+        └── PathInHome                PATH_IN_HOME: a path resolves into the apollia home (permanent)
 """
 
 from __future__ import annotations
@@ -56,6 +68,10 @@ __all__ = [
     "BadAnswer",
     "BadArgument",
     "PayloadTooLarge",
+    "WorkspaceOverlapsHome",
+    "IdempotencyKeyReused",
+    "HostNotAllowed",
+    "OriginNotAllowed",
     "Unauthorized",
     "MethodNotAllowed",
     "NotFound",
@@ -72,6 +88,7 @@ __all__ = [
     "SessionBusy",
     "SessionClosed",
     "HomeLocked",
+    "IdempotencyInProgress",
     "Refused",
     "Rejected",
     "BudgetExceeded",
@@ -80,6 +97,12 @@ __all__ = [
     "GovernanceUnreadable",
     "PolicyRefused",
     "IntegrityError",
+    "HomeDamaged",
+    "HomeFileMissing",
+    "HomeFileCorrupt",
+    "HomeKeyMismatch",
+    "StorageError",
+    "StorageFull",
     "ModelError",
     "ModelTransient",
     "ModelPermanent",
@@ -89,6 +112,7 @@ __all__ = [
     "ToolTimeout",
     "CircuitOpen",
     "PathEscape",
+    "PathInHome",
     "error_for_code",
 ]
 
@@ -130,6 +154,24 @@ class BadArgument(BadInput):
 class PayloadTooLarge(BadInput):
     code = "PAYLOAD_TOO_LARGE"
     http_status = 413
+
+
+class WorkspaceOverlapsHome(BadInput):
+    code = "WORKSPACE_OVERLAPS_HOME"
+
+
+class IdempotencyKeyReused(BadInput):
+    code = "IDEMPOTENCY_KEY_REUSED"
+
+
+class HostNotAllowed(ApolliaError):
+    code = "HOST_NOT_ALLOWED"
+    http_status = 421
+
+
+class OriginNotAllowed(ApolliaError):
+    code = "ORIGIN_NOT_ALLOWED"
+    http_status = 403
 
 
 class Unauthorized(ApolliaError):
@@ -200,6 +242,10 @@ class HomeLocked(Conflict):
     code = "HOME_LOCKED"
 
 
+class IdempotencyInProgress(Conflict):
+    code = "IDEMPOTENCY_IN_PROGRESS"
+
+
 class Refused(ApolliaError):
     code = "REFUSED"
     http_status = 403
@@ -238,6 +284,35 @@ class PolicyRefused(ApolliaError):
 class IntegrityError(ApolliaError):
     code = "INTEGRITY_FAILURE"
     http_status = 500
+
+
+class HomeDamaged(ApolliaError):
+    code = "HOME_DAMAGED"
+    http_status = 503
+
+
+class HomeFileMissing(HomeDamaged):
+    code = "HOME_FILE_MISSING"
+
+
+class HomeFileCorrupt(HomeDamaged):
+    code = "HOME_FILE_CORRUPT"
+
+
+class HomeKeyMismatch(HomeDamaged):
+    code = "HOME_KEY_MISMATCH"
+
+
+class StorageError(ApolliaError):
+    """The disk refused a write (I/O error, read-only file system): nothing of it was recorded."""
+
+    code = "STORAGE_ERROR"
+    http_status = 503
+
+
+class StorageFull(StorageError):
+    code = "STORAGE_FULL"
+    http_status = 507
 
 
 class ModelError(ApolliaError):
@@ -281,6 +356,10 @@ class CircuitOpen(ToolError):
 
 class PathEscape(PermanentToolError):
     code = "PATH_ESCAPE"
+
+
+class PathInHome(PermanentToolError):
+    code = "PATH_IN_HOME"
 
 
 def _all_subclasses(cls: type[ApolliaError]) -> list[type[ApolliaError]]:
