@@ -26,7 +26,11 @@ Tables (format 1)::
             prev_hash BLOB, hash BLOB, signature BLOB, key_id)
     checkpoints(size PRIMARY KEY, root BLOB, note, created_at)
 
-The SQL views of ``views.py`` are recreated on every open.
+The SQL views of ``views.py`` are recreated on every open. Then the database
+instance is locked to itself (``dbutil.lock_down``): whatever SQL runs on it,
+through any cursor, reads only the journal's tables and views, never a file or
+URL, and cannot change a setting. The journal's own work needs no more than
+that (``journal.log`` is read and written by Python, not by DuckDB).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from apollia_nb.dbutil import raise_if_locked
+from apollia_nb.dbutil import lock_down, raise_if_locked
 from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound
 from apollia_nb.home import Home
 from apollia_nb.journal import keys as _keys
@@ -354,6 +358,9 @@ class Journal:
                 # per-statement overhead (measured: 10-20% of an append).
                 con.execute("SET threads = 1")
                 origin = _prepare(con)
+                # Every read of this database (the auditor's SQL included) reads the journal and
+                # nothing else: no files, URLs or extensions, no setting changed back.
+                lock_down(con)
                 journal = cls(path, con, key, origin, clock or _utcnow)
                 journal._recover_tail(journal._load())
             except BaseException:

@@ -278,12 +278,15 @@ class ApolliaMagics(Magics):
 
     def _sql(self, args: list[str], cell: str | None) -> Any:
         from apollia_nb.notebook.handles import SqlRows
-        from apollia_nb.notebook.sql import run_query
+        from apollia_nb.notebook.sql import DEFAULT_TIMEOUT, run_query
 
-        _parser("%%apollia sql").parse_args(args)
+        parser = _parser("%%apollia sql")
+        parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                            help=f"stop the query after this many seconds (default {DEFAULT_TIMEOUT:g})")
+        ns = parser.parse_args(args)
         query = self._cell("sql", cell)
         runtime = self._rt()
-        result = run_query(runtime.rt.journal, query)
+        result = run_query(runtime.rt.journal, query, timeout=ns.timeout)
         count = len(result.rows)
         print(f"{count} row{'s' if count != 1 else ''}")
         if result.frame is not None:

@@ -440,10 +440,13 @@ class _Mirror:
         from apollia_nb.journal.store import _SCHEMA  # the same tables as journal.db
         from apollia_nb.journal.views import create_views
 
+        from apollia_nb.dbutil import lock_down
+
         self.con = duckdb.connect(":memory:")
         for ddl in _SCHEMA:
             self.con.execute(ddl)
         create_views(self.con)
+        lock_down(self.con)  # SQL over the copy reads the journal and nothing else, as on the server
         self.lock = threading.Lock()
         self.seq = 0
         self.size = 0
