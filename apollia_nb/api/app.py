@@ -9,6 +9,11 @@ of :mod:`apollia_nb.api.schemas`; the app adds only what HTTP needs:
   a wrong method 405 ``METHOD_NOT_ALLOWED``; a missing or wrong token 401
   ``UNAUTHORIZED`` (with ``WWW-Authenticate: Bearer``); a body over the limit
   413 ``PAYLOAD_TOO_LARGE``. Nothing a client sends is a 500.
+* **Only its own names.** Every route, ``/health`` too, refuses a ``Host`` that
+  is not a loopback name (``localhost``, ``127.0.0.1``, ``[::1]``, any port)
+  or an allowed host with 421 ``HOST_NOT_ALLOWED`` (a DNS-rebinding page names
+  its own host), and a browser's ``Origin`` that is neither the server's own
+  nor an allowed origin with 403 ``ORIGIN_NOT_ALLOWED`` (see ``HostGuard``).
 * **A bearer token** on every route but ``/health``, compared in constant time.
 * **No CORS** unless origins are configured.
 * **Server-sent events** for a task's changes and a chat exchange's events,
@@ -40,7 +45,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__
 from apollia_nb.api import schemas as s
-from apollia_nb.errors import ApolliaError, BadInput, Conflict, NotFound, UnknownRun, UnknownTask
+from apollia_nb.errors import (
+    ApolliaError,
+    BadInput,
+    Conflict,
+    HostNotAllowed,
+    NotFound,
+    OriginNotAllowed,
+    UnknownRun,
+    UnknownTask,
+)
 from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
 
 __all__ = ["create_app", "API_PREFIX"]
@@ -51,6 +65,8 @@ _DEFAULT_BY = "api"
 
 _STATUS_WORDS = {
     401: "the bearer token is missing or wrong (`UNAUTHORIZED`)",
+    403: "a browser's `Origin` is neither the server's own nor an allowed origin (`ORIGIN_NOT_ALLOWED`)",
+    421: "the `Host` is not a loopback name or an allowed host (`HOST_NOT_ALLOWED`)",
     404: "no such thing (`NOT_FOUND` or a specific `UNKNOWN_*` code)",
     409: "the thing is not in a state that allows this (`CONFLICT` or a specific code)",
     413: "the request body is over the server's limit (`PAYLOAD_TOO_LARGE`)",
@@ -58,8 +74,11 @@ _STATUS_WORDS = {
 }
 
 
+_EVERY_ROUTE = (403, 421)  # HostGuard answers before any route
+
+
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in statuses}
+    return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in (*statuses, *_EVERY_ROUTE)}
 
 
 def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, dict[str, Any]]:
@@ -80,7 +99,7 @@ def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, di
               "content": {"text/event-stream": {"itemSchema": {"oneOf": items}}}},
     }
     error = {"schema": {"$ref": "#/components/schemas/Error"}}
-    for code in (401, 422, *statuses):
+    for code in (401, 422, *statuses, *_EVERY_ROUTE):
         out[code] = {"description": _STATUS_WORDS[code], "content": {"application/json": error}}
     return out
 
@@ -248,6 +267,86 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def split_host(value: str) -> str | None:
+    """The name in a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lowercased; None if malformed."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, closed, rest = value[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            return None
+        port = rest[1:]
+    elif value.count(":") > 1:  # an IPv6 address needs its brackets in a Host
+        return None
+    else:
+        name, _, port = value.partition(":")
+    if not name or (port and not port.isdigit()):
+        return None
+    return name.rstrip(".")
+
+
+def host_allowed(name: str, allowed: frozenset[str]) -> bool:
+    """A loopback name (``localhost``, a loopback address), or an allowed one (``*`` allows any)."""
+    import ipaddress
+
+    if name == "localhost" or name in allowed or "*" in allowed:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+class HostGuard:
+    """Refuse a request whose ``Host`` or ``Origin`` this server does not answer to.
+
+    ``Host``: a loopback name (``localhost``, ``127.0.0.1`` or any loopback
+    address, ``[::1]``), with any port, or one of ``allowed_hosts`` (``*``: any
+    host); else 421 ``HOST_NOT_ALLOWED``. A page that rebinds its own DNS name
+    to 127.0.0.1 still sends its own name, so it is refused even with the token.
+    ``Origin`` (sent by browsers): the server's own (``http(s)://`` + the
+    request's ``Host``) or one of ``allowed_origins`` (``*``: any); else 403
+    ``ORIGIN_NOT_ALLOWED``. No ``Origin`` is a client that is not a browser page.
+    """
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str] = (), allowed_origins: Sequence[str] = ()) -> None:
+        self.app = app
+        self.hosts = frozenset(h.strip().lower().strip("[]").rstrip(".") for h in allowed_hosts)
+        self.origins = frozenset(o.strip().lower().rstrip("/") for o in allowed_origins)
+
+    def refusal(self, headers: dict[bytes, bytes]) -> ApolliaError | None:
+        raw = headers.get(b"host", b"").decode("latin-1")
+        name = split_host(raw)
+        if name is None or not host_allowed(name, self.hosts):
+            shown = raw[:100] or "(none)"
+            return HostNotAllowed(f"this server does not answer to the host {shown!r}: use 127.0.0.1 or "
+                                  "localhost, or start it with --allowed-host NAME")
+        origin = headers.get(b"origin")
+        if origin is None:
+            return None
+        seen = origin.decode("latin-1").strip().lower().rstrip("/")
+        own = {f"http://{raw.strip().lower()}", f"https://{raw.strip().lower()}"}
+        if seen in own or seen in self.origins or "*" in self.origins:
+            return None
+        return OriginNotAllowed(f"browser calls from the origin {seen[:100]!r} are not allowed: start the server "
+                                "with --cors-origin ORIGIN to allow them")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", ()))
+        refusal = self.refusal(headers)
+        if refusal is None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+        else:
+            await _error_response(refusal)(scope, receive, send)
+
+
 # --- helpers over the runtime ---------------------------------------------------------------------
 
 
@@ -333,7 +432,7 @@ def _route(method: str, path: str, status: int = 200, **kw: Any) -> Any:
 
 
 @public.get("/health", response_model=s.Health, operation_id="health", tags=["health"],
-            summary="Liveness (no token needed)")
+            summary="Liveness (no token needed)", responses=_errors())
 async def health() -> dict[str, Any]:
     return {"status": "ok", "version": __version__}
 
@@ -754,6 +853,7 @@ def create_app(
     token: str,
     home: Any = None,
     cors_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
     max_body_bytes: int = 1_000_000,
     runtime_options: dict[str, Any] | None = None,
 ) -> FastAPI:
@@ -762,7 +862,9 @@ def create_app(
     With ``runtime`` the caller owns it; without, the app's lifespan opens
     ``Runtime.open(home, **runtime_options)`` and closes it on shutdown.
     ``app.state.closing`` is set when the server begins to shut down, which
-    ends every event stream.
+    ends every event stream. Requests are served for loopback hosts and
+    ``allowed_hosts``, and from browser pages of the server's own origin and
+    ``cors_origins`` (``HostGuard``).
     """
     from apollia_nb.api import internal as _internal  # the home's clients: docs/shared-home.md
 
@@ -818,4 +920,5 @@ def create_app(
                            allow_methods=["GET", "POST", "PUT", "DELETE"],
                            allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(HostGuard, allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(cors_origins))
     return app
