@@ -45,6 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__
 from apollia_nb.api import schemas as s
+from apollia_nb.api.server import is_loopback
 from apollia_nb.errors import (
     ApolliaError,
     BadInput,
@@ -267,9 +268,6 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
-
-
 def split_host(value: str) -> str | None:
     """The name in a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lowercased; None if malformed."""
     value = value.strip().lower()
@@ -289,14 +287,7 @@ def split_host(value: str) -> str | None:
 
 def host_allowed(name: str, allowed: frozenset[str]) -> bool:
     """A loopback name (``localhost``, a loopback address), or an allowed one (``*`` allows any)."""
-    import ipaddress
-
-    if name == "localhost" or name in allowed or "*" in allowed:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    return name in allowed or "*" in allowed or is_loopback(name)
 
 
 class HostGuard:
