@@ -59,7 +59,7 @@ HELP = """\
                                   cell: the goal; returns the task handle at once
 %%apollia chat SESSION_OR_AGENT [--plan]
                                   cell: the message; opens a session for an agent or continues a session
-%%apollia sql                     cell: one read-only SQL query over journal, decisions, tool_calls, runs"""
+%%apollia sql [--timeout SECONDS] cell: one read-only SQL query over journal, decisions, tool_calls, runs"""
 
 
 class ApolliaMagicError(Exception):
