@@ -22,8 +22,8 @@ Resolution, in order (each refusal is a permanent tool error):
 The result, a ``ToolPath``, carries the names a deny prefix is matched against
 (``names``): the resolved path relative to the workspace, the entry itself (its
 parents resolved, not a final symbolic link — what ``delete_file`` removes), the
-path as written with only ``..`` and ``.`` folded, and the absolute forms of those
-under the root as configured and as resolved. Matching any of them refuses, so a
+path as written with only ``..``, ``.`` and repeated slashes folded, and each of
+those under the root as configured and as resolved. Matching any of them refuses, so a
 rule written with an absolute path, a relative one or a link's name catches every
 spelling of the file.
 
@@ -96,12 +96,11 @@ def resolve_tool_path(workspace: str | os.PathLike[str], path: object, *,
             )
     if not inside(real, root):
         raise PathEscape(f"{path!r} is outside the workspace {root}")
-    lexical = posixpath.normpath(os.path.join(given, path))
     relative = _relative(real, root)
-    forms = (relative, _relative(entry, root), _relative(lexical, given), real, entry, lexical,
-             posixpath.join(given, relative))
+    relatives = (relative, _relative(entry, root), _relative(posixpath.normpath(os.path.join(given, path)), given))
+    absolutes = (posixpath.normpath(posixpath.join(base, rel)) for base in (root, given) for rel in relatives)
     return ToolPath(asked=path, real=Path(real), entry=Path(entry), relative=relative,
-                    names=tuple(dict.fromkeys(forms)))
+                    names=tuple(dict.fromkeys((*relatives, *absolutes))))
 
 
 def check_workspace_apart_from_home(workspace: str | os.PathLike[str], home: str | os.PathLike[str],
