@@ -19,7 +19,7 @@ from apollia_nb.governance import (
     Rule,
     decide,
 )
-from apollia_nb.governance.decision import first_argument, rule_matches
+from apollia_nb.governance.decision import first_argument, path_prefix_matches, rule_matches
 
 ALL = ("once", "always", "refuse")
 ONCE_REFUSE = ("once", "refuse")
@@ -441,6 +441,63 @@ def test_deny_prefixes_on_paths_see_through_dot_segments(path: str) -> None:
 def test_deny_prefix_does_not_match_other_paths() -> None:
     v = view(rules=[Rule("write_file", prefix="secrets/")], consents={("clerk", "write")})
     expect(decide(call("write", tool="write_file", args={"path": "notes/a.txt"}), v), "allow", 5)
+
+
+PATH_PREFIXES = [
+    # (prefix, resolved name, matches)
+    ("secrets/", "secrets/k", True),
+    ("secrets/", "secrets", True),  # the folder itself
+    ("secrets/", "secretsX/k", False),  # a folder prefix stops at a component boundary
+    ("secrets/", "secrets.txt", False),
+    ("secrets//", "secrets/k", True),
+    ("./secrets/", "secrets/k", True),
+    ("secrets/.", "secrets/k", True),
+    ("secrets", "secrets/k", True),
+    ("secrets", "secretsX/k", True),  # a plain prefix matches as text
+    ("./secrets", "secrets.txt", True),
+    ("secrets", "public/secrets", False),
+    ("notes/draft", "notes/draft-2.md", True),
+    ("notes/draft", "notes/final.md", False),
+    ("/ws/secrets/", "/ws/secrets/k", True),
+    ("//ws/secrets/", "/ws/secrets/k", True),
+    ("/ws/secrets/", "secrets/k", False),  # absolute prefixes see absolute names
+    ("secrets/", "/ws/secrets/k", False),  # and relative ones relative names
+    (".", "secrets/k", True),
+    ("./", "a", True),
+    (".", ".", True),
+    ("/", "/ws/a", True),
+    ("/", "a", False),
+    ("..", "secrets/k", False),
+]
+
+
+@pytest.mark.parametrize(("prefix", "name", "matches"), PATH_PREFIXES, ids=[f"{p!r} on {n!r}" for p, n, _ in PATH_PREFIXES])
+def test_a_deny_prefix_on_a_file_tool_matches_the_resolved_names(prefix: str, name: str, matches: bool) -> None:
+    assert path_prefix_matches(prefix, name) is matches
+    asked = call("read", tool="read_file", args={"path": "anything/else"})
+    resolved = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "anything/else"}, paths=(name,))
+    v = view(rules=[Rule("read_file", prefix=prefix)])
+    assert decide(asked, v).outcome == "allow"  # the text alone does not match
+    assert (decide(resolved, v).outcome == "refuse") is matches
+    assert rule_matches(v.rules[0], resolved) is matches
+    if matches:
+        assert decide(resolved, v).reason.endswith(f"matches the path {name!r}")
+
+
+def test_a_file_tool_call_is_matched_on_its_resolved_names_not_its_folded_text() -> None:
+    v = view(rules=[Rule("read_file", prefix="secrets/")])
+    # "secretsX" folds to "secretsX", which a folder prefix does not match once the call is resolved,
+    # while the text of the argument still matches as text: "secrets/../public" starts with "secrets/".
+    loose = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "secretsX/k"})
+    resolved = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "secretsX/k"},
+                    paths=("secretsX/k",))
+    detour = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "secrets/../public/p"},
+                  paths=("public/p",))
+    assert decide(loose, v).outcome == "refuse"  # without names: the folded text, matched as text
+    assert decide(resolved, v).outcome == "allow"
+    assert decide(detour, v).outcome == "refuse"
+    with pytest.raises(TypeError):
+        Call(agent="clerk", tool="read_file", paths="secrets/k")
 
 
 # --- arguments ----------------------------------------------------------------------------
