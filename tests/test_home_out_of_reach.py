@@ -417,3 +417,20 @@ def test_one_resolver_names_the_file_for_the_tool_and_for_governance(tmp_path):
     }
     link = resolve_tool_path(ws, "alias", home=tmp_path / "home")
     assert (link.relative, str(link.entry)) == ("secrets", f"{real}/alias")  # delete_file removes the link
+
+
+@pytest.mark.anyio
+async def test_an_agent_restored_where_its_workspace_would_fall_inside_the_home_is_stopped(home, monkeypatch):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(workspace="desk"))  # relative: to the folder the runtime opens in
+    inside_home = home.path / "logs"
+    inside_home.mkdir(exist_ok=True)
+    monkeypatch.chdir(inside_home)  # opened again from inside the home: "desk" would be home/logs/desk
+    warnings: list[str] = []
+    rt = Runtime(home)
+    rt.subscribe(lambda kind, obj: warnings.append(str(obj)) if kind == "warning" else None)
+    async with rt:
+        assert rt.agents() == []
+        assert [(r["name"], r["state"]) for r in rt.records.agents()] == [("clerk", "stopped")]
+    assert not (inside_home / "desk").exists()
+    assert any("WORKSPACE_OVERLAPS_HOME" in w for w in warnings), warnings
