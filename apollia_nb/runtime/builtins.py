@@ -2,12 +2,16 @@
 
 Each built-in is a plain function turned into a ``ToolDef`` with its family;
 nothing here decides whether a call may run — governance did that before
-``invoke`` reached the body. What the bodies do guard is the workspace: every
-path is taken relative to the agent's workspace root, resolved with
+``invoke`` reached the body. What the bodies do guard is the workspace and the
+home: every path is taken relative to the agent's workspace root, resolved with
 ``os.path.realpath`` (so symbolic links, of the file or of any parent
-directory, are followed) and refused with ``PATH_ESCAPE`` when the result is
-not inside the root. That check is a property of the tool, not a decision:
-even an approved call cannot read ``/etc/passwd`` through ``read_file``.
+directory, are followed) and refused with ``PATH_IN_HOME`` when the result is in
+the apollia home, with ``PATH_ESCAPE`` when it is not inside the root. That check
+is a property of the tool, not a decision: even an approved call cannot read
+``/etc/passwd`` or the journal's key through ``read_file``. The file tools carry
+their resolver (``ToolDef.resolve_path``) so governance matches deny rules on the
+same resolved file (``runtime/paths.py``). The executors run in the workspace
+without the runtime's ``APOLLIA_*`` variables.
 
 Outputs are bounded: command output, file contents, HTTP bodies and notebook
 variables are capped or summarised so one call cannot flood the journal or the
