@@ -381,6 +381,7 @@ class Runtime:
                            cell: Any = None) -> Agent:
         from apollia_nb.runtime.builtins import builtin_tools
         from apollia_nb.runtime.models import build_model
+        from apollia_nb.runtime.paths import check_workspace_apart_from_home
         from apollia_nb.runtime.tools import ToolDef, ToolRegistry
 
         if cell is None:
@@ -391,10 +392,12 @@ class Runtime:
         workspace = manifest.workspace_path(cwd)
         memory = self.records.memory_get(manifest.name)
         try:
+            check_workspace_apart_from_home(workspace, self.home.path, agent=f"agent {manifest.name!r}")
             workspace.mkdir(parents=True, exist_ok=True)
             registry = ToolRegistry()
             for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
-                                         profile_sink=lambda fact: None, namespace=self.namespace):
+                                         profile_sink=lambda fact: None, namespace=self.namespace,
+                                         home=self.home.path):
                 registry.register(tooldef)
             for source in self.tool_sources:
                 # Federated tools (MCP servers, host REST APIs): a source that fails leaves its tools
