@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request, Response, Security
+from fastapi import APIRouter, BackgroundTasks, Body, Depends, FastAPI, Query, Request, Response, Security
 from fastapi import Path as FastPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -38,7 +38,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from apollia_nb import __version__
+from apollia_nb import __version__, faults
 from apollia_nb.api import schemas as s
 from apollia_nb.errors import ApolliaError, BadInput, Conflict, NotFound, UnknownRun, UnknownTask
 from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
@@ -647,8 +647,15 @@ async def list_pending(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
                     "the standing consent, or the allow rule for a simple command in developer mode), `refuse` "
                     "refuses it and fails its step. 422 `BAD_ANSWER` for an answer not on offer, 404 "
                     "`UNKNOWN_DECISION`, 409 `CONFLICT` when it was already answered.")
-async def decide(body: s.DecideIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    return rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason)
+async def decide(body: s.DecideIn, background: BackgroundTasks, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    answered = rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason)  # committed
+    faults.point("decide.after_commit")
+    background.add_task(_after_decide_response)
+    return answered
+
+
+async def _after_decide_response() -> None:
+    faults.point("decide.after_response")  # the 200 is sent; the resumed run has not run a step yet
 
 
 # governance
