@@ -74,7 +74,7 @@ def storage_error(exc: BaseException, what: str) -> StorageError | None:
     ``what`` says what was not recorded (it starts the message)."""
     if isinstance(exc, StorageError):
         return exc
-    text = str(exc)
+    text = " ".join(str(exc).split())  # one line: DuckDB's fatal errors span several
     lower = text.lower()
     if isinstance(exc, OSError) and exc.errno is not None:
         full = exc.errno in _FULL_ERRNOS

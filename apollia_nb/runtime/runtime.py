@@ -389,8 +389,8 @@ class Runtime:
             cell.move(ProcessState.INITIALIZING)
         warnings: list[str] = []
         workspace = manifest.workspace_path(cwd)
-        memory = self.records.memory_get(manifest.name)
         try:
+            memory = self.records.memory_get(manifest.name)  # raises STORAGE_* while runtime.db refuses writes
             workspace.mkdir(parents=True, exist_ok=True)
             registry = ToolRegistry()
             for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
@@ -434,9 +434,18 @@ class Runtime:
                       offered=offered, state=cell, warnings=warnings, memory=memory,
                       custom_model=model is not None)
         cell.move(ProcessState.DEGRADED if warnings else ProcessState.ACTIVE)
+        previous = self._agents.get(manifest.name)
         self._agents[manifest.name] = agent
-        self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings, self.now_iso())
-        await self._recorded(f"agent {manifest.name}")
+        recorded = self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings,
+                                           self.now_iso(), acknowledged=True)
+        try:
+            await asyncio.wrap_future(recorded)  # registered means recorded: refused (507/503) otherwise
+        except ApolliaError as exc:
+            if previous is None:
+                del self._agents[manifest.name]
+            else:
+                self._agents[manifest.name] = previous
+            raise startup_failure(cell, exc) from None
         self._emit("agent", agent)
         return agent
 
@@ -505,11 +514,17 @@ class Runtime:
             ceiling=max_steps or the_agent.manifest.max_steps, watched=watched, grants=grant_list,
             approve_plan=approve_plan, warnings=warnings, created_at=self.now_iso(),
         )
-        self.records.save_task(record, record["created_at"])
+        recorded = self.records.save_task(record, record["created_at"], acknowledged=True)
         run = TaskRun(self, the_agent, record)
         self._runs[task_id] = run
         self._claim(run)  # in flight already: a stop drains it, nobody spawns it twice
-        await self._recorded(f"task {task_id}")  # submitted means recorded (waited for off the loop)
+        try:
+            await asyncio.wrap_future(recorded)  # submitted means recorded (waited for off the loop)
+        except ApolliaError:  # not recorded (STORAGE_FULL / STORAGE_ERROR): not submitted either
+            self._runs.pop(task_id, None)
+            run.agent.inflight.discard(run)
+            run._active = False
+            raise
         if run.status == TaskStatus.PENDING.value:
             self._start(run)
         else:  # cancelled while it was being recorded
