@@ -422,3 +422,35 @@ def test_the_cli_on_a_full_disk_prints_one_line_with_storage_full_and_exits_non_
     assert len(lines) == 1 and "STORAGE_FULL: " in lines[0], refused.stderr
     assert "Traceback" not in refused.stderr
     assert cli("agents", "register", str(big), home=home).returncode == 0
+
+
+# --- governance.db --------------------------------------------------------------------------------
+
+
+def test_a_governance_change_on_a_full_disk_is_refused_with_storage_full_and_the_next_one_works(disk):
+    from apollia_nb.governance.store import GovernanceStore
+
+    home = Home.at(disk / "home")
+    home.ensure()
+    store = GovernanceStore(home)
+    store.keep_open()
+    filler = Filler(disk)
+    try:
+        store.add_rule("read_file", "deny", by="test")
+        filler.fill()
+        refused = None
+        for i in range(100):
+            try:
+                store.add_rule("write_file", "deny", prefix=f"{i}/" + "d" * 3000, by="test")
+            except StorageFull as exc:
+                refused = exc
+                break
+        assert refused is not None and "governance.db did not take the change" in refused.message
+        assert store.view().readable  # a refused write leaves what is in effect readable
+        filler.free()
+        store.add_rule("list_dir", "deny", by="test")
+        assert {"read_file", "list_dir"} <= {r.tool for r in store.rules()}
+        assert store.view().readable
+    finally:
+        filler.free()
+        store.close()

@@ -362,11 +362,14 @@ class Journal:
                 origin = _prepare(con)
                 journal = cls(path, con, key, origin, clock or _utcnow)
                 journal._recover_tail(journal._load())
-            except BaseException:
+            except BaseException as exc:
                 if journal is not None and journal._tail is not None:
                     journal._tail.close()
                 con.close()
-                raise
+                storage = storage_error(exc, f"{path.name} could not be opened")  # e.g. a full disk
+                if storage is None or storage is exc:
+                    raise
+                raise storage from exc
             _OPEN[resolved] = journal
         journal._thread.start()
         atexit.register(journal.close)
@@ -696,7 +699,10 @@ class Journal:
         if not self._pending:
             return
         try:
-            self._insert(self._pending)
+            if self._copy_error is not None:
+                self._drop_copied()
+            if self._pending:
+                self._insert(self._pending)
         except BaseException as exc:
             what = (f"{self.path.name} could not take the {len(self._pending)} entries committed in "
                     f"{tail_path(self.path).name} (they are kept there and copied once it can)")
@@ -717,6 +723,23 @@ class Journal:
         self._pending = []
         self._imports += 1
         self._copy_error = None
+
+    def _drop_copied(self) -> None:
+        """Before retrying a failed copy: drop the pending rows ``journal.db`` holds already.
+
+        DuckDB can report a failed commit whose rows it did commit (the commit
+        reached its WAL, the checkpoint after it did not). Those rows must be the
+        very same entries; anything else raises ``IntegrityError``."""
+        con = self._db()
+        (max_seq,) = con.execute("SELECT coalesce(max(seq), 0) FROM entries").fetchall()[0]
+        copied = [row for row in self._pending if row[0] <= max_seq]
+        if not copied:
+            return
+        stored = _stored_rows(con, copied)
+        for row in copied:
+            if stored.get(row[0]) != Entry.from_row(row):
+                raise IntegrityError(f"entry {row[0]} is not the entry {self.path.name} holds at that place")
+        self._pending = [row for row in self._pending if row[0] > max_seq]
 
     def _import_quietly(self) -> None:
         """``_import`` where nobody waits on it; a failure is kept in ``_copy_error`` and retried."""
@@ -830,8 +853,11 @@ class Journal:
         try:
             con = self._db()
             fault_point(self.path.name)
+            # ON CONFLICT: a commit DuckDB reported as failed may have reached its WAL
+            # (Ed25519 is deterministic, so the stored note is this very note).
             con.execute(
-                "INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)",
+                "INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
                 [size, cp.root, note, format_ts(self._clock())],
             )
         except BaseException as exc:

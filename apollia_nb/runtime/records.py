@@ -113,10 +113,14 @@ class RuntimeRecords:
             self._con = duckdb.connect(str(path))
         except duckdb.IOException as exc:
             raise_if_locked(exc, path)
-            raise
-        # Records are single rows; DuckDB's worker threads only add per-statement cost.
-        self._con.execute("SET threads = 1")
-        self._con.execute(_SCHEMA)
+            raise storage_error(exc, f"{path.name} could not be opened") or exc from None
+        try:
+            # Records are single rows; DuckDB's worker threads only add per-statement cost.
+            self._con.execute("SET threads = 1")
+            self._con.execute(_SCHEMA)
+        except duckdb.Error as exc:  # a new file on a full disk
+            self._con.close()
+            raise storage_error(exc, f"{path.name} could not be opened") or exc from None
         self._lock = threading.Lock()  # one statement at a time on the connection
         self._writes: queue.SimpleQueue[_Write] = queue.SimpleQueue()
         self._submit_lock = threading.Lock()
