@@ -1,14 +1,26 @@
-"""DuckDB at the edge: its lock conflict as a message that names the holder; a database locked to itself."""
+"""DuckDB and the disk at the edge: a lock conflict that names the holder, storage faults with stable
+codes, a database locked to itself."""
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-from apollia_nb.errors import HomeLocked
+from apollia_nb.errors import HomeLocked, StorageError, StorageFull
 
-__all__ = ["LOCKED_SETTINGS", "lock_down", "lock_holder_pid", "raise_if_locked"]
+__all__ = [
+    "FAULT_ENV",
+    "LOCKED_SETTINGS",
+    "fault_point",
+    "lock_down",
+    "lock_holder_pid",
+    "needs_reopen",
+    "raise_if_locked",
+    "storage_error",
+]
 
 _PID = re.compile(r"\(PID (\d+)\)")
 
@@ -53,7 +65,81 @@ LOCKED_SETTINGS = (
 )
 
 
-def lock_down(con: Any) -> None:
-    """Lock a DuckDB instance to its own data (see ``LOCKED_SETTINGS``); it cannot be undone."""
-    for statement in LOCKED_SETTINGS:
+def lock_down(con: Any, *settings: str) -> None:
+    """Apply ``settings`` (``"SET threads = 1"``), then lock the instance to its own data (``LOCKED_SETTINGS``).
+
+    It cannot be undone. An instance locked already is left as it is: a file
+    opened again while a cursor of the old connection lives gets that same
+    instance back.
+    """
+    if con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+        return
+    for statement in (*settings, *LOCKED_SETTINGS):
         con.execute(statement)
+
+
+# --- storage faults -------------------------------------------------------------------------------
+#
+# A full disk, a read-only file system or an I/O error reaches us as an ``OSError`` (our own
+# writes: journal.log) or as a DuckDB exception whose message carries the system's words
+# (DuckDB 2.0.1: ``TransactionException: ... Failed to commit: Could not write file
+# "….wal": No space left on device``; a failed checkpoint is a ``FatalException`` that
+# invalidates the database until it is opened again).
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_FULL_WORDS = ("no space left on device", "disk quota exceeded", "disk full", "not enough space on the disk")
+_STORAGE_WORDS = (
+    "read-only file system", "input/output error", "could not write", "could not fsync", "could not sync",
+    "could not truncate", "failed to create checkpoint", "database has been invalidated", "file too large",
+)
+#: ``APOLLIA_STORAGE_FAULT=runtime.db:EIO,journal.log:EROFS``: writes to those files fail with that
+#: error (a fault point for the failures a test cannot make a real disk produce).
+FAULT_ENV = "APOLLIA_STORAGE_FAULT"
+
+
+def fault_point(name: str) -> None:
+    """Raise the ``OSError`` ``$APOLLIA_STORAGE_FAULT`` asks for writes to ``name`` (if any)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    for part in spec.split(","):
+        target, _, code = part.strip().partition(":")
+        if target == name and code:
+            number = getattr(errno, code.strip().upper(), None)
+            if isinstance(number, int):
+                raise OSError(number, os.strerror(number), name)
+
+
+def storage_error(exc: BaseException, what: str) -> StorageError | None:
+    """``StorageFull`` / ``StorageError`` for an exception that is the disk refusing a write, else None.
+
+    ``what`` says what was not recorded (it starts the message)."""
+    if isinstance(exc, StorageError):
+        return exc
+    text = " ".join(str(exc).split())  # one line: DuckDB's fatal errors span several
+    lower = text.lower()
+    if isinstance(exc, OSError) and exc.errno is not None:
+        full = exc.errno in _FULL_ERRNOS
+        if not full and exc.errno == errno.EROFS:
+            return StorageError(f"{what}: the file system is read-only ({text}); nothing of it was recorded. "
+                                "Make the home writable again; writes resume by themselves.")
+    elif any(word in lower for word in _FULL_WORDS):
+        full = True
+    elif any(word in lower for word in _STORAGE_WORDS):
+        full = False
+    else:
+        return None
+    if full:
+        return StorageFull(f"{what}: no space left on the disk ({text}); nothing of it was recorded. "
+                           "Free space and retry; writes resume by themselves.")
+    return StorageError(f"{what}: the disk refused the write ({text}); nothing of it was recorded. "
+                        "Retry later; writes resume by themselves once the disk takes them.")
+
+
+def needs_reopen(exc: BaseException) -> bool:
+    """True when DuckDB invalidated the database after a failed write: it must be opened again."""
+    for err in (exc, exc.__cause__):
+        if err is not None and (type(err).__name__ == "FatalException"
+                                or "database has been invalidated" in str(err)):
+            return True
+    return False
