@@ -279,6 +279,10 @@ def test_a_journal_db_invalidated_by_a_failed_checkpoint_is_opened_again(disk, m
             journal.entries()
         filler.free()
         assert [e.seq for e in journal.entries()] == [e.seq for e in committed]
+        # opened again, and locked to itself again: SQL there still reads the journal and nothing else
+        assert len(opened) == 2
+        assert journal.sql("SELECT current_setting('enable_external_access'), "
+                           "current_setting('lock_configuration')") == [(False, True)]
         committed.append(journal.append("plan", {"n": "after"}))
         assert verify_journal(journal).ok
     with Journal.open(home) as journal:
