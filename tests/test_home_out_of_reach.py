@@ -69,6 +69,7 @@ async def test_no_path_an_agent_writes_reaches_the_home_and_its_files_stay_unrea
     work = Path.cwd()  # the agent's workspace ("."), beside the home
     (work / "via-link").symlink_to(home.path)
     (work / "key-link").symlink_to(home.keys_dir / "journal.key")
+    (work / "policy-link").symlink_to(home.policy_path)  # dangling: the policy does not exist yet
     up = os.path.relpath(home.path, work)  # "../home"
     attempts = [
         call("read_file", path="via-link/keys/journal.key"),
@@ -82,6 +83,8 @@ async def test_no_path_an_agent_writes_reaches_the_home_and_its_files_stay_unrea
         call("delete_file", path=str(home.journal_db)),
         call("write_file", path="via-link/policy/organisation.toml", content="[refuse]\n"),
         call("write_file", path=f"{up}/apollia.toml", content="broken = \n"),
+        call("write_file", path="policy-link", content="[refuse]\n"),
+        call("delete_file", path="key-link/"),
     ]
     async with Runtime(home) as rt:
         rt.governance.grant_consent("clerk", "write", by="operator")
