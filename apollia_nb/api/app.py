@@ -362,7 +362,8 @@ async def list_agents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
 @_route("POST", "/agents", 201, response_model=s.Agent, operation_id="registerAgent", tags=["agents"],
         summary="Register an agent from its TOML manifest", responses=_errors(409, 413, 422),
         description="Ends `active`, or `degraded` when optional tools do not resolve. A name already registered "
-                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key.")
+                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key; a workspace "
+                    "that contains the home or lies inside it 422 `WORKSPACE_OVERLAPS_HOME`.")
 async def register_agent(response: Response, body: s.ManifestIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     agent = await rt.register_agent(body.manifest)
     response.headers["Location"] = f"{API_PREFIX}/agents/{agent.name}"

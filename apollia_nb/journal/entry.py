@@ -113,6 +113,7 @@ class DecisionPayload(TypedDict):
     answers: list[Literal["once", "always", "refuse"]]
     reason: str
     connection: NotRequired[str | None]
+    path: NotRequired[str]  # a file tool's path as resolved, relative to the workspace
 
 
 class AnswerPayload(TypedDict):
