@@ -156,6 +156,38 @@ def test_an_always_answer_cut_off_before_its_consent_was_stored_gets_the_consent
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("verdict", ["approve", "reject"])
+def test_a_plan_answer_cut_off_before_the_run_took_it_is_taken_at_restart(places, verdict):
+    home, work = places
+    srv = Served(home, work, fault="answer.before_resume:kill")
+    assert srv.api.post("/agents", json={"manifest": WRITER}).status_code == 201
+    sub = srv.api.post("/tasks", json={"agent": "clerk", "goal": "Write the marker", "approve_plan": True}).json()
+    assert srv.api.get(f"/tasks/{sub['id']}/wait").json()["awaiting_plan_approval"] is True
+    body = {"steps": ["write the marker"]} if verdict == "approve" else {"reason": "not today"}
+    with pytest.raises(httpx.TransportError):
+        srv.api.post(f"/tasks/{sub['id']}/plan/{verdict}", json=body)
+    assert srv.died() == -signal.SIGKILL
+
+    again = Served(home, work)
+    try:
+        task = again.api.get(f"/tasks/{sub['id']}/wait").json()
+        if verdict == "reject":
+            assert task["status"] == "failed" and task["error"]["code"] == "REJECTED", task
+            assert "not today" in task["error"]["message"]
+        else:
+            assert task["status"] == "waiting" and not task["awaiting_plan_approval"], task
+            assert task["plan"] == ["write the marker"]  # the edited plan, as approved
+            [pending] = again.api.get("/pending-decisions").json()
+            again.api.post("/pending-decisions/decide", json={"id": pending["id"], "answer": "once"})
+            _finished_once(again, sub, work)
+        entries = again.api.get("/audit/entries", params={"run_id": sub["run_id"], "limit": 1000}).json()["entries"]
+        assert len([e for e in entries if e["kind"] == "plan" and "approved" in e["payload"]]) == 1
+    finally:
+        assert again.stop() == 0
+    _verified_offline(home, work)
+
+
+@pytest.mark.timeout(180)
 def test_a_task_recorded_before_the_202_was_sent_is_started_at_restart(places):
     home, work = places
     srv = Served(home, work, fault="submit.after_commit:kill")
@@ -303,6 +335,8 @@ def _found(**kw):
     (_found(status="pending", awaiting=False, decision=None, opened=True), "interrupt"),
     (_found(status="pending", awaiting=False, decision=None, opened=False, unattended=False), "interrupt"),
     (_found(status="running", sealed=True), "sealed"),
+    (_found(awaiting=False, decision=None, plan_answered=True), "resume"),
+    (_found(awaiting=False, decision=None, plan_answered=True, unattended=False), "interrupt"),
 ])
 def test_what_a_restart_does_with_each_unfinished_record(found, action):
     assert recovery(**found) == action
