@@ -388,6 +388,7 @@ class Runtime:
                            cell: Any = None) -> Agent:
         from apollia_nb.runtime.builtins import builtin_tools
         from apollia_nb.runtime.models import build_model
+        from apollia_nb.runtime.paths import check_workspace_apart_from_home
         from apollia_nb.runtime.tools import ToolDef, ToolRegistry
 
         if cell is None:
@@ -396,12 +397,14 @@ class Runtime:
             cell.move(ProcessState.INITIALIZING)
         warnings: list[str] = []
         workspace = manifest.workspace_path(cwd)
-        memory = self.records.memory_get(manifest.name)
         try:
+            check_workspace_apart_from_home(workspace, self.home.path, agent=f"agent {manifest.name!r}")
+            memory = self.records.memory_get(manifest.name)  # raises STORAGE_* while runtime.db refuses writes
             workspace.mkdir(parents=True, exist_ok=True)
             registry = ToolRegistry()
             for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
-                                         profile_sink=lambda fact: None, namespace=self.namespace):
+                                         profile_sink=lambda fact: None, namespace=self.namespace,
+                                         home=self.home.path):
                 registry.register(tooldef)
             for source in self.tool_sources:
                 # Federated tools (MCP servers, host REST APIs): a source that fails leaves its tools
@@ -441,9 +444,18 @@ class Runtime:
                       offered=offered, state=cell, warnings=warnings, memory=memory,
                       custom_model=model is not None)
         cell.move(ProcessState.DEGRADED if warnings else ProcessState.ACTIVE)
+        previous = self._agents.get(manifest.name)
         self._agents[manifest.name] = agent
-        self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings, self.now_iso())
-        await self._recorded(f"agent {manifest.name}", acknowledged=True)
+        recorded = self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings,
+                                           self.now_iso(), acknowledged=True)
+        try:
+            await asyncio.wrap_future(recorded)  # registered means recorded: refused (507/503) otherwise
+        except ApolliaError as exc:
+            if previous is None:
+                del self._agents[manifest.name]
+            else:
+                self._agents[manifest.name] = previous
+            raise startup_failure(cell, exc) from None
         self._emit("agent", agent)
         return agent
 
@@ -513,13 +525,13 @@ class Runtime:
             ceiling=max_steps or the_agent.manifest.max_steps, watched=watched, grants=grant_list,
             approve_plan=approve_plan, warnings=warnings, created_at=self.now_iso(),
         )
-        self.records.save_task(record, record["created_at"])
+        recorded = self.records.save_task(record, record["created_at"], acknowledged=True)
         run = TaskRun(self, the_agent, record)
         self._runs[task_id] = run
         self._claim(run)  # in flight already: a stop drains it, nobody spawns it twice
         try:
-            await self._recorded(f"task {task_id}", acknowledged=True)  # submitted means recorded
-        except BaseException:
+            await asyncio.wrap_future(recorded)  # submitted means recorded (waited for off the loop)
+        except BaseException:  # not recorded (STORAGE_FULL / STORAGE_ERROR), or cancelled: not submitted either
             self._runs.pop(task_id, None)
             run.agent.inflight.discard(run)
             run._active = False
