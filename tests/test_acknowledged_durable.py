@@ -363,3 +363,45 @@ def test_an_armed_raise_point_raises_exactly_there_and_others_do_nothing():
                          env=_env("here:raise"))
     assert out.stdout.strip() == "raised: fault point here", out.stderr
     assert issubclass(FaultInjected, RuntimeError)
+
+
+# --- routes that change runtime.db rows answer once they are committed -------------------------------------
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("route", ["open", "pause", "cancel"])
+async def test_a_route_that_changes_runtime_db_answers_only_once_its_rows_are_committed(home, route):
+    import anyio
+
+    from apollia_nb.api.app import create_app
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(WRITER)
+        session = rt.sessions.open("clerk")
+        task = await rt.submit("clerk", "Write the marker", watched=False)
+        await task.settled()
+        asked, gate, answered = anyio.Event(), anyio.Event(), []
+        real_flush = rt.records.flush_async
+
+        async def held_flush():  # runtime.db's commit, held until the test lets it go
+            asked.set()
+            await gate.wait()
+            await real_flush()
+
+        rt.records.flush_async = held_flush
+        path = {"open": "/sessions", "pause": f"/sessions/{session.id}/pause",
+                "cancel": f"/tasks/{task.id}/cancel"}[route]
+        body = {"agent": "clerk"} if route == "open" else None
+        app = create_app(rt, token=TOKEN)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1/api/v1",
+                                     headers={"Authorization": f"Bearer {TOKEN}"}) as api:
+            async def send() -> None:
+                answered.append(await api.post(path, json=body))
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(send)
+                    await asked.wait()  # the route waits for the commit ...
+                    assert answered == []  # ... and has not answered
+                    gate.set()
+        assert answered[0].status_code in (200, 201), answered[0].text

@@ -846,6 +846,12 @@ class Runtime:
             card._resolve(p.answer.value, p.answered_by or "", d.get("answered_at") or self.now_iso())
         return card
 
+    async def committed(self) -> None:
+        """Wait until ``runtime.db`` holds every row written so far; raises when a write failed.
+
+        For a surface about to acknowledge a change (the REST API's write routes)."""
+        await self._recorded("a change about to be acknowledged", acknowledged=True)
+
     async def _recorded(self, what: str, *, acknowledged: bool = False) -> None:
         """Wait until ``runtime.db`` holds every row written so far (off the loop).
 
