@@ -368,7 +368,7 @@ def test_an_armed_raise_point_raises_exactly_there_and_others_do_nothing():
 # --- routes that change runtime.db rows answer once they are committed -------------------------------------
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("route", ["open", "pause", "cancel"])
+@pytest.mark.parametrize("route", ["open", "pause", "cancel", "stop"])
 async def test_a_route_that_changes_runtime_db_answers_only_once_its_rows_are_committed(home, route):
     import anyio
 
@@ -389,7 +389,7 @@ async def test_a_route_that_changes_runtime_db_answers_only_once_its_rows_are_co
 
         rt.records.flush_async = held_flush
         path = {"open": "/sessions", "pause": f"/sessions/{session.id}/pause",
-                "cancel": f"/tasks/{task.id}/cancel"}[route]
+                "cancel": f"/tasks/{task.id}/cancel", "stop": "/agents/clerk/stop"}[route]
         body = {"agent": "clerk"} if route == "open" else None
         app = create_app(rt, token=TOKEN)
         transport = httpx.ASGITransport(app=app)
