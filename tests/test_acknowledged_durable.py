@@ -277,6 +277,35 @@ async def test_a_python_runtime_killed_after_card_answer_resumes_the_run_when_th
     assert (work / "marker.txt").read_text() == "once"
 
 
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+async def test_a_run_killed_after_its_seal_was_journaled_keeps_its_end_at_restart(places, monkeypatch):
+    """The journal closed the run; runtime.db had not been told: the restart takes the seal's status."""
+    home, work = places
+    script = textwrap.dedent(f"""
+        import anyio, json, os
+        from apollia_nb.runtime import Runtime
+        async def main():
+            async with Runtime({str(home)!r}) as rt:
+                await rt.register_agent({manifest(actor=[{"text": "Nothing to do."}])!r})
+                handle = await rt.submit("clerk", "Say so", watched=False)
+                os.write(1, json.dumps({{"task": handle.id}}).encode() + b"\\n")
+                await handle
+        anyio.run(main)
+    """)
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                           cwd=work, env=_env("run.after_seal:kill"))
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    task_id = json.loads(child.stdout.splitlines()[0])["task"]
+
+    monkeypatch.chdir(work)
+    async with Runtime(home) as rt:
+        record = rt.records.task(task_id)
+        assert record["status"] == "completed", record["error"]
+        assert record["result"] == "Nothing to do."
+        assert rt.verify().ok
+
+
 # --- `apollia-os pending decide` against a home, killed ----------------------------------------------------
 
 @pytest.mark.anyio

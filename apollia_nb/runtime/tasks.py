@@ -251,6 +251,7 @@ class TaskRun:
         if error is not None:
             seal["error"] = error.to_dict()
         await self._journal("run_seal", seal)
+        faults.point("run.after_seal")
         self._set_status(status)
         await self.rt._after_run(self.r["run_id"])
 
