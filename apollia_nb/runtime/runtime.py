@@ -614,8 +614,9 @@ class Runtime:
         return run
 
     def _answer_plan(self, run: TaskRun, verdict: str, reason: str | None, steps: list[str] | None) -> None:
-        run.answer_plan(verdict, reason, steps)
+        run.answer_plan(verdict, reason, steps)  # journaled: a restart takes it if the run does not
         if not _is_running(run):
+            faults.point("answer.before_resume")
             self._spawn(run)
 
     # ------------------------------------------------------------------ cards and pending decisions
@@ -767,7 +768,7 @@ class Runtime:
                 except GovernanceUnreadable:
                     state = "unreadable"
         trace = self.journal.entries(run_id=record["run_id"], kinds=[
-            "run_open", "model_response", "answer", "tool_call", "tool_result", "run_seal"])
+            "run_open", "model_response", "plan", "answer", "tool_call", "tool_result", "run_seal"])
         payloads = [(e.kind, _payload(e)) for e in trace]
         if state == "pending":
             journaled = [p for k, p in payloads if k == "answer" and p.get("decision_id") == awaiting]
@@ -778,6 +779,8 @@ class Runtime:
                 state = "answered"
         call_id = decision.call_id if decision is not None else None
         seals = [p for k, p in payloads if k == "run_seal"]
+        plans = [p for k, p in payloads if k == "plan"]
+        plan_answer = plans[-1] if record["phase"] == "approve" and plans and "approved" in plans[-1] else None
         action = recovery(
             status=record["status"], unattended=not record["watched"],
             awaiting=bool(awaiting), decision=state,
@@ -785,13 +788,16 @@ class Runtime:
             opened=any(k == "run_open" for k, _ in payloads),
             call_started=call_id is not None and any(
                 k in ("tool_call", "tool_result") and p.get("call_id") == call_id for k, p in payloads),
-            sealed=bool(seals),
+            sealed=bool(seals), plan_answered=plan_answer is not None,
         )
         agent = run.agent
         if action in ("park", "resume"):
             if decision is not None:
                 self._cards[decision.id] = self._restored_card(decision, record, agent)
-            if action == "resume" and decision.answer is not None and decision.answer.value == "always":
+            elif action == "resume" and plan_answer is not None:
+                run.plan_answer_from(plan_answer)
+            if action == "resume" and decision is not None and decision.answer is not None \
+                    and decision.answer.value == "always":
                 self._apply_always(decision, by=decision.answered_by or "restart")
             agent.inflight.add(run)
             if action == "resume":
@@ -839,6 +845,12 @@ class Runtime:
         if p.answer is not None:
             card._resolve(p.answer.value, p.answered_by or "", d.get("answered_at") or self.now_iso())
         return card
+
+    async def committed(self) -> None:
+        """Wait until ``runtime.db`` holds every row written so far; raises when a write failed.
+
+        For a surface about to acknowledge a change (the REST API's write routes)."""
+        await self._recorded("a change about to be acknowledged", acknowledged=True)
 
     async def _recorded(self, what: str, *, acknowledged: bool = False) -> None:
         """Wait until ``runtime.db`` holds every row written so far (off the loop).
