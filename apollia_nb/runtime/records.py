@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RuntimeRecords"]
+__all__ = ["RuntimeRecords", "open_records"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS agents (
@@ -242,3 +242,21 @@ class RuntimeRecords:
 
     def save_model_state(self, agent: str, state: dict[str, Any]) -> None:
         self._upsert("model_state", {"agent": agent}, {"state": json.dumps(state)})
+
+
+def open_records(home: Any) -> RuntimeRecords:
+    """``RuntimeRecords`` on ``home.runtime_db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``
+    (named, with the command that recovers), never a traceback."""
+    import duckdb
+
+    from apollia_nb.errors import HomeFileCorrupt
+    from apollia_nb.journal.accounting import repair_hint
+
+    try:
+        return RuntimeRecords(home.runtime_db)
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise HomeFileCorrupt(
+            f"{home.runtime_db} cannot be opened ({first}); nothing was changed; "
+            f"{repair_hint(home, '--new-runtime-db')} (the damaged file is moved aside, not deleted)"
+        ) from None
