@@ -557,6 +557,56 @@ class GovernanceStore:
     def _missing(self) -> bool:
         return not self.path.exists() and not self.path.is_symlink()
 
+    def db_problem(self) -> str | None:
+        """Why ``governance.db`` cannot serve this home (missing, replaced, unreadable), or None."""
+        with self._lock:
+            if self._missing():
+                return self._expected_problem(None)
+            try:
+                con = self._connect(read_only=True)
+            except (GovernanceUnreadable, Conflict) as exc:
+                return exc.message
+            try:
+                problem = self._expected_problem(con)
+                if problem is None:
+                    self._schema_ready(con)
+                return problem
+            except GovernanceUnreadable as exc:
+                return exc.message
+            except _duckdb().Error as exc:
+                return f"governance.db cannot be read: {exc}"
+            finally:
+                con.close()
+
+    def replace_db(self, *, by: str, moved_to: Path | None) -> str:
+        """Start an empty ``governance.db`` on purpose (``home repair --new-governance-db``).
+
+        The caller has moved the old file (and its ``.wal``) aside to
+        ``moved_to``; the new database's id is journaled (``home_repaired``)
+        before it is created. Returns the new id.
+        """
+        by = _validate_by(by)
+        duckdb = _duckdb()
+        with self._lock:
+            if not self._missing():
+                raise Conflict(f"{self.path} exists; move it aside first: nothing is overwritten")
+            store_id = "g-" + secrets.token_hex(8)
+            if self.journal is not None:
+                self.journal.append("home_repaired", {
+                    "file": "governance.db", "action": "new", "id": store_id, "by": by,
+                    "moved_to": str(moved_to) if moved_to is not None else None,
+                })
+            con = duckdb.connect(str(self.path))
+            try:
+                self._create_schema(con, store_id)
+            finally:
+                con.close()
+            self._expect_db, self._expect_id = True, store_id
+            self._db = None
+            self._cached = None
+            self._last_rules = ()
+            return store_id
+
     def keep_open(self) -> bool:
         """Hold ``governance.db`` open for this process (the home's owner) until ``close()``.
 
@@ -893,11 +943,11 @@ class GovernanceStore:
                 self._db = None
                 self._cached = None
 
-    def _create_schema(self, con: "duckdb.DuckDBPyConnection") -> str:
+    def _create_schema(self, con: "duckdb.DuckDBPyConnection", store_id: str | None = None) -> str:
         """Create the tables and the database's random ``store_id``; returns the id."""
         for statement in _SCHEMA:
             con.execute(statement)
-        store_id = "g-" + secrets.token_hex(8)
+        store_id = store_id or "g-" + secrets.token_hex(8)
         con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('store_id', ?)", [str(SCHEMA_VERSION), store_id])
         return store_id
 

@@ -45,6 +45,7 @@ __all__ = [
     "HomeRecord",
     "home_record",
     "read_home_record",
+    "read_home_record_offline",
     "check_runtime_db",
     "check_key",
     "repair_hint",
@@ -170,16 +171,15 @@ def check_key(home: Home, last_key_id: str | None) -> Any:
         except IntegrityError as exc:
             raise HomeFileCorrupt(f"{exc.message}; {restore}") from None
     if not key_path.exists() and not key_path.is_symlink():
-        raise HomeFileMissing(
-            f"{key_path} is missing, but the journal holds entries signed by key {last_key_id}; {restore}"
-        )
+        signed = f" signed by key {last_key_id}" if last_key_id else ""
+        raise HomeFileMissing(f"{key_path} is missing, but the journal holds entries{signed}; {restore}")
     try:
         key = keys.load_or_create(home)
     except IntegrityError as exc:
         raise HomeFileCorrupt(f"{exc.message}; {restore}") from None
     except OSError as exc:
         raise HomeFileCorrupt(f"{key_path} cannot be read: {exc.strerror or exc}; {restore}") from None
-    if key.key_id != last_key_id:
+    if last_key_id and key.key_id != last_key_id:
         raise HomeKeyMismatch(
             f"{key_path} (key {key.key_id}) is not the key that signed the journal's last entry "
             f"(key {last_key_id}); {restore}"
@@ -188,15 +188,49 @@ def check_key(home: Home, last_key_id: str | None) -> Any:
 
 
 def last_key_id(con: Any, db_path: Path) -> str | None:
-    """The key id of the journal's last entry (in ``journal.db`` or its ``journal.log``)."""
+    """The key id of the last entry in ``journal.db``; ``""`` when it has none but its
+    ``journal.log`` holds entries (not yet checked: the journal's recovery checks their
+    signatures, so only the key's presence is required); None for a journal with no entries."""
     from apollia_nb.journal.tail import read_tail, tail_path
 
-    row = con.execute("SELECT seq, key_id FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
-    seq, found = (int(row[0]), str(row[1])) if row else (0, None)
+    row = con.execute("SELECT key_id FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
+    if row:
+        return str(row[0])
     try:
         tail = read_tail(tail_path(db_path))
     except IntegrityError:
-        return found  # a damaged log is reported by the journal's own recovery
-    if tail.rows and int(tail.rows[-1][0]) > seq:
-        return str(tail.rows[-1][9])
-    return found
+        return None  # a damaged log is reported by the journal's own recovery
+    return "" if tail.rows else None
+
+
+class _Connection:
+    def __init__(self, con: Any) -> None:
+        self._con = con
+
+    def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return self._con.execute(query, params).fetchall()
+
+
+def read_home_record_offline(home: Home) -> HomeRecord | None:
+    """The ``HomeRecord`` of a home nobody holds, read without writing anything.
+
+    An empty record when there is no journal; None when another process holds
+    the journal (its owner's view is the one in force) or it cannot be read.
+    """
+    import duckdb
+
+    from apollia_nb.errors import HomeLocked
+    from apollia_nb.journal.store import connect_locked
+
+    if not home.journal_db.exists():
+        return HomeRecord()
+    try:
+        con = connect_locked(home.journal_db, read_only=True)
+    except (HomeLocked, duckdb.Error):
+        return None
+    try:
+        return read_home_record(_Connection(con))
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
