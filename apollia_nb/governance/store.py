@@ -479,18 +479,19 @@ class GovernanceStore:
         self._expect_policy = expect_policy
 
     @classmethod
-    def open(cls, home: Home, journal: Any, **kwargs: Any) -> "GovernanceStore":
+    def open(cls, home: Home, journal: Any, *, record: Any = None, **kwargs: Any) -> "GovernanceStore":
         """The store of a home this process owns, checked against what ``journal`` records.
 
         A ``governance.db`` the journal records is expected (missing, empty or
         another database in its place: the view fails closed and mutations are
         refused); a policy it records as deposited is expected (gone: refused).
         A ``governance.db`` the journal does not record yet (a home written by
-        an older version) is recorded now, with its id.
+        an older version) is recorded now, with its id. ``record``: the journal's
+        ``HomeRecord`` when the caller has read it already.
         """
         from apollia_nb.journal.accounting import FILE_CREATED, read_home_record
 
-        record = read_home_record(journal)
+        record = record if record is not None else read_home_record(journal)
         store = cls(home, journal=journal, expect_db=record.governance_db, expect_db_id=record.governance_id,
                     expect_policy=record.policy, **kwargs)
         if "governance.db" not in record.recorded and store.path.exists():

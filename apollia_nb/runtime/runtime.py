@@ -258,7 +258,7 @@ class Runtime:
                 record = read_home_record(self.journal)
                 check_runtime_db(self.home, record)
                 self.governance = GovernanceStore.open(
-                    self.home, self.journal, trusted_keys=None,  # re-read from apollia.toml as it changes
+                    self.home, self.journal, record=record, trusted_keys=None,  # re-read from apollia.toml as it changes
                     clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
                 )
                 self.governance.view()  # loads (and journals) the policy state now
