@@ -361,3 +361,23 @@ def test_a_vanished_policy_is_refused_everywhere_until_removed_on_purpose(copy: 
     kinds = [k for k, _ in journal_rows(copy) if k.startswith("policy_")]
     assert kinds[-1] == "policy_removed"
     refused(cli("policy", "remove", home=copy), "NOT_FOUND", "no organisation policy")
+
+
+@pytest.mark.anyio
+async def test_repairing_runtime_db_refuses_the_waiting_decisions_of_the_lost_tasks(home: Home) -> None:
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("write_file", path="a", content="b")]}]))
+        handle = await rt.submit("clerk", "Write", watched=False)
+        await handle.settled()
+        assert handle.status == "waiting"
+        [pending] = rt.pending_decisions()
+    home.runtime_db.unlink()
+    refused(cli("pending", "list", home=home.path), "HOME_FILE_MISSING", "runtime.db")
+
+    done = cli("home", "repair", "--new-runtime-db", "--json", home=home.path, check=True)
+    assert json.loads(done.stdout)["refused_decisions"] == [pending["id"]]
+    assert cli("pending", "list", home=home.path, check=True).stdout.strip() == "nothing is waiting"
+    answer = [p for k, p in journal_rows(home.path) if k == "answer"][-1]
+    assert (answer["decision_id"], answer["answer"]) == (pending["id"], "refuse")
+    assert "the task is gone" in answer["reason"]
+    assert cli("audit", "verify", home=home.path, check=True).stdout.startswith("ok:")

@@ -6,7 +6,8 @@ The first remedy is always to restore the file from a backup. When there is
 none, one of these makes the loss explicit and records it in the journal:
 
 ``--new-runtime-db``
-    an empty ``runtime.db`` (registered agents, tasks and sessions are gone).
+    an empty ``runtime.db`` (registered agents, tasks and sessions are gone);
+    the waiting decisions of the lost tasks are answered ``refuse``, journaled.
 ``--new-governance-db``
     an empty ``governance.db`` (fine rules, standing consents, developer mode
     and pending decisions are gone); until then governance fails closed.
@@ -111,11 +112,41 @@ def _new_runtime_db(home: Any, by: str) -> dict[str, Any]:
         journal.append(REPAIRED, {"file": "runtime.db", "action": "new", "by": by, "problem": problem,
                                   "moved_to": str(moved) if moved else None})
         open_records(home).close()
+        refused = _refuse_orphans(home, journal, record, by)
     finally:
         journal.close()
     kept = f"; the damaged file is {moved}" if moved else ""
+    orphans = f"; refused {len(refused)} waiting decision(s) of lost tasks" if refused else ""
     return {"file": str(home.runtime_db), "action": "new", "moved_to": str(moved) if moved else None,
-            "text": f"started an empty {home.runtime_db} (journaled){kept}"}
+            "refused_decisions": refused,
+            "text": f"started an empty {home.runtime_db} (journaled){kept}{orphans}"}
+
+
+def _refuse_orphans(home: Any, journal: Any, record: Any, by: str) -> list[str]:
+    """Answer ``refuse`` the waiting decisions of tasks that were in the lost ``runtime.db``.
+
+    Their runs cannot resume, so nothing should stay listed as waiting for them.
+    Each answer is journaled with its run first, as the runtime does. Skipped
+    when governance cannot be read (it fails closed; nothing runs).
+    """
+    from apollia_nb.errors import GovernanceUnreadable
+    from apollia_nb.governance.store import GovernanceStore
+
+    store = GovernanceStore.open(home, journal, record=record)
+    reason = "runtime.db was started empty by `apollia-os home repair`: the task is gone"
+    done: list[str] = []
+    try:
+        waiting = [p for p in store.pending() if p.task_id is not None]
+    except GovernanceUnreadable:
+        return done
+    finally:
+        store.close()
+    for p in waiting:
+        journal.append("answer", {"call_id": p.call_id, "decision_id": p.id, "answer": "refuse",
+                                  "answered_by": by, "reason": reason}, run_id=p.run_id, agent=p.agent)
+        store.answer_pending(p.id, "refuse", by=by, reason=reason)
+        done.append(p.id)
+    return done
 
 
 def _new_governance_db(home: Any, by: str) -> dict[str, Any]:
