@@ -201,6 +201,22 @@ async def test_a_deleted_governance_db_fails_closed_and_is_never_recreated_empty
         assert task.status == "failed" and task.error["code"] == "REFUSED"
         assert not (rt.agent("scribe").workspace / "secrets" / "key").exists()
     assert not (copy / "governance.db").exists()
+    assert "governance.db is missing" in [p for k, p in journal_rows(copy) if k == "home_damaged"][-1]["reason"]
+
+    proc = subprocess.Popen([*APOLLIA, "serve", "--home", str(copy), "--port", "0", "--print-token", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=copy.parent)
+    try:  # the server starts, fail closed, and says why
+        info = json.loads(proc.stdout.readline() or proc.stderr.read())
+        from apollia_nb.sdk import Client, errors
+
+        with Client(info["url"], info["token"]) as api, pytest.raises(errors.GovernanceUnreadable) as raised:
+            api.rules()
+        assert "governance.db is missing" in str(raised.value)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        proc.stdout.close()
+        proc.stderr.close()
 
     cli("home", "repair", "--new-governance-db", home=copy, check=True)
     assert cli("rules", "list", home=copy, check=True).stdout.strip() == "no fine rules"
@@ -252,6 +268,8 @@ async def test_governance_db_deleted_or_replaced_under_a_live_home_keeps_the_den
             rt.governance.add_rule("bash_executor", "deny", by="ops")
     if how == "deleted":
         assert not home.governance_db.exists()  # never recreated empty over the lost one
+    [damaged] = [p for k, p in journal_rows(home.path) if k == "home_damaged"]  # journaled, once
+    assert damaged["file"] == "governance.db" and "home repair --new-governance-db" in damaged["reason"]
 
 
 # --- the organisation policy -----------------------------------------------------------------

@@ -477,6 +477,7 @@ class GovernanceStore:
         self._expect_db = expect_db or expect_db_id is not None
         self._expect_id = expect_db_id
         self._expect_policy = expect_policy
+        self._journaled_damage: str | None = None
 
     @classmethod
     def open(cls, home: Home, journal: Any, *, record: Any = None, **kwargs: Any) -> "GovernanceStore":
@@ -554,6 +555,18 @@ class GovernanceStore:
             return (f"governance.db is not the database this home had (its id is {found or 'none'}, the journal "
                     f"records {self._expect_id}): it was replaced; {self._restore_hint()}")
         return None
+
+    def _damaged(self, sig: tuple[_Stat, ...], recheck: bool, problem: str) -> _DbState:
+        """The fail-closed state for a ``governance.db`` that is not the home's, journaled once
+        (``home_damaged``) per problem; a journal that refuses the entry changes nothing here."""
+        journal = self.journal
+        if journal is not None and problem != self._journaled_damage:
+            try:
+                journal.append("home_damaged", {"file": "governance.db", "reason": problem})
+                self._journaled_damage = problem
+            except Exception:  # still fail closed; tried again on the next view()
+                recheck = True
+        return _DbState(sig, recheck, rules=self._last_rules, error=problem)
 
     def _missing(self) -> bool:
         return not self.path.exists() and not self.path.is_symlink()
@@ -716,7 +729,7 @@ class GovernanceStore:
         if sig[0] is None:
             problem = self._expected_problem(None)
             if problem is not None:  # keep the deny rules known: refusing more is safe
-                return _DbState(sig, recheck, rules=self._last_rules, error=problem)
+                return self._damaged(sig, recheck, problem)
             self._last_rules = ()
             return _DbState(sig, recheck)
         duckdb = _duckdb()
@@ -729,7 +742,7 @@ class GovernanceStore:
         try:
             problem = self._expected_problem(con)
             if problem is not None:
-                return _DbState(sig, recheck, rules=self._last_rules, error=problem)
+                return self._damaged(sig, recheck, problem)
             if not self._schema_ready(con):
                 self._last_rules = ()
                 return _DbState(sig, recheck)
@@ -751,6 +764,7 @@ class GovernanceStore:
         finally:
             con.close()
         self._last_rules = rules
+        self._journaled_damage = None
         # Seen: from now on this database must stay (with this id) while the home is open.
         self._expect_db = True
         self._expect_id = self._expect_id or store_id

@@ -183,6 +183,7 @@ KINDS: frozenset[str] = frozenset(
         "policy_removed",
         "home_file_created",
         "home_repaired",
+        "home_damaged",
         "task_status",
         "session_status",
         "plan",
