@@ -177,6 +177,21 @@ def test_an_older_journal_that_only_implies_runtime_db_still_refuses(home: Home)
     assert not home.runtime_db.exists()
 
 
+@pytest.mark.anyio
+async def test_an_older_journal_that_only_implies_governance_db_starts_fail_closed(home: Home) -> None:
+    from apollia_nb.journal import Journal
+
+    with Journal.open(home) as journal:  # written before files were recorded: a rule was added here
+        journal.append("rule_added", {"id": "r-1", "tool": "write_file", "prefix": None, "effect": "deny",
+                                      "agent": "*", "by": "ops"})
+    async with Runtime(home) as rt:
+        view = rt.governance.view()
+        assert not view.readable and "governance.db is missing" in view.unreadable_reason
+        task = await _guarded_write(rt)
+        assert task.status == "failed" and task.error["code"] == "REFUSED"
+    assert not home.governance_db.exists()
+
+
 # --- governance.db at rest -------------------------------------------------------------------
 
 
