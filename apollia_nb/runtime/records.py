@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from apollia_nb.dbutil import fault_point, needs_reopen, storage_error
 from apollia_nb.errors import StorageError
 
-__all__ = ["RuntimeRecords", "RETRY_SECS"]
+__all__ = ["RuntimeRecords", "RETRY_SECS", "open_records"]
 
 #: How often the writer tries again a write the disk refused, while nothing else asks it to.
 RETRY_SECS = 0.5
@@ -413,3 +413,21 @@ class RuntimeRecords:
 
     def save_model_state(self, agent: str, state: dict[str, Any]) -> None:
         self._upsert("model_state", {"agent": agent}, {"state": json.dumps(state)})
+
+
+def open_records(home: Any) -> RuntimeRecords:
+    """``RuntimeRecords`` on ``home.runtime_db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``
+    (named, with the command that recovers), never a traceback."""
+    import duckdb
+
+    from apollia_nb.errors import HomeFileCorrupt
+    from apollia_nb.journal.accounting import repair_hint
+
+    try:
+        return RuntimeRecords(home.runtime_db)
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise HomeFileCorrupt(
+            f"{home.runtime_db} cannot be opened ({first}); nothing was changed; "
+            f"{repair_hint(home, '--new-runtime-db')} (the damaged file is moved aside, not deleted)"
+        ) from None
