@@ -109,7 +109,7 @@ def _success(op: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def _response_type(response: dict[str, Any]) -> str:
     content = response.get("content", {})
     if "text/event-stream" in content:
-        items = content["text/event-stream"].get("itemSchema", {}).get("oneOf", [])
+        items = content["text/event-stream"].get("x-itemSchema", {}).get("oneOf", [])
         events = [f'`{i["properties"]["event"]["const"]}` ({type_of(i["properties"]["data"]["contentSchema"])})'
                   for i in items]
         return "server-sent events: " + ", ".join(events)

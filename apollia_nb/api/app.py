@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, Body, Depends, FastAPI, Query, Request, Response, Security
+from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request, Response, Security
 from fastapi import Path as FastPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__
 from apollia_nb.api import schemas as s
+from apollia_nb.api.idempotency import KEY_HEADER, MAX_KEY_LENGTH, REPLAYED_HEADER, Idempotency, IdempotentRoute
 from apollia_nb.errors import ApolliaError, BadInput, Conflict, NotFound, UnknownRun, UnknownTask
 from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
 
@@ -52,14 +53,21 @@ _DEFAULT_BY = "api"
 _STATUS_WORDS = {
     401: "the bearer token is missing or wrong (`UNAUTHORIZED`)",
     404: "no such thing (`NOT_FOUND` or a specific `UNKNOWN_*` code)",
-    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code)",
+    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code), or a request with "
+         "this `Idempotency-Key` is still being processed (`IDEMPOTENCY_IN_PROGRESS`)",
     413: "the request body is over the server's limit (`PAYLOAD_TOO_LARGE`)",
-    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`)",
+    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`, or "
+         "`IDEMPOTENCY_KEY_REUSED` for an `Idempotency-Key` sent before with another body)",
 }
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in statuses}
+
+
+#: Where an event stream's events are described. OpenAPI 3.1 has no keyword for the items of a
+#: stream (3.2's ``itemSchema``), so the stream is a string and its events an extension.
+_ITEM_SCHEMA = "x-itemSchema"
 
 
 def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, dict[str, Any]]:
@@ -75,9 +83,13 @@ def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, di
         }}
         for name, schema in events.items()
     ]
+    names = ", ".join(f"`{name}` ({schema})" for name, schema in events.items())
     out: dict[int | str, dict[str, Any]] = {
         200: {"description": "a stream of server-sent events, each with JSON `data`",
-              "content": {"text/event-stream": {"itemSchema": {"oneOf": items}}}},
+              "content": {"text/event-stream": {
+                  "schema": {"type": "string", "description": f"server-sent events: {names}"},
+                  _ITEM_SCHEMA: {"oneOf": items},
+              }}},
     }
     error = {"schema": {"$ref": "#/components/schemas/Error"}}
     for code in (401, 422, *statuses):
@@ -90,7 +102,8 @@ _EXCHANGE_EVENT_SCHEMAS = {name: model.__name__ for name, model in s.EXCHANGE_EV
 
 
 def _with_event_schemas(app: FastAPI) -> None:
-    """Add the exchange events' models to the document's components (only event streams refer to them)."""
+    """Add the exchange events' models to the document's components (only event streams refer to them),
+    and keep the event streams' descriptions within OpenAPI 3.1."""
     from pydantic.json_schema import models_json_schema
 
     generate = app.openapi
@@ -103,6 +116,10 @@ def _with_event_schemas(app: FastAPI) -> None:
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in defs.get("$defs", {}).items():
                 schemas.setdefault(name, schema)
+            for item in doc["paths"].values():  # FastAPI adds 3.2's generic ``itemSchema`` to event streams
+                for op in item.values():
+                    for response in op.get("responses", {}).values():
+                        response.get("content", {}).get("text/event-stream", {}).pop("itemSchema", None)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -113,7 +130,8 @@ def _with_event_schemas(app: FastAPI) -> None:
 _bearer = HTTPBearer(
     auto_error=False, scheme_name="bearerToken",
     description="The token `apollia-os serve` was started with (`--token`, `$APOLLIA_TOKEN`, or generated "
-                "and written to `<home>/server.json`).",
+                "and written to `<home>/server.json`). Not needed for `/api/v1/health`, `/api/v1/openapi.json` "
+                "or `/api/v1/docs`.",
 )
 
 
@@ -121,11 +139,46 @@ async def _runtime(request: Request) -> Any:  # async: a plain def would run in 
     return request.app.state.runtime
 
 
-async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
-    expected: bytes = request.app.state.token
+def _token_matches(request: Request, credentials: HTTPAuthorizationCredentials | None) -> bool:
     given = credentials.credentials.encode("utf-8", "surrogateescape") if credentials is not None else b""
-    if credentials is None or not hmac.compare_digest(given, expected):
+    return credentials is not None and hmac.compare_digest(given, request.app.state.token)
+
+
+async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
+    if not _token_matches(request, credentials):
         raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+
+
+# --- idempotency keys -----------------------------------------------------------------------------
+
+
+def _idempotency_for(request: Request) -> tuple[Idempotency, bytes] | None:
+    """The keys of the app's runtime and the token, for a request with a valid token (else ``None``)."""
+    from fastapi.security.utils import get_authorization_scheme_param
+
+    scheme, value = get_authorization_scheme_param(request.headers.get("Authorization"))
+    credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=value) if value else None
+    if scheme.lower() != "bearer" or not _token_matches(request, credentials):
+        return None
+    state = request.app.state
+    records = state.runtime.records
+    if getattr(state, "idempotency", None) is None or state.idempotency.records is not records:
+        state.idempotency = Idempotency(records)
+    return state.idempotency, state.token
+
+
+async def _idempotency_key(
+    key: Annotated[str | None, Header(
+        alias=KEY_HEADER, min_length=1, max_length=MAX_KEY_LENGTH + 2,
+        description="Makes a retry safe: the same key with the same body is answered with the first answer "
+                    f"(marked `{REPLAYED_HEADER}: true`) and nothing is done twice; with another body it is 422 "
+                    "`IDEMPOTENCY_KEY_REUSED`; while the first is still being processed, 409 "
+                    "`IDEMPOTENCY_IN_PROGRESS`. A unique string (a UUID), quoted as the IETF draft's structured "
+                    f"string or bare, printable ASCII, at most {MAX_KEY_LENGTH} characters; remembered for 24 "
+                    "hours, per route and token. Only successes are remembered.",
+    )] = None,
+) -> None:
+    """Declares the header in the document; ``IdempotentRoute`` reads it."""
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -327,9 +380,19 @@ async def _exchange_events(exchange: Any, start: int, closing: anyio.Event) -> A
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(_authorize)], responses=_errors(401, 422))
 
-def _route(method: str, path: str, status: int = 200, **kw: Any) -> Any:
-    decorator = getattr(router, method.lower())
-    return decorator(path, status_code=status, **kw)
+def _route(method: str, path: str, status: int = 200, *, idempotent: bool | None = None, **kw: Any) -> Any:
+    """A route of ``router``; a POST (unless ``idempotent=False``) honours ``Idempotency-Key``."""
+    extra: dict[str, Any] = {}
+    if method == "POST" if idempotent is None else idempotent:
+        extra["route_class_override"] = IdempotentRoute
+        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_idempotency_key)]
+        kw["responses"] = {**_errors(409), **kw.get("responses", {})}
+
+    def decorator(fn: Any) -> Any:
+        router.add_api_route(path, fn, methods=[method], status_code=status, **kw, **extra)
+        return fn
+
+    return decorator
 
 
 @public.get("/health", response_model=s.Health, operation_id="health", tags=["health"],
@@ -723,6 +786,7 @@ async def verify_journal(rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
 
 @_route("POST", "/audit/replay/{run_id}", response_model=s.ReplayResult, operation_id="replayRun", tags=["audit"],
+        idempotent=False,
         summary="Replay a run offline from its trace", responses=_errors(404),
         description="`identical`, `diverged` (every divergence) or `incomplete`. Calls no model and runs no tool. "
                     "404 `UNKNOWN_RUN` when the journal holds no entry of that run.")
@@ -796,8 +860,11 @@ def create_app(
         version=__version__,
         summary="Drive governed agents headless: agents, tasks, chat, pending decisions, governance, audit.",
         description=(
-            "Every route but `/health` needs `Authorization: Bearer <token>`. Every error is "
-            "`{\"code\", \"message\"}` with a stable code."
+            "Every route but `/health` needs `Authorization: Bearer <token>`. This document "
+            "(`/api/v1/openapi.json`) and its browsable form (`/api/v1/docs`) are served without a token too, "
+            "so a client generator can fetch them: they describe the API and hold none of its data. Every error "
+            "is `{\"code\", \"message\"}` with a stable code. Every POST that changes something takes an "
+            f"`{KEY_HEADER}` header, which makes a retry after a timeout safe."
         ),
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
@@ -806,6 +873,8 @@ def create_app(
     )
     app.state.runtime = runtime
     app.state.token = token.encode("utf-8")
+    app.state.idempotency = None
+    app.state.idempotency_for = _idempotency_for
     _install_error_handlers(app)
     _with_event_schemas(app)
     app.include_router(public, prefix=API_PREFIX)
@@ -816,6 +885,7 @@ def create_app(
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_credentials=False,
                            allow_methods=["GET", "POST", "PUT", "DELETE"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "Content-Type", KEY_HEADER],
+                           expose_headers=["Location", REPLAYED_HEADER])
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     return app
