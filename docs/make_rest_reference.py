@@ -67,7 +67,7 @@ def _constraints(schema: dict[str, Any]) -> str:
         if key in schema:
             words.append(f"{word} {schema[key]}")
     if "pattern" in schema:
-        words.append(f"pattern `{schema['pattern']}`")
+        words.append(f"pattern `{schema['pattern']}`".replace("|", "\\|"))
     for option in schema.get("anyOf", []):
         if option.get("type") != "null":
             inner = _constraints(option)

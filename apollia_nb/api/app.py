@@ -40,7 +40,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__
 from apollia_nb.api import schemas as s
-from apollia_nb.api.idempotency import KEY_HEADER, MAX_KEY_LENGTH, REPLAYED_HEADER, Idempotency, IdempotentRoute
+from apollia_nb.api.idempotency import (
+    KEY_HEADER,
+    KEY_PATTERN,
+    REPLAYED_HEADER,
+    Idempotency,
+    IdempotentRoute,
+)
 from apollia_nb.errors import ApolliaError, BadInput, Conflict, NotFound, UnknownRun, UnknownTask
 from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
 
@@ -169,13 +175,11 @@ def _idempotency_for(request: Request) -> tuple[Idempotency, bytes] | None:
 
 async def _idempotency_key(
     key: Annotated[str | None, Header(
-        alias=KEY_HEADER, min_length=1, max_length=MAX_KEY_LENGTH + 2,
-        description="Makes a retry safe: the same key with the same body is answered with the first answer "
-                    f"(marked `{REPLAYED_HEADER}: true`) and nothing is done twice; with another body it is 422 "
-                    "`IDEMPOTENCY_KEY_REUSED`; while the first is still being processed, 409 "
-                    "`IDEMPOTENCY_IN_PROGRESS`. A unique string (a UUID), quoted as the IETF draft's structured "
-                    f"string or bare, printable ASCII, at most {MAX_KEY_LENGTH} characters; remembered for 24 "
-                    "hours, per route and token. Only successes are remembered.",
+        alias=KEY_HEADER, pattern=KEY_PATTERN,
+        description="A unique string (a UUID) that makes a retry safe: the same key with the same body is "
+                    f"answered with the first answer (`{REPLAYED_HEADER}: true`) and nothing is done twice. "
+                    "Quoted (the IETF draft's structured string) or bare; remembered 24 hours, per route and "
+                    "token. See the reference's section on retries.",
     )] = None,
 ) -> None:
     """Declares the header in the document; ``IdempotentRoute`` reads it."""

@@ -49,7 +49,7 @@ from fastapi.routing import APIRoute
 from apollia_nb.errors import BadInput, IdempotencyInProgress, IdempotencyKeyReused
 
 __all__ = [
-    "KEY_HEADER", "REPLAYED_HEADER", "MAX_KEY_LENGTH", "RETENTION_SECONDS", "MAX_KEYS",
+    "KEY_HEADER", "KEY_PATTERN", "REPLAYED_HEADER", "MAX_KEY_LENGTH", "RETENTION_SECONDS", "MAX_KEYS",
     "parse_key", "fingerprint", "scope_of", "Idempotency", "IdempotentRoute",
 ]
 
@@ -59,6 +59,9 @@ MAX_KEY_LENGTH = 255
 RETENTION_SECONDS = 24 * 3600
 MAX_KEYS = 10_000
 _KEPT_HEADERS = ("content-type", "location")
+#: The header's syntax: bare printable ASCII without spaces or quotes, or a quoted structured-field
+#: string (``\"`` and ``\\`` escaped); 1 to 255 characters either way, once unquoted.
+KEY_PATTERN = (r'^(?:[!#-~]{1,%d}|"(?:[ !#-\[\]-~]|\\["\\]){1,%d}")$' % (MAX_KEY_LENGTH, MAX_KEY_LENGTH))
 
 
 # --- pure parts -----------------------------------------------------------------------------------
