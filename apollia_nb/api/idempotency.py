@@ -175,15 +175,20 @@ class Idempotency:
         self._inflight.discard((scope, key))
 
     def _expire(self) -> None:
+        """Forget keys older than the retention, and the oldest beyond ``max_keys``.
+
+        ``_known`` is in the order keys were remembered (oldest first), so this
+        looks only at the keys it forgets.
+        """
         horizon = self.clock() - self.retention
-        old = [slot for slot, (_, at) in self._known.items() if at < horizon]
-        surplus = len(self._known) - len(old) - self.max_keys
-        if surplus > 0:
-            kept = sorted((at, slot) for slot, (_, at) in self._known.items() if at >= horizon)
-            old += [slot for _, slot in kept[:surplus]]
+        old: list[tuple[str, str]] = []
+        for slot, (_, at) in self._known.items():
+            if at >= horizon and len(self._known) - len(old) <= self.max_keys:
+                break
+            old.append(slot)
         if old:
             for slot in old:
-                self._known.pop(slot, None)
+                del self._known[slot]
             self.records.forget_responses(old)
 
 
