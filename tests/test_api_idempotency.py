@@ -111,6 +111,29 @@ async def test_keys_are_remembered_across_a_reopen_for_24_hours_and_at_most_max_
     records.close()
 
 
+def test_the_sdk_retries_only_safe_requests_and_only_answers_a_retry_may_get_past():
+    from apollia_nb.sdk.client import _Req, _Retry
+
+    retry = _Retry(retries=2, backoff=0.5)
+    keyed_post, get = _Req("POST", "/tasks", keyed=True), _Req("GET", "/tasks")
+    plain_post, delete = _Req("POST", "/audit/replay/r"), _Req("DELETE", "/governance/rules/r")
+
+    def answer(status, code=None):
+        return httpx.Response(status, json={"code": code, "message": "m"} if code else None)
+
+    assert [retry.delay(keyed_post, n, None) for n in range(3)] == [0.5, 1.0, None]  # bounded, doubling
+    assert retry.delay(get, 0, None) == 0.5
+    assert retry.delay(plain_post, 0, None) is None and retry.delay(delete, 0, None) is None
+    for status, code in ((502, None), (503, None), (504, None), (503, "STORAGE_ERROR"),
+                         (409, "IDEMPOTENCY_IN_PROGRESS")):
+        assert retry.delay(keyed_post, 0, answer(status, code)) == 0.5, (status, code)
+    for status, code in ((500, None), (502, "MODEL_ERROR"), (503, "POLICY_REFUSED"), (409, "CONFLICT"),
+                         (422, "IDEMPOTENCY_KEY_REUSED"), (202, None), (404, "UNKNOWN_TASK")):
+        assert retry.delay(keyed_post, 0, answer(status, code)) is None, (status, code)
+    with pytest.raises(ValueError):
+        _Retry(retries=-1)
+
+
 # --- over HTTP ---------------------------------------------------------------------------------------
 
 
@@ -130,6 +153,9 @@ def test_the_same_key_and_body_twice_is_one_task_and_the_first_answer(api):
     assert elsewhere.status_code == 201 and "Idempotent-Replayed" not in elsewhere.headers
     without = [api.post("/tasks", json=TASK) for _ in range(2)]  # no key: two requests, two tasks
     assert len({r.json()["id"] for r in without}) == 2
+
+    stranger = api.post("/tasks", json=TASK, headers={"Authorization": "Bearer wrong", **keyed("retry-1")})
+    assert error_code(stranger, 401) == "UNAUTHORIZED"  # a key answers only its own token
 
 
 def test_a_bad_key_is_bad_input_and_creates_nothing(api):

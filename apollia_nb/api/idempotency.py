@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
@@ -162,12 +163,17 @@ class Idempotency:
     async def finish(self, scope: str, key: str, fp: str, status: int, response: dict[str, Any]) -> None:
         """Remember a success durably (committed when this returns), and release the key."""
         at = self.clock()
+        slot = (scope, key)
         try:
             self.records.remember_response(scope, key, fp, status, response, at)
-            await self.records.flush_async()
-            self._known[(scope, key)] = (fp, at)
+            self._known[slot] = (fp, at)
+            with anyio.CancelScope(shield=True):  # a client that hangs up does not make the row unknown
+                await self.records.flush_async()
+        except BaseException:
+            self._known.pop(slot, None)  # not committed: the key was not taken
+            raise
         finally:
-            self._inflight.discard((scope, key))
+            self._inflight.discard(slot)
         self._expire()
 
     def release(self, scope: str, key: str) -> None:
