@@ -17,7 +17,7 @@ import pytest
 
 from apollia_nb.api.idempotency import Idempotency, fingerprint, parse_key, scope_of
 from apollia_nb.api.server import ServerThread
-from apollia_nb.errors import BadInput, IdempotencyInProgress, IdempotencyKeyReused
+from apollia_nb.errors import BadInput, Conflict, IdempotencyInProgress, IdempotencyKeyReused
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.records import RuntimeRecords
 from apollia_nb.sdk import AsyncClient, Client
@@ -82,32 +82,39 @@ async def test_keys_are_remembered_across_a_reopen_for_24_hours_and_at_most_max_
     path = tmp_path / "runtime.db"
     records = RuntimeRecords(path)
     keys = Idempotency(records, clock=lambda: now[0], max_keys=3)
-    assert keys.begin("s", "k1", "fp") is None
+    assert await keys.begin("s", "k1", "fp") is None
     with pytest.raises(IdempotencyInProgress):
-        keys.begin("s", "k1", "fp")
+        await keys.begin("s", "k1", "fp")
     await keys.finish("s", "k1", "fp", 202, {"headers": {}, "body": "{}"})
+    assert await keys.begin("s", "cut-off", "fp") is None  # taken, and the server stops before it answers
     records.close()
 
     records = RuntimeRecords(path)
     keys = Idempotency(records, clock=lambda: now[0], max_keys=3)
-    assert keys.begin("s", "k1", "fp") == (202, {"headers": {}, "body": "{}"})
+    assert await keys.begin("s", "k1", "fp") == (202, {"headers": {}, "body": "{}"})
     with pytest.raises(IdempotencyKeyReused):
-        keys.begin("s", "k1", "other")
-    assert keys.begin("other scope", "k1", "other") is None  # another route or token: another key
+        await keys.begin("s", "k1", "other")
+    assert await keys.begin("other scope", "k1", "other") is None  # another route or token: another key
     keys.release("other scope", "k1")
+    with pytest.raises(Conflict, match="unknown"):  # it may or may not have been done: not done twice
+        await keys.begin("s", "cut-off", "fp")
+    with pytest.raises(IdempotencyKeyReused):
+        await keys.begin("s", "cut-off", "other")
+    records.forget_responses([("s", "cut-off")])
+    keys = Idempotency(records, clock=lambda: now[0], max_keys=3)
 
     for i in (2, 3, 4):  # a fourth key pushes out the oldest
         now[0] += 1
-        keys.begin("s", f"k{i}", "fp")
+        await keys.begin("s", f"k{i}", "fp")
         await keys.finish("s", f"k{i}", "fp", 201, {"headers": {}, "body": str(i)})
-    assert [k for _, k, _, _ in records.remembered_keys()] == ["k2", "k3", "k4"]
-    assert keys.begin("s", "k1", "other") is None  # forgotten: a new request
+    assert [k for _, k, _, _, _ in records.remembered_keys()] == ["k2", "k3", "k4"]
+    assert await keys.begin("s", "k1", "other") is None  # forgotten: a new request
     keys.release("s", "k1")
 
     now[0] += 24 * 3600 - 1.5  # k2 (3 s before now) is now over 24 hours old; k3 and k4 are not yet
-    assert keys.begin("s", "k3", "fp") == (201, {"headers": {}, "body": "3"})
+    assert await keys.begin("s", "k3", "fp") == (201, {"headers": {}, "body": "3"})
     records.flush()
-    assert [k for _, k, _, _ in records.remembered_keys()] == ["k3", "k4"]
+    assert [k for _, k, _, _, _ in records.remembered_keys()] == ["k3", "k4"]
     records.close()
 
 
@@ -241,6 +248,63 @@ def test_an_answered_submit_survives_kill_9_and_a_restart(tmp_path):
             assert again.status_code == 202 and again.json() == first.json(), again.text
             assert again.headers["Idempotent-Replayed"] == "true"
             assert [t["id"] for t in api.get("/tasks").json()] == [first.json()["id"]]
+    finally:
+        assert stop(proc) == 0
+
+
+#: ``apollia-os serve`` with a fault point: a keyed answer is never remembered, and the server says when
+#: it got there (the task is committed by then), so the test can kill it in that exact window.
+SERVE_WITH_FAULT = """
+import sys
+
+import anyio
+
+from apollia_nb.api import idempotency
+
+
+async def finish(self, *args, **kwargs):
+    print("answered, not yet remembered", flush=True)
+    await anyio.sleep_forever()
+
+
+idempotency.Idempotency.finish = finish
+from apollia_nb.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_submit_cut_off_between_its_task_and_its_answer_is_not_done_twice(tmp_path):
+    import subprocess
+    import sys
+
+    from test_api_serve import start, stop
+
+    home = tmp_path / "home"
+    faulty = subprocess.Popen([sys.executable, "-c", SERVE_WITH_FAULT, "serve", "--home", str(home), "--port", "0",
+                               "--token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=tmp_path)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            assert faulty.stdout.readline(), faulty.stderr.read()
+            api = httpx.Client(base_url=proc_url(home) + "/api/v1", headers=AUTH, timeout=60)
+            assert api.post("/agents", json={"manifest": WRITER}).status_code == 201
+            lost = pool.submit(api.post, "/tasks", json=TASK, headers=keyed("cut-off"))
+            assert faulty.stdout.readline() == "answered, not yet remembered\n"
+        finally:
+            stop(faulty, signal.SIGKILL)
+        with pytest.raises(httpx.TransportError):  # the client never hears back
+            lost.result(60)
+        api.close()
+    proc, _ = start(home, "--token", TOKEN)
+    try:
+        with httpx.Client(base_url=proc_url(home) + "/api/v1", headers=AUTH, timeout=30) as api:
+            [task] = api.get("/tasks").json()  # the submit took effect before the crash
+            again = api.post("/tasks", json=TASK, headers=keyed("cut-off"))
+            assert error_code(again, 409) == "CONFLICT" and "unknown" in again.json()["message"]
+            assert [t["id"] for t in api.get("/tasks").json()] == [task["id"]]  # not done a second time
+            fresh = api.post("/tasks", json=TASK, headers=keyed("after-looking"))
+            assert fresh.status_code == 202
     finally:
         assert stop(proc) == 0
 

@@ -23,12 +23,18 @@ from apollia_nb.api.server import ServerThread
 from runtime_helpers import call, manifest
 
 TOKEN = "generated-client-token"
-WRITER = manifest(actor=[{"tool_calls": [call("write_file", path="report.txt", content="ok")]}, {"text": "Filed."}])
+
+
+def writer(workspace) -> str:
+    return manifest(actor=[{"tool_calls": [call("write_file", path="report.txt", content="ok")]}, {"text": "Filed."}],
+                    workspace=str(workspace))
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    with ServerThread(tmp_path_factory.mktemp("openapi") / "home", token=TOKEN) as srv:
+    root = tmp_path_factory.mktemp("openapi")
+    with ServerThread(root / "home", token=TOKEN) as srv:
+        srv.workspace = root / "workspace"
         yield srv
 
 
@@ -79,7 +85,7 @@ def test_a_generated_client_submits_a_task_answers_its_decision_and_sees_it_comp
         "api.tasks.list_tasks")
     list_pending, decide = mod("api.pending_decisions.list_pending_decisions"), mod("api.pending_decisions.decide")
 
-    agent = register_agent.sync(client=client, body=models.ManifestIn(manifest=WRITER))
+    agent = register_agent.sync(client=client, body=models.ManifestIn(manifest=writer(live.workspace)))
     assert isinstance(agent, models.Agent) and agent.name == "clerk"
 
     body = models.TaskIn(agent="clerk", goal="Write the report")
@@ -102,3 +108,4 @@ def test_a_generated_client_submits_a_task_answers_its_decision_and_sees_it_comp
     stream = task_events.sync(submission.id, client=client)  # an event stream is text to a 3.1 client
     assert isinstance(stream, str) and "event: task" in stream and '"completed"' in stream
     assert [t.id for t in list_tasks.sync(client=client)] == [submission.id]
+    assert (live.workspace / "report.txt").read_text() == "ok"

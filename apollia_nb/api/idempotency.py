@@ -14,17 +14,19 @@ With an ``Idempotency-Key`` it may simply send the same request again:
 
 Keys are scoped per route (method and path, path parameters included) and per
 token. A key is the draft's structured-field string (``"…"``, in quotes), or
-the bare text; both name the same key. Only a success (2xx) is remembered: an
-error changes nothing, so the same request may be sent again with the same key
-and is then processed anew.
+the bare text; both name the same key. Only a success (2xx) is remembered: after
+an error the same request may be sent again with the same key and is then
+processed anew.
 
-**Durability.** A success is remembered in ``runtime.db``, by the same ordered
-writer as the task, agent or session it acknowledges, and the answer is sent
-only once that row is committed. So an answered request survives a
+**Durability.** A key is taken in ``runtime.db`` (committed) before its
+request is processed, by the same ordered writer that records the tasks,
+agents and sessions; a success becomes that row's answer, committed before it
+is sent; a failure deletes the row. So an answered request survives a
 ``kill -9`` and a restart: retried with the same key it gets the first answer,
-not a second task. (A crash after the thing is committed but before its key
-is, a single write later, leaves the key unknown: the client heard nothing and
-a retry runs again.)
+not a second task. A request cut off by a crash while it was processed (its
+key taken, its answer not yet written) may or may not have taken effect: a
+retry of it is refused with 409 ``CONFLICT`` saying so, rather than done a
+second time; look, then send it with a new key.
 
 **Retention.** A key is remembered for 24 hours and the newest 10,000 keys
 are kept; older ones are forgotten, and a request with a forgotten key is a new
@@ -47,7 +49,7 @@ import anyio
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from apollia_nb.errors import BadInput, IdempotencyInProgress, IdempotencyKeyReused
+from apollia_nb.errors import BadInput, Conflict, IdempotencyInProgress, IdempotencyKeyReused
 
 __all__ = [
     "KEY_HEADER", "KEY_PATTERN", "REPLAYED_HEADER", "MAX_KEY_LENGTH", "RETENTION_SECONDS", "MAX_KEYS",
@@ -60,6 +62,7 @@ MAX_KEY_LENGTH = 255
 RETENTION_SECONDS = 24 * 3600
 MAX_KEYS = 10_000
 _KEPT_HEADERS = ("content-type", "location")
+_TAKEN = 0  # the status of a key whose request is being processed
 #: The header's syntax: bare printable ASCII without spaces or quotes, or a quoted structured-field
 #: string (``\"`` and ``\\`` escaped); 1 to 255 characters either way, once unquoted.
 KEY_PATTERN = (r'^(?:[!#-~]{1,%d}|"(?:[ !#-\[\]-~]|\\["\\]){1,%d}")$' % (MAX_KEY_LENGTH, MAX_KEY_LENGTH))
@@ -125,6 +128,12 @@ def scope_of(token: bytes, method: str, path: str) -> str:
 class Idempotency:
     """The keys in flight (this process) and the remembered ones (``runtime.db``).
 
+    A key is taken durably before its request is processed (a row with status
+    0, committed first), and that row becomes the answer once it succeeds; a
+    failure deletes it. A row still at status 0 when the index is read was
+    left by a server that stopped while processing it: its request may or may
+    not have taken effect, so a retry is refused rather than done twice.
+
     The index of remembered keys is read once; a replayed answer is read from
     ``runtime.db`` when asked for. ``clock`` gives seconds (``time.time``).
     """
@@ -136,13 +145,16 @@ class Idempotency:
         self.retention = retention
         self.max_keys = max_keys
         self._inflight: set[tuple[str, str]] = set()
-        self._known: dict[tuple[str, str], tuple[str, float]] = {
-            (scope, key): (fp, at) for scope, key, fp, at in records.remembered_keys()
-        }
+        self._known: dict[tuple[str, str], tuple[str, float]] = {}
+        self._interrupted: set[tuple[str, str]] = set()
+        for scope, key, fp, status, at in records.remembered_keys():
+            self._known[(scope, key)] = (fp, at)
+            if status == _TAKEN:
+                self._interrupted.add((scope, key))
         self._expire()
 
-    def begin(self, scope: str, key: str, fp: str) -> tuple[int, dict[str, Any]] | None:
-        """The remembered ``(status, response)`` to replay, or ``None`` once the key is claimed as in flight."""
+    async def begin(self, scope: str, key: str, fp: str) -> tuple[int, dict[str, Any]] | None:
+        """The remembered ``(status, response)`` to replay, or ``None`` once the key is taken (committed)."""
         self._expire()
         slot = (scope, key)
         if slot in self._inflight:
@@ -153,11 +165,22 @@ class Idempotency:
             if known[0] != fp:
                 raise IdempotencyKeyReused("this Idempotency-Key was used for a request with another body: "
                                            "use a new key for a new request")
+            if slot in self._interrupted:
+                raise Conflict("the request first sent with this Idempotency-Key was being processed when the "
+                               "server stopped, so whether it took effect is unknown: look (for instance at "
+                               "GET /tasks) before sending it again with a new key")
             remembered = self.records.remembered_response(scope, key)
             if remembered is not None:
                 return remembered
             del self._known[slot]  # forgotten meanwhile: a new request
         self._inflight.add(slot)
+        try:
+            self.records.remember_response(scope, key, fp, _TAKEN, {}, self.clock())
+            with anyio.CancelScope(shield=True):  # taken before anything is done
+                await self.records.flush_async()
+        except BaseException:
+            self.release(scope, key)
+            raise
         return None
 
     async def finish(self, scope: str, key: str, fp: str, status: int, response: dict[str, Any]) -> None:
@@ -179,6 +202,7 @@ class Idempotency:
     def release(self, scope: str, key: str) -> None:
         """The request failed: nothing to remember, the key may be used again."""
         self._inflight.discard((scope, key))
+        self.records.forget_responses([(scope, key)])
 
     def _expire(self) -> None:
         """Forget keys older than the retention, and the oldest beyond ``max_keys``.
@@ -195,6 +219,7 @@ class Idempotency:
         if old:
             for slot in old:
                 del self._known[slot]
+                self._interrupted.discard(slot)
             self.records.forget_responses(old)
 
 
@@ -231,7 +256,7 @@ class IdempotentRoute(APIRoute):
             key = parse_key(values)
             scope = scope_of(token, request.method, request.url.path)
             fp = fingerprint(request.url.query, await request.body())
-            remembered = keys.begin(scope, key, fp)
+            remembered = await keys.begin(scope, key, fp)
             if remembered is not None:
                 return _replayed(*remembered)
             try:

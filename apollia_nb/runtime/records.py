@@ -260,10 +260,11 @@ class RuntimeRecords:
                      {"fingerprint": fingerprint, "status": status, "response": json.dumps(response),
                       "created_at": at})
 
-    def remembered_keys(self) -> list[tuple[str, str, str, float]]:
-        """``(scope, key, fingerprint, created_at)`` of every remembered response, oldest first."""
-        rows = self._exec("SELECT scope, key, fingerprint, created_at FROM idempotency ORDER BY created_at, key")
-        return [(r[0], r[1], r[2], float(r[3])) for r in rows]
+    def remembered_keys(self) -> list[tuple[str, str, str, int, float]]:
+        """``(scope, key, fingerprint, status, created_at)`` of every remembered response, oldest first."""
+        rows = self._exec("SELECT scope, key, fingerprint, status, created_at FROM idempotency "
+                          "ORDER BY created_at, key")
+        return [(r[0], r[1], r[2], int(r[3]), float(r[4])) for r in rows]
 
     def remembered_response(self, scope: str, key: str) -> tuple[int, dict[str, Any]] | None:
         rows = self._exec("SELECT status, response FROM idempotency WHERE scope = ? AND key = ?", [scope, key])
