@@ -1,13 +1,15 @@
-"""DuckDB at the edge: turning its lock conflict into a message that names the holder."""
+"""DuckDB and the disk at the edge: a lock conflict that names the holder, storage faults with stable codes."""
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from pathlib import Path
 
-from apollia_nb.errors import HomeLocked
+from apollia_nb.errors import HomeLocked, StorageError, StorageFull
 
-__all__ = ["lock_holder_pid", "raise_if_locked"]
+__all__ = ["FAULT_ENV", "fault_point", "lock_holder_pid", "needs_reopen", "raise_if_locked", "storage_error"]
 
 _PID = re.compile(r"\(PID (\d+)\)")
 
@@ -32,3 +34,70 @@ def raise_if_locked(exc: BaseException, path: Path) -> None:
         f"{path.name} in {path.parent} is held by {who}. Stop that process, or run "
         "`apollia-os serve` so several processes can share the home, or use another --home."
     ) from None
+
+
+# --- storage faults -------------------------------------------------------------------------------
+#
+# A full disk, a read-only file system or an I/O error reaches us as an ``OSError`` (our own
+# writes: journal.log) or as a DuckDB exception whose message carries the system's words
+# (DuckDB 2.0.1: ``TransactionException: ... Failed to commit: Could not write file
+# "….wal": No space left on device``; a failed checkpoint is a ``FatalException`` that
+# invalidates the database until it is opened again).
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_FULL_WORDS = ("no space left on device", "disk quota exceeded", "disk full", "not enough space on the disk")
+_STORAGE_WORDS = (
+    "read-only file system", "input/output error", "could not write", "could not fsync", "could not sync",
+    "could not truncate", "failed to create checkpoint", "database has been invalidated", "file too large",
+)
+#: ``APOLLIA_STORAGE_FAULT=runtime.db:EIO,journal.log:EROFS``: writes to those files fail with that
+#: error (a fault point for the failures a test cannot make a real disk produce).
+FAULT_ENV = "APOLLIA_STORAGE_FAULT"
+
+
+def fault_point(name: str) -> None:
+    """Raise the ``OSError`` ``$APOLLIA_STORAGE_FAULT`` asks for writes to ``name`` (if any)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    for part in spec.split(","):
+        target, _, code = part.strip().partition(":")
+        if target == name and code:
+            number = getattr(errno, code.strip().upper(), None)
+            if isinstance(number, int):
+                raise OSError(number, os.strerror(number), name)
+
+
+def storage_error(exc: BaseException, what: str) -> StorageError | None:
+    """``StorageFull`` / ``StorageError`` for an exception that is the disk refusing a write, else None.
+
+    ``what`` says what was not recorded (it starts the message)."""
+    if isinstance(exc, StorageError):
+        return exc
+    text = " ".join(str(exc).split())  # one line: DuckDB's fatal errors span several
+    lower = text.lower()
+    if isinstance(exc, OSError) and exc.errno is not None:
+        full = exc.errno in _FULL_ERRNOS
+        if not full and exc.errno == errno.EROFS:
+            return StorageError(f"{what}: the file system is read-only ({text}); nothing of it was recorded. "
+                                "Make the home writable again; writes resume by themselves.")
+    elif any(word in lower for word in _FULL_WORDS):
+        full = True
+    elif any(word in lower for word in _STORAGE_WORDS):
+        full = False
+    else:
+        return None
+    if full:
+        return StorageFull(f"{what}: no space left on the disk ({text}); nothing of it was recorded. "
+                           "Free space and retry; writes resume by themselves.")
+    return StorageError(f"{what}: the disk refused the write ({text}); nothing of it was recorded. "
+                        "Retry later; writes resume by themselves once the disk takes them.")
+
+
+def needs_reopen(exc: BaseException) -> bool:
+    """True when DuckDB invalidated the database after a failed write: it must be opened again."""
+    for err in (exc, exc.__cause__):
+        if err is not None and (type(err).__name__ == "FatalException"
+                                or "database has been invalidated" in str(err)):
+            return True
+    return False

@@ -252,50 +252,19 @@ def test_an_answered_submit_survives_kill_9_and_a_restart(tmp_path):
         assert stop(proc) == 0
 
 
-#: ``apollia-os serve`` with a fault point: a keyed answer is never remembered, and the server says when
-#: it got there (the task is committed by then), so the test can kill it in that exact window.
-SERVE_WITH_FAULT = """
-import sys
-
-import anyio
-
-from apollia_nb.api import idempotency
-
-
-async def finish(self, *args, **kwargs):
-    print("answered, not yet remembered", flush=True)
-    await anyio.sleep_forever()
-
-
-idempotency.Idempotency.finish = finish
-from apollia_nb.cli import main
-
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 def test_a_submit_cut_off_between_its_task_and_its_answer_is_not_done_twice(tmp_path):
-    import subprocess
-    import sys
-
     from test_api_serve import start, stop
 
     home = tmp_path / "home"
-    faulty = subprocess.Popen([sys.executable, "-c", SERVE_WITH_FAULT, "serve", "--home", str(home), "--port", "0",
-                               "--token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=tmp_path)
-    with ThreadPoolExecutor(1) as pool:
-        try:
-            assert faulty.stdout.readline(), faulty.stderr.read()
-            api = httpx.Client(base_url=proc_url(home) + "/api/v1", headers=AUTH, timeout=60)
+    # The fault point: the task is recorded, the submission not answered (its key taken, no answer yet).
+    faulty, _ = start(home, "--token", TOKEN, env={"APOLLIA_FAULT": "submit.after_commit:kill"})
+    try:
+        with httpx.Client(base_url=proc_url(home) + "/api/v1", headers=AUTH, timeout=60) as api:
             assert api.post("/agents", json={"manifest": WRITER}).status_code == 201
-            lost = pool.submit(api.post, "/tasks", json=TASK, headers=keyed("cut-off"))
-            assert faulty.stdout.readline() == "answered, not yet remembered\n"
-        finally:
-            stop(faulty, signal.SIGKILL)
-        with pytest.raises(httpx.TransportError):  # the client never hears back
-            lost.result(60)
-        api.close()
+            with pytest.raises(httpx.TransportError):  # killed there: the client never hears back
+                api.post("/tasks", json=TASK, headers=keyed("cut-off"))
+    finally:
+        assert stop(faulty) == -signal.SIGKILL
     proc, _ = start(home, "--token", TOKEN)
     try:
         with httpx.Client(base_url=proc_url(home) + "/api/v1", headers=AUTH, timeout=30) as api:

@@ -20,10 +20,15 @@ WRITER = manifest(actor=[{"tool_calls": [call("write_file", path="out.txt", cont
 
 
 def start(home: Path, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    """Start `serve` and read its one line (printed once it listens)."""
+    """Start `serve` and read its one line (printed once it listens).
+
+    It runs in a folder beside the home: agents' workspaces (root ".") are there, never around the home.
+    """
+    work = home.parent / "work"
+    work.mkdir(exist_ok=True)
     proc = subprocess.Popen([*APOLLIA, "serve", "--home", str(home), "--port", "0", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, cwd=home.parent)
+                            env={**os.environ, **(env or {})}, cwd=work)
     line = proc.stdout.readline()
     assert line, proc.stderr.read()
     return proc, line

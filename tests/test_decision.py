@@ -19,7 +19,7 @@ from apollia_nb.governance import (
     Rule,
     decide,
 )
-from apollia_nb.governance.decision import first_argument, rule_matches
+from apollia_nb.governance.decision import first_argument, path_prefix_matches, rule_matches
 
 ALL = ("once", "always", "refuse")
 ONCE_REFUSE = ("once", "refuse")
@@ -443,6 +443,63 @@ def test_deny_prefix_does_not_match_other_paths() -> None:
     expect(decide(call("write", tool="write_file", args={"path": "notes/a.txt"}), v), "allow", 5)
 
 
+PATH_PREFIXES = [
+    # (prefix, resolved name, matches)
+    ("secrets/", "secrets/k", True),
+    ("secrets/", "secrets", True),  # the folder itself
+    ("secrets/", "secretsX/k", False),  # a folder prefix stops at a component boundary
+    ("secrets/", "secrets.txt", False),
+    ("secrets//", "secrets/k", True),
+    ("./secrets/", "secrets/k", True),
+    ("secrets/.", "secrets/k", True),
+    ("secrets", "secrets/k", True),
+    ("secrets", "secretsX/k", True),  # a plain prefix matches as text
+    ("./secrets", "secrets.txt", True),
+    ("secrets", "public/secrets", False),
+    ("notes/draft", "notes/draft-2.md", True),
+    ("notes/draft", "notes/final.md", False),
+    ("/ws/secrets/", "/ws/secrets/k", True),
+    ("//ws/secrets/", "/ws/secrets/k", True),
+    ("/ws/secrets/", "secrets/k", False),  # absolute prefixes see absolute names
+    ("secrets/", "/ws/secrets/k", False),  # and relative ones relative names
+    (".", "secrets/k", True),
+    ("./", "a", True),
+    (".", ".", True),
+    ("/", "/ws/a", True),
+    ("/", "a", False),
+    ("..", "secrets/k", False),
+]
+
+
+@pytest.mark.parametrize(("prefix", "name", "matches"), PATH_PREFIXES, ids=[f"{p!r} on {n!r}" for p, n, _ in PATH_PREFIXES])
+def test_a_deny_prefix_on_a_file_tool_matches_the_resolved_names(prefix: str, name: str, matches: bool) -> None:
+    assert path_prefix_matches(prefix, name) is matches
+    asked = call("read", tool="read_file", args={"path": "anything/else"})
+    resolved = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "anything/else"}, paths=(name,))
+    v = view(rules=[Rule("read_file", prefix=prefix)])
+    assert decide(asked, v).outcome == "allow"  # the text alone does not match
+    assert (decide(resolved, v).outcome == "refuse") is matches
+    assert rule_matches(v.rules[0], resolved) is matches
+    if matches:
+        assert decide(resolved, v).reason.endswith(f"matches the path {name!r}")
+
+
+def test_a_file_tool_call_is_matched_on_its_resolved_names_not_its_folded_text() -> None:
+    v = view(rules=[Rule("read_file", prefix="secrets/")])
+    # "secretsX" folds to "secretsX", which a folder prefix does not match once the call is resolved,
+    # while the text of the argument still matches as text: "secrets/../public" starts with "secrets/".
+    loose = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "secretsX/k"})
+    resolved = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "secretsX/k"},
+                    paths=("secretsX/k",))
+    detour = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "secrets/../public/p"},
+                  paths=("public/p",))
+    assert decide(loose, v).outcome == "refuse"  # without names: the folded text, matched as text
+    assert decide(resolved, v).outcome == "allow"
+    assert decide(detour, v).outcome == "refuse"
+    with pytest.raises(TypeError):
+        Call(agent="clerk", tool="read_file", paths="secrets/k")
+
+
 # --- arguments ----------------------------------------------------------------------------
 
 def test_the_first_item_is_the_first_argument() -> None:
@@ -575,7 +632,7 @@ def test_strings_and_enums_compare_equal() -> None:
 
 def test_the_public_face() -> None:
     names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
-    assert names(Call) == ["agent", "tool", "family", "arguments", "connection", "run_grants"]
+    assert names(Call) == ["agent", "tool", "family", "arguments", "connection", "run_grants", "paths"]
     assert names(Rule) == ["tool", "effect", "prefix", "agent", "id"]  # no session, no project
     assert names(Policy) == ["refuse_tools", "refuse_connections", "refuse_families"]
     assert names(Decision)[:4] == ["outcome", "line", "answers", "reason"]

@@ -78,10 +78,17 @@ commands = st.recursive(
     max_leaves=4,
 )
 
+# A file tool's call carries the names of the file its path resolves to (Call.paths).
+PATH_NAMES = [".", "secrets", "secrets/k", "secretsX/k", "secrets.txt", "notes/draft-2.md", "/ws/secrets/k",
+              "/ws", "/", "../x", "a b/c", "alias/k"]
+PATH_PREFIXES = ["secrets/", "./secrets", "secrets", "secrets//", "/ws/secrets/", "/ws/secrets", ".", "./", "/",
+                 "notes/draft", "secrets/.", "..", "//ws/secrets", "alias/"]
+
 prefixes = st.one_of(
     st.none(),
     st.just(""),
     st.just("   "),
+    st.sampled_from(PATH_PREFIXES),
     st.lists(st.sampled_from(WORDS), min_size=1, max_size=3).map(" ".join),
     st.lists(words(), min_size=1, max_size=2).map(" ".join),
     st.text(alphabet="rmgit -/'\"x.", max_size=8),
@@ -108,6 +115,7 @@ def calls(draw: st.DrawFn) -> Call:
         arguments=draw(arguments),
         connection=draw(st.one_of(st.none(), st.sampled_from(CONNECTIONS))),
         run_grants=draw(st.sets(st.sampled_from(list(Family)))),
+        paths=draw(st.one_of(st.none(), st.lists(st.sampled_from(PATH_NAMES), max_size=3).map(tuple))),
     )
 
 

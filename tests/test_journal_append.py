@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 import duckdb
 import pytest
 
-from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound
+from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound, StorageFull
 from apollia_nb.journal import Draft, Journal, verify_journal
 from apollia_nb.journal.entry import GENESIS_HASH, canonical_json, entry_hash
 from apollia_nb.journal.merkle import root, leaf_hash
@@ -275,9 +275,10 @@ def test_a_failed_commit_raises_and_writes_nothing_of_its_group(home, monkeypatc
             raise OSError(errno.ENOSPC, "No space left on device")
 
         monkeypatch.setattr(tail_module.os, "pwrite", half_then_fail)
-        with pytest.raises(IntegrityError) as info:
+        with pytest.raises(StorageFull) as info:
             journal.append_many([("plan", {"n": 2}), ("plan", {"n": 3})])
-        assert "nothing of them was written" in info.value.message
+        assert info.value.code == "STORAGE_FULL"
+        assert "nothing of it was recorded" in info.value.message
         assert "No space left" in info.value.message
         assert journal.head()[0] == 1
         monkeypatch.setattr(tail_module.os, "pwrite", real_pwrite)

@@ -19,7 +19,7 @@ import time
 import duckdb
 import pytest
 
-from apollia_nb.errors import IntegrityError
+from apollia_nb.errors import IntegrityError, StorageError, StorageFull
 from apollia_nb.journal import Journal, verify_journal
 from apollia_nb.journal import tail as tail_module
 from apollia_nb.journal.export import export_home
@@ -280,8 +280,9 @@ def test_a_failed_sync_writes_nothing_and_the_next_commit_works(home, monkeypatc
 
         real = os.fdatasync
         monkeypatch.setattr(tail_module.os, "fdatasync", failing_sync)
-        with pytest.raises(IntegrityError, match="nothing of them was written"):
+        with pytest.raises(StorageError, match="nothing of it was recorded") as caught:
             journal.append("plan", {"n": 2})
+        assert caught.value.code == "STORAGE_ERROR"
         monkeypatch.setattr(tail_module.os, "fdatasync", real)
         assert journal.append("plan", {"n": 3}).seq == 2
         assert [e.data()["n"] for e in journal.entries()] == [1, 3]
@@ -308,10 +309,10 @@ def test_a_failed_append_soon_stops_its_run_and_only_its_run(home, monkeypatch):
 
         monkeypatch.setattr(tail_module.os, "pwrite", no_space)
         future = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
-        with pytest.raises(IntegrityError):
+        with pytest.raises(StorageFull):
             future.result(timeout=10)
         monkeypatch.setattr(tail_module.os, "pwrite", real_pwrite)
-        with pytest.raises(IntegrityError, match="run r1 cannot go on"):
+        with pytest.raises(StorageFull, match="run r1 cannot go on"):
             journal.append("tool_call", {"call_id": "c2"}, run_id="r1")
         assert journal.append("run_open", {"run_kind": "task"}, run_id="r2").seq == 2
         assert [e.run_id for e in journal.entries()] == ["r1", "r2"]

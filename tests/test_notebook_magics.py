@@ -164,6 +164,14 @@ def test_a_bad_manifest_is_one_line_with_its_code(ip, capsys):
     fails("MANIFEST_INVALID", ip.run_cell_magic, "apollia", "agent", 'name = "clerk"\nflavour = "x"\n')
 
 
+def test_a_workspace_around_the_home_is_refused_with_its_code(ip, home, capsys, monkeypatch):
+    load(ip, capsys)
+    monkeypatch.chdir(home.path.parent)  # root "." would then contain the home
+    error = fails("WORKSPACE_OVERLAPS_HOME", ip.run_cell_magic, "apollia", "agent", manifest())
+    assert "[workspace] root" in error.message
+    assert magics(ip).runtime.call(lambda: magics(ip).runtime.rt.agents()) == []
+
+
 # --- %%apollia task -------------------------------------------------------------------
 
 

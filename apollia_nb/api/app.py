@@ -8,7 +8,8 @@ of :mod:`apollia_nb.api.schemas`; the app adds only what HTTP needs:
   is 422 ``BAD_INPUT`` naming the field; unknown routes 404 ``NOT_FOUND``;
   a wrong method 405 ``METHOD_NOT_ALLOWED``; a missing or wrong token 401
   ``UNAUTHORIZED`` (with ``WWW-Authenticate: Bearer``); a body over the limit
-  413 ``PAYLOAD_TOO_LARGE``. Nothing a client sends is a 500.
+  413 ``PAYLOAD_TOO_LARGE``; a write the disk refuses 507 ``STORAGE_FULL`` or
+  503 ``STORAGE_ERROR`` (nothing of it was recorded). Nothing a client sends is a 500.
 * **A bearer token** on every route but ``/health``, compared in constant time.
 * **No CORS** unless origins are configured.
 * **Server-sent events** for a task's changes and a chat exchange's events,
@@ -29,7 +30,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request, Response, Security
+from fastapi import APIRouter, BackgroundTasks, Body, Depends, FastAPI, Header, Query, Request, Response, Security
 from fastapi import Path as FastPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -38,7 +39,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from apollia_nb import __version__
+from apollia_nb import __version__, faults
 from apollia_nb.api import schemas as s
 from apollia_nb.api.idempotency import (
     KEY_HEADER,
@@ -47,6 +48,7 @@ from apollia_nb.api.idempotency import (
     Idempotency,
     IdempotentRoute,
 )
+from apollia_nb.dbutil import storage_error
 from apollia_nb.errors import ApolliaError, BadInput, Conflict, NotFound, UnknownRun, UnknownTask
 from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
 
@@ -64,7 +66,11 @@ _STATUS_WORDS = {
     413: "the request body is over the server's limit (`PAYLOAD_TOO_LARGE`)",
     422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`, or "
          "`IDEMPOTENCY_KEY_REUSED` for an `Idempotency-Key` sent before with another body)",
+    503: "the disk refused the write (`STORAGE_ERROR`: read-only, I/O error); nothing was recorded, retry later",
+    507: "no space left on the home's disk (`STORAGE_FULL`); nothing was recorded, retry once space is freed",
 }
+#: Routes that write (and the journal's reads, which copy its newest entries first) may meet a storage fault.
+_STORAGE_STATUSES = (503, 507)
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -259,6 +265,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        storage = storage_error(exc, "the request could not be carried out")  # e.g. a workspace on a full disk
+        if storage is not None:
+            return _error_response(storage)
         return _error_response(ApolliaError(f"internal error: {type(exc).__name__}"), 500)
 
 
@@ -384,8 +393,15 @@ async def _exchange_events(exchange: Any, start: int, closing: anyio.Event) -> A
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(_authorize)], responses=_errors(401, 422))
 
-def _route(method: str, path: str, status: int = 200, *, idempotent: bool | None = None, **kw: Any) -> Any:
-    """A route of ``router``; a POST (unless ``idempotent=False``) honours ``Idempotency-Key``."""
+def _route(method: str, path: str, status: int = 200, *, storage: bool | None = None,
+           idempotent: bool | None = None, **kw: Any) -> Any:
+    """A JSON route of ``router``.
+
+    ``storage`` (default: every method but GET) documents 503/507 storage faults; a POST (unless
+    ``idempotent=False``) honours ``Idempotency-Key``.
+    """
+    if storage if storage is not None else method != "GET":
+        kw["responses"] = {**kw.get("responses", {}), **_errors(*_STORAGE_STATUSES)}
     extra: dict[str, Any] = {}
     if method == "POST" if idempotent is None else idempotent:
         extra["route_class_override"] = IdempotentRoute
@@ -460,7 +476,7 @@ async def submit_task(response: Response, body: s.TaskIn, rt: Any = Depends(_run
     return {"id": task["id"], "run_id": task["run_id"], "status": task["status"], "warnings": task["warnings"]}
 
 
-@_route("GET", "/tasks", response_model=list[s.Task], operation_id="listTasks", tags=["tasks"],
+@_route("GET", "/tasks", storage=True, response_model=list[s.Task], operation_id="listTasks", tags=["tasks"],
         summary="Tasks, oldest first", responses=_errors(422))
 async def list_tasks(
     agent: str | None = Query(None, max_length=200, description="only this agent's tasks"),
@@ -471,7 +487,7 @@ async def list_tasks(
     return [t for t in tasks if (agent is None or t["agent"] == agent) and (status is None or t["status"] == status)]
 
 
-@_route("GET", "/tasks/{task_id}", response_model=s.Task, operation_id="getTask", tags=["tasks"],
+@_route("GET", "/tasks/{task_id}", storage=True, response_model=s.Task, operation_id="getTask", tags=["tasks"],
         summary="One task", responses=_errors(404))
 async def get_task(task_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return _task_dict(rt, task_id)
@@ -613,7 +629,7 @@ _EXCHANGE_EVENTS = (
 
 @router.post("/sessions/{session_id}/messages", response_class=EventSourceResponse, operation_id="sendMessage",
              tags=["sessions"], summary="Send a message and stream the exchange (server-sent events)",
-             responses=_stream_errors(404, 409, 413, 422, events=_EXCHANGE_EVENT_SCHEMAS),
+             responses=_stream_errors(404, 409, 413, 422, *_STORAGE_STATUSES, events=_EXCHANGE_EVENT_SCHEMAS),
              description="409 `SESSION_BUSY` while the session is processing, `SESSION_CLOSED` once closed. "
                          + _EXCHANGE_EVENTS)
 async def send_message(request: Request, exchange: Any = Depends(_start_exchange)) -> AsyncIterator[ServerSentEvent]:
@@ -714,8 +730,15 @@ async def list_pending(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
                     "the standing consent, or the allow rule for a simple command in developer mode), `refuse` "
                     "refuses it and fails its step. 422 `BAD_ANSWER` for an answer not on offer, 404 "
                     "`UNKNOWN_DECISION`, 409 `CONFLICT` when it was already answered.")
-async def decide(body: s.DecideIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    return rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason)
+async def decide(body: s.DecideIn, background: BackgroundTasks, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    answered = rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason)  # committed
+    faults.point("decide.after_commit")
+    background.add_task(_after_decide_response)
+    return answered
+
+
+async def _after_decide_response() -> None:
+    faults.point("decide.after_response")  # the 200 is sent; the resumed run has not run a step yet
 
 
 # governance
@@ -781,7 +804,7 @@ async def get_policy(rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
 # audit
 
-@_route("GET", "/audit/verify", response_model=s.VerifyReport, operation_id="verifyJournal", tags=["audit"],
+@_route("GET", "/audit/verify", storage=True, response_model=s.VerifyReport, operation_id="verifyJournal", tags=["audit"],
         summary="Verify the whole journal", description="Chain, hashes, every signature, sequence continuity "
         "and the stored checkpoints. A journal that does not verify is still a 200 with `ok: false`.")
 async def verify_journal(rt: Any = Depends(_runtime)) -> dict[str, Any]:
@@ -800,7 +823,7 @@ async def replay_run(run_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]
     return rt.replay(run_id).to_dict()
 
 
-@_route("GET", "/audit/entries", response_model=s.EntriesPage, operation_id="listEntries", tags=["audit"],
+@_route("GET", "/audit/entries", storage=True, response_model=s.EntriesPage, operation_id="listEntries", tags=["audit"],
         summary="Journal entries in sequence order, a page at a time", responses=_errors(422))
 async def list_entries(
     since_seq: int | None = Query(None, ge=0, le=2**62, description="only entries with a greater seq"),

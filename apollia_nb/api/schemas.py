@@ -218,6 +218,9 @@ class Card(_Out):
     call_id: str | None = None
     created_at: str
     hints: dict[str, Any] | None = None
+    path: str | None = Field(
+        default=None, description="a file tool's path as resolved, relative to the workspace: the file the call acts on"
+    )
     answer: AnswerName | None = None
     answered_by: str | None = None
     answered_at: str | None = None

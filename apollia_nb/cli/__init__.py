@@ -57,7 +57,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        try:
+            return int(args.handler(args) or 0)
+        except ApolliaError:
+            raise
+        except Exception as exc:  # the disk refusing a write anywhere (the home's lock, a workspace)
+            from apollia_nb.dbutil import storage_error
+
+            storage = storage_error(exc, "the command could not finish")
+            if storage is None:
+                raise
+            raise storage from exc
     except ApolliaError as exc:
         if getattr(args, "json", False):
             print(json.dumps(exc.to_dict()), file=sys.stderr)

@@ -23,7 +23,9 @@ answer from an index built once per snapshot):
 
 - A ``deny`` rule without a prefix matches every call of its tool. With a prefix it
   matches broadly, because refusing too much is safe and too little is not: the
-  first argument starts with the prefix, as text or as a normalised path; for
+  first argument starts with the prefix, as text or as a normalised path; for a
+  file tool, whose call carries the names its path resolves to (``Call.paths``),
+  as text or as one of those names (``path_prefix_matches``); for
   ``execute`` calls (and unclassified ones, which may run commands too) the
   simple-command check's deny matching decides instead of (unclassified: as well
   as) the text match. A first argument that is not a string is matched as its text;
@@ -59,6 +61,7 @@ __all__ = [
     "decide",
     "first_argument",
     "rule_matches",
+    "path_prefix_matches",
     "READ_ONLY_FAMILIES",
 ]
 
@@ -131,6 +134,11 @@ class Call:
 
     ``family`` is a ``Family``, its string or ``None`` (unclassified); any other
     string raises ``ValueError`` here, before anything is decided.
+
+    ``paths`` is set for a file tool: the names of the file its first argument
+    resolves to (workspace-relative and absolute), worked out by the same function
+    the tool uses. Deny prefixes are then matched against them as paths; ``None``
+    means the call is not a file tool's.
     """
 
     agent: str
@@ -139,6 +147,7 @@ class Call:
     arguments: Mapping[str, Any] = field(default_factory=dict)
     connection: str | None = None
     run_grants: frozenset[Family] = frozenset()
+    paths: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "agent", _text("agent", self.agent))
@@ -152,6 +161,10 @@ class Call:
             object.__setattr__(self, "connection", _text("connection", self.connection))
         grants = frozenset(_family(g) for g in (self.run_grants or ()))
         object.__setattr__(self, "run_grants", grants - {None})
+        if self.paths is not None:
+            if isinstance(self.paths, str):
+                raise TypeError("paths must be a sequence of strings, not a string")
+            object.__setattr__(self, "paths", tuple(_text("path", p) for p in self.paths))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +206,47 @@ class Policy:
         object.__setattr__(
             self, "refuse_families", frozenset(Family(f) for f in (self.refuse_families or ()))
         )
+
+
+# --- paths ----------------------------------------------------------------------------
+#
+# A deny prefix on a file tool is matched against the names of the file the call's
+# path resolves to. Prefix and names are put in one form first: ``..``, ``.`` and
+# repeated slashes folded, a relative one written from ``./`` (so ``secrets``,
+# ``./secrets`` and ``secrets//`` agree and the workspace root is ``.``), an absolute
+# one from ``/``. A prefix ending in ``/`` (or ``/.``), and ``.`` or ``/`` alone, name a
+# directory: it matches that path and everything below it, at a component boundary
+# (``secrets/`` matches ``secrets`` and ``secrets/k``, not ``secretsX``). Any other
+# prefix matches as text on that form (``secrets`` also matches ``secrets.txt`` and
+# ``secretsX/k``; ``notes/draft`` matches ``notes/draft-2.md``).
+
+
+def _path_form(path: str) -> str:
+    normal = posixpath.normpath(path)
+    if normal.startswith("//"):  # normpath keeps two leading slashes; the file system does not
+        normal = "/" + normal.lstrip("/")
+    if normal.startswith("/") or normal == ".":
+        return normal
+    return "./" + normal
+
+
+def _path_prefix(prefix: str) -> tuple[str, bool]:
+    """The prefix's form and whether it names a directory (matched at a component boundary)."""
+    form = _path_form(prefix)
+    directory = prefix.endswith(("/", "/.", "/..")) or prefix in (".", "..") or form in (".", "/")
+    if directory and not form.endswith("/"):
+        form += "/"
+    return form, directory
+
+
+def _path_hit(form: str, directory: bool, name_form: str) -> bool:
+    return (name_form + "/").startswith(form) if directory else name_form.startswith(form)
+
+
+def path_prefix_matches(prefix: str, path: str) -> bool:
+    """Whether a deny ``prefix`` matches the resolved ``path`` of a file tool (see above)."""
+    form, directory = _path_prefix(prefix)
+    return _path_hit(form, directory, _path_form(path))
 
 
 # --- the rule index -----------------------------------------------------------------
@@ -299,13 +353,18 @@ class _Rules:
     deny_text_lengths: tuple[int, ...]
     deny_path: Mapping[str, int]  # normalised prefix -> first position
     deny_path_lengths: tuple[int, ...]
+    deny_file_text: Mapping[str, int]  # path form of a prefix matched as text -> first position
+    deny_file_text_lengths: tuple[int, ...]
+    deny_file_dir: Mapping[str, int]  # path form of a directory prefix (ending in /) -> first position
+    deny_file_dir_lengths: tuple[int, ...]
     deny_commands: tuple[tuple[int, str], ...]  # every prefixed deny rule, in view order
     deny_trie: _Trie  # those with a plain prefix, by first word
     deny_unkeyed: tuple[tuple[int, str], ...]  # those without: always checked
     allow: Mapping[str, tuple[tuple[int, tuple[str, ...]], ...]]  # first word -> (pos, words)
 
     def first_deny(
-        self, family: Family | None, texts: tuple[str, ...] | None, searchable: tuple[str | None, ...]
+        self, family: Family | None, texts: tuple[str, ...] | None, searchable: tuple[str | None, ...],
+        paths: tuple[str, ...] | None = None,
     ) -> int | None:
         best = self.deny_all
         if not self.deny_commands:
@@ -315,11 +374,16 @@ class _Rules:
         for text, plain in zip(texts, searchable):
             if family is not Family.EXECUTE:
                 best = _earliest(best, _prefix_hit(self.deny_text, self.deny_text_lengths, text))
-                if text:
+                if text and paths is None:
                     normal = posixpath.normpath(text)
                     best = _earliest(best, _prefix_hit(self.deny_path, self.deny_path_lengths, normal))
             if family in _COMMAND_FAMILIES:
                 best = _earliest(best, self._first_command_deny(text, plain, best))
+        if paths is not None and family is not Family.EXECUTE:
+            for name in paths:
+                form = _path_form(name)
+                best = _earliest(best, _prefix_hit(self.deny_file_text, self.deny_file_text_lengths, form))
+                best = _earliest(best, _prefix_hit(self.deny_file_dir, self.deny_file_dir_lengths, form + "/"))
         return best
 
     def _first_command_deny(self, command: str, plain: str | None, before: int | None) -> int | None:
@@ -357,6 +421,8 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
     deny_all: int | None = None
     text: dict[str, int] = {}
     path: dict[str, int] = {}
+    file_text: dict[str, int] = {}
+    file_dir: dict[str, int] = {}
     commands: dict[str, int] = {}
     allow: dict[str, list[tuple[int, tuple[str, ...]]]] = {}
     for pos, rule in rules:
@@ -370,6 +436,8 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
         else:
             text.setdefault(prefix, pos)
             path.setdefault(posixpath.normpath(prefix), pos)
+            form, directory = _path_prefix(prefix)
+            (file_dir if directory else file_text).setdefault(form, pos)
             commands.setdefault(prefix, pos)
     trie: _Trie = {}
     unkeyed: list[tuple[int, str]] = []
@@ -388,6 +456,10 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
         deny_text_lengths=tuple(sorted({len(k) for k in text})),
         deny_path=path,
         deny_path_lengths=tuple(sorted({len(k) for k in path})),
+        deny_file_text=file_text,
+        deny_file_text_lengths=tuple(sorted({len(k) for k in file_text})),
+        deny_file_dir=file_dir,
+        deny_file_dir_lengths=tuple(sorted({len(k) for k in file_dir})),
         deny_commands=tuple(sorted((pos, prefix) for prefix, pos in commands.items())),
         deny_trie=trie,
         deny_unkeyed=tuple(sorted(unkeyed)),
@@ -529,13 +601,15 @@ def _command(call: Call) -> str | None:
     return None
 
 
-def _deny_matches(prefix: str, family: Family | None, text: str) -> bool:
+def _deny_matches(prefix: str, family: Family | None, text: str, resolved: bool = False) -> bool:
     if family in _COMMAND_FAMILIES and shellcheck.deny_prefix_matches(prefix, text):
         return True
     if family is Family.EXECUTE:
         return False
     if text.startswith(prefix):
         return True
+    if resolved:  # a file tool's call: its resolved names are matched instead (path_prefix_matches)
+        return False
     # Paths: "./secrets/x" and "notes/../secrets/x" are "secrets/x".
     return bool(text) and posixpath.normpath(text).startswith(posixpath.normpath(prefix))
 
@@ -557,7 +631,12 @@ def rule_matches(rule: Rule, call: Call) -> bool:
     texts = _argument_texts(call)
     if texts is None:
         return True
-    return any(_deny_matches(rule.prefix, call.family, text) for text in texts)
+    paths = call.paths
+    if any(_deny_matches(rule.prefix, call.family, text, paths is not None) for text in texts):
+        return True
+    if paths is None or call.family is Family.EXECUTE:
+        return False
+    return any(path_prefix_matches(rule.prefix, name) for name in paths)
 
 
 def _scope_words(rule: Rule) -> str:
@@ -591,13 +670,14 @@ def decide(call: Call, view: GovernanceView) -> Decision:
             plain = (None,) * len(texts)
         first: int | None = None
         for rules in scopes:
-            first = _earliest(first, rules.first_deny(family, texts, plain))
+            first = _earliest(first, rules.first_deny(family, texts, plain, call.paths))
         if first is not None:
             rule = view.rules[first]
             what = f" under {rule.prefix!r}" if rule.prefix is not None else ""
+            where = f" the path {call.paths[0]!r}" if call.paths else ""
             return Decision(
                 Outcome.REFUSE, 2,
-                reason=f"a deny rule for {call.tool!r}{what} ({_scope_words(rule)}) matches",
+                reason=f"a deny rule for {call.tool!r}{what} ({_scope_words(rule)}) matches{where}",
                 rule_id=rule.id,
             )
 

@@ -33,6 +33,11 @@ Why it is shaped this way:
   changes. Repeating a change that is already in effect journals nothing.
   Pending decisions are runtime state: the runtime journals the ask and the
   answer with their run, the store only keeps them across restarts.
+* **Storage faults are their own error.** A change the disk refuses (full,
+  read-only, I/O error) raises ``StorageFull`` / ``StorageError`` and is not in
+  effect; when the journal already took its entry, the message says so. When
+  DuckDB invalidates the database after such a failure, the kept connection is
+  dropped and the next operation opens the file again.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from apollia_nb.dbutil import lock_holder_pid, raise_if_locked
+from apollia_nb.dbutil import lock_holder_pid, needs_reopen, raise_if_locked, storage_error
 from apollia_nb.errors import (
     BadAnswer,
     BadInput,
@@ -590,6 +595,7 @@ class GovernanceStore:
             )
             row = con.execute("SELECT enabled FROM developer_mode").fetchone()
         except (duckdb.Error, ValueError) as exc:
+            self._forget_invalidated(exc)
             return _DbState(sig, recheck, rules=self._last_rules, error=f"governance.db cannot be read: {exc}")
         except GovernanceUnreadable as exc:
             return _DbState(sig, recheck, rules=self._last_rules, error=exc.message)
@@ -707,7 +713,10 @@ class GovernanceStore:
         duckdb = _duckdb()
         with self._lock:
             self.home.ensure()
-            con = self._connect(read_only=False)
+            try:
+                con = self._connect(read_only=False)
+            except GovernanceUnreadable as exc:  # a full disk refusing even the file's creation
+                raise storage_error(exc, "governance.db did not take the change") or exc from None
             try:
                 try:
                     con.execute("BEGIN TRANSACTION")
@@ -715,6 +724,10 @@ class GovernanceStore:
                         self._create_schema(con)
                     change = prepare(con)
                 except duckdb.Error as exc:
+                    self._forget_invalidated(exc)
+                    storage = storage_error(exc, "governance.db did not take the change")
+                    if storage is not None:
+                        raise storage from None
                     raise GovernanceUnreadable(f"governance.db cannot be read: {exc}") from None
                 if isinstance(change, _NoChange):
                     con.execute("ROLLBACK")
@@ -725,6 +738,12 @@ class GovernanceStore:
                     change.apply(con)
                     con.execute("COMMIT")
                 except duckdb.Error as exc:
+                    self._forget_invalidated(exc)
+                    storage = storage_error(
+                        exc, "governance.db did not take the change (the journal holds the request, "
+                             "not its effect)")
+                    if storage is not None:
+                        raise storage from None
                     raise GovernanceUnreadable(f"governance.db cannot be written: {exc}") from None
                 return change.result
             except BaseException:
@@ -737,6 +756,16 @@ class GovernanceStore:
                 con.close()
                 self._db = None
                 self._cached = None
+
+    def _forget_invalidated(self, exc: BaseException) -> None:
+        """Drop the kept connection when DuckDB invalidated the database (a write the disk refused):
+        the next operation opens it again, with what it had committed."""
+        if needs_reopen(exc) and self._keeper is not None:
+            keeper, self._keeper = self._keeper, None
+            try:
+                keeper.close()
+            except Exception:  # noqa: BLE001 - an invalidated database may refuse even this
+                pass
 
     def _create_schema(self, con: "duckdb.DuckDBPyConnection") -> None:
         for statement in _SCHEMA:

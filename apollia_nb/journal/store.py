@@ -36,6 +36,7 @@ import atexit
 import os
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -46,8 +47,8 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from apollia_nb.dbutil import raise_if_locked
-from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound
+from apollia_nb.dbutil import fault_point, needs_reopen, raise_if_locked, storage_error
+from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound, StorageError
 from apollia_nb.home import Home
 from apollia_nb.journal import keys as _keys
 from apollia_nb.journal.checkpoint import (
@@ -274,6 +275,8 @@ MAX_GROUP = 1024
 IMPORT_BATCH = 512
 #: Idle time after which the writer copies what the log holds.
 IMPORT_IDLE_SECS = 0.1
+#: After ``journal.db`` refused a copy (a full disk), the writer tries again this often.
+IMPORT_RETRY_SECS = 0.5
 _OPEN: dict[Path, "Journal"] = {}
 _OPEN_LOCK = threading.Lock()
 
@@ -311,7 +314,10 @@ class Journal:
         self._tail: TailLog | None = None
         self._pending: list[tuple[Any, ...]] = []  # in the log, not yet in journal.db (writer's)
         self._imports = 0
-        self._broken: BaseException | None = None
+        self._broken: BaseException | None = None  # journal.db refused a copy for a reason other than the disk
+        self._copy_error: StorageError | None = None  # why the last copy into journal.db failed
+        self._retry_at = 0.0  # monotonic time before which the writer does not retry a failed copy
+        self._reopen_needed = False  # DuckDB invalidated journal.db after a failed write
         self._opened_at = 0  # entries journal.db held when opened (after recovery)
         self._run_counts: dict[str, int] = {}  # entries per run appended since open
         self._run_base: dict[str, int] = {}  # entries per run before open, as asked for
@@ -356,11 +362,14 @@ class Journal:
                 origin = _prepare(con)
                 journal = cls(path, con, key, origin, clock or _utcnow)
                 journal._recover_tail(journal._load())
-            except BaseException:
+            except BaseException as exc:
                 if journal is not None and journal._tail is not None:
                     journal._tail.close()
                 con.close()
-                raise
+                storage = storage_error(exc, f"{path.name} could not be opened")  # e.g. a full disk
+                if storage is None or storage is exc:
+                    raise
+                raise storage from exc
             _OPEN[resolved] = journal
         journal._thread.start()
         atexit.register(journal.close)
@@ -556,8 +565,9 @@ class Journal:
             if backlog:
                 request = backlog.popleft()
             elif self._pending:
+                wait = max(IMPORT_IDLE_SECS, self._retry_at - time.monotonic())
                 try:
-                    request = self._queue.get(timeout=IMPORT_IDLE_SECS)
+                    request = self._queue.get(timeout=wait)
                 except queue.Empty:
                     self._import_quietly()
                     continue
@@ -583,7 +593,7 @@ class Journal:
                     break
                 self._sequence(group, nxt)
             self._commit(group)
-            if len(self._pending) >= IMPORT_BATCH:
+            if len(self._pending) >= IMPORT_BATCH and time.monotonic() >= self._retry_at:
                 self._import_quietly()
         self._finish()
 
@@ -603,7 +613,8 @@ class Journal:
             for item in request.items:  # type: ignore[union-attr]
                 failed = self._failed_runs.get(item.run_id) if item.run_id is not None else None
                 if failed is not None:
-                    request.future.set_exception(IntegrityError(
+                    cls = type(failed) if isinstance(failed, StorageError) else IntegrityError
+                    request.future.set_exception(cls(
                         f"run {item.run_id} cannot go on: an entry it handed over earlier was not written "
                         f"({failed})"))
                     return
@@ -640,11 +651,11 @@ class Journal:
                 tail.reset(len(record))
             tail.write(record)
         except BaseException as exc:
-            error = IntegrityError(
-                f"the journal could not record {len(group.requests)} request(s); "
-                f"nothing of them was written: {exc}"
-            )
-            error.__cause__ = exc
+            what = f"the journal could not record {len(group.requests)} request(s)"
+            error: BaseException = storage_error(exc, what) or IntegrityError(
+                f"{what}; nothing of them was written: {exc}")
+            if error is not exc:
+                error.__cause__ = exc
             for request, _ in group.requests:
                 self._mark_failed(request, error)
                 request.future.set_exception(error)
@@ -674,46 +685,126 @@ class Journal:
         """Copy the pending entries into ``journal.db`` (one transaction).
 
         Runs on the writer thread. A failure leaves the entries in the log (they
-        are committed there) and breaks the journal: later appends and reads
-        raise, and the next open finishes the copy or refuses.
+        are committed there). When the disk refused the write (full, read-only,
+        I/O error) they stay pending: the writer tries the copy again
+        (``IMPORT_RETRY_SECS`` apart while idle, and before any read), opening
+        ``journal.db`` again first when DuckDB invalidated it; until a copy
+        succeeds, reads raise the failure (``STORAGE_FULL`` / ``STORAGE_ERROR``)
+        and appends go on while the log has room. Any other failure (journal.db
+        holds rows the journal did not write) breaks the journal: later appends
+        and reads raise, and the next open finishes the copy or refuses.
         """
         if self._broken is not None:
             raise self._broken
         if not self._pending:
             return
         try:
-            self._insert(self._pending)
-            self._pending = []
-            self._imports += 1
+            if self._copy_error is not None:
+                self._drop_copied()
+            if self._pending:
+                self._insert(self._pending)
         except BaseException as exc:
-            broken = IntegrityError(
-                f"{self.path.name} could not take the entries committed in {tail_path(self.path).name}: {exc}; "
-                "they are kept there, and the next open of the journal copies them or refuses"
-            )
-            broken.__cause__ = exc
-            self._broken = broken
-            raise broken from exc
+            what = (f"{self.path.name} could not take the {len(self._pending)} entries committed in "
+                    f"{tail_path(self.path).name} (they are kept there and copied once it can)")
+            error = storage_error(exc, what)
+            if error is None:
+                broken = IntegrityError(
+                    f"{self.path.name} could not take the entries committed in {tail_path(self.path).name}: "
+                    f"{exc}; they are kept there, and the next open of the journal copies them or refuses"
+                )
+                broken.__cause__ = exc
+                self._broken = broken
+                raise broken from exc
+            self._copy_error = error
+            self._retry_at = time.monotonic() + IMPORT_RETRY_SECS
+            if error is exc:
+                raise
+            raise error from exc
+        self._pending = []
+        self._imports += 1
+        self._copy_error = None
+
+    def _drop_copied(self) -> None:
+        """Before retrying a failed copy: drop the pending rows ``journal.db`` holds already.
+
+        DuckDB can report a failed commit whose rows it did commit (the commit
+        reached its WAL, the checkpoint after it did not). Those rows must be the
+        very same entries; anything else raises ``IntegrityError``."""
+        con = self._db()
+        (max_seq,) = con.execute("SELECT coalesce(max(seq), 0) FROM entries").fetchall()[0]
+        copied = [row for row in self._pending if row[0] <= max_seq]
+        if not copied:
+            return
+        stored = _stored_rows(con, copied)
+        for row in copied:
+            if stored.get(row[0]) != Entry.from_row(row):
+                raise IntegrityError(f"entry {row[0]} is not the entry {self.path.name} holds at that place")
+        self._pending = [row for row in self._pending if row[0] > max_seq]
 
     def _import_quietly(self) -> None:
-        """``_import`` where nobody waits on it; a failure stays in ``_broken`` for the next caller."""
+        """``_import`` where nobody waits on it; a failure is kept in ``_copy_error`` and retried."""
         try:
             self._import()
         except BaseException:
             pass
 
+    def _db(self) -> duckdb.DuckDBPyConnection:
+        """The writer's connection, opened again first when DuckDB invalidated ``journal.db``."""
+        if self._reopen_needed:
+            self._reopen()
+        return self._con
+
+    def _reopen(self) -> None:
+        """Open ``journal.db`` again after a write DuckDB could not finish invalidated it.
+
+        DuckDB marks a database whose checkpoint failed (a full disk) as unusable
+        until it is opened again; what it had committed is in its WAL and comes
+        back on open. Runs on the writer thread; readers wait on the read lock.
+        """
+        with self._read_lock:
+            if self._reader is not None:
+                for old in (self._reader, self._con):
+                    try:
+                        old.close()
+                    except Exception:  # noqa: BLE001 - an invalidated database may refuse even this
+                        pass
+                self._reader = None
+            con = connect_locked(self.path)
+            try:
+                con.execute("SET threads = 1")
+                self._appender = con.appender("entries")
+                reader = con.cursor()
+            except BaseException:
+                con.close()
+                raise
+            self._con, self._reader = con, reader
+            self._reopen_needed = False
+
+    def _note_failure(self, exc: BaseException) -> None:
+        if needs_reopen(exc):
+            self._reopen_needed = True
+
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
         """Insert rows in one committed transaction (see docs/journal.md for the measurement)."""
-        con = self._con
-        if len(rows) == 1:
-            con.execute(f"INSERT INTO entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows[0])
-            return
-        # One appender flush is one statement, so in autocommit mode it is one
-        # transaction: every row of the group or none.
         try:
-            self._appender.append_rows(rows)
-            self._appender.flush()
-        except BaseException:
-            self._appender.clear()
+            con = self._db()
+            fault_point(self.path.name)
+            if len(rows) == 1:
+                con.execute(f"INSERT INTO entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows[0])
+                return
+            # One appender flush is one statement, so in autocommit mode it is one
+            # transaction: every row of the group or none.
+            try:
+                self._appender.append_rows(rows)
+                self._appender.flush()
+            except BaseException:
+                try:
+                    self._appender.clear()
+                except Exception:  # noqa: BLE001 - an invalidated database refuses this too
+                    pass
+                raise
+        except BaseException as exc:
+            self._note_failure(exc)
             raise
 
     def _finish(self) -> None:
@@ -723,7 +814,7 @@ class Journal:
             size = self._acc.size
             if size and (self._latest is None or self._latest[0] < size):
                 self._write_checkpoint()
-        except BaseException as exc:  # re-raised by close()
+        except BaseException as exc:  # re-raised by close(); the log keeps what journal.db lacks
             self._close_error = exc
 
     # ------------------------------------------------------------------ checkpoints
@@ -733,7 +824,7 @@ class Journal:
         if base is None:
             with self._read_lock:  # rows up to the opening head are in journal.db since open
                 if self._reader is None:
-                    raise Conflict(f"the journal {self.path} is closed")
+                    raise self._unreadable()
                 (base,) = self._reader.execute(
                     "SELECT count(*) FROM entries WHERE run_id = ? AND seq <= ?", [run_id, self._opened_at]
                 ).fetchall()[0]
@@ -759,10 +850,22 @@ class Journal:
             return self._latest[1]
         cp = Checkpoint(self._origin, size, self._acc.root())
         note = self._signer.sign(cp.body())
-        self._con.execute(
-            "INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)",
-            [size, cp.root, note, format_ts(self._clock())],
-        )
+        try:
+            con = self._db()
+            fault_point(self.path.name)
+            # ON CONFLICT: a commit DuckDB reported as failed may have reached its WAL
+            # (Ed25519 is deterministic, so the stored note is this very note).
+            con.execute(
+                "INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                [size, cp.root, note, format_ts(self._clock())],
+            )
+        except BaseException as exc:
+            self._note_failure(exc)
+            error = storage_error(exc, f"the checkpoint of {size} entries was not stored")
+            if error is None or error is exc:
+                raise
+            raise error from exc
         self._latest = (size, note)
         return note
 
@@ -835,7 +938,9 @@ class Journal:
         """Have the writer copy pending entries into ``journal.db`` before a read.
 
         Every entry an append has returned is pending or copied when this is
-        called, so the read that follows sees it. Raises when the journal is broken.
+        called, so the read that follows sees it. Raises ``STORAGE_FULL`` /
+        ``STORAGE_ERROR`` while ``journal.db`` cannot take the copy, and
+        ``INTEGRITY_FAILURE`` when the journal is broken.
         """
         if self._broken is not None:
             raise self._broken
@@ -845,11 +950,17 @@ class Journal:
             except Conflict:
                 pass  # closing: close() copies everything itself
 
+    def _unreadable(self) -> BaseException:
+        if self._closed:
+            return Conflict(f"the journal {self.path} is closed")
+        return StorageError(f"{self.path.name} could not be opened again after a failed write; "
+                            "the writer tries again at its next write")
+
     def _read(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         self._catch_up()
         with self._read_lock:
             if self._reader is None:
-                raise Conflict(f"the journal {self.path} is closed")
+                raise self._unreadable()
             return self._reader.execute(sql, params).fetchall()
 
     def entries(
@@ -892,7 +1003,7 @@ class Journal:
         self._catch_up()
         with self._read_lock:
             if self._reader is None:
-                raise Conflict(f"the journal {self.path} is closed")
+                raise self._unreadable()
             cur = self._reader
             cur.begin()
             try:
@@ -910,7 +1021,7 @@ class Journal:
         self._catch_up()
         with self._read_lock:
             if self._reader is None:
-                raise Conflict(f"the journal {self.path} is closed")
+                raise self._unreadable()
             return self._reader.cursor()
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
@@ -931,15 +1042,20 @@ class Journal:
                 self._thread.join()
         finally:
             with self._read_lock:
-                self._reader.close()
-                self._reader = None
-            self._con.close()
+                if self._reader is not None:
+                    self._reader.close()
+                    self._reader = None
+            try:
+                self._con.close()
+            except Exception:  # noqa: BLE001 - an invalidated database: its WAL holds what it committed
+                pass
             if self._tail is not None:  # removed when journal.db holds everything it has
                 self._tail.close(remove=not self._pending and self._broken is None and self._close_error is None)
             with _OPEN_LOCK:
                 _OPEN.pop(self.path.resolve(), None)
         if self._close_error is not None:
-            raise IntegrityError(f"the closing checkpoint was not written: {self._close_error}")
+            error = storage_error(self._close_error, "the closing checkpoint was not written")
+            raise error or IntegrityError(f"the closing checkpoint was not written: {self._close_error}")
 
 
 def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: str | None = None) -> _Item:

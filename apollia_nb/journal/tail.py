@@ -33,6 +33,7 @@ reads the log skips them after checking they are the very entries
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from apollia_nb.dbutil import fault_point
 from apollia_nb.errors import IntegrityError
 
 __all__ = ["TailLog", "TailRead", "read_tail", "tail_path"]
@@ -163,7 +165,10 @@ class TailLog:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
         self._length = 0
         self._allocated = 0
-        self.reset()
+        try:
+            self.reset()
+        except OSError:  # a full disk: nothing is allocated yet, and the first commit tries again
+            pass
         if not existed:
             _fsync_dir(self.path.parent)
 
@@ -176,15 +181,23 @@ class TailLog:
         return self._length + size <= self._allocated
 
     def reset(self, at_least: int = 0) -> None:
-        """Start over: cut the file to nothing and preallocate it again, durably."""
+        """Start over: cut the file to nothing and preallocate it again, durably.
+
+        Raises ``OSError`` when the disk has no room for the preallocation (or
+        refuses the sync); the file then holds no records and has no space
+        allocated, so the next commit calls this again first."""
+        self._length = 0
+        self._allocated = 0
         os.ftruncate(self._fd, 0)
         size = max(PREALLOCATE, at_least)
         try:
+            fault_point("journal.log")
             _preallocate(self._fd, size)
-        except OSError:  # a file system without fallocate: the records grow the file instead
-            pass
+        except OSError as exc:  # a file system without fallocate: the records grow the file instead
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                os.ftruncate(self._fd, 0)
+                raise
         os.fsync(self._fd)
-        self._length = 0
         self._allocated = size
 
     def write(self, record: bytes) -> None:
@@ -196,6 +209,7 @@ class TailLog:
         """
         at = self._length
         try:
+            fault_point("journal.log")
             view = memoryview(record)
             while view:
                 written = _pwrite(self._fd, view, at + len(record) - len(view))

@@ -153,6 +153,8 @@ def card_text(snap: Mapping[str, Any], *, now: float | None = None, timeout: flo
     ]
     for key, value in (snap.get("arguments") or {}).items():
         lines.append(f"  {key} = {_json(value)}")
+    if snap.get("path") is not None:
+        lines.append(f"  resolves to {snap['path']} (in the workspace)")
     if snap.get("hints"):
         lines.append(f"  hints (not trusted): {_json(snap['hints'])}")
     lines.append(f"  {card_state_text(snap)}")
@@ -184,6 +186,8 @@ def card_header_html(snap: Mapping[str, Any]) -> str:
 
 def card_reason_html(snap: Mapping[str, Any]) -> str:
     out = f"<div>Asked by line {_e(snap.get('line'))}: {_e(snap.get('reason'))}</div>"
+    if snap.get("path") is not None:
+        out += f"<div>The path resolves to <code>{_e(snap['path'])}</code> in the workspace.</div>"
     if snap.get("hints"):
         out += (f"<div style='color:#57606a'>MCP hints (shown, not trusted): "
                 f"<code>{_e(_json(snap['hints']))}</code></div>")

@@ -2,12 +2,16 @@
 
 Each built-in is a plain function turned into a ``ToolDef`` with its family;
 nothing here decides whether a call may run — governance did that before
-``invoke`` reached the body. What the bodies do guard is the workspace: every
-path is taken relative to the agent's workspace root, resolved with
+``invoke`` reached the body. What the bodies do guard is the workspace and the
+home: every path is taken relative to the agent's workspace root, resolved with
 ``os.path.realpath`` (so symbolic links, of the file or of any parent
-directory, are followed) and refused with ``PATH_ESCAPE`` when the result is
-not inside the root. That check is a property of the tool, not a decision:
-even an approved call cannot read ``/etc/passwd`` through ``read_file``.
+directory, are followed) and refused with ``PATH_IN_HOME`` when the result is in
+the apollia home, with ``PATH_ESCAPE`` when it is not inside the root. That check
+is a property of the tool, not a decision: even an approved call cannot read
+``/etc/passwd`` or the journal's key through ``read_file``. The file tools carry
+their resolver (``ToolDef.resolve_path``) so governance matches deny rules on the
+same resolved file (``runtime/paths.py``). The executors run in the workspace
+without the runtime's ``APOLLIA_*`` variables.
 
 Outputs are bounded: command output, file contents, HTTP bodies and notebook
 variables are capped or summarised so one call cannot flood the journal or the
@@ -32,6 +36,8 @@ import anyio.abc
 
 from apollia_nb.errors import BadArgument, PathEscape, PermanentToolError
 from apollia_nb.governance.decision import Family
+from apollia_nb.home import resolve_home
+from apollia_nb.runtime.paths import FILE_TOOLS, inside, resolve_tool_path
 from apollia_nb.runtime.tools import ToolDef, to_jsonable
 
 __all__ = [
@@ -81,29 +87,22 @@ _HTTP_HEADERS = ("content-type", "content-length", "location", "date", "etag", "
 # --- the workspace ----------------------------------------------------------------------
 
 
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def resolve_in_workspace(workspace: Path | str, path: str) -> Path:
-    """The real path ``path`` names inside the workspace, or ``PATH_ESCAPE``.
+def resolve_in_workspace(workspace: Path | str, path: str, *, home: Path | str | None = None) -> Path:
+    """The real path ``path`` names inside the workspace, or ``PATH_ESCAPE`` (``PATH_IN_HOME``).
 
     Relative paths are relative to the workspace root; absolute paths are
     accepted only when they resolve inside it. Symbolic links are followed
     before the check, so a link (or a linked parent directory) pointing
-    outside is refused even when its own name is inside.
+    outside is refused even when its own name is inside. The file tools and
+    governance share this resolution: ``paths.resolve_tool_path``.
     """
-    if "\x00" in path:
-        raise PathEscape("the path contains a NUL byte")
-    root = os.path.realpath(workspace)
-    real = os.path.realpath(os.path.join(root, path))  # join keeps an absolute path as is
-    if not _inside(real, root):
-        raise PathEscape(f"{path!r} is outside the workspace {root}")
-    return Path(real)
+    return resolve_tool_path(workspace, path, home=home).real
 
 
-def _relative(real: Path, root: str) -> str:
-    return os.path.relpath(real, root)
+def _child_environment() -> dict[str, str]:
+    """The executors' environment: this process's, without any ``APOLLIA_*`` variable
+    (the home's location, the server's token)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("APOLLIA_")}
 
 
 # --- subprocesses ---------------------------------------------------------------------
@@ -159,10 +158,15 @@ def _kill_group(pid: int) -> None:
 
 
 async def _run_process(argv: list[str], *, cwd: Path, stdin: bytes | None, cap: int) -> dict[str, Any]:
-    """Run a command in its own process group; on cancellation (the tool's timeout) kill the group."""
+    """Run a command in its own process group; on cancellation (the tool's timeout) kill the group.
+
+    The child gets no open descriptor of this process (the home's databases) and
+    no ``APOLLIA_*`` variable.
+    """
     process = await anyio.open_process(
         argv,
         cwd=cwd,
+        env=_child_environment(),
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -342,6 +346,7 @@ def builtin_tools(
     python: str = sys.executable,
     exec_timeout_secs: float = 120.0,
     http_timeout_secs: float = 30.0,
+    home: Path | str | None = None,
 ) -> list[ToolDef]:
     """The built-in tools for one agent.
 
@@ -352,9 +357,16 @@ def builtin_tools(
     ``namespace`` (a callable returning the kernel's user namespace).
     ``http_client`` is an ``httpx.AsyncClient`` to reuse; without one each
     request opens its own. ``python`` is the interpreter ``python_executor`` runs.
+    ``home`` is the apollia home no file tool may reach (default: the home this
+    process resolves, ``$APOLLIA_HOME`` or ``~/.apollia``).
     """
     root = os.path.realpath(workspace)
+    home_path = os.path.realpath(resolve_home() if home is None else home)
     store: MutableMapping[str, Any] = {} if memory is None else memory
+
+    def resolve(path: Any) -> Any:
+        """The one resolution of a file tool's path: the tool's own and governance's."""
+        return resolve_tool_path(workspace, path, home=home_path)
 
     def read_file(path: str) -> str:
         """Read a text file in the workspace (at most 1 MiB is returned).
@@ -362,7 +374,7 @@ def builtin_tools(
         Args:
             path: file path relative to the workspace root
         """
-        real = resolve_in_workspace(root, path)
+        real = resolve(path).real
         with open(real, "rb") as handle:
             data = handle.read(READ_CAP_BYTES + 1)
         text = data[:READ_CAP_BYTES].decode("utf-8", errors="replace")
@@ -377,7 +389,8 @@ def builtin_tools(
         Args:
             path: directory path relative to the workspace root
         """
-        real = resolve_in_workspace(root, path)
+        resolved = resolve(path)
+        real = resolved.real
         entries: list[dict[str, Any]] = []
         with os.scandir(real) as scan:
             found = sorted(scan, key=lambda e: e.name)
@@ -391,7 +404,7 @@ def builtin_tools(
             else:
                 kind, size = "other", None
             entries.append({"name": entry.name, "type": kind, "size": size})
-        return {"path": _relative(real, root), "entries": entries, "total": len(found)}
+        return {"path": resolved.relative, "entries": entries, "total": len(found)}
 
     def write_file(path: str, content: str) -> dict[str, Any]:
         """Write a text file in the workspace, creating parent directories; replaces an existing file.
@@ -400,13 +413,14 @@ def builtin_tools(
             path: file path relative to the workspace root
             content: the full text to write
         """
-        real = resolve_in_workspace(root, path)
+        resolved = resolve(path)
+        real = resolved.real
         if str(real) == root or real.is_dir():
             raise PermanentToolError(f"write_file: {path!r} is a directory")
         real.parent.mkdir(parents=True, exist_ok=True)
         data = content.encode("utf-8")
         real.write_bytes(data)
-        return {"path": _relative(real, root), "bytes": len(data)}
+        return {"path": resolved.relative, "bytes": len(data)}
 
     def delete_file(path: str) -> dict[str, Any]:
         """Delete one file (or symbolic link) in the workspace; directories are refused.
@@ -414,19 +428,17 @@ def builtin_tools(
         Args:
             path: file path relative to the workspace root
         """
-        real = resolve_in_workspace(root, path)
-        joined = os.path.join(root, path)
-        name = os.path.basename(joined.rstrip(os.sep))
-        parent = os.path.realpath(os.path.dirname(joined.rstrip(os.sep)))
-        if str(real) == root or name in ("", ".", ".."):
+        resolved = resolve(path)
+        target = resolved.entry  # the link itself when the name is a symbolic link
+        name = os.path.basename(os.path.join(root, path).rstrip(os.sep))
+        if str(resolved.real) == root or str(target) == root or name in ("", ".", ".."):
             raise PermanentToolError(f"delete_file: refusing to delete the workspace root or a directory ({path!r})")
-        if not _inside(parent, root):
+        if not inside(str(target.parent), root):
             raise PathEscape(f"{path!r} is outside the workspace {root}")
-        target = Path(parent) / name  # the link itself when the name is a symbolic link
         if not target.is_symlink() and target.is_dir():
             raise PermanentToolError(f"delete_file: {path!r} is a directory; only files are deleted")
         target.unlink()
-        return {"path": _relative(target, root), "deleted": True}
+        return {"path": os.path.relpath(target, root), "deleted": True}
 
     async def bash_executor(command: str) -> dict[str, Any]:
         """Run one shell command with bash in the workspace; returns exit_code, stdout and stderr.
@@ -557,7 +569,9 @@ def builtin_tools(
         return {"name": name, "type": _type_name(value)}
 
     def make(fn: Callable[..., Any], timeout: float | None = None) -> ToolDef:
-        options = {} if timeout is None else {"timeout_secs": timeout}
+        options: dict[str, Any] = {} if timeout is None else {"timeout_secs": timeout}
+        if fn.__name__ in FILE_TOOLS:
+            options["resolve_path"] = resolve
         return ToolDef.from_function(fn, BUILTIN_FAMILIES[fn.__name__], **options)
 
     tools = [

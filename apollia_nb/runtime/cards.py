@@ -39,6 +39,7 @@ class Card:
     task_id: str | None = None
     session_id: str | None = None
     hints: dict[str, Any] | None = None
+    path: str | None = None  # a file tool's path as resolved, relative to the workspace
     answer_value: str | None = None
     answered_by: str | None = None
     answered_at: str | None = None
@@ -83,6 +84,7 @@ class Card:
             "call_id": self.call_id,
             "created_at": self.created_at,
             "hints": self.hints,
+            "path": self.path,
             "answer": self.answer_value,
             "answered_by": self.answered_by,
             "answered_at": self.answered_at,

@@ -5,6 +5,13 @@ Order of events for a call, each journaled before what it allows:
 runs → ``tool_result``. A refused call gets a ``tool_result`` with status
 ``refused`` and the tool never runs. An unknown tool or bad arguments get an
 error result the model can read; they never reach the tool.
+
+A file tool's path is resolved here, by the tool's own resolver, before anything
+is decided: the deny rules see the file the tool would act on (``Call.paths``),
+and the decision records the path as asked (in ``arguments``) and as resolved
+(``path``). A path the tool would refuse (outside the workspace, into the home,
+empty) ends the call at once with the tool's error, like a bad argument;
+whatever cannot be resolved is never allowed.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from apollia_nb.errors import ApolliaError, BadArgument, Conflict, UnknownTool
+from apollia_nb.errors import ApolliaError, Conflict
 from apollia_nb.governance.decision import Call, Decision, Outcome, decide
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -94,7 +101,8 @@ async def governed_call(
     try:
         tooldef = agent.tools.get(name)
         ordered = order_arguments(tooldef, arguments)
-    except (UnknownTool, BadArgument) as exc:
+        path = resolved_path(tooldef, ordered)
+    except ApolliaError as exc:
         await _commit(rt, run_id, agent, [*prefix, (
             "tool_result",
             {"call_id": call_id, "tool": name, "status": "error", "error_code": exc.code,
@@ -106,6 +114,7 @@ async def governed_call(
     call = Call(
         agent=agent.name, tool=name, family=tooldef.family, arguments=ordered,
         connection=tooldef.connection, run_grants=frozenset(grants),
+        paths=path.names if path is not None else None,
     )
     decision = decide(call, rt.governance.view())
     decided = (
@@ -115,6 +124,7 @@ async def governed_call(
             "outcome": decision.outcome.value, "line": decision.line,
             "answers": [a.value for a in decision.answers], "reason": decision.reason,
             "connection": tooldef.connection,
+            **({"path": path.relative} if path is not None else {}),
         },
     )
     if decision.outcome is Outcome.REFUSE:
@@ -130,6 +140,8 @@ async def governed_call(
         decision=decision, task_id=task_id, session_id=session_id,
         hints=tooldef.annotations,
     )
+    if path is not None:
+        card.path = path.relative
     if mode == "unattended":
         return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=ordered)
     if waiting_hook is not None:
@@ -147,6 +159,25 @@ async def governed_call(
     else:
         await card.wait()
     return await continue_after_answer(rt, agent, card, decision=decision)
+
+
+def resolved_path(tooldef: Any, ordered: dict[str, Any]) -> Any:
+    """The file a file tool's first argument resolves to (a ``ToolPath``), or None for other tools.
+
+    Raises the tool's own error for a path it would refuse; any other failure to
+    resolve becomes a permanent tool error: never a call decided on a guess.
+    """
+    from apollia_nb.runtime.tools import classify_error
+
+    if tooldef.resolve_path is None or not tooldef.parameter_names:
+        return None
+    first = tooldef.parameter_names[0]
+    if first not in ordered:
+        return None  # the call does not bind: the tool refuses it with BAD_ARGUMENT
+    try:
+        return tooldef.resolve_path(ordered[first])
+    except Exception as exc:
+        raise classify_error(exc, tool=tooldef.name) from None
 
 
 async def continue_after_answer(

@@ -27,6 +27,7 @@ from typing import Any
 
 import anyio
 
+from apollia_nb import faults
 from apollia_nb.errors import (
     AgentUnavailable,
     ApolliaError,
@@ -45,7 +46,7 @@ from apollia_nb.home import Home, OwnerLock
 from apollia_nb.runtime.agents import Agent, install_packages, new_state, startup_failure
 from apollia_nb.runtime.cards import Card
 from apollia_nb.runtime.states import ProcessState, TaskStatus
-from apollia_nb.runtime.tasks import TaskRun, new_task_record, task_json
+from apollia_nb.runtime.tasks import TaskRun, new_task_record, recovery, task_json
 
 __all__ = ["Runtime", "TaskHandle"]
 
@@ -154,6 +155,7 @@ class Runtime:
         self._runs: dict[str, TaskRun] = {}
         self._cards: dict[str, Card] = {}
         self._events: dict[str, anyio.Event] = {}
+        self._recovered: list[TaskRun] = []  # runs a restart started or resumed (drained on close)
         self._tg: Any = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopped = anyio.Event()
@@ -280,6 +282,11 @@ class Runtime:
         """Closing the runtime: cancel what is running; suspended runs and agents stay as recorded."""
         if not self.opened:
             return
+        recovered = [run for run in self._recovered if run._active]
+        if recovered:  # what a restart finished for an earlier process: let it settle, within the drain time
+            with anyio.move_on_after(self.config.drain_timeout_secs):
+                for run in recovered:
+                    await TaskHandle(self, run.id).settled()
         for source in getattr(self, "tool_sources", []):
             with anyio.CancelScope(shield=True):
                 try:
@@ -381,6 +388,7 @@ class Runtime:
                            cell: Any = None) -> Agent:
         from apollia_nb.runtime.builtins import builtin_tools
         from apollia_nb.runtime.models import build_model
+        from apollia_nb.runtime.paths import check_workspace_apart_from_home
         from apollia_nb.runtime.tools import ToolDef, ToolRegistry
 
         if cell is None:
@@ -389,12 +397,14 @@ class Runtime:
             cell.move(ProcessState.INITIALIZING)
         warnings: list[str] = []
         workspace = manifest.workspace_path(cwd)
-        memory = self.records.memory_get(manifest.name)
         try:
+            check_workspace_apart_from_home(workspace, self.home.path, agent=f"agent {manifest.name!r}")
+            memory = self.records.memory_get(manifest.name)  # raises STORAGE_* while runtime.db refuses writes
             workspace.mkdir(parents=True, exist_ok=True)
             registry = ToolRegistry()
             for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
-                                         profile_sink=lambda fact: None, namespace=self.namespace):
+                                         profile_sink=lambda fact: None, namespace=self.namespace,
+                                         home=self.home.path):
                 registry.register(tooldef)
             for source in self.tool_sources:
                 # Federated tools (MCP servers, host REST APIs): a source that fails leaves its tools
@@ -434,9 +444,18 @@ class Runtime:
                       offered=offered, state=cell, warnings=warnings, memory=memory,
                       custom_model=model is not None)
         cell.move(ProcessState.DEGRADED if warnings else ProcessState.ACTIVE)
+        previous = self._agents.get(manifest.name)
         self._agents[manifest.name] = agent
-        self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings, self.now_iso())
-        await self._recorded(f"agent {manifest.name}")
+        recorded = self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings,
+                                           self.now_iso(), acknowledged=True)
+        try:
+            await asyncio.wrap_future(recorded)  # registered means recorded: refused (507/503) otherwise
+        except ApolliaError as exc:
+            if previous is None:
+                del self._agents[manifest.name]
+            else:
+                self._agents[manifest.name] = previous
+            raise startup_failure(cell, exc) from None
         self._emit("agent", agent)
         return agent
 
@@ -468,6 +487,7 @@ class Runtime:
                 scope.cancel()
         agent.state.move(ProcessState.STOPPED)
         self.records.set_agent_state(name, agent.state.state.value)
+        await self._recorded(f"agent {name} stopped", acknowledged=True)
         self._emit("agent", agent)
         return agent
 
@@ -505,11 +525,18 @@ class Runtime:
             ceiling=max_steps or the_agent.manifest.max_steps, watched=watched, grants=grant_list,
             approve_plan=approve_plan, warnings=warnings, created_at=self.now_iso(),
         )
-        self.records.save_task(record, record["created_at"])
+        recorded = self.records.save_task(record, record["created_at"], acknowledged=True)
         run = TaskRun(self, the_agent, record)
         self._runs[task_id] = run
         self._claim(run)  # in flight already: a stop drains it, nobody spawns it twice
-        await self._recorded(f"task {task_id}")  # submitted means recorded (waited for off the loop)
+        try:
+            await asyncio.wrap_future(recorded)  # submitted means recorded (waited for off the loop)
+        except BaseException:  # not recorded (STORAGE_FULL / STORAGE_ERROR), or cancelled: not submitted either
+            self._runs.pop(task_id, None)
+            run.agent.inflight.discard(run)
+            run._active = False
+            raise
+        faults.point("submit.after_commit")
         if run.status == TaskStatus.PENDING.value:
             self._start(run)
         else:  # cancelled while it was being recorded
@@ -635,6 +662,7 @@ class Runtime:
             self._emit("card", card)
             run = self._runs.get(card.task_id or "")
             if run is not None and run.status == "waiting" and not _is_running(run):
+                faults.point("answer.before_resume")
                 self._spawn(run)
 
     def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None) -> dict[str, Any]:
@@ -653,14 +681,20 @@ class Runtime:
              **({"reason": reason} if reason else {})},
             run_id=pending.run_id, agent=pending.agent,
         )
+        faults.point("answer.after_journal")
         answered = self.governance.answer_pending(decision_id, answer, by=by, reason=reason)
+        faults.point("answer.after_commit")
         if answer == "always":
-            if pending.line == 4:
-                command = next(iter(pending.arguments.values()), None)
-                self.governance.add_rule(pending.tool, "allow", prefix=str(command), agent=pending.agent, by=by)
-            elif pending.family is not None:
-                self.governance.grant_consent(pending.agent, pending.family, by=by)
+            self._apply_always(pending, by=by)
         return answered.to_dict()
+
+    def _apply_always(self, pending: Any, *, by: str) -> None:
+        """``always``: the allow rule for a simple command (line 4), else the standing consent. Idempotent."""
+        if pending.line == 4:
+            command = next(iter(pending.arguments.values()), None)
+            self.governance.add_rule(pending.tool, "allow", prefix=str(command), agent=pending.agent, by=by)
+        elif pending.family is not None:
+            self.governance.grant_consent(pending.agent, pending.family, by=by)
 
     def expire_overdue(self) -> list[str]:
         """Refuse decisions older than ``[hitl] timeout_hours`` (no-op when unset). Returns their ids."""
@@ -697,46 +731,128 @@ class Runtime:
                 self.records.set_agent_state(row["name"], ProcessState.STOPPED.value)
                 self._emit("warning", f"agent {row['name']} did not start: {exc}")
         try:
-            pending_by_id = {p.id: p for p in self.governance.pending()}
+            pending_by_id: dict[str, Any] | None = {p.id: p for p in self.governance.pending()}
         except GovernanceUnreadable as exc:
-            pending_by_id = {}
+            pending_by_id = None
             self._emit("warning", f"pending decisions cannot be read: {exc.message}")
         for record in self.records.tasks():
-            status = record["status"]
-            if status in ("completed", "failed", "cancelled"):
+            if record["status"] in ("completed", "failed", "cancelled"):
                 continue
             agent = self._agents.get(record["agent"])
             if agent is None:
                 continue
             run = TaskRun(self, agent, record)
             self._runs[record["id"]] = run
-            if status == "waiting" and not record["watched"]:
-                awaiting = record.get("awaiting")
-                p = pending_by_id.get(awaiting) if awaiting else None
-                if p is not None:
-                    d = p.to_dict()
-                    self._cards[p.id] = Card(
-                        id=p.id, run_id=p.run_id, agent=p.agent, tool=p.tool, family=d["family"],
-                        arguments=dict(p.arguments), answers=tuple(d["answers"]), reason=p.reason, line=p.line,
-                        call_id=p.call_id or "", created_at=d["created_at"], task_id=record["id"], _runtime=self,
-                        hints=agent.tools.get(p.tool).annotations if p.tool in agent.tools else None,
-                    )
-                agent.inflight.add(run)
-                continue
-            # A run the previous owner was executing: it cannot be continued safely.
-            await run._finish(TaskStatus.FAILED, error=Interrupted(
-                "the process that owned this run ended before it finished"))
+            await self._recover(run, pending_by_id)
+
+    async def _recover(self, run: TaskRun, pending_by_id: dict[str, Any] | None) -> None:
+        """Bring one unfinished task to what the stores acknowledged (``recovery`` decides; this applies).
+
+        Reads the decision the record waits on and the run's trace. An answer the
+        journal holds but governance.db does not (a crash between the two) is
+        stored now: the journal is the record of what was answered."""
+        record = run.r
+        awaiting = record.get("awaiting")
+        decision, state = None, None
+        if awaiting:
+            if pending_by_id is None:
+                state = "unreadable"
+            elif awaiting in pending_by_id:
+                decision, state = pending_by_id[awaiting], "pending"
+            else:
+                try:
+                    decision, state = self.governance.get_pending(awaiting), "answered"
+                except UnknownDecision:
+                    state = "unknown"
+                except GovernanceUnreadable:
+                    state = "unreadable"
+        trace = self.journal.entries(run_id=record["run_id"], kinds=[
+            "run_open", "model_response", "answer", "tool_call", "tool_result", "run_seal"])
+        payloads = [(e.kind, _payload(e)) for e in trace]
+        if state == "pending":
+            journaled = [p for k, p in payloads if k == "answer" and p.get("decision_id") == awaiting]
+            if journaled:
+                a = journaled[-1]
+                decision = self.governance.answer_pending(awaiting, a["answer"], by=a["answered_by"],
+                                                          reason=a.get("reason"))
+                state = "answered"
+        call_id = decision.call_id if decision is not None else None
+        seals = [p for k, p in payloads if k == "run_seal"]
+        action = recovery(
+            status=record["status"], unattended=not record["watched"],
+            awaiting=bool(awaiting), decision=state,
+            answered_by=decision.answered_by if decision is not None else None,
+            opened=any(k == "run_open" for k, _ in payloads),
+            call_started=call_id is not None and any(
+                k in ("tool_call", "tool_result") and p.get("call_id") == call_id for k, p in payloads),
+            sealed=bool(seals),
+        )
+        agent = run.agent
+        if action in ("park", "resume"):
+            if decision is not None:
+                self._cards[decision.id] = self._restored_card(decision, record, agent)
+            if action == "resume" and decision.answer is not None and decision.answer.value == "always":
+                self._apply_always(decision, by=decision.answered_by or "restart")
+            agent.inflight.add(run)
+            if action == "resume":
+                self._recovered.append(run)
+                self._spawn(run)
+        elif action == "start":
+            self._recovered.append(run)
+            self._spawn(run)
+        elif action == "sealed":  # the run ended (its record is written off the loop and missed the end)
+            seal = seals[-1]
+            record.update(status=seal["status"], error=seal.get("error"), phase="done", queued_calls=[],
+                          awaiting=None)
+            if seal["status"] == TaskStatus.COMPLETED.value:  # the result: the actor's last answer
+                texts = [p["text"] for k, p in payloads
+                         if k == "model_response" and p.get("role") == "actor" and not p.get("tool_calls")]
+                record["result"] = texts[-1] if texts else record["result"]
+            run._save()
+            run.done.set()
+        elif action == "cancel":
+            await run._finish(TaskStatus.CANCELLED, error=None)
+            run.done.set()
+        else:  # interrupt, lost: it cannot be continued safely; its open decisions close with it
+            why = ("the process that owned this run ended before it finished" if action == "interrupt" else
+                   f"the decision this run waited on ({awaiting}) is not in governance.db")
+            try:
+                still_open = self.governance.pending(run_id=record["run_id"])
+            except GovernanceUnreadable:
+                still_open = []
+            for p in still_open:
+                try:
+                    self._record_answer(p.id, "refuse", by="restart", reason=why)
+                except ApolliaError as exc:
+                    self._emit("warning", f"decision {p.id} of task {record['id']}: {exc.message}")
+            await run._finish(TaskStatus.FAILED, error=Interrupted(why))
             run.done.set()
 
-    async def _recorded(self, what: str) -> None:
+    def _restored_card(self, p: Any, record: dict[str, Any], agent: Agent) -> Card:
+        d = p.to_dict()
+        card = Card(
+            id=p.id, run_id=p.run_id, agent=p.agent, tool=p.tool, family=d["family"],
+            arguments=dict(p.arguments), answers=tuple(d["answers"]), reason=p.reason, line=p.line,
+            call_id=p.call_id or "", created_at=d["created_at"], task_id=record["id"], _runtime=self,
+            hints=agent.tools.get(p.tool).annotations if p.tool in agent.tools else None,
+        )
+        if p.answer is not None:
+            card._resolve(p.answer.value, p.answered_by or "", d.get("answered_at") or self.now_iso())
+        return card
+
+    async def _recorded(self, what: str, *, acknowledged: bool = False) -> None:
         """Wait until ``runtime.db`` holds every row written so far (off the loop).
 
-        A failed write does not undo what already happened (the journal holds it);
-        it is reported as a warning, so the run goes on and whoever listens is told
-        that a restart may not find ``what``."""
+        ``acknowledged``: the caller is about to tell someone ``what`` is done (a
+        submission, a registration): a failed write is raised, nothing is acknowledged.
+        Otherwise a failed write does not undo what already happened (the journal
+        holds it); it is reported as a warning, so the run goes on and whoever
+        listens is told that a restart may not find ``what``."""
         try:
             await self.records.flush_async()
         except Exception as exc:
+            if acknowledged:
+                raise
             self._emit("warning", f"runtime.db could not record {what}: {exc}")
 
     def _persist_model_state(self, agent: Agent) -> None:
@@ -762,6 +878,13 @@ class Runtime:
 
 def _is_running(run: TaskRun) -> bool:
     return run._active
+
+
+def _payload(entry: Any) -> dict[str, Any]:
+    import json
+
+    payload = entry.payload
+    return json.loads(payload) if isinstance(payload, (str, bytes)) else dict(payload)
 
 
 def _custom_tools(agent: Agent) -> list[Any]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from apollia_nb import faults
 from apollia_nb.errors import ApolliaError, BudgetExceeded, Rejected
 from apollia_nb.runtime.governed import NULL_DIGEST
 from apollia_nb.runtime.states import TASK, TaskStatus, can_transition
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.agents import Agent
     from apollia_nb.runtime.runtime import Runtime
 
-__all__ = ["TaskRun", "new_task_record", "task_json"]
+__all__ = ["TaskRun", "new_task_record", "task_json", "recovery"]
 
 _TERMINAL = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELLED.value}
 
@@ -56,6 +57,45 @@ def task_json(record: dict[str, Any]) -> dict[str, Any]:
         "awaiting_plan_approval": record["phase"] == "approve" and record["status"] == "waiting",
         "created_at": record["created_at"], "updated_at": record["updated_at"],
     }
+
+
+def recovery(
+    *, status: str, unattended: bool, awaiting: bool, decision: str | None, answered_by: str | None,
+    opened: bool, call_started: bool, sealed: bool,
+) -> str:
+    """What a restart does with a task record it finds unfinished (pure: what the three stores say in,
+    an action out). See docs/runtime.md, "Acknowledged means durable".
+
+    ``decision``: the state of the decision the record waits on (``pending``, ``answered`` — expired
+    counts as answered ``refuse`` —, ``unknown``, ``unreadable``) or None when it waits on none.
+    ``opened``/``call_started``/``sealed``: the journal holds the run's ``run_open``, a ``tool_call`` or
+    ``tool_result`` of the awaited call, its ``run_seal``.
+
+    ========================================  ==========================================
+    the stores say                            the restart
+    ========================================  ==========================================
+    the journal sealed the run                ``sealed``: the record takes the seal's status
+    submitted unattended, nothing journaled   ``start``: the run starts now
+    suspended, its decision pending           ``park``: it waits on, listed as before
+    its decision answered, the call not made  ``resume`` (``cancel`` when a cancel answered it)
+    its decision is gone                      ``lost``: failed ``INTERRUPTED``
+    anything else (it was running)            ``interrupt``: failed ``INTERRUPTED``
+    ========================================  ==========================================
+    """
+    if sealed:
+        return "sealed"
+    if status == TaskStatus.PENDING.value:
+        return "start" if unattended and not opened else "interrupt"
+    parked = status == TaskStatus.WAITING.value and unattended
+    if not awaiting:
+        return "park" if parked else "interrupt"  # waiting on its plan's approval, or cut short
+    if decision in ("pending", "unreadable"):
+        return "park" if parked else "interrupt"
+    if decision == "unknown":
+        return "lost"
+    if call_started or not unattended:  # the tool may have run; a watched run's model was not saved
+        return "interrupt"
+    return "cancel" if answered_by == "cancel" else "resume"
 
 
 class _Suspend(Exception):
@@ -148,6 +188,7 @@ class TaskRun:
                     # before whoever waits for it to settle is told.
                     with anyio.CancelScope(shield=True):
                         await self.rt._recorded(f"suspended task {self.id}")
+                    faults.point("suspend.after_record")
                 self.rt._notify(self)  # suspended: parked with nothing running
 
     async def _drive(self) -> None:
@@ -326,6 +367,7 @@ class TaskRun:
                     await card.wait()
                 self._set_status(TaskStatus.RUNNING)
                 await self._status_entry("running")
+                faults.point("resume.after_running")
                 result = await continue_after_answer(self.rt, self.agent, card)
                 self.r["awaiting"] = None
             else:
@@ -348,6 +390,7 @@ class TaskRun:
                     await self._status_entry("running")
                 if result.status == "waiting":
                     assert result.card is not None
+                    faults.point("suspend.before_record")
                     self.r["awaiting"] = result.card.id
                     self._set_status(TaskStatus.WAITING)
                     await self._status_entry("waiting")

@@ -108,6 +108,9 @@ class ToolDef:
     order; the first is the "first argument". ``connection`` names the MCP
     server or host a federated tool goes through (organisation policy can
     refuse it). ``annotations`` are MCP hints, shown on cards, never trusted.
+    ``resolve_path`` is set on file tools: the function that turns their first
+    argument into the file they act on (``paths.resolve_tool_path``), the same
+    one the tool body uses, so governance matches deny rules on that file.
     """
 
     name: str
@@ -121,6 +124,7 @@ class ToolDef:
     timeout_secs: float = DEFAULT_TIMEOUT_SECS
     connection: str | None = None
     annotations: dict[str, Any] | None = field(default=None, hash=False)
+    resolve_path: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):
@@ -162,6 +166,7 @@ class ToolDef:
         timeout_secs: float = DEFAULT_TIMEOUT_SECS,
         connection: str | None = None,
         annotations: dict[str, Any] | None = None,
+        resolve_path: Callable[[Any], Any] | None = None,
     ) -> "ToolDef":
         """Build a tool from a plain function: schema from its signature and type hints,
         description from its docstring's first paragraph."""
@@ -176,6 +181,7 @@ class ToolDef:
             timeout_secs=timeout_secs,
             connection=connection,
             annotations=annotations,
+            resolve_path=resolve_path,
         )
 
 

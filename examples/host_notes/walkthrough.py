@@ -146,7 +146,9 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             home = Home.at(Path(tmp) / "home")
             write_config(home, url)
-            os.chdir(tmp)  # the agent's workspace goes here, not into the repository
+            work = Path(tmp) / "work"  # the agent's workspace: beside the home, not in the repository
+            work.mkdir()
+            os.chdir(work)
             asyncio.run(walk(home))
         import httpx
 

@@ -1,0 +1,69 @@
+"""Named fault points: crash a process at an exact place, for crash tests.
+
+Code that acknowledges something (an answer, a submission, a suspension) marks
+the windows where a crash matters with ``point("name")``. A point does nothing
+unless the environment variable ``APOLLIA_FAULT`` names it when the process
+starts::
+
+    APOLLIA_FAULT=decide.after_commit:kill apollia-os serve --home ...
+
+``NAME:kill`` sends the process SIGKILL at that point (no cleanup, no flush:
+what is committed is all the next process finds); ``NAME:raise`` raises
+``FaultInjected`` there. Several points are separated by commas. The variable
+is read once, at import: an unset variable costs one dictionary test per point.
+
+The points (see docs/runtime.md):
+
+* ``answer.after_journal`` — an answer is journaled, governance.db not yet written;
+* ``answer.after_commit`` — the answer is stored, its ``always`` consent or rule not yet;
+* ``answer.before_resume`` — the answer is fully recorded, its run not yet resumed;
+* ``decide.after_commit`` — ``POST /pending-decisions/decide``: recorded, the 200 not yet sent;
+* ``decide.after_response`` — the 200 was sent, the run has not resumed;
+* ``resume.after_running`` — a resumed run journaled ``task_status running``, its call not yet made;
+* ``submit.after_commit`` — a task is recorded, the run not started and the submission not answered;
+* ``suspend.before_record`` — a run opened its pending decision, its suspension not yet recorded;
+* ``suspend.after_record`` — a suspension is recorded, nobody told yet.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["ENV", "FaultInjected", "point", "parse"]
+
+ENV = "APOLLIA_FAULT"
+_ACTIONS = ("kill", "raise")
+
+
+class FaultInjected(RuntimeError):
+    """Raised at a fault point armed with ``raise``."""
+
+
+def parse(value: str) -> dict[str, str]:
+    """``"a:kill,b:raise"`` → ``{"a": "kill", "b": "raise"}``; an unknown action is an error."""
+    armed: dict[str, str] = {}
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, _, action = item.partition(":")
+        action = action.strip() or "kill"
+        if action not in _ACTIONS:
+            raise ValueError(f"{ENV}: {item!r}: the action must be one of {', '.join(_ACTIONS)}")
+        armed[name.strip()] = action
+    return armed
+
+
+_ARMED = parse(os.environ.get(ENV, ""))
+
+
+def point(name: str) -> None:
+    """A named place where a test may crash this process (see the module's text)."""
+    if not _ARMED:
+        return
+    action = _ARMED.get(name)
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "raise":
+        raise FaultInjected(f"fault point {name}")

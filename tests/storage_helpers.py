@@ -1,0 +1,48 @@
+"""Helpers for storage-fault tests: a real small disk (tmpfs) that can be filled and freed."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@contextlib.contextmanager
+def small_disk(where: Path, megabytes: int = 24) -> Iterator[Path]:
+    """A tmpfs of ``megabytes`` mounted at ``where`` (skips the test when mounting is not permitted)."""
+    where.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}M,mode=0700", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root and mount): {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+class Filler:
+    """A file that takes every free block of a disk until ``free()``."""
+
+    def __init__(self, disk: Path) -> None:
+        self.path = disk / "filler"
+
+    def fill(self) -> None:
+        with open(self.path, "ab", buffering=0) as f:
+            chunk = b"\xff" * (1 << 20)
+            while chunk:
+                try:
+                    f.write(chunk)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    chunk = chunk[: len(chunk) // 2] if len(chunk) > 512 else b""
+        assert os.statvfs(self.path).f_bavail == 0
+
+    def free(self) -> None:
+        self.path.unlink(missing_ok=True)
