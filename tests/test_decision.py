@@ -696,7 +696,8 @@ def test_string_subclasses_are_read_as_their_text() -> None:
     v = view(rules=[Rule("write_file", prefix="secrets/")], consents={("clerk", "write")})
     expect(decide(call("write", tool="write_file", args={"path": Sly("secrets/key")}), v), "refuse", 2)
     dev = view(developer_mode=True, rules=[Rule(BASH, "allow", "ls")])
-    expect(decide(run(Sly("rm -rf /")), dev), "ask", 4, ALL)
+    expect(decide(run(Sly("rm -rf /")), dev), "ask", 4, ONCE_REFUSE)  # rm writes by argument: no always
+    expect(decide(run(Sly("du -sh /")), dev), "ask", 4, ALL)
     assert type(Call(agent=Sly("a"), tool=Sly("t")).agent) is str
     assert type(Rule(tool=Sly("t"), prefix=Sly("p")).prefix) is str
     assert decide(call("write", tool="write_file"), view(rules=[Rule(Sly("other"))])).line == 6
