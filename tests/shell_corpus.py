@@ -662,6 +662,11 @@ DENY_CASES: dict[str, list[tuple[str, str, bool]]] = {
         ("jobs -x rm -rf X", "rm", True),
         ("history -s 'rm -rf X'", "rm", True),
         ("alias ls='rm -rf X'", "rm", True),
+        ("eatmydata rm -rf X", "rm", True),
+        ("setarch x86_64 rm -rf X", "rm", True),
+        ("ccache rm -rf X", "rm", True),
+        ("hyperfine 'rm -rf X'", "rm", True),
+        ("/usr/bin/printf -v 'a[$(rm -rf X)]' x", "rm", False),  # data: the program on disk evaluates nothing
         ("printf -v 'a[$(ls)]' x", "rm", False),
         ("trap 'ls' EXIT", "rm", False),
     ],

@@ -147,6 +147,11 @@ WRAPPERS = frozenset(
         "yarn", "docker", "podman",
         # programs whose arguments carry program text
         "rename", "prename", "perl-rename", "file-rename",
+        # more programs that run the command in their arguments
+        "setarch", "linux32", "linux64", "chronic", "ifne", "sem", "daemonize",
+        "start-stop-daemon", "eatmydata", "ccache", "distcc", "hyperfine", "watchexec",
+        "nodemon", "direnv", "lldb", "rr", "bpftrace", "xterm", "mamba", "micromamba",
+        "pixi", "hatch", "pdm", "rye",
     }
 )
 _VERSIONED_INTERPRETER = re.compile(r"(python|pypy|perl|ruby|node|php|lua|tclsh|wish)[0-9.]+")
@@ -163,7 +168,7 @@ RUNS_PROGRAMS = frozenset(
         "bundle", "bundler", "rake", "mvn", "gradle", "gradlew", "ant", "sbt", "lein",
         "dotnet", "composer", "java", "jshell", "kotlin", "scala", "groovy", "julia",
         "R", "r", "octave", "matlab", "swift", "erl", "elixir", "mix", "iex", "ghci",
-        "runghc", "stack", "cabal", "guile", "racket", "sbcl", "clisp", "emacs",
+        "runghc", "stack", "cabal", "ctest", "guile", "racket", "sbcl", "clisp", "emacs",
         "vim", "vi", "nvim", "view", "vimdiff", "ex", "ed", "red", "nano", "pico", "joe",
         "less", "more", "most", "pg", "man", "info", "sed", "gsed", "tar", "gtar",
         "bsdtar", "zip", "rsync", "scp", "sftp", "ftp", "lftp", "rclone", "sqlite3",
