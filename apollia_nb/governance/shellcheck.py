@@ -182,6 +182,10 @@ RUNS_PROGRAMS = frozenset(
         "telnet", "xdg-open", "open", "start", "run-parts", "dtach", "nq", "tsp",
         "inotifywait", "fswatch", "ip", "iptables", "nft", "mount", "umount",
         "losetup", "modprobe", "insmod", "rmmod", "sysctl",
+        # linters, formatters, bundlers and test runners that load code from the workspace
+        "mypy", "pylint", "flake8", "eslint", "prettier", "webpack", "vite", "rollup",
+        "jest", "mocha", "vitest", "rspec", "phpunit", "black", "ruff", "isort",
+        "autopep8", "yapf", "pre-commit",
     }
 )
 
@@ -199,6 +203,8 @@ WRITES_BY_ARGUMENT = frozenset(
         "killall", "date", "hostname", "timedatectl", "hwclock", "passwd", "chpasswd",
         "useradd", "userdel", "usermod", "groupadd", "visudo", "mkfs", "fdisk",
         "parted", "wipefs", "shutdown", "reboot", "poweroff", "halt", "nmcli",
+        "xxd", "tree", "shuf", "iconv", "yq", "gofmt", "rustfmt", "clang-format",
+        "objcopy", "strip", "msgfmt",
     }
 )
 
