@@ -8,7 +8,14 @@ play, the first words of a command say nothing about what it does.
 So the check is a small tokenizer that *proves* a command simple or rejects it.
 It accepts a deliberately narrow subset of POSIX shell syntax, one that ``sh``
 (dash), ``bash`` and ``zsh`` all read the same way and in which no expansion can
-happen; anything else is "not simple" and is asked. Rejecting is always safe.
+happen, whose first word is not a shell builtin that may evaluate its words
+(``printf -v 'a[$(x)]'``, ``trap``, ``eval``); anything else is "not simple" and
+is asked. Rejecting is always safe.
+
+``always`` writes an allow rule with the command as its prefix, so it is offered
+only where such a rule allows nothing the question did not show: never for a
+program in :data:`NO_ALWAYS` (wrappers, interpreters, programs that run other
+programs or write where their arguments say, builtins) or a workspace file.
 
 - :func:`simple_words` — the argv of one provably simple command, else ``None``
 - :func:`is_simple`
