@@ -193,6 +193,10 @@ RUNS_PROGRAMS = frozenset(
         "mypy", "pylint", "flake8", "eslint", "prettier", "webpack", "vite", "rollup",
         "jest", "mocha", "vitest", "rspec", "phpunit", "black", "ruff", "isort",
         "autopep8", "yapf", "pre-commit",
+        # calculators, macro processors and query tools with a shell escape or program text
+        "dc", "bc", "m4", "gnuplot", "ghc", "runhaskell", "xsltproc", "duckdb",
+        # version control and cloud clients run aliases, hooks and configured programs
+        "hg", "svn", "gh", "aws", "gcloud", "az",
     }
 )
 
