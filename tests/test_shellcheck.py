@@ -434,13 +434,18 @@ def test_bash_runs_the_payload_of_every_command_the_check_rejects_for_it(tmp_pat
 def test_shellcheck_compiles_no_ambiguous_pattern() -> None:
     """No ``FutureWarning: Possible nested set`` (``[[`` in a class) on import or on glob words."""
     code = (
-        "from apollia_nb.governance import shellcheck as s\n"
-        "for c in ['ls [[a]', 'ls [[:alpha:]]m', 'x [[.r.]] [[=a=]]', '/bin/r[[]', 'r[!]]m', 'a[b&&c]']:\n"
-        "    s.deny_prefix_matches('rm', c)\n"
+        "import warnings\n"
+        "from apollia_nb.governance import shellcheck as s\n"  # import under -W error
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for c in ['ls [[a]', 'ls [[:alpha:]]m', 'x [[.r.]] [[=a=]]', '/bin/r[[]', 'r[!]]m', 'a[b&&c]']:\n"
+        "        s.deny_prefix_matches('rm', c)\n"
+        "print([str(w.message) for w in seen])\n"
     )
     proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
 
 
 def test_simple_length_limit_is_exact() -> None:
