@@ -732,6 +732,8 @@ ALWAYS_CASES: dict[str, list[tuple[str, bool]]] = {
         ("pip3 list", False), ("uv run x", False), ("cargo test", False), ("pytest", False),
         ("go test ./...", False), ("sqlite3 x.db", False), ("zip -r x.zip .", False),
         ("./build.sh", False), ("bin/tool", False), ("../tool", False),
+        ("/home/me/project/build.sh", False), ("/tmp/tool", False), ("/usr/bin/../../tmp/ls", False),
+        ("/usr/bin/ls/", False), ("/usr/local/bin/jq .", True), ("/bin/ls", True),
     ],
     "writes-by-argument": [
         ("cp a b", False), ("mv a b", False), ("rm tmp.txt", False), ("install a b", False),

@@ -11,8 +11,8 @@ the first that applies decides:
    rule, for one simple command; otherwise ask (``once``/``refuse``, plus
    ``always`` in developer mode for a simple command whose program cannot make
    a rule with it as prefix allow more: not a wrapper, interpreter, shell
-   builtin, program that writes by argument, or workspace file — see
-   ``shellcheck.no_always_reason``)
+   builtin, program that writes by argument, or file outside the system's
+   program folders — see ``shellcheck.no_always_reason``)
 5. family ``profile`` → ask (``once``/``refuse``); any other classified call →
    allow on a standing consent of the agent for the family, or a run grant
 6. anything left → ask (``once``/``always``/``refuse``; unclassified:

@@ -15,7 +15,7 @@ is asked. Rejecting is always safe.
 ``always`` writes an allow rule with the command as its prefix, so it is offered
 only where such a rule allows nothing the question did not show: never for a
 program in :data:`NO_ALWAYS` (wrappers, interpreters, programs that run other
-programs or write where their arguments say, builtins) or a workspace file.
+programs or write where their arguments say, builtins) or a file outside the system's program folders.
 
 - :func:`simple_words` — the argv of one provably simple command, else ``None``
 - :func:`is_simple`
@@ -230,6 +230,12 @@ NO_ALWAYS_GROUPS: dict[str, frozenset[str]] = {
 }
 #: Every program for which ``always`` is never offered (the union of the groups).
 NO_ALWAYS = frozenset().union(*NO_ALWAYS_GROUPS.values())
+#: Folders whose programs a path may name and still be offered ``always``. Any other
+#: path (``./build.sh``, ``bin/tool``, ``/home/me/project/run``, ``/usr/bin/../x``)
+#: may be a file the agent can change.
+_SYSTEM_PROGRAM_DIRS = frozenset(
+    {"/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/homebrew/bin"}
+)
 _VERSION_SUFFIX = re.compile(r"[-.]?[0-9][0-9.]*$")  # python3.11, pip3, g++-12, lua5.4
 
 
@@ -363,15 +369,16 @@ def no_always_reason(words: tuple[str, ...]) -> str | None:
 
     The program is read by its basename (``/usr/bin/env`` is ``env``) and with a
     version suffix dropped (``python3.11``, ``pip3``, ``g++-12``). A program named by
-    a relative path (``./build.sh``, ``bin/tool``) is a file in the workspace: what
-    it runs can change after the rule is written. Any failure gives a reason.
+    a path outside the system's program folders (``./build.sh``, ``bin/tool``,
+    ``/home/me/project/run``) may be a file the agent can change: what it runs can
+    change after the rule is written. Any failure gives a reason.
     """
     try:
         program = _exact_text(words[0])
         if program is None:
             return "the command cannot be read"
-        if "/" in program and not program.startswith("/"):
-            return f"{program!r} is a file in the workspace: what it runs may change"
+        if "/" in program and posixpath.dirname(program) not in _SYSTEM_PROGRAM_DIRS:
+            return f"{program!r} is a file outside the system's program folders: what it runs may change"
         name = _basename(program)
         for candidate in dict.fromkeys((name, _VERSION_SUFFIX.sub("", name))):
             for why, names in NO_ALWAYS_GROUPS.items():
