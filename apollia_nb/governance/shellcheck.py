@@ -15,7 +15,8 @@ is asked. Rejecting is always safe.
 ``always`` writes an allow rule with the command as its prefix, so it is offered
 only where such a rule allows nothing the question did not show: never for a
 program in :data:`NO_ALWAYS` (wrappers, interpreters, programs that run other
-programs or write where their arguments say, builtins) or a file outside the system's program folders.
+programs or write where their arguments say, builtins) or a file outside the
+system's program folders.
 
 - :func:`simple_words` — the argv of one provably simple command, else ``None``
 - :func:`is_simple`
