@@ -392,7 +392,7 @@ def _evaluated_by(shell: str, command: str, root: Path) -> bool:
     """Whether ``shell -c command``, run as ``bash_executor`` runs it, creates the marker."""
     scratch = Path(tempfile.mkdtemp(dir=root))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch)}
-    subprocess.run([shell, "-c", command], cwd=scratch, env=env, stdin=subprocess.DEVNULL,
+    subprocess.run([shell, "-c", command], check=False, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
                    capture_output=True, timeout=10)
     return (scratch / MARKER).exists()
 
@@ -442,7 +442,7 @@ def test_shellcheck_compiles_no_ambiguous_pattern() -> None:
         "        s.deny_prefix_matches('rm', c)\n"
         "print([str(w.message) for w in seen])\n"
     )
-    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], check=False, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
