@@ -30,7 +30,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Body, Depends, FastAPI, Query, Request, Response, Security
+from fastapi import APIRouter, BackgroundTasks, Body, Depends, FastAPI, Header, Query, Request, Response, Security
 from fastapi import Path as FastPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -41,6 +41,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__, faults
 from apollia_nb.api import schemas as s
+from apollia_nb.api.idempotency import (
+    KEY_HEADER,
+    KEY_PATTERN,
+    REPLAYED_HEADER,
+    Idempotency,
+    IdempotentRoute,
+)
 from apollia_nb.dbutil import storage_error
 from apollia_nb.errors import ApolliaError, BadInput, Conflict, NotFound, UnknownRun, UnknownTask
 from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
@@ -54,9 +61,11 @@ _DEFAULT_BY = "api"
 _STATUS_WORDS = {
     401: "the bearer token is missing or wrong (`UNAUTHORIZED`)",
     404: "no such thing (`NOT_FOUND` or a specific `UNKNOWN_*` code)",
-    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code)",
+    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code), or a request with "
+         "this `Idempotency-Key` is still being processed (`IDEMPOTENCY_IN_PROGRESS`)",
     413: "the request body is over the server's limit (`PAYLOAD_TOO_LARGE`)",
-    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`)",
+    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`, or "
+         "`IDEMPOTENCY_KEY_REUSED` for an `Idempotency-Key` sent before with another body)",
     503: "the disk refused the write (`STORAGE_ERROR`: read-only, I/O error); nothing was recorded, retry later",
     507: "no space left on the home's disk (`STORAGE_FULL`); nothing was recorded, retry once space is freed",
 }
@@ -66,6 +75,11 @@ _STORAGE_STATUSES = (503, 507)
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in statuses}
+
+
+#: Where an event stream's events are described. OpenAPI 3.1 has no keyword for the items of a
+#: stream (3.2's ``itemSchema``), so the stream is a string and its events an extension.
+_ITEM_SCHEMA = "x-itemSchema"
 
 
 def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, dict[str, Any]]:
@@ -81,9 +95,13 @@ def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, di
         }}
         for name, schema in events.items()
     ]
+    names = ", ".join(f"`{name}` ({schema})" for name, schema in events.items())
     out: dict[int | str, dict[str, Any]] = {
         200: {"description": "a stream of server-sent events, each with JSON `data`",
-              "content": {"text/event-stream": {"itemSchema": {"oneOf": items}}}},
+              "content": {"text/event-stream": {
+                  "schema": {"type": "string", "description": f"server-sent events: {names}"},
+                  _ITEM_SCHEMA: {"oneOf": items},
+              }}},
     }
     error = {"schema": {"$ref": "#/components/schemas/Error"}}
     for code in (401, 422, *statuses):
@@ -96,7 +114,8 @@ _EXCHANGE_EVENT_SCHEMAS = {name: model.__name__ for name, model in s.EXCHANGE_EV
 
 
 def _with_event_schemas(app: FastAPI) -> None:
-    """Add the exchange events' models to the document's components (only event streams refer to them)."""
+    """Add the exchange events' models to the document's components (only event streams refer to them),
+    and keep the event streams' descriptions within OpenAPI 3.1."""
     from pydantic.json_schema import models_json_schema
 
     generate = app.openapi
@@ -109,6 +128,10 @@ def _with_event_schemas(app: FastAPI) -> None:
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in defs.get("$defs", {}).items():
                 schemas.setdefault(name, schema)
+            for item in doc["paths"].values():  # FastAPI adds 3.2's generic ``itemSchema`` to event streams
+                for op in item.values():
+                    for response in op.get("responses", {}).values():
+                        response.get("content", {}).get("text/event-stream", {}).pop("itemSchema", None)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -119,7 +142,8 @@ def _with_event_schemas(app: FastAPI) -> None:
 _bearer = HTTPBearer(
     auto_error=False, scheme_name="bearerToken",
     description="The token `apollia-os serve` was started with (`--token`, `$APOLLIA_TOKEN`, or generated "
-                "and written to `<home>/server.json`).",
+                "and written to `<home>/server.json`). Not needed for `/api/v1/health`, `/api/v1/openapi.json` "
+                "or `/api/v1/docs`.",
 )
 
 
@@ -127,11 +151,44 @@ async def _runtime(request: Request) -> Any:  # async: a plain def would run in 
     return request.app.state.runtime
 
 
-async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
-    expected: bytes = request.app.state.token
+def _token_matches(request: Request, credentials: HTTPAuthorizationCredentials | None) -> bool:
     given = credentials.credentials.encode("utf-8", "surrogateescape") if credentials is not None else b""
-    if credentials is None or not hmac.compare_digest(given, expected):
+    return credentials is not None and hmac.compare_digest(given, request.app.state.token)
+
+
+async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
+    if not _token_matches(request, credentials):
         raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+
+
+# --- idempotency keys -----------------------------------------------------------------------------
+
+
+def _idempotency_for(request: Request) -> tuple[Idempotency, bytes] | None:
+    """The keys of the app's runtime and the token, for a request with a valid token (else ``None``)."""
+    from fastapi.security.utils import get_authorization_scheme_param
+
+    scheme, value = get_authorization_scheme_param(request.headers.get("Authorization"))
+    credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=value) if value else None
+    if scheme.lower() != "bearer" or not _token_matches(request, credentials):
+        return None
+    state = request.app.state
+    records = state.runtime.records
+    if getattr(state, "idempotency", None) is None or state.idempotency.records is not records:
+        state.idempotency = Idempotency(records)
+    return state.idempotency, state.token
+
+
+async def _idempotency_key(
+    key: Annotated[str | None, Header(
+        alias=KEY_HEADER, pattern=KEY_PATTERN,
+        description="A unique string (a UUID) that makes a retry safe: the same key with the same body is "
+                    f"answered with the first answer (`{REPLAYED_HEADER}: true`) and nothing is done twice. "
+                    "Quoted (the IETF draft's structured string) or bare; remembered 24 hours, per route and "
+                    "token. See the reference's section on retries.",
+    )] = None,
+) -> None:
+    """Declares the header in the document; ``IdempotentRoute`` reads it."""
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -348,18 +405,30 @@ async def _committed(request: Request) -> AsyncIterator[None]:
 
 
 def _route(method: str, path: str, status: int = 200, *, storage: bool | None = None, records: bool = False,
-           **kw: Any) -> Any:
-    """A JSON route; ``storage`` (default: every method but GET) documents 503/507 storage faults.
+           idempotent: bool | None = None, **kw: Any) -> Any:
+    """A JSON route of ``router``.
 
-    ``records``: the route changes rows of runtime.db without waiting for them (sessions, a
-    cancel): it answers only once they are committed. The other write routes commit what they
-    change before they return (the journal, governance.db, a submitted task, an agent)."""
+    ``storage`` (default: every method but GET) documents 503/507 storage faults; a POST (unless
+    ``idempotent=False``) honours ``Idempotency-Key``. ``records``: the route changes rows of
+    runtime.db without waiting for them (sessions, a cancel): it answers only once they are
+    committed. The other write routes commit what they change before they return (the journal,
+    governance.db, a submitted task, an agent).
+    """
     if storage if storage is not None else method != "GET":
         kw["responses"] = {**kw.get("responses", {}), **_errors(*_STORAGE_STATUSES)}
-    decorator = getattr(router, method.lower())
+    extra: dict[str, Any] = {}
     if records:
-        kw.setdefault("dependencies", []).append(Depends(_committed, scope="function"))
-    return decorator(path, status_code=status, **kw)
+        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_committed, scope="function")]
+    if method == "POST" if idempotent is None else idempotent:
+        extra["route_class_override"] = IdempotentRoute
+        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_idempotency_key)]
+        kw["responses"] = {**_errors(409), **kw.get("responses", {})}
+
+    def decorator(fn: Any) -> Any:
+        router.add_api_route(path, fn, methods=[method], status_code=status, **kw, **extra)
+        return fn
+
+    return decorator
 
 
 @public.get("/health", response_model=s.Health, operation_id="health", tags=["health"],
@@ -380,7 +449,8 @@ async def list_agents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
 @_route("POST", "/agents", 201, response_model=s.Agent, operation_id="registerAgent", tags=["agents"],
         summary="Register an agent from its TOML manifest", responses=_errors(409, 413, 422),
         description="Ends `active`, or `degraded` when optional tools do not resolve. A name already registered "
-                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key.")
+                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key; a workspace "
+                    "that contains the home or lies inside it 422 `WORKSPACE_OVERLAPS_HOME`.")
 async def register_agent(response: Response, body: s.ManifestIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     agent = await rt.register_agent(body.manifest)
     response.headers["Location"] = f"{API_PREFIX}/agents/{agent.name}"
@@ -764,6 +834,7 @@ async def verify_journal(rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
 
 @_route("POST", "/audit/replay/{run_id}", response_model=s.ReplayResult, operation_id="replayRun", tags=["audit"],
+        idempotent=False,
         summary="Replay a run offline from its trace", responses=_errors(404),
         description="`identical`, `diverged` (every divergence) or `incomplete`. Calls no model and runs no tool. "
                     "404 `UNKNOWN_RUN` when the journal holds no entry of that run.")
@@ -837,8 +908,11 @@ def create_app(
         version=__version__,
         summary="Drive governed agents headless: agents, tasks, chat, pending decisions, governance, audit.",
         description=(
-            "Every route but `/health` needs `Authorization: Bearer <token>`. Every error is "
-            "`{\"code\", \"message\"}` with a stable code."
+            "Every route but `/health` needs `Authorization: Bearer <token>`. This document "
+            "(`/api/v1/openapi.json`) and its browsable form (`/api/v1/docs`) are served without a token too, "
+            "so a client generator can fetch them: they describe the API and hold none of its data. Every error "
+            "is `{\"code\", \"message\"}` with a stable code. Every POST that changes something takes an "
+            f"`{KEY_HEADER}` header, which makes a retry after a timeout safe."
         ),
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
@@ -847,6 +921,8 @@ def create_app(
     )
     app.state.runtime = runtime
     app.state.token = token.encode("utf-8")
+    app.state.idempotency = None
+    app.state.idempotency_for = _idempotency_for
     _install_error_handlers(app)
     _with_event_schemas(app)
     app.include_router(public, prefix=API_PREFIX)
@@ -857,6 +933,7 @@ def create_app(
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_credentials=False,
                            allow_methods=["GET", "POST", "PUT", "DELETE"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "Content-Type", KEY_HEADER],
+                           expose_headers=["Location", REPLAYED_HEADER])
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     return app

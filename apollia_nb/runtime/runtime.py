@@ -233,7 +233,8 @@ class Runtime:
         from apollia_nb.governance.store import GovernanceStore
         from apollia_nb.journal.store import Journal
         from apollia_nb.runtime.breaker import Breakers
-        from apollia_nb.runtime.records import RuntimeRecords
+        from apollia_nb.journal.accounting import FILE_CREATED, check_runtime_db, read_home_record
+        from apollia_nb.runtime.records import RuntimeRecords, open_records
 
         self.mode = "owner"
         server = None
@@ -252,14 +253,27 @@ class Runtime:
             self.journal, self.governance = self._remote.journal, self._remote.governance
             self.records = RuntimeRecords(Path(":memory:"))  # this process's agents, tasks and sessions only
         else:
+            # The home's files are accounted for by its journal (journal/accounting.py): a key that
+            # is not the journal's, or a runtime.db it records that is gone or damaged, stops here.
             self.journal = Journal.open(self.home)
-            self.governance = GovernanceStore(
-                self.home, journal=self.journal, trusted_keys=None,  # re-read from apollia.toml as it changes
-                clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
-            )
-            self.governance.view()  # loads (and journals) the policy state now
-            self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
-            self.records = RuntimeRecords(self.home.runtime_db)
+            try:
+                record = read_home_record(self.journal)
+                check_runtime_db(self.home, record)
+                self.governance = GovernanceStore.open(
+                    self.home, self.journal, record=record, trusted_keys=None,  # re-read from apollia.toml as it changes
+                    clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
+                )
+                self.governance.view()  # loads (and journals) the policy state now
+                self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
+                self.records = open_records(self.home)
+                if "runtime.db" not in record.recorded:
+                    self.journal.append(FILE_CREATED, {"file": "runtime.db"})
+            except BaseException:
+                governance = getattr(self, "governance", None)
+                if governance is not None:
+                    governance.close()
+                self.journal.close()
+                raise
         self.breakers = Breakers()
         self.opened = True
         from apollia_nb.runtime.chat import Sessions
@@ -704,7 +718,11 @@ class Runtime:
             return []
         limit = self.clock() - hours * 3600
         expired = []
-        for p in self.governance.pending():
+        try:
+            waiting = self.governance.pending()
+        except GovernanceUnreadable:  # fail closed: nothing is expired, the decisions stay waiting
+            return []
+        for p in waiting:
             created = p.created_at
             if created.tzinfo is None:
                 created = created.replace(tzinfo=_dt.timezone.utc)
