@@ -454,3 +454,63 @@ def test_a_governance_change_on_a_full_disk_is_refused_with_storage_full_and_the
     finally:
         filler.free()
         store.close()
+
+
+# --- a crash after storage faults -----------------------------------------------------------------
+
+CRASH_AFTER_FAULTS = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from apollia_nb.errors import StorageError
+from apollia_nb.home import Home
+from apollia_nb.journal import Journal
+from apollia_nb.runtime.records import RuntimeRecords
+from storage_helpers import Filler
+
+disk = {disk!r}
+home = Home.at(disk + "/home")
+home.ensure()
+journal = Journal.open(home)
+records = RuntimeRecords(home.runtime_db)
+filler = Filler(__import__("pathlib").Path(disk))
+journal.append("plan", {{"n": 0}})
+journal.entries()
+records.save_task({{"id": "t0", "agent": "a", "status": "completed"}}, "2026-12-01T00:00:00Z")
+records.flush()
+filler.fill()
+for i in range(1, 60):
+    journal.append("plan", {{"n": i, "pad": "r" * 1500}})
+    records.save_task({{"id": f"t{{i}}", "agent": "a", "status": "running", "pad": "s" * 3000}}, "2026-12-01T00:00:01Z")
+refused = 0
+for read in (journal.entries, records.flush):
+    try:
+        read()
+    except StorageError:
+        refused += 1
+filler.free()
+journal.append("plan", {{"n": "after"}})
+journal.entries()
+records.save_task({{"id": "after", "agent": "a", "status": "completed"}}, "2026-12-01T00:00:02Z")
+records.flush()
+print(refused, journal.head()[0], flush=True)
+os._exit(0)  # no close: what is committed is in the WAL and journal.log
+"""
+
+
+def test_a_crash_after_refused_writes_loses_nothing_committed(disk):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).parent)
+    done = subprocess.run([sys.executable, "-c", CRASH_AFTER_FAULTS.format(tests=tests, disk=str(disk))],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    refused, head = map(int, done.stdout.split())
+    assert refused == 2 and head == 61  # both refused while full; every append committed
+    home = Home.at(disk / "home")
+    with Journal.open(home) as journal:
+        assert [e.seq for e in journal.entries()] == list(range(1, 62))
+        assert verify_journal(journal).ok
+    ids = {r[0] for r in _rows(home.runtime_db, "SELECT id FROM tasks")}
+    assert ids == {"t0", "after", *(f"t{i}" for i in range(1, 60))}
