@@ -46,3 +46,28 @@ class Filler:
 
     def free(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def ext4_disk(where: Path, image: Path, megabytes: int = 32) -> Iterator[Path]:
+    """An ext4 file system in ``image``, loop-mounted at ``where`` (skips when that is not permitted);
+    ``remount(where, read_only=...)`` turns it read-only and back."""
+    with open(image, "wb") as f:
+        f.truncate(megabytes << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make an ext4 file system here: {made.stderr.strip()}")
+    where.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(where)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot loop-mount a file system here (needs root and a loop device): {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def remount(where: Path, *, read_only: bool) -> None:
+    """Remount a file system read-only or read-write (nothing may hold a file open for writing)."""
+    subprocess.run(["mount", "-o", "remount," + ("ro" if read_only else "rw"), str(where)], check=True,
+                   capture_output=True)

@@ -7,7 +7,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -494,10 +497,6 @@ os._exit(0)  # no close: what is committed is in the WAL and journal.log
 
 
 def test_a_crash_after_refused_writes_loses_nothing_committed(disk):
-    import subprocess
-    import sys
-    from pathlib import Path
-
     tests = str(Path(__file__).parent)
     done = subprocess.run([sys.executable, "-c", CRASH_AFTER_FAULTS.format(tests=tests, disk=str(disk))],
                           capture_output=True, text=True, timeout=120)
@@ -510,3 +509,30 @@ def test_a_crash_after_refused_writes_loses_nothing_committed(disk):
         assert verify_journal(journal).ok
     ids = {r[0] for r in _rows(home.runtime_db, "SELECT id FROM tasks")}
     assert ids == {"t0", "after", *(f"t{i}" for i in range(1, 60))}
+
+
+def test_a_home_on_a_read_only_file_system_gives_storage_error_in_one_line_and_works_once_writable(tmp_path):
+    from test_api_serve import APOLLIA, cli
+
+    from storage_helpers import ext4_disk, remount
+
+    path = tmp_path / "clerk.toml"
+    path.write_text(manifest())
+    with ext4_disk(tmp_path / "ext4", tmp_path / "ext4.img") as where:
+        home = where / "home"
+        assert cli("agents", "register", str(path), home=home).returncode == 0
+        remount(where, read_only=True)
+        try:
+            refused = cli("agents", "register", str(path), home=home)
+            served = subprocess.run([*APOLLIA, "serve", "--home", str(home), "--port", "0"],
+                                    capture_output=True, text=True, timeout=120)
+        finally:
+            remount(where, read_only=False)
+        for answer in (refused, served):
+            assert answer.returncode == 3, answer.stderr
+            lines = answer.stderr.strip().splitlines()
+            assert len(lines) == 1 and "STORAGE_ERROR: " in lines[0] and "read-only" in lines[0], answer.stderr
+        listed = cli("agents", "list", home=home)
+        assert listed.returncode == 0 and "clerk" in listed.stdout, listed.stderr
+        verified = cli("audit", "verify", home=home)
+        assert verified.returncode == 0, verified.stdout + verified.stderr

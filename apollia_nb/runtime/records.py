@@ -33,7 +33,6 @@ import atexit
 import json
 import queue
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
