@@ -66,6 +66,7 @@ def test_the_words_duckdb_and_the_system_use_give_stable_codes():
     assert storage_error(fatal, "x").code == "STORAGE_ERROR" and needs_reopen(fatal)
     assert storage_error(duckdb.ConstraintException("Duplicate key \"seq: 2\""), "x") is None
     assert storage_error(ValueError("bad"), "x") is None
+    assert storage_error(FileNotFoundError(errno.ENOENT, "No such file or directory"), "x") is None
     assert not needs_reopen(wal)
 
 
@@ -367,6 +368,16 @@ def test_serve_on_a_full_disk_answers_507_never_202_or_500_and_recovers_without_
             break
         assert answers[-1] == 507, answers
         assert answer.json()["code"] == "STORAGE_FULL" and "nothing of it was recorded" in answer.json()["message"]
+        from concurrent.futures import ThreadPoolExecutor
+
+        def submit(i: int) -> httpx.Response:  # under load: concurrent submits share the writers
+            return api.post("/tasks", json={"agent": "clerk", "goal": f"Burst {i} " + "b" * 3000})
+
+        with ThreadPoolExecutor(8) as pool:
+            burst = list(pool.map(submit, range(24)))
+        assert {r.status_code for r in burst} <= {202, 507}, [(r.status_code, r.text) for r in burst]
+        assert 507 in {r.status_code for r in burst}
+        acknowledged += [r.json()["id"] for r in burst if r.status_code == 202]
         agent = api.post("/agents", json={"manifest": SCRIBE})
         assert agent.status_code == 507 and agent.json()["code"] == "STORAGE_FULL", agent.text
         assert [a["name"] for a in api.get("/agents").json()] == ["clerk"]
