@@ -330,7 +330,9 @@ async def test_the_runtime_refuses_new_work_with_storage_full_and_takes_it_again
         recorded = {t["id"]: t for t in rt.records.tasks()}
         assert set(recorded) == set(acknowledged)  # every acknowledged task, and only those
         assert recorded[later.id]["status"] == "completed"
-        assert all(t["status"] in ("completed", "failed") for t in recorded.values())
+        # Runs acknowledged while the disk was full ran then: their entries went to the preallocated
+        # journal.log, their rows were kept and written later; only their checkpoints had to wait.
+        assert {t["status"] for t in recorded.values()} == {"completed"}, recorded
         assert sorted(a.name for a in rt.agents()) == ["clerk", "scribe"]
         assert rt.verify().ok
 
@@ -547,3 +549,20 @@ def test_a_home_on_a_read_only_file_system_gives_storage_error_in_one_line_and_w
         assert listed.returncode == 0 and "clerk" in listed.stdout, listed.stderr
         verified = cli("audit", "verify", home=home)
         assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+async def test_a_run_whose_closing_checkpoint_the_disk_refuses_keeps_its_outcome(home, monkeypatch):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest())
+        warnings = []
+        rt.subscribe(lambda kind, data: warnings.append(data) if kind == "warning" else None)
+        monkeypatch.setenv(FAULT_ENV, "journal.db:ENOSPC")  # journal.log takes the entries; journal.db nothing
+        task = await (await rt.submit("clerk", "Finish while journal.db refuses"))
+        assert task.status == "completed", task.error
+        assert any("closing checkpoint was not stored" in str(w) for w in warnings), warnings
+        with pytest.raises(StorageFull):
+            rt.journal.entries(run_id=task.run_id)
+        monkeypatch.delenv(FAULT_ENV)
+        kinds = [e.kind for e in rt.journal.entries(run_id=task.run_id)]
+        assert kinds[0] == "run_open" and kinds[-1] == "run_seal"
+        assert rt.verify().ok

@@ -37,6 +37,7 @@ from apollia_nb.errors import (
     GovernanceUnreadable,
     HomeLocked,
     Interrupted,
+    StorageError,
     UnknownAgent,
     UnknownDecision,
     UnknownTask,
@@ -351,8 +352,15 @@ class Runtime:
             event.set()
 
     async def _after_run(self, run_id: str) -> None:
-        """A signed checkpoint at the end of every run (SPEC §6)."""
-        await self.journal.checkpoint_async()
+        """A signed checkpoint at the end of every run.
+
+        The run's entries, its seal included, are committed before this: when the
+        disk refuses the checkpoint (``STORAGE_*``), the run keeps its outcome, a
+        warning says so, and the next checkpoint covers its entries."""
+        try:
+            await self.journal.checkpoint_async()
+        except StorageError as exc:
+            self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {exc}")
 
     async def run_entry_count(self, run_id: str) -> int:
         return self.journal.run_size(run_id)
