@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
 import duckdb
 import pytest
 
@@ -539,12 +540,14 @@ def test_a_home_on_a_read_only_file_system_gives_storage_error_in_one_line_and_w
             refused = cli("agents", "register", str(path), home=home)
             served = subprocess.run([*APOLLIA, "serve", "--home", str(home), "--port", "0"],
                                     capture_output=True, text=True, timeout=120)
+            for answer in (refused, served):
+                assert answer.returncode == 3, answer.stderr
+                lines = answer.stderr.strip().splitlines()
+                assert len(lines) == 1 and "STORAGE_ERROR: " in lines[0] and "read-only" in lines[0], answer.stderr
+            with pytest.raises(StorageError, match="read-only"):  # and in Python
+                anyio.run(Runtime(Home.at(home)).__aenter__)
         finally:
             remount(where, read_only=False)
-        for answer in (refused, served):
-            assert answer.returncode == 3, answer.stderr
-            lines = answer.stderr.strip().splitlines()
-            assert len(lines) == 1 and "STORAGE_ERROR: " in lines[0] and "read-only" in lines[0], answer.stderr
         listed = cli("agents", "list", home=home)
         assert listed.returncode == 0 and "clerk" in listed.stdout, listed.stderr
         verified = cli("audit", "verify", home=home)

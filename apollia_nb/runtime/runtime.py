@@ -242,6 +242,10 @@ class Runtime:
             from apollia_nb.runtime.remote import find_server
 
             server = find_server(self.home, locked)
+        except OSError as exc:  # the owner lock cannot be written: a full or read-only disk
+            from apollia_nb.dbutil import storage_error
+
+            raise storage_error(exc, f"the home {self.home.path} could not be opened") or exc from exc
         self.config = load_config(self.home.config_path)
         if server is not None:  # docs/shared-home.md
             from apollia_nb.runtime.remote import RemoteHome
