@@ -381,6 +381,10 @@ def test_serve_on_a_full_disk_answers_507_never_202_or_500_and_recovers_without_
         assert {r.status_code for r in burst} <= {202, 507}, [(r.status_code, r.text) for r in burst]
         assert 507 in {r.status_code for r in burst}
         acknowledged += [r.json()["id"] for r in burst if r.status_code == 202]
+        from apollia_nb.sdk import Client, errors
+
+        with Client(info["url"], info["token"]) as sdk, pytest.raises(errors.StorageFull):  # the SDK's class
+            sdk.submit("clerk", "Through the SDK while full " + "c" * 3000)
         agent = api.post("/agents", json={"manifest": SCRIBE})
         assert agent.status_code == 507 and agent.json()["code"] == "STORAGE_FULL", agent.text
         assert [a["name"] for a in api.get("/agents").json()] == ["clerk"]
