@@ -69,7 +69,8 @@ _STATUS_WORDS = {
     503: "the disk refused the write (`STORAGE_ERROR`: read-only, I/O error); nothing was recorded, retry later",
     507: "no space left on the home's disk (`STORAGE_FULL`); nothing was recorded, retry once space is freed",
 }
-#: Routes that write (and the journal's reads, which copy its newest entries first) may meet a storage fault.
+#: Routes that write may meet a storage fault, and so may reads that wait for pending writes first
+#: (the journal's, which copy its newest entries into journal.db; runtime.db's recorded tasks).
 _STORAGE_STATUSES = (503, 507)
 
 

@@ -756,7 +756,13 @@ class Journal:
     def _db(self) -> duckdb.DuckDBPyConnection:
         """The writer's connection, opened again first when DuckDB invalidated ``journal.db``."""
         if self._reopen_needed:
-            self._reopen()
+            try:
+                self._reopen()
+            except BaseException as exc:
+                storage = storage_error(exc, f"{self.path.name} could not be opened again after a failed write")
+                if storage is None or storage is exc:
+                    raise
+                raise storage from exc
         return self._con
 
     def _reopen(self) -> None:
@@ -949,6 +955,11 @@ class Journal:
         """
         if self._broken is not None:
             raise self._broken
+        if self._reopen_needed and threading.current_thread() is not self._thread:
+            try:
+                self._submit(None, self._db).result()  # the reader's connection is invalidated too
+            except Conflict:
+                pass
         if self._pending and threading.current_thread() is not self._thread:
             try:
                 self._submit(None, self._import).result()

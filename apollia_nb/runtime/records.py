@@ -33,7 +33,6 @@ import atexit
 import json
 import queue
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -202,7 +201,9 @@ class RuntimeRecords:
         try:
             self._run(item.run)
         except BaseException as exc:
-            error = storage_error(exc, f"{self.path.name} could not record it")
+            what = (f"the {item.key[0].rstrip('s')} {' '.join(map(str, item.key[1:]))}"
+                    if isinstance(item.key, tuple) else "it")
+            error = storage_error(exc, f"{self.path.name} could not record {what}")
             if needs_reopen(exc) and item.undo is not None:
                 # DuckDB may have committed it after all (the WAL took it, the checkpoint did
                 # not): remove it, retried like any kept write, so a refused row never appears.

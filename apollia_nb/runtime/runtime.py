@@ -38,6 +38,7 @@ from apollia_nb.errors import (
     GovernanceUnreadable,
     HomeLocked,
     Interrupted,
+    StorageError,
     UnknownAgent,
     UnknownDecision,
     UnknownTask,
@@ -244,6 +245,10 @@ class Runtime:
             from apollia_nb.runtime.remote import find_server
 
             server = find_server(self.home, locked)
+        except OSError as exc:  # the owner lock cannot be written: a full or read-only disk
+            from apollia_nb.dbutil import storage_error
+
+            raise storage_error(exc, f"the home {self.home.path} could not be opened") or exc from exc
         self.config = load_config(self.home.config_path)
         if server is not None:  # docs/shared-home.md
             from apollia_nb.runtime.remote import RemoteHome
@@ -372,8 +377,15 @@ class Runtime:
             event.set()
 
     async def _after_run(self, run_id: str) -> None:
-        """A signed checkpoint at the end of every run (SPEC §6)."""
-        await self.journal.checkpoint_async()
+        """A signed checkpoint at the end of every run.
+
+        The run's entries, its seal included, are committed before this: when the
+        disk refuses the checkpoint (``STORAGE_*``), the run keeps its outcome, a
+        warning says so, and the next checkpoint covers its entries."""
+        try:
+            await self.journal.checkpoint_async()
+        except StorageError as exc:
+            self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {exc}")
 
     async def run_entry_count(self, run_id: str) -> int:
         return self.journal.run_size(run_id)
