@@ -506,7 +506,8 @@ def test_the_openapi_document_declares_bearer_auth_and_a_schema_for_every_body_a
             if ok[0] == "204":
                 assert content == {}, where
             elif "text/event-stream" in content:
-                assert content["text/event-stream"]["itemSchema"]["oneOf"], where
+                assert content["text/event-stream"]["schema"]["type"] == "string", where
+                assert content["text/event-stream"]["x-itemSchema"]["oneOf"], where
             else:
                 assert content["application/json"]["schema"], where
             for code, response in op["responses"].items():

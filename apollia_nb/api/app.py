@@ -35,7 +35,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Body, Depends, FastAPI, Query, Request, Response, Security
+from fastapi import APIRouter, BackgroundTasks, Body, Depends, FastAPI, Header, Query, Request, Response, Security
 from fastapi import Path as FastPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -46,6 +46,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__, faults
 from apollia_nb.api import schemas as s
+from apollia_nb.api.idempotency import (
+    KEY_HEADER,
+    KEY_PATTERN,
+    REPLAYED_HEADER,
+    Idempotency,
+    IdempotentRoute,
+)
 from apollia_nb.api.server import is_loopback
 from apollia_nb.dbutil import storage_error
 from apollia_nb.errors import (
@@ -71,13 +78,16 @@ _STATUS_WORDS = {
     403: "a browser's `Origin` is neither the server's own nor an allowed origin (`ORIGIN_NOT_ALLOWED`)",
     421: "the `Host` is not a loopback name or an allowed host (`HOST_NOT_ALLOWED`)",
     404: "no such thing (`NOT_FOUND` or a specific `UNKNOWN_*` code)",
-    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code)",
+    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code), or a request with "
+         "this `Idempotency-Key` is still being processed (`IDEMPOTENCY_IN_PROGRESS`)",
     413: "the request body is over the server's limit (`PAYLOAD_TOO_LARGE`)",
-    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`)",
+    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`, or "
+         "`IDEMPOTENCY_KEY_REUSED` for an `Idempotency-Key` sent before with another body)",
     503: "the disk refused the write (`STORAGE_ERROR`: read-only, I/O error); nothing was recorded, retry later",
     507: "no space left on the home's disk (`STORAGE_FULL`); nothing was recorded, retry once space is freed",
 }
-#: Routes that write (and the journal's reads, which copy its newest entries first) may meet a storage fault.
+#: Routes that write may meet a storage fault, and so may reads that wait for pending writes first
+#: (the journal's, which copy its newest entries into journal.db; runtime.db's recorded tasks).
 _STORAGE_STATUSES = (503, 507)
 
 
@@ -86,6 +96,11 @@ _EVERY_ROUTE = (403, 421)  # HostGuard answers before any route
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in (*statuses, *_EVERY_ROUTE)}
+
+
+#: Where an event stream's events are described. OpenAPI 3.1 has no keyword for the items of a
+#: stream (3.2's ``itemSchema``), so the stream is a string and its events an extension.
+_ITEM_SCHEMA = "x-itemSchema"
 
 
 def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, dict[str, Any]]:
@@ -101,9 +116,13 @@ def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, di
         }}
         for name, schema in events.items()
     ]
+    names = ", ".join(f"`{name}` ({schema})" for name, schema in events.items())
     out: dict[int | str, dict[str, Any]] = {
         200: {"description": "a stream of server-sent events, each with JSON `data`",
-              "content": {"text/event-stream": {"itemSchema": {"oneOf": items}}}},
+              "content": {"text/event-stream": {
+                  "schema": {"type": "string", "description": f"server-sent events: {names}"},
+                  _ITEM_SCHEMA: {"oneOf": items},
+              }}},
     }
     error = {"schema": {"$ref": "#/components/schemas/Error"}}
     for code in (401, 422, *statuses, *_EVERY_ROUTE):
@@ -116,7 +135,8 @@ _EXCHANGE_EVENT_SCHEMAS = {name: model.__name__ for name, model in s.EXCHANGE_EV
 
 
 def _with_event_schemas(app: FastAPI) -> None:
-    """Add the exchange events' models to the document's components (only event streams refer to them)."""
+    """Add the exchange events' models to the document's components (only event streams refer to them),
+    and keep the event streams' descriptions within OpenAPI 3.1."""
     from pydantic.json_schema import models_json_schema
 
     generate = app.openapi
@@ -129,6 +149,10 @@ def _with_event_schemas(app: FastAPI) -> None:
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in defs.get("$defs", {}).items():
                 schemas.setdefault(name, schema)
+            for item in doc["paths"].values():  # FastAPI adds 3.2's generic ``itemSchema`` to event streams
+                for op in item.values():
+                    for response in op.get("responses", {}).values():
+                        response.get("content", {}).get("text/event-stream", {}).pop("itemSchema", None)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -139,7 +163,8 @@ def _with_event_schemas(app: FastAPI) -> None:
 _bearer = HTTPBearer(
     auto_error=False, scheme_name="bearerToken",
     description="The token `apollia-os serve` was started with (`--token`, `$APOLLIA_TOKEN`, or generated "
-                "and written to `<home>/server.json`).",
+                "and written to `<home>/server.json`). Not needed for `/api/v1/health`, `/api/v1/openapi.json` "
+                "or `/api/v1/docs`.",
 )
 
 
@@ -147,11 +172,44 @@ async def _runtime(request: Request) -> Any:  # async: a plain def would run in 
     return request.app.state.runtime
 
 
-async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
-    expected: bytes = request.app.state.token
+def _token_matches(request: Request, credentials: HTTPAuthorizationCredentials | None) -> bool:
     given = credentials.credentials.encode("utf-8", "surrogateescape") if credentials is not None else b""
-    if credentials is None or not hmac.compare_digest(given, expected):
+    return credentials is not None and hmac.compare_digest(given, request.app.state.token)
+
+
+async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
+    if not _token_matches(request, credentials):
         raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+
+
+# --- idempotency keys -----------------------------------------------------------------------------
+
+
+def _idempotency_for(request: Request) -> tuple[Idempotency, bytes] | None:
+    """The keys of the app's runtime and the token, for a request with a valid token (else ``None``)."""
+    from fastapi.security.utils import get_authorization_scheme_param
+
+    scheme, value = get_authorization_scheme_param(request.headers.get("Authorization"))
+    credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=value) if value else None
+    if scheme.lower() != "bearer" or not _token_matches(request, credentials):
+        return None
+    state = request.app.state
+    records = state.runtime.records
+    if getattr(state, "idempotency", None) is None or state.idempotency.records is not records:
+        state.idempotency = Idempotency(records)
+    return state.idempotency, state.token
+
+
+async def _idempotency_key(
+    key: Annotated[str | None, Header(
+        alias=KEY_HEADER, pattern=KEY_PATTERN,
+        description="A unique string (a UUID) that makes a retry safe: the same key with the same body is "
+                    f"answered with the first answer (`{REPLAYED_HEADER}: true`) and nothing is done twice. "
+                    "Quoted (the IETF draft's structured string) or bare; remembered 24 hours, per route and "
+                    "token. See the reference's section on retries.",
+    )] = None,
+) -> None:
+    """Declares the header in the document; ``IdempotentRoute`` reads it."""
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -426,12 +484,42 @@ async def _exchange_events(exchange: Any, start: int, closing: anyio.Event) -> A
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(_authorize)], responses=_errors(401, 422))
 
-def _route(method: str, path: str, status: int = 200, *, storage: bool | None = None, **kw: Any) -> Any:
-    """A JSON route; ``storage`` (default: every method but GET) documents 503/507 storage faults."""
+async def _committed(request: Request) -> AsyncIterator[None]:
+    """After a write route's work, before its answer is sent: wait until runtime.db holds what it wrote.
+
+    Acknowledged means durable (a session opened, a message injected, a task cancelled): the
+    answer is sent only once the rows are committed; a write that fails fails the request."""
+    yield  # an error of the route itself goes on as it is
+    runtime = request.app.state.runtime
+    if runtime is not None:
+        await runtime.committed()
+
+
+def _route(method: str, path: str, status: int = 200, *, storage: bool | None = None, records: bool = False,
+           idempotent: bool | None = None, **kw: Any) -> Any:
+    """A JSON route of ``router``.
+
+    ``storage`` (default: every method but GET) documents 503/507 storage faults; a POST (unless
+    ``idempotent=False``) honours ``Idempotency-Key``. ``records``: the route changes rows of
+    runtime.db without waiting for them (sessions, a cancel): it answers only once they are
+    committed. The other write routes commit what they change before they return (the journal,
+    governance.db, a submitted task, an agent).
+    """
     if storage if storage is not None else method != "GET":
         kw["responses"] = {**kw.get("responses", {}), **_errors(*_STORAGE_STATUSES)}
-    decorator = getattr(router, method.lower())
-    return decorator(path, status_code=status, **kw)
+    extra: dict[str, Any] = {}
+    if records:
+        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_committed, scope="function")]
+    if method == "POST" if idempotent is None else idempotent:
+        extra["route_class_override"] = IdempotentRoute
+        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_idempotency_key)]
+        kw["responses"] = {**_errors(409), **kw.get("responses", {})}
+
+    def decorator(fn: Any) -> Any:
+        router.add_api_route(path, fn, methods=[method], status_code=status, **kw, **extra)
+        return fn
+
+    return decorator
 
 
 @public.get("/health", response_model=s.Health, operation_id="health", tags=["health"],
@@ -452,7 +540,8 @@ async def list_agents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
 @_route("POST", "/agents", 201, response_model=s.Agent, operation_id="registerAgent", tags=["agents"],
         summary="Register an agent from its TOML manifest", responses=_errors(409, 413, 422),
         description="Ends `active`, or `degraded` when optional tools do not resolve. A name already registered "
-                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key.")
+                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key; a workspace "
+                    "that contains the home or lies inside it 422 `WORKSPACE_OVERLAPS_HOME`.")
 async def register_agent(response: Response, body: s.ManifestIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     agent = await rt.register_agent(body.manifest)
     response.headers["Location"] = f"{API_PREFIX}/agents/{agent.name}"
@@ -465,7 +554,8 @@ async def get_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return rt.agent(name).to_dict()
 
 
-@_route("POST", "/agents/{name}/start", response_model=s.Agent, operation_id="startAgent", tags=["agents"],
+@_route("POST", "/agents/{name}/start", records=True,
+        response_model=s.Agent, operation_id="startAgent", tags=["agents"],
         summary="Restart a stopped agent", responses=_errors(404, 409))
 async def start_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return (await rt.start_agent(name)).to_dict()
@@ -542,7 +632,8 @@ async def wait_task(
     return _task_dict(rt, task_id)
 
 
-@_route("POST", "/tasks/{task_id}/cancel", response_model=s.Task, operation_id="cancelTask", tags=["tasks"],
+@_route("POST", "/tasks/{task_id}/cancel", records=True,
+        response_model=s.Task, operation_id="cancelTask", tags=["tasks"],
         summary="Cancel a task", responses=_errors(404, 409),
         description="A running task is cancelled at once; a waiting one has its pending decisions refused. "
                     "409 when the task has already finished.")
@@ -613,7 +704,7 @@ def _session(rt: Any, session_id: str) -> Any:
     return rt.sessions.get(session_id)
 
 
-@_route("POST", "/sessions", 201, response_model=s.Session, operation_id="openSession", tags=["sessions"],
+@_route("POST", "/sessions", 201, records=True, response_model=s.Session, operation_id="openSession", tags=["sessions"],
         summary="Open a chat session", responses=_errors(404, 409, 413, 422))
 async def open_session(response: Response, body: s.SessionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = rt.sessions.open(body.agent, plan_mode=body.plan_mode)
@@ -675,7 +766,7 @@ async def session_events(request: Request, session: Any = Depends(_existing_sess
 
 
 
-@_route("POST", "/sessions/{session_id}/pause", response_model=s.Session, operation_id="pauseSession",
+@_route("POST", "/sessions/{session_id}/pause", records=True, response_model=s.Session, operation_id="pauseSession",
         tags=["sessions"], summary="Pause at the next safe point", responses=_errors(404, 409))
 async def pause_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
@@ -683,7 +774,7 @@ async def pause_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[st
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/inject", response_model=s.Session, operation_id="injectMessage",
+@_route("POST", "/sessions/{session_id}/inject", records=True, response_model=s.Session, operation_id="injectMessage",
         tags=["sessions"], summary="Add a user message (seen by the next turn)", responses=_errors(404, 409, 413, 422))
 async def inject_message(session_id: str, body: s.MessageIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
@@ -691,7 +782,8 @@ async def inject_message(session_id: str, body: s.MessageIn, rt: Any = Depends(_
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/resume", 202, response_model=s.Session, operation_id="resumeSession",
+@_route("POST", "/sessions/{session_id}/resume", 202, records=True,
+        response_model=s.Session, operation_id="resumeSession",
         tags=["sessions"], summary="Resume a paused session", responses=_errors(404, 409),
         description="A paused exchange continues in the background (follow it with `GET /sessions/{id}/events`); "
                     "a session left `processing` by a crash comes back `active`.")
@@ -699,7 +791,7 @@ async def resume_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[s
     return rt.sessions.resume(session_id).to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/fork", 201, response_model=s.Session, operation_id="forkSession",
+@_route("POST", "/sessions/{session_id}/fork", 201, records=True, response_model=s.Session, operation_id="forkSession",
         tags=["sessions"], summary="A new session with a copy of this one's history", responses=_errors(404, 409))
 async def fork_session(response: Response, session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = rt.sessions.fork(session_id)
@@ -707,7 +799,7 @@ async def fork_session(response: Response, session_id: str, rt: Any = Depends(_r
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/close", response_model=s.Session, operation_id="closeSession",
+@_route("POST", "/sessions/{session_id}/close", records=True, response_model=s.Session, operation_id="closeSession",
         tags=["sessions"], summary="Close (cancels the exchange in flight; terminal)", responses=_errors(404, 409))
 async def close_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
@@ -715,7 +807,7 @@ async def close_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[st
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/plan/approve", 202, response_model=s.Session,
+@_route("POST", "/sessions/{session_id}/plan/approve", 202, records=True, response_model=s.Session,
         operation_id="approveSessionPlan", tags=["sessions"], summary="Approve (optionally edit) the proposed plan",
         responses=_errors(404, 409, 413, 422),
         description="The plan runs as a new exchange in the background; follow it with `GET /sessions/{id}/events`.")
@@ -726,7 +818,8 @@ async def approve_session_plan(session_id: str, body: s.PlanApprovalIn | None = 
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/plan/reject", response_model=s.Session, operation_id="rejectSessionPlan",
+@_route("POST", "/sessions/{session_id}/plan/reject", records=True,
+        response_model=s.Session, operation_id="rejectSessionPlan",
         tags=["sessions"], summary="Reject the proposed plan", responses=_errors(404, 409, 413, 422))
 async def reject_session_plan(session_id: str, body: s.PlanRejectionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
@@ -832,6 +925,7 @@ async def verify_journal(rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
 
 @_route("POST", "/audit/replay/{run_id}", response_model=s.ReplayResult, operation_id="replayRun", tags=["audit"],
+        idempotent=False,
         summary="Replay a run offline from its trace", responses=_errors(404),
         description="`identical`, `diverged` (every divergence) or `incomplete`. Calls no model and runs no tool. "
                     "404 `UNKNOWN_RUN` when the journal holds no entry of that run.")
@@ -908,8 +1002,11 @@ def create_app(
         version=__version__,
         summary="Drive governed agents headless: agents, tasks, chat, pending decisions, governance, audit.",
         description=(
-            "Every route but `/health` needs `Authorization: Bearer <token>`. Every error is "
-            "`{\"code\", \"message\"}` with a stable code."
+            "Every route but `/health` needs `Authorization: Bearer <token>`. This document "
+            "(`/api/v1/openapi.json`) and its browsable form (`/api/v1/docs`) are served without a token too, "
+            "so a client generator can fetch them: they describe the API and hold none of its data. Every error "
+            "is `{\"code\", \"message\"}` with a stable code. Every POST that changes something takes an "
+            f"`{KEY_HEADER}` header, which makes a retry after a timeout safe."
         ),
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
@@ -918,6 +1015,8 @@ def create_app(
     )
     app.state.runtime = runtime
     app.state.token = token.encode("utf-8")
+    app.state.idempotency = None
+    app.state.idempotency_for = _idempotency_for
     _install_error_handlers(app)
     _with_event_schemas(app)
     app.include_router(public, prefix=API_PREFIX)
@@ -928,7 +1027,8 @@ def create_app(
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_credentials=False,
                            allow_methods=["GET", "POST", "PUT", "DELETE"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "Content-Type", KEY_HEADER],
+                           expose_headers=["Location", REPLAYED_HEADER])
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     app.add_middleware(HostGuard, allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(cors_origins))
     return app
