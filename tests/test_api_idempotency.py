@@ -141,6 +141,35 @@ def test_the_sdk_retries_only_safe_requests_and_only_answers_a_retry_may_get_pas
         _Retry(retries=-1)
 
 
+@pytest.mark.anyio
+async def test_a_key_whose_answer_the_disk_refuses_stays_taken_and_one_it_could_not_take_is_free(tmp_path):
+    from concurrent.futures import Future
+
+    from apollia_nb.errors import StorageFull
+
+    records = RuntimeRecords(tmp_path / "runtime.db")
+    keys = Idempotency(records)
+    remember = records.remember_response
+
+    def refused(*args, **kwargs):
+        done = Future()
+        done.set_exception(StorageFull("no space left"))
+        return done
+
+    records.remember_response = refused
+    with pytest.raises(StorageFull):  # not taken: nothing is done, the key is free
+        await keys.begin("s", "not-taken", "fp")
+    records.remember_response = remember
+    assert await keys.begin("s", "not-taken", "fp") is None
+    records.remember_response = refused
+    with pytest.raises(StorageFull):  # done, but its answer is not recorded
+        await keys.finish("s", "not-taken", "fp", 202, {"headers": {}, "body": "{}"})
+    records.remember_response = remember
+    with pytest.raises(Conflict, match="unknown"):  # never done a second time
+        await keys.begin("s", "not-taken", "fp")
+    records.close()
+
+
 # --- over HTTP ---------------------------------------------------------------------------------------
 
 

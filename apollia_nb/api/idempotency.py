@@ -39,6 +39,7 @@ FastAPI route class that applies them around a route.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -175,11 +176,11 @@ class Idempotency:
             del self._known[slot]  # forgotten meanwhile: a new request
         self._inflight.add(slot)
         try:
-            self.records.remember_response(scope, key, fp, _TAKEN, {}, self.clock())
+            taken = self.records.remember_response(scope, key, fp, _TAKEN, {}, self.clock(), new_row=True)
             with anyio.CancelScope(shield=True):  # taken before anything is done
-                await self.records.flush_async()
-        except BaseException:
-            self.release(scope, key)
+                await asyncio.wrap_future(taken)
+        except BaseException:  # not taken (a refused write leaves no row): nothing was done
+            self._inflight.discard(slot)
             raise
         return None
 
@@ -187,13 +188,15 @@ class Idempotency:
         """Remember a success durably (committed when this returns), and release the key."""
         at = self.clock()
         slot = (scope, key)
+        self._known[slot] = (fp, at)
         try:
-            self.records.remember_response(scope, key, fp, status, response, at)
-            self._known[slot] = (fp, at)
+            answered = self.records.remember_response(scope, key, fp, status, response, at)
             with anyio.CancelScope(shield=True):  # a client that hangs up does not make the row unknown
-                await self.records.flush_async()
+                await asyncio.wrap_future(answered)
         except BaseException:
-            self._known.pop(slot, None)  # not committed: the key was not taken
+            # Done, but its answer is not recorded: the key stays taken, and a retry is refused as one
+            # whose outcome is unknown, never done again.
+            self._interrupted.add(slot)
             raise
         finally:
             self._inflight.discard(slot)
