@@ -10,10 +10,14 @@ of :mod:`apollia_nb.api.schemas`; the app adds only what HTTP needs:
   ``UNAUTHORIZED`` (with ``WWW-Authenticate: Bearer``); a body over the limit
   413 ``PAYLOAD_TOO_LARGE``; a write the disk refuses 507 ``STORAGE_FULL`` or
   503 ``STORAGE_ERROR`` (nothing of it was recorded). Nothing a client sends is a 500.
-* **A bearer token** on every route but ``/health``, compared in constant time.
+* **A bearer token** on every route but ``/health``, compared in constant time
+  (the OpenAPI document and its docs page are served without one).
+* **Idempotency keys** on every POST that changes something: a retry with the
+  same ``Idempotency-Key`` gets the first answer (:mod:`apollia_nb.api.idempotency`).
 * **No CORS** unless origins are configured.
 * **Server-sent events** for a task's changes and a chat exchange's events,
-  ended by the task finishing, the exchange ending or the server shutting down.
+  ended by the task finishing, the exchange ending or the server shutting down;
+  described in the OpenAPI 3.1 document as text with an ``x-itemSchema``.
 
 The runtime lives on the server's event loop, so runs are background tasks of
 the server: ``create_app(runtime, token=...)`` wraps a runtime opened on that
