@@ -257,6 +257,22 @@ def test_a_second_request_while_the_first_is_processed_is_409_in_progress(api, g
     assert len(api.get("/tasks").json()) == 1
 
 
+def test_a_submit_that_fails_after_its_task_was_recorded_is_not_done_again(server, api, monkeypatch):
+    from apollia_nb import faults
+
+    monkeypatch.setitem(faults._ARMED, "submit.after_commit", "raise")  # recorded, then an internal error
+    try:  # a 500, or the connection closed after it: either way no answer the client can use
+        failed = httpx.post(f"{server.url}/api/v1/tasks", json=TASK, headers={**AUTH, **keyed("half-done")})
+        assert failed.status_code == 500, failed.text
+    except httpx.TransportError:
+        pass
+    monkeypatch.delitem(faults._ARMED, "submit.after_commit")
+    [task] = api.get("/tasks").json()
+    again = api.post("/tasks", json=TASK, headers=keyed("half-done"))
+    assert error_code(again, 409) == "CONFLICT" and "unknown" in again.json()["message"]
+    assert [t["id"] for t in api.get("/tasks").json()] == [task["id"]]
+
+
 def test_an_answered_submit_survives_kill_9_and_a_restart(tmp_path):
     from test_api_serve import start, stop
 
