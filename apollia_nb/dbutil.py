@@ -45,6 +45,8 @@ def raise_if_locked(exc: BaseException, path: Path) -> None:
 # invalidates the database until it is opened again).
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: The disk (not the program) refusing: read-only, I/O error, file too large, device or NFS gone.
+_STORAGE_ERRNOS = frozenset({errno.EROFS, errno.EIO, errno.EFBIG, errno.ENXIO, errno.ENODEV, errno.ESTALE})
 _FULL_WORDS = ("no space left on device", "disk quota exceeded", "disk full", "not enough space on the disk")
 _STORAGE_WORDS = (
     "read-only file system", "input/output error", "could not write", "could not fsync", "could not sync",
@@ -77,6 +79,8 @@ def storage_error(exc: BaseException, what: str) -> StorageError | None:
     text = " ".join(str(exc).split())  # one line: DuckDB's fatal errors span several
     lower = text.lower()
     if isinstance(exc, OSError) and exc.errno is not None:
+        if exc.errno not in _FULL_ERRNOS and exc.errno not in _STORAGE_ERRNOS:
+            return None  # e.g. a missing file or a bad descriptor: not the disk
         full = exc.errno in _FULL_ERRNOS
         if not full and exc.errno == errno.EROFS:
             return StorageError(f"{what}: the file system is read-only ({text}); nothing of it was recorded. "

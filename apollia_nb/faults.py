@@ -23,6 +23,7 @@ The points (see docs/runtime.md):
 * ``submit.after_commit`` — a task is recorded, the run not started and the submission not answered;
 * ``suspend.before_record`` — a run opened its pending decision, its suspension not yet recorded;
 * ``suspend.after_record`` — a suspension is recorded, nobody told yet.
+* ``run.after_seal`` — a run's ``run_seal`` is journaled, its row in runtime.db not yet written.
 """
 
 from __future__ import annotations

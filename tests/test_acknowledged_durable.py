@@ -156,6 +156,38 @@ def test_an_always_answer_cut_off_before_its_consent_was_stored_gets_the_consent
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("verdict", ["approve", "reject"])
+def test_a_plan_answer_cut_off_before_the_run_took_it_is_taken_at_restart(places, verdict):
+    home, work = places
+    srv = Served(home, work, fault="answer.before_resume:kill")
+    assert srv.api.post("/agents", json={"manifest": WRITER}).status_code == 201
+    sub = srv.api.post("/tasks", json={"agent": "clerk", "goal": "Write the marker", "approve_plan": True}).json()
+    assert srv.api.get(f"/tasks/{sub['id']}/wait").json()["awaiting_plan_approval"] is True
+    body = {"steps": ["write the marker"]} if verdict == "approve" else {"reason": "not today"}
+    with pytest.raises(httpx.TransportError):
+        srv.api.post(f"/tasks/{sub['id']}/plan/{verdict}", json=body)
+    assert srv.died() == -signal.SIGKILL
+
+    again = Served(home, work)
+    try:
+        task = again.api.get(f"/tasks/{sub['id']}/wait").json()
+        if verdict == "reject":
+            assert task["status"] == "failed" and task["error"]["code"] == "REJECTED", task
+            assert "not today" in task["error"]["message"]
+        else:
+            assert task["status"] == "waiting" and not task["awaiting_plan_approval"], task
+            assert task["plan"] == ["write the marker"]  # the edited plan, as approved
+            [pending] = again.api.get("/pending-decisions").json()
+            again.api.post("/pending-decisions/decide", json={"id": pending["id"], "answer": "once"})
+            _finished_once(again, sub, work)
+        entries = again.api.get("/audit/entries", params={"run_id": sub["run_id"], "limit": 1000}).json()["entries"]
+        assert len([e for e in entries if e["kind"] == "plan" and "approved" in e["payload"]]) == 1
+    finally:
+        assert again.stop() == 0
+    _verified_offline(home, work)
+
+
+@pytest.mark.timeout(180)
 def test_a_task_recorded_before_the_202_was_sent_is_started_at_restart(places):
     home, work = places
     srv = Served(home, work, fault="submit.after_commit:kill")
@@ -245,6 +277,35 @@ async def test_a_python_runtime_killed_after_card_answer_resumes_the_run_when_th
     assert (work / "marker.txt").read_text() == "once"
 
 
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+async def test_a_run_killed_after_its_seal_was_journaled_keeps_its_end_at_restart(places, monkeypatch):
+    """The journal closed the run; runtime.db had not been told: the restart takes the seal's status."""
+    home, work = places
+    script = textwrap.dedent(f"""
+        import anyio, json, os
+        from apollia_nb.runtime import Runtime
+        async def main():
+            async with Runtime({str(home)!r}) as rt:
+                await rt.register_agent({manifest(actor=[{"text": "Nothing to do."}])!r})
+                handle = await rt.submit("clerk", "Say so", watched=False)
+                os.write(1, json.dumps({{"task": handle.id}}).encode() + b"\\n")
+                await handle
+        anyio.run(main)
+    """)
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                           cwd=work, env=_env("run.after_seal:kill"))
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    task_id = json.loads(child.stdout.splitlines()[0])["task"]
+
+    monkeypatch.chdir(work)
+    async with Runtime(home) as rt:
+        record = rt.records.task(task_id)
+        assert record["status"] == "completed", record["error"]
+        assert record["result"] == "Nothing to do."
+        assert rt.verify().ok
+
+
 # --- `apollia-os pending decide` against a home, killed ----------------------------------------------------
 
 @pytest.mark.anyio
@@ -303,6 +364,8 @@ def _found(**kw):
     (_found(status="pending", awaiting=False, decision=None, opened=True), "interrupt"),
     (_found(status="pending", awaiting=False, decision=None, opened=False, unattended=False), "interrupt"),
     (_found(status="running", sealed=True), "sealed"),
+    (_found(awaiting=False, decision=None, plan_answered=True), "resume"),
+    (_found(awaiting=False, decision=None, plan_answered=True, unattended=False), "interrupt"),
 ])
 def test_what_a_restart_does_with_each_unfinished_record(found, action):
     assert recovery(**found) == action
@@ -329,3 +392,45 @@ def test_an_armed_raise_point_raises_exactly_there_and_others_do_nothing():
                          env=_env("here:raise"))
     assert out.stdout.strip() == "raised: fault point here", out.stderr
     assert issubclass(FaultInjected, RuntimeError)
+
+
+# --- routes that change runtime.db rows answer once they are committed -------------------------------------
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("route", ["open", "pause", "cancel", "stop"])
+async def test_a_route_that_changes_runtime_db_answers_only_once_its_rows_are_committed(home, route):
+    import anyio
+
+    from apollia_nb.api.app import create_app
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(WRITER)
+        session = rt.sessions.open("clerk")
+        task = await rt.submit("clerk", "Write the marker", watched=False)
+        await task.settled()
+        asked, gate, answered = anyio.Event(), anyio.Event(), []
+        real_flush = rt.records.flush_async
+
+        async def held_flush():  # runtime.db's commit, held until the test lets it go
+            asked.set()
+            await gate.wait()
+            await real_flush()
+
+        rt.records.flush_async = held_flush
+        path = {"open": "/sessions", "pause": f"/sessions/{session.id}/pause",
+                "cancel": f"/tasks/{task.id}/cancel", "stop": "/agents/clerk/stop"}[route]
+        body = {"agent": "clerk"} if route == "open" else None
+        app = create_app(rt, token=TOKEN)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1/api/v1",
+                                     headers={"Authorization": f"Bearer {TOKEN}"}) as api:
+            async def send() -> None:
+                answered.append(await api.post(path, json=body))
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(send)
+                    await asked.wait()  # the route waits for the commit ...
+                    assert answered == []  # ... and has not answered
+                    gate.set()
+        assert answered[0].status_code in (200, 201), answered[0].text

@@ -206,7 +206,8 @@ def reference(call: Call, view: GovernanceView) -> tuple[str, int, tuple[str, ..
             for rule in view.rules:
                 if rule.effect == "allow" and rule_matches(rule, call):
                     return ("allow", 4, (), rule.id)
-            return ("ask", 4, everything, None)
+            widens = shellcheck.no_always_reason(shellcheck.simple_words(command)) is not None
+            return ("ask", 4, once_refuse if widens else everything, None)
         return ("ask", 4, once_refuse, None)
     if call.family == "profile":
         return ("ask", 5, once_refuse, None)

@@ -69,6 +69,7 @@ async def test_no_path_an_agent_writes_reaches_the_home_and_its_files_stay_unrea
     work = Path.cwd()  # the agent's workspace ("."), beside the home
     (work / "via-link").symlink_to(home.path)
     (work / "key-link").symlink_to(home.keys_dir / "journal.key")
+    (work / "policy-link").symlink_to(home.policy_path)  # dangling: the policy does not exist yet
     up = os.path.relpath(home.path, work)  # "../home"
     attempts = [
         call("read_file", path="via-link/keys/journal.key"),
@@ -82,6 +83,8 @@ async def test_no_path_an_agent_writes_reaches_the_home_and_its_files_stay_unrea
         call("delete_file", path=str(home.journal_db)),
         call("write_file", path="via-link/policy/organisation.toml", content="[refuse]\n"),
         call("write_file", path=f"{up}/apollia.toml", content="broken = \n"),
+        call("write_file", path="policy-link", content="[refuse]\n"),
+        call("delete_file", path="key-link/"),
     ]
     async with Runtime(home) as rt:
         rt.governance.grant_consent("clerk", "write", by="operator")
@@ -434,3 +437,42 @@ async def test_an_agent_restored_where_its_workspace_would_fall_inside_the_home_
         assert [(r["name"], r["state"]) for r in rt.records.agents()] == [("clerk", "stopped")]
     assert not (inside_home / "desk").exists()
     assert any("WORKSPACE_OVERLAPS_HOME" in w for w in warnings), warnings
+
+
+@pytest.mark.anyio
+async def test_an_answer_is_for_the_file_asked_about_not_one_a_link_swapped_in_meanwhile(home, secrets):
+    notes = secrets / "notes"
+    notes.mkdir()
+    async with Runtime(home) as rt:
+        rt.governance.add_rule("write_file", "deny", prefix="secrets/", by="operator")
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("write_file", path="notes/k", content="x")]}]))
+        handle = await rt.submit("clerk", "Write a note")
+        await handle.settled()
+        [card] = handle.pending
+        assert card.path == "notes/k"
+        notes.rmdir()
+        notes.symlink_to(secrets / "secrets")  # while the card waits, notes/ becomes the denied folder
+        card.answer("once")
+        task = await handle
+        assert task.status == "failed" and task.error["code"] == "REFUSED"
+        assert "now resolves to 'secrets/k'" in task.error["message"]
+        assert payloads(rt, task.run_id, "tool_call") == []
+    assert (secrets / "secrets" / "k").read_text() == SECRET
+
+
+@pytest.mark.anyio
+async def test_an_answered_card_whose_path_now_leaves_the_workspace_ends_with_the_tools_error(home, secrets, tmp_path):
+    (secrets / "notes").mkdir()
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("write_file", path="notes/k", content="x")]},
+                                                {"text": "done"}]))
+        handle = await rt.submit("clerk", "Write a note")
+        await handle.settled()
+        (secrets / "notes").rmdir()
+        (secrets / "notes").symlink_to(home.keys_dir)
+        handle.pending[0].answer("once")
+        task = await handle
+        [result] = payloads(rt, task.run_id, "tool_result")
+        assert (result["status"], result["error_code"]) == ("error", "PATH_IN_HOME")
+        assert payloads(rt, task.run_id, "tool_call") == []  # resolved again before it ran: it never ran
+        assert not (home.keys_dir / "k").exists()

@@ -73,7 +73,8 @@ _STATUS_WORDS = {
     503: "the disk refused the write (`STORAGE_ERROR`: read-only, I/O error); nothing was recorded, retry later",
     507: "no space left on the home's disk (`STORAGE_FULL`); nothing was recorded, retry once space is freed",
 }
-#: Routes that write (and the journal's reads, which copy its newest entries first) may meet a storage fault.
+#: Routes that write may meet a storage fault, and so may reads that wait for pending writes first
+#: (the journal's, which copy its newest entries into journal.db; runtime.db's recorded tasks).
 _STORAGE_STATUSES = (503, 507)
 
 
@@ -397,16 +398,32 @@ async def _exchange_events(exchange: Any, start: int, closing: anyio.Event) -> A
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(_authorize)], responses=_errors(401, 422))
 
-def _route(method: str, path: str, status: int = 200, *, storage: bool | None = None,
+async def _committed(request: Request) -> AsyncIterator[None]:
+    """After a write route's work, before its answer is sent: wait until runtime.db holds what it wrote.
+
+    Acknowledged means durable (a session opened, a message injected, a task cancelled): the
+    answer is sent only once the rows are committed; a write that fails fails the request."""
+    yield  # an error of the route itself goes on as it is
+    runtime = request.app.state.runtime
+    if runtime is not None:
+        await runtime.committed()
+
+
+def _route(method: str, path: str, status: int = 200, *, storage: bool | None = None, records: bool = False,
            idempotent: bool | None = None, **kw: Any) -> Any:
     """A JSON route of ``router``.
 
     ``storage`` (default: every method but GET) documents 503/507 storage faults; a POST (unless
-    ``idempotent=False``) honours ``Idempotency-Key``.
+    ``idempotent=False``) honours ``Idempotency-Key``. ``records``: the route changes rows of
+    runtime.db without waiting for them (sessions, a cancel): it answers only once they are
+    committed. The other write routes commit what they change before they return (the journal,
+    governance.db, a submitted task, an agent).
     """
     if storage if storage is not None else method != "GET":
         kw["responses"] = {**kw.get("responses", {}), **_errors(*_STORAGE_STATUSES)}
     extra: dict[str, Any] = {}
+    if records:
+        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_committed, scope="function")]
     if method == "POST" if idempotent is None else idempotent:
         extra["route_class_override"] = IdempotentRoute
         kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_idempotency_key)]
@@ -437,7 +454,8 @@ async def list_agents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
 @_route("POST", "/agents", 201, response_model=s.Agent, operation_id="registerAgent", tags=["agents"],
         summary="Register an agent from its TOML manifest", responses=_errors(409, 413, 422),
         description="Ends `active`, or `degraded` when optional tools do not resolve. A name already registered "
-                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key.")
+                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key; a workspace "
+                    "that contains the home or lies inside it 422 `WORKSPACE_OVERLAPS_HOME`.")
 async def register_agent(response: Response, body: s.ManifestIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     agent = await rt.register_agent(body.manifest)
     response.headers["Location"] = f"{API_PREFIX}/agents/{agent.name}"
@@ -450,7 +468,8 @@ async def get_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return rt.agent(name).to_dict()
 
 
-@_route("POST", "/agents/{name}/start", response_model=s.Agent, operation_id="startAgent", tags=["agents"],
+@_route("POST", "/agents/{name}/start", records=True,
+        response_model=s.Agent, operation_id="startAgent", tags=["agents"],
         summary="Restart a stopped agent", responses=_errors(404, 409))
 async def start_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return (await rt.start_agent(name)).to_dict()
@@ -527,7 +546,8 @@ async def wait_task(
     return _task_dict(rt, task_id)
 
 
-@_route("POST", "/tasks/{task_id}/cancel", response_model=s.Task, operation_id="cancelTask", tags=["tasks"],
+@_route("POST", "/tasks/{task_id}/cancel", records=True,
+        response_model=s.Task, operation_id="cancelTask", tags=["tasks"],
         summary="Cancel a task", responses=_errors(404, 409),
         description="A running task is cancelled at once; a waiting one has its pending decisions refused. "
                     "409 when the task has already finished.")
@@ -598,7 +618,7 @@ def _session(rt: Any, session_id: str) -> Any:
     return rt.sessions.get(session_id)
 
 
-@_route("POST", "/sessions", 201, response_model=s.Session, operation_id="openSession", tags=["sessions"],
+@_route("POST", "/sessions", 201, records=True, response_model=s.Session, operation_id="openSession", tags=["sessions"],
         summary="Open a chat session", responses=_errors(404, 409, 413, 422))
 async def open_session(response: Response, body: s.SessionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = rt.sessions.open(body.agent, plan_mode=body.plan_mode)
@@ -660,7 +680,7 @@ async def session_events(request: Request, session: Any = Depends(_existing_sess
 
 
 
-@_route("POST", "/sessions/{session_id}/pause", response_model=s.Session, operation_id="pauseSession",
+@_route("POST", "/sessions/{session_id}/pause", records=True, response_model=s.Session, operation_id="pauseSession",
         tags=["sessions"], summary="Pause at the next safe point", responses=_errors(404, 409))
 async def pause_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
@@ -668,7 +688,7 @@ async def pause_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[st
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/inject", response_model=s.Session, operation_id="injectMessage",
+@_route("POST", "/sessions/{session_id}/inject", records=True, response_model=s.Session, operation_id="injectMessage",
         tags=["sessions"], summary="Add a user message (seen by the next turn)", responses=_errors(404, 409, 413, 422))
 async def inject_message(session_id: str, body: s.MessageIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
@@ -676,7 +696,8 @@ async def inject_message(session_id: str, body: s.MessageIn, rt: Any = Depends(_
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/resume", 202, response_model=s.Session, operation_id="resumeSession",
+@_route("POST", "/sessions/{session_id}/resume", 202, records=True,
+        response_model=s.Session, operation_id="resumeSession",
         tags=["sessions"], summary="Resume a paused session", responses=_errors(404, 409),
         description="A paused exchange continues in the background (follow it with `GET /sessions/{id}/events`); "
                     "a session left `processing` by a crash comes back `active`.")
@@ -684,7 +705,7 @@ async def resume_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[s
     return rt.sessions.resume(session_id).to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/fork", 201, response_model=s.Session, operation_id="forkSession",
+@_route("POST", "/sessions/{session_id}/fork", 201, records=True, response_model=s.Session, operation_id="forkSession",
         tags=["sessions"], summary="A new session with a copy of this one's history", responses=_errors(404, 409))
 async def fork_session(response: Response, session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = rt.sessions.fork(session_id)
@@ -692,7 +713,7 @@ async def fork_session(response: Response, session_id: str, rt: Any = Depends(_r
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/close", response_model=s.Session, operation_id="closeSession",
+@_route("POST", "/sessions/{session_id}/close", records=True, response_model=s.Session, operation_id="closeSession",
         tags=["sessions"], summary="Close (cancels the exchange in flight; terminal)", responses=_errors(404, 409))
 async def close_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
@@ -700,7 +721,7 @@ async def close_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[st
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/plan/approve", 202, response_model=s.Session,
+@_route("POST", "/sessions/{session_id}/plan/approve", 202, records=True, response_model=s.Session,
         operation_id="approveSessionPlan", tags=["sessions"], summary="Approve (optionally edit) the proposed plan",
         responses=_errors(404, 409, 413, 422),
         description="The plan runs as a new exchange in the background; follow it with `GET /sessions/{id}/events`.")
@@ -711,7 +732,8 @@ async def approve_session_plan(session_id: str, body: s.PlanApprovalIn | None = 
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/plan/reject", response_model=s.Session, operation_id="rejectSessionPlan",
+@_route("POST", "/sessions/{session_id}/plan/reject", records=True,
+        response_model=s.Session, operation_id="rejectSessionPlan",
         tags=["sessions"], summary="Reject the proposed plan", responses=_errors(404, 409, 413, 422))
 async def reject_session_plan(session_id: str, body: s.PlanRejectionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)

@@ -131,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
                         reply = (await anyio.to_thread.run_sync(_ask, "answer: ")).strip() or "refuse"
                     card.answer(reply, by=_who(args))
                 await _until_changed(rt, handle)
+            await rt.committed()  # what is printed is in runtime.db: a restart finds the task as shown
             task = handle.to_dict()
             lines = [_task_line(task)]
             if task["result"]:

@@ -113,6 +113,7 @@ class DecisionPayload(TypedDict):
     answers: list[Literal["once", "always", "refuse"]]
     reason: str
     connection: NotRequired[str | None]
+    path: NotRequired[str]  # a file tool's path as resolved, relative to the workspace
 
 
 class AnswerPayload(TypedDict):
@@ -180,6 +181,10 @@ KINDS: frozenset[str] = frozenset(
         "devmode_changed",
         "policy_loaded",
         "policy_refused",
+        "policy_removed",
+        "home_file_created",
+        "home_repaired",
+        "home_damaged",
         "task_status",
         "session_status",
         "plan",

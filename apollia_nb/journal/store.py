@@ -48,8 +48,9 @@ from typing import Any, NamedTuple
 import duckdb
 
 from apollia_nb.dbutil import fault_point, needs_reopen, raise_if_locked, storage_error
-from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound, StorageError
+from apollia_nb.errors import BadInput, Conflict, HomeFileCorrupt, HomeLocked, IntegrityError, NotFound, StorageError
 from apollia_nb.home import Home
+from apollia_nb.journal import accounting as _accounting
 from apollia_nb.journal import keys as _keys
 from apollia_nb.journal.checkpoint import (
     Checkpoint,
@@ -335,6 +336,10 @@ class Journal:
     ) -> Journal:
         """Open (or create) ``home.journal_db``; keys are created on first use.
 
+        A journal with entries needs the key that signed them
+        (``accounting.check_key``: ``HOME_FILE_MISSING``, ``HOME_KEY_MISMATCH``);
+        a ``journal.db`` DuckDB cannot open is ``HOME_FILE_CORRUPT``.
+
         Raises ``HomeLocked`` when another process (or another ``Journal`` in this
         process) holds the file, ``NotFound`` when ``create`` is false and there
         is no journal, ``IntegrityError`` when the stored sequence has a gap or
@@ -345,7 +350,6 @@ class Journal:
         if not create and not path.exists():
             raise NotFound(f"no journal at {path}")
         home.ensure()
-        key = _keys.load_or_create(home)
         resolved = path.resolve()
         with _OPEN_LOCK:
             if resolved in _OPEN:
@@ -353,13 +357,14 @@ class Journal:
                     f"{path.name} in {path.parent} is already open in this process (PID {os.getpid()}); "
                     "use that journal, or close it first."
                 )
-            con = connect_locked(path)
+            con = _connect_journal(home)
             journal: Journal | None = None
             try:
                 # Journal statements are tiny; DuckDB's worker threads only add
                 # per-statement overhead (measured: 10-20% of an append).
                 con.execute("SET threads = 1")
                 origin = _prepare(con)
+                key = _accounting.check_key(home, _accounting.last_key_id(con, path))
                 journal = cls(path, con, key, origin, clock or _utcnow)
                 journal._recover_tail(journal._load())
             except BaseException as exc:
@@ -751,7 +756,13 @@ class Journal:
     def _db(self) -> duckdb.DuckDBPyConnection:
         """The writer's connection, opened again first when DuckDB invalidated ``journal.db``."""
         if self._reopen_needed:
-            self._reopen()
+            try:
+                self._reopen()
+            except BaseException as exc:
+                storage = storage_error(exc, f"{self.path.name} could not be opened again after a failed write")
+                if storage is None or storage is exc:
+                    raise
+                raise storage from exc
         return self._con
 
     def _reopen(self) -> None:
@@ -944,6 +955,11 @@ class Journal:
         """
         if self._broken is not None:
             raise self._broken
+        if self._reopen_needed and threading.current_thread() is not self._thread:
+            try:
+                self._submit(None, self._db).result()  # the reader's connection is invalidated too
+            except Conflict:
+                pass
         if self._pending and threading.current_thread() is not self._thread:
             try:
                 self._submit(None, self._import).result()
@@ -1064,6 +1080,21 @@ def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: 
     check_text("run_id", run_id, nullable=True)
     check_text("agent", agent, nullable=True)
     return _Item(kind, canonical_payload(payload), run_id, agent)
+
+
+def _connect_journal(home: Home) -> duckdb.DuckDBPyConnection:
+    """``connect_locked`` on ``journal.db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``."""
+    path = home.journal_db
+    try:
+        return connect_locked(path)
+    except HomeLocked:
+        raise
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise HomeFileCorrupt(
+            f"{path} cannot be opened ({first}); nothing was changed; restore it from a backup, or archive "
+            f"it and start a new chain with `apollia-os home repair --archive-journal --home {home.path}`"
+        ) from None
 
 
 def _prepare(con: duckdb.DuckDBPyConnection) -> str:

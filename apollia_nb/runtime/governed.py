@@ -103,12 +103,7 @@ async def governed_call(
         ordered = order_arguments(tooldef, arguments)
         path = resolved_path(tooldef, ordered)
     except ApolliaError as exc:
-        await _commit(rt, run_id, agent, [*prefix, (
-            "tool_result",
-            {"call_id": call_id, "tool": name, "status": "error", "error_code": exc.code,
-             "output": None, "output_digest": NULL_DIGEST},
-        )])
-        return CallResult(call_id, name, "error", error_code=exc.code, error_message=exc.message, arguments=arguments)
+        return await _stopped_short(rt, agent, run_id, call_id, name, arguments, exc, prefix=prefix)
 
     family = tooldef.family.value if tooldef.family is not None else None
     call = Call(
@@ -183,12 +178,41 @@ def resolved_path(tooldef: Any, ordered: dict[str, Any]) -> Any:
 async def continue_after_answer(
     rt: "Runtime", agent: "Agent", card: "Card", *, decision: Decision | None = None
 ) -> CallResult:
-    """Carry out an answered card: ``once``/``always`` run the call, ``refuse`` refuses it."""
+    """Carry out an answered card: ``once``/``always`` run the call, ``refuse`` refuses it.
+
+    A file tool's path is resolved again first: the answer was given for the file it
+    named then. When it now names another file (a link changed while the card
+    waited, or the card outlived a restart), an organisation policy or a deny rule
+    that refuses the new file refuses the call.
+    """
     if card.answer_value == "refuse":
         why = f"refused by {card.answered_by}"
         return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, decision)
+    tooldef = agent.tools.get(card.tool)
+    try:
+        path = resolved_path(tooldef, card.arguments)
+    except ApolliaError as exc:
+        return await _stopped_short(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, exc)
+    if path is not None and path.relative != card.path:
+        again = decide(Call(agent=agent.name, tool=card.tool, family=tooldef.family, arguments=card.arguments,
+                            connection=tooldef.connection, paths=path.names), rt.governance.view())
+        if again.outcome is Outcome.REFUSE and again.line in (1, 2):
+            why = f"the path now resolves to {path.relative!r}: {again.reason}"
+            return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, again)
     return await run_approved_call(rt, agent, run_id=card.run_id, call_id=card.call_id, name=card.tool,
                                    arguments=card.arguments, decision=decision)
+
+
+async def _stopped_short(rt: "Runtime", agent: "Agent", run_id: str, call_id: str, name: str,
+                         arguments: dict[str, Any], exc: ApolliaError,
+                         prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
+    """A call that never reached its tool (unknown tool, bad arguments, a path the tool refuses)."""
+    await _commit(rt, run_id, agent, [*prefix, (
+        "tool_result",
+        {"call_id": call_id, "tool": name, "status": "error", "error_code": exc.code,
+         "output": None, "output_digest": NULL_DIGEST},
+    )])
+    return CallResult(call_id, name, "error", error_code=exc.code, error_message=exc.message, arguments=arguments)
 
 
 async def _commit(rt: "Runtime", run_id: str, agent: "Agent",

@@ -33,7 +33,6 @@ import atexit
 import json
 import queue
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -43,7 +42,7 @@ from typing import Any, NamedTuple
 from apollia_nb.dbutil import fault_point, needs_reopen, storage_error
 from apollia_nb.errors import StorageError
 
-__all__ = ["RuntimeRecords", "RETRY_SECS"]
+__all__ = ["RuntimeRecords", "RETRY_SECS", "open_records"]
 
 #: How often the writer tries again a write the disk refused, while nothing else asks it to.
 RETRY_SECS = 0.5
@@ -202,7 +201,9 @@ class RuntimeRecords:
         try:
             self._run(item.run)
         except BaseException as exc:
-            error = storage_error(exc, f"{self.path.name} could not record it")
+            what = (f"the {item.key[0].rstrip('s')} {' '.join(map(str, item.key[1:]))}"
+                    if isinstance(item.key, tuple) else "it")
+            error = storage_error(exc, f"{self.path.name} could not record {what}")
             if needs_reopen(exc) and item.undo is not None:
                 # DuckDB may have committed it after all (the WAL took it, the checkpoint did
                 # not): remove it, retried like any kept write, so a refused row never appears.
@@ -455,3 +456,20 @@ class RuntimeRecords:
                 self._con.executemany("DELETE FROM idempotency WHERE scope = ? AND key = ?", keys)
 
         self._write(write)
+
+def open_records(home: Any) -> RuntimeRecords:
+    """``RuntimeRecords`` on ``home.runtime_db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``
+    (named, with the command that recovers), never a traceback."""
+    import duckdb
+
+    from apollia_nb.errors import HomeFileCorrupt
+    from apollia_nb.journal.accounting import repair_hint
+
+    try:
+        return RuntimeRecords(home.runtime_db)
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise HomeFileCorrupt(
+            f"{home.runtime_db} cannot be opened ({first}); nothing was changed; "
+            f"{repair_hint(home, '--new-runtime-db')} (the damaged file is moved aside, not deleted)"
+        ) from None

@@ -38,6 +38,7 @@ from apollia_nb.errors import (
     GovernanceUnreadable,
     HomeLocked,
     Interrupted,
+    StorageError,
     UnknownAgent,
     UnknownDecision,
     UnknownTask,
@@ -233,7 +234,8 @@ class Runtime:
         from apollia_nb.governance.store import GovernanceStore
         from apollia_nb.journal.store import Journal
         from apollia_nb.runtime.breaker import Breakers
-        from apollia_nb.runtime.records import RuntimeRecords
+        from apollia_nb.journal.accounting import FILE_CREATED, check_runtime_db, read_home_record
+        from apollia_nb.runtime.records import RuntimeRecords, open_records
 
         self.mode = "owner"
         server = None
@@ -243,6 +245,10 @@ class Runtime:
             from apollia_nb.runtime.remote import find_server
 
             server = find_server(self.home, locked)
+        except OSError as exc:  # the owner lock cannot be written: a full or read-only disk
+            from apollia_nb.dbutil import storage_error
+
+            raise storage_error(exc, f"the home {self.home.path} could not be opened") or exc from exc
         self.config = load_config(self.home.config_path)
         if server is not None:  # docs/shared-home.md
             from apollia_nb.runtime.remote import RemoteHome
@@ -252,14 +258,27 @@ class Runtime:
             self.journal, self.governance = self._remote.journal, self._remote.governance
             self.records = RuntimeRecords(Path(":memory:"))  # this process's agents, tasks and sessions only
         else:
+            # The home's files are accounted for by its journal (journal/accounting.py): a key that
+            # is not the journal's, or a runtime.db it records that is gone or damaged, stops here.
             self.journal = Journal.open(self.home)
-            self.governance = GovernanceStore(
-                self.home, journal=self.journal, trusted_keys=None,  # re-read from apollia.toml as it changes
-                clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
-            )
-            self.governance.view()  # loads (and journals) the policy state now
-            self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
-            self.records = RuntimeRecords(self.home.runtime_db)
+            try:
+                record = read_home_record(self.journal)
+                check_runtime_db(self.home, record)
+                self.governance = GovernanceStore.open(
+                    self.home, self.journal, record=record, trusted_keys=None,  # re-read from apollia.toml as it changes
+                    clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
+                )
+                self.governance.view()  # loads (and journals) the policy state now
+                self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
+                self.records = open_records(self.home)
+                if "runtime.db" not in record.recorded:
+                    self.journal.append(FILE_CREATED, {"file": "runtime.db"})
+            except BaseException:
+                governance = getattr(self, "governance", None)
+                if governance is not None:
+                    governance.close()
+                self.journal.close()
+                raise
         self.breakers = Breakers()
         self.opened = True
         from apollia_nb.runtime.chat import Sessions
@@ -358,8 +377,15 @@ class Runtime:
             event.set()
 
     async def _after_run(self, run_id: str) -> None:
-        """A signed checkpoint at the end of every run (SPEC §6)."""
-        await self.journal.checkpoint_async()
+        """A signed checkpoint at the end of every run.
+
+        The run's entries, its seal included, are committed before this: when the
+        disk refuses the checkpoint (``STORAGE_*``), the run keeps its outcome, a
+        warning says so, and the next checkpoint covers its entries."""
+        try:
+            await self.journal.checkpoint_async()
+        except StorageError as exc:
+            self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {exc}")
 
     async def run_entry_count(self, run_id: str) -> int:
         return self.journal.run_size(run_id)
@@ -614,8 +640,9 @@ class Runtime:
         return run
 
     def _answer_plan(self, run: TaskRun, verdict: str, reason: str | None, steps: list[str] | None) -> None:
-        run.answer_plan(verdict, reason, steps)
+        run.answer_plan(verdict, reason, steps)  # journaled: a restart takes it if the run does not
         if not _is_running(run):
+            faults.point("answer.before_resume")
             self._spawn(run)
 
     # ------------------------------------------------------------------ cards and pending decisions
@@ -703,7 +730,11 @@ class Runtime:
             return []
         limit = self.clock() - hours * 3600
         expired = []
-        for p in self.governance.pending():
+        try:
+            waiting = self.governance.pending()
+        except GovernanceUnreadable:  # fail closed: nothing is expired, the decisions stay waiting
+            return []
+        for p in waiting:
             created = p.created_at
             if created.tzinfo is None:
                 created = created.replace(tzinfo=_dt.timezone.utc)
@@ -767,7 +798,7 @@ class Runtime:
                 except GovernanceUnreadable:
                     state = "unreadable"
         trace = self.journal.entries(run_id=record["run_id"], kinds=[
-            "run_open", "model_response", "answer", "tool_call", "tool_result", "run_seal"])
+            "run_open", "model_response", "plan", "answer", "tool_call", "tool_result", "run_seal"])
         payloads = [(e.kind, _payload(e)) for e in trace]
         if state == "pending":
             journaled = [p for k, p in payloads if k == "answer" and p.get("decision_id") == awaiting]
@@ -778,6 +809,8 @@ class Runtime:
                 state = "answered"
         call_id = decision.call_id if decision is not None else None
         seals = [p for k, p in payloads if k == "run_seal"]
+        plans = [p for k, p in payloads if k == "plan"]
+        plan_answer = plans[-1] if record["phase"] == "approve" and plans and "approved" in plans[-1] else None
         action = recovery(
             status=record["status"], unattended=not record["watched"],
             awaiting=bool(awaiting), decision=state,
@@ -785,13 +818,16 @@ class Runtime:
             opened=any(k == "run_open" for k, _ in payloads),
             call_started=call_id is not None and any(
                 k in ("tool_call", "tool_result") and p.get("call_id") == call_id for k, p in payloads),
-            sealed=bool(seals),
+            sealed=bool(seals), plan_answered=plan_answer is not None,
         )
         agent = run.agent
         if action in ("park", "resume"):
             if decision is not None:
                 self._cards[decision.id] = self._restored_card(decision, record, agent)
-            if action == "resume" and decision.answer is not None and decision.answer.value == "always":
+            elif action == "resume" and plan_answer is not None:
+                run.plan_answer_from(plan_answer)
+            if action == "resume" and decision is not None and decision.answer is not None \
+                    and decision.answer.value == "always":
                 self._apply_always(decision, by=decision.answered_by or "restart")
             agent.inflight.add(run)
             if action == "resume":
@@ -839,6 +875,12 @@ class Runtime:
         if p.answer is not None:
             card._resolve(p.answer.value, p.answered_by or "", d.get("answered_at") or self.now_iso())
         return card
+
+    async def committed(self) -> None:
+        """Wait until ``runtime.db`` holds every row written so far; raises when a write failed.
+
+        For a surface about to acknowledge a change (the REST API's write routes)."""
+        await self._recorded("a change about to be acknowledged", acknowledged=True)
 
     async def _recorded(self, what: str, *, acknowledged: bool = False) -> None:
         """Wait until ``runtime.db`` holds every row written so far (off the loop).

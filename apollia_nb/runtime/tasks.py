@@ -61,7 +61,7 @@ def task_json(record: dict[str, Any]) -> dict[str, Any]:
 
 def recovery(
     *, status: str, unattended: bool, awaiting: bool, decision: str | None, answered_by: str | None,
-    opened: bool, call_started: bool, sealed: bool,
+    opened: bool, call_started: bool, sealed: bool, plan_answered: bool = False,
 ) -> str:
     """What a restart does with a task record it finds unfinished (pure: what the three stores say in,
     an action out). See docs/runtime.md, "Acknowledged means durable".
@@ -69,7 +69,8 @@ def recovery(
     ``decision``: the state of the decision the record waits on (``pending``, ``answered`` — expired
     counts as answered ``refuse`` —, ``unknown``, ``unreadable``) or None when it waits on none.
     ``opened``/``call_started``/``sealed``: the journal holds the run's ``run_open``, a ``tool_call`` or
-    ``tool_result`` of the awaited call, its ``run_seal``.
+    ``tool_result`` of the awaited call, its ``run_seal``; ``plan_answered``: the answer to the plan the
+    run waits on.
 
     ========================================  ==========================================
     the stores say                            the restart
@@ -78,6 +79,7 @@ def recovery(
     submitted unattended, nothing journaled   ``start``: the run starts now
     suspended, its decision pending           ``park``: it waits on, listed as before
     its decision answered, the call not made  ``resume`` (``cancel`` when a cancel answered it)
+    its plan answered (journaled)             ``resume``: the answer is taken
     its decision is gone                      ``lost``: failed ``INTERRUPTED``
     anything else (it was running)            ``interrupt``: failed ``INTERRUPTED``
     ========================================  ==========================================
@@ -87,8 +89,10 @@ def recovery(
     if status == TaskStatus.PENDING.value:
         return "start" if unattended and not opened else "interrupt"
     parked = status == TaskStatus.WAITING.value and unattended
-    if not awaiting:
-        return "park" if parked else "interrupt"  # waiting on its plan's approval, or cut short
+    if not awaiting:  # waiting on its plan's approval, or cut short
+        if parked and plan_answered:
+            return "resume"
+        return "park" if parked else "interrupt"
     if decision in ("pending", "unreadable"):
         return "park" if parked else "interrupt"
     if decision == "unknown":
@@ -247,6 +251,7 @@ class TaskRun:
         if error is not None:
             seal["error"] = error.to_dict()
         await self._journal("run_seal", seal)
+        faults.point("run.after_seal")
         self._set_status(status)
         await self.rt._after_run(self.r["run_id"])
 
@@ -289,23 +294,40 @@ class TaskRun:
         self.plan_answer = None
         self._plan_event = anyio.Event()
         self._set_status(TaskStatus.RUNNING)
-        if verdict == "reject":
+        if verdict == "reject":  # the answer was journaled when it was given (answer_plan)
             self.r["plan_decision"] = {"approved": False, "reason": reason}
-            await self._journal("plan", {"task_id": self.id, "approved": False, "reason": reason})
             raise Rejected(f"the plan was rejected: {reason or 'no reason given'}")
         if edited:
             self.r["plan"] = list(edited)
             self.r["steps"] = [{"index": i, "description": s, "status": "pending", "tool_calls": [], "text": None}
                                for i, s in enumerate(edited)]
         self.r["plan_decision"] = {"approved": True, "edited": bool(edited)}
-        await self._journal("plan", {"task_id": self.id, "approved": True, "steps": self.r["plan"]})
         await self._status_entry("running")
         self.r["phase"] = "execute"
         self._save()
 
     def answer_plan(self, verdict: str, reason: str | None = None, steps: list[str] | None = None) -> None:
+        """Take the answer to the plan: journaled (durable when this returns, so a restart finds it),
+        then the run is woken. A second answer before the run took the first is a ``Conflict``."""
+        from apollia_nb.errors import Conflict
+
+        if self.plan_answer is not None:
+            raise Conflict(f"the plan of task {self.id} was already answered")
+        if verdict == "reject":
+            payload: dict[str, Any] = {"task_id": self.id, "approved": False, "reason": reason}
+        else:
+            payload = {"task_id": self.id, "approved": True, "steps": list(steps or self.r["plan"])}
+        self.rt.journal.append("plan", payload, run_id=self.r["run_id"], agent=self.agent.name)
         self.plan_answer = (verdict, reason, steps)
         self._plan_event.set()
+
+    def plan_answer_from(self, payload: dict[str, Any]) -> None:
+        """At a restart: the answer to the plan as journaled (``answer_plan``), not yet taken by the run."""
+        if not payload["approved"]:
+            self.plan_answer = ("reject", payload.get("reason"), None)
+        else:
+            steps = list(payload["steps"])
+            self.plan_answer = ("approve", None, steps if steps != self.r["plan"] else None)
 
     async def _execute(self) -> bool:
         """Run the remaining steps. False when a step failed (the task is then failed)."""
