@@ -141,6 +141,35 @@ def test_the_sdk_retries_only_safe_requests_and_only_answers_a_retry_may_get_pas
         _Retry(retries=-1)
 
 
+@pytest.mark.anyio
+async def test_a_key_whose_answer_the_disk_refuses_stays_taken_and_one_it_could_not_take_is_free(tmp_path):
+    from concurrent.futures import Future
+
+    from apollia_nb.errors import StorageFull
+
+    records = RuntimeRecords(tmp_path / "runtime.db")
+    keys = Idempotency(records)
+    remember = records.remember_response
+
+    def refused(*args, **kwargs):
+        done = Future()
+        done.set_exception(StorageFull("no space left"))
+        return done
+
+    records.remember_response = refused
+    with pytest.raises(StorageFull):  # not taken: nothing is done, the key is free
+        await keys.begin("s", "not-taken", "fp")
+    records.remember_response = remember
+    assert await keys.begin("s", "not-taken", "fp") is None
+    records.remember_response = refused
+    with pytest.raises(StorageFull):  # done, but its answer is not recorded
+        await keys.finish("s", "not-taken", "fp", 202, {"headers": {}, "body": "{}"})
+    records.remember_response = remember
+    with pytest.raises(Conflict, match="unknown"):  # never done a second time
+        await keys.begin("s", "not-taken", "fp")
+    records.close()
+
+
 # --- over HTTP ---------------------------------------------------------------------------------------
 
 
@@ -226,6 +255,22 @@ def test_a_second_request_while_the_first_is_processed_is_409_in_progress(api, g
     replayed = api.post("/tasks", json=TASK, headers=keyed("slow"))
     assert replayed.json() == answered.json() and replayed.headers["Idempotent-Replayed"] == "true"
     assert len(api.get("/tasks").json()) == 1
+
+
+def test_a_submit_that_fails_after_its_task_was_recorded_is_not_done_again(server, api, monkeypatch):
+    from apollia_nb import faults
+
+    monkeypatch.setitem(faults._ARMED, "submit.after_commit", "raise")  # recorded, then an internal error
+    try:  # a 500, or the connection closed after it: either way no answer the client can use
+        failed = httpx.post(f"{server.url}/api/v1/tasks", json=TASK, headers={**AUTH, **keyed("half-done")})
+        assert failed.status_code == 500, failed.text
+    except httpx.TransportError:
+        pass
+    monkeypatch.delitem(faults._ARMED, "submit.after_commit")
+    [task] = api.get("/tasks").json()
+    again = api.post("/tasks", json=TASK, headers=keyed("half-done"))
+    assert error_code(again, 409) == "CONFLICT" and "unknown" in again.json()["message"]
+    assert [t["id"] for t in api.get("/tasks").json()] == [task["id"]]
 
 
 def test_an_answered_submit_survives_kill_9_and_a_restart(tmp_path):

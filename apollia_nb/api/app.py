@@ -15,10 +15,14 @@ of :mod:`apollia_nb.api.schemas`; the app adds only what HTTP needs:
   or an allowed host with 421 ``HOST_NOT_ALLOWED`` (a DNS-rebinding page names
   its own host), and a browser's ``Origin`` that is neither the server's own
   nor an allowed origin with 403 ``ORIGIN_NOT_ALLOWED`` (see ``HostGuard``).
-* **A bearer token** on every route but ``/health``, compared in constant time.
+* **A bearer token** on every route but ``/health``, compared in constant time
+  (the OpenAPI document and its docs page are served without one).
+* **Idempotency keys** on every POST that changes something: a retry with the
+  same ``Idempotency-Key`` gets the first answer (:mod:`apollia_nb.api.idempotency`).
 * **No CORS** unless origins are configured.
 * **Server-sent events** for a task's changes and a chat exchange's events,
-  ended by the task finishing, the exchange ending or the server shutting down.
+  ended by the task finishing, the exchange ending or the server shutting down;
+  described in the OpenAPI 3.1 document as text with an ``x-itemSchema``.
 
 The runtime lives on the server's event loop, so runs are background tasks of
 the server: ``create_app(runtime, token=...)`` wraps a runtime opened on that

@@ -24,9 +24,10 @@ agents and sessions; a success becomes that row's answer, committed before it
 is sent; a failure deletes the row. So an answered request survives a
 ``kill -9`` and a restart: retried with the same key it gets the first answer,
 not a second task. A request cut off by a crash while it was processed (its
-key taken, its answer not yet written) may or may not have taken effect: a
-retry of it is refused with 409 ``CONFLICT`` saying so, rather than done a
-second time; look, then send it with a new key.
+key taken, its answer not yet written), or cut off by anything but an error
+with a stable code, may or may not have taken effect: a retry of it is refused
+with 409 ``CONFLICT`` saying so, rather than done a second time; look, then
+send it with a new key.
 
 **Retention.** A key is remembered for 24 hours and the newest 10,000 keys
 are kept; older ones are forgotten, and a request with a forgotten key is a new
@@ -39,6 +40,7 @@ FastAPI route class that applies them around a route.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -47,9 +49,11 @@ from typing import Any
 
 import anyio
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from apollia_nb.errors import BadInput, Conflict, IdempotencyInProgress, IdempotencyKeyReused
+from apollia_nb.errors import ApolliaError, BadInput, Conflict, IdempotencyInProgress, IdempotencyKeyReused
 
 __all__ = [
     "KEY_HEADER", "KEY_PATTERN", "REPLAYED_HEADER", "MAX_KEY_LENGTH", "RETENTION_SECONDS", "MAX_KEYS",
@@ -175,11 +179,11 @@ class Idempotency:
             del self._known[slot]  # forgotten meanwhile: a new request
         self._inflight.add(slot)
         try:
-            self.records.remember_response(scope, key, fp, _TAKEN, {}, self.clock())
+            taken = self.records.remember_response(scope, key, fp, _TAKEN, {}, self.clock(), new_row=True)
             with anyio.CancelScope(shield=True):  # taken before anything is done
-                await self.records.flush_async()
-        except BaseException:
-            self.release(scope, key)
+                await asyncio.wrap_future(taken)
+        except BaseException:  # not taken (a refused write leaves no row): nothing was done
+            self._inflight.discard(slot)
             raise
         return None
 
@@ -187,17 +191,26 @@ class Idempotency:
         """Remember a success durably (committed when this returns), and release the key."""
         at = self.clock()
         slot = (scope, key)
+        self._known[slot] = (fp, at)
         try:
-            self.records.remember_response(scope, key, fp, status, response, at)
-            self._known[slot] = (fp, at)
+            answered = self.records.remember_response(scope, key, fp, status, response, at)
             with anyio.CancelScope(shield=True):  # a client that hangs up does not make the row unknown
-                await self.records.flush_async()
+                await asyncio.wrap_future(answered)
         except BaseException:
-            self._known.pop(slot, None)  # not committed: the key was not taken
+            # Done, but its answer is not recorded: the key stays taken, and a retry is refused as one
+            # whose outcome is unknown, never done again.
+            self._interrupted.add(slot)
             raise
         finally:
             self._inflight.discard(slot)
         self._expire()
+
+    def abandon(self, scope: str, key: str, fp: str) -> None:
+        """The request was cut off: it may have taken effect, so its key stays taken and a retry is refused."""
+        slot = (scope, key)
+        self._inflight.discard(slot)
+        self._known[slot] = (fp, self.clock())
+        self._interrupted.add(slot)
 
     def release(self, scope: str, key: str) -> None:
         """The request failed: nothing to remember, the key may be used again."""
@@ -221,6 +234,11 @@ class Idempotency:
                 del self._known[slot]
                 self._interrupted.discard(slot)
             self.records.forget_responses(old)
+
+
+#: Errors that mean the request was refused and nothing was done: a stable code (the runtime refuses
+#: before it acts, and a write the disk refuses leaves nothing), or the request did not parse.
+_NOTHING_DONE = (ApolliaError, RequestValidationError, StarletteHTTPException)
 
 
 def _stored(response: Response) -> dict[str, Any]:
@@ -261,8 +279,11 @@ class IdempotentRoute(APIRoute):
                 return _replayed(*remembered)
             try:
                 response = await handler(request)
-            except BaseException:
+            except _NOTHING_DONE:  # refused with a stable code, or before the route ran: the key is free
                 keys.release(scope, key)
+                raise
+            except BaseException:  # cut off (cancelled, an internal error): what it did is unknown
+                keys.abandon(scope, key, fp)
                 raise
             if 200 <= response.status_code < 300 and hasattr(response, "body"):
                 await keys.finish(scope, key, fp, response.status_code, _stored(response))

@@ -426,11 +426,15 @@ class RuntimeRecords:
 
     # the REST API's idempotency keys ----------------------------------------
     def remember_response(self, scope: str, key: str, fingerprint: str, status: int,
-                          response: dict[str, Any], at: float) -> None:
-        """Queue: the response acknowledged under ``key`` (durable once flushed)."""
-        self._upsert("idempotency", {"scope": scope, "key": key},
-                     {"fingerprint": fingerprint, "status": status, "response": json.dumps(response),
-                      "created_at": at})
+                          response: dict[str, Any], at: float, *, new_row: bool = False) -> Future[None]:
+        """Queue the row of ``key`` (acknowledged: returns the future of its commit, see the module).
+
+        ``new_row``: the key is being taken, so a refused write leaves no row."""
+        done = self._upsert("idempotency", {"scope": scope, "key": key},
+                            {"fingerprint": fingerprint, "status": status, "response": json.dumps(response),
+                             "created_at": at}, acknowledged=True, new_row=new_row)
+        assert done is not None
+        return done
 
     def remembered_keys(self) -> list[tuple[str, str, str, int, float]]:
         """``(scope, key, fingerprint, status, created_at)`` of every remembered response, oldest first."""
