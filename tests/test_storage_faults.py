@@ -573,3 +573,32 @@ async def test_a_run_whose_closing_checkpoint_the_disk_refuses_keeps_its_outcome
         kinds = [e.kind for e in rt.journal.entries(run_id=task.run_id)]
         assert kinds[0] == "run_open" and kinds[-1] == "run_seal"
         assert rt.verify().ok
+
+
+def test_a_governance_db_invalidated_by_a_failed_checkpoint_is_opened_again(disk):
+    from apollia_nb.governance.store import GovernanceStore
+
+    home = Home.at(disk / "home")
+    home.ensure()
+    store = GovernanceStore(home)
+    filler = Filler(disk)
+    try:
+        store.add_rule("read_file", "deny", by="test")
+        assert store.keep_open()
+        store._keeper.execute("SET checkpoint_threshold = '1KB'")  # every commit checkpoints
+        filler.fill()
+        refused = None
+        for i in range(100):
+            try:
+                store.add_rule("write_file", "deny", prefix=f"{i}/" + os.urandom(1500).hex(), by="test")
+            except StorageError as exc:
+                refused = exc
+                break
+        assert refused is not None
+        filler.free()
+        store.add_rule("list_dir", "deny", by="test")  # no restart: the invalidated database is opened again
+        assert {"read_file", "list_dir"} <= {r.tool for r in store.rules()}
+        assert store.view().readable
+    finally:
+        filler.free()
+        store.close()
