@@ -588,3 +588,81 @@ async def test_a_run_whose_closing_checkpoint_the_disk_refuses_keeps_its_outcome
         kinds = [e.kind for e in rt.journal.entries(run_id=task.run_id)]
         assert kinds[0] == "run_open" and kinds[-1] == "run_seal"
         assert rt.verify().ok
+
+
+def test_a_governance_db_invalidated_by_a_failed_checkpoint_is_opened_again(disk):
+    from apollia_nb.governance.store import GovernanceStore
+
+    home = Home.at(disk / "home")
+    home.ensure()
+    store = GovernanceStore(home)
+    filler = Filler(disk)
+    try:
+        store.add_rule("read_file", "deny", by="test")
+        assert store.keep_open()
+        store._keeper.execute("SET checkpoint_threshold = '1KB'")  # every commit checkpoints
+        filler.fill()
+        refused = None
+        for i in range(100):
+            try:
+                store.add_rule("write_file", "deny", prefix=f"{i}/" + os.urandom(1500).hex(), by="test")
+            except StorageError as exc:
+                refused = exc
+                break
+        assert refused is not None
+        filler.free()
+        store.add_rule("list_dir", "deny", by="test")  # no restart: the invalidated database is opened again
+        assert {"read_file", "list_dir"} <= {r.tool for r in store.rules()}
+        assert store.view().readable
+    finally:
+        filler.free()
+        store.close()
+
+
+def test_a_copy_reported_failed_that_duckdb_committed_is_not_copied_twice(home, monkeypatch):
+    """DuckDB can raise for a commit that reached its WAL (the checkpoint after it failed): the retry
+    drops what journal.db already holds, after checking it is the very same entries."""
+    with Journal.open(home) as journal:
+        committed = [journal.append("plan", {"n": i}) for i in range(3)]
+        real_insert = journal._insert
+        calls = []
+
+        def committed_then_refused(rows):
+            calls.append(len(rows))
+            real_insert(rows)
+            if len(calls) == 1:
+                raise duckdb.FatalException('FATAL Error: Failed to create checkpoint because of error: Could '
+                                            f'not write file "{home.journal_db}": No space left on device')
+
+        monkeypatch.setattr(journal, "_insert", committed_then_refused)
+        with pytest.raises(StorageFull):
+            journal.entries()
+        committed += [journal.append("plan", {"n": 3})]
+        assert [e.seq for e in journal.entries()] == [1, 2, 3, 4]  # no duplicate key, nothing broken
+        assert calls == [3, 1]  # the retry copied only the entry journal.db lacked
+        assert verify_journal(journal).ok
+    with Journal.open(home) as journal:
+        assert [e.hash for e in journal.entries()] == [e.hash for e in committed]
+
+
+def test_a_refused_submit_that_duckdb_committed_after_all_is_undone(home, monkeypatch):
+    home.ensure()
+    records = RuntimeRecords(home.runtime_db)
+    try:
+        real = records._upsert_now
+
+        def committed_then_invalidated(table, keys, values):
+            real(table, keys, values)
+            raise duckdb.FatalException('FATAL Error: Failed to create checkpoint because of error: Could not '
+                                        f'write file "{home.runtime_db}": No space left on device')
+
+        monkeypatch.setattr(records, "_upsert_now", committed_then_invalidated)
+        done = records.save_task(_record("t1"), "2026-12-01T00:00:00Z", acknowledged=True)
+        with pytest.raises(StorageFull):
+            done.result(timeout=30)
+        monkeypatch.setattr(records, "_upsert_now", real)
+        records.flush()  # the kept undo ran (after opening runtime.db again)
+        assert records.task("t1") is None  # the caller was told it was refused: it never appears
+    finally:
+        records.close()
+    assert _rows(home.runtime_db, "SELECT id FROM tasks") == []

@@ -226,6 +226,11 @@ class RuntimeRecords:
 
     def _retry(self) -> None:
         """Try the kept writes again in order; stop at the first the disk still refuses."""
+        if self._reopen_needed and not self._kept:  # invalidated with nothing kept: readers need it open
+            try:
+                self._reopen()
+            except Exception:  # noqa: BLE001 - tried again at the next flush; readers are told meanwhile
+                pass
         while self._kept:
             key, run = next(iter(self._kept.items()))
             try:
