@@ -1,4 +1,4 @@
-"""decide(): the six lines of SPEC §4 as a table of cases, one row per behaviour."""
+"""decide(): the six lines as a table of cases, one row per behaviour."""
 
 from __future__ import annotations
 

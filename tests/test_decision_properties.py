@@ -189,7 +189,7 @@ def policy_refuses(call: Call, view: GovernanceView) -> bool:
 
 
 def reference(call: Call, view: GovernanceView) -> tuple[str, int, tuple[str, ...], str | None]:
-    """The six lines as SPEC §4 words them, scanning every rule."""
+    """The six lines, worded as the docs word them, scanning every rule."""
     once_refuse, everything = ("once", "refuse"), ("once", "always", "refuse")
     if policy_refuses(call, view):
         return ("refuse", 1, (), None)

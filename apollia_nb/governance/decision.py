@@ -1,7 +1,7 @@
 """Where a tool call is decided: ``decide(call, view) -> Decision``.
 
 Pure: no I/O, no clock, no globals. The store keeps a ``GovernanceView`` snapshot
-current; this module only reads it. The six lines of SPEC §4 are read in order and
+current; this module only reads it. The six lines are read in order and
 the first that applies decides:
 
 1. organisation policy refuses the tool, its connection or its family → refuse

@@ -139,7 +139,7 @@ class RuleRecord(Rule):
         return Rule(tool=self.tool, effect=self.effect, prefix=self.prefix, agent=self.agent, id=self.id)
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC §7's rule JSON plus ``created_by`` and ``created_at``."""
+        """The rule's JSON plus ``created_by`` and ``created_at``."""
         return {
             "id": self.id,
             "tool": self.tool,
@@ -209,7 +209,7 @@ class PendingDecision:
     answer_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC §7's pending-decision JSON, plus its state and context."""
+        """The pending decision's JSON, plus its state and context."""
         return {
             "id": self.id,
             "run_id": self.run_id,

@@ -1,4 +1,4 @@
-"""``%apollia`` / ``%%apollia``: the notebook's one magic and its subcommands (SPEC §7).
+"""``%apollia`` / ``%%apollia``: the notebook's one magic and its subcommands.
 
 Cell subcommands (the cell is the input)::
 

@@ -1,6 +1,6 @@
 """Client mode: a runtime in a process that finds its home owned by ``apollia-os serve``.
 
-A home has one owner process (SPEC §3): DuckDB lets no second process open
+A home has one owner process: DuckDB lets no second process open
 ``journal.db``, ``governance.db`` or ``runtime.db``. To share a home between
 several kernels and the REST API, ``apollia-os serve`` owns it and advertises
 itself in ``<home>/server.json``. A ``Runtime`` whose home is owned by that
