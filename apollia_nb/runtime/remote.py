@@ -390,6 +390,29 @@ class RemoteJournal:
         return self._call("GET", "/internal/journal/checkpoints", params={"since_size": size},
                           what="the journal's checkpoints cannot be read")["checkpoints"]
 
+    def inclusion_proof(self, seq: int, checkpoint: str | None = None) -> Any:
+        """As ``Journal.inclusion_proof``, from the local copy: the latest checkpoint, or one the server
+        writes when it does not cover ``seq``; verified here with the home's public key before return."""
+        from apollia_nb.journal.checkpoint import open_checkpoint
+        from apollia_nb.journal.store import prove_inclusion
+
+        note = self.latest_checkpoint()
+        latest = (open_checkpoint(note, [self.verifier()], origin=self._origin).size, note) if note else None
+        mirror = self._synced()
+
+        def hashes(size: int) -> list[bytes]:
+            with mirror.lock:
+                rows = mirror.con.execute("SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [size]).fetchall()
+            return [bytes(h) for (h,) in rows]
+
+        def write_checkpoint() -> str:
+            written = self.checkpoint()
+            self._synced()  # the copy holds every entry the new checkpoint covers
+            return written
+
+        return prove_inclusion(seq, checkpoint, head=mirror.seq, latest=latest, write_checkpoint=write_checkpoint,
+                               verifier=self.verifier(), origin=self._origin, hashes=hashes)
+
     # SQL over a local copy -----------------------------------------------------------------------
     def _synced(self) -> "_Mirror":
         with self._mirror_lock:
