@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import functools
 import re
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 
 from apollia_nb.cli import emit
 from apollia_nb.errors import ApolliaError, HomeLocked
+from apollia_nb.runtime.remote import ServerApi as _Api
 
 __all__ = ["served", "remote", "route", "refuse_served"]
 
@@ -90,38 +90,10 @@ def refuse_served(args: argparse.Namespace, what: str) -> None:
 
 # --- the REST API ---------------------------------------------------------------------------------
 
-
-class _Api:
-    """The SDK's routes, answering the JSON the server sends (the same dictionaries the CLI prints)."""
-
-    def __init__(self, address: Any) -> None:
-        from apollia_nb.sdk.client import Client
-
-        self.url = address.url
-        self.sdk = Client(address.url, address.token, timeout=WAIT_SECS + 30)
-
-    def __call__(self, route: str, *args: Any) -> Any:
-        import httpx
-
-        from apollia_nb.sdk.client import _Routes
-
-        req = getattr(_Routes, route)(*args)
-        if req.model is not None:
-            req = dataclasses.replace(req, model=Any)  # the JSON as sent
-        try:
-            return self.sdk._do(req)
-        except httpx.HTTPError as exc:
-            raise HomeLocked(f"the server that owns the home ({self.url}) did not answer: "
-                             f"{type(exc).__name__}: {exc}") from None
-
-    def close(self) -> None:
-        self.sdk.close()
-
-
 def _with_api(fn: Callable[[argparse.Namespace, _Api], int]) -> Callable[[argparse.Namespace, Any], int]:
     @functools.wraps(fn)
     def run(args: argparse.Namespace, address: Any) -> int:
-        api = _Api(address)
+        api = _Api(address, timeout=WAIT_SECS + 30)
         try:
             return fn(args, api)
         finally:

@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "ServerAddress",
     "find_server",
+    "ServerApi",
     "RemoteHome",
     "RemoteJournal",
     "RemoteGovernance",
@@ -211,6 +212,36 @@ class RemoteHome:
 
     def close(self) -> None:
         self.http.close()
+
+
+class ServerApi:
+    """The server's public REST API through the SDK's routes, answering the JSON the server sends
+    (the dictionaries ``to_dict()`` gives in the owner process): ``api("task", task_id)``."""
+
+    def __init__(self, address: ServerAddress, *, timeout: float = 60.0) -> None:
+        from apollia_nb.sdk.client import Client
+
+        self.url = address.url
+        self.sdk = Client(address.url, address.token, timeout=timeout)
+
+    def __call__(self, route: str, *args: Any) -> Any:
+        import dataclasses
+
+        import httpx
+
+        from apollia_nb.sdk.client import _Routes
+
+        req = getattr(_Routes, route)(*args)
+        if req.model is not None:
+            req = dataclasses.replace(req, model=Any)  # the JSON as sent
+        try:
+            return self.sdk._do(req)
+        except httpx.HTTPError as exc:
+            raise HomeLocked(f"the server that owns the home ({self.url}) did not answer: "
+                             f"{type(exc).__name__}: {exc}") from None
+
+    def close(self) -> None:
+        self.sdk.close()
 
 
 # --- the journal ----------------------------------------------------------------------------------
