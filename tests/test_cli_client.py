@@ -162,3 +162,19 @@ def test_commands_that_need_the_home_to_themselves_say_so_while_it_is_served(tmp
             assert "stop the server" in line and "run `apollia-os serve`" not in line
     finally:
         stop(server)
+
+
+def test_a_relative_workspace_is_sent_to_the_server_absolute(tmp_path):
+    from apollia_nb.cli.client import absolute_workspace
+    from apollia_nb.runtime.manifest import parse_manifest
+
+    def sent(text: str) -> tuple[str, str | None]:
+        out, warning = absolute_workspace(text, parse_manifest(text), tmp_path)
+        return parse_manifest(out).workspace_root, warning
+
+    assert sent(manifest()) == (str(tmp_path), None)
+    assert sent(manifest(workspace="notes")) == (str(tmp_path / "notes"), None)
+    assert sent(manifest(workspace="/srv/notes")) == ("/srv/notes", None)
+    inline = manifest().replace('[model]', 'workspace = { root = "notes" }\n[model]')
+    root, warning = sent(inline)
+    assert root == "notes" and "relative" in warning and "server" in warning

@@ -31,6 +31,7 @@ import contextlib
 import functools
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ __all__ = ["served", "remote", "route", "refuse_served"]
 
 #: How long one wait for a task asks the server to hold the request.
 WAIT_SECS = 25.0
+#: How long an attended run waits before asking again for a task whose answered decision has not resumed yet.
+POLL_SECS = 0.2
 
 
 def _home(args: argparse.Namespace) -> Any:
@@ -198,7 +201,8 @@ def _run(args: argparse.Namespace, api: _Api) -> int:
                 api("reject_plan", task_id, "rejected at the terminal")
             continue
         cards = [c for c in _open_cards(api, task_id) if c["id"] not in answered]
-        if not cards:  # answered elsewhere, its run not yet resumed: ask again
+        if not cards:  # answered, its run not yet resumed on the server: ask again shortly
+            time.sleep(POLL_SECS)
             continue
         for card in cards:
             print(_card_text(card))
