@@ -23,6 +23,7 @@ import pytest
 from runtime_helpers import call, manifest
 
 APOLLIA = [sys.executable, "-m", "apollia_nb"]
+LISTER = manifest("lister", planner=[{"steps": ["look", "report"]}] * 2, actor=[{"text": "Reported."}] * 4)
 CLERK = manifest(actor=[{"tool_calls": [call("write_file", path="out.txt", content="hi")]}, {"text": "Wrote it."}] * 3)
 
 
@@ -63,7 +64,9 @@ class User:
 def script(user: User, tmp: Path) -> None:
     """What a user does with the CLI on a home: every command that can work with a server."""
     (user.work / "clerk.toml").write_text(CLERK)
+    (user.work / "lister.toml").write_text(LISTER)
     user("agents", "register", "clerk.toml")
+    user("agents", "register", "lister.toml", "--json")
     user("agents", "list")
     user("agents", "list", "--json")
     user("run", "ghost", "boo")
@@ -82,8 +85,15 @@ def script(user: User, tmp: Path) -> None:
     user("pending", "decide", "pd-nope", "once")
     user("pending", "decide", pending[0]["id"], "once", "--json")
     user("pending", "list")
-    user("run", "clerk", "Write out.txt", stdin="maybe\nonce\n")
-    user("run", "clerk", "Write out.txt", stdin="")
+    asked = user("run", "clerk", "Write out.txt", stdin="maybe\nonce\n")
+    assert asked.returncode == 0 and "please answer one of: once, always, refuse" in asked.stdout
+    assert "completed" in asked.stdout
+    refused = user("run", "clerk", "Write out.txt", stdin="")
+    assert refused.returncode == 1 and "REFUSED" in refused.stdout
+    approved = user("run", "lister", "Look and report", "--approve-plan", stdin="y\n")
+    assert approved.returncode == 0 and "completed" in approved.stdout and "result: Reported." in approved.stdout
+    rejected = user("run", "lister", "Look and report", "--approve-plan", stdin="n\n")
+    assert rejected.returncode == 1 and "REJECTED" in rejected.stdout
     user("consents", "list")
     user("run", "clerk", "Write out.txt", "--json", stdin="always\n")
     user("consents", "list")
