@@ -18,8 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from runtime_helpers import call, manifest
 
 APOLLIA = [sys.executable, "-m", "apollia_nb"]

@@ -23,7 +23,7 @@ from test_shared_home import Kernel, kernelspec, serve, stop  # noqa: F401 - ker
 APOLLIA = [sys.executable, "-m", "apollia_nb"]
 
 
-def test_a_joined_kernel_lists_and_drives_the_servers_agent(tmp_path, kernelspec, monkeypatch):
+def test_a_joined_kernel_lists_and_drives_the_servers_agent(tmp_path, kernelspec, monkeypatch):  # noqa: F811
     monkeypatch.delenv("APOLLIA_TOKEN", raising=False)
     home, work = tmp_path / "home", tmp_path / "work"
     work.mkdir()
