@@ -22,6 +22,12 @@ and `--json` where its output is data.
 Exit status: 0 success; 1 an integrity failure (`audit verify`), a diverged replay, or a
 refused policy (`policy check`); 2 an incomplete replay; 3 an error with a stable code,
 printed as `error: CODE: message` (with `--json`, `{"code", "message"}` on stderr).
+
+While `apollia-os serve` owns the home, every command works as its client and prints
+the same: agents and tasks are the server's (`run` submits the task to the server and
+asks at the terminal for its decisions), governance and the journal are read and
+changed through it. `policy remove` and `home repair` need the home to themselves and
+say so (`HOME_LOCKED`). See [shared-home.md](shared-home.md).
 """
 
 

@@ -163,13 +163,16 @@ def _agents_list(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with _open(args) as rt:
             agents = [a.to_dict() for a in rt.agents()]
-        text = "\n".join(
-            f"{a['name']:<20} {a['state']:<12} {a['model']:<10} {', '.join(a['warnings'])}" for a in agents
-        ) or "no agents registered"
-        emit(args, agents, text)
+        emit(args, agents, _agents_text(agents))
         return 0
 
     return anyio.run(main)
+
+
+def _agents_text(agents: list[dict[str, Any]]) -> str:
+    return "\n".join(
+        f"{a['name']:<20} {a['state']:<12} {a['model']:<10} {', '.join(a['warnings'])}" for a in agents
+    ) or "no agents registered"
 
 
 def _agents_register(args: argparse.Namespace) -> int:

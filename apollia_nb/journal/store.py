@@ -217,6 +217,40 @@ class InclusionProof:
         }
 
 
+def prove_inclusion(
+    seq: int, checkpoint: str | None, *, head: int, latest: tuple[int, str] | None,
+    write_checkpoint: Callable[[], str], verifier: NoteVerifier, origin: str,
+    hashes: Callable[[int], list[bytes]],
+) -> "InclusionProof":
+    """Prove entry ``seq`` of a journal whose head is ``head`` against ``checkpoint`` (default: the
+    ``latest`` ``(size, note)``, or one written by ``write_checkpoint`` when that does not cover ``seq``).
+    ``hashes(size)`` are the entry hashes of seqs 1..size. The proof is verified before return."""
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise BadInput(f"sequence numbers start at 1, got {seq!r}")
+    if seq > head:
+        raise NotFound(f"the journal has no entry {seq} (head is {head})")
+    if checkpoint is None:
+        checkpoint = latest[1] if latest and latest[0] >= seq else write_checkpoint()
+    cp = open_checkpoint(checkpoint, [verifier], origin=origin)
+    if seq > cp.size:
+        raise BadInput(f"entry {seq} is not covered by a checkpoint of size {cp.size}")
+    entries = hashes(cp.size)
+    if len(entries) != cp.size:
+        raise IntegrityError(f"the journal holds {len(entries)} of the {cp.size} entries asked for")
+    leaves = [leaf_hash(h) for h in entries]
+    proof = InclusionProof(
+        seq=seq,
+        tree_size=cp.size,
+        entry_hash=entries[seq - 1],
+        leaf_hash=leaves[seq - 1],
+        path=tuple(inclusion_proof(seq - 1, leaves)),
+        root=cp.root,
+        checkpoint=checkpoint,
+    )
+    proof.verify(verifier)
+    return proof
+
+
 @dataclass(frozen=True)
 class ConsistencyProof:
     """RFC 6962 proof that the tree of ``new_size`` entries extends the one of ``old_size``."""
@@ -909,29 +943,12 @@ class Journal:
     def inclusion_proof(self, seq: int, checkpoint: str | None = None) -> InclusionProof:
         """Prove entry ``seq`` is in the tree of a checkpoint (default: the latest,
         written first when it does not cover ``seq``). The proof is verified before return."""
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-            raise BadInput(f"sequence numbers start at 1, got {seq!r}")
-        if seq > self.head()[0]:
-            raise NotFound(f"the journal has no entry {seq} (head is {self.head()[0]})")
-        if checkpoint is None:
-            latest = self._latest
-            checkpoint = latest[1] if latest and latest[0] >= seq else self.checkpoint()
-        cp = open_checkpoint(checkpoint, [self.verifier()], origin=self._origin)
-        if seq > cp.size:
-            raise BadInput(f"entry {seq} is not covered by a checkpoint of size {cp.size}")
-        leaves = self._leaf_hashes(cp.size)
-        (h,) = self._read("SELECT hash FROM entries WHERE seq = ?", [seq])[0]
-        proof = InclusionProof(
-            seq=seq,
-            tree_size=cp.size,
-            entry_hash=bytes(h),
-            leaf_hash=leaves[seq - 1],
-            path=tuple(inclusion_proof(seq - 1, leaves)),
-            root=cp.root,
-            checkpoint=checkpoint,
+        return prove_inclusion(
+            seq, checkpoint, head=self.head()[0], latest=self._latest, write_checkpoint=self.checkpoint,
+            verifier=self.verifier(), origin=self._origin,
+            hashes=lambda size: [bytes(h) for (h,) in self._read(
+                "SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [size])],
         )
-        proof.verify(self.verifier())
-        return proof
 
     def consistency_proof(self, old_size: int, new_size: int | None = None) -> ConsistencyProof:
         """Prove the tree of ``new_size`` entries (default: all) extends that of ``old_size``."""

@@ -291,6 +291,9 @@ class KernelRuntime:
         atexit.unregister(self.close)
         for future in list(self._owned):
             future.cancel()
+        api = getattr(self, "_server_api", None)  # notebook/served.py
+        if api is not None:
+            api.close()
         try:
             if self.loop.running:
                 self.loop.call(self._unsubscribe)

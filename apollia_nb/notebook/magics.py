@@ -46,7 +46,8 @@ SERVE_MESSAGE = (
 
 HELP = """\
 %apollia [status]                 the status line: home, journal head, developer mode, policy
-%apollia agents                   the registered agents and their states
+%apollia agents                   the registered agents and their states (runs: kernel, or server when
+                                  this kernel joined `apollia-os serve`)
 %apollia stop NAME                stop an agent (drains its in-flight work first)
 %apollia pending                  every waiting decision of the home, answerable
 %apollia rules | consents         fine rules | standing consents
@@ -56,7 +57,8 @@ HELP = """\
 %apollia serve                    about serving the REST API from a kernel
 %%apollia agent                   cell: a manifest (TOML); registers the agent
 %%apollia task AGENT [--max-steps N] [--unattended | --watched] [--approve-plan]
-                                  cell: the goal; returns the task handle at once
+                                  cell: the goal; returns the task handle at once (a server's agent
+                                  runs on the server)
 %%apollia chat SESSION_OR_AGENT [--plan]
                                   cell: the message; opens a session for an agent or continues a session
 %%apollia sql [--timeout SECONDS] cell: one read-only SQL query over journal, decisions, tool_calls, runs"""
@@ -233,6 +235,7 @@ class ApolliaMagics(Magics):
 
     def _task(self, args: list[str], cell: str | None) -> Any:
         from apollia_nb.notebook.handles import NotebookTask
+        from apollia_nb.notebook.served import ServerTask, server_agents, server_api
 
         parser = _parser("%%apollia task")
         parser.add_argument("agent")
@@ -245,6 +248,11 @@ class ApolliaMagics(Magics):
         goal = self._cell("task", cell).strip()
         unattended = ns.unattended or (self.unattended_default and not ns.watched)
         runtime = self._rt()
+        api = server_api(runtime)
+        if api is not None and not runtime.call(lambda: any(a.name == ns.agent for a in runtime.rt.agents())):
+            if any(a["name"] == ns.agent for a in server_agents(runtime)):  # the server's agent: it runs there
+                submitted = api("submit", ns.agent, goal, not unattended, ns.max_steps, (), ns.approve_plan)
+                return ServerTask(runtime, api, submitted)
         handle = runtime.call(runtime.rt.submit, ns.agent, goal, max_steps=ns.max_steps, watched=not unattended,
                               approve_plan=ns.approve_plan)
         return NotebookTask(runtime, handle)
@@ -309,10 +317,13 @@ class ApolliaMagics(Magics):
 
         self._no_cell("agents", cell)
         _parser("%apollia agents").parse_args(args)
+        from apollia_nb.notebook.served import server_agents
+
         runtime = self._rt()
-        agents = runtime.call(lambda: [a.to_dict() for a in runtime.rt.agents()])
-        columns = ("name", "state", "model", "max_steps", "inflight", "tools", "warnings")
-        rows = [(a["name"], a["state"], a["model"], a["max_steps"], a["inflight"], ", ".join(a["tools"]),
+        agents = runtime.call(lambda: [{**a.to_dict(), "runs": "kernel"} for a in runtime.rt.agents()])
+        agents += [{**a, "runs": "server"} for a in server_agents(runtime)]  # a client's: the server's agents too
+        columns = ("name", "runs", "state", "model", "max_steps", "inflight", "tools", "warnings")
+        rows = [(a["name"], a["runs"], a["state"], a["model"], a["max_steps"], a["inflight"], ", ".join(a["tools"]),
                  "; ".join(a["warnings"])) for a in agents]
         return Report.table(columns, rows, f"{len(agents)} agent(s)", agents)
 

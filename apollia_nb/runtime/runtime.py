@@ -488,6 +488,12 @@ class Runtime:
     def agents(self) -> list[Agent]:
         return [self._agents[name] for name in sorted(self._agents)]
 
+    @property
+    def server(self) -> Any:
+        """The ``apollia-os serve`` this runtime is a client of (``url``, ``token``, ``pid``), or None."""
+        remote = getattr(self, "_remote", None)
+        return remote.address if self.mode == "client" and remote is not None else None
+
     def agent(self, name: str) -> Agent:
         try:
             return self._agents[name]
