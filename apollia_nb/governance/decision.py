@@ -12,7 +12,9 @@ the first that applies decides:
    ``always`` in developer mode for a simple command whose program cannot make
    a rule with it as prefix allow more: not a wrapper, interpreter, shell
    builtin, program that writes by argument, or file outside the system's
-   program folders — see ``shellcheck.no_always_reason``)
+   program folders — see ``shellcheck.no_always_reason``); a call whose
+   first argument is not shell text (``Call.shell`` false: Python, SQL) is
+   always asked ``once``/``refuse``
 5. family ``profile`` → ask (``once``/``refuse``); any other classified call →
    allow on a standing consent of the agent for the family, or a run grant
 6. anything left → ask (``once``/``always``/``refuse``; unclassified:
@@ -142,6 +144,13 @@ class Call:
     resolves to (workspace-relative and absolute), worked out by the same function
     the tool uses. Deny prefixes are then matched against them as paths; ``None``
     means the call is not a file tool's.
+
+    ``shell`` says whether an ``execute`` call's first argument is shell text, run
+    by bash. The simple-command proof is a proof about shell text only: code in
+    another language (``python_executor``'s Python, SQL) can read as one simple
+    command and still run anything — ``1 or '\\'';import os;…#'`` is bash's ``1``
+    with two words and Python's ``import os``. So with ``shell=False`` no allow rule
+    allows the call and ``always`` is never offered: it is asked ``once``/``refuse``.
     """
 
     agent: str
@@ -151,9 +160,12 @@ class Call:
     connection: str | None = None
     run_grants: frozenset[Family] = frozenset()
     paths: tuple[str, ...] | None = None
+    shell: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "agent", _text("agent", self.agent))
+        if not isinstance(self.shell, bool):  # "false" must not read as true
+            raise TypeError(f"shell must be True or False, not {self.shell!r}")
         object.__setattr__(self, "tool", _text("tool", self.tool))
         object.__setattr__(self, "family", _family(self.family))
         if self.arguments is None:
@@ -625,7 +637,7 @@ def rule_matches(rule: Rule, call: Call) -> bool:
     if rule.tool != call.tool or not (rule.agent == "*" or rule.agent == call.agent):
         return False
     if rule.effect is Effect.ALLOW:
-        command = _command(call)
+        command = _command(call) if call.shell else None
         if command is None or _allow_words(rule.prefix) is None:
             return False
         return shellcheck.allow_prefix_matches(rule.prefix, command)  # type: ignore[arg-type]
@@ -697,6 +709,11 @@ def decide(call: Call, view: GovernanceView) -> Decision:
     if family is Family.EXECUTE:
         if not view.developer_mode:
             return Decision(Outcome.ASK, 4, _ONCE_REFUSE, reason="executes code; developer mode is off")
+        if not call.shell:
+            return Decision(
+                Outcome.ASK, 4, _ONCE_REFUSE,
+                reason="executes code that is not a shell command: no rule allows it, asked every time",
+            )
         command = _command(call)
         words = shellcheck.simple_words(command) if command is not None else None
         if not words:

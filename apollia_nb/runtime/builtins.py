@@ -572,6 +572,8 @@ def builtin_tools(
         options: dict[str, Any] = {} if timeout is None else {"timeout_secs": timeout}
         if fn.__name__ in FILE_TOOLS:
             options["resolve_path"] = resolve
+        if fn.__name__ == "bash_executor":
+            options["shell"] = True  # the one built-in whose first argument bash reads
         return ToolDef.from_function(fn, BUILTIN_FAMILIES[fn.__name__], **options)
 
     tools = [

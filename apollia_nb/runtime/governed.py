@@ -109,7 +109,7 @@ async def governed_call(
     call = Call(
         agent=agent.name, tool=name, family=tooldef.family, arguments=ordered,
         connection=tooldef.connection, run_grants=frozenset(grants),
-        paths=path.names if path is not None else None,
+        paths=path.names if path is not None else None, shell=tooldef.shell,
     )
     decision = decide(call, rt.governance.view())
     decided = (
@@ -195,7 +195,8 @@ async def continue_after_answer(
         return await _stopped_short(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, exc)
     if path is not None and path.relative != card.path:
         again = decide(Call(agent=agent.name, tool=card.tool, family=tooldef.family, arguments=card.arguments,
-                            connection=tooldef.connection, paths=path.names), rt.governance.view())
+                            connection=tooldef.connection, paths=path.names, shell=tooldef.shell),
+                       rt.governance.view())
         if again.outcome is Outcome.REFUSE and again.line in (1, 2):
             why = f"the path now resolves to {path.relative!r}: {again.reason}"
             return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, again)

@@ -1,0 +1,71 @@
+"""Attacks on governance through its public surfaces: a real Runtime, a scripted agent, a real
+workspace and home. Each test asserts the effect an attacker wanted did not happen."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apollia_nb.errors import BadAnswer
+from apollia_nb.governance.decision import Call, GovernanceView, Rule, decide
+from apollia_nb.runtime import Runtime
+from runtime_helpers import call, manifest
+
+pytestmark = pytest.mark.anyio
+
+# Python that bash reads as one simple command `1 or '\;import os;…#'`: Python runs the import.
+SMUGGLED_PYTHON = "1 or '\\'';open('MARKER', 'w').close()#'"
+
+
+def decisions(rt, run_id):
+    return [json.loads(e.payload) for e in rt.journal.entries(run_id=run_id) if e.kind == "decision"]
+
+
+async def test_python_code_is_never_allowed_by_a_command_rule(home):
+    async with Runtime(home) as rt:
+        rt.governance.set_developer_mode(True, by="test")
+        rt.governance.add_rule("python_executor", "allow", prefix="1", by="test")
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("python_executor", code=SMUGGLED_PYTHON)]},
+                                                {"text": "done"}]))
+        workspace = rt.agent("clerk").workspace
+        handle = await rt.submit("clerk", "Compute")
+        await handle.settled()
+        assert not (workspace / "MARKER").exists()
+        assert handle.status == "waiting"
+        [card] = handle.pending
+        assert (card.line, card.answers) == (4, ("once", "refuse"))
+        assert "not a shell command" in card.reason
+        card.answer("refuse")
+        await handle.settled()
+        assert not (workspace / "MARKER").exists()
+
+
+async def test_always_is_not_offered_for_python_code(home):
+    async with Runtime(home) as rt:
+        rt.governance.set_developer_mode(True, by="test")
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("python_executor", code="1")]},
+                                                {"tool_calls": [call("python_executor", code=SMUGGLED_PYTHON)]},
+                                                {"text": "done"}]))
+        handle = await rt.submit("clerk", "Compute")
+        await handle.settled()
+        [card] = handle.pending
+        assert card.arguments == {"code": "1"} and card.answers == ("once", "refuse")
+        with pytest.raises(BadAnswer):
+            card.answer("always")
+        assert not [r for r in rt.governance.rules() if r.effect == "allow"]
+        card.answer("once")
+        await handle.settled()
+        [second] = [c for c in handle.pending if c.waiting]
+        assert second.arguments == {"code": SMUGGLED_PYTHON}
+        assert not (rt.agent("clerk").workspace / "MARKER").exists()
+
+
+def test_decide_allows_by_rule_only_a_shell_command():
+    view = GovernanceView(developer_mode=True, rules=(Rule("run", "allow", "1"),))
+    shell = decide(Call("a", "run", "execute", {"code": SMUGGLED_PYTHON}), view)
+    other = decide(Call("a", "run", "execute", {"code": SMUGGLED_PYTHON}, shell=False), view)
+    plain = decide(Call("a", "run", "execute", {"code": "1"}, shell=False), GovernanceView(developer_mode=True))
+    assert shell.outcome == "allow"  # bash would run `1` with two arguments: nothing else
+    assert (other.outcome, other.line, other.answers) == ("ask", 4, ("once", "refuse"))
+    assert (plain.outcome, plain.answers) == ("ask", ("once", "refuse"))
