@@ -10,6 +10,7 @@ import pytest
 from apollia_nb.errors import BadAnswer
 from apollia_nb.governance.decision import Call, GovernanceView, Rule, decide
 from apollia_nb.runtime import Runtime
+from apollia_nb.runtime.tools import ToolDef
 from runtime_helpers import call, manifest
 
 pytestmark = pytest.mark.anyio
@@ -69,3 +70,45 @@ def test_decide_allows_by_rule_only_a_shell_command():
     assert shell.outcome == "allow"  # bash would run `1` with two arguments: nothing else
     assert (other.outcome, other.line, other.answers) == ("ask", 4, ("once", "refuse"))
     assert (plain.outcome, plain.answers) == ("ask", ("once", "refuse"))
+
+
+async def test_a_deny_prefix_sees_every_path_inside_a_list_or_mapping_argument(home):
+    removed: list[str] = []
+
+    def delete_many(paths: list) -> dict:
+        """Delete files by name."""
+        for name in paths if isinstance(paths, list) else paths.values():
+            for leaf in name if isinstance(name, list) else [name]:
+                removed.append(leaf)
+        return {"deleted": len(removed)}
+
+    tooldef = ToolDef.from_function(delete_many, "write")
+    deleted = ToolDef.from_function(lambda targets: removed.extend(targets["keep"]["files"]) or {},
+                                    "write", name="delete_by_map")
+    attempts = [("delete_many", {"paths": ["notes.txt", "secrets/key"]}),
+                ("delete_many", {"paths": [["notes.txt", "secrets/key"]]}),
+                ("delete_by_map", {"targets": {"keep": {"files": ["secrets/k"]}}})]
+    async with Runtime(home) as rt:
+        rt.governance.add_rule("delete_many", "deny", prefix="secrets/", by="test")
+        rt.governance.add_rule("delete_by_map", "deny", prefix="secrets/", by="test")
+        for n, (name, arguments) in enumerate(attempts):
+            rt.governance.grant_consent(f"a{n}", "write", by="test")
+            await rt.register_agent(
+                manifest(f"a{n}", actor=[{"tool_calls": [call(name, **arguments)]}, {"text": "done"}],
+                         optional=[name]),
+                tools=[tooldef, deleted])
+            task = await (await rt.submit(f"a{n}", "Tidy up"))
+            assert task.status == "failed" and task.error["code"] == "REFUSED", (name, arguments)
+            assert [d["line"] for d in decisions(rt, task.run_id)] == [2]
+        assert removed == []
+
+
+def test_a_container_too_large_or_deep_to_read_matches_every_deny_rule():
+    view = GovernanceView(rules=(Rule("t", "deny", "secrets/"),))
+    deep: list = ["x"]
+    for _ in range(20):
+        deep = [deep]
+    many = [f"f{i}" for i in range(5000)]
+    for argument in (deep, many, {"k": deep}):
+        assert decide(Call("a", "t", "write", {"p": argument}), view).line == 2
+    assert decide(Call("a", "t", "write", {"p": ["a", "b"]}), view).outcome == "ask"

@@ -28,9 +28,10 @@ answer from an index built once per snapshot):
 
 - A ``deny`` rule without a prefix matches every call of its tool. With a prefix it
   matches broadly, because refusing too much is safe and too little is not: the
-  first argument starts with the prefix, as text or as a normalised path; for a
-  file tool, whose call carries the names its path resolves to (``Call.paths``),
-  as text or as one of those names (``path_prefix_matches``); for
+  first argument starts with the prefix, as text or as a normalised path (a list,
+  tuple or mapping: also any string inside it, at any depth); for a file tool,
+  whose call carries the names its path resolves to (``Call.paths``), as text or
+  as one of those names (``path_prefix_matches``); for
   ``execute`` calls (and unclassified ones, which may run commands too) the
   simple-command check's deny matching decides instead of (unclassified: as well
   as) the text match. A first argument that is not a string is matched as its text;
@@ -600,13 +601,43 @@ def _argument_texts(call: Call) -> tuple[str, ...] | None:
         try:
             shown = _show(value)
             if isinstance(value, (list, tuple)):
-                return (shown, " ".join(_show(v) for v in value))
+                joined = " ".join(_show(v) for v in value)
+                return tuple(dict.fromkeys((shown, joined, *_leaf_texts(value))))
+            if isinstance(value, Mapping):
+                return tuple(dict.fromkeys((shown, *_leaf_texts(value))))
             if isinstance(value, (bytes, bytearray)):
                 return (shown, bytes(value).decode("utf-8", "replace"))
             return (shown,)
         except _Unshowable:
             return None
     return ()
+
+
+_LEAVES_AT_MOST = 256  # a container with more strings than this (or nested deeper) matches every deny rule
+_DEPTH_AT_MOST = 8
+
+
+def _leaf_texts(value: object) -> list[str]:
+    """Every string inside a list, tuple or mapping (keys and values), at any depth.
+
+    A tool may act on any item of a container (``delete_many(paths=["a", "secrets/k"])``),
+    so each is matched like a first argument of its own. Too many or too deep is
+    ``_Unshowable``: every deny rule then matches.
+    """
+    found: list[str] = []
+    pending: list[tuple[object, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, str):
+            found.append(str.__str__(item))
+        elif isinstance(item, (list, tuple, Mapping)):
+            if depth >= _DEPTH_AT_MOST:
+                raise _Unshowable
+            items = [*item.keys(), *item.values()] if isinstance(item, Mapping) else list(item)
+            pending.extend((v, depth + 1) for v in reversed(items))
+        if len(found) + len(pending) > _LEAVES_AT_MOST:
+            raise _Unshowable
+    return found
 
 
 def _command(call: Call) -> str | None:
