@@ -4,6 +4,7 @@ workspace and home. Each test asserts the effect an attacker wanted did not happ
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -112,3 +113,25 @@ def test_a_container_too_large_or_deep_to_read_matches_every_deny_rule():
     for argument in (deep, many, {"k": deep}):
         assert decide(Call("a", "t", "write", {"p": argument}), view).line == 2
     assert decide(Call("a", "t", "write", {"p": ["a", "b"]}), view).outcome == "ask"
+
+
+async def test_a_hard_link_to_a_home_file_is_out_of_reach_of_the_file_tools(home):
+    async with Runtime(home) as rt:
+        rt.governance.grant_consent("clerk", "write", by="test")
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("read_file", path="notes.txt")]},
+                                                {"tool_calls": [call("write_file", path="rules.db", content="x")]},
+                                                {"text": "done"}]))
+        workspace = rt.agent("clerk").workspace
+        key = home.path / "keys" / "journal.key"
+        governance_db = home.path / "governance.db"
+        before = governance_db.read_bytes()
+        # What one approved `ln ~/.apollia/keys/journal.key notes.txt` would leave behind.
+        os.link(key, workspace / "notes.txt")
+        os.link(governance_db, workspace / "rules.db")
+        task = await (await rt.submit("clerk", "Read the notes"))
+        results = [json.loads(e.payload) for e in rt.journal.entries(run_id=task.run_id) if e.kind == "tool_result"]
+        assert [r.get("error_code") for r in results] == ["PATH_IN_HOME", "PATH_IN_HOME"]
+        journaled = "\n".join(bytes(e.payload).decode("utf-8") for e in rt.journal.entries())
+        assert key.read_text().strip() not in journaled
+        assert governance_db.read_bytes() == before
+        assert rt.governance.view().readable
