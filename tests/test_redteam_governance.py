@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
+import anyio
 import pytest
 
 from apollia_nb.errors import BadAnswer
@@ -135,3 +137,31 @@ async def test_a_hard_link_to_a_home_file_is_out_of_reach_of_the_file_tools(home
         assert key.read_text().strip() not in journaled
         assert governance_db.read_bytes() == before
         assert rt.governance.view().readable
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+async def test_a_background_job_does_not_outlive_the_approved_command(home):
+    command = "(sleep 30; touch MARKER) >/dev/null 2>&1 & echo $!"
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("bash_executor", command=command)]},
+                                                {"text": "done"}]))
+        handle = await rt.submit("clerk", "Start it")
+        await handle.settled()
+        [card] = handle.pending
+        card.answer("once")
+        await handle.settled()
+        assert handle.status == "completed"
+        [result] = [json.loads(e.payload) for e in rt.journal.entries(run_id=handle.run_id)
+                    if e.kind == "tool_result"]
+        pid = int(result["output"]["stdout"])
+        with anyio.fail_after(10):  # SIGKILL is sent when the call ends; its delivery is not instant
+            while _running(pid):
+                await anyio.sleep(0.01)
+        assert not (rt.agent("clerk").workspace / "MARKER").exists()

@@ -161,7 +161,8 @@ async def _run_process(argv: list[str], *, cwd: Path, stdin: bytes | None, cap: 
     """Run a command in its own process group; on cancellation (the tool's timeout) kill the group.
 
     The child gets no open descriptor of this process (the home's databases) and
-    no ``APOLLIA_*`` variable.
+    no ``APOLLIA_*`` variable. When the command ends (or times out) its process
+    group is killed: a job it started in the background does not outlive the call.
     """
     process = await anyio.open_process(
         argv,
@@ -182,8 +183,9 @@ async def _run_process(argv: list[str], *, cwd: Path, stdin: bytes | None, cap: 
         code = await process.wait()
     finally:
         with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                _kill_group(process.pid)
+            # The whole group ends with the call, also what it left in the background
+            # (`sleep 9 && rm x &`): nothing of an approved call acts after its result.
+            _kill_group(process.pid)
             await process.aclose()
     return {"exit_code": code, "stdout": out.text(), "stderr": err.text()}
 
