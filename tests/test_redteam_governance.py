@@ -165,3 +165,63 @@ async def test_a_background_job_does_not_outlive_the_approved_command(home):
             while _running(pid):
                 await anyio.sleep(0.01)
         assert not (rt.agent("clerk").workspace / "MARKER").exists()
+
+
+@pytest.fixture
+def listener():
+    """A real HTTP server on 127.0.0.1 that records every request it receives."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], seen
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.mark.parametrize("spelling", [
+    "http://127.1:{port}/secret",
+    "HTTP://user:pw@127.0.0.1:{port}/secret",
+    "http://example.org\\@127.0.0.1:{port}/secret",
+    "http://0x7f.0.0.1:{port}/secret",
+    "http://[::ffff:127.0.0.1]:{port}/secret",
+])
+async def test_a_deny_rule_on_a_url_sees_where_the_request_goes(home, listener, spelling):
+    port, seen = listener
+    url = spelling.format(port=port)
+    async with Runtime(home) as rt:
+        rt.governance.grant_consent("clerk", "send", by="test")
+        rt.governance.add_rule("http_request", "deny", prefix=f"http://127.0.0.1:{port}/", by="test")
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("http_request", url=url)]}, {"text": "done"}]))
+        task = await (await rt.submit("clerk", "Fetch"))
+        assert task.status == "failed" and task.error["code"] in ("REFUSED", "BAD_ARGUMENT"), url
+        assert seen == []
+
+
+async def test_the_url_the_rule_names_is_refused_in_any_case_and_others_are_sent(home, listener):
+    port, seen = listener
+    async with Runtime(home) as rt:
+        rt.governance.grant_consent("clerk", "send", by="test")
+        rt.governance.add_rule("http_request", "deny", prefix=f"HTTP://LOCALHOST:{port}/Secret", by="test")
+        await rt.register_agent(manifest(actor=[
+            {"tool_calls": [call("http_request", url=f"http://127.0.0.1:{port}/public")]},
+            {"tool_calls": [call("http_request", url=f"http://localhost.:{port}/Secret")]},
+            {"text": "done"}]))
+        task = await (await rt.submit("clerk", "Fetch"))
+        assert task.status == "failed" and task.error["code"] == "REFUSED"
+        assert seen == ["/public"]

@@ -68,6 +68,7 @@ __all__ = [
     "first_argument",
     "rule_matches",
     "path_prefix_matches",
+    "url_form",
     "READ_ONLY_FAMILIES",
 ]
 
@@ -152,6 +153,12 @@ class Call:
     command and still run anything — ``1 or '\\'';import os;…#'`` is bash's ``1``
     with two words and Python's ``import os``. So with ``shell=False`` no allow rule
     allows the call and ``always`` is never offered: it is asked ``once``/``refuse``.
+
+    ``aliases`` are other spellings of the first argument naming what the tool acts
+    on, worked out by the tool's own parser: for ``http_request``, the URL as the
+    HTTP client reads it (``HTTPS://u@API.example.com.:443/x`` and
+    ``https://example.org\\@api.example.com/`` both go to ``https://api.example.com``).
+    Deny prefixes are matched against each as text, like the first argument.
     """
 
     agent: str
@@ -162,6 +169,7 @@ class Call:
     run_grants: frozenset[Family] = frozenset()
     paths: tuple[str, ...] | None = None
     shell: bool = True
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "agent", _text("agent", self.agent))
@@ -181,6 +189,9 @@ class Call:
             if isinstance(self.paths, str):
                 raise TypeError("paths must be a sequence of strings, not a string")
             object.__setattr__(self, "paths", tuple(_text("path", p) for p in self.paths))
+        if isinstance(self.aliases, str):
+            raise TypeError("aliases must be a sequence of strings, not a string")
+        object.__setattr__(self, "aliases", tuple(_text("alias", a) for a in (self.aliases or ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +268,31 @@ def _path_prefix(prefix: str) -> tuple[str, bool]:
 
 def _path_hit(form: str, directory: bool, name_form: str) -> bool:
     return (name_form + "/").startswith(form) if directory else name_form.startswith(form)
+
+
+def url_form(text: str) -> str:
+    """An ``http``/``https`` URL with its scheme and host in lower case, a default port,
+    user information and a host's final dot dropped; any other text as it is.
+
+    A deny prefix is also matched in this form, and a URL's aliases are written in
+    it, so ``HTTPS://API.Example.com:443`` and ``https://api.example.com`` agree.
+    """
+    scheme, sep, rest = text.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("http", "https"):
+        return text
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    host = authority.rpartition("@")[2].lower()
+    default = ":443" if scheme == "https" else ":80"
+    if host.endswith(default):
+        host = host[: -len(default)]
+    name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+    if colon and port.isdigit() and not name.endswith("]") and ":" not in name:
+        host = f"{name.rstrip('.')}:{port}"
+    elif not colon:
+        host = host.rstrip(".") if not host.startswith("[") else host
+    return f"{scheme}://{host}{tail}"
 
 
 def path_prefix_matches(prefix: str, path: str) -> bool:
@@ -451,6 +487,7 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
             deny_all = pos if deny_all is None else deny_all
         else:
             text.setdefault(prefix, pos)
+            text.setdefault(url_form(prefix), pos)
             path.setdefault(posixpath.normpath(prefix), pos)
             form, directory = _path_prefix(prefix)
             (file_dir if directory else file_text).setdefault(form, pos)
@@ -652,7 +689,7 @@ def _deny_matches(prefix: str, family: Family | None, text: str, resolved: bool 
         return True
     if family is Family.EXECUTE:
         return False
-    if text.startswith(prefix):
+    if text.startswith(prefix) or text.startswith(url_form(prefix)):
         return True
     if resolved:  # a file tool's call: its resolved names are matched instead (path_prefix_matches)
         return False
@@ -677,6 +714,7 @@ def rule_matches(rule: Rule, call: Call) -> bool:
     texts = _argument_texts(call)
     if texts is None:
         return True
+    texts = (*texts, *call.aliases)
     paths = call.paths
     if any(_deny_matches(rule.prefix, call.family, text, paths is not None) for text in texts):
         return True
@@ -709,6 +747,8 @@ def decide(call: Call, view: GovernanceView) -> Decision:
     scopes = view._scopes(call.tool, call.agent)
     if scopes:
         texts = _argument_texts(call)
+        if texts is not None and call.aliases:
+            texts = (*texts, *call.aliases)
         plain: tuple[str | None, ...] = ()
         if texts and family in _COMMAND_FAMILIES and any(r.deny_trie for r in scopes):
             plain = tuple(_searchable(t) for t in texts)

@@ -99,6 +99,50 @@ def resolve_in_workspace(workspace: Path | str, path: str, *, home: Path | str |
     return resolve_tool_path(workspace, path, home=home).real
 
 
+def url_aliases(url: Any) -> tuple[str, ...]:
+    """Where ``http_request`` sends ``url``, as its HTTP client reads it: the names a deny
+    rule is also matched against (``Call.aliases``).
+
+    ``https://example.org\\@api.example.com/`` goes to ``api.example.com``, so its alias
+    is ``https://api.example.com/``; ``HTTP://127.1`` is also ``http://127.0.0.1``. A URL
+    the client cannot read is refused here, before anything is decided.
+    """
+    import ipaddress
+    import socket
+
+    import httpx
+
+    from apollia_nb.governance.decision import url_form
+
+    if not isinstance(url, str):
+        return ()
+    try:
+        parsed = httpx.URL(url)
+    except Exception as exc:
+        raise BadArgument(f"http_request: the URL cannot be read: {exc}") from None
+    if parsed.scheme not in ("http", "https"):
+        return ()
+    path = parsed.raw_path.decode("ascii", "replace")
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    hosts = [parsed.host]
+    try:
+        hosts.append(socket.inet_ntoa(socket.inet_aton(parsed.host)))  # 127.1, 0x7f.1, 2130706433
+    except OSError:
+        pass
+    try:
+        address = ipaddress.ip_address(parsed.host)
+        hosts.append(str(address))
+        if address.version == 6 and address.ipv4_mapped is not None:
+            hosts.append(str(address.ipv4_mapped))
+    except ValueError:
+        pass
+    names = []
+    for host in hosts:
+        shown = f"[{host}]" if ":" in host else host
+        names.append(url_form(f"{parsed.scheme}://{shown}{port}{path}"))
+    return tuple(dict.fromkeys(names))
+
+
 def _child_environment() -> dict[str, str]:
     """The executors' environment: this process's, without any ``APOLLIA_*`` variable
     (the home's location, the server's token)."""
@@ -576,6 +620,8 @@ def builtin_tools(
             options["resolve_path"] = resolve
         if fn.__name__ == "bash_executor":
             options["shell"] = True  # the one built-in whose first argument bash reads
+        if fn.__name__ == "http_request":
+            options["aliases"] = url_aliases
         return ToolDef.from_function(fn, BUILTIN_FAMILIES[fn.__name__], **options)
 
     tools = [

@@ -102,6 +102,7 @@ async def governed_call(
         tooldef = agent.tools.get(name)
         ordered = order_arguments(tooldef, arguments)
         path = resolved_path(tooldef, ordered)
+        aliases = argument_aliases(tooldef, ordered)
     except ApolliaError as exc:
         return await _stopped_short(rt, agent, run_id, call_id, name, arguments, exc, prefix=prefix)
 
@@ -109,7 +110,7 @@ async def governed_call(
     call = Call(
         agent=agent.name, tool=name, family=tooldef.family, arguments=ordered,
         connection=tooldef.connection, run_grants=frozenset(grants),
-        paths=path.names if path is not None else None, shell=tooldef.shell,
+        paths=path.names if path is not None else None, shell=tooldef.shell, aliases=aliases,
     )
     decision = decide(call, rt.governance.view())
     decided = (
@@ -171,6 +172,21 @@ def resolved_path(tooldef: Any, ordered: dict[str, Any]) -> Any:
         return None  # the call does not bind: the tool refuses it with BAD_ARGUMENT
     try:
         return tooldef.resolve_path(ordered[first])
+    except Exception as exc:
+        raise classify_error(exc, tool=tooldef.name) from None
+
+
+def argument_aliases(tooldef: Any, ordered: dict[str, Any]) -> tuple[str, ...]:
+    """The other spellings of the first argument the tool's parser reads (``ToolDef.aliases``).
+
+    A failure is a permanent tool error: never a call decided on a guess.
+    """
+    from apollia_nb.runtime.tools import classify_error
+
+    if tooldef.aliases is None or not tooldef.parameter_names or tooldef.parameter_names[0] not in ordered:
+        return ()
+    try:
+        return tuple(tooldef.aliases(ordered[tooldef.parameter_names[0]]))
     except Exception as exc:
         raise classify_error(exc, tool=tooldef.name) from None
 

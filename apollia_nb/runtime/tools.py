@@ -116,6 +116,9 @@ class ToolDef:
     rule or answered ``always``. Any other execute tool (``python_executor``, a
     custom or federated one) is asked every time: the simple-command check proves
     nothing about code in another language.
+    ``aliases`` turns the first argument into the other spellings of what the tool
+    acts on, read by the tool's own parser (``http_request``: the URL as the HTTP
+    client reads it); deny rules are matched against them too (``Call.aliases``).
     """
 
     name: str
@@ -131,6 +134,7 @@ class ToolDef:
     annotations: dict[str, Any] | None = field(default=None, hash=False)
     resolve_path: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
     shell: bool = False
+    aliases: Callable[[Any], tuple[str, ...]] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):
@@ -176,6 +180,7 @@ class ToolDef:
         annotations: dict[str, Any] | None = None,
         resolve_path: Callable[[Any], Any] | None = None,
         shell: bool = False,
+        aliases: Callable[[Any], tuple[str, ...]] | None = None,
     ) -> "ToolDef":
         """Build a tool from a plain function: schema from its signature and type hints,
         description from its docstring's first paragraph."""
@@ -192,6 +197,7 @@ class ToolDef:
             annotations=annotations,
             resolve_path=resolve_path,
             shell=shell,
+            aliases=aliases,
         )
 
 
