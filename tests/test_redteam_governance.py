@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import anyio
@@ -225,3 +226,42 @@ async def test_the_url_the_rule_names_is_refused_in_any_case_and_others_are_sent
         task = await (await rt.submit("clerk", "Fetch"))
         assert task.status == "failed" and task.error["code"] == "REFUSED"
         assert seen == ["/public"]
+
+
+@pytest.mark.parametrize("target", [".git/config", "sub/.git/hooks/pre-commit", ".GIT/config", ".git"])
+async def test_a_write_into_a_git_directory_is_asked_despite_a_write_consent(home, target):
+    config = '[core]\n\tfsmonitor = "touch MARKER; false"\n'
+    async with Runtime(home) as rt:
+        rt.governance.set_developer_mode(True, by="test")
+        rt.governance.grant_consent("clerk", "write", by="test")
+        rt.governance.add_rule("bash_executor", "allow", prefix="git status", by="test")
+        await rt.register_agent(manifest(actor=[
+            {"tool_calls": [call("write_file", path=target, content=config)]},
+            {"tool_calls": [call("bash_executor", command="git status")]},
+            {"text": "done"}]))
+        workspace = rt.agent("clerk").workspace
+        subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+        (workspace / "notes.txt").write_text("notes")
+        before = (workspace / ".git" / "config").read_text()
+        handle = await rt.submit("clerk", "Tidy the repository")
+        await handle.settled()
+        assert handle.status == "waiting"
+        [card] = handle.pending
+        assert (card.tool, card.line, card.answers) == ("write_file", 5, ("once", "refuse"))
+        assert ".git directory" in card.reason
+        card.answer("refuse")
+        await handle.settled()
+        assert (workspace / ".git" / "config").read_text() == before
+        assert not (workspace / "MARKER").exists()
+
+
+async def test_other_writes_keep_their_consent(home):
+    async with Runtime(home) as rt:
+        rt.governance.grant_consent("clerk", "write", by="test")
+        await rt.register_agent(manifest(actor=[
+            {"tool_calls": [call("write_file", path=".gitignore", content="*.pyc\n")]},
+            {"tool_calls": [call("write_file", path="docs/git/notes.md", content="x")]},
+            {"text": "done"}]))
+        task = await (await rt.submit("clerk", "Write"))
+        assert task.status == "completed", task.error
+        assert [d["outcome"] for d in decisions(rt, task.run_id)] == ["allow", "allow"]

@@ -15,7 +15,9 @@ the first that applies decides:
    program folders — see ``shellcheck.no_always_reason``); a call whose
    first argument is not shell text (``Call.shell`` false: Python, SQL) is
    always asked ``once``/``refuse``
-5. family ``profile`` → ask (``once``/``refuse``); any other classified call →
+5. family ``profile`` → ask (``once``/``refuse``); so does a ``write`` call of a
+   file tool whose path is in a ``.git`` directory (git runs programs its files
+   name: an allowed ``git status`` would run them); any other classified call →
    allow on a standing consent of the agent for the family, or a run grant
 6. anything left → ask (``once``/``always``/``refuse``; unclassified:
    ``once``/``refuse``)
@@ -293,6 +295,11 @@ def url_form(text: str) -> str:
     elif not colon:
         host = host.rstrip(".") if not host.startswith("[") else host
     return f"{scheme}://{host}{tail}"
+
+
+def _in_git_directory(path: str) -> bool:
+    """Whether a file tool's resolved name is ``.git`` or lies inside one (any case)."""
+    return any(part.casefold() == ".git" for part in path.split("/"))
 
 
 def path_prefix_matches(prefix: str, path: str) -> bool:
@@ -816,6 +823,12 @@ def decide(call: Call, view: GovernanceView) -> Decision:
     # Line 5: the profile asks every time; consents and run grants allow the rest.
     if family is Family.PROFILE:
         return Decision(Outcome.ASK, 5, _ONCE_REFUSE, reason="proposes a fact for the profile: asked every time")
+    if family is Family.WRITE and call.paths and any(_in_git_directory(p) for p in call.paths):
+        return Decision(
+            Outcome.ASK, 5, _ONCE_REFUSE,
+            reason="writes inside a .git directory, whose files make git run programs (hooks, core.fsmonitor,"
+            " filters): asked every time",
+        )
     if family is not None:
         if (call.agent, family) in view.consents:
             return Decision(
