@@ -265,3 +265,25 @@ async def test_other_writes_keep_their_consent(home):
         task = await (await rt.submit("clerk", "Write"))
         assert task.status == "completed", task.error
         assert [d["outcome"] for d in decisions(rt, task.run_id)] == ["allow", "allow"]
+
+
+async def test_an_undeclared_argument_put_first_does_not_hide_the_one_a_deny_rule_names(home):
+    read: list[str] = []
+
+    async def fetch(**arguments):
+        read.extend(str(v) for v in arguments.values())
+        return {"ok": True}
+
+    # A federated tool whose schema admits any argument, as an MCP server may declare it.
+    loose = ToolDef(name="mcp:fs/read", family="read", fn=fetch,
+                    parameters={"type": "object", "properties": {}, "additionalProperties": True})
+    async with Runtime(home) as rt:
+        rt.governance.add_rule("mcp:fs/read", "deny", prefix="secrets/", by="test")
+        await rt.register_agent(
+            manifest(actor=[{"tool_calls": [call("mcp:fs/read", encoding="utf-8", path="secrets/key")]},
+                            {"text": "done"}], optional=["mcp:fs/read"]),
+            tools=[loose])
+        task = await (await rt.submit("clerk", "Read"))
+        assert task.status == "failed" and task.error["code"] == "REFUSED"
+        assert [d["line"] for d in decisions(rt, task.run_id)] == [2]
+        assert read == []

@@ -70,6 +70,7 @@ __all__ = [
     "first_argument",
     "rule_matches",
     "path_prefix_matches",
+    "leaf_texts",
     "url_form",
     "READ_ONLY_FAMILIES",
 ]
@@ -659,6 +660,21 @@ def _argument_texts(call: Call) -> tuple[str, ...] | None:
 
 _LEAVES_AT_MOST = 256  # a container with more strings than this (or nested deeper) matches every deny rule
 _DEPTH_AT_MOST = 8
+
+
+def leaf_texts(value: object) -> tuple[str, ...] | None:
+    """Every string inside a value at any depth (a string: itself; a scalar: its text),
+    or None when there are too many or they lie too deep to read."""
+    if isinstance(value, str):
+        return (str.__str__(value),)
+    if value is None:
+        return ()
+    try:
+        if isinstance(value, (list, tuple, Mapping)):
+            return tuple(_leaf_texts(value))
+        return (_show(value),)
+    except _Unshowable:
+        return None
 
 
 def _leaf_texts(value: object) -> list[str]:

@@ -177,16 +177,31 @@ def resolved_path(tooldef: Any, ordered: dict[str, Any]) -> Any:
 
 
 def argument_aliases(tooldef: Any, ordered: dict[str, Any]) -> tuple[str, ...]:
-    """The other spellings of the first argument the tool's parser reads (``ToolDef.aliases``).
+    """What deny rules see besides the first argument (``Call.aliases``).
 
-    A failure is a permanent tool error: never a call decided on a guess.
+    The other spellings of the first argument the tool's parser reads
+    (``ToolDef.aliases``), and the text of every argument the tool did not declare:
+    a tool whose schema admits any argument (``additionalProperties``) would
+    otherwise let the agent choose which one comes first. A failure is a permanent
+    tool error: never a call decided on a guess.
     """
     from apollia_nb.runtime.tools import classify_error
 
-    if tooldef.aliases is None or not tooldef.parameter_names or tooldef.parameter_names[0] not in ordered:
-        return ()
+    from apollia_nb.errors import BadArgument
+    from apollia_nb.governance.decision import leaf_texts
+
+    declared = tooldef.parameter_names
+    texts: list[str] = []
+    for key, value in ordered.items():
+        if key not in declared:
+            found = leaf_texts(value)
+            if found is None:
+                raise BadArgument(f"{tooldef.name}: the argument {key!r} is too large or nested too deep to decide on")
+            texts += [key, *found]
+    if tooldef.aliases is None or not declared or declared[0] not in ordered:
+        return tuple(texts)
     try:
-        return tuple(tooldef.aliases(ordered[tooldef.parameter_names[0]]))
+        return (*tooldef.aliases(ordered[declared[0]]), *texts)
     except Exception as exc:
         raise classify_error(exc, tool=tooldef.name) from None
 
