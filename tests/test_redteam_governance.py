@@ -287,3 +287,23 @@ async def test_an_undeclared_argument_put_first_does_not_hide_the_one_a_deny_rul
         assert task.status == "failed" and task.error["code"] == "REFUSED"
         assert [d["line"] for d in decisions(rt, task.run_id)] == [2]
         assert read == []
+
+
+async def test_a_deny_rule_names_its_tool_in_any_case_an_allow_rule_exactly(home):
+    async with Runtime(home) as rt:
+        rt.governance.set_developer_mode(True, by="test")
+        rt.governance.add_rule("Read_File", "deny", prefix="secrets/", by="test")
+        rt.governance.add_rule("BASH_EXECUTOR", "allow", prefix="ls", by="test")
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("read_file", path="secrets/key")]},
+                                                {"text": "done"}]))
+        workspace = rt.agent("clerk").workspace
+        (workspace / "secrets").mkdir()
+        (workspace / "secrets" / "key").write_text("the secret itself")
+        task = await (await rt.submit("clerk", "Read"))
+        assert task.status == "failed" and task.error["code"] == "REFUSED"
+        [decision] = decisions(rt, task.run_id)
+        assert decision["line"] == 2 and "'Read_File'" in decision["reason"]
+        journaled = "\n".join(bytes(e.payload).decode("utf-8") for e in rt.journal.entries())
+        assert "the secret itself" not in journaled
+    view = GovernanceView(developer_mode=True, rules=(Rule("BASH_EXECUTOR", "allow", "ls"),))
+    assert decide(Call("a", "bash_executor", "execute", {"command": "ls"}), view).outcome == "ask"

@@ -38,6 +38,9 @@ answer from an index built once per snapshot):
   simple-command check's deny matching decides instead of (unclassified: as well
   as) the text match. A first argument that is not a string is matched as its text;
   one whose text cannot be read matches every deny rule of its tool.
+- A deny rule names its tool in any case (``Read_File`` refuses ``read_file``):
+  a rule that silently matched nothing would refuse too little. An allow rule
+  names its tool exactly.
 - An ``allow`` rule acts on line 4 only. It needs a prefix — an allow rule on a
   shell without one would be a blanket allow on everything — and matches a single
   simple command whose words begin with the prefix's words (``git status``
@@ -549,6 +552,9 @@ class GovernanceView:
     _index: Mapping[tuple[str, str], _Rules] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _spellings: Mapping[str, tuple[str, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         rules = tuple(self.rules or ())
@@ -572,6 +578,10 @@ class GovernanceView:
             by_scope.setdefault((rule.tool, rule.agent), []).append((pos, rule))
         object.__setattr__(self, "_by_tool", {k: tuple(v) for k, v in by_tool.items()})
         object.__setattr__(self, "_index", {k: _arrange(v) for k, v in by_scope.items()})
+        spellings: dict[str, list[str]] = {}
+        for tool in by_tool:
+            spellings.setdefault(tool.casefold(), []).append(tool)
+        object.__setattr__(self, "_spellings", {k: tuple(v) for k, v in spellings.items()})
 
     def rules_for(self, tool: str) -> tuple[Rule, ...]:
         """The rules naming ``tool``, in view order."""
@@ -586,6 +596,13 @@ class GovernanceView:
         if own is None:
             return () if everyone is None else (everyone,)
         return (own,) if everyone is None else (own, everyone)
+
+    def _deny_scopes(self, tool: str, agent: str) -> tuple[_Rules, ...]:
+        """The scopes whose deny rules apply: those of every spelling of ``tool`` in any case."""
+        names = self._spellings.get(tool.casefold(), ())
+        if names == (tool,) or not names:
+            return self._scopes(tool, agent)
+        return tuple(scope for name in names for scope in self._scopes(name, agent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,8 +742,10 @@ def rule_matches(rule: Rule, call: Call) -> bool:
 
     The plain statement of matching; ``decide`` gets the same answers from its index.
     """
-    if rule.tool != call.tool or not (rule.agent == "*" or rule.agent == call.agent):
+    if not (rule.agent == "*" or rule.agent == call.agent):
         return False
+    if rule.tool != call.tool and (rule.effect is Effect.ALLOW or rule.tool.casefold() != call.tool.casefold()):
+        return False  # a deny rule names its tool in any case; an allow rule exactly
     if rule.effect is Effect.ALLOW:
         command = _command(call) if call.shell else None
         if command is None or _allow_words(rule.prefix) is None:
@@ -768,17 +787,18 @@ def decide(call: Call, view: GovernanceView) -> Decision:
 
     # Line 2: a fine deny rule (read even from a fail-closed view: refusing more is safe).
     scopes = view._scopes(call.tool, call.agent)
-    if scopes:
+    denying = view._deny_scopes(call.tool, call.agent)
+    if denying:
         texts = _argument_texts(call)
         if texts is not None and call.aliases:
             texts = (*texts, *call.aliases)
         plain: tuple[str | None, ...] = ()
-        if texts and family in _COMMAND_FAMILIES and any(r.deny_trie for r in scopes):
+        if texts and family in _COMMAND_FAMILIES and any(r.deny_trie for r in denying):
             plain = tuple(_searchable(t) for t in texts)
         elif texts:
             plain = (None,) * len(texts)
         first: int | None = None
-        for rules in scopes:
+        for rules in denying:
             first = _earliest(first, rules.first_deny(family, texts, plain, call.paths))
         if first is not None:
             rule = view.rules[first]
@@ -786,7 +806,7 @@ def decide(call: Call, view: GovernanceView) -> Decision:
             where = f" the path {call.paths[0]!r}" if call.paths else ""
             return Decision(
                 Outcome.REFUSE, 2,
-                reason=f"a deny rule for {call.tool!r}{what} ({_scope_words(rule)}) matches{where}",
+                reason=f"a deny rule for {rule.tool!r}{what} ({_scope_words(rule)}) matches{where}",
                 rule_id=rule.id,
             )
 
