@@ -9,6 +9,8 @@ REST API.
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -126,3 +128,75 @@ def test_the_rest_api_reads_a_finished_task_from_runtime_db_and_refuses_to_act_o
             assert r.status_code == 409 and r.json()["code"] == "CONFLICT"
         listed = {t["id"]: t for t in api.get("/tasks").json()}
         assert all(listed[task_id] == done for task_id, done in ids)
+
+
+async def test_the_journal_drops_a_runs_counters_once_it_is_sealed(home):
+    async with Runtime(home) as rt:
+        await rt.register_agent(_agent(6))
+        finished = await _run_all(rt, 6)
+        assert rt.journal._run_counts == {} and rt.journal._run_base == {}
+        for task in finished:  # the seals counted every entry before them all the same
+            entries = rt.journal.entries(run_id=task["run_id"])
+            assert entries[-1].kind == "run_seal"
+            assert json.loads(entries[-1].payload)["entries"] == len(entries) - 1
+
+
+def _memory_limit(con) -> str:
+    cur = con.cursor()
+    try:
+        return cur.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    finally:
+        cur.close()
+
+
+async def test_the_journal_and_runtime_db_have_a_bounded_memory_limit(home):
+    import duckdb
+
+    from apollia_nb.dbutil import MEMORY_LIMIT
+
+    scratch = duckdb.connect()
+    scratch.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+    expected = _memory_limit(scratch)
+    scratch.close()
+    async with Runtime(home) as rt:
+        await rt.register_agent(_agent(2))
+        await _run_all(rt, 2)
+        for con in (rt.journal._con, rt.records._con):
+            assert _memory_limit(con) == expected
+        assert rt.verify().ok  # a scan of the whole journal runs under the limit
+        assert len(rt.records.tasks()) == 2
+
+
+def _in_memory_bytes(con) -> int:
+    cur = con.cursor()
+    try:
+        return cur.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
+    finally:
+        cur.close()
+
+
+def test_answered_decisions_do_not_accumulate_in_governance_db_memory(home):
+    from apollia_nb.governance.store import CHECKPOINT_EVERY, GovernanceStore
+
+    store = GovernanceStore(home)
+    store.view()
+
+    def decide(i: int) -> str:
+        p = store.add_pending(run_id=f"run-{i}", task_id=f"task-{i}", agent="clerk", tool="write_file",
+                              family="write", arguments={"path": "out.txt", "content": "x" * 1024},
+                              answers=["once", "always", "refuse"], reason="asks", line=3, call_id="c1-1")
+        store.answer_pending(p.id, "once", by="test")
+        return p.id
+
+    first = decide(0)
+    assert store.keep_open() and store._keeper is not None
+    for i in range(1, CHECKPOINT_EVERY):
+        decide(i)
+    settled = _in_memory_bytes(store._keeper)
+    for i in range(CHECKPOINT_EVERY, 5 * CHECKPOINT_EVERY):  # each answer's update held ~130 KB until a checkpoint
+        last = decide(i)
+    grown = _in_memory_bytes(store._keeper) - settled
+    assert grown < 4 * 2**20, f"governance.db holds {grown / 2**20:.1f} MiB more after {4 * CHECKPOINT_EVERY} answers"
+    assert store.pending() == []
+    assert [store.get_pending(d).status for d in (first, last)] == ["answered", "answered"]
+    store.close()

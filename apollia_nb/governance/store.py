@@ -85,6 +85,11 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+#: Committed writes between two explicit checkpoints of ``governance.db``. DuckDB keeps each
+#: UPDATE's version data in memory (about 130 KB for one answered decision) until a checkpoint,
+#: and checkpoints by itself only once the write-ahead log reaches 16 MB — thousands of small
+#: answers later, so a long-running owner's memory grew with every decision answered.
+CHECKPOINT_EVERY = 64
 PENDING, ANSWERED, EXPIRED = "pending", "answered", "expired"
 _AGENT = re.compile(r"[a-z0-9_-]+")
 _DEFAULT_LOCK_TIMEOUT = 2.0
@@ -460,6 +465,7 @@ class GovernanceStore:
         self._journaled_policy: tuple[str, str | None, str] | None = None
         self._keeper: Any = None
         self._keep = False
+        self._writes = 0  # committed writes since the last checkpoint (see CHECKPOINT_EVERY)
 
     def keep_open(self) -> bool:
         """Hold ``governance.db`` open for this process (the home's owner) until ``close()``.
@@ -726,6 +732,7 @@ class GovernanceStore:
                     con.execute("COMMIT")
                 except duckdb.Error as exc:
                     raise GovernanceUnreadable(f"governance.db cannot be written: {exc}") from None
+                self._writes += 1
                 return change.result
             except BaseException:
                 try:
@@ -737,6 +744,25 @@ class GovernanceStore:
                 con.close()
                 self._db = None
                 self._cached = None
+                if self._writes >= CHECKPOINT_EVERY:
+                    self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Checkpoint ``governance.db`` (under the lock, no transaction open): DuckDB frees the
+        version data of the updates before it. A failure only delays it to the next round."""
+        self._writes = 0
+        con = self._keeper
+        try:
+            if con is None:
+                con = self._connect(read_only=False)
+                try:
+                    con.execute("CHECKPOINT")
+                finally:
+                    con.close()
+            else:
+                con.execute("CHECKPOINT")
+        except (_duckdb().Error, GovernanceUnreadable):
+            pass
 
     def _create_schema(self, con: "duckdb.DuckDBPyConnection") -> None:
         for statement in _SCHEMA:

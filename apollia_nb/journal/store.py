@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from apollia_nb.dbutil import raise_if_locked
+from apollia_nb.dbutil import limit_memory, raise_if_locked
 from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound
 from apollia_nb.home import Home
 from apollia_nb.journal import keys as _keys
@@ -353,6 +353,7 @@ class Journal:
                 # Journal statements are tiny; DuckDB's worker threads only add
                 # per-statement overhead (measured: 10-20% of an append).
                 con.execute("SET threads = 1")
+                limit_memory(con)  # the cache of a growing journal stays bounded (see dbutil)
                 origin = _prepare(con)
                 journal = cls(path, con, key, origin, clock or _utcnow)
                 journal._recover_tail(journal._load())
@@ -660,7 +661,11 @@ class Journal:
         counts = self._run_counts
         for row in group.rows:
             if row[2] is not None:
-                counts[row[2]] = counts.get(row[2], 0) + 1
+                if row[4] == "run_seal":  # the run's last entry: nobody asks its size again
+                    counts.pop(row[2], None)
+                    self._run_base.pop(row[2], None)
+                else:
+                    counts[row[2]] = counts.get(row[2], 0) + 1
         for request, entries in group.requests:
             request.future.set_result(entries)
 
@@ -728,7 +733,11 @@ class Journal:
 
     # ------------------------------------------------------------------ checkpoints
     def run_size(self, run_id: str) -> int:
-        """How many entries the run has, without a query for runs that began since open."""
+        """How many entries the run has, without a query for runs that began since open.
+
+        For a run not sealed yet (what its ``run_seal`` counts): a run's counters are
+        dropped when its seal is committed, so they do not accumulate over the runs
+        of a long-lived process."""
         base = self._run_base.get(run_id)
         if base is None:
             with self._read_lock:  # rows up to the opening head are in journal.db since open

@@ -70,7 +70,7 @@ class RuntimeRecords:
     def __init__(self, path: Path) -> None:
         import duckdb
 
-        from apollia_nb.dbutil import raise_if_locked
+        from apollia_nb.dbutil import limit_memory, raise_if_locked
 
         self.path = path
         try:
@@ -80,6 +80,7 @@ class RuntimeRecords:
             raise
         # Records are single rows; DuckDB's worker threads only add per-statement cost.
         self._con.execute("SET threads = 1")
+        limit_memory(self._con)  # a long-lived owner's cache stays bounded
         self._con.execute(_SCHEMA)
         self._lock = threading.Lock()  # one statement at a time on the connection
         self._writes: queue.SimpleQueue[tuple[Callable[[], None] | None, Future[None] | None]] = queue.SimpleQueue()
