@@ -58,7 +58,8 @@ async def test_finished_tasks_leave_the_live_tables_and_stay_readable_by_id(home
         await rt.register_agent(_agent(TASKS))
         finished = await _run_all(rt, TASKS)
 
-        assert rt._runs == {} and rt.tasks() == []  # nothing in flight
+        assert rt._runs == {}  # nothing in flight
+        assert [h.id for h in rt.tasks()] == [t["id"] for t in finished[-KEPT:]]
         assert rt._cards == {}  # the answered decisions' cards went with their tasks
         assert rt._events == {}
         assert list(rt._finished) == [t["id"] for t in finished[-KEPT:]]  # the latest few, bounded

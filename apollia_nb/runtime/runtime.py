@@ -602,8 +602,11 @@ class Runtime:
         return TaskHandle(self, task_id, run)
 
     def tasks(self) -> list[TaskHandle]:
-        """The tasks not finished yet (running, waiting, suspended); finished ones are in ``runtime.db``."""
-        return [TaskHandle(self, tid, run) for tid, run in self._runs.items()]
+        """This process's tasks in memory, oldest first: every one not finished, and the last
+        ``FINISHED_KEPT`` finished (older ones: ``task(id)``, or ``records.tasks()`` for all)."""
+        runs = sorted([*self._finished.values(), *self._runs.values()],
+                      key=lambda run: (run.r["created_at"], run.id))
+        return [TaskHandle(self, run.id, run) for run in runs]
 
     async def cancel(self, task_id: str) -> TaskHandle:
         handle = self.task(task_id)
