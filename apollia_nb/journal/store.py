@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from apollia_nb.dbutil import fault_point, lock_down, needs_reopen, raise_if_locked, storage_error
+from apollia_nb.dbutil import MEMORY_LIMIT, fault_point, limit_memory, lock_down, needs_reopen, raise_if_locked, storage_error
 from apollia_nb.errors import BadInput, Conflict, HomeFileCorrupt, HomeLocked, IntegrityError, NotFound, StorageError
 from apollia_nb.home import Home
 from apollia_nb.journal import accounting as _accounting
@@ -401,6 +401,7 @@ class Journal:
                 # Journal statements are tiny; DuckDB's worker threads only add
                 # per-statement overhead (measured: 10-20% of an append).
                 con.execute("SET threads = 1")
+                limit_memory(con)  # the cache of a growing journal stays bounded (see dbutil)
                 origin = _prepare(con)
                 key = _accounting.check_key(home, _accounting.last_key_id(con, path))
                 # Every read of this database (the auditor's SQL included) reads the journal and
@@ -717,7 +718,11 @@ class Journal:
         counts = self._run_counts
         for row in group.rows:
             if row[2] is not None:
-                counts[row[2]] = counts.get(row[2], 0) + 1
+                if row[4] == "run_seal":  # the run's last entry: nobody asks its size again
+                    counts.pop(row[2], None)
+                    self._run_base.pop(row[2], None)
+                else:
+                    counts[row[2]] = counts.get(row[2], 0) + 1
         for request, entries in group.requests:
             request.future.set_result(entries)
 
@@ -823,7 +828,7 @@ class Journal:
                 self._reader = None
             con = connect_locked(self.path)
             try:
-                lock_down(con, "SET threads = 1")  # as on open: SQL here reads the journal and nothing else
+                lock_down(con, "SET threads = 1", f"SET memory_limit = '{MEMORY_LIMIT}'")  # as on open: SQL here reads the journal and nothing else
                 self._appender = con.appender("entries")
                 reader = con.cursor()
             except BaseException:
@@ -871,7 +876,11 @@ class Journal:
 
     # ------------------------------------------------------------------ checkpoints
     def run_size(self, run_id: str) -> int:
-        """How many entries the run has, without a query for runs that began since open."""
+        """How many entries the run has, without a query for runs that began since open.
+
+        For a run not sealed yet (what its ``run_seal`` counts): a run's counters are
+        dropped when its seal is committed, so they do not accumulate over the runs
+        of a long-lived process."""
         base = self._run_base.get(run_id)
         if base is None:
             with self._read_lock:  # rows up to the opening head are in journal.db since open

@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from apollia_nb.dbutil import fault_point, needs_reopen, storage_error
+from apollia_nb.dbutil import fault_point, limit_memory, needs_reopen, storage_error
 from apollia_nb.errors import StorageError
 
 __all__ = ["RuntimeRecords", "RETRY_SECS", "open_records"]
@@ -114,7 +114,7 @@ class RuntimeRecords:
     def __init__(self, path: Path) -> None:
         import duckdb
 
-        from apollia_nb.dbutil import raise_if_locked
+        from apollia_nb.dbutil import limit_memory, raise_if_locked
 
         self.path = path
         try:
@@ -125,6 +125,7 @@ class RuntimeRecords:
         try:
             # Records are single rows; DuckDB's worker threads only add per-statement cost.
             self._con.execute("SET threads = 1")
+            limit_memory(self._con)  # a long-lived owner's cache stays bounded
             self._con.execute(_SCHEMA)
         except duckdb.Error as exc:  # a new file on a full disk
             self._con.close()
@@ -270,6 +271,7 @@ class RuntimeRecords:
                 pass
             self._con = duckdb.connect(str(self.path))
             self._con.execute("SET threads = 1")
+            limit_memory(self._con)
             self._reopen_needed = False
 
     def _settle(self, done: Future[None] | None) -> None:
