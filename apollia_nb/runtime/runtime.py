@@ -428,9 +428,6 @@ class Runtime:
             else:
                 offered = tuple(registry.names())
             provider = model if model is not None else build_model(manifest.model)
-            saved = self.records.model_state(manifest.name)
-            if model is None and saved and hasattr(provider, "restore"):
-                provider.restore(saved)  # a fresh scripted model continues where the last one stopped
         except ApolliaError as exc:
             if warnings:  # e.g. a tool source that could not give its tools, and why
                 exc.message = f"{exc.message} ({'; '.join(warnings)})"
@@ -496,7 +493,6 @@ class Runtime:
         agent = self.agent(name)
         if agent.state.state != ProcessState.STOPPED:
             raise Conflict(f"agent {name!r} is {agent.state.state.value}; only a stopped agent can be started")
-        self._persist_model_state(agent)
         return await self._start_agent(agent.manifest, tools=_custom_tools(agent),
                                        model=agent.model if agent.custom_model else None, cwd=None,
                                        cell=agent.state)
@@ -563,7 +559,6 @@ class Runtime:
                 finally:
                     if run.status in ("completed", "failed", "cancelled"):
                         agent.inflight.discard(run)
-                    self._persist_model_state(agent)
 
         self._tg.start_soon(owned)
 
@@ -867,9 +862,25 @@ class Runtime:
                 raise
             self._emit("warning", f"runtime.db could not record {what}: {exc}")
 
-    def _persist_model_state(self, agent: Agent) -> None:
-        if hasattr(agent.model, "restore") and callable(getattr(agent.model, "state", None)):
-            self.records.save_model_state(agent.name, agent.model.state())
+    @staticmethod
+    def _run_model(agent: Agent, saved: Any = None) -> Any:
+        """The model one task or chat session talks to.
+
+        A model that can start over (``fresh()``, e.g. ``scripted``) gives each run
+        its own playthrough, restored from ``saved`` (the run's recorded
+        ``state()``) when the run resumes; any other model is the agent's own."""
+        fresh = getattr(agent.model, "fresh", None)
+        if not callable(fresh):
+            return agent.model
+        model = fresh()
+        if saved:
+            model.restore(saved)
+        return model
+
+    @staticmethod
+    def _model_state(model: Any) -> Any:
+        state = getattr(model, "state", None)
+        return state() if callable(getattr(model, "fresh", None)) and callable(state) else None
 
     # ------------------------------------------------------------------ audit
     def verify(self) -> Any:
