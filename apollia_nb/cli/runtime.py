@@ -44,6 +44,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     a.add_argument("--by", default=None, help="who answers (default: the user name)")
     a.set_defaults(handler=_pending_decide)
 
+    runs = sub.add_parser("runs", help="the runs in the journal")
+    rsub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+    a = rsub.add_parser("list", parents=[common], help="every run: agent, kind, status, start and entry count")
+    a.set_defaults(handler=_runs_list)
+
     d = sub.add_parser("demo", parents=[common], help="a headless tour on a fresh home")
     d.set_defaults(handler=_demo)
 
@@ -88,7 +93,8 @@ def _task_line(task: dict[str, Any]) -> str:
     err = task["error"]
     tail = f" — {err['code']}: {err['message']}" if err else ""
     budget = task["budget"]
-    return f"task {task['id']} ({task['agent']}): {task['status']}, steps {budget['used']}/{budget['ceiling']}{tail}"
+    return (f"task {task['id']} ({task['agent']}): {task['status']}, steps {budget['used']}/{budget['ceiling']}, "
+            f"run {task['run_id']}{tail}")
 
 
 def _card_text(card: dict[str, Any]) -> str:
@@ -139,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
                 for p in rt.pending_decisions():
                     if p["task_id"] == handle.id:
                         lines.append(f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
-                                     f"answer with `apollia-os pending decide {p['id']} once|refuse`")
+                                     f"answer with `apollia-os pending decide {p['id']} {'|'.join(p['answers'])}`")
             emit(args, task, "\n".join(lines))
             return 0 if handle.status in ("completed", "waiting") else 1
 
@@ -197,6 +203,24 @@ def _agents_stop(args: argparse.Namespace) -> int:
             agent = await rt.stop_agent(args.name)
             data = agent.to_dict()
         emit(args, data, f"{data['name']}: {data['state']}")
+        return 0
+
+    return anyio.run(main)
+
+
+def _runs_list(args: argparse.Namespace) -> int:
+    import anyio
+
+    from apollia_nb.journal.views import list_runs
+
+    async def main() -> int:
+        async with _open(args) as rt:
+            runs = list_runs(rt.journal)
+        text = "\n".join(
+            f"{r['run_id']:<18} {r['agent'] or '-':<16} {r['kind'] or '-':<6} {r['status']:<10} "
+            f"{r['started_at']}  {r['entries']} entries" for r in runs
+        ) or "no runs yet"
+        emit(args, runs, text)
         return 0
 
     return anyio.run(main)
