@@ -82,3 +82,12 @@ def test_consents_grant_and_revoke_from_a_notebook(ip):
     with pytest.raises(ApolliaMagicError) as none:
         ip.run_line_magic("apollia", "consents revoke clerk write")
     assert none.value.code == "NOT_FOUND"
+
+
+def test_demo_says_and_does_what_its_home_is(tmp_path):
+    shared = tmp_path / "shared"
+    helped = run_cli("demo", "--help", home=shared)
+    assert "fresh temporary folder" in helped.stdout and "default: $APOLLIA_HOME" not in helped.stdout
+    demo = run_cli("demo", home=shared)
+    assert demo.returncode == 0, demo.stderr
+    assert not shared.exists()  # $APOLLIA_HOME is not the demo's home

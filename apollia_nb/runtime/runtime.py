@@ -116,6 +116,23 @@ class TaskHandle:
             await self._rt._changed(self.id).wait()
         return self
 
+    async def unwatch(self) -> "TaskHandle":
+        """Nobody watches this task any more: it goes on as an unattended one.
+
+        A run waiting on a person suspends at once, its decision left pending
+        (answered later with ``Runtime.answer`` or ``apollia-os pending decide``,
+        also after a restart); otherwise the next call that would ask suspends it."""
+        run = self._run
+        if run.r["watched"] and not run.done.is_set():
+            run.r["watched"] = False
+            run._save()
+            waiting = [c for c in self.pending]
+            for card in waiting:
+                card._release()
+            if waiting:
+                await self.settled()
+        return self
+
     def _parked(self) -> bool:
         """Waiting on a person right now: a card or the plan is open (watched), or the run is suspended."""
         run = self._run

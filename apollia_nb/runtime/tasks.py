@@ -395,6 +395,9 @@ class TaskRun:
                         raise _Suspend()
                     assert card is not None
                     await card.wait()
+                    if card.waiting:  # released unanswered (nobody watches any more): suspend
+                        self._save()
+                        raise _Suspend()
                 self._set_status(TaskStatus.RUNNING)
                 await self._status_entry("running")
                 faults.point("resume.after_running")
