@@ -185,7 +185,7 @@ def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(serv
     # The run view is a live widget, with its text and HTML beside it.
     [view] = [m for m in results["%%apollia task clerk"]["outputs"] if m["msg_type"] == "display_data"]
     assert WIDGET_MIME in view["content"]["data"] and "text/html" in view["content"]["data"]
-    assert "waiting (answers: once/always/refuse)" in _text(results["[card] = task.pending"]["outputs"])
+    assert "waiting (answers: once/always/refuse)" in _text(results["[card] = task.cards"]["outputs"])
     # The click answered the card: its buttons were disabled, the run went on, and it completed.
     assert clicked is not None and _disabled(kernel.iopub, clicked)
     final = _text(results["task.status, task.result, task.budget"]["outputs"])

@@ -30,7 +30,29 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["KernelRuntime", "LoopThread", "snapshot", "login_name"]
+from apollia_nb.errors import ApolliaError
+
+__all__ = ["KernelRuntime", "LoopThread", "snapshot", "login_name", "shown_in_one_line"]
+
+_ONE_LINE: dict[type, type] = {}
+
+
+def shown_in_one_line(exc: ApolliaError) -> ApolliaError:
+    """The same error (same class for ``except``, same code and message) that IPython shows as the one
+    line ``CODE: message`` instead of a traceback: what a handle's refusal looks like in a notebook."""
+    cls = type(exc)
+    if hasattr(cls, "_render_traceback_"):
+        return exc
+    shown = _ONE_LINE.get(cls)
+    if shown is None:
+        shown = type(cls.__name__, (cls,), {
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+            "_render_traceback_": lambda self: [f"{self.code}: {self.message}"],
+        })
+        _ONE_LINE[cls] = shown
+    copied = copy.copy(exc)
+    copied.__class__ = shown
+    return copied
 
 T = TypeVar("T")
 Watcher = Callable[[str, dict[str, Any]], None]
@@ -173,7 +195,10 @@ class KernelRuntime:
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on the runtime's thread (awaited if it is a coroutine function)."""
         self._check_open()
-        return self.loop.call(fn, *args, timeout=timeout, **kwargs)
+        try:
+            return self.loop.call(fn, *args, timeout=timeout, **kwargs)
+        except ApolliaError as exc:
+            raise shown_in_one_line(exc) from None
 
     def start(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> concurrent.futures.Future[Any]:
         """Start ``fn(*args)`` on the runtime's loop; owned here, cancelled at close."""
