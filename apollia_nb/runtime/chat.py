@@ -437,6 +437,11 @@ class Sessions:
             "history": list(history or []), "run_id": f"run-{uuid.uuid4().hex[:12]}",
             "pending_plan": None, "created_at": self.rt.now_iso(),
         }
+        if forked_from is not None:  # a fork goes on with the script from where its source stands
+            source = self.get(forked_from)
+            state = self.rt._model_state(source.model)
+            if state is not None:
+                record["model_state"] = state
         session = Session(self, the_agent, record)
         self._sessions[session_id] = session
         self.rt.journal.append("run_open", {"run_kind": "chat", "session_id": session_id,
