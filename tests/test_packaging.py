@@ -1,0 +1,54 @@
+"""pyproject.toml: the runtime dependencies are what apollia_nb imports; test tools are in the `test` extra."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# An import name -> the distribution that provides it, where the two differ.
+DISTRIBUTION = {"nacl": "pynacl", "IPython": "ipython", "yaml": "pyyaml"}
+PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp"}  # installed with (and pinned by) another dependency
+
+
+def names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def imported_top_level_modules() -> set[str]:
+    found: set[str] = set()
+    for path in (ROOT / "apollia_nb").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"apollia_nb", "__future__"}
+
+
+def test_test_tools_are_not_runtime_dependencies_and_nothing_imports_them():
+    runtime = names(PROJECT["dependencies"])
+    assert not runtime & {"pytest", "nbval", "hypothesis", "schemathesis", "nbclient", "pytest-timeout"}
+    assert {"pytest", "nbval", "nbclient", "pytest-timeout"} <= names(PROJECT["optional-dependencies"]["test"])
+    assert not imported_top_level_modules() & {"pytest", "nbval", "hypothesis", "schemathesis", "nbclient"}
+
+
+def test_every_module_the_runtime_imports_is_a_dependency():
+    runtime = names(PROJECT["dependencies"])
+    for module in imported_top_level_modules():
+        dist = PROVIDED_BY.get(module) or DISTRIBUTION.get(module, module).lower()
+        assert dist in runtime, f"apollia_nb imports {module!r}: add {dist!r} to [project] dependencies"
+
+
+def test_lower_bounds_are_the_versions_the_suite_runs_with_at_least_for_the_core():
+    from importlib.metadata import version
+
+    bounds = {re.split(r"[<>=]", r)[0].lower(): r.split(">=")[1] for r in PROJECT["dependencies"] if ">=" in r}
+    assert bounds["mcp"] == "2.3" and bounds["duckdb"] == "2.0"
+    for dist, lower in bounds.items():
+        installed = tuple(int(p) for p in re.findall(r"\d+", version(dist))[:2])
+        assert installed >= tuple(int(p) for p in lower.split(".")[:2]), (dist, lower, version(dist))
