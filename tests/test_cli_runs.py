@@ -87,7 +87,18 @@ def test_consents_grant_and_revoke_from_a_notebook(ip):
 def test_demo_says_and_does_what_its_home_is(tmp_path):
     shared = tmp_path / "shared"
     helped = run_cli("demo", "--help", home=shared)
-    assert "fresh temporary folder" in helped.stdout and "default: $APOLLIA_HOME" not in helped.stdout
+    said = " ".join(helped.stdout.split())  # argparse wraps to the terminal's width
+    assert "default: a fresh temporary folder; never $APOLLIA_HOME" in said and "default: $APOLLIA_HOME" not in said
     demo = run_cli("demo", home=shared)
     assert demo.returncode == 0, demo.stderr
     assert not shared.exists()  # $APOLLIA_HOME is not the demo's home
+
+
+def test_an_unknown_provider_names_the_file_line_and_key_and_registers_nothing(home, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "clerk"\n\n[model]\nprovider = "gpt9"\n')
+    out = run_cli("agents", "register", str(bad), home=home.path)
+    assert out.returncode == 3
+    assert f"MANIFEST_INVALID: {bad}:4: unknown provider 'gpt9' for \"model.provider\"" in out.stderr
+    assert "expected scripted, openai or anthropic" in out.stderr
+    assert not home.runtime_db.exists()
