@@ -151,7 +151,7 @@ def server(tmp_path):
         log.close()
 
 
-def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(server):
+def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(server, monkeypatch):
     client, process = server["client"], server["process"]
     assert client.get("/api/status").status_code == 200
     # What a browser would open: JupyterLab on the tour.
@@ -204,6 +204,7 @@ def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(serv
     from apollia_nb.runtime import Runtime
 
     [home] = [p / "home" for p in server["tmp"].glob("apollia-tour-*")]
+    monkeypatch.chdir(home.parent)  # the folder the tour ran in: the clerk's relative workspace is there
     with Runtime.blocking(home) as rt:
         assert rt.verify().ok
         [(run_id, status)] = rt.journal.sql("SELECT run_id, status FROM runs")

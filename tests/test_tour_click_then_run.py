@@ -74,3 +74,16 @@ def test_a_card_answered_again_the_same_is_quiet_and_another_answer_is_one_line(
     assert [c.answer_value for c in task.cards] == ["once"] and task.pending == []
     answers = [d for d in task.decisions() if d["answer"]]
     assert len(answers) == 1  # answered (and journaled) once
+
+
+def test_a_failed_task_shows_the_step_it_failed_in_as_failed_not_running(ip):
+    from runtime_helpers import call, manifest
+
+    looking = [{"tool_calls": [call("list_dir", path=".")]}] * 5
+    ip.run_cell_magic("apollia", "agent", manifest(actor=looking))
+    task = ip.run_cell_magic("apollia", "task clerk --max-steps 3", "look around").join(10)
+    assert task.status == "failed" and task.error["code"] == "BUDGET_EXCEEDED"
+    assert [s["status"] for s in task.steps] == ["failed"]
+    view = task.widget
+    assert "running" not in view.timeline.value and "failed" in view.timeline.value
+    assert "[failed] look around" in task._repr_mimebundle_()["text/plain"]

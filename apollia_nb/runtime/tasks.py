@@ -250,6 +250,9 @@ class TaskRun:
         if result is not None:
             self.r["result"] = result
         self.r["phase"] = "done"
+        for step in self.r["steps"]:
+            if step["status"] == "running":  # the step the run ended in ends with it
+                step["status"] = "cancelled" if status is TaskStatus.CANCELLED else "failed"
         payload: dict[str, Any] = {"task_id": self.id, "status": status.value}
         if error is not None:
             payload["error"] = error.to_dict()
