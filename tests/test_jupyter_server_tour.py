@@ -248,7 +248,8 @@ def test_dev_lab_sh_installs_and_opens_jupyterlab_on_the_tour_as_the_readme_says
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     lines = [line.strip() for line in script.read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert any(".venv/bin/python -m pip install" in line and "-e ." in line for line in lines)
-    assert lines[-1] == 'exec .venv/bin/jupyter lab notebooks/01-tour.ipynb "$@"'
+    assert lines[-1] == 'exec .venv/bin/jupyter lab ${lab[@]+"${lab[@]}"} notebooks/01-tour.ipynb "$@"'
+    assert 'lab+=(--allow-root)' in lines and any('"$(id -u)" = 0' in line for line in lines)  # root works, said
     assert "APOLLIA_HOME" not in script.read_text()  # the tour makes its own home
     readme = (ROOT / "README.md").read_text()
     commands = re.findall(r"^bash dev/\S+", readme, flags=re.MULTILINE)

@@ -52,3 +52,21 @@ def test_lower_bounds_are_the_versions_the_suite_runs_with_at_least_for_the_core
     for dist, lower in bounds.items():
         installed = tuple(int(p) for p in re.findall(r"\d+", version(dist))[:2])
         assert installed >= tuple(int(p) for p in lower.split(".")[:2]), (dist, lower, version(dist))
+
+
+def test_dev_test_sh_names_a_missing_node_in_one_line_before_installing_anything(tmp_path):
+    import shutil
+    import subprocess
+
+    bin_dir = tmp_path / "bin"  # a PATH with Python and the shell tools, but no node or npm
+    bin_dir.mkdir()
+    for tool in ("python3", "dirname", "bash", "env"):
+        found = shutil.which(tool)
+        assert found, tool
+        (bin_dir / tool).symlink_to(found)
+    out = subprocess.run(["bash", str(ROOT / "dev" / "test.sh")], capture_output=True, text=True, timeout=60,
+                         env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        "dev/test.sh: 'node' is not on PATH: the suite needs Python 3.11+, Node.js and npm (see README, Set up)"]
+    assert out.stdout == ""
