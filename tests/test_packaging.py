@@ -70,3 +70,37 @@ def test_dev_test_sh_names_a_missing_node_in_one_line_before_installing_anything
     assert out.stderr.splitlines() == [
         "dev/test.sh: 'node' is not on PATH: the suite needs Python 3.11+, Node.js and npm (see README, Set up)"]
     assert out.stdout == ""
+
+
+def test_the_wheel_ships_the_notebooks_and_apollia_os_notebooks_copies_them_for_a_pip_user(tmp_path):
+    import os
+    import subprocess
+    import zipfile
+
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            str(ROOT), "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [wheel] = (tmp_path / "dist").glob("apollia_nb-*.whl")
+    shipped = sorted(n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("apollia_nb/notebooks/"))
+    expected = sorted(f"apollia_nb/notebooks/{p.name}" for p in (ROOT / "notebooks").iterdir() if p.is_file())
+    assert shipped == expected and "apollia_nb/notebooks/01-tour.ipynb" in shipped
+    assert "apollia_nb/notebooks/decision_explorer.py" in shipped
+
+    site = tmp_path / "site"  # the wheel as pip lays it out, away from this clone
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def notebooks(target):
+        return subprocess.run([sys.executable, "-m", "apollia_nb", "notebooks", str(target)], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=60)
+
+    out = notebooks(tmp_path / "mine")
+    assert out.returncode == 0, out.stderr
+    copied = sorted(p.name for p in (tmp_path / "mine").iterdir())
+    assert "01-tour.ipynb" in copied and "decision_explorer.py" in copied and "README.md" in copied
+    assert (tmp_path / "mine" / "01-tour.ipynb").read_bytes() == (ROOT / "notebooks" / "01-tour.ipynb").read_bytes()
+    (tmp_path / "mine" / "01-tour.ipynb").write_text("mine")
+    again = notebooks(tmp_path / "mine")
+    assert again.returncode == 3 and "CONFLICT" in again.stderr and "nothing was copied" in again.stderr
+    assert (tmp_path / "mine" / "01-tour.ipynb").read_text() == "mine"  # nothing overwritten

@@ -55,6 +55,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     a = rsub.add_parser("list", parents=[common], help="every run: agent, kind, status, start and entry count")
     a.set_defaults(handler=_runs_list)
 
+    n = sub.add_parser("notebooks", help="copy the example notebooks (and the decision explorer) into a folder",
+                       description="Copy the example notebooks, the decision explorer they use and their README "
+                                   "into DIR (created if missing); nothing in DIR is overwritten. Then open them "
+                                   "with `jupyter lab DIR`. Each notebook makes its own fresh home.")
+    n.add_argument("dir", type=Path, metavar="DIR")
+    n.add_argument("--json", action="store_true", help="print data as JSON")
+    n.set_defaults(handler=_notebooks)
+
     d = sub.add_parser("demo", help="a headless tour on a fresh home")
     d.add_argument("--home", help="an empty or new folder for the demo's home (default: a fresh temporary "
                                   "folder; never $APOLLIA_HOME)")
@@ -337,6 +345,37 @@ def _pending_decide(args: argparse.Namespace) -> int:
         return 0
 
     return anyio.run(main)
+
+
+def _shipped_notebooks() -> Path:
+    """The example notebooks: inside the installed package (a wheel), else the clone's ``notebooks/``."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "notebooks", package.parent / "notebooks"):
+        if any(candidate.glob("*.ipynb")):
+            return candidate
+    from apollia_nb.errors import NotFound
+
+    raise NotFound(f"no example notebooks next to {package}: this installation does not include them")
+
+
+def _notebooks(args: argparse.Namespace) -> int:
+    import shutil
+
+    from apollia_nb.errors import Conflict
+
+    source = _shipped_notebooks()
+    files = sorted([*source.glob("*.ipynb"), *source.glob("*.py"), *source.glob("README.md")])
+    target: Path = args.dir
+    taken = [f.name for f in files if (target / f.name).exists()]
+    if taken:
+        raise Conflict(f"{target} already holds {', '.join(taken)}; nothing was copied (choose an empty folder)")
+    target.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy2(f, target / f.name)
+    names = [f.name for f in files]
+    emit(args, {"dir": str(target), "files": names},
+         f"copied {len(names)} files into {target}: {', '.join(names)}\nopen them with: jupyter lab {target}")
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
