@@ -1,4 +1,5 @@
-"""DuckDB and the disk at the edge: a lock conflict that names the holder, storage faults with stable codes."""
+"""DuckDB and the disk at the edge: a lock conflict that names the holder, storage faults with stable
+codes, a database locked to itself."""
 
 from __future__ import annotations
 
@@ -6,10 +7,20 @@ import errno
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from apollia_nb.errors import HomeLocked, StorageError, StorageFull
 
-__all__ = ["FAULT_ENV", "fault_point", "lock_holder_pid", "needs_reopen", "raise_if_locked", "storage_error"]
+__all__ = [
+    "FAULT_ENV",
+    "LOCKED_SETTINGS",
+    "fault_point",
+    "lock_down",
+    "lock_holder_pid",
+    "needs_reopen",
+    "raise_if_locked",
+    "storage_error",
+]
 
 _PID = re.compile(r"\(PID (\d+)\)")
 
@@ -36,6 +47,37 @@ def raise_if_locked(exc: BaseException, path: Path) -> None:
     ) from None
 
 
+# Applied once to a database instance after it is set up. DuckDB's settings are
+# per instance, so they hold for every connection and cursor of it: SQL run there
+# reads the database's own tables and nothing else. No file or URL is opened by a
+# table function, COPY, ATTACH, EXPORT, INSTALL, LOAD or secret (only the
+# database's own files and temporary directory stay open to DuckDB itself), no
+# extension is installed or loaded behind a query, no Python variable is scanned
+# by name, and no setting can be changed back (every SET and RESET fails).
+LOCKED_SETTINGS = (
+    "SET enable_external_access = false",
+    "SET autoinstall_known_extensions = false",
+    "SET autoload_known_extensions = false",
+    "SET allow_community_extensions = false",
+    "SET allow_persistent_secrets = false",
+    "SET python_enable_replacements = false",
+    "SET lock_configuration = true",
+)
+
+
+def lock_down(con: Any, *settings: str) -> None:
+    """Apply ``settings`` (``"SET threads = 1"``), then lock the instance to its own data (``LOCKED_SETTINGS``).
+
+    It cannot be undone. An instance locked already is left as it is: a file
+    opened again while a cursor of the old connection lives gets that same
+    instance back.
+    """
+    if con.execute("SELECT current_setting('lock_configuration')").fetchone()[0]:
+        return
+    for statement in (*settings, *LOCKED_SETTINGS):
+        con.execute(statement)
+
+
 # --- storage faults -------------------------------------------------------------------------------
 #
 # A full disk, a read-only file system or an I/O error reaches us as an ``OSError`` (our own
@@ -45,6 +87,8 @@ def raise_if_locked(exc: BaseException, path: Path) -> None:
 # invalidates the database until it is opened again).
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+#: The disk (not the program) refusing: read-only, I/O error, file too large, device or NFS gone.
+_STORAGE_ERRNOS = frozenset({errno.EROFS, errno.EIO, errno.EFBIG, errno.ENXIO, errno.ENODEV, errno.ESTALE})
 _FULL_WORDS = ("no space left on device", "disk quota exceeded", "disk full", "not enough space on the disk")
 _STORAGE_WORDS = (
     "read-only file system", "input/output error", "could not write", "could not fsync", "could not sync",
@@ -77,6 +121,8 @@ def storage_error(exc: BaseException, what: str) -> StorageError | None:
     text = " ".join(str(exc).split())  # one line: DuckDB's fatal errors span several
     lower = text.lower()
     if isinstance(exc, OSError) and exc.errno is not None:
+        if exc.errno not in _FULL_ERRNOS and exc.errno not in _STORAGE_ERRNOS:
+            return None  # e.g. a missing file or a bad descriptor: not the disk
         full = exc.errno in _FULL_ERRNOS
         if not full and exc.errno == errno.EROFS:
             return StorageError(f"{what}: the file system is read-only ({text}); nothing of it was recorded. "

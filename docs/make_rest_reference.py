@@ -67,7 +67,7 @@ def _constraints(schema: dict[str, Any]) -> str:
         if key in schema:
             words.append(f"{word} {schema[key]}")
     if "pattern" in schema:
-        words.append(f"pattern `{schema['pattern']}`")
+        words.append(f"pattern `{schema['pattern']}`".replace("|", "\\|"))
     for option in schema.get("anyOf", []):
         if option.get("type") != "null":
             inner = _constraints(option)
@@ -109,7 +109,7 @@ def _success(op: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def _response_type(response: dict[str, Any]) -> str:
     content = response.get("content", {})
     if "text/event-stream" in content:
-        items = content["text/event-stream"].get("itemSchema", {}).get("oneOf", [])
+        items = content["text/event-stream"].get("x-itemSchema", {}).get("oneOf", [])
         events = [f'`{i["properties"]["event"]["const"]}` ({type_of(i["properties"]["data"]["contentSchema"])})'
                   for i in items]
         return "server-sent events: " + ", ".join(events)

@@ -6,11 +6,21 @@ when ``expect_allowed`` is true.
 
 ``DENY_CASES``: category → ``(command, deny_rule_prefix, expect_denied)``; a deny rule
 under that prefix must catch the command exactly when ``expect_denied`` is true.
+
+``ALWAYS_CASES``: category → ``(command, expect_always)``; in developer mode with no
+allow rule, a simple command is asked with ``always`` on offer exactly when
+``expect_always`` is true.
+
+``EVALUATED_BY_BASH``: commands in which bash itself runs the marker payload (the
+check must reject each; the tests prove bash does run it). Every command here that
+contains ``MARKER`` creates a file of that name if any part of it is evaluated.
 """
 
 from __future__ import annotations
 
 GS = "git status"
+MARKER = "MARKER"
+_SUB = "a[$(touch MARKER)]"  # an array subscript bash evaluates where it reads a name
 
 ALLOW_CASES: dict[str, list[tuple[str, str, bool]]] = {
     "positive": [
@@ -302,6 +312,157 @@ ALLOW_CASES: dict[str, list[tuple[str, str, bool]]] = {
         ("typeset x", "typeset", False),
         ("'if' x", "if", False),
     ],
+    "evaluating-builtins": [
+        # printf -v assigns to a name: bash evaluates its subscript
+        ("printf -v 'a[$(touch MARKER)]' x", "printf", False),
+        ("printf -v'a[$(touch MARKER)]' x", "printf", False),
+        ("printf -v 'a[$(touch MARKER)]' x", "printf -v", False),
+        ("'printf' -v 'a[$(touch MARKER)]' x", "printf", False),
+        ('"printf" -v \'a[$(touch MARKER)]\' x', "printf", False),
+        ("pr'intf' -v 'a[$(touch MARKER)]' x", "printf", False),
+        ("printf x", "printf", False),
+        ("printf x", "printf x", False),
+        ("printf '%s' 'a[$(touch MARKER)]'", "printf", False),
+        ("printf -- -v 'a[$(touch MARKER)]'", "printf", False),
+        # test and [ read -v names (and arithmetic in [[ ]])
+        ("test -v 'a[$(touch MARKER)]'", "test", False),
+        ("test ! -v 'a[$(touch MARKER)]'", "test", False),
+        ("test -n x -o -v 'a[$(touch MARKER)]'", "test -n", False),
+        ("test -v 'a[$(touch MARKER)]' -a -n x", "test", False),
+        ("'[' -v 'a[$(touch MARKER)]' ']'", "ls", False),
+        ("test x", "test", False),
+        # read, mapfile, readarray assign to names or run a callback
+        ("read 'a[$(touch MARKER)]'", "read", False),
+        ("read -r 'a[$(touch MARKER)]'", "read", False),
+        ("read -a 'a[$(touch MARKER)]'", "read", False),
+        ("read -p x 'a[$(touch MARKER)]'", "read -p", False),
+        ("mapfile -C 'touch MARKER' -c 1 x", "mapfile", False),
+        ("readarray -C 'touch MARKER' -c 1 x", "readarray", False),
+        ("mapfile 'a[$(touch MARKER)]'", "mapfile", False),
+        # arithmetic and declarations
+        ("let 'a[$(touch MARKER)]'", "let", False),
+        ("let 'x=a[$(touch MARKER)]'", "let", False),
+        ("let x=1 'a[$(touch MARKER)]+1'", "let x=1", False),
+        ("declare -i 'x=a[$(touch MARKER)]'", "declare", False),
+        ("declare 'a[$(touch MARKER)]=1'", "declare", False),
+        ("declare -n 'r=a[$(touch MARKER)]'", "declare", False),
+        ("typeset -i 'x=a[$(touch MARKER)]'", "typeset", False),
+        ("local -i 'x=a[$(touch MARKER)]'", "local", False),
+        ("export 'a[$(touch MARKER)]=1'", "export", False),
+        ("readonly 'a[$(touch MARKER)]'", "readonly", False),
+        ("unset 'a[$(touch MARKER)]'", "unset", False),
+        ("unset -v 'a[$(touch MARKER)]'", "unset", False),
+        ("getopts a 'a[$(touch MARKER)]'", "getopts", False),
+        ("wait -p 'a[$(touch MARKER)]'", "wait", False),
+        ("wait -n -p 'a[$(touch MARKER)]'", "wait -n", False),
+        # command strings
+        ("trap 'touch MARKER' EXIT", "trap", False),
+        ("trap -- 'touch MARKER' EXIT", "trap", False),
+        ("trap 'touch MARKER' 0", "trap", False),
+        ("trap 'touch MARKER' ERR", "trap", False),
+        ("compgen -W '$(touch MARKER)' x", "compgen", False),
+        ("compgen -C 'touch MARKER' x", "compgen", False),
+        ("compgen -F f x", "compgen", False),
+        ("complete -C 'touch MARKER' x", "complete", False),
+        ("compopt -o default", "compopt", False),
+        ("bind -x '\"a\":touch MARKER'", "bind", False),
+        ("eval 'touch MARKER'", "eval", False),
+        ("eval touch MARKER", "eval", False),
+        ("fc -s", "fc", False),
+        ("fc -e touch", "fc", False),
+        ("history -s 'touch MARKER'", "history", False),
+        # programs and files to run
+        ("command touch MARKER", "command", False),
+        ("command -p touch MARKER", "command", False),
+        ("command touch MARKER", "touch", False),
+        ("builtin eval 'touch MARKER'", "builtin", False),
+        ("builtin printf -v 'a[$(touch MARKER)]' x", "builtin", False),
+        ("exec touch MARKER", "exec", False),
+        ("exec -a x touch MARKER", "exec", False),
+        ("source ./script.sh", "source", False),
+        (". ./script.sh", ".", False),
+        ("enable -f ./x.so x", "enable", False),
+        ("enable -n test", "enable", False),
+        ("hash -p /usr/bin/touch ls", "hash", False),
+        ("jobs -x touch MARKER", "jobs", False),
+        # shell state
+        ("set -o xtrace", "set", False),
+        ("set -- x", "set", False),
+        ("shopt -s expand_aliases", "shopt", False),
+        ("alias ls='touch MARKER'", "alias", False),
+        ("unalias ls", "unalias", False),
+        ("ulimit -n 1", "ulimit", False),
+        ("cd /", "cd", False),
+        ("cd 'a[$(touch MARKER)]'", "cd", False),
+        ("pushd /tmp", "pushd", False),
+        ("popd", "popd", False),
+        ("umask 000", "umask", False),
+        ("kill 'a[$(touch MARKER)]'", "kill", False),
+        ("disown -a", "disown", False),
+        ("type ls", "type", False),
+        ("help test", "help", False),
+        ("times", "times", False),
+        ("caller 0", "caller", False),
+        ("shift 'a[$(touch MARKER)]'", "shift", False),
+        ("exit 'a[$(touch MARKER)]'", "exit", False),
+        ("return 0", "return", False),
+        # zsh, ksh and mksh builtins
+        ("print -v 'a[$(touch MARKER)]' x", "print", False),
+        ("zmodload zsh/system", "zmodload", False),
+        ("zpty x 'touch MARKER'", "zpty", False),
+        ("emulate sh -c 'touch MARKER'", "emulate", False),
+        ("autoload -U x", "autoload", False),
+        ("vared x", "vared", False),
+        ("sched +1 'touch MARKER'", "sched", False),
+        ("whence -v ls", "whence", False),
+        ("zparseopts -A 'a[$(touch MARKER)]'", "zparseopts", False),
+        ("setopt aliases", "setopt", False),
+        ("nameref 'r=a[$(touch MARKER)]'", "nameref", False),
+        ("integer 'x=a[$(touch MARKER)]'", "integer", False),
+        ("float x", "float", False),
+        ("hist -s", "hist", False),
+        ("r", "r", False),
+        ("chdir /", "chdir", False),
+        # assignments, arithmetic and keywords never get this far
+        ("a[$(touch MARKER)]=1 ls", "ls", False),
+        ("'a[$(touch MARKER)]=1' ls", "ls", False),
+        ("((a[$(touch MARKER)]))", "ls", False),
+        ("echo $[a[$(touch MARKER)]]", "echo", False),
+        ("echo ${x:a[$(touch MARKER)]}", "echo", False),
+        ("echo ${x[$(touch MARKER)]}", "echo", False),
+        ("PS4='$(touch MARKER)' ls", "ls", False),
+        ("BASH_ENV=./x ls", "ls", False),
+        ("ENV=./x sh -c ls", "sh", False),
+        ("time touch MARKER", "time", False),
+        ("'time' touch MARKER", "time", False),
+        ("coproc touch MARKER", "coproc", False),
+        ("function f", "function", False),
+        ("select x", "select", False),
+        ("noglob touch MARKER", "noglob", False),
+    ],
+    "plain-builtins-and-external-programs": [
+        # builtins that read no argument as code, and programs that are not the shell
+        ("echo 'a[$(touch MARKER)]'", "echo", True),
+        ("echo -e 'a[$(touch MARKER)]'", "echo", True),
+        ('echo "a[(touch MARKER)]"', "echo", True),
+        ("pwd", "pwd", True),
+        ("pwd -P", "pwd", True),
+        ("true 'a[$(touch MARKER)]'", "true", True),
+        ("false 'a[$(touch MARKER)]'", "false", True),
+        ("which 'a[$(touch MARKER)]'", "which", True),
+        ("/usr/bin/printf -v 'a[$(touch MARKER)]' x", "/usr/bin/printf", True),
+        ("/usr/bin/printf '%d' 'a[$(touch MARKER)]'", "/usr/bin/printf", True),
+        ("/usr/bin/test -v 'a[$(touch MARKER)]'", "/usr/bin/test", True),
+        ("/usr/bin/printf -v 'a[$(touch MARKER)]' x", "printf", False),
+        ("env printf -v 'a[$(touch MARKER)]' x", "env", True),
+        ("env printf -v 'a[$(touch MARKER)]' x", "printf", False),
+        ("nice printf -v 'a[$(touch MARKER)]' x", "nice", True),
+        ("timeout 5 printf -v 'a[$(touch MARKER)]' x", "timeout 5", True),
+        ("ls 'a[$(touch MARKER)]'", "ls", True),
+        ("cat -- '$(touch MARKER)'", "cat", True),
+        ("wc -l 'a[$(touch MARKER)]'", "wc", True),
+        ("git status 'a[$(touch MARKER)]'", GS, True),
+    ],
     "program-name": [
         ("-git status", "-git", False),
         ("--version", "--version", False),
@@ -471,6 +632,44 @@ DENY_CASES: dict[str, list[tuple[str, str, bool]]] = {
     ],
     # Glob and brace words the shell may expand into the program's name: never simple (so
     # never allowed silently), and caught by a deny rule for the program.
+    "evaluating-builtins": [
+        ("printf -v 'a[$(rm -rf X)]' x", "rm", True),
+        ("printf -v 'a[$(rm -rf X)]' x", "rm -rf", True),
+        ("test -v 'a[$(rm -rf X)]'", "rm", True),
+        ("read 'a[$(rm -rf X)]'", "rm", True),
+        ("let 'a[`rm -rf X`]'", "rm", True),
+        ("declare -i 'x=a[$(rm -rf X)]'", "rm", True),
+        ("unset 'a[$(rm -rf X)]'", "rm", True),
+        ("wait -p 'a[$(rm -rf X)]'", "rm", True),
+        ("trap 'rm -rf X' EXIT", "rm", True),
+        ("trap 'rm -rf X' EXIT", "rm -rf X", True),
+        ("compgen -W '$(rm -rf X)' x", "rm", True),
+        ("compgen -C 'rm -rf X' x", "rm", True),
+        ("complete -C 'rm -rf X' x", "rm", True),
+        ("mapfile -C 'rm -rf X' -c 1 x", "rm", True),
+        ("bind -x '\"a\":rm -rf X'", "rm", True),
+        ("eval 'rm -rf X'", "rm", True),
+        ("eval 'r''m' -rf X", "rm", True),
+        ("command rm -rf X", "rm", True),
+        ("command -p rm -rf X", "rm -rf", True),
+        ("builtin command rm -rf X", "rm", True),
+        ("exec rm -rf X", "rm", True),
+        ("exec -a x /bin/rm -rf X", "rm", True),
+        ("emulate sh -c 'rm -rf X'", "rm", True),
+        ("zpty x 'rm -rf X'", "rm", True),
+        ("sched +1 'rm -rf X'", "rm", True),
+        ("print -v 'a[$(rm -rf X)]' x", "rm", True),
+        ("jobs -x rm -rf X", "rm", True),
+        ("history -s 'rm -rf X'", "rm", True),
+        ("alias ls='rm -rf X'", "rm", True),
+        ("eatmydata rm -rf X", "rm", True),
+        ("setarch x86_64 rm -rf X", "rm", True),
+        ("ccache rm -rf X", "rm", True),
+        ("hyperfine 'rm -rf X'", "rm", True),
+        ("/usr/bin/printf -v 'a[$(rm -rf X)]' x", "rm", False),  # data: the program on disk evaluates nothing
+        ("printf -v 'a[$(ls)]' x", "rm", False),
+        ("trap 'ls' EXIT", "rm", False),
+    ],
     "deny: globs and braces": [
         ("{r,}m -rf /tmp/x", "rm", True),
         ("/bin/r? -rf /tmp/x", "rm", True),
@@ -482,10 +681,97 @@ DENY_CASES: dict[str, list[tuple[str, str, bool]]] = {
         ("ls *.txt", "rm", False),
         ("echo {a,b}", "rm", False),
         ("git st*", "rm", False),
+        ("[[:alpha:]]m -rf /", "rm", True),
+        ("/bin/[[:lower:]][[:lower:]] -rf /", "rm", True),
+        ("x [[.r.]]m", "rm", True),
+        ("[]r]m -rf /", "rm", True),
+        ("ls [[ab]", "rm", False),
+        ("ls r[[]m", "rm", False),
     ],
 }
+
+
+ALWAYS_CASES: dict[str, list[tuple[str, bool]]] = {
+    "offered": [
+        ("ls -la", True),
+        ("ls", True),
+        ("cat README.md", True),
+        ("grep -rn TODO src/", True),
+        ("wc -l notes.txt", True),
+        ("head -n 5 notes.txt", True),
+        ("du -sh .", True),
+        ("/usr/bin/ls -la", True),
+        ("jq . data.json", True),
+        ("diff a.txt b.txt", True),
+        ("uname -a", True),
+    ],
+    "wrappers": [
+        ("env", False), ("env rm -rf /", False), ("/usr/bin/env", False), ("./env", False),
+        ("nice", False), ("nice -n 5 ls", False), ("nohup ls", False), ("timeout 9", False),
+        ("timeout 9 ls", False), ("xargs", False), ("find .", False), ("find . -name x", False),
+        ("busybox", False), ("busybox ls", False), ("toybox ls", False), ("sudo ls", False),
+        ("doas ls", False), ("su", False), ("chroot /", False), ("stdbuf -o0 ls", False),
+        ("setsid ls", False), ("ionice ls", False), ("taskset 1 ls", False), ("flock x ls", False),
+        ("watch ls", False), ("strace ls", False), ("ltrace ls", False), ("gdb", False),
+        ("parallel", False), ("unshare ls", False),
+    ],
+    "shells-and-interpreters": [
+        ("sh", False), ("bash", False), ("dash", False), ("zsh", False), ("ksh", False),
+        ("fish", False), ("sh -c '\"$@\"' sh", False), ("bash -c ls", False), ("/bin/sh", False),
+        ("python", False), ("python3", False), ("python3.11 -V", False), ("/usr/bin/python3.12", False),
+        ("node", False), ("node18 x.js", False), ("perl", False), ("perl5.36 -v", False),
+        ("ruby", False), ("php", False), ("php8.1 -v", False), ("lua5.4", False), ("Rscript x.R", False),
+        ("java -jar x.jar", False), ("awk '{print}'", False), ("gawk", False), ("mawk", False),
+        ("rename 's/a/b/' x", False), ("ipython", False),
+    ],
+    "runs-other-programs": [
+        ("git", False), ("git status", False), ("git log --oneline", False), ("/usr/bin/git status", False),
+        ("make", False), ("make test", False), ("sed -n 1p x", False), ("tar -tf x.tar", False),
+        ("rsync -a a b", False), ("ssh host", False), ("vim x", False), ("ed x", False), ("less x", False),
+        ("man ls", False), ("npm test", False), ("npx x", False), ("pip install x", False),
+        ("pip3 list", False), ("uv run x", False), ("cargo test", False), ("pytest", False),
+        ("go test ./...", False), ("sqlite3 x.db", False), ("zip -r x.zip .", False),
+        ("./build.sh", False), ("bin/tool", False), ("../tool", False),
+        ("/home/me/project/build.sh", False), ("/tmp/tool", False), ("/usr/bin/../../tmp/ls", False),
+        ("/usr/bin/ls/", False), ("/usr/local/bin/jq .", True), ("/bin/ls", True),
+    ],
+    "writes-by-argument": [
+        ("cp a b", False), ("mv a b", False), ("rm tmp.txt", False), ("install a b", False),
+        ("ln -s a b", False), ("dd if=a of=b", False), ("tee x", False), ("touch x", False),
+        ("mkdir x", False), ("chmod 644 x", False), ("sort x", False), ("curl http://127.0.0.1/", False),
+        ("wget x", False), ("gcc x.c", False), ("g++-12 x.cpp", False), ("pkill x", False),
+        ("/bin/kill 1", False), ("date", False), ("gzip x", False), ("unzip x.zip", False),
+    ],
+    "builtins": [
+        ("echo hi", False), ("pwd", False), ("true", False), ("false", False), ("which ls", False),
+    ],
+}
+
+#: Commands in which bash runs the payload: the check must reject each.
+EVALUATED_BY_BASH: list[str] = [
+    "printf -v 'a[$(touch MARKER)]' x",
+    "test -v 'a[$(touch MARKER)]'",
+    "read 'a[$(touch MARKER)]'",
+    "let 'a[$(touch MARKER)]'",
+    "declare -i 'x=a[$(touch MARKER)]'",
+    "typeset -i 'x=a[$(touch MARKER)]'",
+    "trap 'touch MARKER' EXIT",
+    "compgen -W '$(touch MARKER)' x",
+    "compgen -C 'touch MARKER' x",
+    "eval 'touch MARKER'",
+    "command touch MARKER",
+    "builtin eval 'touch MARKER'",
+    "exec touch MARKER",
+    "jobs -x touch MARKER",
+    "'printf' -v 'a[$(touch MARKER)]' x",
+]
 
 
 def flat(cases: dict[str, list[tuple[str, str, bool]]]) -> list[tuple[str, str, str, bool]]:
     """``(category, command, prefix, expected)`` for every case."""
     return [(cat, cmd, prefix, want) for cat, rows in cases.items() for cmd, prefix, want in rows]
+
+
+def flat_always() -> list[tuple[str, str, bool]]:
+    """``(category, command, expected)`` for every ``always`` case."""
+    return [(cat, cmd, want) for cat, rows in ALWAYS_CASES.items() for cmd, want in rows]

@@ -1,4 +1,4 @@
-"""decide(): the six lines of SPEC §4 as a table of cases, one row per behaviour."""
+"""decide(): the six lines as a table of cases, one row per behaviour."""
 
 from __future__ import annotations
 
@@ -369,6 +369,66 @@ def test_always_is_offered_only_where_the_spec_says(c: Call, dev: bool, offered:
 def test_no_always_for_commands_that_are_not_simple(command: str) -> None:
     d = decide(run(command), view(developer_mode=True, rules=[Rule(BASH, "allow", command.split()[0])]))
     expect(d, "ask", 4, ONCE_REFUSE)
+
+
+# --- builtins that evaluate, and always on wrappers ----------------------------------------
+
+EVALUATING = [
+    # (command, the allow rule an operator wrote for it)
+    ("printf -v 'a[$(rm -rf x)]' y", "printf"),
+    ("test -v 'a[$(rm -rf x)]'", "test"),
+    ("read 'a[$(rm -rf x)]'", "read"),
+    ("let 'a[$(rm -rf x)]'", "let"),
+    ("trap 'rm -rf x' EXIT", "trap"),
+    ("eval 'rm -rf x'", "eval"),
+    ("command rm -rf x", "command"),
+    ("exec rm -rf x", "exec"),
+    ("compgen -C 'rm -rf x' y", "compgen"),
+]
+
+
+@pytest.mark.parametrize(("command", "prefix"), EVALUATING, ids=[c for c, _ in EVALUATING])
+def test_an_allow_rule_on_a_builtin_that_evaluates_allows_nothing_and_deny_sees_inside(command: str, prefix: str) -> None:
+    allowed = view(developer_mode=True, rules=[Rule(BASH, "allow", prefix)])
+    d = check(decide(run(command), allowed))
+    expect(d, "ask", 4, ONCE_REFUSE)
+    assert d.reason == f"executes code; not a single simple command (the shell builtin {prefix!r} may evaluate its arguments as code)"
+    denied = view(developer_mode=True, rules=[Rule(BASH, "deny", "rm", id="no-rm"), Rule(BASH, "allow", prefix)])
+    d = check(decide(run(command), denied))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "no-rm")
+
+
+WIDER = [
+    # (the question, a command the rule written by always would then allow)
+    ("env", "env rm -rf /"),
+    ("find .", "find . -delete"),
+    ("xargs", "xargs rm -rf"),
+    ("timeout 9", "timeout 9 rm -rf /"),
+    ("python3", "python3 -c 'import shutil; shutil.rmtree(\"/\")'"),
+    ("git", "git -c alias.x='!rm -rf /' x"),
+    ("sh -c '\"$@\"' sh", "sh -c '\"$@\"' sh rm -rf /"),
+    ("/usr/bin/env", "/usr/bin/env rm -rf /"),
+    ("tee out.txt", "tee out.txt /etc/passwd"),
+    ("rm tmp.txt", "rm tmp.txt -rf /"),
+]
+
+
+@pytest.mark.parametrize(("question", "wider"), WIDER, ids=[q for q, _ in WIDER])
+def test_always_is_not_offered_where_the_rule_it_writes_allows_more(question: str, wider: str) -> None:
+    d = check(decide(run(question), view(developer_mode=True)))
+    expect(d, "ask", 4, ONCE_REFUSE)
+    assert "no always:" in d.reason
+    # What the rule would have allowed: a rule with the question as its prefix matches the wider command.
+    would = decide(run(wider), view(developer_mode=True, rules=[Rule(BASH, "allow", question, agent="clerk")]))
+    assert would.allowed
+
+
+def test_an_operators_rule_on_a_wrapper_stands_and_deny_rules_still_look_through_it() -> None:
+    rules = [Rule(BASH, "allow", "env", id="env")]
+    expect(check(decide(run("env rm -rf x"), view(developer_mode=True, rules=rules))), "allow", 4)
+    rules = [Rule(BASH, "deny", "rm", id="no-rm"), *rules]
+    d = check(decide(run("env rm -rf x"), view(developer_mode=True, rules=rules)))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "no-rm")
 
 
 # --- execute is never allowed by a consent or a grant -------------------------------------
@@ -753,7 +813,8 @@ def test_string_subclasses_are_read_as_their_text() -> None:
     v = view(rules=[Rule("write_file", prefix="secrets/")], consents={("clerk", "write")})
     expect(decide(call("write", tool="write_file", args={"path": Sly("secrets/key")}), v), "refuse", 2)
     dev = view(developer_mode=True, rules=[Rule(BASH, "allow", "ls")])
-    expect(decide(run(Sly("rm -rf /")), dev), "ask", 4, ALL)
+    expect(decide(run(Sly("rm -rf /")), dev), "ask", 4, ONCE_REFUSE)  # rm writes by argument: no always
+    expect(decide(run(Sly("du -sh /")), dev), "ask", 4, ALL)
     assert type(Call(agent=Sly("a"), tool=Sly("t")).agent) is str
     assert type(Rule(tool=Sly("t"), prefix=Sly("p")).prefix) is str
     assert decide(call("write", tool="write_file"), view(rules=[Rule(Sly("other"))])).line == 6

@@ -189,7 +189,7 @@ def policy_refuses(call: Call, view: GovernanceView) -> bool:
 
 
 def reference(call: Call, view: GovernanceView) -> tuple[str, int, tuple[str, ...], str | None]:
-    """The six lines as SPEC §4 words them, scanning every rule."""
+    """The six lines, worded as the docs word them, scanning every rule."""
     once_refuse, everything = ("once", "refuse"), ("once", "always", "refuse")
     if policy_refuses(call, view):
         return ("refuse", 1, (), None)
@@ -206,7 +206,8 @@ def reference(call: Call, view: GovernanceView) -> tuple[str, int, tuple[str, ..
             for rule in view.rules:
                 if rule.effect == "allow" and rule_matches(rule, call):
                     return ("allow", 4, (), rule.id)
-            return ("ask", 4, everything, None)
+            widens = shellcheck.no_always_reason(shellcheck.simple_words(command)) is not None
+            return ("ask", 4, once_refuse if widens else everything, None)
         return ("ask", 4, once_refuse, None)
     if call.family == "profile":
         return ("ask", 5, once_refuse, None)

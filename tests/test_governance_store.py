@@ -34,15 +34,23 @@ from apollia_nb.home import Home
 
 
 class RecordingJournal:
-    """A JournalSink that records entries and can be told to fail."""
+    """A JournalSink that records entries and can be told to fail.
+
+    ``home_file_created`` entries (the home's record of its files) are kept
+    apart in ``files``, so ``entries`` holds the governance changes alone.
+    """
 
     def __init__(self) -> None:
         self.entries: list[tuple[str, dict[str, Any], str | None]] = []
+        self.files: list[dict[str, Any]] = []
         self.fail: Exception | None = None
 
     def append(self, kind: str, payload: dict[str, Any], *, run_id: str | None = None, agent: str | None = None) -> object:
         if self.fail is not None:
             raise self.fail
+        if kind == "home_file_created":
+            self.files.append(payload)
+            return len(self.files)
         self.entries.append((kind, payload, agent))
         return len(self.entries)
 
@@ -663,8 +671,14 @@ def test_a_tampered_policy_fails_closed_and_is_journaled(
     assert "changed after it was signed" in journal.entries[-1][1]["reason"]
     home.policy_path.unlink()
     home.policy_sig_path.unlink()
+    view = store.view()  # a policy that vanishes is not "none": still fail closed
+    assert not view.readable and "organisation.toml is missing" in view.unreadable_reason
+    assert "apollia-os policy remove" in view.unreadable_reason
+    assert decide(write, view).outcome is Outcome.REFUSE
+    assert journal.kinds[-1] == "policy_refused" and journal.entries[-1][1]["status"] == "refused"
+    assert store.remove_policy(by="ana").status == "none"  # removed on purpose: journaled, then none
     assert store.view().readable
-    assert journal.kinds[-1] == "policy_loaded" and journal.entries[-1][1]["status"] == "none"
+    assert journal.entries[-1] == ("policy_removed", {"by": "ana", "was": "refused", "digest": None}, None)
 
 
 def test_trusted_keys_changed_in_apollia_toml_are_seen(
@@ -761,9 +775,12 @@ def test_the_real_journal_takes_every_governance_kind(home: Home, tmp_path: Path
         assert not store.view().readable
         entries = [(e.kind, json.loads(e.payload), e.agent) for e in real.entries()]
     assert [k for k, _, _ in entries] == [
-        "policy_loaded", "rule_added", "rule_removed", "consent_granted", "consent_revoked",
+        "policy_loaded", "home_file_created", "rule_added", "rule_removed", "consent_granted", "consent_revoked",
         "devmode_changed", "policy_refused",
     ]
-    assert entries[0][1]["key"] == public and entries[1][2] == "clerk"
+    store_id = duckdb.connect(str(home.governance_db), read_only=True).execute(
+        "SELECT value FROM meta WHERE key = 'store_id'").fetchone()[0]
+    assert entries[1][1] == {"file": "governance.db", "id": store_id}  # the home's record of its database
+    assert entries[0][1]["key"] == public and entries[2][2] == "clerk"
     assert "not signed" in entries[-1][1]["reason"]
     assert verify_home(home).ok

@@ -9,7 +9,7 @@ import pytest
 from nacl.signing import SigningKey
 
 from apollia_nb.errors import BadInput, IntegrityError, NotFound
-from apollia_nb.journal import Draft, Journal, export_home, verify_bundle, verify_home, verify_journal
+from apollia_nb.journal import Draft, Journal, export_home, export_journal, verify_bundle, verify_home, verify_journal
 from apollia_nb.journal.checkpoint import Checkpoint, NoteSigner
 from apollia_nb.journal.entry import GENESIS_HASH, canonical_json, entry_hash
 from apollia_nb.journal.keys import key_id
@@ -190,6 +190,35 @@ def test_an_exported_bundle_verifies_and_is_queryable(home, tmp_path):
     import base64
 
     assert base64.b64decode((bundle / "journal.pub").read_text()) == public
+
+
+def test_an_open_journal_exports_though_its_database_opens_no_file(home, tmp_path):
+    """The open journal's database is locked to itself (its SQL cannot write a file), yet it exports."""
+    with Journal.open(home) as journal:
+        # more than one batch of the rows handed to the in-memory writer of the files
+        journal.append_many(Draft("plan", {"n": n}, run_id="r1", agent="clerk") for n in range(25_001))
+        journal.checkpoint()
+        cursor = journal.cursor()
+        try:
+            with pytest.raises(duckdb.PermissionException):
+                cursor.execute(f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'")
+        finally:
+            cursor.close()
+        result = export_journal(journal, tmp_path / "live")
+        live = journal.sql("SELECT * FROM entries ORDER BY seq")
+    assert result.entries == 25_001 and result.checkpoints == 1 and not (tmp_path / "x.csv").exists()
+    assert verify_bundle(tmp_path / "live").ok
+    con = duckdb.connect()
+    try:
+        exported = con.execute(f"SELECT * FROM read_parquet('{tmp_path / 'live' / 'entries.parquet'}') "
+                               "ORDER BY seq").fetchall()
+        assert exported == live
+        export_home(home, tmp_path / "offline")
+        schema = "SELECT name, type FROM parquet_schema('{}')"
+        assert con.execute(schema.format(tmp_path / "live" / "entries.parquet")).fetchall() == \
+            con.execute(schema.format(tmp_path / "offline" / "entries.parquet")).fetchall()
+    finally:
+        con.close()
 
 
 def test_a_tampered_bundle_fails(home, tmp_path):

@@ -78,6 +78,28 @@ def test_a_refused_policy_shows_in_the_status_line(ip, home, capsys):
     assert "policy refused (" in out
 
 
+def test_a_damaged_home_is_one_clear_line_at_load(ip, home, capsys):
+    load(ip, capsys)
+    ip.run_line_magic("apollia", "devmode on")  # the home now has its files, recorded in the journal
+    magics(ip).close_home()
+    home.runtime_db.unlink()
+    with pytest.raises(ApolliaMagicError) as info:
+        magics(ip).open_home()
+    assert info.value._render_traceback_() == [f"HOME_FILE_MISSING: {info.value.message}"]
+    assert "runtime.db" in info.value.message and "home repair --new-runtime-db" in info.value.message
+    assert not home.runtime_db.exists()
+
+
+def test_a_governance_db_deleted_under_the_kernel_shows_in_the_status_line(ip, home, capsys):
+    load(ip, capsys)
+    ip.run_line_magic("apollia", "devmode on")
+    home.governance_db.unlink()
+    status = ip.run_line_magic("apollia", "status")
+    assert "governance fail closed (governance.db is missing" in status.text
+    assert "home repair --new-governance-db" in status.text
+    assert status.data["governance"] == "fail closed"
+
+
 def test_loading_twice_keeps_the_open_home(ip, capsys):
     load(ip, capsys)
     first = magics(ip).runtime

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from apollia_nb.api.server import ServerThread
-from apollia_nb.errors import BadAnswer, Conflict, HomeLocked, IntegrityError, UnknownDecision
+from apollia_nb.errors import BadAnswer, BadInput, Conflict, HomeLocked, IntegrityError, UnknownDecision
 from apollia_nb.governance.decision import Call, Family, decide
 from apollia_nb.home import OwnerLock
 from apollia_nb.runtime import Runtime
@@ -85,6 +85,24 @@ async def test_clients_run_their_agents_here_and_journal_into_the_servers_one_ch
         assert [status for _, status in rows] == ["completed", "completed"]
         assert a.replay(hb.run_id).verdict == "identical"
     assert (home.path / "server.json").exists()
+
+
+async def test_sql_in_a_client_reads_its_copy_of_the_journal_and_no_file(home, server, tmp_path):
+    from apollia_nb.notebook.sql import run_query
+
+    async with Runtime(home) as client:
+        assert client.mode == "client"
+        client.journal.append("plan", {"steps": ["look"]}, run_id="r-sql")
+        counted = run_query(client.journal, "SELECT count(*) FROM journal WHERE run_id = 'r-sql'", want_frame=False)
+        assert counted.rows == [(1,)]
+        for query in ("SELECT * FROM read_text('/etc/passwd')", f"SELECT * FROM glob('{home.path}/keys/*')",
+                      f"SELECT * FROM read_blob('{home.path}/keys/journal.key')"):
+            with pytest.raises(BadInput) as info:
+                run_query(client.journal, query)
+            assert "only the journal's tables and views can be read" in info.value.message
+        with pytest.raises(Exception, match="file system operations are disabled"):
+            client.journal.sql(f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'")
+        assert not (tmp_path / "x.csv").exists()
 
 
 async def test_a_consent_granted_in_one_client_applies_in_another_at_once(home, server, api):

@@ -8,6 +8,7 @@ import shutil
 import string
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,21 +16,37 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
-from shell_corpus import ALLOW_CASES, DENY_CASES, flat  # noqa: E402
+from shell_corpus import (  # noqa: E402
+    ALLOW_CASES,
+    ALWAYS_CASES,
+    DENY_CASES,
+    EVALUATED_BY_BASH,
+    MARKER,
+    flat,
+    flat_always,
+)
 
 from apollia_nb.governance import Call, GovernanceView, Rule, decide
 from apollia_nb.governance.shellcheck import (
     MAX_SIMPLE_LENGTH,
+    NO_ALWAYS,
+    PLAIN_BUILTINS,
     RESERVED_WORDS,
+    RUNS_PROGRAMS,
+    SHELL_BUILTINS,
     WRAPPERS,
+    WRITES_BY_ARGUMENT,
     allow_prefix_matches,
     deny_prefix_matches,
+    evaluating_builtin,
     is_simple,
+    no_always_reason,
     simple_words,
 )
 
 ALLOW = flat(ALLOW_CASES)
 DENY = flat(DENY_CASES)
+ALWAYS = flat_always()
 
 
 def _case_id(case: tuple[str, str, str, bool]) -> str:
@@ -72,6 +89,51 @@ def test_allow_corpus_through_decide(case: tuple[str, str, str, bool]) -> None:
     assert decision.line == 4
     # Without developer mode nothing executes unasked.
     assert not decide(_execute(command), GovernanceView(rules=view.rules)).allowed
+
+
+def test_the_evaluated_argument_and_always_families_are_large() -> None:
+    evaluated = ALLOW_CASES["evaluating-builtins"] + ALLOW_CASES["plain-builtins-and-external-programs"]
+    assert len(evaluated) + len(DENY_CASES["evaluating-builtins"]) + len(ALWAYS) >= 250
+    assert sum(1 for *_, want in ALWAYS if not want) >= 100
+    assert len({cat for cat, *_ in ALWAYS}) == len(ALWAYS_CASES)
+
+
+@pytest.mark.parametrize("case", ALWAYS, ids=[f"{c[0]}:{c[1]!r}->{'yes' if c[2] else 'no'}" for c in ALWAYS])
+def test_always_corpus_through_decide(case: tuple[str, str, bool]) -> None:
+    """``always`` writes a rule with the command as prefix: only where that allows nothing more."""
+    _, command, want = case
+    words = simple_words(command)
+    assert words is not None, "every always case is a simple command"
+    assert (no_always_reason(words) is None) is want
+    d = decide(_execute(command), GovernanceView(developer_mode=True))
+    assert (d.outcome, d.line) == ("ask", 4)
+    assert d.answers == (("once", "always", "refuse") if want else ("once", "refuse"))
+    if not want:
+        assert "no always:" in d.reason and "would allow more than this command" in d.reason
+
+
+@pytest.mark.parametrize("program", sorted(NO_ALWAYS))
+def test_no_program_in_the_list_is_offered_always_in_any_spelling(program: str) -> None:
+    for spelled in (program, f"/usr/bin/{program}", f"/opt/x/bin/{program}"):
+        words = simple_words(f"{spelled} x")
+        if words is None:  # a builtin that evaluates: never simple, so never asked with always
+            assert program in RESERVED_WORDS or program in SHELL_BUILTINS - PLAIN_BUILTINS
+            continue
+        assert no_always_reason(words) is not None, spelled
+        d = decide(_execute(f"{spelled} x"), GovernanceView(developer_mode=True))
+        assert "always" not in d.answers
+
+
+@pytest.mark.parametrize("builtin", sorted(SHELL_BUILTINS - PLAIN_BUILTINS))
+def test_a_builtin_that_may_evaluate_is_never_simple(builtin: str) -> None:
+    for command in (builtin, f"{builtin} x", f"'{builtin}' x", f'"{builtin}" -v \'{MARKER}\''):
+        assert not is_simple(command), command
+        assert evaluating_builtin(command) == builtin
+        view = GovernanceView(rules=[Rule(tool="bash_executor", prefix=builtin, effect="allow")], developer_mode=True)
+        d = decide(_execute(command), view)
+        assert (d.outcome, d.line, d.answers) == ("ask", 4, ("once", "refuse"))
+        assert f"the shell builtin {builtin!r} may evaluate its arguments as code" in d.reason
+    assert evaluating_builtin(f"/usr/bin/{builtin} x") is None  # a program on disk is not the builtin
 
 
 @pytest.mark.parametrize("case", DENY, ids=[_case_id(c) for c in DENY])
@@ -214,7 +276,7 @@ def test_nothing_raises_and_allow_implies_simple_and_denied(prefix: str, command
 
 
 _program = st.text(alphabet=string.ascii_lowercase, min_size=1, max_size=6).filter(
-    lambda w: w not in RESERVED_WORDS
+    lambda w: w not in RESERVED_WORDS and (w not in SHELL_BUILTINS or w in PLAIN_BUILTINS)
 )
 _args = st.lists(st.text(alphabet=_ASCII_PRINTABLE, max_size=8), max_size=4)
 
@@ -309,6 +371,83 @@ def test_whatever_is_simple_is_read_the_same_by_the_shells(sandbox: Path, tail: 
         assert _argv_by_shell(shell, tail, sandbox) == _expected_printf(words[1:]), (shell, tail)
 
 
+# The evaluated-argument family: bash and dash run each accepted command with the
+# payload, and nothing may be evaluated.
+
+_PAYLOAD_TEMPLATES = [
+    "{b} -v 'a[$(touch MARKER)]' x",
+    "{b} 'a[$(touch MARKER)]'",
+    "{b} -p 'a[$(touch MARKER)]'",
+    "{b} 'touch MARKER' EXIT",
+    "{b} -C 'touch MARKER' x",
+    "{b} -W '$(touch MARKER)' x",
+    "{b} -x 'touch MARKER'",
+    "{b} touch MARKER",
+    "{b} -i 'x=a[$(touch MARKER)]'",
+    "{b} -n x -o -v 'a[$(touch MARKER)]'",
+]
+
+
+def _evaluated_by(shell: str, command: str, root: Path) -> bool:
+    """Whether ``shell -c command``, run as ``bash_executor`` runs it, creates the marker."""
+    scratch = Path(tempfile.mkdtemp(dir=root))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch)}
+    subprocess.run([shell, "-c", command], check=False, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
+                   capture_output=True, timeout=10)
+    return (scratch / MARKER).exists()
+
+
+def _payload_commands() -> list[str]:
+    corpus = {cmd for _, cmd, _, _ in ALLOW + DENY if MARKER in cmd}
+    programs = SHELL_BUILTINS | {"ls", "cat", "wc", "/usr/bin/printf", "/usr/bin/test", "env printf", "nice printf"}
+    swept = {t.format(b=b) for t in _PAYLOAD_TEMPLATES for b in sorted(programs)}
+    return sorted(corpus | swept)
+
+
+@pytest.mark.skipif(not _SHELLS, reason="no POSIX shell to compare with")
+@pytest.mark.parametrize("shell", _SHELLS)
+def test_shells_evaluate_nothing_in_an_accepted_command(shell: str, tmp_path: Path) -> None:
+    commands = _payload_commands()
+    accepted = [c for c in commands if is_simple(c) and not _runs_anything(simple_words(c))]
+    assert len(accepted) >= 30
+    assert not [c for c in accepted if _evaluated_by(shell, c, tmp_path)]
+
+
+def _runs_anything(words: tuple[str, ...] | None) -> bool:
+    """A wrapper given ``touch MARKER`` as its command runs it by design: not evaluation."""
+    return words is not None and _basename(words[0]) in WRAPPERS and "touch" in words
+
+
+def _basename(word: str) -> str:
+    return word.rsplit("/", 1)[-1]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+def test_bash_runs_the_payload_of_every_command_the_check_rejects_for_it(tmp_path: Path) -> None:
+    """The referee works: bash does evaluate these words, and none of them is simple."""
+    for command in EVALUATED_BY_BASH:
+        assert not is_simple(command), command
+        assert deny_prefix_matches("touch", command), command
+        assert _evaluated_by("bash", command, tmp_path), command
+
+
+def test_shellcheck_compiles_no_ambiguous_pattern() -> None:
+    """No ``FutureWarning: Possible nested set`` (``[[`` in a class) on import or on glob words."""
+    code = (
+        "import warnings\n"
+        "from apollia_nb.governance import shellcheck as s\n"  # import under -W error
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for c in ['ls [[a]', 'ls [[:alpha:]]m', 'x [[.r.]] [[=a=]]', '/bin/r[[]', 'r[!]]m', 'a[b&&c]']:\n"
+        "        s.deny_prefix_matches('rm', c)\n"
+        "print([str(w.message) for w in seen])\n"
+    )
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], check=False, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
 def test_simple_length_limit_is_exact() -> None:
     at_limit = "git " + "x" * (MAX_SIMPLE_LENGTH - 4)
     assert is_simple(at_limit)
@@ -345,6 +484,14 @@ def test_docs_list_exactly_the_wrappers() -> None:
 
 def test_docs_list_exactly_the_reserved_words() -> None:
     assert _listed_after("reserved-words") == RESERVED_WORDS
+
+
+def test_docs_list_exactly_the_builtins_and_the_programs_never_offered_always() -> None:
+    assert _listed_after("builtins") == SHELL_BUILTINS
+    assert _listed_after("plain-builtins") == PLAIN_BUILTINS
+    assert _listed_after("runs-programs") == RUNS_PROGRAMS
+    assert _listed_after("writes-by-argument") == WRITES_BY_ARGUMENT
+    assert NO_ALWAYS == WRAPPERS | RUNS_PROGRAMS | WRITES_BY_ARGUMENT | SHELL_BUILTINS
 
 
 class _Sly(str):

@@ -1,4 +1,4 @@
-"""The REST API (SPEC §7): a thin FastAPI shell over one ``Runtime``.
+"""The REST API: a thin FastAPI shell over one ``Runtime``.
 
 Every route under ``/api/v1`` calls the runtime and returns one of the models
 of :mod:`apollia_nb.api.schemas`; the app adds only what HTTP needs:
@@ -10,10 +10,19 @@ of :mod:`apollia_nb.api.schemas`; the app adds only what HTTP needs:
   ``UNAUTHORIZED`` (with ``WWW-Authenticate: Bearer``); a body over the limit
   413 ``PAYLOAD_TOO_LARGE``; a write the disk refuses 507 ``STORAGE_FULL`` or
   503 ``STORAGE_ERROR`` (nothing of it was recorded). Nothing a client sends is a 500.
-* **A bearer token** on every route but ``/health``, compared in constant time.
+* **Only its own names.** Every route, ``/health`` too, refuses a ``Host`` that
+  is not a loopback name (``localhost``, ``127.0.0.1``, ``[::1]``, any port)
+  or an allowed host with 421 ``HOST_NOT_ALLOWED`` (a DNS-rebinding page names
+  its own host), and a browser's ``Origin`` that is neither the server's own
+  nor an allowed origin with 403 ``ORIGIN_NOT_ALLOWED`` (see ``HostGuard``).
+* **A bearer token** on every route but ``/health``, compared in constant time
+  (the OpenAPI document and its docs page are served without one).
+* **Idempotency keys** on every POST that changes something: a retry with the
+  same ``Idempotency-Key`` gets the first answer (:mod:`apollia_nb.api.idempotency`).
 * **No CORS** unless origins are configured.
 * **Server-sent events** for a task's changes and a chat exchange's events,
-  ended by the task finishing, the exchange ending or the server shutting down.
+  ended by the task finishing, the exchange ending or the server shutting down;
+  described in the OpenAPI 3.1 document as text with an ``x-itemSchema``.
 
 The runtime lives on the server's event loop, so runs are background tasks of
 the server: ``create_app(runtime, token=...)`` wraps a runtime opened on that
@@ -30,7 +39,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Body, Depends, FastAPI, Query, Request, Response, Security
+from fastapi import APIRouter, BackgroundTasks, Body, Depends, FastAPI, Header, Query, Request, Response, Security
 from fastapi import Path as FastPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -41,8 +50,25 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__, faults
 from apollia_nb.api import schemas as s
+from apollia_nb.api.idempotency import (
+    KEY_HEADER,
+    KEY_PATTERN,
+    REPLAYED_HEADER,
+    Idempotency,
+    IdempotentRoute,
+)
+from apollia_nb.api.server import is_loopback
 from apollia_nb.dbutil import storage_error
-from apollia_nb.errors import ApolliaError, BadInput, Conflict, NotFound, UnknownRun, UnknownTask
+from apollia_nb.errors import (
+    ApolliaError,
+    BadInput,
+    Conflict,
+    HostNotAllowed,
+    NotFound,
+    OriginNotAllowed,
+    UnknownRun,
+    UnknownTask,
+)
 from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
 
 __all__ = ["create_app", "API_PREFIX"]
@@ -53,19 +79,32 @@ _DEFAULT_BY = "api"
 
 _STATUS_WORDS = {
     401: "the bearer token is missing or wrong (`UNAUTHORIZED`)",
+    403: "a browser's `Origin` is neither the server's own nor an allowed origin (`ORIGIN_NOT_ALLOWED`)",
+    421: "the `Host` is not a loopback name or an allowed host (`HOST_NOT_ALLOWED`)",
     404: "no such thing (`NOT_FOUND` or a specific `UNKNOWN_*` code)",
-    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code)",
+    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code), or a request with "
+         "this `Idempotency-Key` is still being processed (`IDEMPOTENCY_IN_PROGRESS`)",
     413: "the request body is over the server's limit (`PAYLOAD_TOO_LARGE`)",
-    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`)",
+    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`, or "
+         "`IDEMPOTENCY_KEY_REUSED` for an `Idempotency-Key` sent before with another body)",
     503: "the disk refused the write (`STORAGE_ERROR`: read-only, I/O error); nothing was recorded, retry later",
     507: "no space left on the home's disk (`STORAGE_FULL`); nothing was recorded, retry once space is freed",
 }
-#: Routes that write (and the journal's reads, which copy its newest entries first) may meet a storage fault.
+#: Routes that write may meet a storage fault, and so may reads that wait for pending writes first
+#: (the journal's, which copy its newest entries into journal.db; runtime.db's recorded tasks).
 _STORAGE_STATUSES = (503, 507)
 
 
+_EVERY_ROUTE = (403, 421)  # HostGuard answers before any route
+
+
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in statuses}
+    return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in (*statuses, *_EVERY_ROUTE)}
+
+
+#: Where an event stream's events are described. OpenAPI 3.1 has no keyword for the items of a
+#: stream (3.2's ``itemSchema``), so the stream is a string and its events an extension.
+_ITEM_SCHEMA = "x-itemSchema"
 
 
 def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, dict[str, Any]]:
@@ -81,12 +120,16 @@ def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, di
         }}
         for name, schema in events.items()
     ]
+    names = ", ".join(f"`{name}` ({schema})" for name, schema in events.items())
     out: dict[int | str, dict[str, Any]] = {
         200: {"description": "a stream of server-sent events, each with JSON `data`",
-              "content": {"text/event-stream": {"itemSchema": {"oneOf": items}}}},
+              "content": {"text/event-stream": {
+                  "schema": {"type": "string", "description": f"server-sent events: {names}"},
+                  _ITEM_SCHEMA: {"oneOf": items},
+              }}},
     }
     error = {"schema": {"$ref": "#/components/schemas/Error"}}
-    for code in (401, 422, *statuses):
+    for code in (401, 422, *statuses, *_EVERY_ROUTE):
         out[code] = {"description": _STATUS_WORDS[code], "content": {"application/json": error}}
     return out
 
@@ -96,7 +139,8 @@ _EXCHANGE_EVENT_SCHEMAS = {name: model.__name__ for name, model in s.EXCHANGE_EV
 
 
 def _with_event_schemas(app: FastAPI) -> None:
-    """Add the exchange events' models to the document's components (only event streams refer to them)."""
+    """Add the exchange events' models to the document's components (only event streams refer to them),
+    and keep the event streams' descriptions within OpenAPI 3.1."""
     from pydantic.json_schema import models_json_schema
 
     generate = app.openapi
@@ -109,6 +153,10 @@ def _with_event_schemas(app: FastAPI) -> None:
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in defs.get("$defs", {}).items():
                 schemas.setdefault(name, schema)
+            for item in doc["paths"].values():  # FastAPI adds 3.2's generic ``itemSchema`` to event streams
+                for op in item.values():
+                    for response in op.get("responses", {}).values():
+                        response.get("content", {}).get("text/event-stream", {}).pop("itemSchema", None)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -119,7 +167,8 @@ def _with_event_schemas(app: FastAPI) -> None:
 _bearer = HTTPBearer(
     auto_error=False, scheme_name="bearerToken",
     description="The token `apollia-os serve` was started with (`--token`, `$APOLLIA_TOKEN`, or generated "
-                "and written to `<home>/server.json`).",
+                "and written to `<home>/server.json`). Not needed for `/api/v1/health`, `/api/v1/openapi.json` "
+                "or `/api/v1/docs`.",
 )
 
 
@@ -127,11 +176,44 @@ async def _runtime(request: Request) -> Any:  # async: a plain def would run in 
     return request.app.state.runtime
 
 
-async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
-    expected: bytes = request.app.state.token
+def _token_matches(request: Request, credentials: HTTPAuthorizationCredentials | None) -> bool:
     given = credentials.credentials.encode("utf-8", "surrogateescape") if credentials is not None else b""
-    if credentials is None or not hmac.compare_digest(given, expected):
+    return credentials is not None and hmac.compare_digest(given, request.app.state.token)
+
+
+async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
+    if not _token_matches(request, credentials):
         raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+
+
+# --- idempotency keys -----------------------------------------------------------------------------
+
+
+def _idempotency_for(request: Request) -> tuple[Idempotency, bytes] | None:
+    """The keys of the app's runtime and the token, for a request with a valid token (else ``None``)."""
+    from fastapi.security.utils import get_authorization_scheme_param
+
+    scheme, value = get_authorization_scheme_param(request.headers.get("Authorization"))
+    credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=value) if value else None
+    if scheme.lower() != "bearer" or not _token_matches(request, credentials):
+        return None
+    state = request.app.state
+    records = state.runtime.records
+    if getattr(state, "idempotency", None) is None or state.idempotency.records is not records:
+        state.idempotency = Idempotency(records)
+    return state.idempotency, state.token
+
+
+async def _idempotency_key(
+    key: Annotated[str | None, Header(
+        alias=KEY_HEADER, pattern=KEY_PATTERN,
+        description="A unique string (a UUID) that makes a retry safe: the same key with the same body is "
+                    f"answered with the first answer (`{REPLAYED_HEADER}: true`) and nothing is done twice. "
+                    "Quoted (the IETF draft's structured string) or bare; remembered 24 hours, per route and "
+                    "token. See the reference's section on retries.",
+    )] = None,
+) -> None:
+    """Declares the header in the document; ``IdempotentRoute`` reads it."""
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -257,6 +339,76 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
+def split_host(value: str) -> str | None:
+    """The name in a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lowercased; None if malformed."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, closed, rest = value[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            return None
+        port = rest[1:]
+    elif value.count(":") > 1:  # an IPv6 address needs its brackets in a Host
+        return None
+    else:
+        name, _, port = value.partition(":")
+    if not name or (port and not port.isdigit()):
+        return None
+    return name.rstrip(".")
+
+
+def host_allowed(name: str, allowed: frozenset[str]) -> bool:
+    """A loopback name (``localhost``, a loopback address), or an allowed one (``*`` allows any)."""
+    return name in allowed or "*" in allowed or is_loopback(name)
+
+
+class HostGuard:
+    """Refuse a request whose ``Host`` or ``Origin`` this server does not answer to.
+
+    ``Host``: a loopback name (``localhost``, ``127.0.0.1`` or any loopback
+    address, ``[::1]``), with any port, or one of ``allowed_hosts`` (``*``: any
+    host); else 421 ``HOST_NOT_ALLOWED``. A page that rebinds its own DNS name
+    to 127.0.0.1 still sends its own name, so it is refused even with the token.
+    ``Origin`` (sent by browsers): the server's own (``http(s)://`` + the
+    request's ``Host``) or one of ``allowed_origins`` (``*``: any); else 403
+    ``ORIGIN_NOT_ALLOWED``. No ``Origin`` is a client that is not a browser page.
+    """
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Sequence[str] = (), allowed_origins: Sequence[str] = ()) -> None:
+        self.app = app
+        self.hosts = frozenset(h.strip().lower().strip("[]").rstrip(".") for h in allowed_hosts)
+        self.origins = frozenset(o.strip().lower().rstrip("/") for o in allowed_origins)
+
+    def refusal(self, headers: dict[bytes, bytes]) -> ApolliaError | None:
+        raw = headers.get(b"host", b"").decode("latin-1")
+        name = split_host(raw)
+        if name is None or not host_allowed(name, self.hosts):
+            shown = raw[:100] or "(none)"
+            return HostNotAllowed(f"this server does not answer to the host {shown!r}: use 127.0.0.1 or "
+                                  "localhost, or start it with --allowed-host NAME")
+        origin = headers.get(b"origin")
+        if origin is None:
+            return None
+        seen = origin.decode("latin-1").strip().lower().rstrip("/")
+        own = {f"http://{raw.strip().lower()}", f"https://{raw.strip().lower()}"}
+        if seen in own or seen in self.origins or "*" in self.origins:
+            return None
+        return OriginNotAllowed(f"browser calls from the origin {seen[:100]!r} are not allowed: start the server "
+                                "with --cors-origin ORIGIN to allow them")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", ()))
+        refusal = self.refusal(headers)
+        if refusal is None:
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+        else:
+            await _error_response(refusal)(scope, receive, send)
+
+
 # --- helpers over the runtime ---------------------------------------------------------------------
 
 
@@ -348,22 +500,34 @@ async def _committed(request: Request) -> AsyncIterator[None]:
 
 
 def _route(method: str, path: str, status: int = 200, *, storage: bool | None = None, records: bool = False,
-           **kw: Any) -> Any:
-    """A JSON route; ``storage`` (default: every method but GET) documents 503/507 storage faults.
+           idempotent: bool | None = None, **kw: Any) -> Any:
+    """A JSON route of ``router``.
 
-    ``records``: the route changes rows of runtime.db without waiting for them (sessions, a
-    cancel): it answers only once they are committed. The other write routes commit what they
-    change before they return (the journal, governance.db, a submitted task, an agent)."""
+    ``storage`` (default: every method but GET) documents 503/507 storage faults; a POST (unless
+    ``idempotent=False``) honours ``Idempotency-Key``. ``records``: the route changes rows of
+    runtime.db without waiting for them (sessions, a cancel): it answers only once they are
+    committed. The other write routes commit what they change before they return (the journal,
+    governance.db, a submitted task, an agent).
+    """
     if storage if storage is not None else method != "GET":
         kw["responses"] = {**kw.get("responses", {}), **_errors(*_STORAGE_STATUSES)}
-    decorator = getattr(router, method.lower())
+    extra: dict[str, Any] = {}
     if records:
-        kw.setdefault("dependencies", []).append(Depends(_committed, scope="function"))
-    return decorator(path, status_code=status, **kw)
+        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_committed, scope="function")]
+    if method == "POST" if idempotent is None else idempotent:
+        extra["route_class_override"] = IdempotentRoute
+        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_idempotency_key)]
+        kw["responses"] = {**_errors(409), **kw.get("responses", {})}
+
+    def decorator(fn: Any) -> Any:
+        router.add_api_route(path, fn, methods=[method], status_code=status, **kw, **extra)
+        return fn
+
+    return decorator
 
 
 @public.get("/health", response_model=s.Health, operation_id="health", tags=["health"],
-            summary="Liveness (no token needed)")
+            summary="Liveness (no token needed)", responses=_errors())
 async def health() -> dict[str, Any]:
     return {"status": "ok", "version": __version__}
 
@@ -765,6 +929,7 @@ async def verify_journal(rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
 
 @_route("POST", "/audit/replay/{run_id}", response_model=s.ReplayResult, operation_id="replayRun", tags=["audit"],
+        idempotent=False,
         summary="Replay a run offline from its trace", responses=_errors(404),
         description="`identical`, `diverged` (every divergence) or `incomplete`. Calls no model and runs no tool. "
                     "404 `UNKNOWN_RUN` when the journal holds no entry of that run.")
@@ -796,6 +961,7 @@ def create_app(
     token: str,
     home: Any = None,
     cors_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
     max_body_bytes: int = 1_000_000,
     runtime_options: dict[str, Any] | None = None,
 ) -> FastAPI:
@@ -804,7 +970,9 @@ def create_app(
     With ``runtime`` the caller owns it; without, the app's lifespan opens
     ``Runtime.open(home, **runtime_options)`` and closes it on shutdown.
     ``app.state.closing`` is set when the server begins to shut down, which
-    ends every event stream.
+    ends every event stream. Requests are served for loopback hosts and
+    ``allowed_hosts``, and from browser pages of the server's own origin and
+    ``cors_origins`` (``HostGuard``).
     """
     from apollia_nb.api import internal as _internal  # the home's clients: docs/shared-home.md
 
@@ -838,8 +1006,11 @@ def create_app(
         version=__version__,
         summary="Drive governed agents headless: agents, tasks, chat, pending decisions, governance, audit.",
         description=(
-            "Every route but `/health` needs `Authorization: Bearer <token>`. Every error is "
-            "`{\"code\", \"message\"}` with a stable code."
+            "Every route but `/health` needs `Authorization: Bearer <token>`. This document "
+            "(`/api/v1/openapi.json`) and its browsable form (`/api/v1/docs`) are served without a token too, "
+            "so a client generator can fetch them: they describe the API and hold none of its data. Every error "
+            "is `{\"code\", \"message\"}` with a stable code. Every POST that changes something takes an "
+            f"`{KEY_HEADER}` header, which makes a retry after a timeout safe."
         ),
         openapi_url=f"{API_PREFIX}/openapi.json",
         docs_url=f"{API_PREFIX}/docs",
@@ -848,6 +1019,8 @@ def create_app(
     )
     app.state.runtime = runtime
     app.state.token = token.encode("utf-8")
+    app.state.idempotency = None
+    app.state.idempotency_for = _idempotency_for
     _install_error_handlers(app)
     _with_event_schemas(app)
     app.include_router(public, prefix=API_PREFIX)
@@ -858,6 +1031,8 @@ def create_app(
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_credentials=False,
                            allow_methods=["GET", "POST", "PUT", "DELETE"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "Content-Type", KEY_HEADER],
+                           expose_headers=["Location", REPLAYED_HEADER])
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(HostGuard, allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(cors_origins))
     return app

@@ -151,6 +151,7 @@ async def serve(
     port: int = 0,
     token: str | None = None,
     allow_remote: bool = False,
+    allowed_hosts: tuple[str, ...] = (),
     cors_origins: tuple[str, ...] = (),
     max_body_bytes: int = 1_000_000,
     on_listening: Callable[[ServerInfo], None] | None = None,
@@ -159,7 +160,12 @@ async def serve(
     runtime_options: dict[str, Any] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Open the home's runtime, serve the API until a signal (or ``stop``), then close everything."""
+    """Open the home's runtime, serve the API until a signal (or ``stop``), then close everything.
+
+    Requests are served for the loopback names, the bound address (when it is
+    one address, not ``0.0.0.0`` or ``::``) and ``allowed_hosts``; browser
+    pages only from the server's own origin and ``cors_origins``.
+    """
     from apollia_nb.api.app import create_app
     from apollia_nb.runtime import Runtime
 
@@ -172,7 +178,9 @@ async def serve(
     rt = await Runtime.open(the_home, **(runtime_options or {}))
     server_json = the_home.server_json
     try:
-        app = create_app(rt, token=the_token, cors_origins=cors_origins, max_body_bytes=max_body_bytes)
+        hosts = (*allowed_hosts, *(() if host in ("0.0.0.0", "::", "") else (host,)))
+        app = create_app(rt, token=the_token, cors_origins=cors_origins, allowed_hosts=hosts,
+                         max_body_bytes=max_body_bytes)
 
         def listening(real_port: int) -> None:
             info = ServerInfo(url=_url(host, real_port), token=the_token, pid=os.getpid())

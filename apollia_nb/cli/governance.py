@@ -5,7 +5,11 @@ Commands that change governance own the home for their duration (``OwnerLock``;
 another owner is ``HOME_LOCKED``, naming it) and journal the change before it
 takes effect. ``policy keygen`` and ``policy sign`` touch only the files they
 name; ``policy check`` says what the home makes of its deposited policy and
-exits 1 when it is refused.
+exits 1 when it is refused; ``policy remove`` is the only way back from a
+policy to none (a policy file that just vanished is refused).
+
+What the home has had comes from its journal: a ``governance.db`` or policy it
+records and that is gone is reported, never read as "nothing configured".
 """
 
 from __future__ import annotations
@@ -67,6 +71,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(handler=_policy_sign)
     p = psub.add_parser("check", parents=[common], help="is the deposited policy accepted? (exit 1: refused)")
     p.set_defaults(handler=_policy_check)
+    p = psub.add_parser("remove", parents=[common],
+                        help="remove the deposited policy on purpose (journaled); the home has none afterwards")
+    p.add_argument("--by", default=None, help="who makes the change (default: the user name)")
+    p.set_defaults(handler=_policy_remove)
 
 
 # --- shared -------------------------------------------------------------------------
@@ -89,11 +97,23 @@ def _home(args: argparse.Namespace, *, create: bool = True) -> Any:
     return Home.at(args.home, create=create)
 
 
+def _history(home: Any) -> Any:
+    """What the journal records the home has had (None: the journal is held by its owner)."""
+    from apollia_nb.journal.accounting import read_home_record_offline
+
+    return read_home_record_offline(home)
+
+
 def _reader(args: argparse.Namespace) -> Any:
-    """A store for reading: it creates nothing."""
+    """A store for reading: it creates nothing, and expects what the journal records."""
     from apollia_nb.governance.store import GovernanceStore
 
-    return GovernanceStore(_home(args, create=False))
+    home = _home(args, create=False)
+    record = _history(home)
+    if record is None:
+        return GovernanceStore(home)
+    return GovernanceStore(home, expect_db=record.governance_db, expect_db_id=record.governance_id,
+                           expect_policy=record.policy)
 
 
 def _open_journal(home: Any) -> Any:
@@ -113,7 +133,7 @@ def _owned_store(args: argparse.Namespace) -> Iterator[Any]:
     with OwnerLock(home):
         journal = _open_journal(home)
         try:
-            yield GovernanceStore(home, journal=journal)
+            yield GovernanceStore.open(home, journal)
         finally:
             journal.close()
 
@@ -237,9 +257,15 @@ def _policy_check(args: argparse.Namespace) -> int:
     from apollia_nb.governance.policy import load_policy
 
     home = _home(args, create=False)
-    state = load_policy(home)
+    record = _history(home)
+    state = load_policy(home, expected=record is not None and record.policy)
     data = {"path": str(home.policy_path), **state.to_dict()}
     lines = [f"policy: {state.status}", f"reason: {state.reason}"]
+    if record is None:
+        note = ("the journal is held by the process that owns the home, so the policy the home had could not be "
+                "checked here; the owner's view is in `%apollia status` and GET /api/v1/governance/policy")
+        data["note"] = note
+        lines.append(f"note: {note}")
     if state.key is not None:
         lines.append(f"key: {state.key}")
     if state.digest is not None:
@@ -250,3 +276,12 @@ def _policy_check(args: argparse.Namespace) -> int:
             lines.append(f"refuses {what}: {', '.join(refuse[what]) or '-'}")
     emit(args, data, "\n".join(lines))
     return 1 if state.status == "refused" else 0
+
+
+def _policy_remove(args: argparse.Namespace) -> int:
+    home = _home(args, create=False)
+    with _owned_store(args) as store:
+        state = store.remove_policy(by=_who(args)).to_dict()
+    emit(args, {"path": str(home.policy_path), **state},
+         f"removed the organisation policy of {home.path} (journaled)\npolicy: {state['status']}")
+    return 0

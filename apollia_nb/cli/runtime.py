@@ -161,6 +161,7 @@ def _run(args: argparse.Namespace) -> int:
             stopped = await _until_answered_or_interrupted(attend(rt, handle))
             if stopped is not None:
                 return await _left_waiting(rt, handle, stopped)
+            await rt.committed()  # what is printed is in runtime.db: a restart finds the task as shown
             task = handle.to_dict()
             lines = [_task_line(task)]
             if task["result"]:
@@ -214,6 +215,7 @@ async def _left_waiting(rt: Any, handle: Any, why: str) -> int:
     print()
     with anyio.CancelScope(shield=True):
         await handle.unwatch()
+        await rt.committed()  # the suspended task is in runtime.db before it is said to be pending
     lines = [f"{why}: no answer given. " + _task_line(handle.to_dict())]
     waiting = _waiting_lines(rt, handle)
     if waiting:

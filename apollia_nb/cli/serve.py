@@ -1,6 +1,9 @@
-"""``apollia-os serve``: own the home and serve the REST API (SPEC §7).
+"""``apollia-os serve``: own the home and serve the REST API.
 
-Loopback only unless ``--allow-remote``. The token comes from ``--token``, else
+Loopback only unless ``--allow-remote``. Requests are answered only for the
+loopback names (``localhost``, ``127.0.0.1``, ``[::1]``), the bound address and
+each ``--allowed-host``; browser pages only from the server's own origin and
+each ``--cors-origin``. The token comes from ``--token``, else
 ``$APOLLIA_TOKEN``, else is generated; it is written to ``<home>/server.json``
 (mode 0600) and printed only with ``--print-token``. FastAPI and uvicorn are
 imported when the command runs, not when the CLI starts.
@@ -22,6 +25,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--token", default=None,
                    help="bearer token (default: $APOLLIA_TOKEN, else a generated one); see server.json")
     p.add_argument("--allow-remote", action="store_true", help="allow binding an address other than loopback")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests for this host name (repeatable; '*' for any; default: loopback "
+                        "names and the bound address)")
     p.add_argument("--print-token", action="store_true", help="print the token with the URL")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser calls from this origin (repeatable; default: no CORS)")
@@ -43,6 +49,6 @@ def _serve(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     run(args.home, host=args.host, port=args.port, token=args.token, allow_remote=args.allow_remote,
-        cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes, on_listening=listening,
+        allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes, on_listening=listening,
         log_level=args.log_level)
     return 0

@@ -1,7 +1,7 @@
 """Where a tool call is decided: ``decide(call, view) -> Decision``.
 
 Pure: no I/O, no clock, no globals. The store keeps a ``GovernanceView`` snapshot
-current; this module only reads it. The six lines of SPEC §4 are read in order and
+current; this module only reads it. The six lines are read in order and
 the first that applies decides:
 
 1. organisation policy refuses the tool, its connection or its family → refuse
@@ -9,7 +9,10 @@ the first that applies decides:
 3. family ``read``, ``conversation`` or ``memory`` → allow
 4. family ``execute`` → allow only in developer mode, by a matching ``allow``
    rule, for one simple command; otherwise ask (``once``/``refuse``, plus
-   ``always`` in developer mode for a simple command)
+   ``always`` in developer mode for a simple command whose program cannot make
+   a rule with it as prefix allow more: not a wrapper, interpreter, shell
+   builtin, program that writes by argument, or file outside the system's
+   program folders — see ``shellcheck.no_always_reason``)
 5. family ``profile`` → ask (``once``/``refuse``); any other classified call →
    allow on a standing consent of the agent for the family, or a run grant
 6. anything left → ask (``once``/``always``/``refuse``; unclassified:
@@ -697,7 +700,9 @@ def decide(call: Call, view: GovernanceView) -> Decision:
         command = _command(call)
         words = shellcheck.simple_words(command) if command is not None else None
         if not words:
-            return Decision(Outcome.ASK, 4, _ONCE_REFUSE, reason="executes code; not a single simple command")
+            builtin = shellcheck.evaluating_builtin(command) if command is not None else None
+            why = f" (the shell builtin {builtin!r} may evaluate its arguments as code)" if builtin else ""
+            return Decision(Outcome.ASK, 4, _ONCE_REFUSE, reason=f"executes code; not a single simple command{why}")
         first = None
         for rules in scopes:
             first = _earliest(first, rules.first_allow(words))
@@ -708,6 +713,13 @@ def decide(call: Call, view: GovernanceView) -> Decision:
                 reason=f"developer mode and an allow rule for {call.tool!r} under {rule.prefix!r}"
                 f" ({_scope_words(rule)}) match a single simple command",
                 rule_id=rule.id,
+            )
+        wider = shellcheck.no_always_reason(words)
+        if wider is not None:
+            return Decision(
+                Outcome.ASK, 4, _ONCE_REFUSE,
+                reason=f"executes code; no allow rule matches this simple command; no always: {wider},"
+                " so a rule for it would allow more than this command",
             )
         return Decision(
             Outcome.ASK, 4, _ALL_ANSWERS, reason="executes code; no allow rule matches this simple command"

@@ -15,6 +15,13 @@ A policy is ``none`` (nothing deposited: no organisation refusals),
 ``refused`` (anything else, with a precise reason). A refused policy makes
 governance fail closed; it never becomes a permission.
 
+Once a home has had a policy (its journal records one loaded or refused), a
+missing ``organisation.toml`` is not ``none`` but ``refused``: the file
+vanished. ``none`` comes back only when an operator removes the policy on
+purpose (``apollia-os policy remove``, journaled ``policy_removed``). A policy
+replaced by another that a trusted key signed is a legitimate change: it is
+accepted and journaled like the first.
+
 The core is pure: ``evaluate_policy`` takes bytes and returns a
 ``PolicyState``; ``load_policy``, ``keygen`` and ``sign`` are the thin edges
 that touch files. The signature is checked before the content is parsed, so
@@ -53,7 +60,13 @@ __all__ = [
     "sign_bytes",
     "policy_to_dict",
     "SIGNATURE_SUFFIX",
+    "MISSING_REASON",
 ]
+
+MISSING_REASON = (
+    "policy/organisation.toml is missing, but this home had an organisation policy (see the journal); "
+    "restore the file and its .sig, or remove the policy on purpose with `apollia-os policy remove`"
+)
 
 PolicyStatus = Literal["none", "accepted", "refused"]
 SIGNATURE_SUFFIX = ".sig"
@@ -208,13 +221,17 @@ def evaluate_policy(
     trusted_keys: Sequence[str] | None,
     *,
     keys_problem: str | None = None,
+    expected: bool = False,
 ) -> PolicyState:
     """Decide what a deposited policy is worth. Pure: bytes in, a ``PolicyState`` out.
 
     ``data`` None: no policy is deposited. ``signature`` None: the ``.sig`` is
     missing. ``keys_problem``: why the trusted keys could not be read, if so.
+    ``expected``: the home has had a policy, so its absence is refused.
     """
     if data is None:
+        if expected:
+            return PolicyState("refused", MISSING_REASON)
         return PolicyState("none", "no organisation policy is deposited")
     digest = hashlib.sha256(data).hexdigest()
     if signature is None:
@@ -251,18 +268,18 @@ def _read_optional(path: Path, what: str) -> bytes | None:
         raise PolicyRefused(f"{what} cannot be read: {exc.strerror or exc}") from None
 
 
-def load_policy(home: Home, trusted_keys: Sequence[str] | None = None) -> PolicyState:
+def load_policy(home: Home, trusted_keys: Sequence[str] | None = None, *, expected: bool = False) -> PolicyState:
     """Read the home's deposited policy and judge it.
 
     ``trusted_keys`` None: take them from ``[policy] trusted_keys`` of
-    ``apollia.toml``.
+    ``apollia.toml``. ``expected``: the home has had a policy (a missing file is refused).
     """
     try:
         data = _read_optional(home.policy_path, "policy/organisation.toml")
     except PolicyRefused as exc:
         return PolicyState("refused", exc.message)
     if data is None:
-        return evaluate_policy(None, None, None)
+        return evaluate_policy(None, None, None, expected=expected)
     try:
         signature = _read_optional(home.policy_sig_path, "policy/organisation.toml.sig")
     except PolicyRefused as exc:

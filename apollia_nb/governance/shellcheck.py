@@ -8,10 +8,20 @@ play, the first words of a command say nothing about what it does.
 So the check is a small tokenizer that *proves* a command simple or rejects it.
 It accepts a deliberately narrow subset of POSIX shell syntax, one that ``sh``
 (dash), ``bash`` and ``zsh`` all read the same way and in which no expansion can
-happen; anything else is "not simple" and is asked. Rejecting is always safe.
+happen, whose first word is not a shell builtin that may evaluate its words
+(``printf -v 'a[$(x)]'``, ``trap``, ``eval``); anything else is "not simple" and
+is asked. Rejecting is always safe.
+
+``always`` writes an allow rule with the command as its prefix, so it is offered
+only where such a rule allows nothing the question did not show: never for a
+program in :data:`NO_ALWAYS` (wrappers, interpreters, programs that run other
+programs or write where their arguments say, builtins) or a file outside the
+system's program folders.
 
 - :func:`simple_words` — the argv of one provably simple command, else ``None``
 - :func:`is_simple`
+- :func:`evaluating_builtin` — the shell builtin that makes a command not simple
+- :func:`no_always_reason` — why ``always`` must not write a rule for a simple command
 - :func:`allow_prefix_matches` — allow rules: whole words of two simple commands
 - :func:`deny_prefix_matches` — deny rules: broad, defence in depth
 
@@ -36,7 +46,14 @@ __all__ = [
     "MAX_SIMPLE_LENGTH",
     "MAX_DENY_LENGTH",
     "RESERVED_WORDS",
+    "SHELL_BUILTINS",
+    "PLAIN_BUILTINS",
     "WRAPPERS",
+    "RUNS_PROGRAMS",
+    "WRITES_BY_ARGUMENT",
+    "NO_ALWAYS",
+    "evaluating_builtin",
+    "no_always_reason",
 ]
 
 #: A longer command is never simple (it is asked instead).
@@ -60,6 +77,49 @@ RESERVED_WORDS = frozenset(
         "declare", "export", "float", "integer", "local", "readonly", "typeset",
     }
 )
+
+#: Builtins of bash, dash, zsh and ksh. The shell runs them itself, and many read
+#: their arguments as code: array subscripts and arithmetic in variable names
+#: (``printf -v 'a[$(x)]'``, ``test -v``, ``read``, ``let``, ``declare -i``, ``unset``,
+#: ``wait -p``, ``getopts``), command strings (``eval``, ``trap``, ``compgen -C/-W``,
+#: ``complete -C``, ``bind -x``, ``mapfile -C``, ``fc``, ``zpty``), programs or files
+#: to run (``command``, ``builtin``, ``exec``, ``source``, ``.``, ``enable -f``,
+#: ``hash -p``, ``jobs -x``), or shell state (``set``, ``shopt``, ``alias``,
+#: ``ulimit``, ``cd``). A command whose first word is one of them is never simple,
+#: except for :data:`PLAIN_BUILTINS`.
+SHELL_BUILTINS = frozenset(
+    {
+        # bash
+        ".", "alias", "bg", "bind", "break", "builtin", "caller", "cd", "command",
+        "compgen", "complete", "compopt", "continue", "declare", "dirs", "disown", "echo",
+        "enable", "eval", "exec", "exit", "export", "false", "fc", "fg", "getopts", "hash",
+        "help", "history", "jobs", "kill", "let", "local", "logout", "mapfile", "popd",
+        "printf", "pushd", "pwd", "read", "readarray", "readonly", "return", "set", "shift",
+        "shopt", "source", "suspend", "test", "times", "trap", "true", "type", "typeset",
+        "ulimit", "umask", "unalias", "unset", "wait",
+        # dash
+        "chdir",
+        # zsh (with the modules it loads on demand)
+        "autoload", "bindkey", "bye", "cap", "clone", "comparguments", "compcall", "compctl",
+        "compdescribe", "compfiles", "compgroups", "compquote", "comptags", "comptry",
+        "compvalues", "disable", "echotc", "echoti", "emulate", "float", "functions",
+        "getcap", "getln", "integer", "limit", "log", "noglob", "print", "private",
+        "pushln", "r", "rehash", "sched", "setcap", "setopt", "strftime", "syserror",
+        "sysopen", "sysread", "sysseek", "syswrite", "ttyctl", "unfunction", "unhash",
+        "unlimit", "unsetopt", "vared", "whence", "where", "which", "zcompile", "zcurses",
+        "zformat", "zftp", "zle", "zmodload", "zparseopts", "zprof", "zpty", "zregexparse",
+        "zselect", "zsocket", "zstat", "zstyle", "zsystem", "ztcp",
+        # ksh93 and mksh
+        "alarm", "compound", "enum", "global", "hist", "nameref", "namespace", "redirect",
+        "stop",
+    }
+)
+
+#: Builtins that read no argument as code or as a name to assign in any of those
+#: shells; a command may start with one and still be simple.
+PLAIN_BUILTINS = frozenset({"echo", "false", "pwd", "true", "which"})
+
+_EVALUATING_BUILTINS = SHELL_BUILTINS - PLAIN_BUILTINS
 
 #: Programs that run another command, a command string or a program text given in
 #: their arguments. A deny rule looks through them; an allow rule never does (a
@@ -93,9 +153,91 @@ WRAPPERS = frozenset(
         # package runners and containers
         "npx", "uvx", "uv", "pipx", "poetry", "pipenv", "conda", "npm", "pnpm",
         "yarn", "docker", "podman",
+        # programs whose arguments carry program text
+        "rename", "prename", "perl-rename", "file-rename",
+        # more programs that run the command in their arguments
+        "setarch", "linux32", "linux64", "chronic", "ifne", "sem", "daemonize",
+        "start-stop-daemon", "eatmydata", "ccache", "distcc", "hyperfine", "watchexec",
+        "nodemon", "direnv", "lldb", "rr", "bpftrace", "xterm", "mamba", "micromamba",
+        "pixi", "hatch", "pdm", "rye",
     }
 )
 _VERSIONED_INTERPRETER = re.compile(r"(python|pypy|perl|ruby|node|php|lua|tclsh|wish)[0-9.]+")
+
+#: Programs beyond :data:`WRAPPERS` that run other programs, commands or program
+#: text their arguments or configuration name (``git -c alias.x='!…'``, ``make``,
+#: ``sed`` ``e``, ``tar --to-command``, ``rsync -e``, ``vim``/``less`` shell escapes,
+#: package scripts), or change the system.
+RUNS_PROGRAMS = frozenset(
+    {
+        "git", "make", "gmake", "bmake", "cmake", "ninja", "meson", "scons", "bazel",
+        "bazelisk", "buck", "just", "task", "invoke", "tox", "nox", "pytest", "py.test",
+        "ipython", "jupyter", "pip", "pip3", "cargo", "rustup", "go", "gem",
+        "bundle", "bundler", "rake", "mvn", "gradle", "gradlew", "ant", "sbt", "lein",
+        "dotnet", "composer", "java", "jshell", "kotlin", "scala", "groovy", "julia",
+        "R", "r", "octave", "matlab", "swift", "erl", "elixir", "mix", "iex", "ghci",
+        "runghc", "stack", "cabal", "ctest", "guile", "racket", "sbcl", "clisp", "emacs",
+        "vim", "vi", "nvim", "view", "vimdiff", "ex", "ed", "red", "nano", "pico", "joe",
+        "less", "more", "most", "pg", "man", "info", "sed", "gsed", "tar", "gtar",
+        "bsdtar", "zip", "rsync", "scp", "sftp", "ftp", "lftp", "rclone", "sqlite3",
+        "psql", "mysql", "mariadb", "mongo", "mongosh", "redis-cli", "gpg", "gpg2",
+        "openssl", "ssh-agent", "ssh-keygen", "crontab", "systemctl", "service",
+        "launchctl", "kubectl", "helm", "terraform", "ansible", "ansible-playbook",
+        "vagrant", "apt", "apt-get", "aptitude", "dpkg", "rpm", "yum", "dnf", "zypper",
+        "pacman", "apk", "brew", "port", "snap", "flatpak", "nix", "nix-shell",
+        "pandoc", "latex", "pdflatex", "xelatex", "lualatex", "tex", "convert",
+        "magick", "mogrify", "gs", "ghostscript", "socat", "nc", "ncat", "netcat",
+        "telnet", "xdg-open", "open", "start", "run-parts", "dtach", "nq", "tsp",
+        "inotifywait", "fswatch", "ip", "iptables", "nft", "mount", "umount",
+        "losetup", "modprobe", "insmod", "rmmod", "sysctl",
+        # linters, formatters, bundlers and test runners that load code from the workspace
+        "mypy", "pylint", "flake8", "eslint", "prettier", "webpack", "vite", "rollup",
+        "jest", "mocha", "vitest", "rspec", "phpunit", "black", "ruff", "isort",
+        "autopep8", "yapf", "pre-commit",
+        # calculators, macro processors and query tools with a shell escape or program text
+        "dc", "bc", "m4", "gnuplot", "ghc", "runhaskell", "xsltproc", "duckdb",
+        # version control and cloud clients run aliases, hooks and configured programs
+        "hg", "svn", "gh", "aws", "gcloud", "az",
+    }
+)
+
+#: Programs that write, delete or send where their arguments say (``cp a b``,
+#: ``sort -o``, ``curl -o``, ``gcc -o``, ``tee``), or change the system by them.
+WRITES_BY_ARGUMENT = frozenset(
+    {
+        "cp", "mv", "rm", "rmdir", "ln", "link", "unlink", "install", "dd", "tee",
+        "touch", "mkdir", "mkfifo", "mknod", "chmod", "chown", "chgrp", "chattr",
+        "setfacl", "truncate", "shred", "fallocate", "sort", "split", "csplit", "uniq",
+        "patch", "gzip", "gunzip", "bzip2", "bunzip2", "xz", "unxz", "zstd",
+        "unzstd", "lz4", "7z", "7za", "unzip", "cpio", "ar", "curl", "wget", "aria2c",
+        "http", "xh", "gcc", "cc", "c++", "g++", "clang", "clang++", "ld", "as",
+        "rustc", "javac", "tsc", "esbuild", "ffmpeg", "sponge", "kill", "pkill",
+        "killall", "date", "hostname", "timedatectl", "hwclock", "passwd", "chpasswd",
+        "useradd", "userdel", "usermod", "groupadd", "visudo", "mkfs", "fdisk",
+        "parted", "wipefs", "shutdown", "reboot", "poweroff", "halt", "nmcli",
+        "xxd", "tree", "shuf", "iconv", "yq", "gofmt", "rustfmt", "clang-format",
+        "objcopy", "strip", "msgfmt",
+    }
+)
+
+#: Programs for which ``always`` is never offered, by why. ``always`` writes an allow
+#: rule whose prefix is the whole command, and a prefix matches every command that
+#: adds words after it: for these programs, added words run other programs or
+#: program text, change the system, or write and delete where they say.
+NO_ALWAYS_GROUPS: dict[str, frozenset[str]] = {
+    "runs other programs, commands or program text": WRAPPERS | RUNS_PROGRAMS,
+    "writes, deletes or sends where its arguments say": WRITES_BY_ARGUMENT,
+    "is a shell builtin": SHELL_BUILTINS,
+}
+#: Every program for which ``always`` is never offered (the union of the groups).
+NO_ALWAYS = frozenset().union(*NO_ALWAYS_GROUPS.values())
+#: Folders whose programs a path may name and still be offered ``always``. Any other
+#: path (``./build.sh``, ``bin/tool``, ``/home/me/project/run``, ``/usr/bin/../x``)
+#: may be a file the agent can change.
+_SYSTEM_PROGRAM_DIRS = frozenset(
+    {"/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/opt/homebrew/bin"}
+)
+_VERSION_SUFFIX = re.compile(r"[-.]?[0-9][0-9.]*$")  # python3.11, pip3, g++-12, lua5.4
 
 
 # --------------------------------------------------------------------------- simple
@@ -174,9 +316,24 @@ def simple_words(command: str) -> tuple[str, ...] | None:
         if not _PRINTABLE.issuperset(command):
             return None  # control characters (newline, CR, tab, NUL…) and non-ASCII
         words = _tokenize(command)
-        if not words or not _program_ok(words[0]):
+        if not words or not _program_ok(words[0]) or words[0] in _EVALUATING_BUILTINS:
             return None
         return words
+    except Exception:
+        return None
+
+
+def evaluating_builtin(command: str) -> str | None:
+    """The shell builtin (not in :data:`PLAIN_BUILTINS`) that ``command`` starts with, if any.
+
+    Only reads commands made of the accepted subset; for any other, None.
+    """
+    try:
+        command = _exact_text(command)
+        if command is None or len(command) > MAX_SIMPLE_LENGTH or not _PRINTABLE.issuperset(command):
+            return None
+        words = _tokenize(command)
+        return words[0] if words and words[0] in _EVALUATING_BUILTINS else None
     except Exception:
         return None
 
@@ -206,6 +363,33 @@ def allow_prefix_matches(prefix: str, command: str) -> bool:
         return len(words) >= len(want) and words[: len(want)] == want
     except Exception:
         return False
+
+
+def no_always_reason(words: tuple[str, ...]) -> str | None:
+    """Why ``always`` may not write a rule with this simple command as its prefix, else None.
+
+    The program is read by its basename (``/usr/bin/env`` is ``env``) and with a
+    version suffix dropped (``python3.11``, ``pip3``, ``g++-12``). A program named by
+    a path outside the system's program folders (``./build.sh``, ``bin/tool``,
+    ``/home/me/project/run``) may be a file the agent can change: what it runs can
+    change after the rule is written. Any failure gives a reason.
+    """
+    try:
+        program = _exact_text(words[0])
+        if program is None:
+            return "the command cannot be read"
+        if "/" in program and posixpath.dirname(program) not in _SYSTEM_PROGRAM_DIRS:
+            return f"{program!r} is a file outside the system's program folders: what it runs may change"
+        name = _basename(program)
+        for candidate in dict.fromkeys((name, _VERSION_SUFFIX.sub("", name))):
+            for why, names in NO_ALWAYS_GROUPS.items():
+                if candidate in names:
+                    return f"{name!r} {why}"
+        if _VERSIONED_INTERPRETER.fullmatch(name):
+            return f"{name!r} {next(iter(NO_ALWAYS_GROUPS))}"
+        return None
+    except Exception:
+        return "the command cannot be read"
 
 
 # --------------------------------------------------------------------------- deny
@@ -411,14 +595,11 @@ def _glob_regex(word: str) -> "re.Pattern[str] | None":
         elif c == "?":
             out.append(".")
         elif c == "[":
-            end = word.find("]", i + 2)
+            end = _bracket_end(word, i)
             if end == -1:
                 out.append(re.escape(c))
             else:
-                body = word[i + 1:end].replace("\\", "\\\\")
-                if body.startswith(("!", "^")):
-                    body = "^" + body[1:]
-                out.append(f"[{body}]")
+                out.append(_bracket_regex(word[i + 1:end]))
                 i = end
         elif c == "{":
             depth += 1
@@ -436,6 +617,47 @@ def _glob_regex(word: str) -> "re.Pattern[str] | None":
         return re.compile("".join(out), re.DOTALL)
     except re.error:
         return re.compile(".*", re.DOTALL)  # an unreadable pattern may name anything
+
+
+def _bracket_end(word: str, start: int) -> int:
+    """Where the bracket expression opened at ``start`` closes, or -1 (then ``[`` is literal).
+
+    As a shell reads it: a ``!``/``^`` and a first ``]`` are members, and ``[:…:]``,
+    ``[=…=]``, ``[.….]`` inside are classes whose ``]`` does not close it.
+    """
+    i = start + 1
+    if i < len(word) and word[i] in "!^":
+        i += 1
+    if i < len(word) and word[i] == "]":
+        i += 1
+    while i < len(word):
+        c = word[i]
+        if c == "]":
+            return i
+        if c == "[" and i + 1 < len(word) and word[i + 1] in ":=.":
+            close = word.find(word[i + 1] + "]", i + 2)
+            if close != -1:
+                i = close + 2
+                continue
+        i += 1
+    return -1
+
+
+def _bracket_regex(body: str) -> str:
+    """A glob bracket expression as a regex class; a POSIX class (``[:alpha:]``) is any character.
+
+    Every character is taken literally except a range's ``-`` and a leading ``!``/``^``,
+    so the class never nests (``[[ab]`` is ``[`` ``a`` ``b``).
+    """
+    negate = body.startswith(("!", "^"))
+    if negate:
+        body = body[1:]
+    if "[:" in body or "[=" in body or "[." in body:
+        return "."  # a class the regex cannot spell: it may be any character (deny over-matches)
+    members = "".join(
+        "-" if c == "-" and 0 < k < len(body) - 1 else re.escape(c) for k, c in enumerate(body)
+    )
+    return f"[{'^' if negate else ''}{members}]"
 
 
 def _pattern_may_name(forms: set[tuple[str, ...]], command: str) -> bool:

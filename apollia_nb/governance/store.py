@@ -72,7 +72,7 @@ from apollia_nb.governance.decision import (
     GovernanceView,
     Rule,
 )
-from apollia_nb.governance.policy import PolicyState, load_policy, policy_to_dict
+from apollia_nb.governance.policy import PolicyState, evaluate_policy, load_policy, policy_to_dict
 from apollia_nb.home import Home
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -139,7 +139,7 @@ class RuleRecord(Rule):
         return Rule(tool=self.tool, effect=self.effect, prefix=self.prefix, agent=self.agent, id=self.id)
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC §7's rule JSON plus ``created_by`` and ``created_at``."""
+        """The rule's JSON plus ``created_by`` and ``created_at``."""
         return {
             "id": self.id,
             "tool": self.tool,
@@ -209,7 +209,7 @@ class PendingDecision:
     answer_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC §7's pending-decision JSON, plus its state and context."""
+        """The pending decision's JSON, plus its state and context."""
         return {
             "id": self.id,
             "run_id": self.run_id,
@@ -316,6 +316,14 @@ def _stat(path: str) -> _Stat:
     except OSError as exc:
         return ("error", exc.errno or 0)
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+
+
+def _inode(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _newest(stats: Sequence[_Stat]) -> int:
@@ -448,6 +456,9 @@ class GovernanceStore:
         *,
         lock_timeout: float = _DEFAULT_LOCK_TIMEOUT,
         clock: Callable[[], datetime] = _utcnow,
+        expect_db: bool = False,
+        expect_db_id: str | None = None,
+        expect_policy: bool = False,
     ) -> None:
         self.home = home
         self.journal = journal
@@ -464,7 +475,156 @@ class GovernanceStore:
         self._last_rules: tuple[Rule, ...] = ()
         self._journaled_policy: tuple[str, str | None, str] | None = None
         self._keeper: Any = None
+        self._keeper_ino: tuple[int, int] | None = None  # the file the keeper holds
         self._keep = False
+        # What this home has had (from the journal, then from what this store saw):
+        # a governance.db that must exist (with this id, when known) and a deposited policy.
+        self._expect_db = expect_db or expect_db_id is not None
+        self._expect_id = expect_db_id
+        self._expect_policy = expect_policy
+        self._journaled_damage: str | None = None
+
+    @classmethod
+    def open(cls, home: Home, journal: Any, *, record: Any = None, **kwargs: Any) -> "GovernanceStore":
+        """The store of a home this process owns, checked against what ``journal`` records.
+
+        A ``governance.db`` the journal records is expected (missing, empty or
+        another database in its place: the view fails closed and mutations are
+        refused); a policy it records as deposited is expected (gone: refused).
+        A ``governance.db`` the journal does not record yet (a home written by
+        an older version) is recorded now, with its id. ``record``: the journal's
+        ``HomeRecord`` when the caller has read it already.
+        """
+        from apollia_nb.journal.accounting import FILE_CREATED, read_home_record
+
+        record = record if record is not None else read_home_record(journal)
+        store = cls(home, journal=journal, expect_db=record.governance_db, expect_db_id=record.governance_id,
+                    expect_policy=record.policy, **kwargs)
+        if "governance.db" not in record.recorded and store.path.exists():
+            store_id = store._adopt_id()
+            if store_id is not None:
+                journal.append(FILE_CREATED, {"file": "governance.db", "id": store_id})
+        return store
+
+    def _adopt_id(self) -> str | None:
+        """The database's ``store_id``, given one when it has none; None when it cannot be read."""
+        duckdb = _duckdb()
+        with self._lock:
+            try:
+                con = self._connect(read_only=False)
+            except (GovernanceUnreadable, Conflict):
+                return None
+            try:
+                if not self._schema_ready(con):
+                    return None
+                found = self._store_id(con)
+                if found is None:
+                    found = "g-" + secrets.token_hex(8)
+                    con.execute("INSERT INTO meta VALUES ('store_id', ?)", [found])
+            except (duckdb.Error, GovernanceUnreadable):
+                return None
+            finally:
+                con.close()
+                self._db = None
+                self._cached = None
+            self._expect_db, self._expect_id = True, found
+            return found
+
+    @staticmethod
+    def _store_id(con: "duckdb.DuckDBPyConnection") -> str | None:
+        row = con.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+        return str(row[0]) if row else None
+
+    def _restore_hint(self) -> str:
+        return ("restore it from a backup, or start over with an empty one on purpose: "
+                f"`apollia-os home repair --new-governance-db --home {self.home.path}` (journaled)")
+
+    def _expected_problem(self, con: "duckdb.DuckDBPyConnection | None") -> str | None:
+        """Why the database is not the one this home had (None: it is, or none is expected).
+
+        ``con`` None: the file is missing. Otherwise a connection to it; an
+        empty database where one was expected is a problem too.
+        """
+        if not self._expect_db:
+            return None
+        if con is not None and self._keeper_ino is not None and _inode(self.path) != self._keeper_ino:
+            return (f"governance.db was replaced while the home was open (it is not the file this process "
+                    f"opened); {self._restore_hint()}")
+        if con is None:
+            return (f"governance.db is missing, but the journal records that this home had it (its rules, "
+                    f"consents and developer mode were kept there); {self._restore_hint()}")
+        if not self._schema_ready(con):
+            return f"governance.db is empty, but this home had rules kept there; {self._restore_hint()}"
+        found = self._store_id(con)
+        if self._expect_id is not None and found != self._expect_id:
+            return (f"governance.db is not the database this home had (its id is {found or 'none'}, the journal "
+                    f"records {self._expect_id}): it was replaced; {self._restore_hint()}")
+        return None
+
+    def _damaged(self, sig: tuple[_Stat, ...], recheck: bool, problem: str) -> _DbState:
+        """The fail-closed state for a ``governance.db`` that is not the home's, journaled once
+        (``home_damaged``) per problem; a journal that refuses the entry changes nothing here."""
+        journal = self.journal
+        if journal is not None and problem != self._journaled_damage:
+            try:
+                journal.append("home_damaged", {"file": "governance.db", "reason": problem})
+                self._journaled_damage = problem
+            except Exception:  # still fail closed; tried again on the next view()
+                recheck = True
+        return _DbState(sig, recheck, rules=self._last_rules, error=problem)
+
+    def _missing(self) -> bool:
+        return not self.path.exists() and not self.path.is_symlink()
+
+    def db_problem(self) -> str | None:
+        """Why ``governance.db`` cannot serve this home (missing, replaced, unreadable), or None."""
+        with self._lock:
+            if self._missing():
+                return self._expected_problem(None)
+            try:
+                con = self._connect(read_only=True)
+            except (GovernanceUnreadable, Conflict) as exc:
+                return exc.message
+            try:
+                problem = self._expected_problem(con)
+                if problem is None:
+                    self._schema_ready(con)
+                return problem
+            except GovernanceUnreadable as exc:
+                return exc.message
+            except _duckdb().Error as exc:
+                return f"governance.db cannot be read: {exc}"
+            finally:
+                con.close()
+
+    def replace_db(self, *, by: str, moved_to: Path | None) -> str:
+        """Start an empty ``governance.db`` on purpose (``home repair --new-governance-db``).
+
+        The caller has moved the old file (and its ``.wal``) aside to
+        ``moved_to``; the new database's id is journaled (``home_repaired``)
+        before it is created. Returns the new id.
+        """
+        by = _validate_by(by)
+        duckdb = _duckdb()
+        with self._lock:
+            if not self._missing():
+                raise Conflict(f"{self.path} exists; move it aside first: nothing is overwritten")
+            store_id = "g-" + secrets.token_hex(8)
+            if self.journal is not None:
+                self.journal.append("home_repaired", {
+                    "file": "governance.db", "action": "new", "id": store_id, "by": by,
+                    "moved_to": str(moved_to) if moved_to is not None else None,
+                })
+            con = duckdb.connect(str(self.path))
+            try:
+                self._create_schema(con, store_id)
+            finally:
+                con.close()
+            self._expect_db, self._expect_id = True, store_id
+            self._db = None
+            self._cached = None
+            self._last_rules = ()
+            return store_id
 
     def keep_open(self) -> bool:
         """Hold ``governance.db`` open for this process (the home's owner) until ``close()``.
@@ -492,7 +652,7 @@ class GovernanceStore:
                 except Exception:
                     pass
                 return False
-            self._keeper = keeper
+            self._keeper, self._keeper_ino = keeper, _inode(self.path)
             return True
 
     def close(self) -> None:
@@ -500,6 +660,7 @@ class GovernanceStore:
         with self._lock:
             self._keep = False
             keeper, self._keeper = self._keeper, None
+            self._keeper_ino = None
         if keeper is not None:
             keeper.close()
 
@@ -571,6 +732,9 @@ class GovernanceStore:
     def _load_db(self, sig: tuple[_Stat, ...], now: int) -> _DbState:
         recheck = _racy(_newest(sig), now)
         if sig[0] is None:
+            problem = self._expected_problem(None)
+            if problem is not None:  # keep the deny rules known: refusing more is safe
+                return self._damaged(sig, recheck, problem)
             self._last_rules = ()
             return _DbState(sig, recheck)
         duckdb = _duckdb()
@@ -581,9 +745,13 @@ class GovernanceStore:
         except Conflict as exc:  # HomeLocked: try again on the next view()
             return _DbState(sig, True, rules=self._last_rules, error=f"governance.db cannot be read now: {exc.message}")
         try:
+            problem = self._expected_problem(con)
+            if problem is not None:
+                return self._damaged(sig, recheck, problem)
             if not self._schema_ready(con):
                 self._last_rules = ()
                 return _DbState(sig, recheck)
+            store_id = self._store_id(con)
             rules = tuple(
                 r.rule for r in map(_row_to_rule, con.execute(
                     "SELECT id, tool, prefix, effect, agent, created_by, created_at FROM rules ORDER BY created_at, id"
@@ -602,11 +770,17 @@ class GovernanceStore:
         finally:
             con.close()
         self._last_rules = rules
+        self._journaled_damage = None
+        # Seen: from now on this database must stay (with this id) while the home is open.
+        self._expect_db = True
+        self._expect_id = self._expect_id or store_id
         return _DbState(sig, recheck, rules=rules, consents=consents, developer_mode=bool(row and row[0]))
 
     def _load_policy(self, sig: tuple[_Stat, ...], now: int) -> _PolicySnap:
         recheck = _racy(_newest(sig), now)
-        state = load_policy(self.home, self.trusted_keys)
+        state = load_policy(self.home, self.trusted_keys, expected=self._expect_policy)
+        if state.status != "none":
+            self._expect_policy = True  # had one: from now on its absence is refused
         seen = (state.status, state.digest, state.reason)
         journal = self.journal
         if journal is None or seen == self._journaled_policy:
@@ -626,6 +800,29 @@ class GovernanceStore:
         self._journaled_policy = seen
         return _PolicySnap(sig, recheck, state)
 
+    def remove_policy(self, *, by: str) -> PolicyState:
+        """Remove the deposited policy on purpose (journaled ``policy_removed``), then its files.
+
+        The way back to ``none`` after a policy: without it a missing policy is
+        refused. ``NotFound`` when there is no policy to remove.
+        """
+        by = _validate_by(by)
+        with self._lock:
+            files = [p for p in (self.home.policy_path, self.home.policy_sig_path) if p.exists() or p.is_symlink()]
+            if not files and not self._expect_policy:
+                raise NotFound(f"no organisation policy is deposited in {self.home.path}")
+            before = load_policy(self.home, self.trusted_keys, expected=self._expect_policy)
+            if self.journal is not None:
+                self.journal.append("policy_removed", {"by": by, "was": before.status, "digest": before.digest})
+            for path in files:
+                path.unlink(missing_ok=True)
+            self._expect_policy = False
+            now = evaluate_policy(None, None, None)
+            self._journaled_policy = (now.status, now.digest, now.reason)  # the removal is its record
+            self._policy = None
+            self._cached = None
+        return self.policy_state()
+
     # --- connections ----------------------------------------------------------------
 
     def _connect(self, *, read_only: bool) -> "duckdb.DuckDBPyConnection":
@@ -637,6 +834,7 @@ class GovernanceStore:
                 keeper = duckdb.connect(str(self.path))
                 if self._schema_ready(keeper):
                     self._keeper, keeper = keeper, None
+                    self._keeper_ino = _inode(self.path)
             except (duckdb.Error, GovernanceUnreadable):
                 self._keep = False  # unreadable: per-operation connections report it, fail closed
             finally:
@@ -696,10 +894,16 @@ class GovernanceStore:
         """Run a read; a missing or empty database reads as ``empty``."""
         duckdb = _duckdb()
         with self._lock:
-            if not self.path.exists() and not self.path.is_symlink():
+            if self._missing():
+                problem = self._expected_problem(None)
+                if problem is not None:
+                    raise GovernanceUnreadable(problem)
                 return empty
             con = self._connect(read_only=True)
             try:
+                problem = self._expected_problem(con)
+                if problem is not None:
+                    raise GovernanceUnreadable(problem)
                 if not self._schema_ready(con):
                     return empty
                 return work(con)
@@ -713,15 +917,23 @@ class GovernanceStore:
         duckdb = _duckdb()
         with self._lock:
             self.home.ensure()
+            if self._missing():
+                problem = self._expected_problem(None)
+                if problem is not None:  # never an empty governance.db over a lost one
+                    raise GovernanceUnreadable(problem)
             try:
                 con = self._connect(read_only=False)
             except GovernanceUnreadable as exc:  # a full disk refusing even the file's creation
                 raise storage_error(exc, "governance.db did not take the change") or exc from None
+            created: str | None = None
             try:
                 try:
                     con.execute("BEGIN TRANSACTION")
+                    problem = self._expected_problem(con)
+                    if problem is not None:
+                        raise GovernanceUnreadable(problem)
                     if not self._schema_ready(con):
-                        self._create_schema(con)
+                        created = self._create_schema(con)
                     change = prepare(con)
                 except duckdb.Error as exc:
                     self._forget_invalidated(exc)
@@ -729,8 +941,14 @@ class GovernanceStore:
                     if storage is not None:
                         raise storage from None
                     raise GovernanceUnreadable(f"governance.db cannot be read: {exc}") from None
+                if created is not None and self.journal is not None:  # the home has a governance.db from now on
+                    self.journal.append("home_file_created", {"file": "governance.db", "id": created})
                 if isinstance(change, _NoChange):
-                    con.execute("ROLLBACK")
+                    if created is not None:  # the schema stays: commit it alone
+                        con.execute("COMMIT")
+                        self._expect_db, self._expect_id = True, created
+                    else:
+                        con.execute("ROLLBACK")
                     return change.result
                 if change.kind is not None and self.journal is not None:
                     self.journal.append(change.kind, change.payload, agent=change.agent)
@@ -745,6 +963,8 @@ class GovernanceStore:
                     if storage is not None:
                         raise storage from None
                     raise GovernanceUnreadable(f"governance.db cannot be written: {exc}") from None
+                if created is not None:
+                    self._expect_db, self._expect_id = True, created
                 return change.result
             except BaseException:
                 try:
@@ -762,15 +982,19 @@ class GovernanceStore:
         the next operation opens it again, with what it had committed."""
         if needs_reopen(exc) and self._keeper is not None:
             keeper, self._keeper = self._keeper, None
+            self._keeper_ino = None
             try:
                 keeper.close()
             except Exception:  # noqa: BLE001 - an invalidated database may refuse even this
                 pass
 
-    def _create_schema(self, con: "duckdb.DuckDBPyConnection") -> None:
+    def _create_schema(self, con: "duckdb.DuckDBPyConnection", store_id: str | None = None) -> str:
+        """Create the tables and the database's random ``store_id``; returns the id."""
         for statement in _SCHEMA:
             con.execute(statement)
-        con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        store_id = store_id or "g-" + secrets.token_hex(8)
+        con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('store_id', ?)", [str(SCHEMA_VERSION), store_id])
+        return store_id
 
     def _now(self) -> datetime:
         return _utc(self.clock())  # type: ignore[return-value]

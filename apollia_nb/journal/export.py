@@ -12,7 +12,9 @@ A bundle is a folder an auditor can take away and check without the home:
 ``README.md``            how to verify and query the bundle
 
 DuckDB writes Parquet itself (``COPY ... (FORMAT parquet)``); no other library
-is needed. Everything is read in one transaction, so the files agree.
+is needed. Everything is read in one transaction, so the files agree. An open
+journal's database is locked to itself (it opens no file), so its rows are
+handed to a fresh in-memory DuckDB, which writes the files.
 """
 
 from __future__ import annotations
@@ -135,8 +137,31 @@ def _prepare_dir(directory: Path) -> Path:
     return directory
 
 
+def _copy_parquet(con: Any, select: str, path: Path) -> None:
+    """``COPY (select) TO path`` on a connection that may open files."""
+    con.execute(f"COPY ({select}) TO {_sql_path(path)} (FORMAT parquet)")
+
+
+def _copy_parquet_aside(con: Any, select: str, path: Path, *, batch: int = 10_000) -> None:
+    """The rows of ``select`` on a database locked to itself, written to ``path`` by an in-memory DuckDB."""
+    import duckdb
+
+    columns = con.execute(f"DESCRIBE {select}").fetchall()
+    side = duckdb.connect(":memory:")
+    try:
+        side.execute("CREATE TABLE rows (" + ", ".join(f'"{name}" {kind}' for name, kind, *_ in columns) + ")")
+        cursor = con.execute(select)
+        appender = side.appender("rows")
+        while rows := cursor.fetchmany(batch):
+            appender.append_rows(rows)
+        appender.flush()
+        _copy_parquet(side, "SELECT * FROM rows", path)
+    finally:
+        side.close()
+
+
 def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
-            entries_sql: str = "entries") -> ExportResult:
+            entries_sql: str = "entries", copy: Any = _copy_parquet) -> ExportResult:
     from apollia_nb.journal.store import FORMAT_VERSION
 
     directory = _prepare_dir(directory)
@@ -146,14 +171,10 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
         head = con.execute(f"SELECT hash FROM {entries_sql} ORDER BY seq DESC LIMIT 1").fetchone()
         latest = con.execute("SELECT note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
         checkpoints = con.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
-        con.execute(
-            "COPY (SELECT seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id "
-            f"FROM {entries_sql} ORDER BY seq) TO {_sql_path(directory / BUNDLE_FILES['entries'])} (FORMAT parquet)"
-        )
-        con.execute(
-            "COPY (SELECT size, root, note, created_at FROM checkpoints ORDER BY size) "
-            f"TO {_sql_path(directory / BUNDLE_FILES['checkpoints'])} (FORMAT parquet)"
-        )
+        copy(con, "SELECT seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id "
+                  f"FROM {entries_sql} ORDER BY seq", directory / BUNDLE_FILES["entries"])
+        copy(con, "SELECT size, root, note, created_at FROM checkpoints ORDER BY size",
+             directory / BUNDLE_FILES["checkpoints"])
     finally:
         con.commit()
     files = [BUNDLE_FILES["entries"], BUNDLE_FILES["checkpoints"]]
@@ -209,6 +230,7 @@ def export_journal(journal: Journal, directory: Path) -> ExportResult:
     """Export an open journal into ``directory`` (from one consistent snapshot)."""
     cursor = journal.cursor()
     try:
-        return _export(cursor, directory, verifier=journal.verifier(), key_id=journal.key_id)
+        return _export(cursor, directory, verifier=journal.verifier(), key_id=journal.key_id,
+                       copy=_copy_parquet_aside)
     finally:
         cursor.close()

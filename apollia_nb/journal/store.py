@@ -26,7 +26,11 @@ Tables (format 1)::
             prev_hash BLOB, hash BLOB, signature BLOB, key_id)
     checkpoints(size PRIMARY KEY, root BLOB, note, created_at)
 
-The SQL views of ``views.py`` are recreated on every open.
+The SQL views of ``views.py`` are recreated on every open. Then the database
+instance is locked to itself (``dbutil.lock_down``): whatever SQL runs on it,
+through any cursor, reads only the journal's tables and views, never a file or
+URL, and cannot change a setting. The journal's own work needs no more than
+that (``journal.log`` is read and written by Python, not by DuckDB).
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from apollia_nb.dbutil import fault_point, needs_reopen, raise_if_locked, storage_error
-from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound, StorageError
+from apollia_nb.dbutil import fault_point, lock_down, needs_reopen, raise_if_locked, storage_error
+from apollia_nb.errors import BadInput, Conflict, HomeFileCorrupt, HomeLocked, IntegrityError, NotFound, StorageError
 from apollia_nb.home import Home
+from apollia_nb.journal import accounting as _accounting
 from apollia_nb.journal import keys as _keys
 from apollia_nb.journal.checkpoint import (
     Checkpoint,
@@ -335,6 +340,10 @@ class Journal:
     ) -> Journal:
         """Open (or create) ``home.journal_db``; keys are created on first use.
 
+        A journal with entries needs the key that signed them
+        (``accounting.check_key``: ``HOME_FILE_MISSING``, ``HOME_KEY_MISMATCH``);
+        a ``journal.db`` DuckDB cannot open is ``HOME_FILE_CORRUPT``.
+
         Raises ``HomeLocked`` when another process (or another ``Journal`` in this
         process) holds the file, ``NotFound`` when ``create`` is false and there
         is no journal, ``IntegrityError`` when the stored sequence has a gap or
@@ -345,7 +354,6 @@ class Journal:
         if not create and not path.exists():
             raise NotFound(f"no journal at {path}")
         home.ensure()
-        key = _keys.load_or_create(home)
         resolved = path.resolve()
         with _OPEN_LOCK:
             if resolved in _OPEN:
@@ -353,13 +361,17 @@ class Journal:
                     f"{path.name} in {path.parent} is already open in this process (PID {os.getpid()}); "
                     "use that journal, or close it first."
                 )
-            con = connect_locked(path)
+            con = _connect_journal(home)
             journal: Journal | None = None
             try:
                 # Journal statements are tiny; DuckDB's worker threads only add
                 # per-statement overhead (measured: 10-20% of an append).
                 con.execute("SET threads = 1")
                 origin = _prepare(con)
+                key = _accounting.check_key(home, _accounting.last_key_id(con, path))
+                # Every read of this database (the auditor's SQL included) reads the journal and
+                # nothing else: no files, URLs or extensions, no setting changed back.
+                lock_down(con)
                 journal = cls(path, con, key, origin, clock or _utcnow)
                 journal._recover_tail(journal._load())
             except BaseException as exc:
@@ -751,7 +763,13 @@ class Journal:
     def _db(self) -> duckdb.DuckDBPyConnection:
         """The writer's connection, opened again first when DuckDB invalidated ``journal.db``."""
         if self._reopen_needed:
-            self._reopen()
+            try:
+                self._reopen()
+            except BaseException as exc:
+                storage = storage_error(exc, f"{self.path.name} could not be opened again after a failed write")
+                if storage is None or storage is exc:
+                    raise
+                raise storage from exc
         return self._con
 
     def _reopen(self) -> None:
@@ -771,7 +789,7 @@ class Journal:
                 self._reader = None
             con = connect_locked(self.path)
             try:
-                con.execute("SET threads = 1")
+                lock_down(con, "SET threads = 1")  # as on open: SQL here reads the journal and nothing else
                 self._appender = con.appender("entries")
                 reader = con.cursor()
             except BaseException:
@@ -944,6 +962,11 @@ class Journal:
         """
         if self._broken is not None:
             raise self._broken
+        if self._reopen_needed and threading.current_thread() is not self._thread:
+            try:
+                self._submit(None, self._db).result()  # the reader's connection is invalidated too
+            except Conflict:
+                pass
         if self._pending and threading.current_thread() is not self._thread:
             try:
                 self._submit(None, self._import).result()
@@ -1064,6 +1087,21 @@ def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: 
     check_text("run_id", run_id, nullable=True)
     check_text("agent", agent, nullable=True)
     return _Item(kind, canonical_payload(payload), run_id, agent)
+
+
+def _connect_journal(home: Home) -> duckdb.DuckDBPyConnection:
+    """``connect_locked`` on ``journal.db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``."""
+    path = home.journal_db
+    try:
+        return connect_locked(path)
+    except HomeLocked:
+        raise
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise HomeFileCorrupt(
+            f"{path} cannot be opened ({first}); nothing was changed; restore it from a backup, or archive "
+            f"it and start a new chain with `apollia-os home repair --archive-journal --home {home.path}`"
+        ) from None
 
 
 def _prepare(con: duckdb.DuckDBPyConnection) -> str:

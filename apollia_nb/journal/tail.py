@@ -192,7 +192,13 @@ class TailLog:
         size = max(PREALLOCATE, at_least)
         try:
             fault_point("journal.log")
-            _preallocate(self._fd, size)
+            try:
+                _preallocate(self._fd, size)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not 0 < at_least < size:
+                    raise
+                size = at_least  # a nearly full disk: room for the next record is enough for now
+                _preallocate(self._fd, size)
         except OSError as exc:  # a file system without fallocate: the records grow the file instead
             if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 os.ftruncate(self._fd, 0)

@@ -283,6 +283,7 @@ class KernelRuntime:
         def read() -> dict[str, Any]:
             seq, digest = self.rt.journal.head()
             policy = self.rt.governance.policy_state()
+            view = self.rt.governance.view()
             return {
                 "home": str(self.rt.home.path),
                 "mode": self.rt.mode,
@@ -291,6 +292,8 @@ class KernelRuntime:
                 "developer_mode": self.rt.governance.developer_mode(),
                 "policy": policy.status,
                 "policy_reason": policy.reason,
+                "governance": "readable" if view.readable else "fail closed",
+                "governance_reason": view.unreadable_reason,
                 "agents": len(self.rt.agents()),
                 "pending": len(self.rt.pending),
             }

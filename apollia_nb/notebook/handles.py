@@ -211,7 +211,7 @@ class NotebookTask(Displayable):
         self.goal: str = first["goal"]
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC §7's task JSON (+ goal, plan, verdict, awaiting_plan_approval, timestamps), copied."""
+        """The task's JSON (+ goal, plan, verdict, awaiting_plan_approval, timestamps), copied."""
         return self._bridge.call(lambda: copy.deepcopy(self._handle.to_dict()))
 
     @property

@@ -1,4 +1,4 @@
-"""``%apollia`` / ``%%apollia``: the notebook's one magic and its subcommands (SPEC §7).
+"""``%apollia`` / ``%%apollia``: the notebook's one magic and its subcommands.
 
 Cell subcommands (the cell is the input)::
 
@@ -68,7 +68,7 @@ HELP = """\
                                   cell: the goal; returns the task handle at once
 %%apollia chat SESSION_OR_AGENT [--plan]
                                   cell: the message; opens a session for an agent or continues a session
-%%apollia sql                     cell: one read-only SQL query over journal, decisions, tool_calls, runs"""
+%%apollia sql [--timeout SECONDS] cell: one read-only SQL query over journal, decisions, tool_calls, runs"""
 
 
 class ApolliaMagicError(Exception):
@@ -287,12 +287,15 @@ class ApolliaMagics(Magics):
 
     def _sql(self, args: list[str], cell: str | None) -> Any:
         from apollia_nb.notebook.handles import SqlRows
-        from apollia_nb.notebook.sql import run_query
+        from apollia_nb.notebook.sql import DEFAULT_TIMEOUT, run_query
 
-        _parser("%%apollia sql").parse_args(args)
+        parser = _parser("%%apollia sql")
+        parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                            help=f"stop the query after this many seconds (default {DEFAULT_TIMEOUT:g})")
+        ns = parser.parse_args(args)
         query = self._cell("sql", cell)
         runtime = self._rt()
-        result = run_query(runtime.rt.journal, query)
+        result = run_query(runtime.rt.journal, query, timeout=ns.timeout)
         count = len(result.rows)
         print(f"{count} row{'s' if count != 1 else ''}")
         if result.frame is not None:

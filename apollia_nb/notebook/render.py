@@ -102,6 +102,9 @@ def status_line(status: Mapping[str, Any]) -> str:
     mode = "on" if status["developer_mode"] else "off"
     line = (f"apollia: home {status['home']} · journal {head} · developer mode {mode} · "
             f"{_policy_words(status)}")
+    if status.get("governance") == "fail closed" and status.get("policy") != "refused":
+        # e.g. governance.db missing or replaced: the reason names the command that restores it
+        line += f" · governance fail closed ({status.get('governance_reason') or 'no reason given'})"
     if status.get("mode") == "client":  # the home is owned by `apollia-os serve` (docs/shared-home.md)
         line += " · client of apollia-os serve"
     return line

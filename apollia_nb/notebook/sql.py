@@ -13,16 +13,30 @@ keep it read-only:
    with ``BAD_INPUT`` before anything runs.
 2. The query runs inside ``BEGIN TRANSACTION READ ONLY`` and is rolled back,
    so even a statement the parser check let through could not change a table.
+3. The database instance is locked to itself when the journal opens
+   (``apollia_nb.dbutil.lock_down``): a ``SELECT`` cannot read a file or URL
+   (``read_text``, ``read_csv``, ``read_parquet``, ``read_json``, ``read_blob``,
+   ``glob``, ``sniff_csv``, ``'http://…'``), install or load an extension, use
+   a secret, scan a Python variable, or change a setting. Such a query fails
+   with ``BAD_INPUT`` saying that only the journal can be read, and nothing is
+   fetched.
+
+A query runs at most ``timeout`` seconds (``DEFAULT_TIMEOUT``); then it is
+interrupted and fails with ``BAD_INPUT``. A NULL comes back as ``None``, in
+the rows and in the DataFrame (a column holding one becomes ``object``).
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 from apollia_nb.errors import BadInput
 
-__all__ = ["check_read_only", "run_query", "QueryResult"]
+__all__ = ["DEFAULT_TIMEOUT", "check_read_only", "run_query", "QueryResult"]
+
+DEFAULT_TIMEOUT = 60.0
 
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+(ANALY[SZ]E\s+)?", re.IGNORECASE)
 
@@ -67,30 +81,73 @@ class QueryResult:
         self.frame = frame
 
 
-def run_query(journal: Any, query: str, *, want_frame: bool = True) -> QueryResult:
-    """Check ``query`` and run it read-only on a cursor of the journal's database."""
+def run_query(journal: Any, query: str, *, want_frame: bool = True,
+              timeout: float | None = DEFAULT_TIMEOUT) -> QueryResult:
+    """Check ``query`` and run it read-only on a cursor of the journal's database, for ``timeout`` seconds at most."""
     import duckdb
 
+    if timeout is not None and not timeout > 0:
+        raise BadInput(f"the timeout must be a positive number of seconds, not {timeout!r}")
     statement = check_read_only(query)
     cursor = journal.cursor()
+    stopped = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        cursor.interrupt()
+
+    timer = threading.Timer(timeout, stop) if timeout is not None else None
     try:
         cursor.execute("BEGIN TRANSACTION READ ONLY")
         try:
+            if timer is not None:
+                timer.start()
             cursor.execute(statement)
             columns = [d[0] for d in cursor.description or ()]
-            frame = None
             if want_frame and _has_pandas():
-                frame = cursor.fetchdf()
+                frame = _nulls_as_none(cursor.fetchdf())
                 rows = [tuple(r) for r in frame.itertuples(index=False, name=None)]
             else:
-                rows = cursor.fetchall()
+                frame, rows = None, cursor.fetchall()
         except duckdb.Error as exc:
-            raise BadInput(f"the query failed: {exc}") from None
+            raise _query_error(exc, stopped.is_set(), timeout) from None
         finally:
-            cursor.execute("ROLLBACK")
+            if timer is not None:
+                timer.cancel()
+            try:
+                cursor.execute("ROLLBACK")
+            except duckdb.Error:
+                pass  # closing the cursor ends the read-only transaction as well
     finally:
         cursor.close()
     return QueryResult(columns, rows, frame)
+
+
+def _query_error(exc: Exception, timed_out: bool, timeout: float | None) -> BadInput:
+    import duckdb
+
+    # One line: DuckDB's message without the echo of the query and its caret marker.
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    kept = [ln for ln in lines if ln and not ln.startswith("LINE ") and set(ln) != {"^"}]
+    text = " ".join(kept) or type(exc).__name__
+    first = kept[0] if kept else text
+    if timed_out:
+        return BadInput(f"the query ran longer than {timeout:g} s and was stopped; "
+                        "narrow it, or give it more time with --timeout SECONDS")
+    if isinstance(exc, duckdb.PermissionException):
+        return BadInput(f"only the journal's tables and views can be read here, not files, URLs, extensions or "
+                        f"settings ({first})")
+    return BadInput(f"the query failed: {text}")
+
+
+def _nulls_as_none(frame: Any) -> Any:
+    """The frame with every NULL as ``None`` (pandas would show NaN, NaT or <NA> by column type)."""
+    for i in range(frame.shape[1]):
+        column = frame.iloc[:, i]
+        missing = column.isna()
+        if missing.any():
+            frame.isetitem(i, column.astype(object).where(~missing, None))
+    return frame
 
 
 def _has_pandas() -> bool:

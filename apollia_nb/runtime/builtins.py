@@ -1,4 +1,4 @@
-"""The built-in tools of SPEC §5 and the workspace they are confined to.
+"""The built-in tools and the workspace they are confined to.
 
 Each built-in is a plain function turned into a ``ToolDef`` with its family;
 nothing here decides whether a call may run — governance did that before

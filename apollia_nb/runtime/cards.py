@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Card", "CHAT_CARD_TIMEOUT_SECS"]
 
 #: An unanswered card in a conversation resolves to ``refuse`` after exactly this long.
-#: Fixed in code, not configurable (SPEC §4).
+#: Fixed in code, not configurable.
 CHAT_CARD_TIMEOUT_SECS = 300.0
 
 

@@ -1,4 +1,4 @@
-"""An agent's TOML manifest (SPEC §8), parsed strictly into a frozen ``Manifest``.
+"""An agent's TOML manifest, parsed strictly into a frozen ``Manifest``.
 
 Strict because a manifest is a statement of what an agent may be given: a
 misspelt key (``tools.requird``) silently ignored would leave a tool missing

@@ -1,4 +1,4 @@
-"""``runtime.db``: agents, tasks, chat sessions and agent memory, persisted.
+"""``runtime.db``: agents, tasks, chat sessions, agent memory and the REST API's idempotency keys, persisted.
 
 The owner process holds one connection for its lifetime. Rows are written at
 state changes and when a run suspends, so a restart finds registered agents,
@@ -33,7 +33,6 @@ import atexit
 import json
 import queue
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -43,7 +42,7 @@ from typing import Any, NamedTuple
 from apollia_nb.dbutil import fault_point, needs_reopen, storage_error
 from apollia_nb.errors import StorageError
 
-__all__ = ["RuntimeRecords", "RETRY_SECS"]
+__all__ = ["RuntimeRecords", "RETRY_SECS", "open_records"]
 
 #: How often the writer tries again a write the disk refused, while nothing else asks it to.
 RETRY_SECS = 0.5
@@ -96,6 +95,15 @@ CREATE TABLE IF NOT EXISTS memory (
 CREATE TABLE IF NOT EXISTS model_state (
     agent VARCHAR PRIMARY KEY,
     state VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency (
+    scope VARCHAR NOT NULL,
+    key VARCHAR NOT NULL,
+    fingerprint VARCHAR NOT NULL,
+    status INTEGER NOT NULL,
+    response VARCHAR NOT NULL,
+    created_at DOUBLE NOT NULL,
+    PRIMARY KEY (scope, key)
 );
 """
 
@@ -193,7 +201,9 @@ class RuntimeRecords:
         try:
             self._run(item.run)
         except BaseException as exc:
-            error = storage_error(exc, f"{self.path.name} could not record it")
+            what = (f"the {item.key[0].rstrip('s')} {' '.join(map(str, item.key[1:]))}"
+                    if isinstance(item.key, tuple) else "it")
+            error = storage_error(exc, f"{self.path.name} could not record {what}")
             if needs_reopen(exc) and item.undo is not None:
                 # DuckDB may have committed it after all (the WAL took it, the checkpoint did
                 # not): remove it, retried like any kept write, so a refused row never appears.
@@ -216,6 +226,11 @@ class RuntimeRecords:
 
     def _retry(self) -> None:
         """Try the kept writes again in order; stop at the first the disk still refuses."""
+        if self._reopen_needed and not self._kept:  # invalidated with nothing kept: readers need it open
+            try:
+                self._reopen()
+            except Exception:  # noqa: BLE001 - tried again at the next flush; readers are told meanwhile
+                pass
         while self._kept:
             key, run = next(iter(self._kept.items()))
             try:
@@ -413,3 +428,53 @@ class RuntimeRecords:
 
     def save_model_state(self, agent: str, state: dict[str, Any]) -> None:
         self._upsert("model_state", {"agent": agent}, {"state": json.dumps(state)})
+
+    # the REST API's idempotency keys ----------------------------------------
+    def remember_response(self, scope: str, key: str, fingerprint: str, status: int,
+                          response: dict[str, Any], at: float, *, new_row: bool = False) -> Future[None]:
+        """Queue the row of ``key`` (acknowledged: returns the future of its commit, see the module).
+
+        ``new_row``: the key is being taken, so a refused write leaves no row."""
+        done = self._upsert("idempotency", {"scope": scope, "key": key},
+                            {"fingerprint": fingerprint, "status": status, "response": json.dumps(response),
+                             "created_at": at}, acknowledged=True, new_row=new_row)
+        assert done is not None
+        return done
+
+    def remembered_keys(self) -> list[tuple[str, str, str, int, float]]:
+        """``(scope, key, fingerprint, status, created_at)`` of every remembered response, oldest first."""
+        rows = self._exec("SELECT scope, key, fingerprint, status, created_at FROM idempotency "
+                          "ORDER BY created_at, key")
+        return [(r[0], r[1], r[2], int(r[3]), float(r[4])) for r in rows]
+
+    def remembered_response(self, scope: str, key: str) -> tuple[int, dict[str, Any]] | None:
+        rows = self._exec("SELECT status, response FROM idempotency WHERE scope = ? AND key = ?", [scope, key])
+        return (int(rows[0][0]), json.loads(rows[0][1])) if rows else None
+
+    def forget_responses(self, keys: list[tuple[str, str]]) -> None:
+        """Queue: forget the responses of these ``(scope, key)`` pairs."""
+        if not keys:
+            return
+
+        def write() -> None:
+            with self._lock:
+                self._con.executemany("DELETE FROM idempotency WHERE scope = ? AND key = ?", keys)
+
+        self._write(write)
+
+def open_records(home: Any) -> RuntimeRecords:
+    """``RuntimeRecords`` on ``home.runtime_db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``
+    (named, with the command that recovers), never a traceback."""
+    import duckdb
+
+    from apollia_nb.errors import HomeFileCorrupt
+    from apollia_nb.journal.accounting import repair_hint
+
+    try:
+        return RuntimeRecords(home.runtime_db)
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise HomeFileCorrupt(
+            f"{home.runtime_db} cannot be opened ({first}); nothing was changed; "
+            f"{repair_hint(home, '--new-runtime-db')} (the damaged file is moved aside, not deleted)"
+        ) from None

@@ -1,6 +1,6 @@
 """Client mode: a runtime in a process that finds its home owned by ``apollia-os serve``.
 
-A home has one owner process (SPEC §3): DuckDB lets no second process open
+A home has one owner process: DuckDB lets no second process open
 ``journal.db``, ``governance.db`` or ``runtime.db``. To share a home between
 several kernels and the REST API, ``apollia-os serve`` owns it and advertises
 itself in ``<home>/server.json``. A ``Runtime`` whose home is owned by that
@@ -440,10 +440,13 @@ class _Mirror:
         from apollia_nb.journal.store import _SCHEMA  # the same tables as journal.db
         from apollia_nb.journal.views import create_views
 
+        from apollia_nb.dbutil import lock_down
+
         self.con = duckdb.connect(":memory:")
         for ddl in _SCHEMA:
             self.con.execute(ddl)
         create_views(self.con)
+        lock_down(self.con)  # SQL over the copy reads the journal and nothing else, as on the server
         self.lock = threading.Lock()
         self.seq = 0
         self.size = 0

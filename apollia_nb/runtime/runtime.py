@@ -38,6 +38,7 @@ from apollia_nb.errors import (
     GovernanceUnreadable,
     HomeLocked,
     Interrupted,
+    StorageError,
     UnknownAgent,
     UnknownDecision,
     UnknownTask,
@@ -250,7 +251,8 @@ class Runtime:
         from apollia_nb.governance.store import GovernanceStore
         from apollia_nb.journal.store import Journal
         from apollia_nb.runtime.breaker import Breakers
-        from apollia_nb.runtime.records import RuntimeRecords
+        from apollia_nb.journal.accounting import FILE_CREATED, check_runtime_db, read_home_record
+        from apollia_nb.runtime.records import RuntimeRecords, open_records
 
         self.mode = "owner"
         server = None
@@ -260,6 +262,10 @@ class Runtime:
             from apollia_nb.runtime.remote import find_server
 
             server = find_server(self.home, locked)
+        except OSError as exc:  # the owner lock cannot be written: a full or read-only disk
+            from apollia_nb.dbutil import storage_error
+
+            raise storage_error(exc, f"the home {self.home.path} could not be opened") or exc from exc
         self.config = load_config(self.home.config_path)
         if server is not None:  # docs/shared-home.md
             from apollia_nb.runtime.remote import RemoteHome
@@ -269,14 +275,27 @@ class Runtime:
             self.journal, self.governance = self._remote.journal, self._remote.governance
             self.records = RuntimeRecords(Path(":memory:"))  # this process's agents, tasks and sessions only
         else:
+            # The home's files are accounted for by its journal (journal/accounting.py): a key that
+            # is not the journal's, or a runtime.db it records that is gone or damaged, stops here.
             self.journal = Journal.open(self.home)
-            self.governance = GovernanceStore(
-                self.home, journal=self.journal, trusted_keys=None,  # re-read from apollia.toml as it changes
-                clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
-            )
-            self.governance.view()  # loads (and journals) the policy state now
-            self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
-            self.records = RuntimeRecords(self.home.runtime_db)
+            try:
+                record = read_home_record(self.journal)
+                check_runtime_db(self.home, record)
+                self.governance = GovernanceStore.open(
+                    self.home, self.journal, record=record, trusted_keys=None,  # re-read from apollia.toml as it changes
+                    clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
+                )
+                self.governance.view()  # loads (and journals) the policy state now
+                self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
+                self.records = open_records(self.home)
+                if "runtime.db" not in record.recorded:
+                    self.journal.append(FILE_CREATED, {"file": "runtime.db"})
+            except BaseException:
+                governance = getattr(self, "governance", None)
+                if governance is not None:
+                    governance.close()
+                self.journal.close()
+                raise
         self.breakers = Breakers()
         self.opened = True
         from apollia_nb.runtime.chat import Sessions
@@ -375,8 +394,15 @@ class Runtime:
             event.set()
 
     async def _after_run(self, run_id: str) -> None:
-        """A signed checkpoint at the end of every run (SPEC §6)."""
-        await self.journal.checkpoint_async()
+        """A signed checkpoint at the end of every run.
+
+        The run's entries, its seal included, are committed before this: when the
+        disk refuses the checkpoint (``STORAGE_*``), the run keeps its outcome, a
+        warning says so, and the next checkpoint covers its entries."""
+        try:
+            await self.journal.checkpoint_async()
+        except StorageError as exc:
+            self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {exc}")
 
     async def run_entry_count(self, run_id: str) -> int:
         return self.journal.run_size(run_id)
@@ -716,7 +742,11 @@ class Runtime:
             return []
         limit = self.clock() - hours * 3600
         expired = []
-        for p in self.governance.pending():
+        try:
+            waiting = self.governance.pending()
+        except GovernanceUnreadable:  # fail closed: nothing is expired, the decisions stay waiting
+            return []
+        for p in waiting:
             created = p.created_at
             if created.tzinfo is None:
                 created = created.replace(tzinfo=_dt.timezone.utc)

@@ -48,7 +48,7 @@ def new_task_record(
 
 
 def task_json(record: dict[str, Any]) -> dict[str, Any]:
-    """The task as SPEC §7 shows it."""
+    """The task as the REST API and the SDK show it."""
     return {
         "id": record["id"], "run_id": record["run_id"], "agent": record["agent"], "goal": record["goal"],
         "status": record["status"], "error": record["error"], "steps": record["steps"],

@@ -15,12 +15,24 @@ the two cannot drift. Results are the frozen models of
 :mod:`apollia_nb.api.schemas`. An error response raises the class of its code:
 ``UNKNOWN_TASK`` raises ``errors.UnknownTask`` (see :mod:`apollia_nb.sdk.errors`);
 failures to reach the server stay httpx's ``httpx.TransportError``.
+
+**Retries are safe.** Every POST that changes something is sent with an
+``Idempotency-Key`` (a fresh UUID per call, or the caller's
+``idempotency_key=``), so the client sends it again, with the same key, when
+the answer is lost: a connection error, a read timeout, or a 502/503/504 from
+something between (or ``STORAGE_ERROR``, or ``IDEMPOTENCY_IN_PROGRESS`` while the
+first attempt is still being processed). The server answers a repeat with the
+first answer and does nothing twice. Reads (GET) and ``PUT`` are retried the
+same way; a DELETE and an event stream are not. ``retries`` (default 3) bounds
+the attempts after the first, with ``backoff`` seconds doubled each time
+(0.25, 0.5, 1); when they are spent the last error is raised.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,6 +49,9 @@ from apollia_nb.sdk import errors as _errors  # noqa: F401 - registers the HTTP-
 __all__ = ["Client", "AsyncClient", "Event", "SSEDecoder", "raise_for_error", "server_info"]
 
 API_PREFIX = "/api/v1"
+KEY_HEADER = "Idempotency-Key"
+#: Codes of an answer that a retry may get past.
+_TRANSIENT_CODES = frozenset({"STORAGE_ERROR", "IDEMPOTENCY_IN_PROGRESS"})
 Answer = Literal["once", "always", "refuse"]
 Until = Literal["settled", "finished"]
 
@@ -106,13 +121,20 @@ class _Req:
     params: dict[str, Any] | None = None
     model: Any = None  # None: no body expected
     sent: bool = False  # whether ``body`` is sent (an empty JSON body is still a body)
+    keyed: bool = False  # sent with an Idempotency-Key: safe to send again
 
-    def kwargs(self) -> dict[str, Any]:
+    @property
+    def retryable(self) -> bool:
+        return self.keyed or self.method in ("GET", "PUT")
+
+    def kwargs(self, key: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.sent:
             out["json"] = self.body
         if self.params:
             out["params"] = {k: v for k, v in self.params.items() if v is not None}
+        if self.keyed:
+            out["headers"] = {KEY_HEADER: _sf_string(key if key is not None else str(uuid.uuid4()))}
         return out
 
     def parse(self, response: httpx.Response) -> Any:
@@ -122,8 +144,47 @@ class _Req:
         return _adapter(self.model).validate_python(response.json())
 
 
-def _post(path: str, body: Any = None, model: Any = None, *, sent: bool | None = None) -> _Req:
-    return _Req("POST", path, body, model=model, sent=body is not None if sent is None else sent)
+def _post(path: str, body: Any = None, model: Any = None, *, sent: bool | None = None, keyed: bool = True) -> _Req:
+    return _Req("POST", path, body, model=model, sent=body is not None if sent is None else sent, keyed=keyed)
+
+
+def _sf_string(key: str) -> str:
+    """A key as the header's structured-field string: in quotes, with ``"`` and ``\\`` escaped."""
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """When to send a request again (pure: the answer or the failure in, seconds to wait or ``None`` out)."""
+
+    retries: int = 3
+    backoff: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retries, int) or self.retries < 0:
+            raise ValueError("retries must be a non-negative integer")
+        if not self.backoff >= 0:
+            raise ValueError("backoff must be a non-negative number of seconds")
+
+    def delay(self, req: _Req, attempt: int, response: httpx.Response | None) -> float | None:
+        """Seconds to wait before attempt ``attempt + 1``; ``None``: keep this answer (or raise this failure)."""
+        if attempt >= self.retries or not req.retryable:
+            return None
+        if response is not None and not _transient(response):
+            return None
+        return self.backoff * 2 ** attempt
+
+
+def _transient(response: httpx.Response) -> bool:
+    """An answer a retry may get past: a gateway's 502/503/504, or a stable code that says so."""
+    status = response.status_code
+    if status not in (409, 502, 503, 504):
+        return False
+    try:
+        code = response.json().get("code")
+    except (ValueError, AttributeError):
+        code = None
+    return code in _TRANSIENT_CODES or (code is None and status != 409)
 
 
 def _q(value: str) -> str:
@@ -168,7 +229,8 @@ class _Routes:
         "/sessions", {"agent": agent, "plan_mode": plan_mode}, s.Session))
     sessions = staticmethod(lambda: _Req("GET", "/sessions", model=list[s.Session]))
     session = staticmethod(lambda sid: _Req("GET", f"/sessions/{_q(sid)}", model=s.Session))
-    send_message = staticmethod(lambda sid, text: _post(f"/sessions/{_q(sid)}/messages", {"text": text}))
+    send_message = staticmethod(lambda sid, text: _post(f"/sessions/{_q(sid)}/messages", {"text": text},
+                                                        keyed=False))
     session_events = staticmethod(lambda sid: _Req("GET", f"/sessions/{_q(sid)}/events"))
     pause = staticmethod(lambda sid: _post(f"/sessions/{_q(sid)}/pause", model=s.Session))
     inject = staticmethod(lambda sid, text: _post(f"/sessions/{_q(sid)}/inject", {"text": text}, s.Session))
@@ -213,7 +275,7 @@ class _Routes:
     policy = staticmethod(lambda: _Req("GET", "/governance/policy", model=s.Policy))
 
     verify = staticmethod(lambda: _Req("GET", "/audit/verify", model=s.VerifyReport))
-    replay = staticmethod(lambda run_id: _post(f"/audit/replay/{_q(run_id)}", model=s.ReplayResult))
+    replay = staticmethod(lambda run_id: _post(f"/audit/replay/{_q(run_id)}", model=s.ReplayResult, keyed=False))
     entries = staticmethod(lambda since_seq, limit, run_id: _Req(
         "GET", "/audit/entries", params={"since_seq": since_seq, "limit": limit, "run_id": run_id},
         model=s.EntriesPage))
@@ -249,9 +311,10 @@ class Client:
     """The REST API, synchronously. ``with Client(url, token) as api: api.tasks()``."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float | None = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, retries: int = 3, backoff: float = 0.25) -> None:
         self.base_url = _base(base_url)
         self.timeout = timeout
+        self._retry = _Retry(retries, backoff)
         self._http = httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {token}"},
                                   timeout=timeout, transport=transport)
 
@@ -270,8 +333,22 @@ class Client:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _do(self, req: _Req) -> Any:
-        return req.parse(self._http.request(req.method, req.path, **req.kwargs()))
+    def _do(self, req: _Req, idempotency_key: str | None = None) -> Any:
+        kwargs = req.kwargs(idempotency_key)  # one key for every attempt
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(req.method, req.path, **kwargs)
+            except httpx.TransportError:
+                delay = self._retry.delay(req, attempt, None)
+                if delay is None:
+                    raise
+            else:
+                delay = self._retry.delay(req, attempt, response)
+                if delay is None:
+                    return req.parse(response)
+            time.sleep(delay)
+            attempt += 1
 
     def _events(self, req: _Req) -> Iterator[Event]:
         with self._http.stream(req.method, req.path, timeout=_stream_timeout(self.timeout), **req.kwargs()) as r:
@@ -293,20 +370,21 @@ class Client:
     def agent(self, name: str) -> s.Agent:
         return self._do(_Routes.agent(name))
 
-    def register_agent(self, manifest: str | Path) -> s.Agent:
+    def register_agent(self, manifest: str | Path, *, idempotency_key: str | None = None) -> s.Agent:
         """Register from a manifest's TOML text (or a path to it)."""
-        return self._do(_Routes.register_agent(_manifest_text(manifest)))
+        return self._do(_Routes.register_agent(_manifest_text(manifest)), idempotency_key)
 
-    def start_agent(self, name: str) -> s.Agent:
-        return self._do(_Routes.start_agent(name))
+    def start_agent(self, name: str, *, idempotency_key: str | None = None) -> s.Agent:
+        return self._do(_Routes.start_agent(name), idempotency_key)
 
-    def stop_agent(self, name: str) -> s.Agent:
-        return self._do(_Routes.stop_agent(name))
+    def stop_agent(self, name: str, *, idempotency_key: str | None = None) -> s.Agent:
+        return self._do(_Routes.stop_agent(name), idempotency_key)
 
     # tasks
     def submit(self, agent: str, goal: str, watched: bool = False, *, max_steps: int | None = None,
-               grants: Sequence[str] = (), approve_plan: bool = False) -> s.Submission:
-        return self._do(_Routes.submit(agent, goal, watched, max_steps, grants, approve_plan))
+               grants: Sequence[str] = (), approve_plan: bool = False,
+               idempotency_key: str | None = None) -> s.Submission:
+        return self._do(_Routes.submit(agent, goal, watched, max_steps, grants, approve_plan), idempotency_key)
 
     def tasks(self, *, agent: str | None = None, status: str | None = None) -> list[s.Task]:
         return self._do(_Routes.tasks(agent, status))
@@ -326,22 +404,23 @@ class Client:
             if _settled(task, until) or (deadline is not None and time.monotonic() >= deadline):
                 return task
 
-    def cancel(self, task_id: str) -> s.Task:
-        return self._do(_Routes.cancel(task_id))
+    def cancel(self, task_id: str, *, idempotency_key: str | None = None) -> s.Task:
+        return self._do(_Routes.cancel(task_id), idempotency_key)
 
-    def approve_plan(self, task_id: str, steps: Sequence[str] | None = None) -> s.Task:
-        return self._do(_Routes.approve_plan(task_id, steps))
+    def approve_plan(self, task_id: str, steps: Sequence[str] | None = None, *,
+                     idempotency_key: str | None = None) -> s.Task:
+        return self._do(_Routes.approve_plan(task_id, steps), idempotency_key)
 
-    def reject_plan(self, task_id: str, reason: str) -> s.Task:
-        return self._do(_Routes.reject_plan(task_id, reason))
+    def reject_plan(self, task_id: str, reason: str, *, idempotency_key: str | None = None) -> s.Task:
+        return self._do(_Routes.reject_plan(task_id, reason), idempotency_key)
 
     def task_events(self, task_id: str) -> Iterator[Event]:
         """``Event("task", {...})`` now and at every change, until the task finishes."""
         return self._events(_Routes.task_events(task_id))
 
     # sessions
-    def open_session(self, agent: str, *, plan_mode: bool = False) -> s.Session:
-        return self._do(_Routes.open_session(agent, plan_mode))
+    def open_session(self, agent: str, *, plan_mode: bool = False, idempotency_key: str | None = None) -> s.Session:
+        return self._do(_Routes.open_session(agent, plan_mode), idempotency_key)
 
     def sessions(self) -> list[s.Session]:
         return self._do(_Routes.sessions())
@@ -356,42 +435,43 @@ class Client:
     def session_events(self, session_id: str) -> Iterator[Event]:
         return self._events(_Routes.session_events(session_id))
 
-    def pause(self, session_id: str) -> s.Session:
-        return self._do(_Routes.pause(session_id))
+    def pause(self, session_id: str, *, idempotency_key: str | None = None) -> s.Session:
+        return self._do(_Routes.pause(session_id), idempotency_key)
 
-    def inject(self, session_id: str, text: str) -> s.Session:
-        return self._do(_Routes.inject(session_id, text))
+    def inject(self, session_id: str, text: str, *, idempotency_key: str | None = None) -> s.Session:
+        return self._do(_Routes.inject(session_id, text), idempotency_key)
 
-    def resume(self, session_id: str) -> s.Session:
-        return self._do(_Routes.resume(session_id))
+    def resume(self, session_id: str, *, idempotency_key: str | None = None) -> s.Session:
+        return self._do(_Routes.resume(session_id), idempotency_key)
 
-    def fork(self, session_id: str) -> s.Session:
-        return self._do(_Routes.fork(session_id))
+    def fork(self, session_id: str, *, idempotency_key: str | None = None) -> s.Session:
+        return self._do(_Routes.fork(session_id), idempotency_key)
 
-    def close_session(self, session_id: str) -> s.Session:
-        return self._do(_Routes.close_session(session_id))
+    def close_session(self, session_id: str, *, idempotency_key: str | None = None) -> s.Session:
+        return self._do(_Routes.close_session(session_id), idempotency_key)
 
-    def approve_session_plan(self, session_id: str, steps: Sequence[str] | None = None) -> s.Session:
-        return self._do(_Routes.approve_session_plan(session_id, steps))
+    def approve_session_plan(self, session_id: str, steps: Sequence[str] | None = None, *,
+                             idempotency_key: str | None = None) -> s.Session:
+        return self._do(_Routes.approve_session_plan(session_id, steps), idempotency_key)
 
-    def reject_session_plan(self, session_id: str, reason: str) -> s.Session:
-        return self._do(_Routes.reject_session_plan(session_id, reason))
+    def reject_session_plan(self, session_id: str, reason: str, *, idempotency_key: str | None = None) -> s.Session:
+        return self._do(_Routes.reject_session_plan(session_id, reason), idempotency_key)
 
     # pending decisions
     def pending(self) -> list[s.PendingDecision]:
         return self._do(_Routes.pending())
 
     def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
-               by: str | None = None) -> s.PendingDecision:
-        return self._do(_Routes.decide(decision_id, answer, reason, by))
+               by: str | None = None, idempotency_key: str | None = None) -> s.PendingDecision:
+        return self._do(_Routes.decide(decision_id, answer, reason, by), idempotency_key)
 
     # governance
     def rules(self) -> list[s.Rule]:
         return self._do(_Routes.rules())
 
     def add_rule(self, tool: str, effect: Literal["allow", "deny"], *, prefix: str | None = None,
-                 agent: str = "*", by: str | None = None) -> s.Rule:
-        return self._do(_Routes.add_rule(tool, effect, prefix, agent, by))
+                 agent: str = "*", by: str | None = None, idempotency_key: str | None = None) -> s.Rule:
+        return self._do(_Routes.add_rule(tool, effect, prefix, agent, by), idempotency_key)
 
     def remove_rule(self, rule_id: str) -> None:
         self._do(_Routes.remove_rule(rule_id))
@@ -437,9 +517,10 @@ class AsyncClient:
     """The REST API for asyncio code: the same methods as ``Client``, awaited; events with ``async for``."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float | None = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, retries: int = 3, backoff: float = 0.25) -> None:
         self.base_url = _base(base_url)
         self.timeout = timeout
+        self._retry = _Retry(retries, backoff)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers={"Authorization": f"Bearer {token}"},
                                        timeout=timeout, transport=transport)
 
@@ -457,8 +538,24 @@ class AsyncClient:
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    async def _do(self, req: _Req) -> Any:
-        return req.parse(await self._http.request(req.method, req.path, **req.kwargs()))
+    async def _do(self, req: _Req, idempotency_key: str | None = None) -> Any:
+        import asyncio
+
+        kwargs = req.kwargs(idempotency_key)  # one key for every attempt
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(req.method, req.path, **kwargs)
+            except httpx.TransportError:
+                delay = self._retry.delay(req, attempt, None)
+                if delay is None:
+                    raise
+            else:
+                delay = self._retry.delay(req, attempt, response)
+                if delay is None:
+                    return req.parse(response)
+            await asyncio.sleep(delay)
+            attempt += 1
 
     async def _events(self, req: _Req) -> AsyncIterator[Event]:
         async with self._http.stream(req.method, req.path, timeout=_stream_timeout(self.timeout),
@@ -480,18 +577,19 @@ class AsyncClient:
     async def agent(self, name: str) -> s.Agent:
         return await self._do(_Routes.agent(name))
 
-    async def register_agent(self, manifest: str | Path) -> s.Agent:
-        return await self._do(_Routes.register_agent(_manifest_text(manifest)))
+    async def register_agent(self, manifest: str | Path, *, idempotency_key: str | None = None) -> s.Agent:
+        return await self._do(_Routes.register_agent(_manifest_text(manifest)), idempotency_key)
 
-    async def start_agent(self, name: str) -> s.Agent:
-        return await self._do(_Routes.start_agent(name))
+    async def start_agent(self, name: str, *, idempotency_key: str | None = None) -> s.Agent:
+        return await self._do(_Routes.start_agent(name), idempotency_key)
 
-    async def stop_agent(self, name: str) -> s.Agent:
-        return await self._do(_Routes.stop_agent(name))
+    async def stop_agent(self, name: str, *, idempotency_key: str | None = None) -> s.Agent:
+        return await self._do(_Routes.stop_agent(name), idempotency_key)
 
     async def submit(self, agent: str, goal: str, watched: bool = False, *, max_steps: int | None = None,
-                     grants: Sequence[str] = (), approve_plan: bool = False) -> s.Submission:
-        return await self._do(_Routes.submit(agent, goal, watched, max_steps, grants, approve_plan))
+                     grants: Sequence[str] = (), approve_plan: bool = False,
+                     idempotency_key: str | None = None) -> s.Submission:
+        return await self._do(_Routes.submit(agent, goal, watched, max_steps, grants, approve_plan), idempotency_key)
 
     async def tasks(self, *, agent: str | None = None, status: str | None = None) -> list[s.Task]:
         return await self._do(_Routes.tasks(agent, status))
@@ -507,20 +605,22 @@ class AsyncClient:
             if _settled(task, until) or (deadline is not None and time.monotonic() >= deadline):
                 return task
 
-    async def cancel(self, task_id: str) -> s.Task:
-        return await self._do(_Routes.cancel(task_id))
+    async def cancel(self, task_id: str, *, idempotency_key: str | None = None) -> s.Task:
+        return await self._do(_Routes.cancel(task_id), idempotency_key)
 
-    async def approve_plan(self, task_id: str, steps: Sequence[str] | None = None) -> s.Task:
-        return await self._do(_Routes.approve_plan(task_id, steps))
+    async def approve_plan(self, task_id: str, steps: Sequence[str] | None = None, *,
+                           idempotency_key: str | None = None) -> s.Task:
+        return await self._do(_Routes.approve_plan(task_id, steps), idempotency_key)
 
-    async def reject_plan(self, task_id: str, reason: str) -> s.Task:
-        return await self._do(_Routes.reject_plan(task_id, reason))
+    async def reject_plan(self, task_id: str, reason: str, *, idempotency_key: str | None = None) -> s.Task:
+        return await self._do(_Routes.reject_plan(task_id, reason), idempotency_key)
 
     def task_events(self, task_id: str) -> AsyncIterator[Event]:
         return self._events(_Routes.task_events(task_id))
 
-    async def open_session(self, agent: str, *, plan_mode: bool = False) -> s.Session:
-        return await self._do(_Routes.open_session(agent, plan_mode))
+    async def open_session(self, agent: str, *, plan_mode: bool = False,
+                           idempotency_key: str | None = None) -> s.Session:
+        return await self._do(_Routes.open_session(agent, plan_mode), idempotency_key)
 
     async def sessions(self) -> list[s.Session]:
         return await self._do(_Routes.sessions())
@@ -534,40 +634,42 @@ class AsyncClient:
     def session_events(self, session_id: str) -> AsyncIterator[Event]:
         return self._events(_Routes.session_events(session_id))
 
-    async def pause(self, session_id: str) -> s.Session:
-        return await self._do(_Routes.pause(session_id))
+    async def pause(self, session_id: str, *, idempotency_key: str | None = None) -> s.Session:
+        return await self._do(_Routes.pause(session_id), idempotency_key)
 
-    async def inject(self, session_id: str, text: str) -> s.Session:
-        return await self._do(_Routes.inject(session_id, text))
+    async def inject(self, session_id: str, text: str, *, idempotency_key: str | None = None) -> s.Session:
+        return await self._do(_Routes.inject(session_id, text), idempotency_key)
 
-    async def resume(self, session_id: str) -> s.Session:
-        return await self._do(_Routes.resume(session_id))
+    async def resume(self, session_id: str, *, idempotency_key: str | None = None) -> s.Session:
+        return await self._do(_Routes.resume(session_id), idempotency_key)
 
-    async def fork(self, session_id: str) -> s.Session:
-        return await self._do(_Routes.fork(session_id))
+    async def fork(self, session_id: str, *, idempotency_key: str | None = None) -> s.Session:
+        return await self._do(_Routes.fork(session_id), idempotency_key)
 
-    async def close_session(self, session_id: str) -> s.Session:
-        return await self._do(_Routes.close_session(session_id))
+    async def close_session(self, session_id: str, *, idempotency_key: str | None = None) -> s.Session:
+        return await self._do(_Routes.close_session(session_id), idempotency_key)
 
-    async def approve_session_plan(self, session_id: str, steps: Sequence[str] | None = None) -> s.Session:
-        return await self._do(_Routes.approve_session_plan(session_id, steps))
+    async def approve_session_plan(self, session_id: str, steps: Sequence[str] | None = None, *,
+                                   idempotency_key: str | None = None) -> s.Session:
+        return await self._do(_Routes.approve_session_plan(session_id, steps), idempotency_key)
 
-    async def reject_session_plan(self, session_id: str, reason: str) -> s.Session:
-        return await self._do(_Routes.reject_session_plan(session_id, reason))
+    async def reject_session_plan(self, session_id: str, reason: str, *,
+                                  idempotency_key: str | None = None) -> s.Session:
+        return await self._do(_Routes.reject_session_plan(session_id, reason), idempotency_key)
 
     async def pending(self) -> list[s.PendingDecision]:
         return await self._do(_Routes.pending())
 
     async def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
-                     by: str | None = None) -> s.PendingDecision:
-        return await self._do(_Routes.decide(decision_id, answer, reason, by))
+                     by: str | None = None, idempotency_key: str | None = None) -> s.PendingDecision:
+        return await self._do(_Routes.decide(decision_id, answer, reason, by), idempotency_key)
 
     async def rules(self) -> list[s.Rule]:
         return await self._do(_Routes.rules())
 
     async def add_rule(self, tool: str, effect: Literal["allow", "deny"], *, prefix: str | None = None,
-                       agent: str = "*", by: str | None = None) -> s.Rule:
-        return await self._do(_Routes.add_rule(tool, effect, prefix, agent, by))
+                       agent: str = "*", by: str | None = None, idempotency_key: str | None = None) -> s.Rule:
+        return await self._do(_Routes.add_rule(tool, effect, prefix, agent, by), idempotency_key)
 
     async def remove_rule(self, rule_id: str) -> None:
         await self._do(_Routes.remove_rule(rule_id))

@@ -1,4 +1,4 @@
-"""The ``scripted`` model: deterministic answers from per-role queues (SPEC §8).
+"""The ``scripted`` model: deterministic answers from per-role queues.
 
 It is the embedded default, so agents, tests and teaching notebooks run offline
 and give the same journal every time. Each role (planner, actor, critic) has a

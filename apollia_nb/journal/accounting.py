@@ -1,0 +1,236 @@
+"""A home's files, accounted for by its journal and checked when the home is opened.
+
+The journal is the home's signed record, so it is also the record of which
+files the home has had. Once the journal says a file existed, its absence is
+damage, never "nothing there yet":
+
+``home_file_created``
+    ``{"file": "runtime.db"}`` or ``{"file": "governance.db", "id": ...}``,
+    appended when the file is first made, or first seen by a version that
+    keeps this record. ``id`` is the random ``store_id`` kept in the
+    database's ``meta`` table, so a database put in the place of the one the
+    home had is told apart from it.
+``home_repaired``
+    an operator replaced a lost or damaged file on purpose
+    (``apollia-os home repair``); the payload names the file, what was done and
+    where the old one was moved.
+older entries
+    a journal written before these records still tells: runs and task or
+    session status imply ``runtime.db``; rule, consent and developer-mode
+    changes imply ``governance.db``.
+
+The signing key is checked against the journal's entries: a journal with
+entries and no ``keys/journal.key`` is ``HOME_FILE_MISSING``; a key that did
+not sign the last entry is ``HOME_KEY_MISMATCH``. A new key is never put on an
+old chain: the operator restores the key, or archives the journal
+(``apollia-os home repair --archive-journal``) and a new chain starts.
+
+``runtime.records.open_records`` maps a ``runtime.db`` DuckDB cannot open to
+``HOME_FILE_CORRUPT``. ``home_record`` is pure (rows in, a ``HomeRecord`` out); the rest are the thin
+edges that read files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from apollia_nb.errors import HomeFileCorrupt, HomeFileMissing, HomeKeyMismatch, IntegrityError
+from apollia_nb.home import Home
+
+__all__ = [
+    "HomeRecord",
+    "home_record",
+    "read_home_record",
+    "read_home_record_offline",
+    "check_runtime_db",
+    "check_key",
+    "repair_hint",
+    "last_key_id",
+    "FILE_CREATED",
+    "REPAIRED",
+    "RUNTIME_KINDS",
+    "GOVERNANCE_KINDS",
+    "POLICY_KINDS",
+]
+
+FILE_CREATED = "home_file_created"
+REPAIRED = "home_repaired"
+#: Entries that only a runtime with ``runtime.db`` writes.
+RUNTIME_KINDS = ("run_open", "task_status", "session_status")
+#: Entries of changes kept in ``governance.db``.
+GOVERNANCE_KINDS = ("rule_added", "rule_removed", "consent_granted", "consent_revoked", "devmode_changed")
+#: Entries of the organisation policy's state, the last of which says whether one is deposited.
+POLICY_KINDS = ("policy_loaded", "policy_refused", "policy_removed")
+
+
+class _Readable(Protocol):
+    def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]: ...
+
+
+@dataclass(frozen=True)
+class HomeRecord:
+    """What the journal says the home has had.
+
+    ``governance_id`` is the ``store_id`` of the ``governance.db`` last
+    recorded (None: recorded without one, by older code). ``policy``: an
+    organisation policy was deposited and has not been removed on purpose.
+    ``recorded``: the files with a ``home_file_created`` or ``home_repaired``
+    entry.
+    """
+
+    runtime_db: bool = False
+    governance_db: bool = False
+    governance_id: str | None = None
+    policy: bool = False
+    recorded: frozenset[str] = frozenset()
+
+
+def home_record(kinds: Iterable[str], files: Iterable[Mapping[str, Any]],
+                last_policy: tuple[str, Mapping[str, Any]] | None) -> HomeRecord:
+    """Pure: the kinds present in the journal, the payloads of its file entries (in
+    order) and its last policy entry (kind, payload) → a ``HomeRecord``."""
+    present = set(kinds)
+    recorded: set[str] = set()
+    governance_id: str | None = None
+    for payload in files:
+        name = payload.get("file")
+        if not isinstance(name, str):
+            continue
+        recorded.add(name)
+        if name == "governance.db":
+            gid = payload.get("id")
+            governance_id = gid if isinstance(gid, str) else None
+    policy = False
+    if last_policy is not None:
+        kind, payload = last_policy
+        policy = kind != "policy_removed" and payload.get("status") in ("accepted", "refused")
+    return HomeRecord(
+        runtime_db="runtime.db" in recorded or bool(present & set(RUNTIME_KINDS)),
+        governance_db="governance.db" in recorded or bool(present & set(GOVERNANCE_KINDS)),
+        governance_id=governance_id,
+        policy=policy,
+        recorded=frozenset(recorded),
+    )
+
+
+def _payload(raw: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(bytes(raw).decode("utf-8"))
+    except (ValueError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def read_home_record(journal: _Readable) -> HomeRecord:
+    """The ``HomeRecord`` of an open journal (three small queries)."""
+    wanted = (*RUNTIME_KINDS, *GOVERNANCE_KINDS)
+    marks = ", ".join("?" for _ in wanted)
+    kinds = [row[0] for row in journal.sql(
+        f"SELECT DISTINCT kind FROM entries WHERE kind IN ({marks})", list(wanted))]
+    files = [_payload(row[0]) for row in journal.sql(
+        "SELECT payload FROM entries WHERE kind IN (?, ?) ORDER BY seq", [FILE_CREATED, REPAIRED])]
+    marks = ", ".join("?" for _ in POLICY_KINDS)
+    last = journal.sql(
+        f"SELECT kind, payload FROM entries WHERE kind IN ({marks}) ORDER BY seq DESC LIMIT 1", list(POLICY_KINDS))
+    return home_record(kinds, files, (last[0][0], _payload(last[0][1])) if last else None)
+
+
+def repair_hint(home: Home, flag: str) -> str:
+    return f"restore it from a backup, or start over on purpose with `apollia-os home repair {flag} --home {home.path}`"
+
+
+def check_runtime_db(home: Home, record: HomeRecord) -> None:
+    """``HOME_FILE_MISSING`` when the journal records ``runtime.db`` and it is gone."""
+    path = home.runtime_db
+    if record.runtime_db and not path.exists() and not path.is_symlink():
+        raise HomeFileMissing(
+            f"{path} is missing, but the journal records that it existed (the home's agents, tasks and "
+            f"sessions were kept there); {repair_hint(home, '--new-runtime-db')} (journaled)"
+        )
+
+
+def check_key(home: Home, last_key_id: str | None) -> Any:
+    """The journal's signing key, checked against the key id of its last entry.
+
+    ``last_key_id`` None: the journal has no entries, so a missing key is
+    created. Otherwise the key must exist (``HOME_FILE_MISSING``), be readable
+    (``HOME_FILE_CORRUPT``) and be the one that signed it (``HOME_KEY_MISMATCH``).
+    """
+    from apollia_nb.journal import keys
+
+    key_path = home.keys_dir / keys.KEY_FILE
+    restore = (f"restore {key_path} from a backup, or archive this journal and start a new chain with "
+               f"`apollia-os home repair --archive-journal --home {home.path}`; a new key is never put on an old chain")
+    if last_key_id is None:
+        try:
+            return keys.load_or_create(home)
+        except IntegrityError as exc:
+            raise HomeFileCorrupt(f"{exc.message}; {restore}") from None
+    if not key_path.exists() and not key_path.is_symlink():
+        signed = f" signed by key {last_key_id}" if last_key_id else ""
+        raise HomeFileMissing(f"{key_path} is missing, but the journal holds entries{signed}; {restore}")
+    try:
+        key = keys.load_or_create(home)
+    except IntegrityError as exc:
+        raise HomeFileCorrupt(f"{exc.message}; {restore}") from None
+    except OSError as exc:
+        raise HomeFileCorrupt(f"{key_path} cannot be read: {exc.strerror or exc}; {restore}") from None
+    if last_key_id and key.key_id != last_key_id:
+        raise HomeKeyMismatch(
+            f"{key_path} (key {key.key_id}) is not the key that signed the journal's last entry "
+            f"(key {last_key_id}); {restore}"
+        )
+    return key
+
+
+def last_key_id(con: Any, db_path: Path) -> str | None:
+    """The key id of the last entry in ``journal.db``; ``""`` when it has none but its
+    ``journal.log`` holds entries (not yet checked: the journal's recovery checks their
+    signatures, so only the key's presence is required); None for a journal with no entries."""
+    from apollia_nb.journal.tail import read_tail, tail_path
+
+    row = con.execute("SELECT key_id FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
+    if row:
+        return str(row[0])
+    try:
+        tail = read_tail(tail_path(db_path))
+    except IntegrityError:
+        return None  # a damaged log is reported by the journal's own recovery
+    return "" if tail.rows else None
+
+
+class _Connection:
+    def __init__(self, con: Any) -> None:
+        self._con = con
+
+    def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return self._con.execute(query, params).fetchall()
+
+
+def read_home_record_offline(home: Home) -> HomeRecord | None:
+    """The ``HomeRecord`` of a home nobody holds, read without writing anything.
+
+    An empty record when there is no journal; None when another process holds
+    the journal (its owner's view is the one in force) or it cannot be read.
+    """
+    import duckdb
+
+    from apollia_nb.errors import HomeLocked
+    from apollia_nb.journal.store import connect_locked
+
+    if not home.journal_db.exists():
+        return HomeRecord()
+    try:
+        con = connect_locked(home.journal_db, read_only=True)
+    except (HomeLocked, duckdb.Error):
+        return None
+    try:
+        return read_home_record(_Connection(con))
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
