@@ -34,25 +34,13 @@ from apollia_nb.errors import ApolliaError
 
 __all__ = ["KernelRuntime", "LoopThread", "snapshot", "login_name", "shown_in_one_line"]
 
-_ONE_LINE: dict[type, type] = {}
-
-
 def shown_in_one_line(exc: ApolliaError) -> ApolliaError:
-    """The same error (same class for ``except``, same code and message) that IPython shows as the one
-    line ``CODE: message`` instead of a traceback: what a handle's refusal looks like in a notebook."""
-    cls = type(exc)
-    if hasattr(cls, "_render_traceback_"):
-        return exc
-    shown = _ONE_LINE.get(cls)
-    if shown is None:
-        shown = type(cls.__name__, (cls,), {
-            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-            "_render_traceback_": lambda self: [f"{self.code}: {self.message}"],
-        })
-        _ONE_LINE[cls] = shown
-    copied = copy.copy(exc)
-    copied.__class__ = shown
-    return copied
+    """The same error (same class for ``except``, same code and message), marked so that IPython shows it
+    as the one line ``CODE: message`` instead of a traceback: what a handle's refusal looks like in a
+    notebook. (IPython asks the exception itself for ``_render_traceback_``.)"""
+    line = f"{exc.code}: {exc.message}"
+    exc._render_traceback_ = lambda: [line]  # type: ignore[attr-defined]
+    return exc
 
 T = TypeVar("T")
 Watcher = Callable[[str, dict[str, Any]], None]
