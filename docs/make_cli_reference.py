@@ -16,8 +16,9 @@ DOC = Path(__file__).with_name("cli.md")
 HEADER = """# `apollia-os` command reference
 
 Generated from the commands' own `--help` by `docs/make_cli_reference.py`; a test fails
-when it drifts. Every command takes `--home` (default `$APOLLIA_HOME`, else `~/.apollia`)
-and `--json` where its output is data.
+when it drifts. Every command takes `--home` (default `$APOLLIA_HOME`, else `~/.apollia`;
+`demo` alone uses a fresh temporary home unless given one) and `--json` where its output
+is data.
 
 Exit status: 0 success; 1 an integrity failure (`audit verify`), a diverged replay, or a
 refused policy (`policy check`); 2 an incomplete replay; 3 an error with a stable code,

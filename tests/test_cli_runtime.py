@@ -77,11 +77,16 @@ def test_an_attended_run_asks_at_the_terminal(home, clerk_file):
     assert "completed" in out.stdout
 
 
-def test_an_attended_run_with_no_answer_refuses(home, clerk_file):
+def test_an_attended_run_at_the_end_of_input_leaves_the_decision_pending(home, clerk_file):
     assert run_cli("agents", "register", str(clerk_file), home=home.path).returncode == 0
     out = run_cli("run", "clerk", "Write out.txt", home=home.path, stdin="")
-    assert out.returncode == 1
-    assert "failed" in out.stdout and "REFUSED" in out.stdout
+    assert out.returncode == 1, out.stderr
+    assert "end of input: no answer given" in out.stderr and "the decision stays pending" in out.stderr
+    assert "Traceback" not in out.stderr
+    [pending] = json.loads(run_cli("pending", "list", "--json", home=home.path).stdout)
+    assert pending["tool"] == "write_file" and f"apollia-os pending decide {pending['id']} " in out.stderr
+    decided = run_cli("pending", "decide", pending["id"], "once", home=home.path)
+    assert decided.returncode == 0 and "completed" in decided.stdout, decided.stdout + decided.stderr
 
 
 def test_run_for_an_unknown_agent_is_a_clear_error(home):

@@ -241,6 +241,13 @@ class NotebookTask(Displayable):
         return bridge.call(lambda: [NotebookCard(bridge, c) for c in self._handle.pending])
 
     @property
+    def cards(self) -> list[NotebookCard]:
+        """Every card of this task, answered or waiting, oldest first (``pending``: the waiting ones)."""
+        bridge = self._bridge
+        rt = bridge.rt
+        return bridge.call(lambda: [NotebookCard(bridge, c) for c in rt._cards.values() if c.task_id == self.id])
+
+    @property
     def awaiting_plan_approval(self) -> bool:
         return self._bridge.call(lambda: self._handle.awaiting_plan_approval)
 

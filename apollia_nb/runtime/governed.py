@@ -154,6 +154,8 @@ async def governed_call(
                 await card.wait()  # answered elsewhere at the same moment: that answer stands
     else:
         await card.wait()
+        if card.waiting:  # released unanswered: the run stops watching and suspends, the card stays pending
+            return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=ordered)
     return await continue_after_answer(rt, agent, card, decision=decision)
 
 

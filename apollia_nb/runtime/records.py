@@ -416,20 +416,15 @@ class RuntimeRecords:
     def sessions(self) -> list[dict[str, Any]]:
         return [json.loads(r[0]) for r in self._exec("SELECT record FROM sessions ORDER BY updated_at")]
 
-    # memory and model state ---------------------------------------------
+    # memory ---------------------------------------------------------------
+    # (A run's place in a scripted model's script is kept in its task or session record;
+    # the model_state table of earlier homes is no longer read.)
     def memory_get(self, agent: str) -> dict[str, Any]:
         rows = self._exec("SELECT key, value FROM memory WHERE agent = ?", [agent])
         return {k: json.loads(v) for k, v in rows}
 
     def memory_set(self, agent: str, key: str, value: Any) -> None:
         self._upsert("memory", {"agent": agent, "key": key}, {"value": json.dumps(value, default=str)})
-
-    def model_state(self, agent: str) -> dict[str, Any] | None:
-        rows = self._exec("SELECT state FROM model_state WHERE agent = ?", [agent])
-        return json.loads(rows[0][0]) if rows else None
-
-    def save_model_state(self, agent: str, state: dict[str, Any]) -> None:
-        self._upsert("model_state", {"agent": agent}, {"state": json.dumps(state)})
 
     # the REST API's idempotency keys ----------------------------------------
     def remember_response(self, scope: str, key: str, fingerprint: str, status: int,

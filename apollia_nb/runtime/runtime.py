@@ -151,6 +151,23 @@ class TaskHandle:
             await self._rt._changed(self.id).wait()
         return self
 
+    async def unwatch(self) -> "TaskHandle":
+        """Nobody watches this task any more: it goes on as an unattended one.
+
+        A run waiting on a person suspends at once, its decision left pending
+        (answered later with ``Runtime.answer`` or ``apollia-os pending decide``,
+        also after a restart); otherwise the next call that would ask suspends it."""
+        run = self._run
+        if run.r["watched"] and not run.done.is_set():
+            run.r["watched"] = False
+            run._save()
+            waiting = [c for c in self.pending]
+            for card in waiting:
+                card._release()
+            if waiting:
+                await self.settled()
+        return self
+
     def _parked(self) -> bool:
         """Waiting on a person right now: a card or the plan is open (watched), or the run is suspended."""
         run = self._run
@@ -489,9 +506,6 @@ class Runtime:
             else:
                 offered = tuple(registry.names())
             provider = model if model is not None else build_model(manifest.model)
-            saved = self.records.model_state(manifest.name)
-            if model is None and saved and hasattr(provider, "restore"):
-                provider.restore(saved)  # a fresh scripted model continues where the last one stopped
         except ApolliaError as exc:
             if warnings:  # e.g. a tool source that could not give its tools, and why
                 exc.message = f"{exc.message} ({'; '.join(warnings)})"
@@ -563,7 +577,6 @@ class Runtime:
         agent = self.agent(name)
         if agent.state.state != ProcessState.STOPPED:
             raise Conflict(f"agent {name!r} is {agent.state.state.value}; only a stopped agent can be started")
-        self._persist_model_state(agent)
         return await self._start_agent(agent.manifest, tools=_custom_tools(agent),
                                        model=agent.model if agent.custom_model else None, cwd=None,
                                        cell=agent.state)
@@ -632,7 +645,6 @@ class Runtime:
                     finished = run.status in ("completed", "failed", "cancelled")
                     if finished:
                         agent.inflight.discard(run)
-                    self._persist_model_state(agent)
                     if finished:
                         self._retire(run)
 
@@ -964,9 +976,25 @@ class Runtime:
                 raise
             self._emit("warning", f"runtime.db could not record {what}: {exc}")
 
-    def _persist_model_state(self, agent: Agent) -> None:
-        if hasattr(agent.model, "restore") and callable(getattr(agent.model, "state", None)):
-            self.records.save_model_state(agent.name, agent.model.state())
+    @staticmethod
+    def _run_model(agent: Agent, saved: Any = None) -> Any:
+        """The model one task or chat session talks to.
+
+        A model that can start over (``fresh()``, e.g. ``scripted``) gives each run
+        its own playthrough, restored from ``saved`` (the run's recorded
+        ``state()``) when the run resumes; any other model is the agent's own."""
+        fresh = getattr(agent.model, "fresh", None)
+        if not callable(fresh):
+            return agent.model
+        model = fresh()
+        if saved:
+            model.restore(saved)
+        return model
+
+    @staticmethod
+    def _model_state(model: Any) -> Any:
+        state = getattr(model, "state", None)
+        return state() if callable(getattr(model, "fresh", None)) and callable(state) else None
 
     # ------------------------------------------------------------------ audit
     def verify(self) -> Any:
