@@ -245,7 +245,7 @@ class NotebookTask(Displayable):
         """Every card of this task, answered or waiting, oldest first (``pending``: the waiting ones)."""
         bridge = self._bridge
         rt = bridge.rt
-        return bridge.call(lambda: [NotebookCard(bridge, c) for c in rt._cards.values() if c.task_id == self.id])
+        return bridge.call(lambda: [NotebookCard(bridge, c) for c in rt.cards_of(self.id)])
 
     @property
     def awaiting_plan_approval(self) -> bool:

@@ -654,13 +654,21 @@ class Runtime:
         """A finished run leaves the live table; its answered cards go with it (runtime.db keeps the task)."""
         if self._runs.get(run.id) is run:
             del self._runs[run.id]
-        for card_id in [c.id for c in self._cards.values() if c.task_id == run.id and not c.waiting]:
-            del self._cards[card_id]
+        answered = [c for c in self._cards.values() if c.task_id == run.id and not c.waiting]
+        for card in answered:
+            del self._cards[card.id]
+        run.retired_cards = tuple(answered)  # kept with the run while it stays in memory (``cards_of``)
         self._events.pop(run.id, None)
         self._finished[run.id] = run
         self._finished.move_to_end(run.id)
         while len(self._finished) > FINISHED_KEPT:
             self._finished.popitem(last=False)
+
+    def cards_of(self, task_id: str) -> list[Any]:
+        """Every card of a task this process ran, answered or waiting, oldest first (a finished
+        task's answered cards while it is among the last ``FINISHED_KEPT``)."""
+        run = self._finished.get(task_id)
+        return [*getattr(run, "retired_cards", ()), *(c for c in self._cards.values() if c.task_id == task_id)]
 
     def task(self, task_id: str) -> TaskHandle:
         """This process's task, or a finished one as ``runtime.db`` holds it. ``UNKNOWN_TASK`` otherwise."""
