@@ -1,4 +1,4 @@
-"""``apollia.toml`` in the home (SPEC §9), parsed into frozen values."""
+"""``apollia.toml`` in the home, parsed into frozen values."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """DuckDB and the disk at the edge: a lock conflict that names the holder, storage faults with stable
-codes, a database locked to itself."""
+codes, a database locked to itself, its memory bounded."""
 
 from __future__ import annotations
 
@@ -14,13 +14,31 @@ from apollia_nb.errors import HomeLocked, StorageError, StorageFull
 __all__ = [
     "FAULT_ENV",
     "LOCKED_SETTINGS",
+    "MEMORY_LIMIT",
     "fault_point",
+    "limit_memory",
     "lock_down",
     "lock_holder_pid",
     "needs_reopen",
     "raise_if_locked",
     "storage_error",
 ]
+
+#: The most memory DuckDB keeps for each of the two files the owner writes all the time,
+#: ``journal.db`` and ``runtime.db``. DuckDB's default is 80 % of the machine's RAM *per
+#: database*, and it keeps what it has allocated up to that limit: a long-running server's
+#: memory then grows with the work it has done (measured: +30-40 MB a minute under a steady
+#: load, flat with the limit). With the limit DuckDB evicts cached blocks (they are on disk)
+#: and spills a large query's intermediates to a temporary file beside the database; appends,
+#: lookups by key and the journal's index work as before (measured: 4 million keyed rows
+#: inserted and checked under 32 MB). ``governance.db`` stays small and is left alone: a
+#: low limit there slowed its per-operation connections many times over.
+MEMORY_LIMIT = "64MB"
+
+
+def limit_memory(con: Any, limit: str = MEMORY_LIMIT) -> None:
+    """Cap the memory of the database ``con`` belongs to (the setting is per database, not per connection)."""
+    con.execute(f"SET memory_limit = '{limit}'")
 
 _PID = re.compile(r"\(PID (\d+)\)")
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install apollia-nb into .venv and open JupyterLab on the tour notebook.
-# The tour makes its own fresh home in a temporary folder; extra arguments go to `jupyter lab`.
+# JupyterLab serves the clone (so every notebook is a click away) and opens the tour; it prints
+# its URL, with the token, once it listens. The tour makes its own fresh home in a temporary
+# folder; extra arguments go to `jupyter lab` (e.g. --no-browser on a machine without one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -8,4 +10,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e . pandas matplotlib
-exec .venv/bin/jupyter lab notebooks/01-tour.ipynb "$@"
+lab=()
+if [ "$(id -u)" = 0 ]; then
+  echo "dev/lab.sh: running as root, so JupyterLab starts with --allow-root" >&2
+  lab+=(--allow-root)
+fi
+echo "dev/lab.sh: JupyterLab serves $PWD and opens notebooks/01-tour.ipynb; open the URL it prints below" >&2
+exec .venv/bin/jupyter lab ${lab[@]+"${lab[@]}"} notebooks/01-tour.ipynb "$@"

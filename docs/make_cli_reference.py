@@ -16,12 +16,19 @@ DOC = Path(__file__).with_name("cli.md")
 HEADER = """# `apollia-os` command reference
 
 Generated from the commands' own `--help` by `docs/make_cli_reference.py`; a test fails
-when it drifts. Every command takes `--home` (default `$APOLLIA_HOME`, else `~/.apollia`)
-and `--json` where its output is data.
+when it drifts. Every command takes `--home` (default `$APOLLIA_HOME`, else `~/.apollia`;
+`demo` alone uses a fresh temporary home unless given one) and `--json` where its output
+is data.
 
 Exit status: 0 success; 1 an integrity failure (`audit verify`), a diverged replay, or a
 refused policy (`policy check`); 2 an incomplete replay; 3 an error with a stable code,
 printed as `error: CODE: message` (with `--json`, `{"code", "message"}` on stderr).
+
+While `apollia-os serve` owns the home, every command works as its client and prints
+the same: agents and tasks are the server's (`run` submits the task to the server and
+asks at the terminal for its decisions), governance and the journal are read and
+changed through it. `policy remove` and `home repair` need the home to themselves and
+say so (`HOME_LOCKED`). See [shared-home.md](shared-home.md).
 """
 
 

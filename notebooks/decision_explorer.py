@@ -107,8 +107,10 @@ def build(setting: Setting) -> tuple[Call, GovernanceView]:
         raise ValueError("the arguments must be a JSON object, e.g. {\"path\": \"notes/a.txt\"}")
     if not setting.agent or not setting.tool:
         raise ValueError("name an agent and a tool")
+    # As the runtime builds it: only bash_executor's first argument is a shell command.
     call = Call(agent=setting.agent, tool=setting.tool, family=setting.family, arguments=arguments,
-                connection=setting.connection or None, run_grants=frozenset(setting.run_grants))
+                connection=setting.connection or None, run_grants=frozenset(setting.run_grants),
+                shell=setting.tool == "bash_executor")
     policy = None
     if setting.policy_deposited:
         policy = Policy(refuse_tools=_names(setting.refuse_tools),

@@ -82,7 +82,7 @@ async def test_restart_goes_stopped_initializing_active(home):
         agent = await rt.start_agent("clerk")
         assert agent.state.state == "active"
         again = await (await rt.submit("clerk", "again"))
-        assert again.status == "completed" and again.result == "second"  # the script goes on
+        assert again.status == "completed" and again.result == "first"  # every task plays the script anew
 
 
 async def test_stopping_drains_in_flight_work_then_cancels_it(home):

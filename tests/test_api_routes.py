@@ -56,8 +56,8 @@ def settled(api: httpx.Client, task_id: str, until: str = "settled") -> dict:
     return r.json()
 
 
-#: SPEC §7's routes (path parameters without braces).
-SPEC_ROUTES = [
+#: The documented routes (path parameters without braces).
+DOCUMENTED_ROUTES = [
     ("GET", "/health"), ("GET", "/agents"), ("POST", "/agents"), ("GET", "/agents/name"),
     ("POST", "/agents/name/start"), ("POST", "/agents/name/stop"),
     ("POST", "/tasks"), ("GET", "/tasks"), ("GET", "/tasks/task_id"), ("POST", "/tasks/task_id/cancel"),
@@ -91,7 +91,7 @@ def test_health_needs_no_token_and_every_other_route_does(server):
     r = httpx.get(server.url + "/api/v1/health")
     assert r.status_code == 200 and r.json() == {"status": "ok", "version": r.json()["version"]}
     ops = _all_operations(server)
-    assert {f"{m} {p}" for m, p in ops} >= {f"{m} /api/v1{p}" for m, p in SPEC_ROUTES}
+    assert {f"{m} {p}" for m, p in ops} >= {f"{m} /api/v1{p}" for m, p in DOCUMENTED_ROUTES}
     with httpx.Client(base_url=server.url) as anonymous:
         for method, path in ops:
             if path == "/api/v1/health":

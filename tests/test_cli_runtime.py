@@ -77,11 +77,16 @@ def test_an_attended_run_asks_at_the_terminal(home, clerk_file):
     assert "completed" in out.stdout
 
 
-def test_an_attended_run_with_no_answer_refuses(home, clerk_file):
+def test_an_attended_run_at_the_end_of_input_leaves_the_decision_pending(home, clerk_file):
     assert run_cli("agents", "register", str(clerk_file), home=home.path).returncode == 0
     out = run_cli("run", "clerk", "Write out.txt", home=home.path, stdin="")
-    assert out.returncode == 1
-    assert "failed" in out.stdout and "REFUSED" in out.stdout
+    assert out.returncode == 1, out.stderr
+    assert "end of input: no answer given" in out.stderr and "the decision stays pending" in out.stderr
+    assert "Traceback" not in out.stderr
+    [pending] = json.loads(run_cli("pending", "list", "--json", home=home.path).stdout)
+    assert pending["tool"] == "write_file" and f"apollia-os pending decide {pending['id']} " in out.stderr
+    decided = run_cli("pending", "decide", pending["id"], "once", home=home.path)
+    assert decided.returncode == 0 and "completed" in decided.stdout, decided.stdout + decided.stderr
 
 
 def test_run_for_an_unknown_agent_is_a_clear_error(home):
@@ -119,7 +124,7 @@ def test_audit_replay_exits_0_identical_2_incomplete_3_unknown(home, clerk_file)
     assert unknown.returncode == 3 and "UNKNOWN_RUN" in unknown.stderr
 
 
-def test_with_a_server_running_agent_commands_refuse_and_pending_goes_through_the_server(home, clerk_file):
+def test_with_a_server_running_agent_commands_and_pending_go_through_the_server(home, clerk_file):
     from apollia_nb.api.server import ServerThread
     from apollia_nb.sdk import Client
 
@@ -128,10 +133,12 @@ def test_with_a_server_running_agent_commands_refuse_and_pending_goes_through_th
         client.register_agent(clerk_file.read_text())
         task = client.submit("clerk", "Write out.txt", watched=False)
         client.wait(task.id, until="settled", timeout=30)
-        listed = run_cli("agents", "list", home=home.path)
-        assert listed.returncode == 3 and "HOME_LOCKED" in listed.stderr and "apollia-os serve" in listed.stderr
+        listed = run_cli("agents", "list", "--json", home=home.path)
+        assert listed.returncode == 0, listed.stderr
+        assert [a["name"] for a in json.loads(listed.stdout)] == ["clerk"]
         pending = json.loads(run_cli("pending", "list", "--json", home=home.path).stdout)
         assert [p["tool"] for p in pending] == ["write_file"]
         done = run_cli("pending", "decide", pending[0]["id"], "once", home=home.path)
         assert done.returncode == 0, done.stderr
+        assert f"task {task.id} (clerk): completed" in done.stdout  # the server's task, settled
         assert client.wait(task.id, until="finished", timeout=30).status == "completed"

@@ -1,4 +1,4 @@
-"""decide(): the six lines of SPEC §4 as a table of cases, one row per behaviour."""
+"""decide(): the six lines as a table of cases, one row per behaviour."""
 
 from __future__ import annotations
 
@@ -253,7 +253,10 @@ def test_a_rule_for_an_agent_named_star_is_the_every_agent_rule() -> None:
 def test_rules_name_exactly_one_tool() -> None:
     v = view(rules=[Rule("write_file")])
     assert decide(call("write", tool="write_file2"), v).line == 6
-    assert decide(call("write", tool="Write_file"), v).line == 6
+    # A deny rule names its tool in any case: a rule that matched nothing would refuse too little.
+    assert decide(call("write", tool="Write_file"), v).line == 2
+    allowing = view(developer_mode=True, rules=[Rule("Bash_executor", "allow", "ls")])
+    assert decide(run("ls"), allowing).outcome == "ask"  # an allow rule names its tool exactly
 
 
 # --- deny before allow ------------------------------------------------------------------
@@ -692,7 +695,7 @@ def test_strings_and_enums_compare_equal() -> None:
 
 def test_the_public_face() -> None:
     names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
-    assert names(Call) == ["agent", "tool", "family", "arguments", "connection", "run_grants", "paths"]
+    assert names(Call) == ["agent", "tool", "family", "arguments", "connection", "run_grants", "paths", "shell", "aliases"]
     assert names(Rule) == ["tool", "effect", "prefix", "agent", "id"]  # no session, no project
     assert names(Policy) == ["refuse_tools", "refuse_connections", "refuse_families"]
     assert names(Decision)[:4] == ["outcome", "line", "answers", "reason"]

@@ -19,6 +19,7 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 
 BASH = "bash_executor"
 TOOLS = [BASH, "write_file", "send_mail", "mystery"]
+RULE_TOOLS = [*TOOLS, "Write_File", "BASH_executor"]  # deny rules name a tool in any case
 AGENTS = ["clerk", "scout", "*"]
 CONNECTIONS = ["github", "crm.example.com"]
 WORDS = [
@@ -131,7 +132,7 @@ word_prefixes = st.integers(0, 29).flatmap(
 def rule_lists(
     draw: st.DrawFn,
     max_size: int = 12,
-    tools: list[str] = TOOLS,
+    tools: list[str] = RULE_TOOLS,
     prefixes: st.SearchStrategy[str | None] = prefixes,
     agents: list[str] = AGENTS,
 ) -> list[Rule]:
@@ -189,7 +190,7 @@ def policy_refuses(call: Call, view: GovernanceView) -> bool:
 
 
 def reference(call: Call, view: GovernanceView) -> tuple[str, int, tuple[str, ...], str | None]:
-    """The six lines as SPEC §4 words them, scanning every rule."""
+    """The six lines, worded as the docs word them, scanning every rule."""
     once_refuse, everything = ("once", "refuse"), ("once", "always", "refuse")
     if policy_refuses(call, view):
         return ("refuse", 1, (), None)

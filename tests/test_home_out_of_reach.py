@@ -20,6 +20,7 @@ from apollia_nb.errors import WorkspaceOverlapsHome
 from apollia_nb.home import Home
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.breaker import Breakers
+from apollia_nb.runtime.models import ScriptedModel
 from apollia_nb.runtime.builtins import builtin_tools
 from apollia_nb.runtime.paths import check_workspace_apart_from_home, resolve_tool_path
 from apollia_nb.runtime.tools import ToolDef, ToolRegistry, invoke
@@ -41,20 +42,17 @@ def results_by_call(rt, run_id) -> list[dict]:
     return payloads(rt, run_id, "tool_result")
 
 
-def one_by_one(calls: list[dict], refused: set[int] | None = None) -> list[dict]:
-    """An actor script making each call in a task of its own (a refused call fails its task;
-    after any other result the actor says it is done)."""
-    actor: list[dict] = []
-    for i, c in enumerate(calls):
-        actor.append({"tool_calls": [c]})
-        if refused is not None and i not in refused:
-            actor.append({"text": "done"})
-    return actor
+async def each_in_a_task(rt, agent: str, calls: list[dict]) -> list[str]:
+    """Register ``agent`` and make each call in a task of its own, one after the other (task ``i``'s
+    actor makes call ``i``, then says it is done); their run ids."""
+    def actor(role, messages, tools):
+        if role != "actor" or messages[-1].role == "tool":
+            return None
+        goal = [m.content for m in messages if m.role == "user"][-1]
+        return {"tool_calls": [calls[int(goal.split()[-1])]]}
 
-
-async def each_in_a_task(rt, agent: str, count: int) -> list[str]:
-    """Submit ``count`` tasks one after the other; their run ids."""
-    return [(await (await rt.submit(agent, f"attempt {i}"))).run_id for i in range(count)]
+    await rt.register_agent(manifest(agent), model=ScriptedModel.from_function(actor))
+    return [(await (await rt.submit(agent, f"attempt {i}"))).run_id for i in range(len(calls))]
 
 
 def across(rt, run_ids: list[str], kind: str) -> list[dict]:
@@ -287,8 +285,7 @@ async def test_a_read_deny_rule_refuses_every_spelling_of_the_path(home, secrets
     async with Runtime(home) as rt:
         rt.governance.add_rule("read_file", "deny", prefix=prefix, by="operator")
         rt.governance.add_rule("list_dir", "deny", prefix=prefix, by="operator")
-        await rt.register_agent(manifest(actor=one_by_one(reads)))
-        runs = await each_in_a_task(rt, "clerk", len(reads))
+        runs = await each_in_a_task(rt, "clerk", reads)
         decisions = across(rt, runs, "decision")
         assert [(d["outcome"], d["line"]) for d in decisions] == [("refuse", 2)] * len(reads)
         assert [d["arguments"]["path"] for d in decisions] == [r["arguments"]["path"] for r in reads]  # as asked
@@ -306,10 +303,8 @@ async def test_a_directory_prefix_matches_at_a_component_boundary_and_a_plain_on
     async with Runtime(home) as rt:
         rt.governance.add_rule("read_file", "deny", prefix="secrets/", agent="clerk", by="operator")
         rt.governance.add_rule("read_file", "deny", prefix="secrets", agent="scout", by="operator")
-        await rt.register_agent(manifest("clerk", actor=one_by_one(reads, refused=set())))
-        await rt.register_agent(manifest("scout", actor=one_by_one(reads, refused={0})))
-        clerk = await each_in_a_task(rt, "clerk", 2)
-        scout = await each_in_a_task(rt, "scout", 2)
+        clerk = await each_in_a_task(rt, "clerk", reads)
+        scout = await each_in_a_task(rt, "scout", reads)
         assert [(r["status"], r["output"]) for r in across(rt, clerk, "tool_result")] == [
             ("ok", "not denied"), ("ok", "public")
         ]
@@ -324,8 +319,7 @@ async def test_write_and_delete_deny_rules_refuse_every_spelling_and_the_file_is
         rt.governance.grant_consent("clerk", "write", by="operator")
         rt.governance.add_rule("write_file", "deny", prefix="secrets/", by="operator")
         rt.governance.add_rule("delete_file", "deny", prefix=str(secrets / "secrets") + "/", by="operator")
-        await rt.register_agent(manifest(actor=one_by_one(writes + deletes)))
-        runs = await each_in_a_task(rt, "clerk", len(writes + deletes))
+        runs = await each_in_a_task(rt, "clerk", writes + deletes)
         decisions = across(rt, runs, "decision")
         assert [(d["tool"], d["outcome"], d["line"], d["path"]) for d in decisions] == [
             (c["name"], "refuse", 2, "secrets/k") for c in writes + deletes
@@ -351,8 +345,7 @@ async def test_paths_an_agent_may_try_on_a_denied_folder(home, secrets):
     ]
     async with Runtime(home) as rt:
         rt.governance.add_rule("read_file", "deny", prefix="secrets/", by="operator")
-        await rt.register_agent(manifest(actor=one_by_one(tries, refused={1, 5, 6})))
-        runs = await each_in_a_task(rt, "clerk", len(tries))
+        runs = await each_in_a_task(rt, "clerk", tries)
         results = across(rt, runs, "tool_result")
         assert [(r["status"], r.get("error_code")) for r in results] == [
             ("ok", None), ("refused", "REFUSED"), ("error", "PATH_ESCAPE"), ("error", "BAD_ARGUMENT"),

@@ -151,7 +151,7 @@ def server(tmp_path):
         log.close()
 
 
-def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(server):
+def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(server, monkeypatch):
     client, process = server["client"], server["process"]
     assert client.get("/api/status").status_code == 200
     # What a browser would open: JupyterLab on the tour.
@@ -185,7 +185,7 @@ def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(serv
     # The run view is a live widget, with its text and HTML beside it.
     [view] = [m for m in results["%%apollia task clerk"]["outputs"] if m["msg_type"] == "display_data"]
     assert WIDGET_MIME in view["content"]["data"] and "text/html" in view["content"]["data"]
-    assert "waiting (answers: once/always/refuse)" in _text(results["[card] = task.pending"]["outputs"])
+    assert "waiting (answers: once/always/refuse)" in _text(results["[card] = task.cards"]["outputs"])
     # The click answered the card: its buttons were disabled, the run went on, and it completed.
     assert clicked is not None and _disabled(kernel.iopub, clicked)
     final = _text(results["task.status, task.result, task.budget"]["outputs"])
@@ -204,6 +204,7 @@ def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(serv
     from apollia_nb.runtime import Runtime
 
     [home] = [p / "home" for p in server["tmp"].glob("apollia-tour-*")]
+    monkeypatch.chdir(home.parent)  # the folder the tour ran in: the clerk's relative workspace is there
     with Runtime.blocking(home) as rt:
         assert rt.verify().ok
         [(run_id, status)] = rt.journal.sql("SELECT run_id, status FROM runs")
@@ -247,7 +248,8 @@ def test_dev_lab_sh_installs_and_opens_jupyterlab_on_the_tour_as_the_readme_says
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     lines = [line.strip() for line in script.read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert any(".venv/bin/python -m pip install" in line and "-e ." in line for line in lines)
-    assert lines[-1] == 'exec .venv/bin/jupyter lab notebooks/01-tour.ipynb "$@"'
+    assert lines[-1] == 'exec .venv/bin/jupyter lab ${lab[@]+"${lab[@]}"} notebooks/01-tour.ipynb "$@"'
+    assert 'lab+=(--allow-root)' in lines and any('"$(id -u)" = 0' in line for line in lines)  # root works, said
     assert "APOLLIA_HOME" not in script.read_text()  # the tour makes its own home
     readme = (ROOT / "README.md").read_text()
     commands = re.findall(r"^bash dev/\S+", readme, flags=re.MULTILINE)

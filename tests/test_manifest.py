@@ -1,4 +1,4 @@
-"""The agent manifest: the SPEC §8 example, defaults, and errors that name key and line."""
+"""The agent manifest: the documented example, defaults, and errors that name key and line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from apollia_nb.errors import BadInput, ManifestInvalid
 from apollia_nb.runtime.manifest import Manifest, load_manifest, parse_manifest
 
-SPEC_EXAMPLE = """\
+EXAMPLE_MANIFEST = """\
 name = "clerk"                       # [a-z0-9_-]+
 description = "Files notes"
 instructions = "You keep the notes folder tidy."
@@ -55,7 +55,7 @@ def error_of(text: str, source: str = "clerk.toml") -> str:
 
 
 def test_spec_example_parses_to_its_values() -> None:
-    m = parse_manifest(SPEC_EXAMPLE, source="clerk.toml")
+    m = parse_manifest(EXAMPLE_MANIFEST, source="clerk.toml")
     assert m.name == "clerk"
     assert m.description == "Files notes"
     assert m.instructions == "You keep the notes folder tidy."
@@ -72,7 +72,7 @@ def test_spec_example_parses_to_its_values() -> None:
     assert m.workspace_root == "notes"
     assert m.max_steps == 20
     assert m.drain_timeout_secs is None
-    assert m.source_text == SPEC_EXAMPLE
+    assert m.source_text == EXAMPLE_MANIFEST
     assert m.source == "clerk.toml"
     assert m.workspace_path(Path("/srv/work")) == Path("/srv/work/notes")
 
@@ -144,7 +144,7 @@ def test_unknown_top_level_key_names_key_and_line() -> None:
 
 
 def test_unknown_key_in_tools_table() -> None:
-    text = SPEC_EXAMPLE.replace('optional = ["mcp:notes/search"]', 'optional = []\nrequird = ["x"]')
+    text = EXAMPLE_MANIFEST.replace('optional = ["mcp:notes/search"]', 'optional = []\nrequird = ["x"]')
     message = error_of(text)
     expected_line = text.splitlines().index('requird = ["x"]') + 1
     assert message == f'clerk.toml:{expected_line}: unknown key "tools.requird"'
@@ -344,7 +344,7 @@ def test_bytes_are_decoded_and_bad_utf8_refused() -> None:
 
 def test_load_manifest_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "clerk.toml"
-    path.write_text(SPEC_EXAMPLE, encoding="utf-8")
+    path.write_text(EXAMPLE_MANIFEST, encoding="utf-8")
     assert load_manifest(path).source == str(path)
     path.write_text('name = "clerk"\nbogus = 1\n', encoding="utf-8")
     with pytest.raises(ManifestInvalid) as caught:
@@ -357,7 +357,7 @@ def test_load_manifest_names_the_file(tmp_path: Path) -> None:
 def test_an_unknown_key_inserted_anywhere_is_reported_at_its_line() -> None:
     import tomllib
 
-    lines = SPEC_EXAMPLE.splitlines()
+    lines = EXAMPLE_MANIFEST.splitlines()
     checked = 0
     for at in range(len(lines) + 1):
         text = "\n".join([*lines[:at], "zz_unknown = 1", *lines[at:]]) + "\n"

@@ -1,4 +1,4 @@
-"""The scripted model (SPEC §8), build_model, and the structured-output helpers."""
+"""The scripted model, build_model, and the structured-output helpers."""
 
 from __future__ import annotations
 

@@ -425,7 +425,7 @@ def test_serve_says_what_is_available(ip, capsys):
     load(ip, capsys)
     assert ip.run_line_magic("apollia", "serve") is None
     out = capsys.readouterr().out
-    assert "not available in this version" in out and "apollia-os serve" in out
+    assert "run `apollia-os serve --home" in out and "joins it" in out and "arrives" not in out
 
 
 def test_help_and_unknown_subcommands(ip, capsys):

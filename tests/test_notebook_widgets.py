@@ -248,7 +248,7 @@ def test_the_chat_view_follows_its_exchange_past_a_pause(ip):
 
 
 def test_the_inbox_answers_cards_of_the_whole_home(ip):
-    ip.run_cell_magic("apollia", "agent", manifest(actor=[WRITE[0], WRITE[0], WRITE[1], WRITE[1]]))
+    ip.run_cell_magic("apollia", "agent", manifest(actor=WRITE))
     first = ip.run_cell_magic("apollia", "task clerk --unattended", "one").join(10, settled=True)
     inbox = ip.run_line_magic("apollia", "pending")
     view = inbox.widget

@@ -96,8 +96,8 @@ def test_the_saved_tour_shows_widgets_a_card_and_a_completed_verified_task():
     by_start = {source(c).splitlines()[0]: c for c in cells}
     [task_view] = shown(by_start["%%apollia task clerk"])
     assert WIDGET_MIME in task_view and {"text/plain", "text/html"} <= set(task_view)
-    assert "Consent card pd-" in text(by_start["[card] = task.pending"])
-    assert "waiting (answers: once/always/refuse)" in text(by_start["[card] = task.pending"])
+    assert "Consent card pd-" in text(by_start["[card] = task.cards"])
+    assert "waiting (answers: once/always/refuse)" in text(by_start["[card] = task.cards"])
     [answered] = shown(by_start['card.answer("once")'])
     assert WIDGET_MIME in answered and "answered once by ann" in joined(answered["text/plain"])
     assert text(by_start["task.status, task.result, task.budget"]).startswith("('completed'")

@@ -182,12 +182,12 @@ async def test_plan_rejection_fails_the_task_with_rejected_and_the_reason(home):
         handle = await rt.submit("clerk", "Clean up", approve_plan=True)
         await handle.settled()
         assert handle.awaiting_plan_approval
-        turns_before = rt.agent("clerk").model.remaining("actor")
+        turns_before = rt._runs[handle.id].model.remaining("actor")
         handle.reject_plan("too risky")
         task = await handle
         assert task.status == "failed"
         assert task.error == {"code": "REJECTED", "message": "the plan was rejected: too risky"}
-        assert rt.agent("clerk").model.remaining("actor") == turns_before  # the agent was not called again
+        assert rt._runs[handle.id].model.remaining("actor") == turns_before  # the agent was not called again
         assert payloads(rt, task.run_id, "model_response")[-1]["role"] == "planner"
 
 

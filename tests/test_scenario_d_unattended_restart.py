@@ -1,4 +1,4 @@
-"""Unattended runs (SPEC §4, Scenario E's last paragraphs): suspend, list, answer, resume — across a restart."""
+"""Unattended runs: suspend, list, answer, resume — across a restart."""
 
 from __future__ import annotations
 

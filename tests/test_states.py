@@ -1,6 +1,6 @@
 """The state machines: every legal move allowed, every other move refused, docs in step.
 
-The expected moves are written out by hand from SPEC §5 and the runtime view,
+The expected moves are written out by hand from the documented state machines,
 not read from the tables, so a wrong table fails here.
 """
 

@@ -1,4 +1,4 @@
-"""The REST API (SPEC §7): ``create_app`` (FastAPI) and the server of ``apollia-os serve``.
+"""The REST API: ``create_app`` (FastAPI) and the server of ``apollia-os serve``.
 
 Imported lazily: ``import apollia_nb.api`` costs nothing until a name is used,
 so the CLI and the SDK (which shares :mod:`apollia_nb.api.schemas`) stay quick.

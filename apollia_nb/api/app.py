@@ -1,4 +1,4 @@
-"""The REST API (SPEC §7): a thin FastAPI shell over one ``Runtime``.
+"""The REST API: a thin FastAPI shell over one ``Runtime``.
 
 Every route under ``/api/v1`` calls the runtime and returns one of the models
 of :mod:`apollia_nb.api.schemas`; the app adds only what HTTP needs:

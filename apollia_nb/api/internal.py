@@ -1,6 +1,6 @@
 """Routes for the home's clients: what a kernel needs from the process that owns the home.
 
-A home has one owner process (SPEC §3). When ``apollia-os serve`` owns it, a
+A home has one owner process. When ``apollia-os serve`` owns it, a
 kernel (or a script, or ``apollia-os run``) that finds it running becomes its
 client (``apollia_nb.runtime.remote``): its agents run in the kernel, but
 every journal entry is appended by the server's single writer, and every read

@@ -83,7 +83,7 @@ class Health(_Out):
 
 
 class ManifestIn(_In):
-    manifest: NonEmpty = Field(description="the agent's TOML manifest (SPEC §8), as text")
+    manifest: NonEmpty = Field(description="the agent's TOML manifest, as text")
 
 
 class Agent(_Out):

@@ -65,12 +65,17 @@ def _home(args: argparse.Namespace) -> Any:
 
 @contextmanager
 def _owned_journal(args: argparse.Namespace) -> Iterator[Any]:
-    """The home's existing journal, opened by a process that owns the home."""
+    """The home's existing journal, opened by a process that owns the home; the server's journal
+    when `apollia-os serve` owns the home."""
+    from apollia_nb.cli.client import remote
+    from apollia_nb.errors import NotFound
     from apollia_nb.home import OwnerLock
     from apollia_nb.journal.store import Journal
 
-    from apollia_nb.errors import NotFound
-
+    with remote(args) as served:
+        if served is not None:
+            yield served.journal
+            return
     home = _home(args)
     if not home.journal_db.exists():
         raise NotFound(f"no journal at {home.journal_db}")
@@ -94,13 +99,18 @@ def _read_checkpoint(path: Path | None) -> str | None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from apollia_nb.journal.verify import verify_bundle, verify_home
+    from apollia_nb.cli.client import remote
+    from apollia_nb.journal.verify import verify_bundle, verify_home, verify_journal
 
     external = _read_checkpoint(args.checkpoint)
     if args.bundle is not None:
         report = verify_bundle(args.bundle, external=external)
     else:
-        report = verify_home(_home(args), external=external)
+        with remote(args) as served:  # served: a copy of the server's journal, checked with the home's key
+            if served is not None:
+                report = verify_journal(served.journal, external)
+            else:
+                report = verify_home(_home(args), external=external)
     emit(args, report.to_dict(), report.summary())
     return 0 if report.ok else EXIT_INTEGRITY
 
@@ -143,9 +153,11 @@ def _prove(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from apollia_nb.journal.export import export_home
+    from apollia_nb.cli.client import remote
+    from apollia_nb.journal.export import export_home, export_journal
 
-    result = export_home(_home(args), args.dir)
+    with remote(args) as served:
+        result = export_home(_home(args), args.dir) if served is None else export_journal(served.journal, args.dir)
     emit(
         args,
         result.to_dict(),

@@ -104,16 +104,24 @@ def _history(home: Any) -> Any:
     return read_home_record_offline(home)
 
 
-def _reader(args: argparse.Namespace) -> Any:
-    """A store for reading: it creates nothing, and expects what the journal records."""
+@contextmanager
+def _reader(args: argparse.Namespace) -> Iterator[Any]:
+    """A store for reading: it creates nothing, and expects what the journal records (the server's
+    governance when `apollia-os serve` owns the home)."""
+    from apollia_nb.cli.client import remote
     from apollia_nb.governance.store import GovernanceStore
 
+    with remote(args) as served:
+        if served is not None:
+            yield served.governance
+            return
     home = _home(args, create=False)
     record = _history(home)
     if record is None:
-        return GovernanceStore(home)
-    return GovernanceStore(home, expect_db=record.governance_db, expect_db_id=record.governance_id,
-                           expect_policy=record.policy)
+        yield GovernanceStore(home)
+        return
+    yield GovernanceStore(home, expect_db=record.governance_db, expect_db_id=record.governance_id,
+                          expect_policy=record.policy)
 
 
 def _open_journal(home: Any) -> Any:
@@ -125,10 +133,16 @@ def _open_journal(home: Any) -> Any:
 
 @contextmanager
 def _owned_store(args: argparse.Namespace) -> Iterator[Any]:
-    """A store on a home this process owns, journaling to the home's journal."""
+    """A store on a home this process owns, journaling to the home's journal; the server's governance
+    (which journals and stores the change) when `apollia-os serve` owns the home."""
+    from apollia_nb.cli.client import remote
     from apollia_nb.governance.store import GovernanceStore
     from apollia_nb.home import OwnerLock
 
+    with remote(args) as served:
+        if served is not None:
+            yield served.governance
+            return
     home = _home(args)
     with OwnerLock(home):
         journal = _open_journal(home)
@@ -159,7 +173,8 @@ def _rule_words(rule: dict[str, Any]) -> str:
 
 
 def _rules_list(args: argparse.Namespace) -> int:
-    rules = [r.to_dict() for r in _reader(args).rules()]
+    with _reader(args) as store:
+        rules = [r.to_dict() for r in store.rules()]
     if not rules:
         emit(args, rules, "no fine rules")
         return 0
@@ -193,7 +208,8 @@ def _devmode(args: argparse.Namespace) -> int:
     from apollia_nb.errors import BadInput
 
     if args.state is None:
-        state = _reader(args).developer_mode_state()
+        with _reader(args) as store:
+            state = store.developer_mode_state()
     elif args.state in ("on", "off"):
         with _owned_store(args) as store:
             state = store.set_developer_mode(args.state == "on", by=_who(args))
@@ -209,7 +225,8 @@ def _devmode(args: argparse.Namespace) -> int:
 
 
 def _consents_list(args: argparse.Namespace) -> int:
-    consents = [c.to_dict() for c in _reader(args).consents()]
+    with _reader(args) as store:
+        consents = [c.to_dict() for c in store.consents()]
     if not consents:
         emit(args, consents, "no standing consents")
         return 0
@@ -256,9 +273,15 @@ def _policy_sign(args: argparse.Namespace) -> int:
 def _policy_check(args: argparse.Namespace) -> int:
     from apollia_nb.governance.policy import load_policy
 
+    from apollia_nb.cli.client import remote
+
     home = _home(args, create=False)
-    record = _history(home)
-    state = load_policy(home, expected=record is not None and record.policy)
+    with remote(args) as served:
+        if served is not None:  # the server's view: what the home has had is in its journal
+            state, record = served.governance.policy_state(), True
+        else:
+            record = _history(home)
+            state = load_policy(home, expected=record is not None and record.policy)
     data = {"path": str(home.policy_path), **state.to_dict()}
     lines = [f"policy: {state.status}", f"reason: {state.reason}"]
     if record is None:
@@ -279,6 +302,9 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 
 def _policy_remove(args: argparse.Namespace) -> int:
+    from apollia_nb.cli.client import refuse_served
+
+    refuse_served(args, "`policy remove`")
     home = _home(args, create=False)
     with _owned_store(args) as store:
         state = store.remove_policy(by=_who(args)).to_dict()

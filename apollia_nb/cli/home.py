@@ -68,9 +68,11 @@ def _move_aside(path: Path) -> Path | None:
 
 
 def _repair(args: argparse.Namespace) -> int:
+    from apollia_nb.cli.client import refuse_served
     from apollia_nb.cli.governance import _who
     from apollia_nb.home import Home, OwnerLock
 
+    refuse_served(args, "`home repair`")
     home = Home.at(args.home, create=False)
     if not home.path.is_dir():
         from apollia_nb.errors import NotFound

@@ -13,7 +13,13 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("run", parents=[common], help="run a task with a registered agent")
+    p = sub.add_parser(
+        "run", parents=[common], help="run a task with a registered agent",
+        description="Run a task and print its status and run id. Without --unattended, each call that needs "
+                    "a person asks at the terminal (the answers on offer). Ctrl+C or the end of input at the "
+                    "prompt is no answer: the task goes on unattended and its decision stays pending (answer it "
+                    "later with `apollia-os pending decide ID ANSWER`); the exit status is then 130 (Ctrl+C) "
+                    "or 1.")
     p.add_argument("agent")
     p.add_argument("goal")
     p.add_argument("--unattended", action="store_true",
@@ -44,7 +50,23 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     a.add_argument("--by", default=None, help="who answers (default: the user name)")
     a.set_defaults(handler=_pending_decide)
 
-    d = sub.add_parser("demo", parents=[common], help="a headless tour on a fresh home")
+    runs = sub.add_parser("runs", help="the runs in the journal")
+    rsub = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+    a = rsub.add_parser("list", parents=[common], help="every run: agent, kind, status, start and entry count")
+    a.set_defaults(handler=_runs_list)
+
+    n = sub.add_parser("notebooks", help="copy the example notebooks (and the decision explorer) into a folder",
+                       description="Copy the example notebooks, the decision explorer they use and their README "
+                                   "into DIR (created if missing); nothing in DIR is overwritten. Then open them "
+                                   "with `jupyter lab DIR`. Each notebook makes its own fresh home.")
+    n.add_argument("dir", type=Path, metavar="DIR")
+    n.add_argument("--json", action="store_true", help="print data as JSON")
+    n.set_defaults(handler=_notebooks)
+
+    d = sub.add_parser("demo", help="a headless tour on a fresh home")
+    d.add_argument("--home", help="an empty or new folder for the demo's home (default: a fresh temporary "
+                                  "folder; never $APOLLIA_HOME)")
+    d.add_argument("--json", action="store_true", help="print data as JSON")
     d.set_defaults(handler=_demo)
 
 
@@ -88,7 +110,8 @@ def _task_line(task: dict[str, Any]) -> str:
     err = task["error"]
     tail = f" — {err['code']}: {err['message']}" if err else ""
     budget = task["budget"]
-    return f"task {task['id']} ({task['agent']}): {task['status']}, steps {budget['used']}/{budget['ceiling']}{tail}"
+    return (f"task {task['id']} ({task['agent']}): {task['status']}, steps {budget['used']}/{budget['ceiling']}, "
+            f"run {task['run_id']}{tail}")
 
 
 def _card_text(card: dict[str, Any]) -> str:
@@ -99,8 +122,35 @@ def _card_text(card: dict[str, Any]) -> str:
             f"  line {card.get('line')}: {card.get('reason')}\n  answers: {' / '.join(card['answers'])}")
 
 
+class _NoAnswer(Exception):
+    """The terminal gave no answer: Ctrl+C or the end of input at a prompt."""
+
+
 def _run(args: argparse.Namespace) -> int:
     import anyio
+
+    async def attend(rt: Any, handle: Any) -> None:
+        while True:
+            await handle.settled()
+            if handle.status != "waiting" or args.unattended:
+                return
+            if handle.awaiting_plan_approval:
+                print("plan:\n" + "\n".join(f"  {i + 1}. {s}" for i, s in enumerate(handle.record["plan"])))
+                reply = (await _ask("approve the plan? [y/N] ")).strip().lower()
+                if reply in ("y", "yes"):
+                    handle.approve_plan()
+                else:
+                    handle.reject_plan("rejected at the terminal")
+                await _until_changed(rt, handle)
+                continue
+            for card in handle.pending:
+                print(_card_text(card.to_dict()))
+                reply = (await _ask("answer: ")).strip()
+                while reply not in card.answers:
+                    print(f"please answer one of: {', '.join(card.answers)}")
+                    reply = (await _ask("answer: ")).strip()
+                card.answer(reply, by=_who(args))
+            await _until_changed(rt, handle)
 
     async def main() -> int:
         async with _open(args) as rt:
@@ -108,53 +158,98 @@ def _run(args: argparse.Namespace) -> int:
                                      watched=not args.unattended, approve_plan=args.approve_plan)
             for warning in handle.record["warnings"]:
                 print(f"warning: {warning}", file=sys.stderr)
-            while True:
-                await handle.settled()
-                if handle.status != "waiting":
-                    break
-                if args.unattended:
-                    break
-                if handle.awaiting_plan_approval:
-                    print("plan:\n" + "\n".join(f"  {i + 1}. {s}" for i, s in enumerate(handle.record["plan"])))
-                    reply = (await anyio.to_thread.run_sync(_ask, "approve the plan? [y/N] ")).strip().lower()
-                    if reply in ("y", "yes"):
-                        handle.approve_plan()
-                    else:
-                        handle.reject_plan("rejected at the terminal")
-                    await _until_changed(rt, handle)
-                    continue
-                for card in handle.pending:
-                    print(_card_text(card.to_dict()))
-                    reply = (await anyio.to_thread.run_sync(_ask, "answer: ")).strip() or "refuse"
-                    while reply not in card.answers:
-                        print(f"please answer one of: {', '.join(card.answers)}")
-                        reply = (await anyio.to_thread.run_sync(_ask, "answer: ")).strip() or "refuse"
-                    card.answer(reply, by=_who(args))
-                await _until_changed(rt, handle)
+            stopped = await _until_answered_or_interrupted(attend(rt, handle))
+            if stopped is not None:
+                return await _left_waiting(rt, handle, stopped)
             await rt.committed()  # what is printed is in runtime.db: a restart finds the task as shown
             task = handle.to_dict()
             lines = [_task_line(task)]
             if task["result"]:
                 lines.append(f"result: {task['result']}")
             if handle.status == "waiting":
-                for p in rt.pending_decisions():
-                    if p["task_id"] == handle.id:
-                        lines.append(f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
-                                     f"answer with `apollia-os pending decide {p['id']} once|refuse`")
+                lines += _waiting_lines(rt, handle)
             emit(args, task, "\n".join(lines))
             return 0 if handle.status in ("completed", "waiting") else 1
 
     return anyio.run(main)
 
 
+def _waiting_lines(rt: Any, handle: Any) -> list[str]:
+    return [f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
+            f"answer with `apollia-os pending decide {p['id']} {'|'.join(p['answers'])}`"
+            for p in rt.pending_decisions() if p["task_id"] == handle.id]
+
+
+async def _until_answered_or_interrupted(work: Any) -> str | None:
+    """Run ``work``; Ctrl+C (SIGINT) or the end of input at a prompt stops it at once.
+    None when it ran to its end, else what stopped it ("interrupted" / "end of input")."""
+    import signal
+
+    import anyio
+
+    stopped: list[str] = []
+    async with anyio.create_task_group() as tg:
+        async def on_sigint() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                async for _ in signals:
+                    stopped.append("interrupted")
+                    tg.cancel_scope.cancel()
+                    return
+
+        async def run() -> None:
+            try:
+                await work
+            except _NoAnswer:
+                stopped.append("end of input")
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(on_sigint)
+        tg.start_soon(run)
+    return stopped[0] if stopped else None
+
+
+async def _left_waiting(rt: Any, handle: Any, why: str) -> int:
+    """No answer came from the terminal: the task goes on unattended, its decision left pending."""
+    import anyio
+
+    print()
+    with anyio.CancelScope(shield=True):
+        await handle.unwatch()
+        await rt.committed()  # the suspended task is in runtime.db before it is said to be pending
+    lines = [f"{why}: no answer given. " + _task_line(handle.to_dict())]
+    waiting = _waiting_lines(rt, handle)
+    if waiting:
+        lines.append("the decision stays pending; the run resumes when it is answered:")
+        lines += waiting
+    elif handle.status not in ("completed", "failed", "cancelled"):
+        lines.append("the task is cancelled as this command ends")
+    print("\n".join(lines), file=sys.stderr)
+    return 130 if why == "interrupted" else 1
+
+
 async def _until_changed(rt: Any, handle: Any) -> None:
     await rt._changed(handle.id).wait()
 
 
-def _ask(prompt: str) -> str:
+async def _ask(prompt: str) -> str:
+    """One line from the terminal, read in a daemon thread so that Ctrl+C stops the wait at once.
+    Raises ``_NoAnswer`` at the end of input: no answer is never a permission, nor a refusal."""
+    import asyncio
+    import threading
+
     print(prompt, end="", flush=True)
-    line = sys.stdin.readline()
-    return line if line else "refuse"  # end of input refuses: no answer is never a permission
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[str] = loop.create_future()
+
+    def read() -> None:
+        line = sys.stdin.readline()
+        loop.call_soon_threadsafe(lambda: future.done() or future.set_result(line))
+
+    threading.Thread(target=read, name="apollia-prompt", daemon=True).start()
+    line = await future
+    if not line:
+        raise _NoAnswer()
+    return line
 
 
 def _agents_list(args: argparse.Namespace) -> int:
@@ -163,13 +258,16 @@ def _agents_list(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with _open(args) as rt:
             agents = [a.to_dict() for a in rt.agents()]
-        text = "\n".join(
-            f"{a['name']:<20} {a['state']:<12} {a['model']:<10} {', '.join(a['warnings'])}" for a in agents
-        ) or "no agents registered"
-        emit(args, agents, text)
+        emit(args, agents, _agents_text(agents))
         return 0
 
     return anyio.run(main)
+
+
+def _agents_text(agents: list[dict[str, Any]]) -> str:
+    return "\n".join(
+        f"{a['name']:<20} {a['state']:<12} {a['model']:<10} {', '.join(a['warnings'])}" for a in agents
+    ) or "no agents registered"
 
 
 def _agents_register(args: argparse.Namespace) -> int:
@@ -198,6 +296,24 @@ def _agents_stop(args: argparse.Namespace) -> int:
             agent = await rt.stop_agent(args.name)
             data = agent.to_dict()
         emit(args, data, f"{data['name']}: {data['state']}")
+        return 0
+
+    return anyio.run(main)
+
+
+def _runs_list(args: argparse.Namespace) -> int:
+    import anyio
+
+    from apollia_nb.journal.views import list_runs
+
+    async def main() -> int:
+        async with _open(args) as rt:
+            runs = list_runs(rt.journal)
+        text = "\n".join(
+            f"{r['run_id']:<18} {r['agent'] or '-':<16} {r['kind'] or '-':<6} {r['status']:<10} "
+            f"{r['started_at']}  {r['entries']} entries" for r in runs
+        ) or "no runs yet"
+        emit(args, runs, text)
         return 0
 
     return anyio.run(main)
@@ -234,6 +350,37 @@ def _pending_decide(args: argparse.Namespace) -> int:
         return 0
 
     return anyio.run(main)
+
+
+def _shipped_notebooks() -> Path:
+    """The example notebooks: inside the installed package (a wheel), else the clone's ``notebooks/``."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "notebooks", package.parent / "notebooks"):
+        if any(candidate.glob("*.ipynb")):
+            return candidate
+    from apollia_nb.errors import NotFound
+
+    raise NotFound(f"no example notebooks next to {package}: this installation does not include them")
+
+
+def _notebooks(args: argparse.Namespace) -> int:
+    import shutil
+
+    from apollia_nb.errors import Conflict
+
+    source = _shipped_notebooks()
+    files = sorted([*source.glob("*.ipynb"), *source.glob("*.py"), *source.glob("README.md")])
+    target: Path = args.dir
+    taken = [f.name for f in files if (target / f.name).exists()]
+    if taken:
+        raise Conflict(f"{target} already holds {', '.join(taken)}; nothing was copied (choose an empty folder)")
+    target.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy2(f, target / f.name)
+    names = [f.name for f in files]
+    emit(args, {"dir": str(target), "files": names},
+         f"copied {len(names)} files into {target}: {', '.join(names)}\nopen them with: jupyter lab {target}")
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``apollia-os serve``: own the home and serve the REST API (SPEC §7).
+"""``apollia-os serve``: own the home and serve the REST API.
 
 Loopback only unless ``--allow-remote``. Requests are answered only for the
 loopback names (``localhost``, ``127.0.0.1``, ``[::1]``), the bound address and

@@ -261,7 +261,7 @@ def is_local(base_url: str) -> bool:
 
 
 def family_for(op: Operation, *, local: bool, overrides: Mapping[str, Family]) -> Family:
-    """SPEC §7: GET → read; other methods → write, or send when the host is not local; overridable."""
+    """GET → read; other methods → write, or send when the host is not local; overridable."""
     if op.operation_id in overrides:
         return overrides[op.operation_id]
     if op.method in _READ_METHODS:

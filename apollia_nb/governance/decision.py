@@ -1,7 +1,7 @@
 """Where a tool call is decided: ``decide(call, view) -> Decision``.
 
 Pure: no I/O, no clock, no globals. The store keeps a ``GovernanceView`` snapshot
-current; this module only reads it. The six lines of SPEC §4 are read in order and
+current; this module only reads it. The six lines are read in order and
 the first that applies decides:
 
 1. organisation policy refuses the tool, its connection or its family → refuse
@@ -12,8 +12,12 @@ the first that applies decides:
    ``always`` in developer mode for a simple command whose program cannot make
    a rule with it as prefix allow more: not a wrapper, interpreter, shell
    builtin, program that writes by argument, or file outside the system's
-   program folders — see ``shellcheck.no_always_reason``)
-5. family ``profile`` → ask (``once``/``refuse``); any other classified call →
+   program folders — see ``shellcheck.no_always_reason``); a call whose
+   first argument is not shell text (``Call.shell`` false: Python, SQL) is
+   always asked ``once``/``refuse``
+5. family ``profile`` → ask (``once``/``refuse``); so does a ``write`` call of a
+   file tool whose path is in a ``.git`` directory (git runs programs its files
+   name: an allowed ``git status`` would run them); any other classified call →
    allow on a standing consent of the agent for the family, or a run grant
 6. anything left → ask (``once``/``always``/``refuse``; unclassified:
    ``once``/``refuse``)
@@ -26,13 +30,17 @@ answer from an index built once per snapshot):
 
 - A ``deny`` rule without a prefix matches every call of its tool. With a prefix it
   matches broadly, because refusing too much is safe and too little is not: the
-  first argument starts with the prefix, as text or as a normalised path; for a
-  file tool, whose call carries the names its path resolves to (``Call.paths``),
-  as text or as one of those names (``path_prefix_matches``); for
+  first argument starts with the prefix, as text or as a normalised path (a list,
+  tuple or mapping: also any string inside it, at any depth); for a file tool,
+  whose call carries the names its path resolves to (``Call.paths``), as text or
+  as one of those names (``path_prefix_matches``); for
   ``execute`` calls (and unclassified ones, which may run commands too) the
   simple-command check's deny matching decides instead of (unclassified: as well
   as) the text match. A first argument that is not a string is matched as its text;
   one whose text cannot be read matches every deny rule of its tool.
+- A deny rule names its tool in any case (``Read_File`` refuses ``read_file``):
+  a rule that silently matched nothing would refuse too little. An allow rule
+  names its tool exactly.
 - An ``allow`` rule acts on line 4 only. It needs a prefix — an allow rule on a
   shell without one would be a blanket allow on everything — and matches a single
   simple command whose words begin with the prefix's words (``git status``
@@ -65,6 +73,8 @@ __all__ = [
     "first_argument",
     "rule_matches",
     "path_prefix_matches",
+    "leaf_texts",
+    "url_form",
     "READ_ONLY_FAMILIES",
 ]
 
@@ -142,6 +152,19 @@ class Call:
     resolves to (workspace-relative and absolute), worked out by the same function
     the tool uses. Deny prefixes are then matched against them as paths; ``None``
     means the call is not a file tool's.
+
+    ``shell`` says whether an ``execute`` call's first argument is shell text, run
+    by bash. The simple-command proof is a proof about shell text only: code in
+    another language (``python_executor``'s Python, SQL) can read as one simple
+    command and still run anything — ``1 or '\\'';import os;…#'`` is bash's ``1``
+    with two words and Python's ``import os``. So with ``shell=False`` no allow rule
+    allows the call and ``always`` is never offered: it is asked ``once``/``refuse``.
+
+    ``aliases`` are other spellings of the first argument naming what the tool acts
+    on, worked out by the tool's own parser: for ``http_request``, the URL as the
+    HTTP client reads it (``HTTPS://u@API.example.com.:443/x`` and
+    ``https://example.org\\@api.example.com/`` both go to ``https://api.example.com``).
+    Deny prefixes are matched against each as text, like the first argument.
     """
 
     agent: str
@@ -151,9 +174,13 @@ class Call:
     connection: str | None = None
     run_grants: frozenset[Family] = frozenset()
     paths: tuple[str, ...] | None = None
+    shell: bool = True
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "agent", _text("agent", self.agent))
+        if not isinstance(self.shell, bool):  # "false" must not read as true
+            raise TypeError(f"shell must be True or False, not {self.shell!r}")
         object.__setattr__(self, "tool", _text("tool", self.tool))
         object.__setattr__(self, "family", _family(self.family))
         if self.arguments is None:
@@ -168,6 +195,9 @@ class Call:
             if isinstance(self.paths, str):
                 raise TypeError("paths must be a sequence of strings, not a string")
             object.__setattr__(self, "paths", tuple(_text("path", p) for p in self.paths))
+        if isinstance(self.aliases, str):
+            raise TypeError("aliases must be a sequence of strings, not a string")
+        object.__setattr__(self, "aliases", tuple(_text("alias", a) for a in (self.aliases or ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +274,36 @@ def _path_prefix(prefix: str) -> tuple[str, bool]:
 
 def _path_hit(form: str, directory: bool, name_form: str) -> bool:
     return (name_form + "/").startswith(form) if directory else name_form.startswith(form)
+
+
+def url_form(text: str) -> str:
+    """An ``http``/``https`` URL with its scheme and host in lower case, a default port,
+    user information and a host's final dot dropped; any other text as it is.
+
+    A deny prefix is also matched in this form, and a URL's aliases are written in
+    it, so ``HTTPS://API.Example.com:443`` and ``https://api.example.com`` agree.
+    """
+    scheme, sep, rest = text.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("http", "https"):
+        return text
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    host = authority.rpartition("@")[2].lower()
+    default = ":443" if scheme == "https" else ":80"
+    if host.endswith(default):
+        host = host[: -len(default)]
+    name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+    if colon and port.isdigit() and not name.endswith("]") and ":" not in name:
+        host = f"{name.rstrip('.')}:{port}"
+    elif not colon:
+        host = host.rstrip(".") if not host.startswith("[") else host
+    return f"{scheme}://{host}{tail}"
+
+
+def _in_git_directory(path: str) -> bool:
+    """Whether a file tool's resolved name is ``.git`` or lies inside one (any case)."""
+    return any(part.casefold() == ".git" for part in path.split("/"))
 
 
 def path_prefix_matches(prefix: str, path: str) -> bool:
@@ -438,6 +498,7 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
             deny_all = pos if deny_all is None else deny_all
         else:
             text.setdefault(prefix, pos)
+            text.setdefault(url_form(prefix), pos)
             path.setdefault(posixpath.normpath(prefix), pos)
             form, directory = _path_prefix(prefix)
             (file_dir if directory else file_text).setdefault(form, pos)
@@ -491,6 +552,9 @@ class GovernanceView:
     _index: Mapping[tuple[str, str], _Rules] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _spellings: Mapping[str, tuple[str, ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         rules = tuple(self.rules or ())
@@ -514,6 +578,10 @@ class GovernanceView:
             by_scope.setdefault((rule.tool, rule.agent), []).append((pos, rule))
         object.__setattr__(self, "_by_tool", {k: tuple(v) for k, v in by_tool.items()})
         object.__setattr__(self, "_index", {k: _arrange(v) for k, v in by_scope.items()})
+        spellings: dict[str, list[str]] = {}
+        for tool in by_tool:
+            spellings.setdefault(tool.casefold(), []).append(tool)
+        object.__setattr__(self, "_spellings", {k: tuple(v) for k, v in spellings.items()})
 
     def rules_for(self, tool: str) -> tuple[Rule, ...]:
         """The rules naming ``tool``, in view order."""
@@ -528,6 +596,13 @@ class GovernanceView:
         if own is None:
             return () if everyone is None else (everyone,)
         return (own,) if everyone is None else (own, everyone)
+
+    def _deny_scopes(self, tool: str, agent: str) -> tuple[_Rules, ...]:
+        """The scopes whose deny rules apply: those of every spelling of ``tool`` in any case."""
+        names = self._spellings.get(tool.casefold(), ())
+        if names == (tool,) or not names:
+            return self._scopes(tool, agent)
+        return tuple(scope for name in names for scope in self._scopes(name, agent))
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,13 +663,58 @@ def _argument_texts(call: Call) -> tuple[str, ...] | None:
         try:
             shown = _show(value)
             if isinstance(value, (list, tuple)):
-                return (shown, " ".join(_show(v) for v in value))
+                joined = " ".join(_show(v) for v in value)
+                return tuple(dict.fromkeys((shown, joined, *_leaf_texts(value))))
+            if isinstance(value, Mapping):
+                return tuple(dict.fromkeys((shown, *_leaf_texts(value))))
             if isinstance(value, (bytes, bytearray)):
                 return (shown, bytes(value).decode("utf-8", "replace"))
             return (shown,)
         except _Unshowable:
             return None
     return ()
+
+
+_LEAVES_AT_MOST = 256  # a container with more strings than this (or nested deeper) matches every deny rule
+_DEPTH_AT_MOST = 8
+
+
+def leaf_texts(value: object) -> tuple[str, ...] | None:
+    """Every string inside a value at any depth (a string: itself; a scalar: its text),
+    or None when there are too many or they lie too deep to read."""
+    if isinstance(value, str):
+        return (str.__str__(value),)
+    if value is None:
+        return ()
+    try:
+        if isinstance(value, (list, tuple, Mapping)):
+            return tuple(_leaf_texts(value))
+        return (_show(value),)
+    except _Unshowable:
+        return None
+
+
+def _leaf_texts(value: object) -> list[str]:
+    """Every string inside a list, tuple or mapping (keys and values), at any depth.
+
+    A tool may act on any item of a container (``delete_many(paths=["a", "secrets/k"])``),
+    so each is matched like a first argument of its own. Too many or too deep is
+    ``_Unshowable``: every deny rule then matches.
+    """
+    found: list[str] = []
+    pending: list[tuple[object, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, str):
+            found.append(str.__str__(item))
+        elif isinstance(item, (list, tuple, Mapping)):
+            if depth >= _DEPTH_AT_MOST:
+                raise _Unshowable
+            items = [*item.keys(), *item.values()] if isinstance(item, Mapping) else list(item)
+            pending.extend((v, depth + 1) for v in reversed(items))
+        if len(found) + len(pending) > _LEAVES_AT_MOST:
+            raise _Unshowable
+    return found
 
 
 def _command(call: Call) -> str | None:
@@ -609,7 +729,7 @@ def _deny_matches(prefix: str, family: Family | None, text: str, resolved: bool 
         return True
     if family is Family.EXECUTE:
         return False
-    if text.startswith(prefix):
+    if text.startswith(prefix) or text.startswith(url_form(prefix)):
         return True
     if resolved:  # a file tool's call: its resolved names are matched instead (path_prefix_matches)
         return False
@@ -622,10 +742,12 @@ def rule_matches(rule: Rule, call: Call) -> bool:
 
     The plain statement of matching; ``decide`` gets the same answers from its index.
     """
-    if rule.tool != call.tool or not (rule.agent == "*" or rule.agent == call.agent):
+    if not (rule.agent == "*" or rule.agent == call.agent):
         return False
+    if rule.tool != call.tool and (rule.effect is Effect.ALLOW or rule.tool.casefold() != call.tool.casefold()):
+        return False  # a deny rule names its tool in any case; an allow rule exactly
     if rule.effect is Effect.ALLOW:
-        command = _command(call)
+        command = _command(call) if call.shell else None
         if command is None or _allow_words(rule.prefix) is None:
             return False
         return shellcheck.allow_prefix_matches(rule.prefix, command)  # type: ignore[arg-type]
@@ -634,6 +756,7 @@ def rule_matches(rule: Rule, call: Call) -> bool:
     texts = _argument_texts(call)
     if texts is None:
         return True
+    texts = (*texts, *call.aliases)
     paths = call.paths
     if any(_deny_matches(rule.prefix, call.family, text, paths is not None) for text in texts):
         return True
@@ -664,15 +787,18 @@ def decide(call: Call, view: GovernanceView) -> Decision:
 
     # Line 2: a fine deny rule (read even from a fail-closed view: refusing more is safe).
     scopes = view._scopes(call.tool, call.agent)
-    if scopes:
+    denying = view._deny_scopes(call.tool, call.agent)
+    if denying:
         texts = _argument_texts(call)
+        if texts is not None and call.aliases:
+            texts = (*texts, *call.aliases)
         plain: tuple[str | None, ...] = ()
-        if texts and family in _COMMAND_FAMILIES and any(r.deny_trie for r in scopes):
+        if texts and family in _COMMAND_FAMILIES and any(r.deny_trie for r in denying):
             plain = tuple(_searchable(t) for t in texts)
         elif texts:
             plain = (None,) * len(texts)
         first: int | None = None
-        for rules in scopes:
+        for rules in denying:
             first = _earliest(first, rules.first_deny(family, texts, plain, call.paths))
         if first is not None:
             rule = view.rules[first]
@@ -680,7 +806,7 @@ def decide(call: Call, view: GovernanceView) -> Decision:
             where = f" the path {call.paths[0]!r}" if call.paths else ""
             return Decision(
                 Outcome.REFUSE, 2,
-                reason=f"a deny rule for {call.tool!r}{what} ({_scope_words(rule)}) matches{where}",
+                reason=f"a deny rule for {rule.tool!r}{what} ({_scope_words(rule)}) matches{where}",
                 rule_id=rule.id,
             )
 
@@ -697,6 +823,11 @@ def decide(call: Call, view: GovernanceView) -> Decision:
     if family is Family.EXECUTE:
         if not view.developer_mode:
             return Decision(Outcome.ASK, 4, _ONCE_REFUSE, reason="executes code; developer mode is off")
+        if not call.shell:
+            return Decision(
+                Outcome.ASK, 4, _ONCE_REFUSE,
+                reason="executes code that is not a shell command: no rule allows it, asked every time",
+            )
         command = _command(call)
         words = shellcheck.simple_words(command) if command is not None else None
         if not words:
@@ -728,6 +859,12 @@ def decide(call: Call, view: GovernanceView) -> Decision:
     # Line 5: the profile asks every time; consents and run grants allow the rest.
     if family is Family.PROFILE:
         return Decision(Outcome.ASK, 5, _ONCE_REFUSE, reason="proposes a fact for the profile: asked every time")
+    if family is Family.WRITE and call.paths and any(_in_git_directory(p) for p in call.paths):
+        return Decision(
+            Outcome.ASK, 5, _ONCE_REFUSE,
+            reason="writes inside a .git directory, whose files make git run programs (hooks, core.fsmonitor,"
+            " filters): asked every time",
+        )
     if family is not None:
         if (call.agent, family) in view.consents:
             return Decision(

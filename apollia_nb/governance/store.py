@@ -90,6 +90,11 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+#: Committed writes between two explicit checkpoints of ``governance.db``. DuckDB keeps each
+#: UPDATE's version data in memory (about 130 KB for one answered decision) until a checkpoint,
+#: and checkpoints by itself only once the write-ahead log reaches 16 MB — thousands of small
+#: answers later, so a long-running owner's memory grew with every decision answered.
+CHECKPOINT_EVERY = 64
 PENDING, ANSWERED, EXPIRED = "pending", "answered", "expired"
 _AGENT = re.compile(r"[a-z0-9_-]+")
 _DEFAULT_LOCK_TIMEOUT = 2.0
@@ -139,7 +144,7 @@ class RuleRecord(Rule):
         return Rule(tool=self.tool, effect=self.effect, prefix=self.prefix, agent=self.agent, id=self.id)
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC §7's rule JSON plus ``created_by`` and ``created_at``."""
+        """The rule's JSON plus ``created_by`` and ``created_at``."""
         return {
             "id": self.id,
             "tool": self.tool,
@@ -209,7 +214,7 @@ class PendingDecision:
     answer_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC §7's pending-decision JSON, plus its state and context."""
+        """The pending decision's JSON, plus its state and context."""
         return {
             "id": self.id,
             "run_id": self.run_id,
@@ -483,6 +488,7 @@ class GovernanceStore:
         self._expect_id = expect_db_id
         self._expect_policy = expect_policy
         self._journaled_damage: str | None = None
+        self._writes = 0  # committed writes since the last checkpoint (see CHECKPOINT_EVERY)
 
     @classmethod
     def open(cls, home: Home, journal: Any, *, record: Any = None, **kwargs: Any) -> "GovernanceStore":
@@ -965,6 +971,7 @@ class GovernanceStore:
                     raise GovernanceUnreadable(f"governance.db cannot be written: {exc}") from None
                 if created is not None:
                     self._expect_db, self._expect_id = True, created
+                self._writes += 1
                 return change.result
             except BaseException:
                 try:
@@ -976,6 +983,25 @@ class GovernanceStore:
                 con.close()
                 self._db = None
                 self._cached = None
+                if self._writes >= CHECKPOINT_EVERY:
+                    self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Checkpoint ``governance.db`` (under the lock, no transaction open): DuckDB frees the
+        version data of the updates before it. A failure only delays it to the next round."""
+        self._writes = 0
+        con = self._keeper
+        try:
+            if con is None:
+                con = self._connect(read_only=False)
+                try:
+                    con.execute("CHECKPOINT")
+                finally:
+                    con.close()
+            else:
+                con.execute("CHECKPOINT")
+        except (_duckdb().Error, GovernanceUnreadable) as exc:
+            self._forget_invalidated(exc)  # a checkpoint the disk refused may invalidate the database
 
     def _forget_invalidated(self, exc: BaseException) -> None:
         """Drop the kept connection when DuckDB invalidated the database (a write the disk refused):

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 import duckdb
 
-from apollia_nb.dbutil import fault_point, lock_down, needs_reopen, raise_if_locked, storage_error
+from apollia_nb.dbutil import MEMORY_LIMIT, fault_point, limit_memory, lock_down, needs_reopen, raise_if_locked, storage_error
 from apollia_nb.errors import BadInput, Conflict, HomeFileCorrupt, HomeLocked, IntegrityError, NotFound, StorageError
 from apollia_nb.home import Home
 from apollia_nb.journal import accounting as _accounting
@@ -217,6 +217,40 @@ class InclusionProof:
         }
 
 
+def prove_inclusion(
+    seq: int, checkpoint: str | None, *, head: int, latest: tuple[int, str] | None,
+    write_checkpoint: Callable[[], str], verifier: NoteVerifier, origin: str,
+    hashes: Callable[[int], list[bytes]],
+) -> "InclusionProof":
+    """Prove entry ``seq`` of a journal whose head is ``head`` against ``checkpoint`` (default: the
+    ``latest`` ``(size, note)``, or one written by ``write_checkpoint`` when that does not cover ``seq``).
+    ``hashes(size)`` are the entry hashes of seqs 1..size. The proof is verified before return."""
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise BadInput(f"sequence numbers start at 1, got {seq!r}")
+    if seq > head:
+        raise NotFound(f"the journal has no entry {seq} (head is {head})")
+    if checkpoint is None:
+        checkpoint = latest[1] if latest and latest[0] >= seq else write_checkpoint()
+    cp = open_checkpoint(checkpoint, [verifier], origin=origin)
+    if seq > cp.size:
+        raise BadInput(f"entry {seq} is not covered by a checkpoint of size {cp.size}")
+    entries = hashes(cp.size)
+    if len(entries) != cp.size:
+        raise IntegrityError(f"the journal holds {len(entries)} of the {cp.size} entries asked for")
+    leaves = [leaf_hash(h) for h in entries]
+    proof = InclusionProof(
+        seq=seq,
+        tree_size=cp.size,
+        entry_hash=entries[seq - 1],
+        leaf_hash=leaves[seq - 1],
+        path=tuple(inclusion_proof(seq - 1, leaves)),
+        root=cp.root,
+        checkpoint=checkpoint,
+    )
+    proof.verify(verifier)
+    return proof
+
+
 @dataclass(frozen=True)
 class ConsistencyProof:
     """RFC 6962 proof that the tree of ``new_size`` entries extends the one of ``old_size``."""
@@ -367,6 +401,7 @@ class Journal:
                 # Journal statements are tiny; DuckDB's worker threads only add
                 # per-statement overhead (measured: 10-20% of an append).
                 con.execute("SET threads = 1")
+                limit_memory(con)  # the cache of a growing journal stays bounded (see dbutil)
                 origin = _prepare(con)
                 key = _accounting.check_key(home, _accounting.last_key_id(con, path))
                 # Every read of this database (the auditor's SQL included) reads the journal and
@@ -683,7 +718,11 @@ class Journal:
         counts = self._run_counts
         for row in group.rows:
             if row[2] is not None:
-                counts[row[2]] = counts.get(row[2], 0) + 1
+                if row[4] == "run_seal":  # the run's last entry: nobody asks its size again
+                    counts.pop(row[2], None)
+                    self._run_base.pop(row[2], None)
+                else:
+                    counts[row[2]] = counts.get(row[2], 0) + 1
         for request, entries in group.requests:
             request.future.set_result(entries)
 
@@ -789,7 +828,7 @@ class Journal:
                 self._reader = None
             con = connect_locked(self.path)
             try:
-                lock_down(con, "SET threads = 1")  # as on open: SQL here reads the journal and nothing else
+                lock_down(con, "SET threads = 1", f"SET memory_limit = '{MEMORY_LIMIT}'")  # as on open: SQL here reads the journal and nothing else
                 self._appender = con.appender("entries")
                 reader = con.cursor()
             except BaseException:
@@ -837,7 +876,11 @@ class Journal:
 
     # ------------------------------------------------------------------ checkpoints
     def run_size(self, run_id: str) -> int:
-        """How many entries the run has, without a query for runs that began since open."""
+        """How many entries the run has, without a query for runs that began since open.
+
+        For a run not sealed yet (what its ``run_seal`` counts): a run's counters are
+        dropped when its seal is committed, so they do not accumulate over the runs
+        of a long-lived process."""
         base = self._run_base.get(run_id)
         if base is None:
             with self._read_lock:  # rows up to the opening head are in journal.db since open
@@ -909,29 +952,12 @@ class Journal:
     def inclusion_proof(self, seq: int, checkpoint: str | None = None) -> InclusionProof:
         """Prove entry ``seq`` is in the tree of a checkpoint (default: the latest,
         written first when it does not cover ``seq``). The proof is verified before return."""
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-            raise BadInput(f"sequence numbers start at 1, got {seq!r}")
-        if seq > self.head()[0]:
-            raise NotFound(f"the journal has no entry {seq} (head is {self.head()[0]})")
-        if checkpoint is None:
-            latest = self._latest
-            checkpoint = latest[1] if latest and latest[0] >= seq else self.checkpoint()
-        cp = open_checkpoint(checkpoint, [self.verifier()], origin=self._origin)
-        if seq > cp.size:
-            raise BadInput(f"entry {seq} is not covered by a checkpoint of size {cp.size}")
-        leaves = self._leaf_hashes(cp.size)
-        (h,) = self._read("SELECT hash FROM entries WHERE seq = ?", [seq])[0]
-        proof = InclusionProof(
-            seq=seq,
-            tree_size=cp.size,
-            entry_hash=bytes(h),
-            leaf_hash=leaves[seq - 1],
-            path=tuple(inclusion_proof(seq - 1, leaves)),
-            root=cp.root,
-            checkpoint=checkpoint,
+        return prove_inclusion(
+            seq, checkpoint, head=self.head()[0], latest=self._latest, write_checkpoint=self.checkpoint,
+            verifier=self.verifier(), origin=self._origin,
+            hashes=lambda size: [bytes(h) for (h,) in self._read(
+                "SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [size])],
         )
-        proof.verify(self.verifier())
-        return proof
 
     def consistency_proof(self, old_size: int, new_size: int | None = None) -> ConsistencyProof:
         """Prove the tree of ``new_size`` entries (default: all) extends that of ``old_size``."""

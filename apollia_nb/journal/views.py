@@ -11,7 +11,10 @@ fields are read with DuckDB's JSON operators from the canonical payload bytes.
 
 from __future__ import annotations
 
-__all__ = ["VIEW_NAMES", "VIEWS_SQL", "create_views", "bundle_sql"]
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = ["VIEW_NAMES", "VIEWS_SQL", "create_views", "bundle_sql", "list_runs"]
 
 VIEW_NAMES = ("journal", "decisions", "tool_calls", "runs")
 
@@ -124,6 +127,21 @@ def create_views(con: object) -> None:
     """(Re)create every view on a DuckDB connection that has an ``entries`` table."""
     for sql in VIEWS_SQL:
         con.execute(sql)  # type: ignore[attr-defined]
+
+
+_RUN_COLUMNS = ("run_id", "agent", "kind", "status", "started_at", "finished_at", "entries")
+
+
+def _utc(value: Any) -> str | None:
+    if not isinstance(value, datetime):
+        return value
+    return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def list_runs(journal: Any) -> list[dict[str, Any]]:
+    """The ``runs`` view as JSON-ready rows, oldest first (times in UTC, ``...Z``)."""
+    rows = journal.sql(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs")
+    return [{k: _utc(v) for k, v in zip(_RUN_COLUMNS, row, strict=True)} for row in rows]
 
 
 def bundle_sql() -> str:

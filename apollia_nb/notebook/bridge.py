@@ -30,7 +30,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["KernelRuntime", "LoopThread", "snapshot", "login_name"]
+from apollia_nb.errors import ApolliaError
+
+__all__ = ["KernelRuntime", "LoopThread", "snapshot", "login_name", "shown_in_one_line"]
+
+def shown_in_one_line(exc: ApolliaError) -> ApolliaError:
+    """The same error (same class for ``except``, same code and message), marked so that IPython shows it
+    as the one line ``CODE: message`` instead of a traceback: what a handle's refusal looks like in a
+    notebook. (IPython asks the exception itself for ``_render_traceback_``.)"""
+    line = f"{exc.code}: {exc.message}"
+    exc._render_traceback_ = lambda: [line]  # type: ignore[attr-defined]
+    return exc
 
 T = TypeVar("T")
 Watcher = Callable[[str, dict[str, Any]], None]
@@ -173,7 +183,10 @@ class KernelRuntime:
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on the runtime's thread (awaited if it is a coroutine function)."""
         self._check_open()
-        return self.loop.call(fn, *args, timeout=timeout, **kwargs)
+        try:
+            return self.loop.call(fn, *args, timeout=timeout, **kwargs)
+        except ApolliaError as exc:
+            raise shown_in_one_line(exc) from None
 
     def start(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> concurrent.futures.Future[Any]:
         """Start ``fn(*args)`` on the runtime's loop; owned here, cancelled at close."""
@@ -291,6 +304,9 @@ class KernelRuntime:
         atexit.unregister(self.close)
         for future in list(self._owned):
             future.cancel()
+        api = getattr(self, "_server_api", None)  # notebook/served.py
+        if api is not None:
+            api.close()
         try:
             if self.loop.running:
                 self.loop.call(self._unsubscribe)

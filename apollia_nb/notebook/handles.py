@@ -211,7 +211,7 @@ class NotebookTask(Displayable):
         self.goal: str = first["goal"]
 
     def to_dict(self) -> dict[str, Any]:
-        """SPEC §7's task JSON (+ goal, plan, verdict, awaiting_plan_approval, timestamps), copied."""
+        """The task's JSON (+ goal, plan, verdict, awaiting_plan_approval, timestamps), copied."""
         return self._bridge.call(lambda: copy.deepcopy(self._handle.to_dict()))
 
     @property
@@ -239,6 +239,13 @@ class NotebookTask(Displayable):
         """This task's waiting cards, each answerable with ``card.answer(...)``."""
         bridge = self._bridge
         return bridge.call(lambda: [NotebookCard(bridge, c) for c in self._handle.pending])
+
+    @property
+    def cards(self) -> list[NotebookCard]:
+        """Every card of this task, answered or waiting, oldest first (``pending``: the waiting ones)."""
+        bridge = self._bridge
+        rt = bridge.rt
+        return bridge.call(lambda: [NotebookCard(bridge, c) for c in rt._cards.values() if c.task_id == self.id])
 
     @property
     def awaiting_plan_approval(self) -> bool:

@@ -1,4 +1,4 @@
-"""``%apollia`` / ``%%apollia``: the notebook's one magic and its subcommands (SPEC §7).
+"""``%apollia`` / ``%%apollia``: the notebook's one magic and its subcommands.
 
 Cell subcommands (the cell is the input)::
 
@@ -22,6 +22,7 @@ traceback). Settings are traits of ``ApolliaMagics`` (``%config ApolliaMagics``)
 from __future__ import annotations
 
 import argparse
+import html
 import asyncio
 import shlex
 import sys
@@ -39,24 +40,34 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ApolliaMagics", "ApolliaMagicError", "SERVE_MESSAGE", "HELP"]
 
 SERVE_MESSAGE = (
-    "Serving the REST API from a kernel is not available in this version: it arrives with the REST API "
-    "(`apollia-os serve`). This kernel owns the home {home}; while it does, `apollia-os serve` cannot "
-    "open the same home."
+    "A kernel does not serve the REST API: run `apollia-os serve --home {home}` in a terminal. A kernel "
+    "that finds it running when it opens the home joins it (one journal, one set of consents and pending "
+    "decisions). This kernel owns the home {home}; while it does, `apollia-os serve` cannot open it: "
+    "start the server first, then restart this kernel."
+)
+SERVE_JOINED = (
+    "This kernel is a client of the server `apollia-os serve` runs on the home {home}: its REST API is "
+    "that server's (see server.json in the home)."
 )
 
 HELP = """\
 %apollia [status]                 the status line: home, journal head, developer mode, policy
-%apollia agents                   the registered agents and their states
+%apollia agents                   the registered agents and their states (runs: kernel, or server when
+                                  this kernel joined `apollia-os serve`)
 %apollia stop NAME                stop an agent (drains its in-flight work first)
 %apollia pending                  every waiting decision of the home, answerable
+%apollia runs                     every run in the journal: agent, kind, status, start, entries
 %apollia rules | consents         fine rules | standing consents
+%apollia consents grant|revoke AGENT FAMILY
+                                  grant or revoke a standing consent (as the kernel's user)
 %apollia devmode [on|off]         show or set developer mode
 %apollia verify                   verify the journal (chain, hashes, signatures, checkpoints)
 %apollia replay RUN               replay a run offline from the journal
-%apollia serve                    about serving the REST API from a kernel
+%apollia serve                    how this kernel and `apollia-os serve` share the home
 %%apollia agent                   cell: a manifest (TOML); registers the agent
 %%apollia task AGENT [--max-steps N] [--unattended | --watched] [--approve-plan]
-                                  cell: the goal; returns the task handle at once
+                                  cell: the goal; returns the task handle at once (a server's agent
+                                  runs on the server)
 %%apollia chat SESSION_OR_AGENT [--plan]
                                   cell: the message; opens a session for an agent or continues a session
 %%apollia sql [--timeout SECONDS] cell: one read-only SQL query over journal, decisions, tool_calls, runs"""
@@ -134,7 +145,7 @@ class ApolliaMagics(Magics):
             "agent": self._agent, "task": self._task, "chat": self._chat, "sql": self._sql,
             "status": self._status, "agents": self._agents, "stop": self._stop, "pending": self._pending,
             "rules": self._rules, "consents": self._consents, "devmode": self._devmode, "verify": self._verify,
-            "replay": self._replay, "serve": self._serve, "help": self._help,
+            "replay": self._replay, "serve": self._serve, "help": self._help, "runs": self._runs,
         }
 
     # ------------------------------------------------------------------ the home
@@ -233,6 +244,7 @@ class ApolliaMagics(Magics):
 
     def _task(self, args: list[str], cell: str | None) -> Any:
         from apollia_nb.notebook.handles import NotebookTask
+        from apollia_nb.notebook.served import ServerTask, server_agents, server_api
 
         parser = _parser("%%apollia task")
         parser.add_argument("agent")
@@ -245,6 +257,11 @@ class ApolliaMagics(Magics):
         goal = self._cell("task", cell).strip()
         unattended = ns.unattended or (self.unattended_default and not ns.watched)
         runtime = self._rt()
+        api = server_api(runtime)
+        if api is not None and not runtime.call(lambda: any(a.name == ns.agent for a in runtime.rt.agents())):
+            if any(a["name"] == ns.agent for a in server_agents(runtime)):  # the server's agent: it runs there
+                submitted = api("submit", ns.agent, goal, not unattended, ns.max_steps, (), ns.approve_plan)
+                return ServerTask(runtime, api, submitted)
         handle = runtime.call(runtime.rt.submit, ns.agent, goal, max_steps=ns.max_steps, watched=not unattended,
                               approve_plan=ns.approve_plan)
         return NotebookTask(runtime, handle)
@@ -309,10 +326,13 @@ class ApolliaMagics(Magics):
 
         self._no_cell("agents", cell)
         _parser("%apollia agents").parse_args(args)
+        from apollia_nb.notebook.served import server_agents
+
         runtime = self._rt()
-        agents = runtime.call(lambda: [a.to_dict() for a in runtime.rt.agents()])
-        columns = ("name", "state", "model", "max_steps", "inflight", "tools", "warnings")
-        rows = [(a["name"], a["state"], a["model"], a["max_steps"], a["inflight"], ", ".join(a["tools"]),
+        agents = runtime.call(lambda: [{**a.to_dict(), "runs": "kernel"} for a in runtime.rt.agents()])
+        agents += [{**a, "runs": "server"} for a in server_agents(runtime)]  # a client's: the server's agents too
+        columns = ("name", "runs", "state", "model", "max_steps", "inflight", "tools", "warnings")
+        rows = [(a["name"], a["runs"], a["state"], a["model"], a["max_steps"], a["inflight"], ", ".join(a["tools"]),
                  "; ".join(a["warnings"])) for a in agents]
         return Report.table(columns, rows, f"{len(agents)} agent(s)", agents)
 
@@ -338,6 +358,17 @@ class ApolliaMagics(Magics):
         _parser("%apollia pending").parse_args(args)
         return PendingInbox(self._rt())
 
+    def _runs(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.journal.views import list_runs
+        from apollia_nb.notebook.handles import Report
+
+        self._no_cell("runs", cell)
+        _parser("%apollia runs").parse_args(args)
+        runtime = self._rt()
+        runs = runtime.call(lambda: list_runs(runtime.rt.journal))
+        columns = ("run_id", "agent", "kind", "status", "started_at", "entries")
+        return Report.table(columns, [tuple(r[c] for c in columns) for r in runs], f"{len(runs)} run(s)", runs)
+
     def _rules(self, args: list[str], cell: str | None) -> Any:
         from apollia_nb.notebook.handles import Report
 
@@ -352,8 +383,22 @@ class ApolliaMagics(Magics):
         from apollia_nb.notebook.handles import Report
 
         self._no_cell("consents", cell)
-        _parser("%apollia consents").parse_args(args)
+        parser = _parser("%apollia consents")
+        parser.add_argument("action", nargs="?", choices=("grant", "revoke"))
+        parser.add_argument("agent", nargs="?")
+        parser.add_argument("family", nargs="?")
+        ns = parser.parse_args(args)
         runtime = self._rt()
+        if ns.action is not None:
+            if ns.agent is None or ns.family is None:
+                raise BadInput(f"usage: %apollia consents {ns.action} AGENT FAMILY")
+            governance = runtime.rt.governance
+            change = governance.grant_consent if ns.action == "grant" else governance.revoke_consent
+            record = runtime.call(lambda: change(ns.agent, ns.family, by=runtime.user).to_dict())
+            done = "granted" if ns.action == "grant" else "revoked"
+            words = f"{done}: {record['agent']} may {'' if ns.action == 'grant' else 'no longer '}" \
+                    f"{record['family']} without asking"
+            return Report(words, f"<div class='apollia-consent'>{html.escape(words)}</div>", record)
         consents = runtime.call(lambda: [c.to_dict() for c in runtime.rt.governance.consents()])
         columns = ("agent", "family", "granted_by", "granted_at")
         return Report.table(columns, [tuple(c[k] for k in columns) for c in consents],
@@ -406,8 +451,10 @@ class ApolliaMagics(Magics):
     def _serve(self, args: list[str], cell: str | None) -> None:
         self._no_cell("serve", cell)
         _parser("%apollia serve").parse_args(args)
-        home = self.runtime.rt.home.path if self.runtime is not None else (self.home or "(not open)")
-        print(SERVE_MESSAGE.format(home=home))
+        opened = self.runtime is not None and not self.runtime.closed
+        home = self.runtime.rt.home.path if opened else (self.home or "$APOLLIA_HOME")
+        joined = opened and getattr(self.runtime.rt, "mode", None) == "client"
+        print((SERVE_JOINED if joined else SERVE_MESSAGE).format(home=home))
 
     def _help(self, args: list[str], cell: str | None) -> None:
         print(HELP)

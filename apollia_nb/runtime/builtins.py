@@ -1,4 +1,4 @@
-"""The built-in tools of SPEC §5 and the workspace they are confined to.
+"""The built-in tools and the workspace they are confined to.
 
 Each built-in is a plain function turned into a ``ToolDef`` with its family;
 nothing here decides whether a call may run — governance did that before
@@ -99,6 +99,50 @@ def resolve_in_workspace(workspace: Path | str, path: str, *, home: Path | str |
     return resolve_tool_path(workspace, path, home=home).real
 
 
+def url_aliases(url: Any) -> tuple[str, ...]:
+    """Where ``http_request`` sends ``url``, as its HTTP client reads it: the names a deny
+    rule is also matched against (``Call.aliases``).
+
+    ``https://example.org\\@api.example.com/`` goes to ``api.example.com``, so its alias
+    is ``https://api.example.com/``; ``HTTP://127.1`` is also ``http://127.0.0.1``. A URL
+    the client cannot read is refused here, before anything is decided.
+    """
+    import ipaddress
+    import socket
+
+    import httpx
+
+    from apollia_nb.governance.decision import url_form
+
+    if not isinstance(url, str):
+        return ()
+    try:
+        parsed = httpx.URL(url)
+    except Exception as exc:
+        raise BadArgument(f"http_request: the URL cannot be read: {exc}") from None
+    if parsed.scheme not in ("http", "https"):
+        return ()
+    path = parsed.raw_path.decode("ascii", "replace")
+    port = f":{parsed.port}" if parsed.port is not None else ""
+    hosts = [parsed.host]
+    try:
+        hosts.append(socket.inet_ntoa(socket.inet_aton(parsed.host)))  # 127.1, 0x7f.1, 2130706433
+    except OSError:
+        pass
+    try:
+        address = ipaddress.ip_address(parsed.host)
+        hosts.append(str(address))
+        if address.version == 6 and address.ipv4_mapped is not None:
+            hosts.append(str(address.ipv4_mapped))
+    except ValueError:
+        pass
+    names = []
+    for host in hosts:
+        shown = f"[{host}]" if ":" in host else host
+        names.append(url_form(f"{parsed.scheme}://{shown}{port}{path}"))
+    return tuple(dict.fromkeys(names))
+
+
 def _child_environment() -> dict[str, str]:
     """The executors' environment: this process's, without any ``APOLLIA_*`` variable
     (the home's location, the server's token)."""
@@ -161,7 +205,8 @@ async def _run_process(argv: list[str], *, cwd: Path, stdin: bytes | None, cap: 
     """Run a command in its own process group; on cancellation (the tool's timeout) kill the group.
 
     The child gets no open descriptor of this process (the home's databases) and
-    no ``APOLLIA_*`` variable.
+    no ``APOLLIA_*`` variable. When the command ends (or times out) its process
+    group is killed: a job it started in the background does not outlive the call.
     """
     process = await anyio.open_process(
         argv,
@@ -182,8 +227,9 @@ async def _run_process(argv: list[str], *, cwd: Path, stdin: bytes | None, cap: 
         code = await process.wait()
     finally:
         with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                _kill_group(process.pid)
+            # The whole group ends with the call, also what it left in the background
+            # (`sleep 9 && rm x &`): nothing of an approved call acts after its result.
+            _kill_group(process.pid)
             await process.aclose()
     return {"exit_code": code, "stdout": out.text(), "stderr": err.text()}
 
@@ -572,6 +618,10 @@ def builtin_tools(
         options: dict[str, Any] = {} if timeout is None else {"timeout_secs": timeout}
         if fn.__name__ in FILE_TOOLS:
             options["resolve_path"] = resolve
+        if fn.__name__ == "bash_executor":
+            options["shell"] = True  # the one built-in whose first argument bash reads
+        if fn.__name__ == "http_request":
+            options["aliases"] = url_aliases
         return ToolDef.from_function(fn, BUILTIN_FAMILIES[fn.__name__], **options)
 
     tools = [

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Card", "CHAT_CARD_TIMEOUT_SECS"]
 
 #: An unanswered card in a conversation resolves to ``refuse`` after exactly this long.
-#: Fixed in code, not configurable (SPEC §4).
+#: Fixed in code, not configurable.
 CHAT_CARD_TIMEOUT_SECS = 300.0
 
 
@@ -51,9 +51,19 @@ class Card:
         return self.answer_value is None
 
     def answer(self, answer: str, by: str = "user", reason: str | None = None) -> "Card":
-        """Answer this card (``once``, ``always`` or ``refuse`` — only those on offer)."""
+        """Answer this card (``once``, ``always`` or ``refuse`` — only those on offer).
+
+        Answering again with the answer it already has changes nothing and returns
+        the card (a click and a cell that both say ``once``); another answer is a
+        ``Conflict`` that says who answered what, and when."""
         if self._runtime is None:
             raise RuntimeError("card is not attached to a runtime")
+        if self.answer_value is not None:
+            if answer == self.answer_value:
+                return self
+            from apollia_nb.errors import Conflict
+
+            raise Conflict(f"already answered {self.answer_value} by {self.answered_by} at {self.answered_at}")
         self._runtime.answer(self.id, answer, by=by, reason=reason)
         return self
 
@@ -63,9 +73,13 @@ class Card:
         self.answered_at = at
         self._event.set()
 
-    async def wait(self) -> str:
+    def _release(self) -> None:
+        """Stop the watched run that awaits this card from waiting here: it suspends, the card stays pending."""
+        self._event.set()
+
+    async def wait(self) -> str | None:
+        """The answer; None when the card was released unanswered (its run suspends)."""
         await self._event.wait()
-        assert self.answer_value is not None
         return self.answer_value
 
     def to_dict(self) -> dict[str, Any]:

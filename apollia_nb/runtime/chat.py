@@ -96,6 +96,8 @@ class Session:
         self.exchange: Exchange | None = None
         self._scope: anyio.CancelScope | None = None
         self._pause_requested = False
+        # The session's own playthrough of a scripted agent's script: its turns consume it in order.
+        self.model = sessions.rt._run_model(agent, record.get("model_state"))
 
     # ------------------------------------------------------------------ views
     @property
@@ -334,7 +336,7 @@ class Session:
             if self._safe_point(exchange):
                 return
             response = None
-            async for event in self.agent.model.stream(role, self._messages(role), self._tools(planning)):
+            async for event in self.model.stream(role, self._messages(role), self._tools(planning)):
                 if isinstance(event, TextDelta):
                     exchange._push({"type": "text", "text": event.text})
                 elif isinstance(event, ToolCallStarted):
@@ -342,6 +344,9 @@ class Session:
                 elif isinstance(event, Completed):
                     response = event.response
             assert response is not None
+            state = rt._model_state(self.model)
+            if state is not None:
+                self.r["model_state"] = state  # saved with the session's record
             self.r["turns"] = self.r.get("turns", 0) + 1
             turn = self.r["turns"]
             calls = [
@@ -432,6 +437,11 @@ class Sessions:
             "history": list(history or []), "run_id": f"run-{uuid.uuid4().hex[:12]}",
             "pending_plan": None, "created_at": self.rt.now_iso(),
         }
+        if forked_from is not None:  # a fork goes on with the script from where its source stands
+            source = self.get(forked_from)
+            state = self.rt._model_state(source.model)
+            if state is not None:
+                record["model_state"] = state
         session = Session(self, the_agent, record)
         self._sessions[session_id] = session
         self.rt.journal.append("run_open", {"run_kind": "chat", "session_id": session_id,

@@ -102,6 +102,7 @@ async def governed_call(
         tooldef = agent.tools.get(name)
         ordered = order_arguments(tooldef, arguments)
         path = resolved_path(tooldef, ordered)
+        aliases = argument_aliases(tooldef, ordered)
     except ApolliaError as exc:
         return await _stopped_short(rt, agent, run_id, call_id, name, arguments, exc, prefix=prefix)
 
@@ -109,7 +110,7 @@ async def governed_call(
     call = Call(
         agent=agent.name, tool=name, family=tooldef.family, arguments=ordered,
         connection=tooldef.connection, run_grants=frozenset(grants),
-        paths=path.names if path is not None else None,
+        paths=path.names if path is not None else None, shell=tooldef.shell, aliases=aliases,
     )
     decision = decide(call, rt.governance.view())
     decided = (
@@ -153,6 +154,8 @@ async def governed_call(
                 await card.wait()  # answered elsewhere at the same moment: that answer stands
     else:
         await card.wait()
+        if card.waiting:  # released unanswered: the run stops watching and suspends, the card stays pending
+            return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=ordered)
     return await continue_after_answer(rt, agent, card, decision=decision)
 
 
@@ -171,6 +174,36 @@ def resolved_path(tooldef: Any, ordered: dict[str, Any]) -> Any:
         return None  # the call does not bind: the tool refuses it with BAD_ARGUMENT
     try:
         return tooldef.resolve_path(ordered[first])
+    except Exception as exc:
+        raise classify_error(exc, tool=tooldef.name) from None
+
+
+def argument_aliases(tooldef: Any, ordered: dict[str, Any]) -> tuple[str, ...]:
+    """What deny rules see besides the first argument (``Call.aliases``).
+
+    The other spellings of the first argument the tool's parser reads
+    (``ToolDef.aliases``), and the text of every argument the tool did not declare:
+    a tool whose schema admits any argument (``additionalProperties``) would
+    otherwise let the agent choose which one comes first. A failure is a permanent
+    tool error: never a call decided on a guess.
+    """
+    from apollia_nb.runtime.tools import classify_error
+
+    from apollia_nb.errors import BadArgument
+    from apollia_nb.governance.decision import leaf_texts
+
+    declared = tooldef.parameter_names
+    texts: list[str] = []
+    for key, value in ordered.items():
+        if key not in declared:
+            found = leaf_texts(value)
+            if found is None:
+                raise BadArgument(f"{tooldef.name}: the argument {key!r} is too large or nested too deep to decide on")
+            texts += [key, *found]
+    if tooldef.aliases is None or not declared or declared[0] not in ordered:
+        return tuple(texts)
+    try:
+        return (*tooldef.aliases(ordered[declared[0]]), *texts)
     except Exception as exc:
         raise classify_error(exc, tool=tooldef.name) from None
 
@@ -195,7 +228,8 @@ async def continue_after_answer(
         return await _stopped_short(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, exc)
     if path is not None and path.relative != card.path:
         again = decide(Call(agent=agent.name, tool=card.tool, family=tooldef.family, arguments=card.arguments,
-                            connection=tooldef.connection, paths=path.names), rt.governance.view())
+                            connection=tooldef.connection, paths=path.names, shell=tooldef.shell),
+                       rt.governance.view())
         if again.outcome is Outcome.REFUSE and again.line in (1, 2):
             why = f"the path now resolves to {path.relative!r}: {again.reason}"
             return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, again)

@@ -1,4 +1,4 @@
-"""An agent's TOML manifest (SPEC §8), parsed strictly into a frozen ``Manifest``.
+"""An agent's TOML manifest, parsed strictly into a frozen ``Manifest``.
 
 Strict because a manifest is a statement of what an agent may be given: a
 misspelt key (``tools.requird``) silently ignored would leave a tool missing
@@ -34,6 +34,8 @@ __all__ = ["Manifest", "parse_manifest", "load_manifest", "APPROVAL_KEYS", "DEFA
 
 DEFAULT_MAX_STEPS = 20
 DEFAULT_MODEL: dict[str, Any] = {"provider": "scripted"}
+#: The model providers a manifest may name (`apollia_nb.runtime.models.build_model` builds each).
+PROVIDERS: tuple[str, ...] = ("scripted", "openai", "anthropic")
 
 _NAME = re.compile(r"[a-z0-9_-]+")
 
@@ -332,6 +334,9 @@ class _Checker:
             self.problem(("model",), 'missing required key "model.provider" (for example provider = "scripted")')
         elif not isinstance(provider, str) or not provider.strip():
             self.wrong(("model", "provider"), "a provider name string", provider)
+        elif provider not in PROVIDERS:
+            self.problem(("model", "provider"), f'unknown provider {provider!r} for "model.provider" '
+                                                f"(expected {', '.join(PROVIDERS[:-1])} or {PROVIDERS[-1]})")
         return model
 
 

@@ -16,7 +16,8 @@ Resolution, in order (each refusal is a permanent tool error):
    link are gone;
 3. a result in the apollia home, or the home itself, is ``PATH_IN_HOME`` —
    whatever the workspace, so the home stays out of reach even if a workspace
-   came to contain it;
+   came to contain it; so is a hard link to a file of the home (the same file
+   under a name in the workspace, which ``realpath`` cannot see);
 4. a result outside the workspace root is ``PATH_ESCAPE``.
 
 The result, a ``ToolPath``, carries the names a deny prefix is matched against
@@ -94,6 +95,11 @@ def resolve_tool_path(workspace: str | os.PathLike[str], path: object, *,
                 f"{path!r} resolves into the apollia home {home_real}: the home (journal, keys, policy, "
                 "governance) is never open to a tool"
             )
+        if _links_into(real, home_real):
+            raise PathInHome(
+                f"{path!r} is a hard link to a file of the apollia home {home_real}: the home (journal, keys, "
+                "policy, governance) is never open to a tool"
+            )
     if not inside(real, root):
         raise PathEscape(f"{path!r} is outside the workspace {root}")
     relative = _relative(real, root)
@@ -101,6 +107,42 @@ def resolve_tool_path(workspace: str | os.PathLike[str], path: object, *,
     absolutes = (posixpath.normpath(posixpath.join(base, rel)) for base in (root, given) for rel in relatives)
     return ToolPath(asked=path, real=Path(real), entry=Path(entry), relative=relative,
                     names=tuple(dict.fromkeys((*relatives, *absolutes))))
+
+
+def _links_into(real: str, home: str) -> bool:
+    """Whether ``real`` is a file with several names, one of them in the home (a hard link).
+
+    A hard link is the same file under a second name: ``realpath`` cannot see it, so
+    the file's identity is compared with every file of the home. Only a file with
+    more than one link is compared, so an ordinary file costs one ``stat``. A home
+    that cannot be walked counts as holding it (fail closed).
+    """
+    try:
+        info = os.stat(real)
+    except OSError:
+        return False  # nothing there yet: a new file is no link
+    if info.st_nlink < 2 or not os.path.isfile(real):
+        return False
+    wanted = (info.st_dev, info.st_ino)
+
+    if not os.path.lexists(home):
+        return False  # no home there: nothing to reach
+
+    def refuse(error: OSError) -> None:
+        raise error
+
+    try:
+        for folder, _dirs, files in os.walk(home, onerror=refuse):
+            for name in files:
+                try:
+                    found = os.lstat(os.path.join(folder, name))
+                except FileNotFoundError:
+                    continue  # gone while walking (a database's write-ahead log)
+                if (found.st_dev, found.st_ino) == wanted:
+                    return True
+    except OSError:
+        return True
+    return False
 
 
 def check_workspace_apart_from_home(workspace: str | os.PathLike[str], home: str | os.PathLike[str],

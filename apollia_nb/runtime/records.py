@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from apollia_nb.dbutil import fault_point, needs_reopen, storage_error
+from apollia_nb.dbutil import fault_point, limit_memory, needs_reopen, storage_error
 from apollia_nb.errors import StorageError
 
 __all__ = ["RuntimeRecords", "RETRY_SECS", "open_records"]
@@ -114,7 +114,7 @@ class RuntimeRecords:
     def __init__(self, path: Path) -> None:
         import duckdb
 
-        from apollia_nb.dbutil import raise_if_locked
+        from apollia_nb.dbutil import limit_memory, raise_if_locked
 
         self.path = path
         try:
@@ -125,6 +125,7 @@ class RuntimeRecords:
         try:
             # Records are single rows; DuckDB's worker threads only add per-statement cost.
             self._con.execute("SET threads = 1")
+            limit_memory(self._con)  # a long-lived owner's cache stays bounded
             self._con.execute(_SCHEMA)
         except duckdb.Error as exc:  # a new file on a full disk
             self._con.close()
@@ -270,6 +271,7 @@ class RuntimeRecords:
                 pass
             self._con = duckdb.connect(str(self.path))
             self._con.execute("SET threads = 1")
+            limit_memory(self._con)
             self._reopen_needed = False
 
     def _settle(self, done: Future[None] | None) -> None:
@@ -414,20 +416,15 @@ class RuntimeRecords:
     def sessions(self) -> list[dict[str, Any]]:
         return [json.loads(r[0]) for r in self._exec("SELECT record FROM sessions ORDER BY updated_at")]
 
-    # memory and model state ---------------------------------------------
+    # memory ---------------------------------------------------------------
+    # (A run's place in a scripted model's script is kept in its task or session record;
+    # the model_state table of earlier homes is no longer read.)
     def memory_get(self, agent: str) -> dict[str, Any]:
         rows = self._exec("SELECT key, value FROM memory WHERE agent = ?", [agent])
         return {k: json.loads(v) for k, v in rows}
 
     def memory_set(self, agent: str, key: str, value: Any) -> None:
         self._upsert("memory", {"agent": agent, "key": key}, {"value": json.dumps(value, default=str)})
-
-    def model_state(self, agent: str) -> dict[str, Any] | None:
-        rows = self._exec("SELECT state FROM model_state WHERE agent = ?", [agent])
-        return json.loads(rows[0][0]) if rows else None
-
-    def save_model_state(self, agent: str, state: dict[str, Any]) -> None:
-        self._upsert("model_state", {"agent": agent}, {"state": json.dumps(state)})
 
     # the REST API's idempotency keys ----------------------------------------
     def remember_response(self, scope: str, key: str, fingerprint: str, status: int,

@@ -1,6 +1,6 @@
 """Client mode: a runtime in a process that finds its home owned by ``apollia-os serve``.
 
-A home has one owner process (SPEC §3): DuckDB lets no second process open
+A home has one owner process: DuckDB lets no second process open
 ``journal.db``, ``governance.db`` or ``runtime.db``. To share a home between
 several kernels and the REST API, ``apollia-os serve`` owns it and advertises
 itself in ``<home>/server.json``. A ``Runtime`` whose home is owned by that
@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "ServerAddress",
     "find_server",
+    "ServerApi",
     "RemoteHome",
     "RemoteJournal",
     "RemoteGovernance",
@@ -211,6 +212,36 @@ class RemoteHome:
 
     def close(self) -> None:
         self.http.close()
+
+
+class ServerApi:
+    """The server's public REST API through the SDK's routes, answering the JSON the server sends
+    (the dictionaries ``to_dict()`` gives in the owner process): ``api("task", task_id)``."""
+
+    def __init__(self, address: ServerAddress, *, timeout: float = 60.0) -> None:
+        from apollia_nb.sdk.client import Client
+
+        self.url = address.url
+        self.sdk = Client(address.url, address.token, timeout=timeout)
+
+    def __call__(self, route: str, *args: Any) -> Any:
+        import dataclasses
+
+        import httpx
+
+        from apollia_nb.sdk.client import _Routes
+
+        req = getattr(_Routes, route)(*args)
+        if req.model is not None:
+            req = dataclasses.replace(req, model=Any)  # the JSON as sent
+        try:
+            return self.sdk._do(req)
+        except httpx.HTTPError as exc:
+            raise HomeLocked(f"the server that owns the home ({self.url}) did not answer: "
+                             f"{type(exc).__name__}: {exc}") from None
+
+    def close(self) -> None:
+        self.sdk.close()
 
 
 # --- the journal ----------------------------------------------------------------------------------
@@ -389,6 +420,29 @@ class RemoteJournal:
     def _checkpoints_since(self, size: int) -> list[dict[str, Any]]:
         return self._call("GET", "/internal/journal/checkpoints", params={"since_size": size},
                           what="the journal's checkpoints cannot be read")["checkpoints"]
+
+    def inclusion_proof(self, seq: int, checkpoint: str | None = None) -> Any:
+        """As ``Journal.inclusion_proof``, from the local copy: the latest checkpoint, or one the server
+        writes when it does not cover ``seq``; verified here with the home's public key before return."""
+        from apollia_nb.journal.checkpoint import open_checkpoint
+        from apollia_nb.journal.store import prove_inclusion
+
+        note = self.latest_checkpoint()
+        latest = (open_checkpoint(note, [self.verifier()], origin=self._origin).size, note) if note else None
+        mirror = self._synced()
+
+        def hashes(size: int) -> list[bytes]:
+            with mirror.lock:
+                rows = mirror.con.execute("SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [size]).fetchall()
+            return [bytes(h) for (h,) in rows]
+
+        def write_checkpoint() -> str:
+            written = self.checkpoint()
+            self._synced()  # the copy holds every entry the new checkpoint covers
+            return written
+
+        return prove_inclusion(seq, checkpoint, head=mirror.seq, latest=latest, write_checkpoint=write_checkpoint,
+                               verifier=self.verifier(), origin=self._origin, hashes=hashes)
 
     # SQL over a local copy -----------------------------------------------------------------------
     def _synced(self) -> "_Mirror":

@@ -21,6 +21,7 @@ import asyncio
 import datetime as _dt
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,16 +57,49 @@ def _utc_iso(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-class TaskHandle:
-    """A submitted task: ``await handle`` returns it finished; ``.status``, ``.pending``, ``.to_dict()``."""
+#: Finished tasks kept in memory, most recent last, so a read right after the end needs no query.
+#: Older ones are read back from ``runtime.db``: memory does not grow with the tasks a runtime ran.
+FINISHED_KEPT = 256
 
-    def __init__(self, rt: "Runtime", task_id: str) -> None:
-        self._rt = rt
-        self.id = task_id
+
+class _Finished:
+    """A finished task as ``runtime.db`` recorded it: what a ``TaskHandle`` reads, nothing runs."""
+
+    _active = False
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.r = record
+        self.id = record["id"]
+        self.done = _SetEvent()
 
     @property
-    def _run(self) -> TaskRun:
-        return self._rt._runs[self.id]
+    def status(self) -> str:
+        return self.r["status"]
+
+
+class _SetEvent:
+    """An event that has happened (usable outside an event loop, unlike ``anyio.Event``)."""
+
+    def is_set(self) -> bool:
+        return True
+
+    async def wait(self) -> None:
+        return None
+
+
+class TaskHandle:
+    """A submitted task: ``await handle`` returns it finished; ``.status``, ``.pending``, ``.to_dict()``.
+
+    A handle holds its run: it reads the same task after the runtime has let go of it."""
+
+    def __init__(self, rt: "Runtime", task_id: str, run: "TaskRun | _Finished | None" = None) -> None:
+        self._rt = rt
+        self.id = task_id
+        self._held = run if run is not None else rt._runs[task_id]
+
+    @property
+    def _run(self) -> Any:
+        return self._held
 
     @property
     def record(self) -> dict[str, Any]:
@@ -117,6 +151,23 @@ class TaskHandle:
             await self._rt._changed(self.id).wait()
         return self
 
+    async def unwatch(self) -> "TaskHandle":
+        """Nobody watches this task any more: it goes on as an unattended one.
+
+        A run waiting on a person suspends at once, its decision left pending
+        (answered later with ``Runtime.answer`` or ``apollia-os pending decide``,
+        also after a restart); otherwise the next call that would ask suspends it."""
+        run = self._run
+        if run.r["watched"] and not run.done.is_set():
+            run.r["watched"] = False
+            run._save()
+            waiting = [c for c in self.pending]
+            for card in waiting:
+                card._release()
+            if waiting:
+                await self.settled()
+        return self
+
     def _parked(self) -> bool:
         """Waiting on a person right now: a card or the plan is open (watched), or the run is suspended."""
         run = self._run
@@ -153,7 +204,8 @@ class Runtime:
         self.chat_card_timeout = chat_card_timeout  # None: the fixed five minutes
         self._lock = OwnerLock(self.home)
         self._agents: dict[str, Agent] = {}
-        self._runs: dict[str, TaskRun] = {}
+        self._runs: dict[str, TaskRun] = {}  # tasks not finished (running, waiting, suspended)
+        self._finished: OrderedDict[str, TaskRun] = OrderedDict()  # the last FINISHED_KEPT finished
         self._cards: dict[str, Card] = {}
         self._events: dict[str, anyio.Event] = {}
         self._recovered: list[TaskRun] = []  # runs a restart started or resumed (drained on close)
@@ -454,9 +506,6 @@ class Runtime:
             else:
                 offered = tuple(registry.names())
             provider = model if model is not None else build_model(manifest.model)
-            saved = self.records.model_state(manifest.name)
-            if model is None and saved and hasattr(provider, "restore"):
-                provider.restore(saved)  # a fresh scripted model continues where the last one stopped
         except ApolliaError as exc:
             if warnings:  # e.g. a tool source that could not give its tools, and why
                 exc.message = f"{exc.message} ({'; '.join(warnings)})"
@@ -487,6 +536,12 @@ class Runtime:
 
     def agents(self) -> list[Agent]:
         return [self._agents[name] for name in sorted(self._agents)]
+
+    @property
+    def server(self) -> Any:
+        """The ``apollia-os serve`` this runtime is a client of (``url``, ``token``, ``pid``), or None."""
+        remote = getattr(self, "_remote", None)
+        return remote.address if self.mode == "client" and remote is not None else None
 
     def agent(self, name: str) -> Agent:
         try:
@@ -522,7 +577,6 @@ class Runtime:
         agent = self.agent(name)
         if agent.state.state != ProcessState.STOPPED:
             raise Conflict(f"agent {name!r} is {agent.state.state.value}; only a stopped agent can be started")
-        self._persist_model_state(agent)
         return await self._start_agent(agent.manifest, tools=_custom_tools(agent),
                                        model=agent.model if agent.custom_model else None, cwd=None,
                                        cell=agent.state)
@@ -568,7 +622,8 @@ class Runtime:
         else:  # cancelled while it was being recorded
             run.agent.inflight.discard(run)
             run._active = False
-        return TaskHandle(self, task_id)
+            self._retire(run)
+        return TaskHandle(self, task_id, run)
 
     def _spawn(self, run: TaskRun) -> None:
         self._claim(run)
@@ -587,23 +642,46 @@ class Runtime:
                 try:
                     await run.run()
                 finally:
-                    if run.status in ("completed", "failed", "cancelled"):
+                    finished = run.status in ("completed", "failed", "cancelled")
+                    if finished:
                         agent.inflight.discard(run)
-                    self._persist_model_state(agent)
+                    if finished:
+                        self._retire(run)
 
         self._tg.start_soon(owned)
 
+    def _retire(self, run: TaskRun) -> None:
+        """A finished run leaves the live table; its answered cards go with it (runtime.db keeps the task)."""
+        if self._runs.get(run.id) is run:
+            del self._runs[run.id]
+        for card_id in [c.id for c in self._cards.values() if c.task_id == run.id and not c.waiting]:
+            del self._cards[card_id]
+        self._events.pop(run.id, None)
+        self._finished[run.id] = run
+        self._finished.move_to_end(run.id)
+        while len(self._finished) > FINISHED_KEPT:
+            self._finished.popitem(last=False)
+
     def task(self, task_id: str) -> TaskHandle:
-        if task_id not in self._runs:
-            raise UnknownTask(f"no task {task_id!r}")
-        return TaskHandle(self, task_id)
+        """This process's task, or a finished one as ``runtime.db`` holds it. ``UNKNOWN_TASK`` otherwise."""
+        run: TaskRun | _Finished | None = self._runs.get(task_id) or self._finished.get(task_id)
+        if run is None:
+            record = self.records.task(task_id) if isinstance(task_id, str) else None
+            if record is None or record["status"] not in ("completed", "failed", "cancelled"):
+                raise UnknownTask(f"no task {task_id!r}")
+            run = _Finished(record)
+        return TaskHandle(self, task_id, run)
 
     def tasks(self) -> list[TaskHandle]:
-        return [TaskHandle(self, tid) for tid in self._runs]
+        """This process's tasks in memory, oldest first: every one not finished, and the last
+        ``FINISHED_KEPT`` finished (older ones: ``task(id)``, or ``records.tasks()`` for all)."""
+        runs = sorted([*self._finished.values(), *self._runs.values()],
+                      key=lambda run: (run.r["created_at"], run.id))
+        return [TaskHandle(self, run.id, run) for run in runs]
 
     async def cancel(self, task_id: str) -> TaskHandle:
         handle = self.task(task_id)
-        run = self._runs[task_id]
+        run = handle._run
         if run.status in ("completed", "failed", "cancelled"):
             raise Conflict(f"task {task_id} is already {run.status}")
         scope = getattr(run, "scope", None)
@@ -619,6 +697,8 @@ class Runtime:
                 card._resolve("refuse", "cancel", self.now_iso())
             await run._finish(TaskStatus.CANCELLED, error=None)
             run.done.set()
+            run.agent.inflight.discard(run)
+            self._retire(run)
         return handle
 
     def approve_plan(self, task_id: str, steps: list[str] | None = None) -> None:
@@ -632,9 +712,7 @@ class Runtime:
         self._answer_plan(run, "reject", reason or "no reason given", None)
 
     def _plan_run(self, task_id: str) -> TaskRun:
-        if task_id not in self._runs:
-            raise UnknownTask(f"no task {task_id!r}")
-        run = self._runs[task_id]
+        run = self.task(task_id)._run
         if not (run.r["phase"] == "approve" and run.status == "waiting"):
             raise Conflict(f"task {task_id} is not waiting for plan approval")
         return run
@@ -863,6 +941,7 @@ class Runtime:
                     self._emit("warning", f"decision {p.id} of task {record['id']}: {exc.message}")
             await run._finish(TaskStatus.FAILED, error=Interrupted(why))
             run.done.set()
+            self._retire(run)
 
     def _restored_card(self, p: Any, record: dict[str, Any], agent: Agent) -> Card:
         d = p.to_dict()
@@ -897,9 +976,25 @@ class Runtime:
                 raise
             self._emit("warning", f"runtime.db could not record {what}: {exc}")
 
-    def _persist_model_state(self, agent: Agent) -> None:
-        if hasattr(agent.model, "restore") and callable(getattr(agent.model, "state", None)):
-            self.records.save_model_state(agent.name, agent.model.state())
+    @staticmethod
+    def _run_model(agent: Agent, saved: Any = None) -> Any:
+        """The model one task or chat session talks to.
+
+        A model that can start over (``fresh()``, e.g. ``scripted``) gives each run
+        its own playthrough, restored from ``saved`` (the run's recorded
+        ``state()``) when the run resumes; any other model is the agent's own."""
+        fresh = getattr(agent.model, "fresh", None)
+        if not callable(fresh):
+            return agent.model
+        model = fresh()
+        if saved:
+            model.restore(saved)
+        return model
+
+    @staticmethod
+    def _model_state(model: Any) -> Any:
+        state = getattr(model, "state", None)
+        return state() if callable(getattr(model, "fresh", None)) and callable(state) else None
 
     # ------------------------------------------------------------------ audit
     def verify(self) -> Any:

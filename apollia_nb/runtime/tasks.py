@@ -48,7 +48,7 @@ def new_task_record(
 
 
 def task_json(record: dict[str, Any]) -> dict[str, Any]:
-    """The task as SPEC §7 shows it."""
+    """The task as the REST API and the SDK show it."""
     return {
         "id": record["id"], "run_id": record["run_id"], "agent": record["agent"], "goal": record["goal"],
         "status": record["status"], "error": record["error"], "steps": record["steps"],
@@ -119,6 +119,7 @@ class TaskRun:
         self._history: list[Any] | None = None
         self._turn_entry: tuple[str, dict[str, Any]] | None = None
         self._plan_event = anyio.Event()
+        self._model_instance: Any = None
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -128,6 +129,13 @@ class TaskRun:
     @property
     def status(self) -> str:
         return self.r["status"]
+
+    @property
+    def model(self) -> Any:
+        """This run's model: a scripted agent's script plays from the beginning for every task."""
+        if self._model_instance is None:
+            self._model_instance = self.rt._run_model(self.agent, self.r.get("model_state"))
+        return self._model_instance
 
     def _set_status(self, status: TaskStatus) -> None:
         if self.r["status"] == status.value:
@@ -242,6 +250,9 @@ class TaskRun:
         if result is not None:
             self.r["result"] = result
         self.r["phase"] = "done"
+        for step in self.r["steps"]:
+            if step["status"] == "running":  # the step the run ended in ends with it
+                step["status"] = "cancelled" if status is TaskStatus.CANCELLED else "failed"
         payload: dict[str, Any] = {"task_id": self.id, "status": status.value}
         if error is not None:
             payload["error"] = error.to_dict()
@@ -387,6 +398,9 @@ class TaskRun:
                         raise _Suspend()
                     assert card is not None
                     await card.wait()
+                    if card.waiting:  # released unanswered (nobody watches any more): suspend
+                        self._save()
+                        raise _Suspend()
                 self._set_status(TaskStatus.RUNNING)
                 await self._status_entry("running")
                 faults.point("resume.after_running")
@@ -416,7 +430,6 @@ class TaskRun:
                     self.r["awaiting"] = result.card.id
                     self._set_status(TaskStatus.WAITING)
                     await self._status_entry("waiting")
-                    self.rt._persist_model_state(self.agent)
                     self._save()
                     if result.card.waiting:  # no await between this check and leaving: no lost answer
                         raise _Suspend()
@@ -479,7 +492,10 @@ class TaskRun:
     async def _model(self, role: str, messages: list[Any], tools: list[Any]) -> Any:
         from apollia_nb.runtime.models.base import ToolCallRequest
 
-        response = await self.agent.model.complete(role, messages, tools)
+        response = await self.model.complete(role, messages, tools)
+        state = self.rt._model_state(self.model)
+        if state is not None:
+            self.r["model_state"] = state  # saved with the record: a resumed run continues its script
         turn = self.r.setdefault("turns", 0) + 1
         self.r["turns"] = turn
         # Call ids are the engine's own (unique within the run), whatever the provider sent.

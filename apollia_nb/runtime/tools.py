@@ -111,6 +111,14 @@ class ToolDef:
     ``resolve_path`` is set on file tools: the function that turns their first
     argument into the file they act on (``paths.resolve_tool_path``), the same
     one the tool body uses, so governance matches deny rules on that file.
+    ``shell`` is set on an ``execute`` tool whose first argument is a shell command
+    run by bash (``bash_executor``): only such a call can be allowed by an allow
+    rule or answered ``always``. Any other execute tool (``python_executor``, a
+    custom or federated one) is asked every time: the simple-command check proves
+    nothing about code in another language.
+    ``aliases`` turns the first argument into the other spellings of what the tool
+    acts on, read by the tool's own parser (``http_request``: the URL as the HTTP
+    client reads it); deny rules are matched against them too (``Call.aliases``).
     """
 
     name: str
@@ -125,6 +133,8 @@ class ToolDef:
     connection: str | None = None
     annotations: dict[str, Any] | None = field(default=None, hash=False)
     resolve_path: Callable[[Any], Any] | None = field(default=None, repr=False, compare=False)
+    shell: bool = False
+    aliases: Callable[[Any], tuple[str, ...]] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _TOOL_NAME.fullmatch(self.name):
@@ -141,6 +151,8 @@ class ToolDef:
         timeout = self.timeout_secs
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
             raise BadInput(f"tool {self.name!r}: timeout_secs must be a positive number, got {timeout!r}")
+        if not isinstance(self.shell, bool):
+            raise BadInput(f"tool {self.name!r}: shell must be True or False, got {self.shell!r}")
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -167,6 +179,8 @@ class ToolDef:
         connection: str | None = None,
         annotations: dict[str, Any] | None = None,
         resolve_path: Callable[[Any], Any] | None = None,
+        shell: bool = False,
+        aliases: Callable[[Any], tuple[str, ...]] | None = None,
     ) -> "ToolDef":
         """Build a tool from a plain function: schema from its signature and type hints,
         description from its docstring's first paragraph."""
@@ -182,6 +196,8 @@ class ToolDef:
             connection=connection,
             annotations=annotations,
             resolve_path=resolve_path,
+            shell=shell,
+            aliases=aliases,
         )
 
 

@@ -1,4 +1,4 @@
-"""The ``scripted`` model: deterministic answers from per-role queues (SPEC §8).
+"""The ``scripted`` model: deterministic answers from per-role queues.
 
 It is the embedded default, so agents, tests and teaching notebooks run offline
 and give the same journal every time. Each role (planner, actor, critic) has a
@@ -6,6 +6,12 @@ queue of entries consumed in order; an empty queue falls back to a function
 (when built with :meth:`ScriptedModel.from_function`) and then to the defaults:
 the planner plans one step (the goal: the last user message), the critic
 passes, the actor ends its step with the text ``"Done."``.
+
+A model is one playthrough of its script. The runtime plays the script from
+the beginning for every task and every chat session: it asks the agent's model
+for :meth:`ScriptedModel.fresh` copy per run, and records the copy's
+:meth:`~ScriptedModel.state` with the run, so a run resumed after a restart
+continues where it stopped.
 
 Entries are validated when the model is built, and an entry that is wrong
 raises ``ManifestInvalid`` naming its key, e.g. ``model.script.actor[0].tool_calls[1].name``.
@@ -177,6 +183,15 @@ class ScriptedModel:
             )
         self._function = function
         self._turns = dict.fromkeys(ROLES, 0)
+        self._script = {role: tuple(queue) for role, queue in self._queues.items()}
+
+    def fresh(self) -> ScriptedModel:
+        """A new playthrough of the same script (and function), from its first entry."""
+        model = ScriptedModel(function=self._function)
+        for role in ROLES:
+            model._queues[role].extend(self._script[role])
+        model._script = dict(self._script)
+        return model
 
     @classmethod
     def from_function(cls, fn: ScriptFunction) -> ScriptedModel:
@@ -195,6 +210,7 @@ class ScriptedModel:
         model = cls()
         for role, entries in queues.items():
             model._queues[role].extend(entries)
+        model._script = {role: tuple(queue) for role, queue in model._queues.items()}
         return model
 
     def remaining(self, role: str) -> int:

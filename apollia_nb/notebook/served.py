@@ -1,0 +1,190 @@
+"""The server's agents, in a kernel that joined ``apollia-os serve``.
+
+A kernel whose home is owned by ``apollia-os serve`` runs its own agents here
+and is a client of the server for everything else. The server's agents are
+listed beside this kernel's (``%apollia agents``, column ``runs``), and a task
+for one of them (``%%apollia task AGENT``, when no agent of that name is
+registered in this kernel) is submitted to the server and runs there. Its
+handle is a ``ServerTask``: awaitable, ``.status``, ``.pending`` cards
+answerable from code (``card.answer("once")``), ``.to_dict()``, all read and
+answered over the server's REST API. It shows as text and HTML (no live
+widget): re-display it, or ``await`` it, to see it as it stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any
+
+from apollia_nb.notebook import render
+from apollia_nb.notebook.handles import Displayable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.notebook.bridge import KernelRuntime
+    from apollia_nb.runtime.remote import ServerApi
+
+__all__ = ["server_api", "server_agents", "ServerTask", "ServerCard"]
+
+#: How long one wait for a server task is held by the server before it is asked again.
+WAIT_SECS = 25.0
+_FINISHED = ("completed", "failed", "cancelled")
+_lock = threading.Lock()
+
+
+def server_api(bridge: "KernelRuntime") -> "ServerApi | None":
+    """The REST API of the server this kernel joined (one per kernel runtime), or None for an owner."""
+    from apollia_nb.runtime.remote import ServerApi
+
+    address = bridge.rt.server
+    if address is None:
+        return None
+    with _lock:
+        api = getattr(bridge, "_server_api", None)
+        if api is None:
+            api = bridge._server_api = ServerApi(address, timeout=WAIT_SECS + 30)
+        return api
+
+
+def server_agents(bridge: "KernelRuntime") -> list[dict[str, Any]]:
+    """The server's agents (``Agent.to_dict()`` as the server sends it); none for an owner."""
+    api = server_api(bridge)
+    return [] if api is None else list(api("agents"))
+
+
+class ServerCard(Displayable):
+    """A decision a server task waits on: ``card.answer("once" | "always" | "refuse")``."""
+
+    def __init__(self, bridge: "KernelRuntime", api: "ServerApi", data: dict[str, Any]) -> None:
+        self._bridge = bridge
+        self._api = api
+        self._data = data
+
+    def __getattr__(self, name: str) -> Any:
+        data = self.__dict__.get("_data") or {}
+        if name in data:
+            return data[name]
+        raise AttributeError(name)
+
+    @property
+    def waiting(self) -> bool:
+        return self._data.get("answer") is None
+
+    def answer(self, answer: str, by: str | None = None, reason: str | None = None) -> "ServerCard":
+        """Answer it on the server (validated, journaled, applied once); the server's run resumes."""
+        self._data = self._api("decide", self._data["id"], answer, reason, by or self._bridge.user)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._data)
+
+    def _text(self) -> str:
+        return render.card_text(self._data)
+
+    def _html(self) -> str:
+        return render.card_html(self._data)
+
+
+class ServerTask(Displayable):
+    """A task running on the server. ``await task`` returns it finished; ``.status``, ``.pending``."""
+
+    runs = "server"
+
+    def __init__(self, bridge: "KernelRuntime", api: "ServerApi", submitted: dict[str, Any]) -> None:
+        self._bridge = bridge
+        self._api = api
+        self.id: str = submitted["id"]
+        first = self.to_dict()
+        self.run_id: str = first["run_id"]
+        self.agent: str = first["agent"]
+        self.goal: str = first["goal"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The task's JSON as the server has it now."""
+        return self._api("task", self.id)
+
+    @property
+    def status(self) -> str:
+        return self.to_dict()["status"]
+
+    @property
+    def error(self) -> dict[str, str] | None:
+        return self.to_dict()["error"]
+
+    @property
+    def result(self) -> Any:
+        return self.to_dict()["result"]
+
+    @property
+    def budget(self) -> dict[str, int]:
+        return self.to_dict()["budget"]
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return self.to_dict()["steps"]
+
+    @property
+    def pending(self) -> list[ServerCard]:
+        """This task's waiting decisions, each answerable with ``card.answer(...)``."""
+        return [ServerCard(self._bridge, self._api, p) for p in self._api("pending") if p.get("task_id") == self.id]
+
+    @property
+    def awaiting_plan_approval(self) -> bool:
+        return bool(self.to_dict()["awaiting_plan_approval"])
+
+    def approve_plan(self, steps: list[str] | None = None) -> None:
+        self._api("approve_plan", self.id, steps)
+
+    def reject_plan(self, reason: str) -> None:
+        self._api("reject_plan", self.id, reason)
+
+    def cancel(self) -> "ServerTask":
+        self._api("cancel", self.id)
+        return self
+
+    def _until(self, until: str, timeout: float | None = None) -> dict[str, Any]:
+        """Long-poll the server until the task is finished (or settled), or ``timeout`` seconds pass."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = WAIT_SECS if deadline is None else max(0.0, min(WAIT_SECS, deadline - time.monotonic()))
+            task = self._api("wait", self.id, until, wait)
+            if task["status"] in _FINISHED or (until == "settled" and task["status"] == "waiting"):
+                return task
+            if deadline is not None and time.monotonic() >= deadline:
+                from apollia_nb.errors import Expired
+
+                raise Expired(f"task {self.id} is still {task['status']} after {timeout} s")
+
+    async def wait(self) -> "ServerTask":
+        """Until the task is completed, failed or cancelled."""
+        await asyncio.to_thread(self._until, "finished")
+        self.refresh_display()
+        return self
+
+    async def settled(self) -> "ServerTask":
+        """Until the task is finished or waiting on a person (then answer ``task.pending``)."""
+        await asyncio.to_thread(self._until, "settled")
+        self.refresh_display()
+        return self
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self.wait().__await__()
+
+    def join(self, timeout: float | None = None, *, settled: bool = False) -> "ServerTask":
+        """Block this thread until finished (or settled)."""
+        self._until("settled" if settled else "finished", timeout)
+        self.refresh_display()
+        return self
+
+    def decisions(self) -> list[dict[str, Any]]:
+        """This run's rows of the journal's ``decisions`` view (the server's chain), in order."""
+        return self._bridge.decisions(self.run_id)
+
+    def _text(self) -> str:
+        return render.task_text(self.to_dict(), self.decisions()) + "\n  runs on the server"
+
+    def _html(self) -> str:
+        waiting = [c.to_dict() for c in self.pending]
+        return render.task_html(self.to_dict(), waiting, self.decisions())

@@ -1,0 +1,106 @@
+"""pyproject.toml: the runtime dependencies are what apollia_nb imports; test tools are in the `test` extra."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# An import name -> the distribution that provides it, where the two differ.
+DISTRIBUTION = {"nacl": "pynacl", "IPython": "ipython", "yaml": "pyyaml"}
+PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp"}  # installed with (and pinned by) another dependency
+
+
+def names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def imported_top_level_modules() -> set[str]:
+    found: set[str] = set()
+    for path in (ROOT / "apollia_nb").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"apollia_nb", "__future__"}
+
+
+def test_test_tools_are_not_runtime_dependencies_and_nothing_imports_them():
+    runtime = names(PROJECT["dependencies"])
+    assert not runtime & {"pytest", "nbval", "hypothesis", "schemathesis", "nbclient", "pytest-timeout"}
+    assert {"pytest", "nbval", "nbclient", "pytest-timeout"} <= names(PROJECT["optional-dependencies"]["test"])
+    assert not imported_top_level_modules() & {"pytest", "nbval", "hypothesis", "schemathesis", "nbclient"}
+
+
+def test_every_module_the_runtime_imports_is_a_dependency():
+    runtime = names(PROJECT["dependencies"])
+    for module in imported_top_level_modules():
+        dist = PROVIDED_BY.get(module) or DISTRIBUTION.get(module, module).lower()
+        assert dist in runtime, f"apollia_nb imports {module!r}: add {dist!r} to [project] dependencies"
+
+
+def test_lower_bounds_are_the_versions_the_suite_runs_with_at_least_for_the_core():
+    from importlib.metadata import version
+
+    bounds = {re.split(r"[<>=]", r)[0].lower(): r.split(">=")[1] for r in PROJECT["dependencies"] if ">=" in r}
+    assert bounds["mcp"] == "2.3" and bounds["duckdb"] == "2.0"
+    for dist, lower in bounds.items():
+        installed = tuple(int(p) for p in re.findall(r"\d+", version(dist))[:2])
+        assert installed >= tuple(int(p) for p in lower.split(".")[:2]), (dist, lower, version(dist))
+
+
+def test_dev_test_sh_names_a_missing_node_in_one_line_before_installing_anything(tmp_path):
+    import shutil
+    import subprocess
+
+    bin_dir = tmp_path / "bin"  # a PATH with Python and the shell tools, but no node or npm
+    bin_dir.mkdir()
+    for tool in ("python3", "dirname", "bash", "env"):
+        found = shutil.which(tool)
+        assert found, tool
+        (bin_dir / tool).symlink_to(found)
+    out = subprocess.run(["bash", str(ROOT / "dev" / "test.sh")], capture_output=True, text=True, timeout=60,
+                         env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        "dev/test.sh: 'node' is not on PATH: the suite needs Python 3.11+, Node.js and npm (see README, Set up)"]
+    assert out.stdout == ""
+
+
+def test_the_wheel_ships_the_notebooks_and_apollia_os_notebooks_copies_them_for_a_pip_user(tmp_path):
+    import os
+    import subprocess
+    import zipfile
+
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            str(ROOT), "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [wheel] = (tmp_path / "dist").glob("apollia_nb-*.whl")
+    shipped = sorted(n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("apollia_nb/notebooks/"))
+    expected = sorted(f"apollia_nb/notebooks/{p.name}" for p in (ROOT / "notebooks").iterdir() if p.is_file())
+    assert shipped == expected and "apollia_nb/notebooks/01-tour.ipynb" in shipped
+    assert "apollia_nb/notebooks/decision_explorer.py" in shipped
+
+    site = tmp_path / "site"  # the wheel as pip lays it out, away from this clone
+    zipfile.ZipFile(wheel).extractall(site)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def notebooks(target):
+        return subprocess.run([sys.executable, "-m", "apollia_nb", "notebooks", str(target)], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=60)
+
+    out = notebooks(tmp_path / "mine")
+    assert out.returncode == 0, out.stderr
+    copied = sorted(p.name for p in (tmp_path / "mine").iterdir())
+    assert "01-tour.ipynb" in copied and "decision_explorer.py" in copied and "README.md" in copied
+    assert (tmp_path / "mine" / "01-tour.ipynb").read_bytes() == (ROOT / "notebooks" / "01-tour.ipynb").read_bytes()
+    (tmp_path / "mine" / "01-tour.ipynb").write_text("mine")
+    again = notebooks(tmp_path / "mine")
+    assert again.returncode == 3 and "CONFLICT" in again.stderr and "nothing was copied" in again.stderr
+    assert (tmp_path / "mine" / "01-tour.ipynb").read_text() == "mine"  # nothing overwritten
