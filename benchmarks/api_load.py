@@ -49,22 +49,16 @@ def _manifest(name: str, actor: list[str], workspace: Path, max_steps: int | Non
 
 
 def reader_manifest(tasks: int, workspace: Path) -> str:
-    """``list_dir`` turns, one per task, from one queue the concurrent tasks share.
-
-    Which task takes which turn depends on timing: a task may take several
-    ``list_dir`` turns in a row before the queue's default (text) ends its step.
-    The ceiling lets even one task take every turn (two steps each), so every
-    reader completes whatever the interleaving.
-    """
+    """One ``list_dir`` turn, then the default text: every task plays the script from its start."""
     call = '[[model.script.actor]]\ntool_calls = [{ name = "list_dir", arguments = { path = "." } }]'
-    return _manifest("reader", [call] * tasks, workspace, max_steps=2 * tasks + 10)
+    return _manifest("reader", [call], workspace)
 
 
 def writer_manifest(tasks: int, workspace: Path) -> str:
-    """One ``write_file`` call per task: each task's first actor turn takes one, and waits on it."""
-    calls = [f'[[model.script.actor]]\ntool_calls = [{{ name = "write_file", arguments = '
-             f'{{ path = "out-{i}.txt", content = "{i}" }} }}]' for i in range(tasks)]
-    return _manifest("writer", calls, workspace)
+    """One ``write_file`` call per task (each task plays the script from its start) that waits on a person."""
+    call = ('[[model.script.actor]]\ntool_calls = [{ name = "write_file", arguments = '
+            '{ path = "out.txt", content = "load" } }]')
+    return _manifest("writer", [call], workspace)
 
 
 @dataclass
@@ -158,6 +152,9 @@ def check_runs(api: Client, run_ids: dict[str, str], writers: set[str]) -> list[
                             f"the journal holds {len(entries) - 1}")
         if task_id in writers and kinds.count("answer") != 1:
             problems.append(f"{task_id}: {kinds.count('answer')} answers in the run")
+        writes = [e for e in entries if e.kind == "tool_result" and e.payload.get("tool") == "write_file"]
+        if task_id in writers and len(writes) != 1:
+            problems.append(f"{task_id}: {len(writes)} write_file results in the run")
     return problems
 
 

@@ -39,4 +39,4 @@ def test_forty_unattended_tasks_from_eight_clients_lose_nothing(tmp_path):
     assert report.verify_ok and report.offline_verify_ok, report.offline_verify_output
     assert report.verify_entries >= 40 * 10
     workspace = tmp_path / "workspace"
-    assert sorted(p.name for p in workspace.glob("out-*.txt")) == sorted(f"out-{i}.txt" for i in range(20))
+    assert (workspace / "out.txt").read_text() == "load"  # each writer's run wrote it once (run_problems)

@@ -140,7 +140,8 @@ def test_runtime_db_retries_by_itself_when_nobody_flushes(disk):
         filler.fill()
         for i in range(50):
             records.memory_set("clerk", f"k{i}", "z" * 4000)
-        with pytest.raises(StorageFull):
+        # STORAGE_FULL, or STORAGE_ERROR when a checkpoint the disk refused invalidated the database
+        with pytest.raises(StorageError):
             records.flush()
         assert records.kept
         filler.free()

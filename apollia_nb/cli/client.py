@@ -179,50 +179,77 @@ def _open_cards(api: _Api, task_id: str) -> list[dict[str, Any]]:
     return [p for p in api("pending") if p.get("task_id") == task_id]
 
 
+def _read_answer(prompt: str) -> str:
+    """One line from the terminal; ``_NoAnswer`` at the end of input (never a refusal, nor a permission)."""
+    from apollia_nb.cli.runtime import _NoAnswer
+
+    print(prompt, end="", flush=True)
+    line = sys.stdin.readline()
+    if not line:
+        raise _NoAnswer()
+    return line
+
+
+def _waiting_lines(api: _Api, task_id: str) -> list[str]:
+    return [f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
+            f"answer with `apollia-os pending decide {p['id']} {'|'.join(p['answers'])}`"
+            for p in _open_cards(api, task_id)]
+
+
 @_with_api
 def _run(args: argparse.Namespace, api: _Api) -> int:
-    from apollia_nb.cli.runtime import _ask, _card_text, _task_line
+    from apollia_nb.cli.runtime import _NoAnswer, _card_text, _task_line
 
     submitted = api("submit", args.agent, args.goal, not args.unattended, args.max_steps, (), args.approve_plan)
     for warning in submitted["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
     task_id = submitted["id"]
     answered: set[str] = set()
-    while True:
-        task = _settle(api, task_id)
-        if task["status"] != "waiting" or args.unattended:
-            break
-        if task["awaiting_plan_approval"]:
-            print("plan:\n" + "\n".join(f"  {i + 1}. {s}" for i, s in enumerate(task["plan"])))
-            reply = _ask("approve the plan? [y/N] ").strip().lower()
-            if reply in ("y", "yes"):
-                api("approve_plan", task_id, None)
-            else:
-                api("reject_plan", task_id, "rejected at the terminal")
-            continue
-        cards = [c for c in _open_cards(api, task_id) if c["id"] not in answered]
-        if not cards:  # answered, its run not yet resumed on the server: ask again shortly
-            time.sleep(POLL_SECS)
-            continue
-        for card in cards:
-            print(_card_text(card))
-            reply = _ask("answer: ").strip() or "refuse"
-            while reply not in card["answers"]:
-                print(f"please answer one of: {', '.join(card['answers'])}")
-                reply = _ask("answer: ").strip() or "refuse"
-            answered.add(card["id"])
-            try:
-                api("decide", card["id"], reply, None, _who(args))
-            except ApolliaError as exc:
-                if exc.code != "CONFLICT":  # answered elsewhere first: that answer stands
-                    raise
+    try:
+        while True:
+            task = _settle(api, task_id)
+            if task["status"] != "waiting" or args.unattended:
+                break
+            if task["awaiting_plan_approval"]:
+                print("plan:\n" + "\n".join(f"  {i + 1}. {s}" for i, s in enumerate(task["plan"])))
+                reply = _read_answer("approve the plan? [y/N] ").strip().lower()
+                if reply in ("y", "yes"):
+                    api("approve_plan", task_id, None)
+                else:
+                    api("reject_plan", task_id, "rejected at the terminal")
+                continue
+            cards = [c for c in _open_cards(api, task_id) if c["id"] not in answered]
+            if not cards:  # answered, its run not yet resumed on the server: ask again shortly
+                time.sleep(POLL_SECS)
+                continue
+            for card in cards:
+                print(_card_text(card))
+                reply = _read_answer("answer: ").strip()
+                while reply not in card["answers"]:
+                    print(f"please answer one of: {', '.join(card['answers'])}")
+                    reply = _read_answer("answer: ").strip()
+                answered.add(card["id"])
+                try:
+                    api("decide", card["id"], reply, None, _who(args))
+                except ApolliaError as exc:
+                    if exc.code != "CONFLICT":  # answered elsewhere first: that answer stands
+                        raise
+    except (_NoAnswer, KeyboardInterrupt) as stop:
+        # As without a server: no answer leaves the decision pending on the server, where the run waits.
+        why = "interrupted" if isinstance(stop, KeyboardInterrupt) else "end of input"
+        print()
+        lines = [f"{why}: no answer given. " + _task_line(api("task", task_id))]
+        waiting = _waiting_lines(api, task_id)
+        if waiting:
+            lines.append("the decision stays pending; the run resumes when it is answered:")
+            lines += waiting
+        print("\n".join(lines), file=sys.stderr)
+        return 130 if why == "interrupted" else 1
     lines = [_task_line(task)]
     if task["result"]:
         lines.append(f"result: {task['result']}")
     if task["status"] == "waiting":
-        for p in _open_cards(api, task_id):
-            lines.append(f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
-                         f"answer with `apollia-os pending decide {p['id']} once|refuse`")
+        lines += _waiting_lines(api, task_id)
     emit(args, task, "\n".join(lines))
     return 0 if task["status"] in ("completed", "waiting") else 1
 
