@@ -30,7 +30,7 @@ def test_a_notebook_runs_a_governed_task_headless(home, kernel_path, tmp_path):
     agent = manifest("clerk", actor=[{"tool_calls": [call("write_file", path="summary.txt", content="ok")]},
                                      {"text": "Wrote summary.txt."}])
     cells = [
-        "%load_ext apollia_nb",
+        '%load_ext apollia_nb\n%config ApolliaMagics.user = "ann"',  # as the example notebooks begin
         "%%apollia agent\n" + agent,
         "%%apollia task clerk\nWrite the summary",
         "task = _\nawait task.settled()\nanswered = [card.answer('once') for card in task.pending]\nprint(len(answered), 'answered')",
@@ -47,8 +47,8 @@ def test_a_notebook_runs_a_governed_task_headless(home, kernel_path, tmp_path):
 
     outputs = [cell.outputs for cell in nb.cells]
     status = "".join(o.get("text", "") for o in outputs[0] if o["output_type"] == "stream")
-    assert status.startswith(f"apollia: home {home.path} · journal ")
-    assert "developer mode off" in status
+    assert status.startswith(f"apollia: home {home.path} · journal #1 ")  # what opening the new home wrote
+    assert status.endswith(" · developer mode off · policy none\n") and status.count("\n") == 1
     assert "Agent clerk: active" in outputs[1][0]["data"]["text/plain"]
     [shown] = [o for o in outputs[2] if o["output_type"] in ("execute_result", "display_data")]
     assert WIDGET_MIME in shown["data"]
@@ -56,7 +56,7 @@ def test_a_notebook_runs_a_governed_task_headless(home, kernel_path, tmp_path):
     # Displayed when the task had just been submitted, updated in place when it completed:
     assert shown["data"]["text/plain"].startswith("Task task-")
     assert "(clerk): completed" in shown["data"]["text/plain"]
-    assert "write_file (write): ask by line 6, answered once" in shown["data"]["text/plain"]
+    assert "write_file (write): ask by line 6, answered once by ann" in shown["data"]["text/plain"]
     assert "Wrote summary.txt." in shown["data"]["text/html"]
     assert "".join(o.get("text", "") for o in outputs[3]).strip() == "1 answered"
     [result] = [o for o in outputs[4] if o["output_type"] == "execute_result"]
@@ -69,7 +69,10 @@ def test_a_notebook_runs_a_governed_task_headless(home, kernel_path, tmp_path):
     from apollia_nb.runtime import Runtime
 
     with Journal.open(home) as journal:
-        assert journal.entries()[-1].kind == "devmode_changed"
+        first, *_, last = journal.entries()
+        assert last.kind == "devmode_changed"
+        assert (first.seq, first.kind) == (1, "home_file_created")
+        assert f"journal #1 {first.hash.hex()[:12]} · " in status
         assert journal.checkpoints()[-1][0] == journal.head()[0]
 
     with Runtime.blocking(home) as rt:

@@ -72,6 +72,17 @@ def test_the_status_line_names_the_journal_head_and_the_developer_mode(ip, capsy
     assert status.data["journal_seq"] == seq
 
 
+def test_on_a_fresh_home_the_status_line_names_every_entry_the_boot_committed(ip, home, capsys):
+    """The notebooks' first cell: load and set the user in one cell; the line shows the boot's entries."""
+    ip.run_cell('%load_ext apollia_nb\n%config ApolliaMagics.user = "ann"')
+    out = capsys.readouterr().out
+    runtime = magics(ip).runtime
+    seq, digest = runtime.rt.journal.head()
+    assert runtime.rt.journal.sql("SELECT kind FROM journal WHERE seq = 1") == [("home_file_created",)]
+    assert out == f"apollia: home {home.path} · journal #{seq} {digest.hex()[:12]} · developer mode off · policy none\n"
+    assert runtime.user == "ann" and runtime.rt.journal.head() == (seq, digest)  # `%config` reopened nothing
+
+
 def test_a_refused_policy_shows_in_the_status_line(ip, home, capsys):
     home.policy_path.write_text("[refuse]\nfamilies = ['send']\n")  # deposited, but not signed
     out = load(ip, capsys)
