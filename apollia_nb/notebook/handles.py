@@ -198,7 +198,30 @@ class NotebookCard(Displayable):
 # --- tasks -----------------------------------------------------------------------------
 
 
-class NotebookTask(Displayable):
+class TaskFields(Displayable):
+    """A task's JSON fields as properties, read from ``to_dict()`` (local and server tasks alike)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @property
+    def error(self) -> dict[str, str] | None:
+        return self.to_dict()["error"]
+
+    @property
+    def result(self) -> Any:
+        return self.to_dict()["result"]
+
+    @property
+    def budget(self) -> dict[str, int]:
+        return self.to_dict()["budget"]
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        return self.to_dict()["steps"]
+
+
+class NotebookTask(TaskFields):
     """A submitted task. ``await task`` returns it finished; ``.status``, ``.pending``, ``.to_dict()``."""
 
     def __init__(self, bridge: "KernelRuntime", handle: Any) -> None:
@@ -217,22 +240,6 @@ class NotebookTask(Displayable):
     @property
     def status(self) -> str:
         return self._bridge.call(lambda: self._handle.status)
-
-    @property
-    def error(self) -> dict[str, str] | None:
-        return self.to_dict()["error"]
-
-    @property
-    def result(self) -> Any:
-        return self.to_dict()["result"]
-
-    @property
-    def budget(self) -> dict[str, int]:
-        return self.to_dict()["budget"]
-
-    @property
-    def steps(self) -> list[dict[str, Any]]:
-        return self.to_dict()["steps"]
 
     @property
     def pending(self) -> list[NotebookCard]:

@@ -18,7 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from apollia_nb.notebook import render
-from apollia_nb.notebook.handles import Displayable
+from apollia_nb.notebook.handles import Displayable, TaskFields
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.notebook.bridge import KernelRuntime
@@ -85,7 +85,7 @@ class ServerCard(Displayable):
         return render.card_html(self._data)
 
 
-class ServerTask(Displayable):
+class ServerTask(TaskFields):
     """A task running on the server. ``await task`` returns it finished; ``.status``, ``.pending``."""
 
     runs = "server"
@@ -106,22 +106,6 @@ class ServerTask(Displayable):
     @property
     def status(self) -> str:
         return self.to_dict()["status"]
-
-    @property
-    def error(self) -> dict[str, str] | None:
-        return self.to_dict()["error"]
-
-    @property
-    def result(self) -> Any:
-        return self.to_dict()["result"]
-
-    @property
-    def budget(self) -> dict[str, int]:
-        return self.to_dict()["budget"]
-
-    @property
-    def steps(self) -> list[dict[str, Any]]:
-        return self.to_dict()["steps"]
 
     @property
     def pending(self) -> list[ServerCard]:
