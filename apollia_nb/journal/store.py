@@ -90,6 +90,7 @@ __all__ = [
     "InclusionProof",
     "ConsistencyProof",
     "connect_locked",
+    "STORAGE_VERSION",
     "entries_with_tail",
 ]
 
@@ -123,10 +124,17 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+#: The DuckDB storage format a new ``journal.db`` is written in: the oldest DuckDB that opens it. A file
+#: keeps the format it was created with, so ``duckdb`` command-line clients from 1.4 on open the journal.
+STORAGE_VERSION = "v1.4.0"
+
+
 def connect_locked(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Connect to a DuckDB file, turning DuckDB's lock conflict into ``HomeLocked``."""
+    """Connect to a DuckDB file, turning DuckDB's lock conflict into ``HomeLocked``. A file created here
+    is written in the storage format of ``STORAGE_VERSION``."""
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only,
+                             config={"storage_compatibility_version": STORAGE_VERSION})
     except duckdb.Error as exc:
         raise_if_locked(exc, path)
         raise
