@@ -24,7 +24,7 @@ EXIT_INTEGRITY = 1
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add ``audit verify|checkpoint|prove|replay|export``."""
+    """Add ``audit verify|verifier-key|consistency|checkpoint|prove|replay|export``."""
     audit = sub.add_parser("audit", help="verify, checkpoint, prove, replay and export the journal")
     asub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
@@ -34,7 +34,19 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="also check a signed checkpoint kept elsewhere (detects truncation and rollback)")
     p.add_argument("--bundle", type=Path, default=None, metavar="DIR",
                    help="verify an exported bundle instead of the home's journal")
+    p.add_argument("--key", default=None, metavar="VKEY",
+                   help="the log's verifier key you hold (`audit verifier-key`): any other key fails")
     p.set_defaults(handler=_verify)
+
+    p = asub.add_parser("verifier-key", parents=[common],
+                        help="print the log's verifier key (<origin>+<key id>+<key>) to pin with --key")
+    p.set_defaults(handler=_verifier_key)
+
+    p = asub.add_parser("consistency", parents=[common],
+                        help="prove the journal extends checkpoints you kept, or say where it does not (exit 1)")
+    p.add_argument("--from", dest="kept", type=Path, action="append", required=True, metavar="F",
+                   help="a checkpoint note you kept, or a bundle folder you exported earlier (repeatable)")
+    p.set_defaults(handler=_consistency)
 
     p = asub.add_parser("checkpoint", parents=[common],
                         help="sign a checkpoint of the whole journal and print it")
@@ -42,8 +54,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(handler=_checkpoint)
 
     p = asub.add_parser("prove", parents=[common],
-                        help="an RFC 6962 inclusion proof of one entry against the latest checkpoint")
+                        help="an RFC 6962 inclusion proof of one entry against the latest (or a kept) checkpoint")
     p.add_argument("seq", type=int, metavar="SEQ")
+    p.add_argument("--against", type=Path, default=None, metavar="F",
+                   help="prove against this checkpoint note you kept (exit 1 when the journal does not extend it)")
+    p.add_argument("--format", choices=["text", "json", "tlog-proof"], default="text",
+                   help="json: as --json; tlog-proof: the c2sp.org/tlog-proof@v1 text")
     p.set_defaults(handler=_prove)
 
     p = asub.add_parser("replay", parents=[common],
@@ -53,6 +69,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
     p = asub.add_parser("export", parents=[common], help="write an offline audit bundle")
     p.add_argument("--format", choices=["parquet"], default="parquet")
+    p.add_argument("--allow-invalid", action="store_true",
+                   help="export a journal that does not verify, marked invalid in meta.json (else: refused, exit 1)")
     p.add_argument("dir", type=Path, metavar="DIR")
     p.set_defaults(handler=_export)
 
@@ -98,21 +116,120 @@ def _read_checkpoint(path: Path | None) -> str | None:
         raise BadInput(f"cannot read checkpoint {path}: {exc}") from None
 
 
+def _pinned(text: str | None) -> Any:
+    """The verifier of ``--key VKEY`` (``BAD_INPUT`` when it is not a verifier key), or None."""
+    if text is None:
+        return None
+    from apollia_nb.journal.checkpoint import NoteVerifier
+
+    return NoteVerifier.from_key(text.strip())
+
+
+def _home_verifier(home: Any) -> Any:
+    """The verifier of a home nobody serves: its origin (from ``journal.db``, read-only) and public key."""
+    from apollia_nb.errors import IntegrityError, NotFound
+    from apollia_nb.journal.checkpoint import NoteVerifier
+    from apollia_nb.journal.keys import load_public_key
+    from apollia_nb.journal.store import connect_locked
+
+    if not home.journal_db.exists():
+        raise NotFound(f"no journal at {home.journal_db}")
+    con = connect_locked(home.journal_db, read_only=True)
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
+    finally:
+        con.close()
+    if row is None:
+        raise IntegrityError(f"{home.journal_db} has no origin in its meta table")
+    return NoteVerifier(row[0], load_public_key(home))
+
+
 def _verify(args: argparse.Namespace) -> int:
     from apollia_nb.cli.client import remote
+    from apollia_nb.journal.audit import pin
+    from apollia_nb.journal.export import read_bundle_key
     from apollia_nb.journal.verify import verify_bundle, verify_home, verify_journal
 
     external = _read_checkpoint(args.checkpoint)
+    pinned = _pinned(args.key)
     if args.bundle is not None:
         report = verify_bundle(args.bundle, external=external)
+        actual = read_bundle_key(args.bundle) if pinned is not None else None
     else:
         with remote(args) as served:  # served: a copy of the server's journal, checked with the home's key
             if served is not None:
                 report = verify_journal(served.journal, external)
+                actual = served.journal.verifier()
             else:
-                report = verify_home(_home(args), external=external)
+                home = _home(args)
+                report = verify_home(home, external=external)
+                actual = _home_verifier(home) if pinned is not None else None
+    if pinned is not None:
+        report = pin(report, actual, pinned)
     emit(args, report.to_dict(), report.summary())
     return 0 if report.ok else EXIT_INTEGRITY
+
+
+def _verifier_key(args: argparse.Namespace) -> int:
+    from apollia_nb.cli.client import remote
+
+    with remote(args) as served:
+        verifier = served.journal.verifier() if served is not None else _home_verifier(_home(args))
+    key = verifier.key()
+    emit(args, {"verifier_key": key, "origin": verifier.name, "key_id": verifier.key_id.hex(),
+                "public_key": verifier.public_key.hex()}, key)
+    return 0
+
+
+def _kept(paths: list[Path]) -> list[Any]:
+    """What the auditor kept: checkpoint notes, or bundle folders (their checkpoint and entry hashes)."""
+    from apollia_nb.errors import BadInput
+    from apollia_nb.journal.audit import Kept
+    from apollia_nb.journal.export import BUNDLE_FILES, bundle_hashes
+
+    kept = []
+    for path in paths:
+        if path.is_dir():
+            note = _read_checkpoint(path / BUNDLE_FILES["checkpoint"])
+            if not note:
+                raise BadInput(f"{path} holds no {BUNDLE_FILES['checkpoint']}: not a bundle with a checkpoint")
+            kept.append(Kept(f"the bundle {path}", note, bundle_hashes(path)))
+        else:
+            kept.append(Kept(f"the checkpoint {path}", _read_checkpoint(path) or ""))
+    return kept
+
+
+def _entry_hashes(journal: Any) -> list[bytes]:
+    return [bytes(h) for (h,) in journal.sql("SELECT hash FROM entries ORDER BY seq")]
+
+
+def _check_kept(journal: Any, kept: list[Any]) -> Any:
+    from apollia_nb.journal.audit import check_kept
+
+    return check_kept(kept, _entry_hashes(journal), journal.verifier())
+
+
+def _consistency(args: argparse.Namespace) -> int:
+    from apollia_nb.journal.audit import consistency_document
+
+    kept = _kept(args.kept)
+    with _owned_journal(args) as journal:
+        check = _check_kept(journal, kept)
+        if not check.ok:
+            emit(args, check.to_dict(), check.summary())
+            return EXIT_INTEGRITY
+        note = journal.checkpoint()  # the current tree, signed (the latest when it covers every entry)
+        doc = consistency_document(check, _entry_hashes(journal), note, journal.verifier())
+    old, new = doc["old"], doc["new"]
+    lines = [f"ok: the journal ({new['size']} entries) extends {', '.join(check.checked)}; the proof verifies.",
+             f"old root    {old['root'] if old else '-'} (size {old['size'] if old else 0})",
+             f"new root    {new['root']} (size {new['size']})",
+             f"proof       ({len(doc['path'])} hashes, RFC 6962 order)",
+             *(f"  {h}" for h in doc["path"]),
+             "checkpoint",
+             new["note"].rstrip("\n")]
+    emit(args, doc, "\n".join(lines))
+    return 0
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
@@ -131,12 +248,23 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _prove(args: argparse.Namespace) -> int:
+    from apollia_nb.journal.audit import proof_document, tlog_proof
+
+    against = _kept([args.against]) if args.against is not None else None
     with _owned_journal(args) as journal:
-        proof = journal.inclusion_proof(args.seq)
+        if against is not None:
+            check = _check_kept(journal, against)
+            if not check.ok:  # a proof against a tree the journal does not extend cannot be made
+                emit(args, check.to_dict(), check.summary())
+                return EXIT_INTEGRITY
+        proof = journal.inclusion_proof(args.seq, against[0].note if against else None)
         proof.verify(journal.verifier())  # checked again here, before anything is printed
         entry = journal.get(args.seq)
-    data = proof.to_dict()
-    data["entry"] = entry.to_dict()
+    if args.format == "tlog-proof":
+        print(tlog_proof(proof, entry), end="")
+        return 0
+    if args.format == "json":
+        args.json = True
     lines = [
         f"entry {proof.seq} ({entry.kind}) is leaf {proof.leaf_index} of the tree of "
         f"{proof.tree_size} entries; the proof verifies.",
@@ -148,20 +276,37 @@ def _prove(args: argparse.Namespace) -> int:
         "checkpoint",
         proof.checkpoint.rstrip("\n"),
     ]
-    emit(args, data, "\n".join(lines))
+    emit(args, proof_document(proof, entry), "\n".join(lines))
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
+    import sys
+
     from apollia_nb.cli.client import remote
     from apollia_nb.journal.export import export_home, export_journal
+    from apollia_nb.journal.verify import verify_home, verify_journal
 
     with remote(args) as served:
-        result = export_home(_home(args), args.dir) if served is None else export_journal(served.journal, args.dir)
+        home = _home(args)
+        report = verify_home(home) if served is None else verify_journal(served.journal)
+        if not report.ok and not args.allow_invalid:
+            message = (f"the journal does not verify ({report.summary()}); nothing was exported. Export it "
+                       "anyway, marked invalid, with --allow-invalid")
+            if getattr(args, "json", False):
+                print(json.dumps({"code": "INTEGRITY_FAILURE", "message": message,
+                                  "verification": report.to_dict()}), file=sys.stderr)
+            else:
+                print(f"error: INTEGRITY_FAILURE: {message}", file=sys.stderr)
+            return EXIT_INTEGRITY
+        invalid = None if report.ok else report.to_dict()
+        result = (export_home(home, args.dir, invalid=invalid) if served is None
+                  else export_journal(served.journal, args.dir, invalid=invalid))
+    marked = "" if invalid is None else f"\nmarked INVALID (meta.json): {report.summary()}"
     emit(
         args,
-        result.to_dict(),
-        f"exported {result.entries} entries and {result.checkpoints} checkpoint(s) to {result.directory}\n"
+        {**result.to_dict(), "verified": invalid is None, "verification": report.to_dict()},
+        f"exported {result.entries} entries and {result.checkpoints} checkpoint(s) to {result.directory}{marked}\n"
         f"verify with: apollia-os audit verify --bundle {json.dumps(str(result.directory))}",
     )
     return 0

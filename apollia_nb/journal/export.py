@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from apollia_nb.home import Home
     from apollia_nb.journal.store import Journal
 
-__all__ = ["BUNDLE_FILES", "ExportResult", "export_home", "export_journal", "read_bundle_key"]
+__all__ = ["BUNDLE_FILES", "ExportResult", "export_home", "export_journal", "read_bundle_key", "read_bundle_meta",
+           "bundle_hashes"]
 
 BUNDLE_FILES = {
     "entries": "entries.parquet",
@@ -122,6 +123,35 @@ def read_bundle_key(directory: Path) -> NoteVerifier:
     return verifier
 
 
+def read_bundle_meta(directory: Path) -> dict[str, Any]:
+    """The bundle's ``meta.json`` (``{}`` when it has none; ``INTEGRITY_FAILURE`` when it is not JSON)."""
+    path = Path(directory) / BUNDLE_FILES["meta"]
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise IntegrityError(f"{path} is not JSON") from None
+    if not isinstance(meta, dict):
+        raise IntegrityError(f"{path} is not a JSON object")
+    return meta
+
+
+def bundle_hashes(directory: Path) -> tuple[bytes, ...]:
+    """The entry hashes of a bundle, in seq order (not verified here)."""
+    import duckdb
+
+    path = Path(directory) / BUNDLE_FILES["entries"]
+    if not path.exists():
+        raise NotFound(f"{directory} is not an audit bundle: {BUNDLE_FILES['entries']} is missing")
+    con = duckdb.connect(":memory:")
+    try:
+        rows = con.execute(f"SELECT hash FROM read_parquet({_sql_path(path)}) ORDER BY seq").fetchall()
+    finally:
+        con.close()
+    return tuple(bytes(h) for (h,) in rows)
+
+
 def _sql_path(path: Path) -> str:
     return "'" + str(path).replace("'", "''") + "'"
 
@@ -161,7 +191,8 @@ def _copy_parquet_aside(con: Any, select: str, path: Path, *, batch: int = 10_00
 
 
 def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
-            entries_sql: str = "entries", copy: Any = _copy_parquet) -> ExportResult:
+            entries_sql: str = "entries", copy: Any = _copy_parquet,
+            invalid: dict[str, Any] | None = None) -> ExportResult:
     from apollia_nb.journal.store import FORMAT_VERSION
 
     directory = _prepare_dir(directory)
@@ -193,6 +224,8 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
                 "head_hash": head_hex,
                 "key_id": key_id,
                 "checkpoints": checkpoints,
+                "verified": invalid is None,
+                "invalid": invalid,
             },
             indent=2,
         ) + "\n",
@@ -207,8 +240,9 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
     return ExportResult(directory, int(entries), int(checkpoints), tuple(files))
 
 
-def export_home(home: Home, directory: Path) -> ExportResult:
-    """Export a home's journal (opened read-only) into ``directory``."""
+def export_home(home: Home, directory: Path, *, invalid: dict[str, Any] | None = None) -> ExportResult:
+    """Export a home's journal (opened read-only) into ``directory``. ``invalid``: the failed
+    verification of a journal exported anyway, recorded in ``meta.json``."""
     from apollia_nb.journal.keys import key_id, load_public_key
     from apollia_nb.journal.store import connect_locked, entries_with_tail
 
@@ -221,16 +255,17 @@ def export_home(home: Home, directory: Path) -> ExportResult:
         if row is None:
             raise IntegrityError(f"{home.journal_db} has no origin in its meta table")
         return _export(con, directory, verifier=NoteVerifier(row[0], public_key), key_id=key_id(public_key),
-                       entries_sql=entries_with_tail(con, home.journal_db))
+                       entries_sql=entries_with_tail(con, home.journal_db), invalid=invalid)
     finally:
         con.close()
 
 
-def export_journal(journal: Journal, directory: Path) -> ExportResult:
-    """Export an open journal into ``directory`` (from one consistent snapshot)."""
+def export_journal(journal: Journal, directory: Path, *, invalid: dict[str, Any] | None = None) -> ExportResult:
+    """Export an open journal into ``directory`` (from one consistent snapshot); ``invalid`` as for
+    ``export_home``."""
     cursor = journal.cursor()
     try:
         return _export(cursor, directory, verifier=journal.verifier(), key_id=journal.key_id,
-                       copy=_copy_parquet_aside)
+                       copy=_copy_parquet_aside, invalid=invalid)
     finally:
         cursor.close()

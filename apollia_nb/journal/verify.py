@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,8 +95,9 @@ class VerifyReport:
                 f"ok: {self.entries} entries verified (chain, hashes, signatures), "
                 f"{self.checked_checkpoints} checkpoint(s)"
             )
-        where = f"seq {self.first_bad_seq}" if self.first_bad_seq is not None else "unknown seq"
-        return f"FAILED at {where}: {self.problem}"
+        if self.first_bad_seq is None:  # a checkpoint or key failed without pointing at one entry
+            return f"FAILED: {self.problem}"
+        return f"FAILED at seq {self.first_bad_seq}: {self.problem}"
 
 
 # --- signatures (checked in worker processes for large journals) ----------------------
@@ -428,7 +429,9 @@ def verify_rows(
                 failures.append(_Failure(
                     None,
                     f"{t.label}: the first {size} entries do not have its Merkle root "
-                    "(history was rewritten)",
+                    f"(history was rewritten within seqs 1..{size}; `apollia-os audit consistency` with "
+                    "more kept checkpoints or a kept bundle narrows it down)" if size else
+                    f"{t.label}: its root is not the root of the empty tree",
                 ))
     checked = sum(1 for t in targets if t.verified)
     if failures:
@@ -541,7 +544,7 @@ def verify_bundle(directory: Path, *, external: str | None = None, workers: int 
     """Verify an exported bundle (``entries.parquet``, ``checkpoints.parquet``, ``journal.vkey``)."""
     import duckdb
 
-    from apollia_nb.journal.export import BUNDLE_FILES, read_bundle_key
+    from apollia_nb.journal.export import BUNDLE_FILES, read_bundle_key, read_bundle_meta
 
     directory = Path(directory)
     for name in (BUNDLE_FILES["entries"], BUNDLE_FILES["vkey"]):
@@ -555,7 +558,7 @@ def verify_bundle(directory: Path, *, external: str | None = None, workers: int 
             return "read_parquet('" + str(directory / name).replace("'", "''") + "')"
 
         cps = directory / BUNDLE_FILES["checkpoints"]
-        return _verify_connection(
+        report = _verify_connection(
             con,
             entries=quoted(BUNDLE_FILES["entries"]),
             checkpoints=quoted(BUNDLE_FILES["checkpoints"]) if cps.exists() else None,
@@ -566,6 +569,20 @@ def verify_bundle(directory: Path, *, external: str | None = None, workers: int 
         )
     finally:
         con.close()
+    return _marked(report, read_bundle_meta(directory).get("invalid"))
+
+
+def _marked(report: VerifyReport, invalid: object) -> VerifyReport:
+    """A bundle exported with ``--allow-invalid`` fails verification whatever its files say."""
+    if not invalid:
+        return report
+    seq = invalid.get("first_bad_seq") if isinstance(invalid, dict) else None
+    said = invalid.get("problem") if isinstance(invalid, dict) else None
+    note = f"the bundle was exported marked invalid (meta.json): the journal failed verification: {said}"
+    if not report.ok:
+        return replace(report, problem=f"{report.problem}; {note}")
+    return replace(report, ok=False, entries=0 if seq is None else min(report.entries, max(seq - 1, 0)),
+                   first_bad_seq=seq if isinstance(seq, int) else None, problem=note)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--signature-worker"]:

@@ -437,8 +437,8 @@ def verify_text(report: Mapping[str, Any], head: Mapping[str, Any]) -> str:
         state = (f"verified: {report['entries']} entries (chain, hashes, signatures), "
                  f"{report['checked_checkpoints']} checkpoint(s)")
     else:
-        where = f"seq {report['first_bad_seq']}" if report.get("first_bad_seq") is not None else "unknown seq"
-        state = f"FAILED at {where}: {report.get('problem')} ({report['entries']} good leading entries)"
+        where = f" at seq {report['first_bad_seq']}" if report.get("first_bad_seq") is not None else ""
+        state = f"FAILED{where}: {report.get('problem')} ({report['entries']} good leading entries)"
     seq = head.get("journal_seq", 0)
     return f"Journal {head.get('home', '')}/journal.db · head #{seq} {short_hash(head.get('journal_head', ''))}\n  {state}"
 
