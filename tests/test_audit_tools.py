@@ -242,3 +242,83 @@ def test_a_home_a_kernel_owns_says_which_kernel_and_how_to_audit(home, kernel_pa
     out = subprocess.run([*APOLLIA, "audit", "verify", "--bundle", str(bundle)], capture_output=True, text=True,
                          env=env, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("ok: ")
+
+
+# --- an independent check, from docs/journal.md's formulas alone ---------------------------------
+
+
+def _f(value) -> bytes:
+    if value is None:
+        return b"\x00"
+    data = value if isinstance(value, bytes) else value.encode("utf-8")
+    return b"\x01" + len(data).to_bytes(4, "big") + data
+
+
+def _fold(index: int, size: int, leaf: bytes, path: list[bytes]) -> bytes:
+    """RFC 9162 §2.1.3.2, as the doc points to it."""
+    fn, sn, r = index, size - 1, leaf
+    for p in path:
+        assert sn != 0
+        if fn & 1 or fn == sn:
+            r = hashlib.sha256(b"\x01" + p + r).digest()
+            while fn and not fn & 1:
+                fn >>= 1
+                sn >>= 1
+        else:
+            r = hashlib.sha256(b"\x01" + r + p).digest()
+        fn >>= 1
+        sn >>= 1
+    assert sn == 0
+    return r
+
+
+def test_an_independent_verifier_written_from_the_doc(kept, capsys):
+    from nacl.signing import VerifyKey
+
+    home, h, _ = kept
+    vkey = run(capsys, "audit", "verifier-key", *h)[1].strip()
+    name, key_hash_hex, key_b64 = vkey.split("+", 2)
+    raw_key = base64.b64decode(key_b64)
+    assert raw_key[0] == 1 and len(raw_key) == 33
+    public_key = raw_key[1:]
+    key_hash = hashlib.sha256(name.encode() + b"\n" + b"\x01" + public_key).digest()[:4]
+    assert key_hash.hex() == key_hash_hex
+    doc = json.loads(run(capsys, "audit", "prove", "6", *h, "--json")[1])
+    stored = doc["stored"]
+    payload = base64.b64decode(stored["payload_base64"])
+    encoding = (b"apollia-nb/journal-entry/v1\n" + stored["seq"].to_bytes(8, "big") + _f(stored["ts"])
+                + _f(stored["run_id"]) + _f(stored["agent"]) + _f(stored["kind"]) + _f(payload)
+                + bytes.fromhex(stored["prev_hash"]))
+    assert base64.b64decode(doc["hashed_base64"]) == encoding
+    entry_hash = hashlib.sha256(encoding).digest()
+    assert entry_hash.hex() == stored["hash"] == doc["entry_hash"]
+    assert stored["key_id"] == hashlib.sha256(public_key).digest()[:8].hex()
+    VerifyKey(public_key).verify(entry_hash, bytes.fromhex(stored["signature"]))
+    leaf = hashlib.sha256(b"\x00" + entry_hash).digest()
+    assert leaf.hex() == doc["leaf_hash"] and doc["leaf_index"] == stored["seq"] - 1
+    root = _fold(doc["leaf_index"], doc["tree_size"], leaf, [bytes.fromhex(p) for p in doc["path"]])
+    # The note: the body through its last newline is signed; "— name base64(4-byte key hash || signature)".
+    note = doc["checkpoint"]
+    body, _, signatures = note.partition("\n\n")
+    body += "\n"
+    origin, size, root_b64 = body.split("\n")[:3]
+    assert origin == name and int(size) == doc["tree_size"] and base64.b64decode(root_b64) == root
+    assert root.hex() == doc["root"]
+    lines = [line for line in signatures.split("\n") if line]
+    assert lines and all(line.startswith("\u2014 ") for line in lines)
+    sig_name, sig_b64 = lines[0][2:].split(" ")
+    raw_sig = base64.b64decode(sig_b64)
+    assert sig_name == name and raw_sig[:4] == key_hash and len(raw_sig) == 68
+    VerifyKey(public_key).verify(body.encode("utf-8"), raw_sig[4:])
+
+
+def test_the_checkpoint_of_an_empty_journal_has_the_documented_root(tmp_path, capsys):
+    from apollia_nb.home import Home
+
+    empty = Home.at(tmp_path / "empty")
+    Journal.open(empty).close()
+    code, out, _ = run(capsys, "audit", "checkpoint", "--home", str(empty.path), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["size"] == 0
+    assert doc["root"] == hashlib.sha256(b"").hexdigest()
+    assert doc["note"].split("\n")[2] == "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="

@@ -29,7 +29,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     asub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
     p = asub.add_parser("verify", parents=[common],
-                        help="check the chain, every hash and signature, and checkpoints (exit 1: fails)")
+                        help="check the chain, every hash and signature, and checkpoints (exit 1: fails)",
+                        description="Check every entry's chain link, hash, key id and signature and every "
+                        "checkpoint. Exit 0 ok; 1 a failure: `FAILED at seq N: problem`, or `FAILED: problem` "
+                        "when no entry is at fault (a checkpoint's root, a key). JSON: ok, entries, first_bad_seq, "
+                        "problem, checked_checkpoints.")
     p.add_argument("--checkpoint", type=Path, default=None, metavar="F",
                    help="also check a signed checkpoint kept elsewhere (detects truncation and rollback)")
     p.add_argument("--bundle", type=Path, default=None, metavar="DIR",
@@ -39,11 +43,20 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(handler=_verify)
 
     p = asub.add_parser("verifier-key", parents=[common],
-                        help="print the log's verifier key (<origin>+<key id>+<key>) to pin with --key")
+                        help="print the log's verifier key (<origin>+<key id>+<key>) to pin with --key",
+                        description="Print the C2SP verifier key of the journal's checkpoints. Exit 0. JSON: "
+                        "verifier_key, origin, key_id (4-byte note key hash, hex), public_key (hex).")
     p.set_defaults(handler=_verifier_key)
 
     p = asub.add_parser("consistency", parents=[common],
-                        help="prove the journal extends checkpoints you kept, or say where it does not (exit 1)")
+                        help="prove the journal extends checkpoints you kept, or say where it does not (exit 1)",
+                        description="Check that the journal extends every kept checkpoint (or bundle) and print "
+                        "the RFC 6962 consistency proof from the largest to the current checkpoint (signed now "
+                        "when the latest does not cover every entry). Exit 0 ok; 1 it does not: `FAILED at seq N` "
+                        "when the first entry that differs is known (a kept bundle, or kept checkpoints one entry "
+                        "apart), else `FAILED within seqs A..B`; `FAILED: ...` when a kept note is not signed by "
+                        "this log's key. JSON: ok, entries, first_bad_seq, differs_within [A, B], problem, kept; "
+                        "when ok also old and new {size, root, note} and path (hex).")
     p.add_argument("--from", dest="kept", type=Path, action="append", required=True, metavar="F",
                    help="a checkpoint note you kept, or a bundle folder you exported earlier (repeatable)")
     p.set_defaults(handler=_consistency)
@@ -54,7 +67,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(handler=_checkpoint)
 
     p = asub.add_parser("prove", parents=[common],
-                        help="an RFC 6962 inclusion proof of one entry against the latest (or a kept) checkpoint")
+                        help="an RFC 6962 inclusion proof of one entry against the latest (or a kept) checkpoint",
+                        description="Prove entry SEQ is in the tree of a signed checkpoint; verified before it is "
+                        "printed. Exit 0; 1 the journal does not extend the --against checkpoint (as "
+                        "`consistency`); 3 no such entry, or SEQ beyond the checkpoint. JSON: seq, leaf_index "
+                        "(0-based), tree_size, entry_hash, leaf_hash, path (hex, lowest first), root (hex), "
+                        "checkpoint (the note), entry (payload parsed), stored (payload_base64: the stored bytes), "
+                        "hashed_base64 (the bytes whose SHA-256 is entry_hash).")
     p.add_argument("seq", type=int, metavar="SEQ")
     p.add_argument("--against", type=Path, default=None, metavar="F",
                    help="prove against this checkpoint note you kept (exit 1 when the journal does not extend it)")
@@ -67,7 +86,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("run", metavar="RUN", help="the run id (see the runs view)")
     p.set_defaults(handler=_replay)
 
-    p = asub.add_parser("export", parents=[common], help="write an offline audit bundle")
+    p = asub.add_parser("export", parents=[common], help="write an offline audit bundle",
+                        description="Verify the journal, then write the bundle. Exit 0; 1 the journal does not "
+                        "verify (nothing written; the error names the first bad seq) unless --allow-invalid, "
+                        "which writes it with meta.json `verified: false` and `invalid` (the failed "
+                        "verification); 3 DIR holds a bundle. JSON: directory, entries, checkpoints, files, "
+                        "verified, verification.")
     p.add_argument("--format", choices=["parquet"], default="parquet")
     p.add_argument("--allow-invalid", action="store_true",
                    help="export a journal that does not verify, marked invalid in meta.json (else: refused, exit 1)")
