@@ -72,6 +72,8 @@ apollia-os audit verify --bundle . --checkpoint SAVED   # also against a checkpo
 ```
 
 Exit status 0 means every check passed; 1 prints the first bad sequence number.
+`meta.json` says `"verified": false` (and why, under `invalid`) when the journal
+was exported although it did not verify; such a bundle never verifies.
 
 By hand: entry `hash` is SHA-256 over
 `"apollia-nb/journal-entry/v1\\n" || u64be(seq) || f(ts) || f(run_id) || f(agent) || f(kind) || f(payload) || prev_hash`,
@@ -82,7 +84,7 @@ with `f(NULL) = 0x00` and `f(x) = 0x01 || u32be(len(x)) || x` (text as UTF-8);
 ## Query
 
 ```sh
-duckdb -init views.sql
+duckdb -init views.sql          # any DuckDB from 1.4 on, e.g. pip install duckdb-cli
 ```
 
 ```sql
