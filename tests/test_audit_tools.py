@@ -139,7 +139,10 @@ def test_prove_against_a_kept_checkpoint_and_as_tlog_proof(kept, capsys):
     assert code == 0
     proof = read_tlog_proof(text)
     assert proof.index == 5 and hashlib.sha256(proof.extra).hexdigest() == doc["entry_hash"]
-    assert proof.checkpoint.split("\n")[1] == "15"
+    origin, size, root_b64 = proof.checkpoint.split("\n")[:3]
+    assert size == "15" and text.startswith("c2sp.org/tlog-proof@v1\nextra ")
+    leaf = hashlib.sha256(b"\x00" + hashlib.sha256(proof.extra).digest()).digest()
+    assert _fold(proof.index, 15, leaf, list(proof.path)) == base64.b64decode(root_b64)
     code, _, err = run(capsys, "audit", "prove", "12", *h, "--against", str(kept_dir / "cp10.txt"))
     assert code == 3 and "BAD_INPUT" in err and "not covered by a checkpoint of size 10" in err
 
@@ -322,3 +325,18 @@ def test_the_checkpoint_of_an_empty_journal_has_the_documented_root(tmp_path, ca
     assert code == 0 and doc["size"] == 0
     assert doc["root"] == hashlib.sha256(b"").hexdigest()
     assert doc["note"].split("\n")[2] == "47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU="
+
+
+@pytest.mark.parametrize("text, says", [
+    ("c2sp.org/tlog-proof@v2\nindex 0\n\nnote\n", "the first line"),
+    ("c2sp.org/tlog-proof@v1\nindex 01\n\nnote\n", "bad index"),
+    ("c2sp.org/tlog-proof@v1\nextra !!\nindex 0\n\nnote\n", "extra is not base64"),
+    ("c2sp.org/tlog-proof@v1\nindex 0\nAAAA\n\nnote\n", "not a 32-byte hash"),
+    ("c2sp.org/tlog-proof@v1\nextra AAAA\n\nnote\n", "no `index N` line"),
+    ("c2sp.org/tlog-proof@v1\nindex 0\n", "blank line"),
+])
+def test_a_malformed_tlog_proof_is_refused(text, says):
+    from apollia_nb.errors import BadInput
+
+    with pytest.raises(BadInput, match=says):
+        read_tlog_proof(text)
