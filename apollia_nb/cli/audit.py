@@ -170,35 +170,43 @@ def _home_verifier(home: Any) -> Any:
 
 def _verify(args: argparse.Namespace) -> int:
     from apollia_nb.cli.client import remote
-    from apollia_nb.journal.audit import pin
-    from apollia_nb.journal.export import read_bundle_key
     from apollia_nb.journal.verify import verify_bundle, verify_home, verify_journal
 
     external = _read_checkpoint(args.checkpoint)
-    pinned = _pinned(args.key)
+    pinned = _pinned(args.key)  # a malformed key is BAD_INPUT before anything is read
     if args.bundle is not None:
         report = verify_bundle(args.bundle, external=external)
-        actual = read_bundle_key(args.bundle) if pinned is not None else None
     else:
         with remote(args) as served:  # served: a copy of the server's journal, checked with the home's key
             if served is not None:
                 report = verify_journal(served.journal, external)
-                actual = served.journal.verifier()
             else:
-                home = _home(args)
-                report = verify_home(home, external=external)
-                actual = _home_verifier(home) if pinned is not None else None
-    if pinned is not None:
-        report = pin(report, actual, pinned)
+                report = verify_home(_home(args), external=external)
+    report = _pin(args, report, pinned)
     emit(args, report.to_dict(), report.summary())
     return 0 if report.ok else EXIT_INTEGRITY
 
 
-def _verifier_key(args: argparse.Namespace) -> int:
+def _pin(args: argparse.Namespace, report: Any, pinned: Any) -> Any:
+    """``report`` as it stands under the key pinned with ``--key`` (as it is without one)."""
+    if pinned is None:
+        return report
+    from apollia_nb.journal.audit import pin
+    from apollia_nb.journal.export import read_bundle_key
+
+    return pin(report, read_bundle_key(args.bundle) if args.bundle is not None else _log_verifier(args), pinned)
+
+
+def _log_verifier(args: argparse.Namespace) -> Any:
+    """The home's log verifier: the server's journal's (checked against the home's key) when served."""
     from apollia_nb.cli.client import remote
 
     with remote(args) as served:
-        verifier = served.journal.verifier() if served is not None else _home_verifier(_home(args))
+        return served.journal.verifier() if served is not None else _home_verifier(_home(args))
+
+
+def _verifier_key(args: argparse.Namespace) -> int:
+    verifier = _log_verifier(args)
     key = verifier.key()
     emit(args, {"verifier_key": key, "origin": verifier.name, "key_id": verifier.key_id.hex(),
                 "public_key": verifier.public_key.hex()}, key)
