@@ -30,12 +30,22 @@ def fill(home, start: int, stop: int, run: str = "run-1") -> None:
         journal.append_many(Draft("decision", {"i": i}, run, "clerk") for i in range(start, stop))
 
 
-def rewrite_from(home, seq: int, count: int) -> None:
-    """What the key holder can do: drop entries from ``seq`` on, and append other ones, re-signed."""
+def cut(home, seq: int) -> None:
+    """Drop the entries from ``seq`` on and the checkpoints that cover them, and everything the journal
+    derives from its entries (so it derives them again on open): a journal that looks as if it ended there."""
     con = duckdb.connect(str(home.journal_db))
     con.execute("DELETE FROM entries WHERE seq >= ?", [seq])
     con.execute("DELETE FROM checkpoints WHERE size >= ?", [seq])
+    for (table,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name NOT IN "
+                                "('entries', 'checkpoints', 'meta')").fetchall():
+        con.execute(f'DROP TABLE "{table}"')
+    con.execute("DELETE FROM meta WHERE key NOT IN ('format', 'origin', 'created_at')")
     con.close()
+
+
+def rewrite_from(home, seq: int, count: int) -> None:
+    """What the key holder can do: cut the journal at ``seq`` and append other entries, re-signed."""
+    cut(home, seq)
     fill(home, 1000, 1000 + count, run="run-forged")
 
 
@@ -101,10 +111,8 @@ def test_a_rewrite_passes_verify_but_not_what_the_auditor_kept(kept, capsys):
 
 def test_a_cut_tail_is_named_against_a_kept_bundle(kept, capsys):
     home, h, kept_dir = kept
-    con = duckdb.connect(str(home.journal_db))
-    con.execute("DELETE FROM entries WHERE seq >= 8")
-    con.execute("DELETE FROM checkpoints WHERE size >= 8")
-    con.close()
+    cut(home, 8)
+    Journal.open(home).close()  # opened once since, by its owner
     assert run(capsys, "audit", "verify", *h)[0] == 0
     code, out, _ = run(capsys, "audit", "consistency", *h, "--from", str(kept_dir / "cp10.txt"))
     assert code == 1 and out.startswith(f"FAILED within seqs 1..8: the checkpoint {kept_dir / 'cp10.txt'} covers 10 "
