@@ -69,7 +69,7 @@ def kept(home, tmp_path, capsys):
 
 
 def test_consistency_from_a_kept_checkpoint(kept, capsys):
-    home, h, kept_dir = kept
+    _, h, kept_dir = kept
     code, out, _ = run(capsys, "audit", "consistency", *h, "--from", str(kept_dir / "cp10.txt"), "--json")
     assert code == 0
     doc = json.loads(out)
@@ -122,7 +122,7 @@ def test_a_cut_tail_is_named_against_a_kept_bundle(kept, capsys):
 
 
 def test_a_checkpoint_of_another_log_is_no_evidence(kept, tmp_path, capsys):
-    home, h, kept_dir = kept
+    _, h, _ = kept
     from apollia_nb.home import Home
 
     other = Home.at(tmp_path / "other")
@@ -136,7 +136,7 @@ def test_a_checkpoint_of_another_log_is_no_evidence(kept, tmp_path, capsys):
 
 
 def test_prove_against_a_kept_checkpoint_and_as_tlog_proof(kept, capsys):
-    home, h, kept_dir = kept
+    _, h, kept_dir = kept
     code, out, _ = run(capsys, "audit", "prove", "6", *h, "--against", str(kept_dir / "cp10.txt"), "--format",
                        "json")
     doc = json.loads(out)
@@ -147,7 +147,7 @@ def test_prove_against_a_kept_checkpoint_and_as_tlog_proof(kept, capsys):
     assert code == 0
     proof = read_tlog_proof(text)
     assert proof.index == 5 and hashlib.sha256(proof.extra).hexdigest() == doc["entry_hash"]
-    origin, size, root_b64 = proof.checkpoint.split("\n")[:3]
+    _, size, root_b64 = proof.checkpoint.split("\n")[:3]
     assert size == "15" and text.startswith("c2sp.org/tlog-proof@v1\nextra ")
     leaf = hashlib.sha256(b"\x00" + hashlib.sha256(proof.extra).digest()).digest()
     assert _fold(proof.index, 15, leaf, list(proof.path)) == base64.b64decode(root_b64)
@@ -194,7 +194,7 @@ def test_export_refuses_a_journal_that_does_not_verify(kept, tmp_path, capsys):
 
 
 def test_a_bundle_marked_invalid_fails_even_when_its_files_verify(kept, capsys):
-    home, h, kept_dir = kept
+    _, _, kept_dir = kept
     bundle = kept_dir / "bundle10"
     meta = json.loads((bundle / "meta.json").read_text())
     assert meta["verified"] is True and meta["invalid"] is None
@@ -286,7 +286,7 @@ def _fold(index: int, size: int, leaf: bytes, path: list[bytes]) -> bytes:
 def test_an_independent_verifier_written_from_the_doc(kept, capsys):
     from nacl.signing import VerifyKey
 
-    home, h, _ = kept
+    _, h, _ = kept
     vkey = run(capsys, "audit", "verifier-key", *h)[1].strip()
     name, key_hash_hex, key_b64 = vkey.split("+", 2)
     raw_key = base64.b64decode(key_b64)
