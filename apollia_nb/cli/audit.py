@@ -235,10 +235,18 @@ def _entry_hashes(journal: Any) -> list[bytes]:
     return [bytes(h) for (h,) in journal.sql("SELECT hash FROM entries ORDER BY seq")]
 
 
+def _root_at(journal: Any) -> Any:
+    """The Merkle root of the journal's first ``n`` entries, from its own consistency proofs."""
+    from apollia_nb.journal.merkle import EMPTY_ROOT
+
+    return lambda n: journal.consistency_proof(n, n).old_root if n else EMPTY_ROOT
+
+
 def _check_kept(journal: Any, kept: list[Any]) -> Any:
     from apollia_nb.journal.audit import check_kept
 
-    return check_kept(kept, _entry_hashes(journal), journal.verifier())
+    return check_kept(kept, journal.head()[0], _root_at(journal), journal.verifier(),
+                      lambda: _entry_hashes(journal))
 
 
 def _consistency(args: argparse.Namespace) -> int:
@@ -251,7 +259,7 @@ def _consistency(args: argparse.Namespace) -> int:
             emit(args, check.to_dict(), check.summary())
             return EXIT_INTEGRITY
         note = journal.checkpoint()  # the current tree, signed (the latest when it covers every entry)
-        doc = consistency_document(check, _entry_hashes(journal), note, journal.verifier())
+        doc = consistency_document(check, note, journal.verifier(), journal.consistency_proof, _root_at(journal))
     old, new = doc["old"], doc["new"]
     lines = [f"ok: the journal ({new['size']} entries) extends {', '.join(check.checked)}; the proof verifies.",
              f"old root    {old['root'] if old else '-'} (size {old['size'] if old else 0})",

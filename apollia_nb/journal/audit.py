@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apollia_nb.errors import BadInput, IntegrityError
 from apollia_nb.journal.checkpoint import Checkpoint, NoteVerifier, open_checkpoint
 from apollia_nb.journal.entry import Entry, entry_bytes
-from apollia_nb.journal.merkle import consistency_proof, leaf_hash, root, verify_consistency
+from apollia_nb.journal.merkle import leaf_hash, root, verify_consistency
 
 __all__ = [
     "TLOG_PROOF_HEADER",
@@ -110,10 +110,12 @@ def _fail(head: int, problem: str, low: int | None = None, high: int | None = No
     return KeptCheck(False, head, problem, exact, low, high, checked=tuple(checked))
 
 
-def check_kept(kept: Sequence[Kept], entry_hashes: Sequence[bytes], verifier: NoteVerifier) -> KeptCheck:
-    """Check that the journal whose entry hashes (seq 1, 2, …) are ``entry_hashes`` extends each kept
-    checkpoint, every one verified as a note signed by ``verifier`` (the journal's origin and key)."""
-    head = len(entry_hashes)
+def check_kept(kept: Sequence[Kept], head: int, root_at: Callable[[int], bytes], verifier: NoteVerifier,
+               entry_hashes: Callable[[], Sequence[bytes]]) -> KeptCheck:
+    """Check that a journal of ``head`` entries extends each kept checkpoint, every one verified as a
+    note signed by ``verifier`` (the journal's origin and key). ``root_at(n)`` is the Merkle root of
+    the journal's first ``n`` entries (``n <= head``); ``entry_hashes()`` (seq 1, 2, …) is read only
+    to compare a kept bundle's entries with the journal's."""
     opened: list[tuple[Kept, Checkpoint]] = []
     for item in kept:
         try:
@@ -123,27 +125,25 @@ def check_kept(kept: Sequence[Kept], entry_hashes: Sequence[bytes], verifier: No
                                f"{verifier.key()}: {exc.message}")
         opened.append((item, cp))
     opened.sort(key=lambda pair: pair[1].size)
-    leaves = [leaf_hash(h) for h in entry_hashes]
     low = 0  # every seq up to low agrees with some kept checkpoint
     largest: tuple[Kept, Checkpoint] | None = None
     labels: list[str] = []
     for item, cp in opened:
         labels.append(f"{item.label} (size {cp.size})")
-        exact = _first_differing(item.hashes, entry_hashes, cp) if item.hashes is not None else None
+        if cp.size <= head and root_at(cp.size) == cp.root:
+            low = cp.size
+            largest = (item, cp)
+            continue
+        exact = _first_differing(item.hashes, entry_hashes(), cp) if item.hashes is not None else None
         if cp.size > head:
-            first = exact if exact is not None else None
-            high = head + 1 if first is None else first
             return _fail(head, f"{item.label} covers {cp.size} entries, the journal holds {head}: "
                                f"entries were removed or rewritten (the journal does not extend it)",
-                         first if first is not None else low + 1, high, labels)
-        if root(leaves[: cp.size]) != cp.root:
-            if exact is not None:
-                return _fail(head, f"entry {exact} is not the entry {item.label} holds: history was "
-                                   "rewritten from there", exact, exact, labels)
-            return _fail(head, f"the journal's first {cp.size} entries do not have the root of {item.label}: "
-                               "history was rewritten", low + 1, cp.size, labels)
-        low = cp.size
-        largest = (item, cp)
+                         exact if exact is not None else low + 1, exact if exact is not None else head + 1, labels)
+        if exact is not None:
+            return _fail(head, f"entry {exact} is not the entry {item.label} holds: history was "
+                               "rewritten from there", exact, exact, labels)
+        return _fail(head, f"the journal's first {cp.size} entries do not have the root of {item.label}: "
+                           "history was rewritten", low + 1, cp.size, labels)
     if largest is None:
         return KeptCheck(True, head, checked=tuple(labels))
     return KeptCheck(True, head, largest=largest[1], largest_note=largest[0].note, checked=tuple(labels))
@@ -161,12 +161,12 @@ def _first_differing(kept_hashes: Sequence[bytes], entry_hashes: Sequence[bytes]
     return None
 
 
-def consistency_document(check: KeptCheck, entry_hashes: Sequence[bytes], current_note: str,
-                         verifier: NoteVerifier) -> dict[str, Any]:
-    """The consistency proof from the largest kept checkpoint to ``current_note`` (verified here)."""
+def consistency_document(check: KeptCheck, current_note: str, verifier: NoteVerifier,
+                         prove: Callable[[int, int], Any], root_at: Callable[[int], bytes]) -> dict[str, Any]:
+    """The consistency proof from the largest kept checkpoint to ``current_note``, verified here.
+    ``prove(old, new)`` is the journal's ``consistency_proof`` (``old_root``, ``new_root``, ``path``)."""
     current = open_checkpoint(current_note, [verifier], origin=verifier.name)
-    leaves = [leaf_hash(h) for h in entry_hashes[: current.size]]
-    if len(leaves) != current.size or root(leaves) != current.root:
+    if root_at(current.size) != current.root:
         raise IntegrityError(f"the journal's first {current.size} entries do not have the root of its own "
                              "latest checkpoint")
     old = check.largest
@@ -174,9 +174,11 @@ def consistency_document(check: KeptCheck, entry_hashes: Sequence[bytes], curren
     if old is None or old.size == 0:
         doc.update(old=_cp_dict(old, check.largest_note) if old is not None else None, path=[])
         return doc
-    path = consistency_proof(old.size, current.size, leaves)
-    verify_consistency(old.size, current.size, old.root, current.root, path)
-    doc.update(old=_cp_dict(old, check.largest_note), path=[h.hex() for h in path])
+    proof = prove(old.size, current.size)
+    if (proof.old_root, proof.new_root) != (old.root, current.root):
+        raise IntegrityError("the consistency proof's roots are not the checkpoints' roots")
+    verify_consistency(old.size, current.size, old.root, current.root, list(proof.path))
+    doc.update(old=_cp_dict(old, check.largest_note), path=[h.hex() for h in proof.path])
     return doc
 
 

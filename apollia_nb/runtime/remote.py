@@ -42,6 +42,7 @@ import anyio
 
 from apollia_nb.errors import (
     ApolliaError,
+    BadInput,
     GovernanceUnreadable,
     HomeLocked,
     IntegrityError,
@@ -443,6 +444,23 @@ class RemoteJournal:
 
         return prove_inclusion(seq, checkpoint, head=mirror.seq, latest=latest, write_checkpoint=write_checkpoint,
                                verifier=self.verifier(), origin=self._origin, hashes=hashes)
+
+    def consistency_proof(self, old_size: int, new_size: int | None = None) -> Any:
+        """As ``Journal.consistency_proof``, from the local copy (brought up to date first)."""
+        from apollia_nb.journal.merkle import consistency_proof, leaf_hash, root
+        from apollia_nb.journal.store import ConsistencyProof
+
+        mirror = self._synced()
+        new = mirror.seq if new_size is None else new_size
+        if not isinstance(old_size, int) or not isinstance(new, int) or not 0 < old_size <= new <= mirror.seq:
+            raise BadInput(f"need 0 < old_size <= new_size <= {mirror.seq}, got {old_size!r}, {new!r}")
+        with mirror.lock:
+            rows = mirror.con.execute("SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [new]).fetchall()
+        leaves = [leaf_hash(bytes(h)) for (h,) in rows]
+        proof = ConsistencyProof(old_size, new, root(leaves[:old_size]), root(leaves),
+                                 tuple(consistency_proof(old_size, new, leaves)))
+        proof.verify()
+        return proof
 
     # SQL over a local copy -----------------------------------------------------------------------
     def _synced(self) -> "_Mirror":
