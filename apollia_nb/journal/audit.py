@@ -1,9 +1,10 @@
 """What an auditor carries away: proofs against checkpoints they kept, a pinned key, C2SP tlog-proofs.
 
-Pure functions over values (entry hashes, checkpoint notes, entries); the CLI
-(``apollia-os audit``) feeds them from a home, a served home or a bundle.
+Pure functions over values (checkpoint notes, entries, and the journal's roots
+and proofs handed in as functions); the CLI (``apollia-os audit``) feeds them
+from a home, a served home or a bundle.
 
-* :func:`check_kept` — does the journal (its entry hashes) extend the
+* :func:`check_kept` — does the journal (its roots at the kept sizes) extend the
   checkpoints an auditor kept? Where it does not, the first seq that differs:
   exact when the kept material allows it (a kept bundle's entry hashes, or two
   kept checkpoints one entry apart), else the narrowest range the kept
@@ -15,7 +16,9 @@ Pure functions over values (entry hashes, checkpoint notes, entries); the CLI
   ``c2sp.org/tlog-proof@v1`` text.
 * :func:`pin` — a verification report under a key the auditor pinned.
 
-Merkle work goes through :mod:`apollia_nb.journal.merkle` only.
+Roots at older sizes and consistency paths come from the journal's own
+``consistency_proof``; the rest of the Merkle work from
+:mod:`apollia_nb.journal.merkle`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ __all__ = [
     "stored_entry",
     "proof_document",
     "tlog_proof",
+    "TlogProof",
     "read_tlog_proof",
     "pin",
 ]
@@ -221,6 +225,8 @@ def tlog_proof(proof: Any, entry: Entry) -> str:
 
 @dataclass(frozen=True)
 class TlogProof:
+    """A parsed ``c2sp.org/tlog-proof@v1``: extra bytes (None without), 0-based index, path, the note."""
+
     extra: bytes | None
     index: int
     path: tuple[bytes, ...]
