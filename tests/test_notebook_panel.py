@@ -1,0 +1,227 @@
+"""The side panel's comm handler in a real IPython: snapshot, answer, entries, verify, pushes, bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from apollia_nb.notebook import panel
+from notebook_fixtures import ip  # noqa: F401 - the fixture
+from runtime_helpers import call, manifest
+
+WRITE = [{"tool_calls": [call("write_file", path="a.txt", content="hello")]}, {"text": "Wrote a.txt."}]
+WAIT = 10
+
+
+class RecordingComm:
+    """What ipykernel hands a comm target, recording what is sent (from whichever thread sends it)."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self._cv = threading.Condition()
+        self.handlers: dict[str, object] = {}
+
+    def send(self, data: dict) -> None:
+        with self._cv:
+            self.sent.append(data)
+            self._cv.notify_all()
+
+    def on_msg(self, fn) -> None:
+        self.handlers["msg"] = fn
+
+    def on_close(self, fn) -> None:
+        self.handlers["close"] = fn
+
+    def reply(self, rid: str) -> dict:
+        with self._cv:
+            assert self._cv.wait_for(lambda: any(m.get("id") == rid for m in self.sent), WAIT), self.sent
+            return next(m for m in self.sent if m.get("id") == rid)
+
+    def pushes(self) -> list[dict]:
+        with self._cv:
+            return [m for m in self.sent if "event" in m]
+
+    def wait_push(self, after: int) -> dict:
+        with self._cv:
+            assert self._cv.wait_for(lambda: any(m.get("version", -1) > after for m in self.sent if "event" in m),
+                                     WAIT), self.sent
+            return [m for m in self.sent if "event" in m][-1]
+
+
+def runtime(ip):
+    return ip.magics_manager.registry["ApolliaMagics"].runtime
+
+
+def open_panel(ip) -> tuple[panel.PanelComm, RecordingComm]:
+    comm = RecordingComm()
+    from apollia_nb.notebook.extension import loaded_magics, open_runtime
+
+    magics = loaded_magics(ip)
+    return panel.PanelComm(comm, lambda: open_runtime(magics)), comm  # as the registered target does
+
+
+def ask(p: panel.PanelComm, comm: RecordingComm, rid: str, **fields) -> dict:
+    p.receive({"id": rid, **fields})
+    return comm.reply(rid)
+
+
+def waiting_task(ip):
+    ip.run_cell_magic("apollia", "agent", manifest(actor=WRITE))
+    return ip.run_cell_magic("apollia", "task clerk", "Write a.txt").join(WAIT, settled=True)
+
+
+def test_a_snapshot_shows_agents_the_waiting_run_its_card_and_the_journal(ip):
+    task = waiting_task(ip)
+    p, comm = open_panel(ip)
+    reply = ask(p, comm, "s1", op="snapshot")
+    assert reply["ok"] is True, reply
+    data = reply["data"]
+    assert data["mode"] == "owner" and data["server"] is None and data["kernel_agents_only"] is True
+    assert data["home"] == str(runtime(ip).rt.home.path)
+    [agent] = data["agents"]
+    assert (agent["name"], agent["state"], agent["inflight"], agent["runs"]) == ("clerk", "active", 1, "kernel")
+    [run] = data["runs"]
+    assert (run["id"], run["kind"], run["agent"], run["status"], run["waiting"]) == (
+        task.id, "task", "clerk", "waiting", True)
+    assert run["title"] == "Write a.txt" and run["budget"]["max"] == task.budget["ceiling"]
+    assert run["step"].startswith("Step 1 of 1: ") and run["finished_at"] is None and run["waiting_cards"] == 1
+    [item] = data["inbox"]
+    [card] = task.pending
+    assert item["id"] == card.id and item["tool"] == "write_file" and item["family"] == "write"
+    assert item["arguments"] == {"path": "a.txt", "content": "hello"}  # in full
+    assert item["answers"] == ["once", "always", "refuse"] and item["line"] == card.line and item["reason"]
+    assert item["asked_at"] == card.created_at and item["answered"] is None and item["status"] == "pending"
+    journal = data["journal"]
+    assert journal["size"] == runtime(ip).rt.journal.head()[0] > 0
+    assert [e["seq"] for e in journal["latest"]] == sorted((e["seq"] for e in journal["latest"]), reverse=True)
+    assert journal["latest"][0]["seq"] == journal["size"]
+    assert journal["verify"]["state"] in ("running", "ok")
+    task.pending[0].answer("refuse")
+
+
+def test_answering_from_the_panel_resumes_the_run_freezes_the_cell_card_and_is_journaled(ip):
+    task = waiting_task(ip)
+    card_view = next(iter(task.widget.cards.values()))  # the cell's card, as displayed
+    p, comm = open_panel(ip)
+    [card] = task.pending
+    reply = ask(p, comm, "a1", op="answer", card_id=card.id, answer="once")
+    assert reply["ok"] is True, reply
+    user = runtime(ip).user
+    assert reply["data"]["answered"]["answer"] == "once" and reply["data"]["answered"]["by"] == user
+    assert task.join(WAIT).status == "completed"
+    assert card_view.frozen and f"by {user}" in card_view.state.value  # every view of the card froze
+    [decision] = task.decisions()
+    assert (decision["answer"], decision["answered_by"]) == ("once", user)
+
+    # A second answer, from the panel or anywhere: refused with a stable code and who answered first.
+    again = ask(p, comm, "a2", op="answer", decision_id=card.id, answer="refuse")
+    assert again["ok"] is False and again["error"]["code"] == "CONFLICT"
+    assert again["error"]["answered"]["answer"] == "once" and again["error"]["answered"]["by"] == user
+    assert task.decisions()[0]["answer"] == "once"
+
+    # The snapshot now shows the card answered, and by whom.
+    data = ask(p, comm, "s2", op="snapshot")["data"]
+    [item] = [i for i in data["inbox"] if i["id"] == card.id]
+    assert item["answered"]["answer"] == "once" and item["answered"]["by"] == user and item["status"] == "answered"
+    [run] = data["runs"]
+    assert run["status"] == "completed" and run["finished_at"] and run["step"] is None
+
+
+def test_a_click_on_the_cell_card_shows_as_answered_in_the_panel(ip):
+    task = waiting_task(ip)
+    p, comm = open_panel(ip)
+    [card] = task.pending
+    card_view = next(iter(task.widget.cards.values()))
+    card_view.buttons["once"].click()
+    assert task.join(WAIT).status == "completed"
+    data = ask(p, comm, "s1", op="snapshot")["data"]
+    [item] = [i for i in data["inbox"] if i["id"] == card.id]
+    assert item["answered"]["by"] == runtime(ip).user and item["answered"]["at"]
+    late = ask(p, comm, "a1", op="answer", card_id=card.id, answer="once")
+    assert late["ok"] is False and late["error"]["code"] == "CONFLICT"
+
+
+def test_changes_are_pushed_coalesced(ip):
+    p, comm = open_panel(ip)
+    ask(p, comm, "s0", op="snapshot")  # attaches the panel
+    before = panel.PanelHome.of(runtime(ip)).version
+    task = waiting_task(ip)
+    event = comm.wait_push(before)
+    assert event["event"] == "changed" and event["version"] > before
+    pushes = comm.pushes()
+    assert len(pushes) <= 1 + panel.PanelHome.of(runtime(ip)).version - before  # never more than the changes
+    task.pending[0].answer("refuse")
+    task.join(WAIT)
+
+
+def test_entries_of_a_run_newest_first_and_bounded(ip):
+    task = waiting_task(ip)
+    task.pending[0].answer("once")
+    task.join(WAIT)
+    p, comm = open_panel(ip)
+    reply = ask(p, comm, "e1", op="entries", run_id=task.run_id, limit=3)
+    assert reply["ok"] is True, reply
+    entries = reply["data"]["entries"]
+    assert len(entries) == 3 and reply["data"]["more"] is True
+    assert all(e["run_id"] == task.run_id for e in entries)
+    assert [e["seq"] for e in entries] == sorted((e["seq"] for e in entries), reverse=True)
+    every = ask(p, comm, "e2", op="entries", run_id=task.run_id, limit=500)["data"]
+    assert every["more"] is False and "answer" in [e["kind"] for e in every["entries"]]
+    assert every["entries"][:3] == entries
+    unknown = ask(p, comm, "e3", op="entries", run_id="run-nope")
+    assert unknown["ok"] is False and unknown["error"]["code"] == "UNKNOWN_RUN"
+
+
+def test_verify_runs_off_the_loop_and_reports(ip):
+    p, comm = open_panel(ip)
+    reply = ask(p, comm, "v1", op="verify")
+    assert reply["ok"] is True, reply
+    rt = runtime(ip).rt
+    assert reply["data"]["state"] == "ok" and reply["data"]["checked_size"] == rt.journal.head()[0]
+    assert reply["data"]["first_bad_seq"] is None
+    data = ask(p, comm, "s1", op="snapshot")["data"]
+    assert data["journal"]["verify"]["state"] == "ok"
+
+
+@pytest.mark.parametrize("request_, code", [
+    ("not an object", "BAD_INPUT"),
+    ({"op": "snapshot"}, "BAD_INPUT"),  # no id
+    ({"id": "x", "op": "launch"}, "BAD_INPUT"),
+    ({"id": "x", "op": "answer", "answer": "once"}, "BAD_INPUT"),  # which card?
+    ({"id": "x", "op": "answer", "card_id": "a", "decision_id": "b", "answer": "once"}, "BAD_INPUT"),
+    ({"id": "x", "op": "answer", "card_id": "a"}, "BAD_ANSWER"),
+    ({"id": "x", "op": "answer", "card_id": "nope", "answer": "once"}, "UNKNOWN_DECISION"),
+    ({"id": "x", "op": "entries", "run_id": "r", "limit": 0}, "BAD_INPUT"),
+    ({"id": "x", "op": "entries", "run_id": "r", "limit": True}, "BAD_INPUT"),
+    ({"id": "x", "op": "entries"}, "BAD_INPUT"),
+])
+def test_bad_requests_get_a_stable_code_and_change_nothing(ip, request_, code):
+    p, comm = open_panel(ip)
+    before = runtime(ip).rt.journal.head()
+    p.receive(request_)
+    rid = request_.get("id") if isinstance(request_, dict) else None
+    with comm._cv:
+        assert comm._cv.wait_for(lambda: any(m.get("ok") is False for m in comm.sent), WAIT)
+    [reply] = [m for m in comm.sent if "ok" in m]
+    assert reply["id"] == rid and reply["error"]["code"] == code, reply
+    assert reply["error"]["message"]
+    assert runtime(ip).rt.journal.head() == before
+
+
+def test_a_bad_answer_is_refused_and_the_card_still_waits(ip):
+    task = waiting_task(ip)
+    p, comm = open_panel(ip)
+    [card] = task.pending
+    reply = ask(p, comm, "a1", op="answer", card_id=card.id, answer="maybe")
+    assert reply["ok"] is False and reply["error"]["code"] == "BAD_ANSWER"
+    assert task.status == "waiting" and [c.id for c in task.pending] == [card.id]
+    card.answer("refuse")
+
+
+def test_without_an_open_home_the_panel_is_told(ip):
+    p, comm = open_panel(ip)
+    ip.magics_manager.registry["ApolliaMagics"].close_home()
+    reply = ask(p, comm, "s1", op="snapshot")
+    assert reply["ok"] is False and reply["error"]["code"] == "CONFLICT"
+    assert "%load_ext apollia_nb" in reply["error"]["message"]
