@@ -225,3 +225,78 @@ def test_without_an_open_home_the_panel_is_told(ip):
     reply = ask(p, comm, "s1", op="snapshot")
     assert reply["ok"] is False and reply["error"]["code"] == "CONFLICT"
     assert "%load_ext apollia_nb" in reply["error"]["message"]
+
+
+# --- served: the kernel joined `apollia-os serve` ----------------------------------------------------
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch, capsys):
+    """A real `apollia-os serve` on a fresh home, and a real IPython that joined it (in this process)."""
+    from IPython.testing import globalipapp
+
+    from apollia_nb.sdk.client import Client
+    from apollia_nb.notebook.extension import unload_ipython_extension
+    from test_shared_home import serve, stop
+
+    monkeypatch.delenv("APOLLIA_TOKEN", raising=False)
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("APOLLIA_HOME", str(home))
+    server = serve(home)
+    shell = None
+    try:
+        with Client.from_home(home) as api:
+            globalipapp.start_ipython()
+            shell = globalipapp.get_ipython()
+            shell.run_line_magic("load_ext", "apollia_nb")
+            shell.run_line_magic("config", 'ApolliaMagics.user = "ann"')
+            capsys.readouterr()
+            yield shell, api
+    finally:
+        if shell is not None:
+            unload_ipython_extension(shell)
+            shell.extension_manager.loaded.discard("apollia_nb")
+            shell.config.pop("ApolliaMagics", None)
+        stop(server)
+
+
+def test_served_the_panel_shows_the_servers_inbox_and_answers_there(served):
+    ip, api = served
+    assert runtime(ip).rt.server is not None  # joined, not owner
+    import os
+
+    api.register_agent(manifest("clerk", actor=WRITE, workspace=os.getcwd()))  # the work folder beside the home
+    submitted = api.submit("clerk", "Write a.txt")  # another client's run: unattended, on the server
+    assert api.wait(submitted.id, timeout=WAIT).status == "waiting"
+    p, comm = open_panel(ip)
+    data = ask(p, comm, "s1", op="snapshot")["data"]
+    assert data["mode"] == "served" and data["server"] and data["kernel_agents_only"] is False
+    assert [(a["name"], a["runs"]) for a in data["agents"]] == [("clerk", "server")]
+    [run] = data["runs"]
+    assert (run["id"], run["runs"], run["status"], run["waiting"]) == (submitted.id, "server", "waiting", True)
+    [item] = data["inbox"]
+    [decision] = api.pending()
+    assert (item["id"], item["runs"], item["tool"], item["answered"]) == (decision.id, "server", "write_file", None)
+
+    before = panel.PanelHome.of(runtime(ip)).version
+    reply = ask(p, comm, "a1", op="answer", card_id=decision.id, answer="once")
+    assert reply["ok"] is True, reply
+    assert reply["data"]["answered"]["by"] == "ann"
+    done = api.wait(submitted.id, until="finished", timeout=WAIT)
+    assert done.status == "completed"
+    answers = [e for e in api.entries(limit=1000).entries if e.kind == "answer"]
+    assert [(e.payload["answer"], e.payload["answered_by"]) for e in answers] == [("once", "ann")]
+
+    again = ask(p, comm, "a2", op="answer", card_id=decision.id, answer="refuse")
+    assert again["ok"] is False and again["error"]["code"] == "CONFLICT"
+    assert again["error"]["answered"] == {"answer": "once", "by": "ann", "at": again["error"]["answered"]["at"]}
+
+    # A change made elsewhere (another client's new run) reaches the panel as a push.
+    second = api.submit("clerk", "Write a.txt again")
+    api.wait(second.id, timeout=WAIT)
+    assert comm.wait_push(before)["event"] == "changed"
+    inbox = ask(p, comm, "s2", op="snapshot")["data"]["inbox"]
+    assert [i["task_id"] for i in inbox if i["answered"] is None] == [second.id]
+    api.cancel(second.id)
