@@ -142,17 +142,77 @@ def test_a_click_on_the_cell_card_shows_as_answered_in_the_panel(ip):
     assert late["ok"] is False and late["error"]["code"] == "CONFLICT"
 
 
-def test_changes_are_pushed_coalesced(ip):
+def test_changes_are_pushed(ip):
     p, comm = open_panel(ip)
     ask(p, comm, "s0", op="snapshot")  # attaches the panel
     before = panel.PanelHome.of(runtime(ip)).version
-    task = waiting_task(ip)
+    task = waiting_task(ip)  # an agent registered, a task submitted, a card opened
     event = comm.wait_push(before)
     assert event["event"] == "changed" and event["version"] > before
-    pushes = comm.pushes()
-    assert len(pushes) <= 1 + panel.PanelHome.of(runtime(ip)).version - before  # never more than the changes
     task.pending[0].answer("refuse")
     task.join(WAIT)
+
+
+def test_a_burst_of_changes_is_coalesced_into_at_most_two_pushes(ip):
+    p, comm = open_panel(ip)
+    ask(p, comm, "s0", op="snapshot")
+    home = panel.PanelHome.of(runtime(ip))
+    ask(p, comm, "v0", op="verify")  # the first snapshot's verification is over …
+    comm.wait_push(home.version - 1)  # … and its change pushed: nothing else is under way
+    start = len(comm.pushes())
+    for _ in range(50):
+        home.changed()
+    final = home.version
+    with comm._cv:
+        assert comm._cv.wait_for(lambda: any(m.get("version") == final for m in comm.sent), WAIT)
+    burst = comm.pushes()[start:]
+    assert 1 <= len(burst) <= 2, burst  # the first at once, the rest together one interval later
+    assert burst[-1]["version"] == final
+
+
+def test_closing_the_home_tells_the_panel_and_a_new_home_is_found(ip, tmp_path):
+    p, comm = open_panel(ip)
+    ask(p, comm, "s0", op="snapshot")
+    pushed = len(comm.pushes())
+    ip.run_line_magic("config", f'ApolliaMagics.home = "{tmp_path / "other"}"')  # closes, opens another
+    with comm._cv:
+        assert comm._cv.wait_for(lambda: len([m for m in comm.sent if "event" in m]) > pushed, WAIT)
+    data = ask(p, comm, "s1", op="snapshot")["data"]
+    assert data["home"] == str(tmp_path / "other")
+
+
+def test_a_verification_that_cannot_run_is_failed_never_ok(ip, monkeypatch):
+    from apollia_nb.errors import StorageError
+
+    rt = runtime(ip).rt
+
+    def broken():
+        raise StorageError("the disk refused the read")
+
+    monkeypatch.setattr(rt, "verify", broken)
+    p, comm = open_panel(ip)
+    reply = ask(p, comm, "v1", op="verify")
+    assert reply["ok"] is True
+    assert reply["data"]["state"] == "failed" and "the disk refused the read" in reply["data"]["problem"]
+
+
+def test_an_unreadable_inbox_is_reported_not_hidden(ip, monkeypatch):
+    from apollia_nb.errors import GovernanceUnreadable
+
+    task = waiting_task(ip)
+    rt = runtime(ip).rt
+
+    def unreadable():
+        raise GovernanceUnreadable("governance.db cannot be read")
+
+    monkeypatch.setattr(rt, "pending_decisions", unreadable)
+    p, comm = open_panel(ip)
+    data = ask(p, comm, "s1", op="snapshot")["data"]
+    assert data["problems"] == [{"part": "inbox", "code": "GOVERNANCE_UNREADABLE",
+                                 "message": "governance.db cannot be read"}]
+    assert [i["id"] for i in data["inbox"]] == [c.id for c in task.pending]  # this kernel's waiting cards
+    monkeypatch.undo()
+    task.pending[0].answer("refuse")
 
 
 def test_entries_of_a_run_newest_first_and_bounded(ip):
