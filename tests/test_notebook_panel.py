@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from apollia_nb.notebook import panel
 from notebook_fixtures import ip  # noqa: F401 - the fixture
 from runtime_helpers import call, manifest
+
+from apollia_nb.notebook import panel
 
 WRITE = [{"tool_calls": [call("write_file", path="a.txt", content="hello")]}, {"text": "Wrote a.txt."}]
 WAIT = 10
@@ -294,10 +294,10 @@ def test_without_an_open_home_the_panel_is_told(ip):
 def served(tmp_path, monkeypatch, capsys):
     """A real `apollia-os serve` on a fresh home, and a real IPython that joined it (in this process)."""
     from IPython.testing import globalipapp
-
-    from apollia_nb.sdk.client import Client
-    from apollia_nb.notebook.extension import unload_ipython_extension
     from test_shared_home import serve, stop
+
+    from apollia_nb.notebook.extension import unload_ipython_extension
+    from apollia_nb.sdk.client import Client
 
     monkeypatch.delenv("APOLLIA_TOKEN", raising=False)
     home, work = tmp_path / "home", tmp_path / "work"

@@ -16,7 +16,6 @@ import time
 import uuid
 
 import pytest
-
 from runtime_helpers import call, manifest
 
 jupyter_client = pytest.importorskip("jupyter_client")

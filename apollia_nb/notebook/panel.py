@@ -249,10 +249,10 @@ class PanelHome:
     pushes one ``changed`` event to every open panel per ``PUSH_INTERVAL`` at most.
     """
 
-    def __init__(self, bridge: "KernelRuntime") -> None:
+    def __init__(self, bridge: KernelRuntime) -> None:
         self.bridge = bridge
         self.version = 0
-        self.panels: list["PanelComm"] = []
+        self.panels: list[PanelComm] = []
         self.verification: dict[str, Any] = {"state": "unknown", "checked_size": None, "first_bad_seq": None,
                                              "problem": None, "checked_at": None}
         self._verifying: Any = None  # the running verification's future (runtime's loop)
@@ -264,7 +264,7 @@ class PanelHome:
         self._unsubscribe = bridge.call(bridge.rt.subscribe, self._on_change)
 
     @classmethod
-    def of(cls, bridge: "KernelRuntime") -> "PanelHome":
+    def of(cls, bridge: KernelRuntime) -> PanelHome:
         with _homes_lock:
             home = getattr(bridge, "_panel_home", None)
             if home is None:
@@ -276,21 +276,22 @@ class PanelHome:
         return self.bridge.rt.server is not None
 
     # ------------------------------------------------------------------ panels and pushes
-    def add(self, panel: "PanelComm") -> None:
+    def add(self, panel: PanelComm) -> None:
         with self._lock:
             if panel not in self.panels:
                 self.panels.append(panel)
-        if self.served and self._poller is None:
-            self._poller = self.bridge.start(self._poll_server)
+            if self.served and self._poller is None:
+                self._poller = self.bridge.start(self._poll_server)
 
-    def remove(self, panel: "PanelComm") -> None:
+    def remove(self, panel: PanelComm) -> None:
         with self._lock:
             if panel in self.panels:
                 self.panels.remove(panel)
-            empty = not self.panels
-        if empty and self._poller is not None:
-            self._poller.cancel()
-            self._poller = None
+            poller = self._poller if not self.panels else None
+            if poller is not None:
+                self._poller = None
+        if poller is not None:
+            poller.cancel()
 
     def _on_change(self, kind: str, obj: Any) -> None:  # on the runtime's thread
         if kind == "warning":
@@ -311,7 +312,9 @@ class PanelHome:
                 self._timer = None
 
     def _schedule(self, delay: float) -> None:  # on the runtime's loop
-        self._timer = self.bridge.loop.loop.call_later(delay, self._push)
+        with self._lock:
+            if self._timer is not None:  # (None: closed meanwhile)
+                self._timer = self.bridge.loop.loop.call_later(delay, self._push)
 
     def _push(self) -> None:  # on the runtime's loop
         with self._lock:
@@ -342,11 +345,11 @@ class PanelHome:
     def close(self) -> None:
         with self._lock:
             timer, self._timer = self._timer, None
+            poller, self._poller = self._poller, None
             panels, self.panels = list(self.panels), []
-        if self._poller is not None:
-            self._poller.cancel()
-            self._poller = None
-        if timer is not None and hasattr(timer, "cancel"):
+        if poller is not None:
+            poller.cancel()
+        if timer is not None:
             timer.cancel()
         for panel in panels:  # told to ask again: the next request finds the home as it is then
             panel.released(self.version + 1)
@@ -542,7 +545,7 @@ class PanelComm:
     ``on_close``); ``home`` returns the kernel's open ``KernelRuntime``.
     """
 
-    def __init__(self, comm: Any, home: Callable[[], "KernelRuntime"]) -> None:
+    def __init__(self, comm: Any, home: Callable[[], KernelRuntime]) -> None:
         self.comm = comm
         self._home = home
         self._context = contextvars.copy_context()
@@ -632,7 +635,7 @@ class PanelComm:
 # --- registering the target -----------------------------------------------------------------------
 
 
-def register(ipython: Any, home: Callable[[], "KernelRuntime"]) -> bool:
+def register(ipython: Any, home: Callable[[], KernelRuntime]) -> bool:
     """Register the comm target in this shell's kernel; False outside a kernel (a terminal IPython)."""
     manager = getattr(getattr(ipython, "kernel", None), "comm_manager", None)
     if manager is None:
@@ -657,7 +660,7 @@ def unregister(ipython: Any) -> None:
         manager.unregister_target(TARGET, None)
 
 
-def close_for(bridge: "KernelRuntime") -> None:
+def close_for(bridge: KernelRuntime) -> None:
     """Stop the panels' pushes of a home being closed (called before its runtime closes)."""
     panel_home = getattr(bridge, "_panel_home", None)
     if panel_home is not None:
