@@ -31,7 +31,8 @@ def load_ipython_extension(ipython: Any) -> None:
     magics.open_home()
     from apollia_nb.notebook import panel
 
-    panel.register(ipython, lambda: open_runtime(magics))
+    if panel.register(ipython, lambda: open_runtime(magics)):
+        panel.announce(ipython)
 
 
 def open_runtime(magics: Any) -> Any:

@@ -9,17 +9,18 @@ heavy); the panel opens a comm to it and talks in requests and replies::
                      {"id": "r4", "op": "verify"}
     kernel → front   {"id": "r1", "ok": true, "data": …}
                      {"id": "r2", "ok": false, "error": {"code": "CONFLICT", "message": …, "answered": {…}}}
-                     {"event": "changed", "version": 7}      (pushed; at most ``1 / PUSH_INTERVAL`` a second)
+                     {"event": "changed", "version": 7}      (pushed; at most ``1 / PUSH_INTERVAL`` a second,
+                                                              from the panel's first request on)
+    at %load_ext     a comm the kernel opens on the target with {"event": "loaded"}, closed at once
 
 Where a message is handled: JupyterLab sends a comm's messages over a kernel
 subshell (ipykernel 7), so a handler may run on a subshell's thread, or on the
 kernel's main thread. Either way it only parses the request and hands it to the
 runtime's loop (``KernelRuntime.start``): the runtime is touched only there,
-and the reply is sent from there when the work is done, in the context of the
-request (so ipykernel parents the reply to it and keeps routing the panel's
-messages to the subshell it uses). Nothing here waits on the kernel's main
-thread, so a cell that is busy, even one that blocks its thread, does not hold
-the panel.
+and the reply is sent from there when the work is done (``publish``: parented
+to no request, so ipykernel keeps routing each of the panel's messages to the
+subshell it names). Nothing here waits on the kernel's main thread, so a cell
+that is busy, even one that blocks its thread, does not hold the panel.
 
 The pure parts (``parse_request``, ``run_summary``, ``inbox_item``,
 ``error_reply``) take and return plain values; ``PanelHome`` and ``PanelComm``
@@ -28,7 +29,6 @@ are the shells.
 
 from __future__ import annotations
 
-import contextvars
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +41,7 @@ __all__ = [
     "TARGET", "OPS", "PUSH_INTERVAL", "LATEST_ENTRIES", "MAX_ENTRIES",
     "Request", "OkReply", "ErrorReply", "ChangedEvent",
     "parse_request", "error_reply", "run_summary", "inbox_item",
-    "PanelHome", "PanelComm", "register", "unregister",
+    "PanelHome", "PanelComm", "publish", "register", "announce", "unregister",
 ]
 
 #: The comm target the panel opens.
@@ -543,13 +543,14 @@ class PanelComm:
 
     ``comm`` is what ipykernel hands a comm target (``send``, ``on_msg``,
     ``on_close``); ``home`` returns the kernel's open ``KernelRuntime``.
+    Pushes start with the panel's first request.
     """
 
     def __init__(self, comm: Any, home: Callable[[], KernelRuntime]) -> None:
         self.comm = comm
         self._home = home
-        self._context = contextvars.copy_context()
         self._panel_home: PanelHome | None = None
+        self._asked = False
         self._closed = False
         comm.on_msg(self._on_msg)
         comm.on_close(self._on_close)
@@ -562,19 +563,18 @@ class PanelComm:
         """Handle one request; returns the future of its reply (already sent when it is done)."""
         import concurrent.futures
 
-        context = contextvars.copy_context()  # the request's: ipykernel parents what is sent in it
-        self._context = context
+        self._asked = True
         rid = request_id(data)
         try:
             request = parse_request(data)
             panel_home = self.attach()
             future = panel_home.bridge.start(panel_home.handle, request)
         except Exception as exc:
-            self._send(context, error_reply(rid, exc))
+            self._send(error_reply(rid, exc))
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
             done.set_exception(exc)
             return done
-        future.add_done_callback(lambda f: self._reply(context, rid, f))
+        future.add_done_callback(lambda f: self._reply(rid, f))
         return future
 
     def attach(self) -> PanelHome:
@@ -588,30 +588,30 @@ class PanelComm:
             panel_home.add(self)
         return panel_home
 
-    def _reply(self, context: contextvars.Context, rid: str | None, future: Any) -> None:
+    def _reply(self, rid: str | None, future: Any) -> None:
         if future.cancelled():
             from apollia_nb.errors import Interrupted
 
-            self._send(context, error_reply(rid, Interrupted("the home was closed before the request was done")))
+            self._send(error_reply(rid, Interrupted("the home was closed before the request was done")))
             return
         exc = future.exception()
         if isinstance(exc, _AlreadyAnswered):
-            self._send(context, error_reply(rid, exc.conflict, exc.answered))
+            self._send(error_reply(rid, exc.conflict, exc.answered))
         elif exc is not None:
-            self._send(context, error_reply(rid, exc))
+            self._send(error_reply(rid, exc))
         else:
-            self._send(context, ok_reply(rid, future.result()))
+            self._send(ok_reply(rid, future.result()))
 
     # ------------------------------------------------------------------ sending (any thread)
     def push(self, event: ChangedEvent) -> None:
-        if not self._closed:
-            self._send(self._context.copy(), event)
+        if self._asked:
+            self._send(event)
 
-    def _send(self, context: contextvars.Context, data: Any) -> None:
+    def _send(self, data: Any) -> None:
         if self._closed:
             return
         try:
-            context.run(self.comm.send, data)
+            publish(self.comm, data)
         except Exception:  # the kernel is going away: nobody listens any more
             import logging
 
@@ -632,6 +632,29 @@ class PanelComm:
             panel_home.remove(self)
 
 
+def publish(comm: Any, data: Any) -> None:
+    """Send ``data`` on the comm (from any thread), parented to no request.
+
+    ipykernel 7 routes a comm's incoming messages to the subshell of the request
+    its last outgoing message was parented to, whatever subshell the front end
+    names; a reply parented to a request that came over the main shell would so
+    pull the panel's next messages onto the main shell, where a busy cell holds
+    them. Sent without a parent, each message of the panel goes where its own
+    header says. (JupyterLab hands a comm's messages to the comm whatever their
+    parent; the replies carry the request's ``id``.) ipykernel's IOPub sending is
+    thread-safe. A comm that is not ipykernel's (a test's) is sent to as it is.
+    """
+    kernel = getattr(comm, "kernel", None)
+    session = getattr(kernel, "session", None)
+    if session is None or getattr(kernel, "iopub_socket", None) is None:
+        comm.send(data)
+        return
+    from ipykernel.jsonutil import json_clean
+
+    session.send(kernel.iopub_socket, "comm_msg", json_clean({"data": data, "comm_id": comm.comm_id}),
+                 parent={}, ident=comm.topic)
+
+
 # --- registering the target -----------------------------------------------------------------------
 
 
@@ -642,15 +665,20 @@ def register(ipython: Any, home: Callable[[], KernelRuntime]) -> bool:
         return False
 
     def opened(comm: Any, msg: dict[str, Any]) -> None:
-        panel = PanelComm(comm, home)
-        try:
-            panel.attach()
-        except Exception as exc:  # no home (not loaded, or closed): the panel is told at its first request
-            panel._send(contextvars.copy_context(), error_reply(None, exc))
-            return
-        panel.push({"event": "changed", "version": panel._panel_home.version if panel._panel_home else 0})
+        PanelComm(comm, home)  # it answers from its first request on (a snapshot, as a rule)
 
     manager.register_target(TARGET, opened)
+    return True
+
+
+def announce(ipython: Any) -> bool:
+    """Tell a front end that the target is there: a comm the kernel opens on ``TARGET`` with
+    ``{"event": "loaded"}`` and closes at once (a panel opened before ``%load_ext`` opens its comm again)."""
+    if getattr(getattr(ipython, "kernel", None), "comm_manager", None) is None:
+        return False
+    from comm import create_comm
+
+    create_comm(target_name=TARGET, data={"event": "loaded"}).close()
     return True
 
 
