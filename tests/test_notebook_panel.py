@@ -284,7 +284,7 @@ def test_without_an_open_home_the_panel_is_told(ip):
     ip.magics_manager.registry["ApolliaMagics"].close_home()
     reply = ask(p, comm, "s1", op="snapshot")
     assert reply["ok"] is False and reply["error"]["code"] == "CONFLICT"
-    assert "%load_ext apollia_nb" in reply["error"]["message"]
+    assert "`%load_ext apollia_nb` or `%apollia` opens it" in reply["error"]["message"]
 
 
 # --- served: the kernel joined `apollia-os serve` ----------------------------------------------------
