@@ -160,6 +160,13 @@ def data_of(msg: dict) -> dict:
 
 
 def test_the_panel_answers_over_a_subshell_while_a_cell_awaits_the_task(kernel, home, tmp_path):
+    # `%load_ext` (the fixture's) announced the target: a comm of the kernel's, opened and closed.
+    [announced] = [m for m in kernel.iopub if m["msg_type"] == "comm_open"]
+    assert announced["content"]["target_name"] == "apollia.panel"
+    assert announced["content"]["data"] == {"event": "loaded"}
+    [closed] = [m for m in kernel.iopub if m["msg_type"] == "comm_close"]
+    assert closed["content"]["comm_id"] == announced["content"]["comm_id"]
+
     submit(kernel, "clerk", WRITE, "Write a.txt")
     panel = Panel(kernel).over(kernel.create_subshell())  # opened when the kernel was ready
     main = Panel(kernel)  # a second panel's comm, all on the main shell
@@ -221,11 +228,3 @@ def test_a_cell_that_blocks_its_thread_holds_the_main_shell_but_not_the_subshell
     # over the main shell, would have pulled the answer onto the blocked main shell).
     sent = [m for m in kernel.iopub if panel._mine(m) or main._mine(m)]
     assert sent and all(m["parent_header"] == {} for m in sent)
-
-
-def test_loading_the_extension_announces_the_target(kernel):
-    [opened] = [m for m in kernel.iopub if m["msg_type"] == "comm_open"]  # by the fixture's `%load_ext`
-    assert opened["content"]["target_name"] == "apollia.panel" and opened["content"]["data"] == {"event": "loaded"}
-    [closed] = [m for m in kernel.iopub if m["msg_type"] == "comm_close"]
-    assert closed["content"]["comm_id"] == opened["content"]["comm_id"]
-    assert kernel.position(opened) < kernel.position(closed)
