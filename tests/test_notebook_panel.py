@@ -142,6 +142,22 @@ def test_a_click_on_the_cell_card_shows_as_answered_in_the_panel(ip):
     assert late["ok"] is False and late["error"]["code"] == "CONFLICT"
 
 
+def test_a_chat_waiting_on_a_card_shows_in_runs_and_inbox_and_is_answered_from_the_panel(ip):
+    ip.run_cell_magic("apollia", "agent", manifest(actor=WRITE))
+    exchange = ip.run_cell_magic("apollia", "chat clerk", "write a")
+    exchange.join(WAIT, settled=True)
+    [card] = exchange.pending
+    p, comm = open_panel(ip)
+    data = ask(p, comm, "s1", op="snapshot")["data"]
+    [chat] = [r for r in data["runs"] if r["kind"] == "chat"]
+    assert (chat["id"], chat["agent"], chat["title"], chat["waiting"], chat["waiting_cards"]) == (
+        exchange.session.id, "clerk", "write a", True, 1)
+    [item] = data["inbox"]
+    assert item["id"] == card.id and item["session_id"] == exchange.session.id and item["answered"] is None
+    assert ask(p, comm, "a1", op="answer", card_id=card.id, answer="once")["ok"] is True
+    assert exchange.join(WAIT).reply == "Wrote a.txt."
+
+
 def test_changes_are_pushed(ip):
     p, comm = open_panel(ip)
     ask(p, comm, "s0", op="snapshot")  # attaches the panel
