@@ -925,7 +925,7 @@ async def get_policy(rt: Any = Depends(_runtime)) -> dict[str, Any]:
         "and the stored checkpoints. A journal that does not verify is still a 200 with `ok: false`.")
 async def verify_journal(rt: Any = Depends(_runtime)) -> dict[str, Any]:
     report = await anyio.to_thread.run_sync(rt.verify)
-    return report.to_dict()
+    return {**report.to_dict(), "witnesses": rt.witness_status()}
 
 
 @_route("POST", "/audit/replay/{run_id}", response_model=s.ReplayResult, operation_id="replayRun", tags=["audit"],
