@@ -88,10 +88,18 @@ class CosignSender:
         self.timeout = timeout
         self._clock, self._wall = clock, wall
         self._states = [_State(w) for w in witnesses]
-        for size, key, _ts, _line in journal.cosignatures():
+        # What each witness cosigned: stored cosignatures that verify over the stored checkpoint
+        # (a line kept beside a checkpoint it does not sign counts for nothing).
+        bodies = {size: parse_note(note)[0] for size, _root, note in journal.checkpoints()}
+        for size, key, _ts, line in journal.cosignatures():
             for st in self._states:
-                if st.config.key == key and (st.cosigned_size is None or size > st.cosigned_size):
-                    st.cosigned_size = st.held_size = size
+                if st.config.key != key or size not in bodies or (st.cosigned_size or 0) >= size:
+                    continue
+                try:
+                    if any(st.config.verifier.verifies(bodies[size], c) for c in parse_cosignature_lines(line)):
+                        st.cosigned_size = st.held_size = size
+                except CheckpointError:
+                    continue
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one attempt at a time (the thread, or push())
