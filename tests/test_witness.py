@@ -345,11 +345,24 @@ def test_a_stopped_witness_delays_cosigning_and_loses_nothing(place, witnesses, 
         run("while the witness is down")  # not held up, not failed
         down = wait_until(lambda: (s := state())["last_error"] and s)
         assert down["pending"] and down["cosigned_size"] == cosigned and down["last_error"].startswith("unreachable")
+        served = cli("audit", "verify", "--home", str(a.path), *witness_args(w))  # journal.db is the server's
+        assert served.returncode == 3 and "--bundle DIR --witness" in served.stderr, served.stderr
         back = witnesses(place / "w", port=w.port)
         up = wait_until(lambda: (s := state())["pending"] is False and s)
         assert up["cosigned_size"] > cosigned and up["last_error"] is None
     code, data = verify("--home", str(a.path), *witness_args(back))
     assert code == 0 and data["witness"]["checkpoint_size"] == data["entries"]
+
+
+def test_a_malformed_witness_entry_in_apollia_toml_refuses_to_open_the_home(place):
+    a, _ = new_home(place / "a")
+    a.config_path.write_text('[[journal.witnesses]]\nurl = "http://127.0.0.1:1"\nkey = "w+00000000+AAAA"\n')
+    with pytest.raises(Exception) as refused:
+        Runtime.blocking(a.path)
+    assert getattr(refused.value, "code", None) == "BAD_INPUT" and "[[journal.witnesses]] #1" in str(refused.value)
+    a.config_path.write_text("")
+    with Runtime.blocking(a.path) as rt:  # nothing was left held
+        assert rt.witness_status() is None
 
 
 # --- formats and decisions, pure ------------------------------------------------------------
