@@ -39,6 +39,7 @@ from apollia_nb.journal.witness import (
 )
 from apollia_nb.notebook.render import status_line
 from apollia_nb.runtime import Runtime
+from notebook_fixtures import ip  # noqa: F401 - the fixture
 from runtime_helpers import manifest
 
 APOLLIA = [sys.executable, "-m", "apollia_nb"]
@@ -63,9 +64,9 @@ class WitnessProcess:
         info = json.loads(line)
         self.url, self.key, self.port = info["url"], info["key"], int(info["url"].rsplit(":", 1)[1])
 
-    def stop(self) -> None:
+    def stop(self, *, kill: bool = False) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.kill() if kill else self.proc.terminate()
             self.proc.wait(10)
         self.proc.stdout.close()
         self.proc.stderr.close()
@@ -309,7 +310,7 @@ def test_a_restarted_witness_keeps_its_key_trust_and_latest_checkpoint(place, wi
     run_tasks(a, ["say done"])
     with Journal.open(a) as journal:
         size, note = latest_size(journal), journal.latest_checkpoint()
-    w.stop()
+    w.stop(kill=True)  # SIGKILL: what it answered 200 for was committed before the answer
     again = witnesses(place / "w")  # no --trust: trusted_keys remembers
     assert again.key == w.key
     r = httpx.post(f"{again.url}/add-checkpoint", content=format_add_checkpoint(0, [], note))
@@ -352,6 +353,31 @@ def test_a_stopped_witness_delays_cosigning_and_loses_nothing(place, witnesses, 
         assert up["cosigned_size"] > cosigned and up["last_error"] is None
     code, data = verify("--home", str(a.path), *witness_args(back))
     assert code == 0 and data["witness"]["checkpoint_size"] == data["entries"]
+
+
+@pytest.fixture
+def witnessed_home(home, tmp_path, witnesses):
+    """The kernel's home, naming a witness process and a witness nobody runs (before the kernel opens it)."""
+    with Journal.open(home) as journal:
+        vkey = journal.verifier_key()
+    w = witnesses(tmp_path / "w", vkey)
+    down = Cosigner("down.example/w", nacl.signing.SigningKey.generate())
+    home.config_path.write_text(f'[[journal.witnesses]]\nurl = "{w.url}"\nkey = "{w.key}"\n'
+                                f'[[journal.witnesses]]\nurl = "http://127.0.0.1:9"\nkey = "{down.verifier_key()}"\n')
+    return w
+
+
+def test_percent_apollia_status_shows_the_witnesses(witnessed_home, ip):
+    w = witnessed_home
+    ip.run_cell_magic("apollia", "agent", manifest())
+    assert ip.run_cell_magic("apollia", "task clerk", "say done").join(10).status == "completed"
+    report = wait_until(lambda: (r := ip.run_line_magic("apollia", "status")).data["witnesses"][0]["pending"] is False
+                        and r.data["witnesses"][1]["last_error"] and r)
+    up, unreachable = report.data["witnesses"]
+    assert up["key"] == w.key and up["cosigned_size"] > 0 and up["last_error"] is None
+    assert unreachable["pending"] and unreachable["last_error"].startswith("unreachable")
+    text = report._repr_mimebundle_()["text/plain"]
+    assert "witnesses 1/2 up to date (down.example/w: unreachable:" in text
 
 
 def test_a_malformed_witness_entry_in_apollia_toml_refuses_to_open_the_home(place):

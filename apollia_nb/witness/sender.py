@@ -172,7 +172,7 @@ class CosignSender:
                     break
                 proof = [] if old in (0, size) else list(self.journal.consistency_proof(old, size).path)
                 response = httpx.post(f"{st.config.url}/add-checkpoint", content=format_add_checkpoint(old, proof, note),
-                                      timeout=self.timeout)
+                                      timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 2.0)))
                 if response.status_code == 200:
                     error = self._store(st, size, note, response.text)
                     break
