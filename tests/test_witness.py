@@ -346,11 +346,15 @@ def test_a_stopped_witness_delays_cosigning_and_loses_nothing(place, witnesses, 
         run("while the witness is down")  # not held up, not failed
         down = wait_until(lambda: (s := state())["last_error"] and s)
         assert down["pending"] and down["cosigned_size"] == cosigned and down["last_error"].startswith("unreachable")
-        served = cli("audit", "verify", "--home", str(a.path), *witness_args(w))  # journal.db is the server's
-        assert served.returncode == 3 and "--bundle DIR --witness" in served.stderr, served.stderr
+        code, served = verify("--home", str(a.path), *witness_args(w))  # through the server: not cosigned yet
+        assert code == 1 and served["witness"]["missing"] == [w.key], served
         back = witnesses(place / "w", port=w.port)
         up = wait_until(lambda: (s := state())["pending"] is False and s)
         assert up["cosigned_size"] > cosigned and up["last_error"] is None
+        code, served = verify("--home", str(a.path), *witness_args(w))  # through the server, cosigned now
+        assert code == 0 and served["witness"]["checkpoint_size"] == up["cosigned_size"], served
+        assert cli("audit", "export", "--home", str(a.path), str(place / "bundle")).returncode == 0
+        assert verify("--bundle", str(place / "bundle"), *witness_args(w))[0] == 0
     code, data = verify("--home", str(a.path), *witness_args(back))
     assert code == 0 and data["witness"]["checkpoint_size"] == data["entries"]
 

@@ -130,13 +130,11 @@ def _verify(args: argparse.Namespace) -> int:
     else:
         with remote(args) as served:  # served: a copy of the server's journal, checked with the home's key
             if served is not None:
-                if args.witness:
-                    from apollia_nb.errors import Conflict
-
-                    raise Conflict("audit verify --witness reads the cosignatures in journal.db, which "
-                                   "`apollia-os serve` holds: export a bundle through the server "
-                                   "(`apollia-os audit export DIR`) and verify it with --bundle DIR --witness")
-                report = verify_journal(served.journal, external)
+                journal = served.journal
+                report = verify_journal(journal, external)
+                if args.witness:  # the copy's checkpoints, and the server's cosignatures of them
+                    cosigned = _cosigned(args, report, journal.snapshot_rows()[1], [
+                        (size, line) for size, _w, _t, line in journal.cosignatures()])
             else:
                 home = _home(args)
                 report = verify_home(home, external=external)
