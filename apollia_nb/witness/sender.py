@@ -17,17 +17,27 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from apollia_nb.errors import ApolliaError, BadInput
 from apollia_nb.journal.checkpoint import CheckpointError, parse_checkpoint, parse_note
 from apollia_nb.journal.witness import CosignatureVerifier, format_add_checkpoint, parse_cosignature_lines
 
-__all__ = ["WitnessConfig", "parse_witnesses", "CosignSender", "BACKOFF_FIRST", "BACKOFF_MAX"]
+__all__ = ["WitnessConfig", "WitnessedJournal", "parse_witnesses", "CosignSender", "BACKOFF_FIRST", "BACKOFF_MAX"]
 
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 60.0
 POLL_SECS = 1.0
+
+
+class WitnessedJournal(Protocol):
+    """What the sender needs of a journal (``journal.store.Journal``; reads also ``RemoteJournal``)."""
+
+    def latest_checkpoint(self) -> str | None: ...
+    def checkpoints(self) -> list[tuple[int, bytes, str]]: ...
+    def cosignatures(self) -> list[tuple[int, str, int, str]]: ...
+    def add_cosignature(self, size: int, witness: str, timestamp: int, line: str) -> None: ...
+    def consistency_proof(self, old_size: int, new_size: int | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,7 @@ def _iso(t: float | None) -> str | None:
 class CosignSender:
     """One thread sending the journal's newest checkpoint to each configured witness."""
 
-    def __init__(self, journal: Any, witnesses: Sequence[WitnessConfig], *, timeout: float = 5.0,
+    def __init__(self, journal: WitnessedJournal, witnesses: Sequence[WitnessConfig], *, timeout: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.journal = journal
         self.timeout = timeout
