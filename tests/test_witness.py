@@ -269,6 +269,9 @@ def test_a_rollback_to_an_older_copy_of_the_home_is_caught(place, witnesses):
     run_tasks(a, ["say more", "and more"])
     shutil.rmtree(a.path)
     shutil.copytree(place / "a-old", a.path)
+    assert verify("--home", str(a.path), *witness_args(w))[0] == 0  # put back and idle: the copy was cosigned
+    asked = cli("witness", "push", "--home", str(a.path))  # asking the witness tells
+    assert asked.returncode == 1 and "larger than this journal's newest" in asked.stdout, asked.stdout
     status = run_tasks(a, ["after the rollback"], cosigned=False)  # the run itself is not held up
     code, plain = verify("--home", str(a.path))
     assert code == 0 and plain["ok"]

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(handler=_key)
 
     p = wsub.add_parser("push", parents=[common],
-                        help="send the home's newest checkpoint to its witnesses now (exit 1: not all cosigned)")
+                        help="send the home's newest checkpoint to every witness now (exit 1: one did not cosign it)")
     p.add_argument("--checkpoint", action="store_true", help="sign a checkpoint of every entry first")
     p.set_defaults(handler=_push)
 
@@ -108,7 +108,7 @@ def _push(args: argparse.Namespace) -> int:
         finally:
             journal.close()
     lines = [f"{w['key_name']} ({w['url']}): "
-             + (f"cosigned size {w['cosigned_size']}" if not w["pending"] else f"PENDING: {w['last_error']}")
+             + (f"FAILED: {w['last_error']}" if w["last_error"] else f"cosigned size {w['cosigned_size']}")
              for w in status]
     emit(args, {"witnesses": status}, "\n".join(lines))
-    return 1 if any(w["pending"] for w in status) else 0
+    return 1 if any(w["pending"] or w["last_error"] for w in status) else 0

@@ -152,15 +152,18 @@ class CosignSender:
             return None
 
     def push(self, *, due_only: bool = False) -> list[dict[str, Any]]:
-        """Send the newest checkpoint to every witness that lacks it (``due_only``: whose backoff
-        has passed, or a newer checkpoint came since its last attempt); returns :meth:`status`."""
+        """Send the newest checkpoint to every witness (``due_only``: to those that lack it and whose
+        backoff has passed, or a newer checkpoint came since their last attempt); returns :meth:`status`.
+
+        Sent to a witness that cosigned it already, it is cosigned again with a newer time, or
+        answered with the larger size the witness holds: a home put back to an older copy learns so."""
         with self._lock:
             latest = self._latest()
             if latest is not None:
                 for st in self._states:
                     if self._stop.is_set() and due_only:
                         break
-                    if st.cosigned_size == latest[0]:
+                    if due_only and st.cosigned_size == latest[0]:
                         continue
                     if (due_only and st.last_error is not None and st.tried_size == latest[0]
                             and self._clock() < st.next_at):
