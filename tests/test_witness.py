@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,11 +18,19 @@ import duckdb
 import httpx
 import nacl.signing
 import pytest
+from notebook_fixtures import ip  # noqa: F401 - the fixture
+from runtime_helpers import manifest
+from witness_helpers import WitnessProcess, cli, configure
 
 from apollia_nb.api.server import ServerThread
 from apollia_nb.home import Home
 from apollia_nb.journal import Journal
-from apollia_nb.journal.checkpoint import Checkpoint, NoteSigner, parse_checkpoint, parse_note
+from apollia_nb.journal.checkpoint import (
+    Checkpoint,
+    NoteSigner,
+    parse_checkpoint,
+    parse_note,
+)
 from apollia_nb.journal.entry import GENESIS_HASH, canonical_payload, entry_hash
 from apollia_nb.journal.keys import load_or_create
 from apollia_nb.journal.merkle import consistency_proof, leaf_hash, root
@@ -39,37 +44,8 @@ from apollia_nb.journal.witness import (
 )
 from apollia_nb.notebook.render import status_line
 from apollia_nb.runtime import Runtime
-from notebook_fixtures import ip  # noqa: F401 - the fixture
-from runtime_helpers import manifest
 
-APOLLIA = [sys.executable, "-m", "apollia_nb"]
 TOKEN = "witness-test-token"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*APOLLIA, *args], capture_output=True, text=True, timeout=120)
-
-
-class WitnessProcess:
-    """`apollia-os witness serve` as a subprocess, its URL and key read from its first line."""
-
-    def __init__(self, directory: Path, *trust: str, port: int = 0) -> None:
-        self.directory = directory
-        args = [*APOLLIA, "witness", "serve", "--home-dir", str(directory), "--port", str(port), "--json"]
-        for key in trust:
-            args += ["--trust", key]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        assert line, self.proc.stderr.read()
-        info = json.loads(line)
-        self.url, self.key, self.port = info["url"], info["key"], int(info["url"].rsplit(":", 1)[1])
-
-    def stop(self, *, kill: bool = False) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill() if kill else self.proc.terminate()
-            self.proc.wait(10)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
 
 
 @pytest.fixture
@@ -99,10 +75,6 @@ def new_home(path: Path) -> tuple[Home, str]:
     home = Home.at(path)
     with Journal.open(home) as journal:
         return home, journal.verifier_key()
-
-
-def configure(home: Home, *ws: WitnessProcess) -> None:
-    home.config_path.write_text("".join(f'[[journal.witnesses]]\nurl = "{w.url}"\nkey = "{w.key}"\n' for w in ws))
 
 
 def wait_until(predicate, timeout: float = 15.0):
@@ -462,12 +434,12 @@ def test_cosignature_v1_bytes_and_keys():
 
 
 def test_the_auditor_check_names_what_is_missing():
-    signer, leaves, note = _log()
+    _signer, leaves, note = _log()
     w1 = Cosigner("w1.example/w", nacl.signing.SigningKey.generate())
     w2 = Cosigner("w2.example/w", nacl.signing.SigningKey.generate())
     n4, n6 = note(4), note(6)
     cps = [(4, root(leaves[:4]), n4), (6, root(leaves[:6]), n6)]
-    line = lambda w, n: w.cosign(parse_note(n)[0], 1).line()  # noqa: E731
+    line = lambda w, n: w.cosign(parse_note(n)[0], 1).line()
     cos = [(4, line(w1, n4)), (4, line(w2, n4)), (6, line(w1, n6)), (6, line(w2, n4))]  # w2's for 6 is for 4
     check = check_cosigned(entries=6, checkpoints=cps, cosignatures=cos, witnesses=[w1.verifier_key(), w2.verifier_key()])
     assert not check.ok and check.missing == (w2.verifier_key(),)

@@ -58,19 +58,19 @@ from apollia_nb.journal.merkle import HASH_SIZE, ProofError, verify_consistency
 __all__ = [
     "ALG_COSIGNATURE_V1",
     "MAX_PROOF_LINES",
-    "Cosigner",
-    "CosignatureVerifier",
-    "Cosignature",
-    "cosigned_message",
-    "parse_cosignature_lines",
     "AddCheckpoint",
+    "Cosignature",
+    "CosignatureVerifier",
+    "CosignedCheck",
+    "Cosigner",
+    "WitnessAnswer",
+    "WitnessRecord",
+    "check_cosigned",
+    "cosigned_message",
     "format_add_checkpoint",
     "parse_add_checkpoint",
-    "WitnessRecord",
-    "WitnessAnswer",
+    "parse_cosignature_lines",
     "witness_decide",
-    "CosignedCheck",
-    "check_cosigned",
 ]
 
 ALG_COSIGNATURE_V1 = 0x04
@@ -87,7 +87,7 @@ def _key_id(name: str, public_key: bytes) -> bytes:
 
 def cosigned_message(body: str, timestamp: int) -> bytes:
     """The bytes a cosignature/v1 signs: header line, time line, the checkpoint body."""
-    return f"cosignature/v1\ntime {timestamp}\n{body}".encode("utf-8")
+    return f"cosignature/v1\ntime {timestamp}\n{body}".encode()
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,18 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from apollia_nb.errors import ApolliaError, BadInput
 from apollia_nb.journal.checkpoint import CheckpointError, parse_checkpoint, parse_note
-from apollia_nb.journal.witness import CosignatureVerifier, format_add_checkpoint, parse_cosignature_lines
+from apollia_nb.journal.witness import (
+    CosignatureVerifier,
+    format_add_checkpoint,
+    parse_cosignature_lines,
+)
 
-__all__ = ["WitnessConfig", "WitnessedJournal", "parse_witnesses", "CosignSender", "BACKOFF_FIRST", "BACKOFF_MAX"]
+__all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "CosignSender", "WitnessConfig", "WitnessedJournal", "parse_witnesses"]
 
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 60.0
@@ -86,7 +90,7 @@ class _State:
 
 
 def _iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 class CosignSender:

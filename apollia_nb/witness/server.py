@@ -34,7 +34,7 @@ from apollia_nb.errors import BadInput, IntegrityError
 from apollia_nb.journal.checkpoint import NoteVerifier
 from apollia_nb.journal.witness import Cosigner, WitnessRecord, witness_decide
 
-__all__ = ["WitnessState", "serve", "MAX_REQUEST_BYTES"]
+__all__ = ["MAX_REQUEST_BYTES", "WitnessState", "serve"]
 
 MAX_REQUEST_BYTES = 64 * 1024
 KEY_FILE = "witness.key"
@@ -189,13 +189,13 @@ def _handler(state: WitnessState) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             if self.path.rstrip("/") == "":
                 self._reply(200, "text/plain; charset=utf-8", f"{state.name}\n{state.verifier_key()}\n")
             else:
                 self._reply(404, "text/plain; charset=utf-8", "not found\n")
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             if self.path != "/add-checkpoint":
                 self._reply(404, "text/plain; charset=utf-8", "not found\n")
                 return
@@ -211,7 +211,7 @@ def _handler(state: WitnessState) -> type[BaseHTTPRequestHandler]:
             status, content_type, body = state.add_checkpoint(self.rfile.read(length))
             self._reply(status, content_type, body)
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     return Handler
