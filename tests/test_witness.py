@@ -326,6 +326,9 @@ def test_a_stopped_witness_delays_cosigning_and_loses_nothing(place, witnesses, 
         back = witnesses(place / "w", port=w.port)
         up = wait_until(lambda: (s := state())["pending"] is False and s)
         assert up["cosigned_size"] > cosigned and up["last_error"] is None
+        pushed = cli("witness", "push", "--home", str(a.path), "--checkpoint", "--json")  # the server's sender
+        assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+        assert json.loads(pushed.stdout)["witnesses"][0]["cosigned_size"] >= up["cosigned_size"]
         code, served = verify("--home", str(a.path), *witness_args(w))  # through the server, cosigned now
         assert code == 0 and served["witness"]["checkpoint_size"] == up["cosigned_size"], served
         assert cli("audit", "export", "--home", str(a.path), str(place / "bundle")).returncode == 0
