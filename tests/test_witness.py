@@ -349,7 +349,7 @@ def witnessed_home(home, tmp_path, witnesses):
     return w
 
 
-def test_percent_apollia_status_shows_the_witnesses(witnessed_home, ip):
+def test_percent_apollia_status_shows_the_witnesses(witnessed_home, ip):  # noqa: F811 - the fixture
     w = witnessed_home
     ip.run_cell_magic("apollia", "agent", manifest())
     assert ip.run_cell_magic("apollia", "task clerk", "say done").join(10).status == "completed"

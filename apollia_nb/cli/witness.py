@@ -89,13 +89,12 @@ def _key(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
+    from apollia_nb.cli.client import served
     from apollia_nb.config import load_config
     from apollia_nb.errors import BadInput, NotFound
     from apollia_nb.home import Home, OwnerLock
     from apollia_nb.journal.store import Journal
     from apollia_nb.witness.sender import CosignSender, parse_witnesses
-
-    from apollia_nb.cli.client import served
 
     home = Home.at(args.home, create=False)
     witnesses = parse_witnesses(load_config(home.config_path).raw, str(home.config_path))
