@@ -458,3 +458,31 @@ def test_the_status_line_shows_the_witnesses():
               "witnesses": [{"key_name": "w1", "pending": False, "last_error": None},
                             {"key_name": "w2", "pending": True, "last_error": "unreachable: ConnectError"}]}
     assert status_line(status).endswith("witnesses 1/2 up to date (w2: unreachable: ConnectError)")
+
+
+def test_racing_requests_cannot_roll_the_witness_back(tmp_path):
+    import threading
+
+    from apollia_nb.witness.server import WitnessState
+
+    signer, leaves, note = _log()
+    state = WitnessState(tmp_path / "w", trust=[signer.verifier_key()])
+    try:
+        assert state.add_checkpoint(format_add_checkpoint(0, [], note(4)))[0] == 200
+        requests = [format_add_checkpoint(4, consistency_proof(4, n, leaves), note(n)) for n in (7, 9, 5, 8)]
+        answers: list[int] = []
+        threads = [threading.Thread(target=lambda r=r: answers.append(state.add_checkpoint(r)[0])) for r in requests]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(answers) == [200, 409, 409, 409]  # one extends 4; the others now hold the wrong old size
+        held = state.record(signer.name)
+        assert held.size in (5, 7, 8, 9) and held.root == root(leaves[:held.size])
+    finally:
+        state.close()
+    again = WitnessState(tmp_path / "w")  # reopened: the same record, the same key
+    try:
+        assert again.record(signer.name) == held and again.trusted[signer.name] == [signer.verifier()]
+    finally:
+        again.close()
