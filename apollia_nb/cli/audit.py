@@ -40,6 +40,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="verify an exported bundle instead of the home's journal")
     p.add_argument("--key", default=None, metavar="VKEY",
                    help="the log's verifier key you hold (`audit verifier-key`): any other key fails")
+    p.add_argument("--witness", action="append", default=[], metavar="VKEY",
+                   help="require the newest checkpoint, covering every entry, to be cosigned by this witness "
+                        "(its cosignature/v1 verifier key; repeatable)")
+    p.add_argument("--quorum", type=int, default=None, metavar="N",
+                   help="with --witness: cosignatures from at least N of them suffice (default: all)")
     p.set_defaults(handler=_verify)
 
     p = asub.add_parser("verifier-key", parents=[common],
@@ -170,21 +175,61 @@ def _home_verifier(home: Any) -> Any:
 
 def _verify(args: argparse.Namespace) -> int:
     from apollia_nb.cli.client import remote
-    from apollia_nb.journal.verify import verify_bundle, verify_home, verify_journal
+    from apollia_nb.journal.verify import (
+        cosigned_rows_of_bundle,
+        cosigned_rows_of_file,
+        verify_bundle,
+        verify_home,
+        verify_journal,
+    )
 
     external = _read_checkpoint(args.checkpoint)
     pinned = _pinned(args.key)  # a malformed key is BAD_INPUT before anything is read
+    if args.quorum is not None and not args.witness:
+        from apollia_nb.errors import BadInput
+
+        raise BadInput("--quorum needs --witness")
+    if args.witness:  # malformed keys or quorum: BAD_INPUT before anything is read
+        from apollia_nb.journal.witness import check_cosigned
+
+        check_cosigned(entries=0, checkpoints=(), cosignatures=(), witnesses=args.witness, quorum=args.quorum)
+    cosigned = None
     if args.bundle is not None:
         report = verify_bundle(args.bundle, external=external)
+        if args.witness:
+            cosigned = _cosigned(args, report, *cosigned_rows_of_bundle(args.bundle))
     else:
         with remote(args) as served:  # served: a copy of the server's journal, checked with the home's key
             if served is not None:
-                report = verify_journal(served.journal, external)
+                journal = served.journal
+                report = verify_journal(journal, external)
+                if args.witness:  # the copy's checkpoints, and the server's cosignatures of them
+                    cosigned = _cosigned(args, report, journal.snapshot_rows()[1], [
+                        (size, line) for size, _w, _t, line in journal.cosignatures()])
             else:
-                report = verify_home(_home(args), external=external)
+                home = _home(args)
+                report = verify_home(home, external=external)
+                if args.witness:
+                    cosigned = _cosigned(args, report, *cosigned_rows_of_file(home.journal_db))
     report = _pin(args, report, pinned)
-    emit(args, report.to_dict(), report.summary())
-    return 0 if report.ok else EXIT_INTEGRITY
+    if cosigned is None:
+        emit(args, report.to_dict(), report.summary())
+        return 0 if report.ok else EXIT_INTEGRITY
+    data = {**report.to_dict(), "ok": report.ok and cosigned.ok, "witness": cosigned.to_dict()}
+    if cosigned.ok:
+        names = ", ".join(w["name"] for w in cosigned.witnesses if w["key"] in cosigned.cosigned_by)
+        line = f"witnesses: ok: the checkpoint of size {cosigned.size} is cosigned by {names}"
+    else:
+        line = f"witnesses: FAILED: {cosigned.problem}"
+    emit(args, data, f"{report.summary()}\n{line}")
+    return 0 if data["ok"] else EXIT_INTEGRITY
+
+
+def _cosigned(args: argparse.Namespace, report: Any, checkpoints: Any, cosignatures: Any) -> Any:
+    from apollia_nb.journal.witness import check_cosigned
+
+    return check_cosigned(entries=report.entries, checkpoints=checkpoints, cosignatures=cosignatures,
+                          witnesses=args.witness, quorum=args.quorum)
 
 
 def _pin(args: argparse.Namespace, report: Any, pinned: Any) -> Any:

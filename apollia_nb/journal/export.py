@@ -4,6 +4,7 @@ A bundle is a folder an auditor can take away and check without the home:
 
 ``entries.parquet``      the ``entries`` table, exact bytes (payload, hashes, signatures)
 ``checkpoints.parquet``  every stored signed checkpoint
+``cosignatures.parquet`` every witness cosignature of them (``size, witness, timestamp, signature, created_at``)
 ``checkpoint.txt``       the latest checkpoint note (when there is one)
 ``journal.pub``          base64 of the 32-byte Ed25519 public key
 ``journal.vkey``         the C2SP verifier key for checkpoint notes (``<origin>+<id>+<key>``)
@@ -39,6 +40,7 @@ __all__ = ["BUNDLE_FILES", "ExportResult", "export_home", "export_journal", "rea
 BUNDLE_FILES = {
     "entries": "entries.parquet",
     "checkpoints": "checkpoints.parquet",
+    "cosignatures": "cosignatures.parquet",
     "checkpoint": "checkpoint.txt",
     "pub": "journal.pub",
     "vkey": "journal.vkey",
@@ -56,6 +58,7 @@ Origin `{origin}`, {entries} entries, head hash `{head}`, key id `{key_id}`.
 |---|---|
 | `entries.parquet` | every journal entry, byte for byte: `seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id` |
 | `checkpoints.parquet` | every signed checkpoint: `size, root, note, created_at` |
+| `cosignatures.parquet` | witness cosignatures of those checkpoints: `size, witness` (its verifier key), `timestamp`, `signature` (the C2SP note signature line), `created_at` |
 | `checkpoint.txt` | the latest signed checkpoint (C2SP signed note) |
 | `journal.pub` | base64 of the Ed25519 public key that signs entries and checkpoints |
 | `journal.vkey` | the same key as a C2SP verifier key: `{vkey}` |
@@ -69,6 +72,7 @@ hold from elsewhere first: the bundle cannot vouch for its own key. Then:
 ```sh
 apollia-os audit verify --bundle .                      # chain, hashes, signatures, checkpoints
 apollia-os audit verify --bundle . --checkpoint SAVED   # also against a checkpoint kept elsewhere
+apollia-os audit verify --bundle . --witness WKEY       # the newest checkpoint is cosigned by that witness
 ```
 
 Exit status 0 means every check passed; 1 prints the first bad sequence number.
@@ -208,9 +212,16 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
                   f"FROM {entries_sql} ORDER BY seq", directory / BUNDLE_FILES["entries"])
         copy(con, "SELECT size, root, note, created_at FROM checkpoints ORDER BY size",
              directory / BUNDLE_FILES["checkpoints"])
+        cosigned = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'checkpoint_cosignatures'"
+                               ).fetchone()[0]
+        if cosigned:  # a journal written before cosignatures were kept has no such table
+            copy(con, "SELECT size, witness, timestamp, signature, created_at FROM checkpoint_cosignatures "
+                      "ORDER BY size, witness", directory / BUNDLE_FILES["cosignatures"])
     finally:
         con.commit()
     files = [BUNDLE_FILES["entries"], BUNDLE_FILES["checkpoints"]]
+    if cosigned:
+        files.append(BUNDLE_FILES["cosignatures"])
     if latest is not None:
         (directory / BUNDLE_FILES["checkpoint"]).write_text(latest[0])
         files.append(BUNDLE_FILES["checkpoint"])

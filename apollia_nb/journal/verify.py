@@ -51,6 +51,8 @@ __all__ = [
     "verify_file",
     "verify_home",
     "verify_bundle",
+    "cosigned_rows_of_file",
+    "cosigned_rows_of_bundle",
     "PARALLEL_MIN",
     "CHUNK",
 ]
@@ -583,6 +585,50 @@ def _marked(report: VerifyReport, invalid: object) -> VerifyReport:
         return replace(report, problem=f"{report.problem}; {note}")
     return replace(report, ok=False, entries=0 if seq is None else min(report.entries, max(seq - 1, 0)),
                    first_bad_seq=seq if isinstance(seq, int) else None, problem=note)
+
+
+# --- witness cosignatures (audit verify --witness) -----------------------------------------
+
+
+def cosigned_rows_of_file(path: Path) -> tuple[list[tuple[int, bytes, str]], list[tuple[int, str]]]:
+    """A closed ``journal.db``'s checkpoints ``(size, root, note)`` and cosignatures ``(size, line)``;
+    a journal written before cosignatures were kept has none."""
+    from apollia_nb.journal.store import connect_locked
+
+    con = connect_locked(Path(path), read_only=True)
+    try:
+        cps = [(int(s), bytes(r), n) for s, r, n in
+               con.execute("SELECT size, root, note FROM checkpoints ORDER BY size").fetchall()]
+        has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'checkpoint_cosignatures'"
+                          ).fetchone()[0]
+        cos = ([(int(s), line) for s, line in
+                con.execute("SELECT size, signature FROM checkpoint_cosignatures ORDER BY size").fetchall()]
+               if has else [])
+        return cps, cos
+    finally:
+        con.close()
+
+
+def cosigned_rows_of_bundle(directory: Path) -> tuple[list[tuple[int, bytes, str]], list[tuple[int, str]]]:
+    """As :func:`cosigned_rows_of_file`, from a bundle's ``checkpoints.parquet`` and ``cosignatures.parquet``."""
+    import duckdb
+
+    from apollia_nb.journal.export import BUNDLE_FILES
+
+    directory = Path(directory)
+    con = duckdb.connect(":memory:")
+    try:
+        def rows(name: str, columns: str) -> list[tuple[Any, ...]]:
+            path = directory / BUNDLE_FILES[name]
+            if not path.exists():
+                return []
+            return con.execute(f"SELECT {columns} FROM read_parquet(?) ORDER BY size", [str(path)]).fetchall()
+
+        cps = [(int(s), bytes(r), n) for s, r, n in rows("checkpoints", "size, root, note")]
+        cos = [(int(s), line) for s, line in rows("cosignatures", "size, signature")]
+        return cps, cos
+    finally:
+        con.close()
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--signature-worker"]:

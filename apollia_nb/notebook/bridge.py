@@ -284,6 +284,7 @@ class KernelRuntime:
                 "governance_reason": view.unreadable_reason,
                 "agents": len(self.rt.agents()),
                 "pending": len(self.rt.pending),
+                "witnesses": self.rt.witness_status(),
             }
 
         return self.call(read)
@@ -304,6 +305,9 @@ class KernelRuntime:
         atexit.unregister(self.close)
         for future in list(self._owned):
             future.cancel()
+        from apollia_nb.notebook.panel import close_for
+
+        close_for(self)  # the side panel's pushes stop before the runtime does
         api = getattr(self, "_server_api", None)  # notebook/served.py
         if api is not None:
             api.close()

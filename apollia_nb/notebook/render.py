@@ -107,7 +107,17 @@ def status_line(status: Mapping[str, Any]) -> str:
         line += f" · governance fail closed ({status.get('governance_reason') or 'no reason given'})"
     if status.get("mode") == "client":  # the home is owned by `apollia-os serve` (docs/shared-home.md)
         line += " · client of apollia-os serve"
+    if status.get("witnesses"):
+        line += " · " + _witness_words(status["witnesses"])
     return line
+
+
+def _witness_words(witnesses: list[Mapping[str, Any]]) -> str:
+    """``witnesses 1/2 up to date (w2: unreachable: ...)``: how many hold the newest checkpoint."""
+    current = sum(1 for w in witnesses if not w.get("pending"))
+    line = f"witnesses {current}/{len(witnesses)} up to date"
+    late = [f"{w['key_name']}: {w['last_error']}" for w in witnesses if w.get("pending") and w.get("last_error")]
+    return line + (f" ({'; '.join(late)})" if late else "")
 
 
 def status_html(status: Mapping[str, Any]) -> str:

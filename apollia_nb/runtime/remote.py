@@ -418,6 +418,12 @@ class RemoteJournal:
     def checkpoints(self) -> list[tuple[int, bytes, str]]:
         return [(int(c["size"]), bytes.fromhex(c["root"]), c["note"]) for c in self._checkpoints_since(0)]
 
+    def cosignatures(self) -> list[tuple[int, str, int, str]]:
+        """The server's stored witness cosignatures, as ``Journal.cosignatures``."""
+        rows = self._call("GET", "/internal/journal/cosignatures",
+                          what="the journal's cosignatures cannot be read")["cosignatures"]
+        return [(int(c["size"]), c["witness"], int(c["timestamp"]), c["signature"]) for c in rows]
+
     def _checkpoints_since(self, size: int) -> list[dict[str, Any]]:
         return self._call("GET", "/internal/journal/checkpoints", params={"since_size": size},
                           what="the journal's checkpoints cannot be read")["checkpoints"]
@@ -528,11 +534,16 @@ class _Mirror:
         # the entries read next include, so a verification never sees a checkpoint past the copy's end.
         checkpoints = journal._checkpoints_since(self.size)
         rows = journal._pages({"since_seq": self.seq}, None)
+        cosignatures = journal.cosignatures()  # after the checkpoints: each cosigns one the copy has
         with self.lock:
             for c in checkpoints:
                 self.con.execute("INSERT OR IGNORE INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)",
                                  [int(c["size"]), bytes.fromhex(c["root"]), c["note"], ""])
                 self.size = max(self.size, int(c["size"]))
+            if cosignatures:
+                self.con.executemany(
+                    "INSERT OR REPLACE INTO checkpoint_cosignatures (size, witness, timestamp, signature, created_at) "
+                    "VALUES (?, ?, ?, ?, '')", [[s, w, t, line] for s, w, t, line in cosignatures if s <= self.size])
             fresh = [_entry(r).as_row() for r in rows if int(r["seq"]) > self.seq]
             if fresh:
                 appender = self.con.appender("entries")
