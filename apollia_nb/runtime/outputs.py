@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "NODE_BUDGET", "clean_text", "json_value"]
+__all__ = ["MAX_DEPTH", "MIN_SECRET", "NODE_BUDGET", "clean_text", "json_value", "redact", "redacted_outcome", "secret_values"]
 
 #: Values converted per output before the rest is summarised.
 NODE_BUDGET = 200_000
@@ -154,3 +154,50 @@ class _Walk:
 def json_value(value: Any) -> Any:
     """A JSON value for whatever a tool returned (see the module docstring)."""
     return _Walk().value(value, 0)
+
+
+# --- secrets ----------------------------------------------------------------------------------
+
+#: A configured token shorter than this is not searched for (it would match ordinary text).
+MIN_SECRET = 6
+
+
+def secret_values(config: Any) -> dict[str, str]:
+    """The tokens configured for hosts and MCP servers (``token_env``), read from the environment
+    now: ``{value: variable name}``."""
+    import os
+
+    found: dict[str, str] = {}
+    tables = [*getattr(config, "hosts", {}).values(), *getattr(config, "mcp_servers", {}).values()]
+    for table in tables:
+        env = table.get("token_env") if isinstance(table, Mapping) else None
+        value = os.environ.get(env) if isinstance(env, str) and env else None
+        if value and len(value) >= MIN_SECRET:
+            found[value] = env
+    return found
+
+
+def redact(value: Any, secrets: Mapping[str, str]) -> Any:
+    """``value`` (a JSON value) with every configured token replaced by ``[redacted: VAR]``."""
+    if not secrets:
+        return value
+    if isinstance(value, str):
+        for secret, env in secrets.items():
+            if secret in value:
+                value = value.replace(secret, f"[redacted: {env}]")
+        return value
+    if isinstance(value, dict):
+        return {redact(k, secrets): redact(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v, secrets) for v in value]
+    return value
+
+
+def redacted_outcome(outcome: Any, secrets: Mapping[str, str]) -> Any:
+    """A ``ToolOutcome`` whose output and error message carry no configured token."""
+    if not secrets:
+        return outcome
+    if outcome.error is not None:
+        outcome.error.message = redact(outcome.error.message, secrets)
+    output = redact(outcome.output, secrets)
+    return outcome if output is outcome.output else dataclasses.replace(outcome, output=output)
