@@ -515,6 +515,14 @@ class Runtime:
         )
         if error:
             warnings.append(error)
+        if manifest.python_packages:
+            from apollia_nb.journal.store import Draft
+
+            await self.journal.append_many_async([Draft(
+                "packages_install",
+                {"agent": manifest.name, "packages": list(manifest.python_packages),
+                 "outcome": "failed" if error else "installed", **({"error": error} if error else {})},
+                None, manifest.name)])
         agent = Agent(manifest=manifest, model=provider, tools=registry, workspace=workspace,
                       offered=offered, state=cell, warnings=warnings, memory=memory,
                       custom_model=model is not None)
