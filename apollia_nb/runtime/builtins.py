@@ -426,6 +426,7 @@ def builtin_tools(
     exec_timeout_secs: float = 120.0,
     http_timeout_secs: float = 30.0,
     home: Path | str | None = None,
+    http_proxy: str | None = None,
 ) -> list[ToolDef]:
     """The built-in tools for one agent.
 
@@ -437,7 +438,9 @@ def builtin_tools(
     ``http_client`` is an ``httpx.AsyncClient`` to reuse; without one each
     request opens its own. ``python`` is the interpreter ``python_executor`` runs.
     ``home`` is the apollia home no file tool may reach (default: the home this
-    process resolves, ``$APOLLIA_HOME`` or ``~/.apollia``).
+    process resolves, ``$APOLLIA_HOME`` or ``~/.apollia``). ``http_request`` ignores the
+    proxy environment variables (``HTTP_PROXY``, ``ALL_PROXY``, …): it goes through
+    ``http_proxy`` when one is configured (``[tools.http_request] proxy``), shown on its cards.
     """
     root = os.path.realpath(workspace)
     home_path = os.path.realpath(resolve_home() if home is None else home)
@@ -575,7 +578,8 @@ def builtin_tools(
 
         if http_client is not None:
             return await send(http_client)
-        async with httpx.AsyncClient(timeout=http_timeout_secs, follow_redirects=False) as client:
+        async with httpx.AsyncClient(timeout=http_timeout_secs, follow_redirects=False, trust_env=False,
+                                     proxy=http_proxy) as client:
             return await send(client)
 
     def memory_save(key: str, value: Any) -> dict[str, Any]:
@@ -662,6 +666,8 @@ def builtin_tools(
             options["shell"] = True  # the one built-in whose first argument bash reads
         if fn.__name__ == "http_request":
             options["aliases"] = url_aliases
+            if http_proxy:
+                options["annotations"] = {"proxy": http_proxy}  # shown on the call's card
         return ToolDef.from_function(fn, BUILTIN_FAMILIES[fn.__name__], **options)
 
     tools = [

@@ -482,7 +482,7 @@ class Runtime:
             registry = ToolRegistry()
             for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
                                          profile_sink=lambda fact: None, namespace=self.namespace,
-                                         home=self.home.path):
+                                         home=self.home.path, http_proxy=self.config.http_proxy):
                 registry.register(tooldef)
             for source in self.tool_sources:
                 # Federated tools (MCP servers, host REST APIs): a source that fails leaves its tools
