@@ -13,6 +13,7 @@ import pytest
 
 from apollia_nb.errors import ConsentsToReview
 from apollia_nb.runtime import Runtime
+from notebook_fixtures import ip  # noqa: F401  (fixture)
 from runtime_helpers import assert_alive, manifest
 
 pytestmark = pytest.mark.anyio
@@ -81,3 +82,20 @@ def test_the_cli_keeps_consents_when_told_and_journals_the_choice(home, tmp_path
             assert review["choice"] == "kept" and set(review["difference"]) == {"tools"}
 
     anyio.run(check)
+
+
+def test_the_notebook_cell_shows_the_difference_and_takes_the_choice(ip, capsys):
+    from apollia_nb.notebook.magics import ApolliaMagicError
+
+    rt = ip.magics_manager.registry["ApolliaMagics"].runtime.rt
+    ip.run_cell_magic("apollia", "agent", manifest(required=["read_file"]))
+    ip.run_line_magic("apollia", "stop clerk")
+    ip.magics_manager.registry["ApolliaMagics"].runtime.call(
+        lambda: rt.governance.grant_consent("clerk", "write", by="test"))
+    wider = manifest(required=["read_file", "write_file"])
+    with pytest.raises(ApolliaMagicError) as info:
+        ip.run_cell_magic("apollia", "agent", wider)
+    assert info.value.code == "CONSENTS_TO_REVIEW" and "write_file" in info.value.message
+    agent = ip.run_cell_magic("apollia", "agent --drop-consents", wider)
+    assert agent.data["state"] == "active" and consents(rt) == []
+    assert [r["choice"] for r in reviews(rt)] == ["dropped"]
