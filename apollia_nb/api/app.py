@@ -547,7 +547,7 @@ async def list_agents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
                     "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key; a workspace "
                     "that contains the home or lies inside it 422 `WORKSPACE_OVERLAPS_HOME`.")
 async def register_agent(response: Response, body: s.ManifestIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    agent = await rt.register_agent(body.manifest)
+    agent = await rt.register_agent(body.manifest, keep_consents=body.keep_consents)
     response.headers["Location"] = f"{API_PREFIX}/agents/{agent.name}"
     return agent.to_dict()
 

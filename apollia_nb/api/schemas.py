@@ -84,6 +84,11 @@ class Health(_Out):
 
 class ManifestIn(_In):
     manifest: NonEmpty = Field(description="the agent's TOML manifest, as text")
+    keep_consents: StrictBool | None = Field(
+        default=None,
+        description="re-registering a stopped agent whose tools, workspace or model changed while it holds "
+                    "standing consents: true keeps them, false revokes them; omitted, such a re-registration "
+                    "is 409 CONSENTS_TO_REVIEW showing the difference")
 
 
 class Agent(_Out):

@@ -154,7 +154,7 @@ def _agents_register(args: argparse.Namespace, api: _Api) -> int:
     text, warning = absolute_workspace(args.file.read_text(encoding="utf-8"), manifest, Path.cwd())
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
-    data = api("register_agent", text)
+    data = api("register_agent", text, getattr(args, "keep_consents", None))
     warn = "".join(f"\nwarning: {w}" for w in data["warnings"])
     emit(args, data, f"registered {data['name']}: {data['state']}{warn}")
     return 0

@@ -34,6 +34,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     a.set_defaults(handler=_agents_list)
     a = asub.add_parser("register", parents=[common], help="register an agent from a TOML manifest")
     a.add_argument("file", type=Path)
+    keep = a.add_mutually_exclusive_group()
+    keep.add_argument("--keep-consents", dest="keep_consents", action="store_true", default=None,
+                      help="re-registering with changed tools, workspace or model: keep its standing consents")
+    keep.add_argument("--drop-consents", dest="keep_consents", action="store_false",
+                      help="re-registering with changed tools, workspace or model: revoke its standing consents")
     a.set_defaults(handler=_agents_register)
     a = asub.add_parser("stop", parents=[common], help="stop an agent (drains its runs)")
     a.add_argument("name")
@@ -279,7 +284,7 @@ def _agents_register(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with _open(args) as rt:
-            agent = await rt.register_agent(manifest)
+            agent = await rt.register_agent(manifest, keep_consents=args.keep_consents)
             data = agent.to_dict()
         warn = "".join(f"\nwarning: {w}" for w in data["warnings"])
         emit(args, data, f"registered {data['name']}: {data['state']}{warn}")

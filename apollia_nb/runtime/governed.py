@@ -276,12 +276,14 @@ async def run_approved_call(
 ) -> CallResult:
     """Journal ``tool_call`` (durable, with ``prefix``), run the tool under its breaker and timeout,
     journal the result (``append_soon``: committed before anything later of the run)."""
+    from apollia_nb.runtime.outputs import redacted_outcome, secret_values
     from apollia_nb.runtime.tools import invoke
 
     tooldef = agent.tools.get(name)
     await _commit(rt, run_id, agent, [*prefix, ("tool_call", {"call_id": call_id, "tool": name,
                                                               "arguments": arguments})])
     outcome = await invoke(tooldef, arguments, breakers=rt.breakers)
+    outcome = redacted_outcome(outcome, secret_values(rt.config))  # no configured token reaches journal or model
     # The result records what already happened: handed to the journal's writer, which
     # commits it at once and before any later entry of the run, while the run goes on
     # (the next model turn depends on no durable entry; the next tool call waits for its own).

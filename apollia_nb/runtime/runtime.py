@@ -18,6 +18,7 @@ gives a small synchronous facade over a private event loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import datetime as _dt
 import time
 import uuid
@@ -473,8 +474,14 @@ class Runtime:
     # ------------------------------------------------------------------ agents
     async def register_agent(
         self, manifest: Any, *, tools: Sequence[Any] = (), model: Any = None, cwd: Path | None = None,
+        keep_consents: bool | None = None,
     ) -> Agent:
-        """Register (or re-register a stopped) agent from a manifest text, path or ``Manifest``."""
+        """Register (or re-register a stopped) agent from a manifest text, path or ``Manifest``.
+
+        Re-registering a stopped agent whose tools, workspace or model changed while it holds
+        standing consents needs the operator's choice: ``keep_consents=True`` keeps them,
+        ``False`` revokes them; without one it is ``CONSENTS_TO_REVIEW`` showing the difference.
+        The choice is journaled (``consents_review``)."""
         from apollia_nb.runtime.manifest import Manifest, load_manifest, parse_manifest
 
         if isinstance(manifest, Manifest):
@@ -486,9 +493,47 @@ class Runtime:
         existing = self._agents.get(parsed.name)
         if existing is not None and existing.state.state != ProcessState.STOPPED:
             raise Conflict(f"agent {parsed.name!r} is already registered ({existing.state.state.value})")
+        await self._review_consents(existing, parsed, cwd, keep_consents)
         agent = await self._start_agent(parsed, tools=tools, model=model, cwd=cwd,
                                         cell=existing.state if existing else None)
         return agent
+
+    async def _review_consents(self, existing: Agent | None, parsed: Any, cwd: Path | None,
+                               keep: bool | None) -> None:
+        """A stopped agent (in memory, or recorded by an earlier process) registered again."""
+        from apollia_nb.errors import ConsentsToReview
+        from apollia_nb.runtime.manifest import manifest_difference, parse_manifest
+
+        if existing is not None:
+            before, workspace = existing.manifest, existing.workspace
+        else:
+            row = next((r for r in self.records.agents() if r["name"] == parsed.name), None)
+            if row is None:
+                return
+            try:
+                before = parse_manifest(row["manifest"])
+            except ApolliaError:  # what the consents were given for cannot be read: the operator chooses
+                before = None
+            workspace = before.workspace_path(cwd) if before is not None else None
+        consents = sorted(c.family.value for c in self.governance.consents() if c.agent == parsed.name)
+        difference = (manifest_difference(before, parsed, workspace_before=workspace,
+                                          workspace_after=parsed.workspace_path(cwd)) if before is not None
+                      else {"manifest": {"before": "the recorded manifest no longer reads", "after": parsed.name}})
+        if not consents or not difference:
+            return
+        if keep is None:
+            shown = "; ".join(f"{key}: {json.dumps(d['before'])} -> {json.dumps(d['after'])}"
+                              for key, d in difference.items())
+            raise ConsentsToReview(
+                f"agent {parsed.name!r} changed ({shown}) and holds standing consents for "
+                f"{', '.join(consents)}: keep them (--keep-consents, keep_consents=true) or drop them "
+                "(--drop-consents, keep_consents=false)")
+        if not keep:
+            for family in consents:
+                self.governance.revoke_consent(parsed.name, family, by="re-registration")
+        await self.journal.append_async(
+            "consents_review", {"agent": parsed.name, "difference": difference, "consents": consents,
+                                "choice": "kept" if keep else "dropped"}, agent=parsed.name)
 
     async def _start_agent(self, manifest: Any, *, tools: Sequence[Any], model: Any, cwd: Path | None,
                            cell: Any = None) -> Agent:
@@ -510,7 +555,7 @@ class Runtime:
             registry = ToolRegistry()
             for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
                                          profile_sink=lambda fact: None, namespace=self.namespace,
-                                         home=self.home.path):
+                                         home=self.home.path, http_proxy=self.config.http_proxy):
                 registry.register(tooldef)
             for source in self.tool_sources:
                 # Federated tools (MCP servers, host REST APIs): a source that fails leaves its tools
@@ -543,6 +588,14 @@ class Runtime:
         )
         if error:
             warnings.append(error)
+        if manifest.python_packages:
+            from apollia_nb.journal.store import Draft
+
+            await self.journal.append_many_async([Draft(
+                "packages_install",
+                {"agent": manifest.name, "packages": list(manifest.python_packages),
+                 "outcome": "failed" if error else "installed", **({"error": error} if error else {})},
+                None, manifest.name)])
         agent = Agent(manifest=manifest, model=provider, tools=registry, workspace=workspace,
                       offered=offered, state=cell, warnings=warnings, memory=memory,
                       custom_model=model is not None)
