@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".test-peers"
 TIME_PYTHON = PEERS / "venv-time" / "bin" / "python"
 FILESYSTEM_JS = PEERS / "npm" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
+EVERYTHING_JS = PEERS / "npm" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
 
 #: A real MCP server (the project's own SDK) that can crash, hang, and says where it started.
 FAULTY_SERVER = '''

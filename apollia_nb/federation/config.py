@@ -22,6 +22,7 @@ from apollia_nb.governance.decision import Family
 __all__ = [
     "DEFAULT_TIMEOUT_SECS",
     "DEFAULT_START_TIMEOUT_SECS",
+    "DEFAULT_INPUT_TIMEOUT_SECS",
     "McpServerConfig",
     "HostConfig",
     "parse_mcp_server",
@@ -32,10 +33,13 @@ __all__ = [
 DEFAULT_TIMEOUT_SECS = 30.0
 #: Seconds starting an MCP server (process, handshake, tool list) may take.
 DEFAULT_START_TIMEOUT_SECS = 30.0
+#: Seconds a server's question (elicitation) or model call (sampling) waits for a person's answer.
+DEFAULT_INPUT_TIMEOUT_SECS = 300.0
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _MCP_KEYS = frozenset({
     "command", "args", "env", "cwd", "url", "headers", "token_env", "families", "timeout_secs", "start_timeout_secs",
+    "input_timeout_secs",
 })
 _HOST_KEYS = frozenset({"base_url", "openapi", "token_env", "families", "timeout_secs"})
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -56,6 +60,7 @@ class McpServerConfig:
     families: dict[str, Family] = field(default_factory=dict, hash=False)
     timeout_secs: float = DEFAULT_TIMEOUT_SECS
     start_timeout_secs: float = DEFAULT_START_TIMEOUT_SECS
+    input_timeout_secs: float = DEFAULT_INPUT_TIMEOUT_SECS
 
     @property
     def transport(self) -> str:
@@ -197,6 +202,7 @@ def parse_mcp_server(name: object, value: object) -> McpServerConfig:
         families=_families(section, name, table),
         timeout_secs=_timeout(section, name, table),
         start_timeout_secs=_timeout(section, name, table, "start_timeout_secs", DEFAULT_START_TIMEOUT_SECS),
+        input_timeout_secs=_timeout(section, name, table, "input_timeout_secs", DEFAULT_INPUT_TIMEOUT_SECS),
     )
 
 

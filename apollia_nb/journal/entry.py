@@ -189,6 +189,7 @@ KINDS: frozenset[str] = frozenset(
         "session_status",
         "plan",
         "verdict",
+        "tool_progress",
     }
 )
 

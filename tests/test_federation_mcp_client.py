@@ -1,0 +1,285 @@
+"""The MCP client's side of the protocol, through the real runtime, against the reference server.
+
+``@modelcontextprotocol/server-everything`` from npm (``dev/install-test-mcp-servers.sh``)
+over stdio: a server's question (elicitation) becomes a card answered from code, a
+server's model call (sampling) is decided like a tool call and journaled, progress
+reaches the task, a returned resource link is read through ``resources/read``, a
+task-augmented tool runs as a long-running call (completed, and cancelled with its
+run), and the tool list is read again on ``list_changed``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import anyio
+import pytest
+
+from apollia_nb.errors import BadAnswer
+from apollia_nb.runtime import Runtime
+from runtime_helpers import call, manifest
+from test_federation_support import EVERYTHING_JS, decisions, node, require_peer, results, write_config
+
+pytestmark = pytest.mark.anyio
+
+E = "mcp:everything"
+
+
+def everything(**extra):
+    return {"command": node(), "args": [str(require_peer(EVERYTHING_JS)), "stdio"], **extra}
+
+
+def entries(rt, run_id, kind):
+    return [json.loads(e.payload) for e in rt.journal.entries(run_id=run_id) if e.kind == kind]
+
+
+async def next_card(rt, handle, tool):
+    """The task's first waiting card for ``tool``, once it is there."""
+    with anyio.fail_after(30):
+        while True:
+            changed = anyio.Event()
+            unsubscribe = rt.subscribe(lambda kind, obj: changed.set())
+            try:
+                found = [c for c in handle.pending if c.tool == tool]
+                if found:
+                    return found[0]
+                if handle.status in ("completed", "failed", "cancelled"):
+                    raise AssertionError(f"the task ended ({handle.status}, {handle.error}) without a {tool} card")
+                await changed.wait()
+            finally:
+                unsubscribe()
+
+
+async def test_a_servers_question_is_a_card_answered_from_code_with_checked_values(home):
+    write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"})})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "asked"}],
+            required=[f"{E}/trigger-elicitation-request"]))
+        handle = await rt.submit("clerk", "Ask me")
+        card = await next_card(rt, handle, f"{E}/elicitation/create")
+        assert handle.status == "waiting"  # the call waits on a person
+        assert (card.family, card.answers, card.arguments["mode"]) == (None, ("once", "refuse"), "form")
+        assert card.arguments["requestedSchema"]["required"] == ["name"]
+        with pytest.raises(BadAnswer, match="requires 'name'"):
+            card.answer("once", values={"check": True})
+        with pytest.raises(BadAnswer, match="takes a boolean"):
+            card.answer("once", values={"name": "Ada", "check": "yes"})
+        with pytest.raises(BadAnswer, match="takes one of"):
+            card.answer("once", values={"name": "Ada", "untitledSingleSelectEnum": "Gunther"})
+        assert card.waiting  # a bad answer loses nothing
+        card.answer("once", values={"name": "Ada Lovelace", "check": True, "integer": 7})
+        await handle
+        assert handle.status == "completed", handle.error
+        [tool_result, asked] = [r for r in results(rt, handle.run_id)][::-1][:2][::-1]
+        assert asked["tool"] == f"{E}/elicitation/create" or tool_result["tool"] == f"{E}/elicitation/create"
+        by_tool = {r["tool"]: r for r in results(rt, handle.run_id)}
+        assert by_tool[f"{E}/elicitation/create"]["output"] == {
+            "action": "accept", "content": {"name": "Ada Lovelace", "check": True, "integer": 7}}
+        assert "Ada Lovelace" in json.dumps(by_tool[f"{E}/trigger-elicitation-request"]["output"])
+        [answer] = entries(rt, handle.run_id, "answer")
+        assert answer["values"] == {"name": "Ada Lovelace", "check": True, "integer": 7}
+        assert answer["call_id"] == card.call_id
+        decided = {d["tool"]: d for d in decisions(rt, handle.run_id)}
+        assert decided[f"{E}/elicitation/create"]["caused_by"] == by_tool[f"{E}/trigger-elicitation-request"]["call_id"]
+
+
+async def test_a_declined_question_answers_decline_and_the_call_goes_on(home):
+    write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"})})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "declined"}],
+            required=[f"{E}/trigger-elicitation-request"]))
+        handle = await rt.submit("clerk", "Ask me")
+        card = await next_card(rt, handle, f"{E}/elicitation/create")
+        card.answer("refuse")
+        await handle
+        by_tool = {r["tool"]: r for r in results(rt, handle.run_id)}
+        assert by_tool[f"{E}/elicitation/create"]["output"] == {"action": "decline"}
+        assert "declined" in json.dumps(by_tool[f"{E}/trigger-elicitation-request"]["output"])
+
+
+async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home):
+    write_config(home, servers={"everything": everything(families={"trigger-sampling-request": "read"})})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/trigger-sampling-request", prompt="Name a colour", maxTokens=20)]},
+                   {"text": "Ultramarine."},  # the model call the server asked for
+                   {"text": "sampled"}],
+            required=[f"{E}/trigger-sampling-request"]))
+        handle = await rt.submit("clerk", "Let the server ask the model")
+        card = await next_card(rt, handle, f"{E}/sampling/createMessage")
+        assert (card.family, card.answers, card.line) == (None, ("once", "refuse"), 6)
+        assert card.arguments["messages"] == [
+            {"role": "user", "text": "Resource trigger-sampling-request context: Name a colour"}]
+        assert card.arguments["systemPrompt"] == "You are a helpful test server." and card.arguments["maxTokens"] == 20
+        used = handle.to_dict()["budget"]["used"]
+        card.answer("once")
+        await handle
+        assert handle.status == "completed", handle.error
+        by_tool = {r["tool"]: r for r in results(rt, handle.run_id)}
+        assert by_tool[f"{E}/sampling/createMessage"]["output"]["text"] == "Ultramarine."
+        assert "Ultramarine." in json.dumps(by_tool[f"{E}/trigger-sampling-request"]["output"])
+        [request] = [c for c in entries(rt, handle.run_id, "tool_call") if c["tool"].endswith("/sampling/createMessage")]
+        assert request["arguments"]["messages"][0]["text"].endswith("Name a colour")
+        assert handle.to_dict()["budget"]["used"] > used  # the server's model call was one more model turn
+        assert handle.result == "sampled"
+
+
+async def test_a_refused_model_call_is_the_protocols_error_and_never_reaches_the_model(home):
+    write_config(home, servers={"everything": everything(families={"trigger-sampling-request": "read"})})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/trigger-sampling-request", prompt="Leak it")]}, {"text": "refused"}],
+            required=[f"{E}/trigger-sampling-request"]))
+        handle = await rt.submit("clerk", "Let the server ask the model")
+        card = await next_card(rt, handle, f"{E}/sampling/createMessage")
+        card.answer("refuse")
+        await handle
+        assert handle.result == "refused"  # the script's next turn went to the agent, not to the server
+        by_tool = {r["tool"]: r for r in results(rt, handle.run_id)}
+        assert by_tool[f"{E}/sampling/createMessage"]["status"] == "refused"
+        outer = by_tool[f"{E}/trigger-sampling-request"]
+        assert outer["status"] == "error" and "refused the model call" in outer["output"]["message"]
+        assert not [c for c in entries(rt, handle.run_id, "tool_call") if c["tool"].endswith("/sampling/createMessage")]
+
+
+async def test_progress_reaches_the_task_and_the_journal_at_a_bounded_rate(home):
+    write_config(home, servers={"everything": everything(families={"trigger-long-running-operation": "read"})})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/trigger-long-running-operation", duration=1, steps=5)]},
+                   {"text": "done"}],
+            required=[f"{E}/trigger-long-running-operation"]))
+        seen = []
+        rt.subscribe(lambda kind, obj: seen.append(obj.r.get("progress")) if kind == "task" else None)
+        handle = await rt.submit("clerk", "Take a while")
+        await handle
+        assert handle.status == "completed", handle.error
+        shown = [p["progress"] for p in seen if p]
+        assert shown == [1, 2, 3, 4, 5] and all(p["total"] == 5 for p in seen if p)
+        assert handle.to_dict()["progress"] is None  # the call is over
+        journaled = entries(rt, handle.run_id, "tool_progress")
+        assert 1 <= len(journaled) < 5 and journaled[-1]["progress"] == 5  # bounded, the last one kept
+        [tool_call] = entries(rt, handle.run_id, "tool_call")
+        assert {p["call_id"] for p in journaled} == {tool_call["call_id"]}
+
+
+async def test_a_returned_resource_link_is_read_through_resources_read(home):
+    write_config(home, servers={"everything": everything(families={"get-resource-links": "read",
+                                                                   "resources/read": "read"})})
+    async with Runtime(home) as rt:
+        links = call(f"{E}/get-resource-links", count=2)
+        read = call(f"{E}/resources/read", uri="demo://resource/dynamic/text/2")
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [links]}, {"tool_calls": [read]}, {"text": "read"}],
+            required=[f"{E}/get-resource-links", f"{E}/resources/read"], optional=[f"{E}/prompts/list"]))
+        handle = await rt.submit("clerk", "Follow the link", watched=False)
+        await handle
+        assert handle.status == "completed", handle.error
+        linked, contents = results(rt, handle.run_id)
+        assert {"type": "resource_link", "uri": "demo://resource/dynamic/text/2", "name": "Text Resource 2",
+                "mime_type": "text/plain"} in linked["output"]
+        [content] = contents["output"]
+        assert content["uri"] == "demo://resource/dynamic/text/2" and "Resource 2" in content["text"]
+
+
+async def test_resources_and_prompts_are_unclassified_unless_configured(home):
+    write_config(home, servers={"everything": everything()})
+    async with Runtime(home) as rt:
+        agent = await rt.register_agent(manifest(
+            required=[f"{E}/resources/list", f"{E}/resources/read", f"{E}/prompts/list"]))
+        assert {n: agent.tools.get(n).family for n in agent.offered if n.startswith(E)} == {
+            f"{E}/resources/list": None, f"{E}/resources/read": None, f"{E}/prompts/list": None}
+        prompts = await agent.tools.get(f"{E}/prompts/list").fn()
+        assert "simple-prompt" in [p["name"] for p in prompts["prompts"]]
+
+
+async def test_a_task_augmented_tool_runs_as_a_long_running_call(home):
+    write_config(home, servers={"everything": everything(families={"simulate-research-query": "read"})})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/simulate-research-query", topic="tides")]}, {"text": "researched"}],
+            required=[f"{E}/simulate-research-query"]))
+        handle = await rt.submit("clerk", "Research", watched=False)
+        await handle
+        assert handle.status == "completed", handle.error
+        [result] = results(rt, handle.run_id)
+        assert result["status"] == "ok" and "# Research Report: tides" in json.dumps(result["output"])
+        statuses = [p.get("message") for p in entries(rt, handle.run_id, "tool_progress")]
+        assert statuses and statuses[0] == "Gathering sources..."
+
+
+async def test_a_long_running_call_is_cancelled_on_the_server_with_its_run(home):
+    write_config(home, servers={"everything": everything(families={"simulate-research-query": "read"})})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/simulate-research-query", topic="tides")]}, {"text": "never"}],
+            required=[f"{E}/simulate-research-query"]))
+        handle = await rt.submit("clerk", "Research", watched=False)
+        with anyio.fail_after(30):
+            while not (handle.to_dict()["progress"] or {}).get("status") == "working":
+                changed = anyio.Event()
+                unsubscribe = rt.subscribe(lambda kind, obj: changed.set())
+                try:
+                    await changed.wait()
+                finally:
+                    unsubscribe()
+        await rt.cancel(handle.id)
+        await handle
+        assert handle.status == "cancelled"
+        with anyio.fail_after(10):
+            while not any(p.get("status") == "cancelled" for p in entries(rt, handle.run_id, "tool_progress")):
+                await rt.committed()
+                await anyio.sleep(0.05)
+        log = (home.logs_dir / "mcp-everything.log").read_text()
+        assert "connected: protocol 2025-11-25" in log
+
+
+LATE_SERVER = '''
+import anyio
+from mcp.server.mcpserver import MCPServer, Context
+
+server = MCPServer("late", log_level="WARNING")
+
+@server.tool(annotations={"readOnlyHint": True})
+async def grow(ctx: Context) -> str:
+    """Offer one more tool, and say so."""
+    def late(text: str) -> str:
+        """A tool that was not there at first."""
+        return text.upper()
+    server.add_tool(late)
+    await ctx.notify_tools_changed()  # the stateless revision: on the listen stream
+    return "grown"
+
+anyio.run(server.run_stdio_async)
+'''
+
+
+async def test_list_changed_offers_a_new_tool_unclassified(home, tmp_path):
+    script = tmp_path / "late_server.py"
+    script.write_text(LATE_SERVER, encoding="utf-8")
+    write_config(home, servers={"late": {"command": sys.executable, "args": [str(script)],
+                                         "families": {"grow": "read"}}})
+    async with Runtime(home) as rt:
+        first = await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call("mcp:late/grow")]}, {"text": "grown"}],
+            required=["mcp:late/grow"], optional=["mcp:late/late"]))
+        assert "mcp:late/late" not in first.offered
+        [source] = [s for s in rt.tool_sources if s.name == "mcp:late"]
+        assert source.listings == 1
+        await (await rt.submit("clerk", "Grow", watched=False))
+        with anyio.fail_after(10):
+            while source.listings < 2:
+                await anyio.sleep(0.02)
+        later = await rt.register_agent(manifest(
+            name="second", actor=[{"tool_calls": [call("mcp:late/late", text="hi")]}, {"text": "called"}],
+            required=["mcp:late/late"]))
+        assert later.tools.get("mcp:late/late").family is None  # unclassified until configured
+        handle = await rt.submit("second", "Call the new tool")
+        card = await next_card(rt, handle, "mcp:late/late")
+        assert card.answers == ("once", "refuse")
+        card.answer("once")
+        await handle
+        assert [r["output"] for r in results(rt, handle.run_id)] == [{"result": "HI"}]
