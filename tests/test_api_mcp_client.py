@@ -1,0 +1,122 @@
+"""A server's question to an unattended run, answered over the REST API; the tool's hints on the
+pending decision; progress on the task's events. ``server-everything`` over streamable HTTP,
+one server process for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from apollia_nb.api.server import ServerThread
+from runtime_helpers import call, manifest
+from test_api_unattended import task_events
+from test_federation_support import EVERYTHING_JS, node, require_peer, write_config
+
+TOKEN = "mcp-client-token"
+E = "mcp:everything"
+
+
+@pytest.fixture(scope="module")
+def everything_url():
+    script = require_peer(EVERYTHING_JS)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([node(), str(script), "streamableHttp"], env={"PORT": str(port), "PATH": "/usr/bin:/bin"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"server-everything exited: {proc.stderr.read()}")
+                time.sleep(0.05)
+        else:
+            pytest.fail("server-everything did not listen within 30 s")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def client(srv: ServerThread) -> httpx.Client:
+    return httpx.Client(base_url=srv.url + "/api/v1", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+
+
+def wait_pending(api: httpx.Client, tool: str) -> dict:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = [p for p in api.get("/pending-decisions").json() if p["tool"] == tool]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no pending decision for {tool}")
+
+
+def test_an_unattended_question_is_answered_over_rest_with_the_tools_hints_shown(home, everything_url):
+    write_config(home, servers={"everything": {"url": everything_url}})
+    agent = manifest(actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "answered"}],
+                     required=[f"{E}/trigger-elicitation-request"])
+    with ServerThread(home, token=TOKEN) as srv, client(srv) as api:
+        assert api.post("/agents", json={"manifest": agent}).status_code == 201
+        sub = api.post("/tasks", json={"agent": "clerk", "goal": "Ask me"}).json()
+
+        tool_call = wait_pending(api, f"{E}/trigger-elicitation-request")  # unclassified: asked first
+        assert tool_call["family"] is None and tool_call["answers"] == ["once", "refuse"]
+        assert tool_call["hints"] == {"title": "Trigger Elicitation Request Tool", "readOnlyHint": False,
+                                      "destructiveHint": False, "idempotentHint": False, "openWorldHint": False}
+        assert api.post("/pending-decisions/decide", json={"id": tool_call["id"], "answer": "once"}).status_code == 200
+
+        question = wait_pending(api, f"{E}/elicitation/create")
+        assert question["task_id"] == sub["id"] and question["arguments"]["mode"] == "form"
+        assert api.get(f"/tasks/{sub['id']}").json()["status"] == "waiting"
+        bad = api.post("/pending-decisions/decide", json={"id": question["id"], "answer": "once",
+                                                          "values": {"name": 42}})
+        assert bad.status_code == 422 and bad.json()["code"] == "BAD_ANSWER", bad.json()
+        wrong = api.post("/pending-decisions/decide", json={"id": tool_call["id"], "answer": "once",
+                                                            "values": {"name": "x"}})
+        assert wrong.status_code == 409  # already answered: values change nothing
+        ok = api.post("/pending-decisions/decide", json={"id": question["id"], "answer": "once", "by": "alice",
+                                                         "values": {"name": "Grace Hopper", "check": True}})
+        assert ok.status_code == 200 and ok.json()["status"] == "answered"
+
+        final = list(task_events(api, sub["id"]))[-1]
+        assert final["status"] == "completed" and final["result"] == "answered"
+        run = api.get("/audit/entries", params={"run_id": sub["run_id"], "limit": 1000}).json()["entries"]
+        [decided] = [e["payload"] for e in run if e["kind"] == "decision"
+                     and e["payload"]["tool"] == f"{E}/trigger-elicitation-request"]
+        assert decided["hints"]["readOnlyHint"] is False  # the auditor sees what the person saw
+        answers = [e["payload"] for e in run if e["kind"] == "answer"]
+        assert answers[-1]["values"] == {"name": "Grace Hopper", "check": True}
+        assert answers[-1]["answered_by"] == "alice"
+        [outer] = [e["payload"] for e in run if e["kind"] == "tool_result"
+                   and e["payload"]["tool"] == f"{E}/trigger-elicitation-request"]
+        assert "Grace Hopper" in json.dumps(outer["output"])
+
+
+def test_progress_shows_on_the_tasks_events(home, everything_url):
+    write_config(home, servers={"everything": {"url": everything_url,
+                                               "families": {"trigger-long-running-operation": "read"}}})
+    agent = manifest(actor=[{"tool_calls": [call(f"{E}/trigger-long-running-operation", duration=1, steps=4)]},
+                            {"text": "done"}],
+                     required=[f"{E}/trigger-long-running-operation"])
+    with ServerThread(home, token=TOKEN) as srv, client(srv) as api:
+        assert api.post("/agents", json={"manifest": agent}).status_code == 201
+        sub = api.post("/tasks", json={"agent": "clerk", "goal": "Take a while"}).json()
+        events = list(task_events(api, sub["id"]))
+        progress = [e["progress"]["progress"] for e in events if e.get("progress")]
+        assert progress and progress == sorted(progress) and progress[-1] <= 4
+        assert all(e["progress"]["tool"] == f"{E}/trigger-long-running-operation" for e in events if e["progress"])
+        assert events[-1]["status"] == "completed" and events[-1]["progress"] is None
