@@ -104,6 +104,7 @@ def test_an_unattended_question_is_answered_over_rest_with_the_tools_hints_shown
         [outer] = [e["payload"] for e in run if e["kind"] == "tool_result"
                    and e["payload"]["tool"] == f"{E}/trigger-elicitation-request"]
         assert "Grace Hopper" in json.dumps(outer["output"])
+        assert api.post(f"/audit/replay/{sub['run_id']}").json()["verdict"] == "identical"
 
 
 def test_progress_shows_on_the_tasks_events(home, everything_url):

@@ -125,6 +125,7 @@ async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home
         assert request["arguments"]["messages"][0]["text"].endswith("Name a colour")
         assert handle.to_dict()["budget"]["used"] > used  # the server's model call was one more model turn
         assert handle.result == "sampled"
+        assert rt.replay(handle.run_id).verdict == "identical"  # the request is checked inside its call
 
 
 async def test_a_refused_model_call_is_the_protocols_error_and_never_reaches_the_model(home):
