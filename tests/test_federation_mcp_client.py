@@ -284,3 +284,56 @@ async def test_list_changed_offers_a_new_tool_unclassified(home, tmp_path):
         card.answer("once")
         await handle
         assert [r["output"] for r in results(rt, handle.run_id)] == [{"result": "HI"}]
+
+
+MODERN_SERVER = '''
+from typing import Any
+import anyio
+import mcp_types as t
+from mcp.server.mcpserver import MCPServer, Context
+
+server = MCPServer("vault", log_level="WARNING")
+FORM = {"type": "object", "required": ["user", "password"], "properties": {
+    "user": {"type": "string", "title": "User"},
+    "password": {"type": "string", "title": "Password", "format": "password"}}}
+
+@server.tool()
+async def login(ctx: Context) -> Any:
+    """Sign in, asking the person for their credentials (an input_required result)."""
+    if not ctx.input_responses:
+        return t.InputRequiredResult(input_requests={"login": t.ElicitRequest(
+            params=t.ElicitRequestFormParams(message="Sign in to the vault", requested_schema=FORM))})
+    answer = ctx.input_responses["login"]
+    if answer.action != "accept":
+        return f"not signed in: {answer.action}"
+    return f"signed in as {answer.content['user']} with {len(answer.content['password'])} characters"
+
+anyio.run(server.run_stdio_async)
+'''
+
+
+async def test_a_stateless_servers_question_is_a_card_and_its_password_is_never_journaled(home, tmp_path):
+    script = tmp_path / "vault_server.py"
+    script.write_text(MODERN_SERVER, encoding="utf-8")
+    write_config(home, servers={"vault": {"command": sys.executable, "args": [str(script)],
+                                          "families": {"login": "read"}}})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[{"tool_calls": [call("mcp:vault/login")]}, {"text": "in"}],
+                                         required=["mcp:vault/login"]))
+        handle = await rt.submit("clerk", "Sign in")
+        card = await next_card(rt, handle, "mcp:vault/elicitation/create")
+        assert card.arguments["message"] == "Sign in to the vault"
+        card.answer("once", values={"user": "ada", "password": "hunter2"})
+        await handle
+        assert handle.status == "completed", handle.error
+        by_tool = {r["tool"]: r for r in results(rt, handle.run_id)}
+        assert by_tool["mcp:vault/login"]["output"] == "signed in as ada with 7 characters"
+        assert by_tool["mcp:vault/elicitation/create"]["output"] == {
+            "action": "accept", "content": {"user": "ada", "password": "[redacted]"}}
+        [answer] = entries(rt, handle.run_id, "answer")
+        assert answer["values"] == {"user": "ada", "password": "[redacted]"}
+        everything_journaled = "".join(e.payload if isinstance(e.payload, str) else bytes(e.payload).decode()
+                                       for e in rt.journal.entries(run_id=handle.run_id))
+        assert "hunter2" not in everything_journaled
+        assert "connected: protocol 2026-07-28" in (home.logs_dir / "mcp-vault.log").read_text()
+        assert rt.replay(handle.run_id).verdict == "identical"
