@@ -55,9 +55,10 @@ async def test_a_servers_question_is_a_card_answered_from_code_with_checked_valu
     write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"})})
     async with Runtime(home) as rt:
         await rt.register_agent(manifest(
-            actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "asked"}],
+            actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]},
+                   {"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "asked"}],
             required=[f"{E}/trigger-elicitation-request"]))
-        handle = await rt.submit("clerk", "Ask me")
+        handle = await rt.submit("clerk", "Ask me twice")
         card = await next_card(rt, handle, f"{E}/elicitation/create")
         assert handle.status == "waiting"  # the call waits on a person
         assert (card.family, card.answers, card.arguments["mode"]) == (None, ("once", "refuse"), "form")
@@ -70,34 +71,22 @@ async def test_a_servers_question_is_a_card_answered_from_code_with_checked_valu
             card.answer("once", values={"name": "Ada", "untitledSingleSelectEnum": "Gunther"})
         assert card.waiting  # a bad answer loses nothing
         card.answer("once", values={"name": "Ada Lovelace", "check": True, "integer": 7})
+        second = await next_card(rt, handle, f"{E}/elicitation/create")
+        assert second.id != card.id
+        second.answer("refuse")  # declined: the server hears decline, the call goes on
         await handle
         assert handle.status == "completed", handle.error
-        [tool_result, asked] = [r for r in results(rt, handle.run_id)][::-1][:2][::-1]
-        assert asked["tool"] == f"{E}/elicitation/create" or tool_result["tool"] == f"{E}/elicitation/create"
-        by_tool = {r["tool"]: r for r in results(rt, handle.run_id)}
-        assert by_tool[f"{E}/elicitation/create"]["output"] == {
-            "action": "accept", "content": {"name": "Ada Lovelace", "check": True, "integer": 7}}
-        assert "Ada Lovelace" in json.dumps(by_tool[f"{E}/trigger-elicitation-request"]["output"])
-        [answer] = entries(rt, handle.run_id, "answer")
-        assert answer["values"] == {"name": "Ada Lovelace", "check": True, "integer": 7}
-        assert answer["call_id"] == card.call_id
-        decided = {d["tool"]: d for d in decisions(rt, handle.run_id)}
-        assert decided[f"{E}/elicitation/create"]["caused_by"] == by_tool[f"{E}/trigger-elicitation-request"]["call_id"]
-
-
-async def test_a_declined_question_answers_decline_and_the_call_goes_on(home):
-    write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"})})
-    async with Runtime(home) as rt:
-        await rt.register_agent(manifest(
-            actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "declined"}],
-            required=[f"{E}/trigger-elicitation-request"]))
-        handle = await rt.submit("clerk", "Ask me")
-        card = await next_card(rt, handle, f"{E}/elicitation/create")
-        card.answer("refuse")
-        await handle
-        by_tool = {r["tool"]: r for r in results(rt, handle.run_id)}
-        assert by_tool[f"{E}/elicitation/create"]["output"] == {"action": "decline"}
-        assert "declined" in json.dumps(by_tool[f"{E}/trigger-elicitation-request"]["output"])
+        asked, first_call, declined, second_call = results(rt, handle.run_id)
+        assert asked["tool"] == declined["tool"] == f"{E}/elicitation/create"
+        assert asked["output"] == {"action": "accept", "content": {"name": "Ada Lovelace", "check": True, "integer": 7}}
+        assert "Ada Lovelace" in json.dumps(first_call["output"])
+        assert declined["output"] == {"action": "decline"} and "declined" in json.dumps(second_call["output"])
+        accepted, refused = entries(rt, handle.run_id, "answer")
+        assert accepted["values"] == {"name": "Ada Lovelace", "check": True, "integer": 7}
+        assert accepted["call_id"] == card.call_id and "values" not in refused
+        decided = [d for d in decisions(rt, handle.run_id) if d["tool"] == f"{E}/elicitation/create"]
+        assert decided[0]["caused_by"] == first_call["call_id"]
+        assert rt.replay(handle.run_id).verdict == "identical"
 
 
 async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home):
@@ -184,15 +173,9 @@ async def test_a_returned_resource_link_is_read_through_resources_read(home):
                 "mime_type": "text/plain"} in linked["output"]
         [content] = contents["output"]
         assert content["uri"] == "demo://resource/dynamic/text/2" and "Resource 2" in content["text"]
-
-
-async def test_resources_and_prompts_are_unclassified_unless_configured(home):
-    write_config(home, servers={"everything": everything()})
-    async with Runtime(home) as rt:
-        agent = await rt.register_agent(manifest(
-            required=[f"{E}/resources/list", f"{E}/resources/read", f"{E}/prompts/list"]))
-        assert {n: agent.tools.get(n).family for n in agent.offered if n.startswith(E)} == {
-            f"{E}/resources/list": None, f"{E}/resources/read": None, f"{E}/prompts/list": None}
+        agent = rt.agent("clerk")
+        assert agent.tools.get(f"{E}/resources/read").family.value == "read"  # configured
+        assert agent.tools.get(f"{E}/prompts/list").family is None  # unclassified unless configured
         prompts = await agent.tools.get(f"{E}/prompts/list").fn()
         assert "simple-prompt" in [p["name"] for p in prompts["prompts"]]
 
