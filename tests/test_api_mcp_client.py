@@ -6,8 +6,6 @@ one server process for the module.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import time
 
 import httpx
@@ -16,39 +14,10 @@ import pytest
 from apollia_nb.api.server import ServerThread
 from runtime_helpers import call, manifest
 from test_api_unattended import task_events
-from test_federation_support import EVERYTHING_JS, node, require_peer, write_config
+from test_federation_support import everything_url, write_config  # noqa: F401 (a fixture)
 
 TOKEN = "mcp-client-token"
 E = "mcp:everything"
-
-
-@pytest.fixture(scope="module")
-def everything_url():
-    script = require_peer(EVERYTHING_JS)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([node(), str(script), "streamableHttp"], env={"PORT": str(port), "PATH": "/usr/bin:/bin"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail(f"server-everything exited: {proc.stderr.read()}")
-                time.sleep(0.05)
-        else:
-            pytest.fail("server-everything did not listen within 30 s")
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def client(srv: ServerThread) -> httpx.Client:

@@ -19,7 +19,9 @@ import pytest
 from apollia_nb.errors import BadAnswer
 from apollia_nb.runtime import Runtime
 from runtime_helpers import call, manifest
-from test_federation_support import EVERYTHING_JS, decisions, node, require_peer, results, write_config
+from test_federation_support import (  # noqa: F401 (everything_url: a fixture)
+    EVERYTHING_JS, decisions, everything_url, node, require_peer, results, write_config,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -28,6 +30,16 @@ E = "mcp:everything"
 
 def everything(**extra):
     return {"command": node(), "args": [str(require_peer(EVERYTHING_JS)), "stdio"], **extra}
+
+
+@pytest.fixture(params=["stdio", "http"])
+def everything_over(request):
+    """The reference server's configuration over stdio, then over streamable HTTP (one process per module)."""
+    def config(**extra):
+        if request.param == "stdio":
+            return everything(**extra)
+        return {"url": request.getfixturevalue("everything_url"), **extra}
+    return config
 
 
 def entries(rt, run_id, kind):
@@ -89,8 +101,8 @@ async def test_a_servers_question_is_a_card_answered_from_code_with_checked_valu
         assert rt.replay(handle.run_id).verdict == "identical"
 
 
-async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home):
-    write_config(home, servers={"everything": everything(families={"trigger-sampling-request": "read"})})
+async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home, everything_over):
+    write_config(home, servers={"everything": everything_over(families={"trigger-sampling-request": "read"})})
     async with Runtime(home) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/trigger-sampling-request", prompt="Name a colour", maxTokens=20)]},
@@ -135,8 +147,8 @@ async def test_a_refused_model_call_is_the_protocols_error_and_never_reaches_the
         assert not [c for c in entries(rt, handle.run_id, "tool_call") if c["tool"].endswith("/sampling/createMessage")]
 
 
-async def test_progress_reaches_the_task_and_the_journal_at_a_bounded_rate(home):
-    write_config(home, servers={"everything": everything(families={"trigger-long-running-operation": "read"})})
+async def test_progress_reaches_the_task_and_the_journal_at_a_bounded_rate(home, everything_over):
+    write_config(home, servers={"everything": everything_over(families={"trigger-long-running-operation": "read"})})
     async with Runtime(home) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/trigger-long-running-operation", duration=1, steps=5)]},
@@ -156,8 +168,8 @@ async def test_progress_reaches_the_task_and_the_journal_at_a_bounded_rate(home)
         assert {p["call_id"] for p in journaled} == {tool_call["call_id"]}
 
 
-async def test_a_returned_resource_link_is_read_through_resources_read(home):
-    write_config(home, servers={"everything": everything(families={"get-resource-links": "read",
+async def test_a_returned_resource_link_is_read_through_resources_read(home, everything_over):
+    write_config(home, servers={"everything": everything_over(families={"get-resource-links": "read",
                                                                    "resources/read": "read"})})
     async with Runtime(home) as rt:
         links = call(f"{E}/get-resource-links", count=2)
@@ -180,8 +192,8 @@ async def test_a_returned_resource_link_is_read_through_resources_read(home):
         assert "simple-prompt" in [p["name"] for p in prompts["prompts"]]
 
 
-async def test_a_task_augmented_tool_runs_as_a_long_running_call(home):
-    write_config(home, servers={"everything": everything(families={"simulate-research-query": "read"})})
+async def test_a_task_augmented_tool_runs_as_a_long_running_call(home, everything_over):
+    write_config(home, servers={"everything": everything_over(families={"simulate-research-query": "read"})})
     async with Runtime(home) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/simulate-research-query", topic="tides")]}, {"text": "researched"}],
