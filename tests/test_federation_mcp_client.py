@@ -101,6 +101,27 @@ async def test_a_servers_question_is_a_card_answered_from_code_with_checked_valu
         assert rt.replay(handle.run_id).verdict == "identical"
 
 
+async def test_cancelling_a_task_cancels_the_servers_open_question(home):
+    write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"})})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "never"}],
+            required=[f"{E}/trigger-elicitation-request"]))
+        handle = await rt.submit("clerk", "Ask me", watched=False)
+        card = await next_card(rt, handle, f"{E}/elicitation/create")
+        await rt.cancel(handle.id)
+        await handle
+        assert handle.status == "cancelled"
+        assert (card.answer_value, card.answered_by) == ("refuse", "cancel")
+        assert rt.pending_decisions() == []
+        with anyio.fail_after(10):  # the server is told: its question is cancelled, not declined
+            while not [r for r in results(rt, handle.run_id) if r["tool"] == f"{E}/elicitation/create"]:
+                await rt.committed()
+                await anyio.sleep(0.02)
+        [asked] = [r for r in results(rt, handle.run_id) if r["tool"] == f"{E}/elicitation/create"]
+        assert asked["output"] == {"action": "cancel"}
+
+
 async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home, everything_over):
     write_config(home, servers={"everything": everything_over(families={"trigger-sampling-request": "read"})})
     async with Runtime(home) as rt:

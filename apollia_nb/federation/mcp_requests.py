@@ -129,10 +129,11 @@ def redact_form_values(arguments: Mapping[str, Any], values: Mapping[str, Any] |
 
 
 def elicitation_action(answer: str | None, answered_by: str | None) -> str:
-    """The protocol's answer for a card's: ``once`` accepts, ``refuse`` declines, no answer in time cancels."""
+    """The protocol's answer for a card's: ``once`` accepts, ``refuse`` declines; no answer in time, or
+    the call or its task cancelled, cancels."""
     if answer == "once" or answer == "always":
         return "accept"
-    if answered_by in ("timeout", "system"):
+    if answered_by in ("timeout", "system", "cancel"):
         return "cancel"
     return "decline"
 

@@ -371,7 +371,10 @@ async def governed_request(
 
         limit = timeout_secs if timeout_secs is not None else CHAT_CARD_TIMEOUT_SECS
         with anyio.move_on_after(limit):
-            await card.wait()
+            while card.waiting:
+                await card.wait()
+                if card.waiting:  # released (nobody watches any more): the call is in flight, it waits on
+                    card._event = anyio.Event()
         if card.waiting:
             try:
                 rt.answer(card.id, "refuse", by="timeout", reason=f"unanswered for {limit:g} s")
@@ -406,12 +409,16 @@ def _run_of(rt: "Runtime", run_id: str) -> tuple[Any, str | None]:
 
 
 def _show_waiting(run: Any) -> bool:
-    """A task whose in-flight call waits on a person shows as waiting (its call goes on once answered)."""
+    """A task whose in-flight call waits on a person shows as waiting (its call goes on once answered).
+
+    Shown, not saved: the record stays ``running``, which is what a restart must find (a call was
+    in flight: the run is interrupted and its open decisions are closed), not a parked run."""
     from apollia_nb.runtime.states import TaskStatus
 
     if run is None or run.status != TaskStatus.RUNNING.value:
         return False
-    run._set_status(TaskStatus.WAITING)
+    run.r["status"] = TaskStatus.WAITING.value
+    run.rt._notify(run)
     return True
 
 
@@ -419,7 +426,8 @@ async def _show_waiting_done(run: Any) -> None:
     from apollia_nb.runtime.states import TaskStatus
 
     if run.status == TaskStatus.WAITING.value:
-        run._set_status(TaskStatus.RUNNING)
+        run.r["status"] = TaskStatus.RUNNING.value
+        run.rt._notify(run)
 
 
 def new_id(prefix: str) -> str:
