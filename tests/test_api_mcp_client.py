@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from apollia_nb.api.server import ServerThread
+from apollia_nb.sdk import Client
 from runtime_helpers import call, manifest
 from test_api_unattended import task_events
 from test_federation_support import everything_url, write_config  # noqa: F401 (a fixture)
@@ -44,6 +45,8 @@ def test_an_unattended_question_is_answered_over_rest_with_the_tools_hints_shown
 
         tool_call = wait_pending(api, f"{E}/trigger-elicitation-request")  # unclassified: asked first
         assert tool_call["family"] is None and tool_call["answers"] == ["once", "refuse"]
+        with Client(srv.url, TOKEN) as sdk:
+            assert sdk.pending()[0].hints == tool_call["hints"]
         assert tool_call["hints"] == {"title": "Trigger Elicitation Request Tool", "readOnlyHint": False,
                                       "destructiveHint": False, "idempotentHint": False, "openWorldHint": False}
         assert api.post("/pending-decisions/decide", json={"id": tool_call["id"], "answer": "once"}).status_code == 200
@@ -57,9 +60,11 @@ def test_an_unattended_question_is_answered_over_rest_with_the_tools_hints_shown
         wrong = api.post("/pending-decisions/decide", json={"id": tool_call["id"], "answer": "once",
                                                             "values": {"name": "x"}})
         assert wrong.status_code == 409  # already answered: values change nothing
-        ok = api.post("/pending-decisions/decide", json={"id": question["id"], "answer": "once", "by": "alice",
-                                                         "values": {"name": "Grace Hopper", "check": True}})
-        assert ok.status_code == 200 and ok.json()["status"] == "answered"
+        with Client(srv.url, TOKEN) as sdk:  # the SDK: the hints and the form's values
+            [shown] = [p for p in sdk.pending() if p.id == question["id"]]
+            assert shown.arguments["requestedSchema"]["required"] == ["name"]
+            ok = sdk.decide(question["id"], "once", by="alice", values={"name": "Grace Hopper", "check": True})
+        assert ok.status == "answered"
 
         final = list(task_events(api, sub["id"]))[-1]
         assert final["status"] == "completed" and final["result"] == "answered"
