@@ -6,6 +6,9 @@ one server process for the module.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import httpx
@@ -60,11 +63,18 @@ def test_an_unattended_question_is_answered_over_rest_with_the_tools_hints_shown
         wrong = api.post("/pending-decisions/decide", json={"id": tool_call["id"], "answer": "once",
                                                             "values": {"name": "x"}})
         assert wrong.status_code == 409  # already answered: values change nothing
-        with Client(srv.url, TOKEN) as sdk:  # the SDK: the hints and the form's values
+        with Client(srv.url, TOKEN) as sdk:  # the SDK shows the form
             [shown] = [p for p in sdk.pending() if p.id == question["id"]]
             assert shown.arguments["requestedSchema"]["required"] == ["name"]
-            ok = sdk.decide(question["id"], "once", by="alice", values={"name": "Grace Hopper", "check": True})
-        assert ok.status == "answered"
+        env = {**os.environ, "APOLLIA_HOME": str(home.path), "APOLLIA_TOKEN": TOKEN}
+        bad_cli = subprocess.run([sys.executable, "-m", "apollia_nb", "pending", "decide", question["id"], "once",
+                                  "--values", "[1]"], capture_output=True, text=True, env=env, timeout=60)
+        assert bad_cli.returncode != 0 and "BAD_INPUT: argument --values: must be a JSON object" in bad_cli.stderr
+        cli = subprocess.run([sys.executable, "-m", "apollia_nb", "pending", "decide", question["id"], "once",
+                              "--by", "alice", "--values", json.dumps({"name": "Grace Hopper", "check": True})],
+                             capture_output=True, text=True, env=env, timeout=60)  # the CLI, through the server
+        assert cli.returncode == 0, cli.stderr
+        assert f"{question['id']}: once by alice" in cli.stdout
 
         final = list(task_events(api, sub["id"]))[-1]
         assert final["status"] == "completed" and final["result"] == "answered"

@@ -258,7 +258,7 @@ def _run(args: argparse.Namespace, api: _Api) -> int:
 def _pending_decide(args: argparse.Namespace, api: _Api) -> int:
     from apollia_nb.cli.runtime import _task_line
 
-    decided = api("decide", args.id, args.answer, args.reason, _who(args))
+    decided = api("decide", args.id, args.answer, args.reason, _who(args), getattr(args, "values", None))
     lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"]
     data: dict[str, Any] = {"decision": decided}
     task_id = decided.get("task_id")

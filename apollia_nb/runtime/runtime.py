@@ -773,7 +773,8 @@ class Runtime:
         ``values``: a server's question (elicitation) answered ``once`` — the form's fields."""
         answered = self._record_answer(decision_id, answer, by=by, reason=reason, values=values)
         self._deliver_answer(answered, values)
-        return answered
+        card = self._cards.get(decision_id)
+        return {**answered, "hints": answered.get("hints", card.hints if card is not None else None)}
 
     def _deliver_answer(self, answered: dict[str, Any], values: dict[str, Any] | None = None) -> None:
         """An answered decision reaches its card when it is this process's: it resolves, its run resumes."""
