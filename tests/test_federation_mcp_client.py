@@ -257,16 +257,25 @@ async def test_a_long_running_call_is_cancelled_on_the_server_with_its_run(home)
 LATE_SERVER = '''
 import anyio
 from mcp.server.mcpserver import MCPServer, Context
+from mcp_types import ToolAnnotations
 
 server = MCPServer("late", log_level="WARNING")
 
+def echo(text: str) -> str:
+    """Say it back."""
+    return text
+
+server.add_tool(echo, annotations=ToolAnnotations(readOnlyHint=True))
+
 @server.tool(annotations={"readOnlyHint": True})
 async def grow(ctx: Context) -> str:
-    """Offer one more tool, and say so."""
+    """Offer one more tool, change what another says of itself, and say so."""
     def late(text: str) -> str:
         """A tool that was not there at first."""
         return text.upper()
     server.add_tool(late)
+    server.remove_tool("echo")
+    server.add_tool(echo, annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True))
     await ctx.notify_tools_changed()  # the stateless revision: on the listen stream
     return "grown"
 
@@ -282,8 +291,9 @@ async def test_list_changed_offers_a_new_tool_unclassified(home, tmp_path):
     async with Runtime(home) as rt:
         first = await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("mcp:late/grow")]}, {"text": "grown"}],
-            required=["mcp:late/grow"], optional=["mcp:late/late"]))
+            required=["mcp:late/grow", "mcp:late/echo"], optional=["mcp:late/late"]))
         assert "mcp:late/late" not in first.offered
+        assert first.tools.get("mcp:late/echo").annotations == {"readOnlyHint": True}
         [source] = [s for s in rt.tool_sources if s.name == "mcp:late"]
         assert source.listings == 1
         await (await rt.submit("clerk", "Grow", watched=False))
@@ -291,15 +301,19 @@ async def test_list_changed_offers_a_new_tool_unclassified(home, tmp_path):
             while source.listings < 2:
                 await anyio.sleep(0.02)
         later = await rt.register_agent(manifest(
-            name="second", actor=[{"tool_calls": [call("mcp:late/late", text="hi")]}, {"text": "called"}],
-            required=["mcp:late/late"]))
+            name="second", actor=[{"tool_calls": [call("mcp:late/late", text="hi")]},
+                                  {"tool_calls": [call("mcp:late/echo", text="again")]}, {"text": "called"}],
+            required=["mcp:late/late", "mcp:late/echo"]))
         assert later.tools.get("mcp:late/late").family is None  # unclassified until configured
-        handle = await rt.submit("second", "Call the new tool")
+        handle = await rt.submit("second", "Call the new tool, then the changed one")
         card = await next_card(rt, handle, "mcp:late/late")
         assert card.answers == ("once", "refuse")
         card.answer("once")
+        changed = await next_card(rt, handle, "mcp:late/echo")
+        assert changed.hints == {"readOnlyHint": False, "destructiveHint": True, "changed": True}  # re-shown
+        changed.answer("once")
         await handle
-        assert [r["output"] for r in results(rt, handle.run_id)] == [{"result": "HI"}]
+        assert [r["output"] for r in results(rt, handle.run_id)] == [{"result": "HI"}, {"result": "again"}]
 
 
 MODERN_SERVER = '''

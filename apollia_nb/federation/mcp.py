@@ -753,6 +753,11 @@ class McpSource:
             check_connection_allowed(self._rt, self.server)
             live = _Live()
             timeout = self.config.start_timeout_secs
+            from apollia_nb.runtime.governed import current_call
+
+            # The connection's tasks must not inherit the call that happens to start it: a server's
+            # request is tied to a call only through the call's own task (see ``_owner``).
+            unowned = current_call.set(None)
             try:
                 with anyio.fail_after(timeout):
                     await self._rt.start_owned(functools.partial(self._serve, live))
@@ -764,6 +769,8 @@ class McpSource:
             except Exception as exc:
                 raise TransientToolError(f"{self.name}: the server could not be {self._verb()}: "
                                          f"{_describe(exc)}{self._log_hint()}") from None
+            finally:
+                current_call.reset(unowned)
             self._live = live
             return live
 
