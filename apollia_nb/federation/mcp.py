@@ -28,6 +28,16 @@ between calls is noticed at once (its stream ends) and restarted before the
 next request is sent, so only a call in flight at the moment of a crash
 fails. A stdio server's standard error goes to ``<home>/logs/mcp-<name>.log``.
 
+What the server asks of the host (the client declares elicitation, sampling
+and roots; see docs/federation.md) is tied to the call in flight (``_owner``)
+and governed there: a question becomes a card of the run
+(``_on_elicit``), a model call is decided by ``decide()`` and spends the run's
+model and budget (``_on_sample``), roots are the calling agent's workspace.
+Progress goes to the task and, at most once a second, to the journal
+(``_Inflight``); log messages go to the server's log file; ``list_changed``
+reads the tool list again (``_refresher``); a task-augmented tool is polled
+as a long-running call (``_call_as_task``).
+
 ``import mcp`` is slow (about 0.6 s), so it happens only when a server is used.
 """
 
