@@ -177,9 +177,16 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _waiting_lines(rt: Any, handle: Any) -> list[str]:
-    return [f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
-            f"answer with `apollia-os pending decide {p['id']} {'|'.join(p['answers'])}`"
-            for p in rt.pending_decisions() if p["task_id"] == handle.id]
+    return [waiting_line(p) for p in rt.pending_decisions() if p["task_id"] == handle.id]
+
+
+def waiting_line(p: dict[str, Any]) -> str:
+    """One waiting decision and the command that answers it (a server's question: with its values)."""
+    from apollia_nb.federation.mcp_requests import is_elicitation
+
+    values = " --values '{...}'" if is_elicitation(p["tool"]) and p["arguments"].get("mode") != "url" else ""
+    return (f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
+            f"answer with `apollia-os pending decide {p['id']} {'|'.join(p['answers'])}{values}`")
 
 
 async def _until_answered_or_interrupted(work: Any) -> str | None:
