@@ -122,6 +122,23 @@ async def test_cancelling_a_task_cancels_the_servers_open_question(home):
         assert asked["output"] == {"action": "cancel"}
 
 
+async def test_the_only_root_offered_is_the_calling_agents_workspace(home):
+    write_config(home, servers={"everything": everything(families={"echo": "read", "get-roots-list": "read"})})
+    async with Runtime(home) as rt:
+        agent = await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/echo", message="hi")]}, {"tool_calls": [call(f"{E}/get-roots-list")]},
+                   {"text": "rooted"}],
+            required=[f"{E}/echo", f"{E}/get-roots-list"]))
+        handle = await rt.submit("clerk", "Which roots?", watched=False)
+        await handle
+        assert handle.status == "completed", handle.error
+        _, roots = results(rt, handle.run_id)
+        assert "Current MCP Roots (1 total)" in roots["output"]
+        assert agent.workspace.resolve().as_uri() in roots["output"]
+    log = (home.logs_dir / "mcp-everything.log").read_text()
+    assert "[info] everything-server Roots updated: 1 root(s)" in log  # the server's log messages, in its log
+
+
 async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home, everything_over):
     write_config(home, servers={"everything": everything_over(families={"trigger-sampling-request": "read"})})
     async with Runtime(home) as rt:

@@ -364,6 +364,7 @@ class McpSource:
         self._closed = False
         self._inflight: dict[str, _Inflight] = {}
         self._log: Any = None
+        self._rooted: str | None = None  # the workspace last offered as the roots
         #: How many times the tool list was read (once per connection, again on every ``list_changed``).
         self.listings = 0
 
@@ -486,6 +487,7 @@ class McpSource:
         self._inflight[key] = inflight
         try:
             async def ask(client: Any) -> Any:
+                await self._offer_roots(client, scope)
                 if as_task:
                     return await self._call_as_task(client, tool, arguments, inflight)
                 return await client.call_tool(tool, arguments, read_timeout_seconds=_BACKSTOP_SECS,
@@ -670,6 +672,23 @@ class McpSource:
         workspace = Path(owner.scope.agent.workspace)
         return t.ListRootsResult(roots=[t.Root(uri=workspace.resolve().as_uri(), name="workspace")])
 
+    async def _offer_roots(self, client: Any, scope: Any) -> None:
+        """Before a call of another workspace's agent, tell a handshake-era server its roots changed,
+        so it asks again while that call is in flight (and hears that agent's workspace)."""
+        import warnings
+
+        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+        if scope is None or client.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            return
+        workspace = str(Path(scope.agent.workspace).resolve())
+        if self._rooted == workspace:
+            return
+        self._rooted = workspace
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated by the stateless revision only
+            await client.send_roots_list_changed()
+
     async def _on_log(self, params: Any) -> None:
         data = params.data if isinstance(params.data, str) else repr(params.data)
         self._log_line(f"[{params.level}]{' ' + params.logger if params.logger else ''} {data}")
@@ -813,6 +832,7 @@ class McpSource:
             async with client:
                 live.tools = await _list_tools(client)
                 self.listings += 1
+                self._rooted = None  # a new connection has heard no roots yet
                 live.client = client
                 _note(errlog, f"connected: protocol {client.protocol_version}")
                 task_status.started()
