@@ -39,7 +39,7 @@ DEFAULT_INPUT_TIMEOUT_SECS = 300.0
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _MCP_KEYS = frozenset({
     "command", "args", "env", "cwd", "url", "headers", "token_env", "families", "timeout_secs", "start_timeout_secs",
-    "input_timeout_secs",
+    "input_timeout_secs", "roots",
 })
 _HOST_KEYS = frozenset({"base_url", "openapi", "token_env", "families", "timeout_secs"})
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -61,6 +61,7 @@ class McpServerConfig:
     timeout_secs: float = DEFAULT_TIMEOUT_SECS
     start_timeout_secs: float = DEFAULT_START_TIMEOUT_SECS
     input_timeout_secs: float = DEFAULT_INPUT_TIMEOUT_SECS
+    roots: bool = True  # offer the calling agent's workspace as the only root (False: no roots capability)
 
     @property
     def transport(self) -> str:
@@ -155,6 +156,13 @@ def _timeout(section: str, name: str, table: Mapping[str, Any], key: str = "time
     return float(value)
 
 
+def _flag(section: str, name: str, table: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise BadInput(f"{_where(section, name, key)} must be true or false, got {value!r}")
+    return value
+
+
 def _token_env(section: str, name: str, table: Mapping[str, Any]) -> str | None:
     value = _string(section, name, table, "token_env")
     if value is not None and not _ENV_NAME.fullmatch(value):
@@ -203,6 +211,7 @@ def parse_mcp_server(name: object, value: object) -> McpServerConfig:
         timeout_secs=_timeout(section, name, table),
         start_timeout_secs=_timeout(section, name, table, "start_timeout_secs", DEFAULT_START_TIMEOUT_SECS),
         input_timeout_secs=_timeout(section, name, table, "input_timeout_secs", DEFAULT_INPUT_TIMEOUT_SECS),
+        roots=_flag(section, name, table, "roots", True),
     )
 
 

@@ -679,7 +679,7 @@ class McpSource:
 
         from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-        if scope is None or client.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        if not self.config.roots or scope is None or client.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
             return
         workspace = str(Path(scope.agent.workspace).resolve())
         if self._rooted == workspace:
@@ -824,7 +824,7 @@ class McpSource:
                 read_timeout_seconds=self.config.timeout_secs,
                 elicitation_callback=self._on_elicit,
                 sampling_callback=self._on_sample,
-                list_roots_callback=self._on_roots,
+                list_roots_callback=self._on_roots if self.config.roots else None,
                 logging_callback=self._on_log,
                 log_level="info",
                 message_handler=self._on_message,
