@@ -135,8 +135,27 @@ async def test_the_only_root_offered_is_the_calling_agents_workspace(home):
         _, roots = results(rt, handle.run_id)
         assert "Current MCP Roots (1 total)" in roots["output"]
         assert agent.workspace.resolve().as_uri() in roots["output"]
+        [source] = [s for s in rt.tool_sources if s.name == E]
+        assert source.listings >= 2  # its notifications/tools/list_changed after the handshake were followed
     log = (home.logs_dir / "mcp-everything.log").read_text()
     assert "[info] everything-server Roots updated: 1 root(s)" in log  # the server's log messages, in its log
+
+
+async def test_an_unanswered_question_is_cancelled_when_its_time_is_up(home):
+    write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"},
+                                                         input_timeout_secs=0.5)})
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(
+            actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "nobody answered"}],
+            required=[f"{E}/trigger-elicitation-request"]))
+        handle = await rt.submit("clerk", "Ask me", watched=False)
+        await handle
+        assert handle.status == "completed", handle.error
+        asked, outer = results(rt, handle.run_id)
+        assert asked["output"] == {"action": "cancel"} and "cancel" in json.dumps(outer["output"])
+        [answer] = entries(rt, handle.run_id, "answer")
+        assert (answer["answer"], answer["answered_by"]) == ("refuse", "timeout")
+        assert rt.pending_decisions() == []
 
 
 async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home, everything_over):

@@ -708,11 +708,9 @@ class McpSource:
                    **({"error_code": error_code} if error_code else {})}
         self._rt.journal.append_soon("tool_result", payload, run_id=owner.scope.run_id, agent=owner.scope.agent.name)
 
-    async def _on_message(self, message: Any) -> None:
+    async def _on_message(self, live: _Live, message: Any) -> None:
         if getattr(message, "method", None) == "notifications/tools/list_changed":
-            live = self._live
-            if live is not None:
-                live.changed.set()
+            live.changed.set()  # also while the first listing is under way: read again once it is done
 
     async def _listener(self, live: _Live) -> None:
         """On the stateless revision (2026-07-28) change notifications come on a ``subscriptions/listen``
@@ -827,7 +825,7 @@ class McpSource:
                 list_roots_callback=self._on_roots if self.config.roots else None,
                 logging_callback=self._on_log,
                 log_level="info",
-                message_handler=self._on_message,
+                message_handler=functools.partial(self._on_message, live),
             )
             async with client:
                 live.tools = await _list_tools(client)
