@@ -452,7 +452,7 @@ class McpSource:
             parameters={"type": "object", "properties": properties, "required": required,
                         "additionalProperties": False},
             description=description, timeout_secs=_BACKSTOP_SECS, connection=self.server,
-            annotations={"readOnlyHint": True, "title": description} if what != "prompts/get" else {"readOnlyHint": True},
+            annotations={},  # the host's own request: no server said anything about it
         )
         self._tooldefs[name] = tooldef
         return tooldef
