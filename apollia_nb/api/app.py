@@ -847,7 +847,8 @@ async def list_pending(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
                     "refuses it and fails its step. 422 `BAD_ANSWER` for an answer not on offer, 404 "
                     "`UNKNOWN_DECISION`, 409 `CONFLICT` when it was already answered.")
 async def decide(body: s.DecideIn, background: BackgroundTasks, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    answered = rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason)  # committed
+    extra = {"values": body.values} if body.values is not None else {}
+    answered = rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason, **extra)  # committed
     faults.point("decide.after_commit")
     background.add_task(_after_decide_response)
     return answered

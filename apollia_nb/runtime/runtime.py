@@ -840,18 +840,28 @@ class Runtime:
         return sorted((c for c in self._cards.values() if c.waiting), key=lambda c: c.created_at)
 
     def pending_decisions(self) -> list[dict[str, Any]]:
-        return [p.to_dict() for p in self.governance.pending()]
+        """Waiting decisions, each with its tool's hints (MCP annotations) when this process has its card."""
+        out = []
+        for p in self.governance.pending():
+            card = self._cards.get(p.id)
+            out.append({**p.to_dict(), "hints": card.hints if card is not None else None})
+        return out
 
-    def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None) -> dict[str, Any]:
-        """Answer a waiting decision: validated, journaled, applied once; the run resumes."""
-        answered = self._record_answer(decision_id, answer, by=by, reason=reason)
-        self._deliver_answer(answered)
-        return answered
+    def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
+               values: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer a waiting decision: validated, journaled, applied once; the run resumes.
 
-    def _deliver_answer(self, answered: dict[str, Any]) -> None:
+        ``values``: a server's question (elicitation) answered ``once`` — the form's fields."""
+        answered = self._record_answer(decision_id, answer, by=by, reason=reason, values=values)
+        self._deliver_answer(answered, values)
+        card = self._cards.get(decision_id)
+        return {**answered, "hints": answered.get("hints", card.hints if card is not None else None)}
+
+    def _deliver_answer(self, answered: dict[str, Any], values: dict[str, Any] | None = None) -> None:
         """An answered decision reaches its card when it is this process's: it resolves, its run resumes."""
         card = self._cards.get(answered["id"])
         if card is not None and card.waiting:
+            card.values = values if answered["answer"] == "once" else None
             card._resolve(answered["answer"], answered["answered_by"], answered["answered_at"] or self.now_iso())
             self._emit("card", card)
             run = self._runs.get(card.task_id or "")
@@ -859,9 +869,14 @@ class Runtime:
                 faults.point("answer.before_resume")
                 self._spawn(run)
 
-    def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None) -> dict[str, Any]:
+    def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None,
+                       values: dict[str, Any] | None = None) -> dict[str, Any]:
         """Validate, journal (before the effect), store, and apply ``always``."""
+        from apollia_nb.federation.mcp_requests import check_form_values, is_elicitation, redact_form_values
+
         if self.mode == "client":  # the server records it, in one step (docs/shared-home.md)
+            if values is not None:
+                raise BadAnswer("a server's question is answered in the process that runs its call")
             return self.governance.record_answer(decision_id, answer, by=by, reason=reason)
         pending = self.governance.get_pending(decision_id)
         if pending.status != "pending":
@@ -869,10 +884,16 @@ class Runtime:
         if answer not in [a.value for a in pending.answers]:
             offered = ", ".join(a.value for a in pending.answers)
             raise BadAnswer(f"{answer!r} is not on offer for {decision_id}; answers: {offered}")
+        shown: dict[str, Any] = {}
+        if is_elicitation(pending.tool) and answer == "once":
+            values = check_form_values(pending.arguments, values)
+            shown = {"values": redact_form_values(pending.arguments, values)} if values is not None else {}
+        elif values is not None:
+            raise BadAnswer(f"values answer a server's question; {decision_id} asks about {pending.tool}")
         self.journal.append(
             "answer",
             {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer, "answered_by": by,
-             **({"reason": reason} if reason else {})},
+             **({"reason": reason} if reason else {}), **shown},
             run_id=pending.run_id, agent=pending.agent,
         )
         faults.point("answer.after_journal")

@@ -247,8 +247,11 @@ class _Routes:
     pending = staticmethod(lambda: _Req("GET", "/pending-decisions", model=list[s.PendingDecision]))
 
     @staticmethod
-    def decide(decision_id: str, answer: str, reason: str | None, by: str | None) -> _Req:
+    def decide(decision_id: str, answer: str, reason: str | None, by: str | None,
+               values: dict[str, Any] | None = None) -> _Req:
         body: dict[str, Any] = {"id": decision_id, "answer": answer}
+        if values is not None:
+            body["values"] = values
         if reason is not None:
             body["reason"] = reason
         if by is not None:
@@ -466,8 +469,9 @@ class Client:
         return self._do(_Routes.pending())
 
     def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
-               by: str | None = None, idempotency_key: str | None = None) -> s.PendingDecision:
-        return self._do(_Routes.decide(decision_id, answer, reason, by), idempotency_key)
+               by: str | None = None, values: dict[str, Any] | None = None,
+               idempotency_key: str | None = None) -> s.PendingDecision:
+        return self._do(_Routes.decide(decision_id, answer, reason, by, values), idempotency_key)
 
     # governance
     def rules(self) -> list[s.Rule]:
@@ -666,8 +670,9 @@ class AsyncClient:
         return await self._do(_Routes.pending())
 
     async def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
-                     by: str | None = None, idempotency_key: str | None = None) -> s.PendingDecision:
-        return await self._do(_Routes.decide(decision_id, answer, reason, by), idempotency_key)
+                     by: str | None = None, values: dict[str, Any] | None = None,
+                     idempotency_key: str | None = None) -> s.PendingDecision:
+        return await self._do(_Routes.decide(decision_id, answer, reason, by, values), idempotency_key)
 
     async def rules(self) -> list[s.Rule]:
         return await self._do(_Routes.rules())
