@@ -316,14 +316,19 @@ def simple_words(command: str) -> tuple[str, ...] | None:
         command = _exact_text(command)
         if command is None or len(command) > MAX_SIMPLE_LENGTH:
             return None
-        if not _PRINTABLE.issuperset(command):
-            return None  # control characters (newline, CR, tab, NUL…) and non-ASCII
-        words = _tokenize(command)
-        if not words or not _program_ok(words[0]) or words[0] in _EVALUATING_BUILTINS:
-            return None
-        return words
+        return _simple_words(command)
     except Exception:
         return None
+
+
+@functools.lru_cache(maxsize=4096)  # decide() reads the same command, and the same rules' prefixes, often
+def _simple_words(command: str) -> tuple[str, ...] | None:
+    if not _PRINTABLE.issuperset(command):
+        return None  # control characters (newline, CR, tab, NUL…) and non-ASCII
+    words = _tokenize(command)
+    if not words or not _program_ok(words[0]) or words[0] in _EVALUATING_BUILTINS:
+        return None
+    return words
 
 
 def evaluating_builtin(command: str) -> str | None:
