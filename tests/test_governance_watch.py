@@ -156,3 +156,18 @@ def test_a_path_through_a_symbolic_link_is_never_watched(tmp_path: Path) -> None
     (tmp_path / "link").symlink_to(tmp_path / "real")
     watch = FileWatch([str(tmp_path / "link" / "governance.db")])
     assert not watch.armed and not watch.quiet()
+
+
+@linux_only
+def test_closing_the_store_stops_watching_and_a_later_view_still_sees_changes(home: Path, stats: list[str]) -> None:
+    store = GovernanceStore(Home(home))
+    store.view()
+    watch = store._cached.watch  # type: ignore[union-attr]
+    assert watch is not None and watch.armed
+    fd = watch._fd
+    store.close()
+    assert not watch.armed
+    with pytest.raises(OSError):
+        os.fstat(fd)  # the inotify instance is given back (a user has only so many)
+    cli("rules", "add", "write_file", "--effect", "deny", home=home)
+    assert len(store.view().rules) == 2

@@ -666,13 +666,16 @@ class GovernanceStore:
             return True
 
     def close(self) -> None:
-        """Stop holding the database open (see ``keep_open``)."""
+        """Stop holding the database open (see ``keep_open``) and watching its files."""
         with self._lock:
             self._keep = False
             keeper, self._keeper = self._keeper, None
             self._keeper_ino = None
+            cached = self._cached
         if keeper is not None:
             keeper.close()
+        if cached is not None and cached.watch is not None:
+            cached.watch.close()  # a later view() compares stat() results and watches again
 
     def attach_journal(self, journal: JournalSink | None) -> None:
         """Journal changes to ``journal`` from now on (and the policy state on next ``view()``)."""
