@@ -444,6 +444,6 @@ def test_commands_with_globs_and_expansions_agree_with_a_plain_scan(
     st.sampled_from(PROGRAM_WORDS + ["/", "mr", "x/rm", "[", "]", "}", ","]),
 )
 def test_a_glob_word_names_only_programs_that_fit_its_literal_tail(word: str, program: str) -> None:
-    for pattern, tail in shellcheck.glob_words(word):
-        if shellcheck.glob_may_name(pattern, program):
-            assert program.endswith(tail) or tail.endswith(program), (word, tail, program)
+    for glob in shellcheck.glob_words(word):
+        if shellcheck.glob_may_name(glob, program):
+            assert program.endswith(glob.tail) or glob.tail.endswith(program), (word, glob.tail, program)

@@ -364,7 +364,7 @@ class _Search:
     """A command as the index reads it: its search text and its glob words."""
 
     text: str
-    globs: tuple[tuple[Any, str], ...]
+    globs: tuple[shellcheck.GlobWord, ...]
 
 
 def _searchable(command: str) -> _Search | None:
@@ -465,8 +465,8 @@ class _Rules:
             for entries in _trie_hits(self.deny_trie, text):
                 found.extend((pos, prefix) for pos, prefix, rest in entries if all(w in text for w in rest))
             limit = before
-            for pattern, tail in search.globs:
-                named = self._first_named(pattern, tail, limit)
+            for word in search.globs:
+                named = self._first_named(word, limit)
                 if named is not None:
                     found.append(named)
                     limit = named[0]
@@ -479,15 +479,16 @@ class _Rules:
                 return pos
         return None
 
-    def _first_named(self, pattern: Any, tail: str, before: int | None) -> tuple[int, str] | None:
+    def _first_named(self, word: shellcheck.GlobWord, before: int | None) -> tuple[int, str] | None:
         """The first keyed rule (before ``before``) whose first word the glob word may name."""
+        tail = word.tail
         programs = self.deny_programs_by_end.get(tail[-1], ()) if tail else self.deny_programs
         for pos, program, prefix in programs:
             if before is not None and pos >= before:
                 return None
             if tail and not (program.endswith(tail) or tail.endswith(program)):
                 continue
-            if shellcheck.glob_may_name(pattern, program):
+            if word.may_name(program):
                 return pos, prefix
         return None
 

@@ -45,6 +45,7 @@ __all__ = [
     "deny_prefix_matches",
     "deny_search_text",
     "glob_words",
+    "GlobWord",
     "glob_may_name",
     "MAX_SIMPLE_LENGTH",
     "MAX_DENY_LENGTH",
@@ -693,7 +694,7 @@ def _glob_parts(word: str) -> "tuple[re.Pattern[str], str]":
     except re.error:
         return re.compile(".*", re.DOTALL), ""  # an unreadable pattern may name anything
     if depth or (cut := text.rfind("/")) != -1 and not _compiles(text[cut + 1:]):
-        return pattern, ""  # _tail_matches names every program then
+        return pattern, ""  # GlobWord.may_name names every program then
     return pattern, "".join(tail)
 
 
@@ -705,30 +706,56 @@ def _compiles(text: str) -> bool:
     return True
 
 
+class GlobWord:
+    """A word with ``* ? [ {`` as deny matching reads it: what it may expand to, compiled once."""
+
+    __slots__ = ("pattern", "tail", "_nested", "_last_part")
+
+    def __init__(self, pattern: "re.Pattern[str]", tail: str) -> None:
+        self.pattern = pattern
+        self.tail = tail  # every string the pattern matches ends with it (see ``_glob_parts``)
+        self._nested = re.compile(f"(?:{pattern.pattern})")
+        text = pattern.pattern
+        cut = text.rfind("/")
+        last: "re.Pattern[str] | bool | None" = None  # None: no "/"; True: unreadable, names anything
+        if cut != -1:
+            try:
+                last = re.compile(text[cut + 1:], re.DOTALL)
+            except re.error:
+                last = True
+        self._last_part = last
+
+    def may_name(self, program: str) -> bool:
+        """Whether the word may expand to ``program`` or a path ending in it (``/usr/bin/r?``)."""
+        last = self._last_part
+        return bool(
+            self.pattern.fullmatch(program) or self.pattern.fullmatch("/" + program)
+            or self._nested.fullmatch("x/" + program)
+            or (last is True or (last is not None and last.fullmatch(program) is not None))  # type: ignore[union-attr]
+        )
+
+
 @functools.lru_cache(maxsize=8)  # decide() asks once per deny rule about the same text
-def glob_words(command: str) -> "tuple[tuple[re.Pattern[str], str], ...]":
-    """The words of ``command`` with ``* ? [ {`` that deny matching reads as patterns:
-    each as its regex and literal tail (see ``_glob_parts``). The rule index in
-    ``decision.py`` finds the programs they may name with :func:`glob_may_name`."""
+def glob_words(command: str) -> "tuple[GlobWord, ...]":
+    """The words of ``command`` with ``* ? [ {`` that deny matching reads as patterns,
+    each with its literal tail (see ``_glob_parts``). The rule index in ``decision.py``
+    finds the programs they may name with :func:`glob_may_name`."""
     if not _GLOB_CHARS.intersection(command):
         return ()
     return tuple(
-        _glob_parts(token)
+        GlobWord(*_glob_parts(token))
         for token in _TOKEN_SPLIT.split(_dequote(command))
         if token and _GLOB_CHARS.intersection(token)
     )
 
 
-def glob_may_name(pattern: "re.Pattern[str]", program: str) -> bool:
-    """Whether a glob word's regex may expand to ``program`` or a path ending in it.
+def glob_may_name(word: GlobWord, program: str) -> bool:
+    """Whether a glob word may expand to ``program`` or a path ending in it.
 
     A string it matches ends with its literal tail, so a program it may name ends
     with the tail or the tail ends with the program; ``decision.py`` relies on that.
     """
-    return bool(
-        pattern.fullmatch(program) or pattern.fullmatch("/" + program)
-        or re.fullmatch(f"(?:{pattern.pattern})", "x/" + program) or _tail_matches(pattern, program)
-    )
+    return word.may_name(program)
 
 
 def _bracket_end(word: str, start: int) -> int:
@@ -783,16 +810,4 @@ def _pattern_may_name(forms: set[tuple[str, ...]], command: str) -> bool:
     if not patterns:
         return False
     programs = {form[0] for form in forms if form}
-    return any(glob_may_name(pattern, program) for pattern, _ in patterns for program in programs)
-
-
-def _tail_matches(pattern: "re.Pattern[str]", program: str) -> bool:
-    """Whether the pattern can name a path whose last part is ``program`` (``/usr/bin/r?``)."""
-    text = pattern.pattern
-    cut = text.rfind("/")
-    if cut == -1:
-        return False
-    try:
-        return re.fullmatch(text[cut + 1:], program, re.DOTALL) is not None
-    except re.error:
-        return True
+    return any(word.may_name(program) for word in patterns for program in programs)
