@@ -788,6 +788,7 @@ SNEAKY = [
     "/bin/r? -rf /", "/bin/[r]m -rf /", "/usr/bin/[r]m -rf /", "/b?n/rm -rf /", "{r,}m -rf /", "r* -rf /",
     "$HOME/rm -rf /", "${X:-rm} -rf /", "${X:-/bin/rm} -rf /", "r${X}m -rf /", "sudo /bin/r? -rf /",
     "bash -c '/bin/r? -rf /'", "ls; /bin/[[:lower:]]m -rf /", "[ && rm -rf /", "{a/,b}x; /bin/r? x",
+    "x* -rf /", "x?r? -rf /", "x[/]r[m] -rf /", "rmx? -rf /; rm x", "${X:-rm}z? -rf /",
 ]
 
 

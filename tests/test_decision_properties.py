@@ -391,6 +391,10 @@ GLOB_STYLES = {
     "quoted": lambda w: f"'{w}'",
     "double quoted": lambda w: f'"{w}"',
     "plain": lambda w: w,
+    "head": lambda w: f"{w}x?",
+    "head brace": lambda w: f"{w[:1]}{{{w[1:]},}}",
+    "slash head": lambda w: f"/{w}*",
+    "x head": lambda w: f"x/{w[:-1]}[{w[-1]}]",
 }
 BAD_GLOBS = ["[", "[]", "[!]", "{", "}", "{a/,b}x", "{a,b", "[[:alpha:]", "x[", "*/", "?/*", "[/]x", "{/,}rm",
              "[a-]", "[z-a]m", "\\*", "'*'", "${", "$(", "`"]
@@ -433,7 +437,8 @@ def test_commands_with_globs_and_expansions_agree_with_a_plain_scan(
 
 
 # What the index relies on from the glob reading: every program a glob word may name
-# ends with the word's literal tail, or the tail ends with the program.
+# ends with the word's literal tail, or the tail ends with the program; and it, or it
+# after "/" or "x/", starts with the word's literal head.
 @settings(max_examples=500, deadline=None)
 @given(
     st.one_of(
@@ -441,9 +446,10 @@ def test_commands_with_globs_and_expansions_agree_with_a_plain_scan(
         st.sampled_from(BAD_GLOBS),
         st.builds(lambda s, w: GLOB_STYLES[s](w), st.sampled_from(list(GLOB_STYLES)), st.sampled_from(PROGRAM_WORDS)),
     ),
-    st.sampled_from(PROGRAM_WORDS + ["/", "mr", "x/rm", "[", "]", "}", ","]),
+    st.sampled_from(PROGRAM_WORDS + ["/", "mr", "x/rm", "[", "]", "}", ",", "xrm", "x", "/x"]),
 )
-def test_a_glob_word_names_only_programs_that_fit_its_literal_tail(word: str, program: str) -> None:
+def test_a_glob_word_names_only_programs_that_fit_its_literal_tail_and_head(word: str, program: str) -> None:
     for glob in shellcheck.glob_words(word):
         if shellcheck.glob_may_name(glob, program):
             assert program.endswith(glob.tail) or glob.tail.endswith(program), (word, glob.tail, program)
+            assert any(s.startswith(glob.head) for s in (program, "/" + program, "x/" + program)), (word, glob.head)

@@ -335,7 +335,9 @@ def path_prefix_matches(prefix: str, path: str) -> bool:
 # - through a glob word (``/bin/r?``, ``[r]m``, ``{r,}m``, ``*``) that may expand to
 #   its first word. Every string such a word matches ends with the word's literal
 #   tail, so only first words that end with the tail (or that the tail ends with)
-#   are tried, in view order, with ``shellcheck.glob_may_name``: the first one named
+#   are tried; a word without a tail but with a literal head (``gitx?``, ``${x:-rm}``)
+#   and no ``/`` names only first words ``w`` where ``w``, ``/w`` or ``x/w`` starts
+#   with the head. They are tried in view order, with ``shellcheck.glob_may_name``: the first one named
 #   decides, since a named program is a match whatever the other words are.
 #
 # The matcher also matches whatever the prefix is when it cannot read the command
@@ -430,6 +432,7 @@ class _Rules:
     deny_unkeyed: tuple[tuple[int, str], ...]  # those without: always checked
     deny_programs: tuple[_Program, ...]  # the keyed rules' first words, in view order
     deny_programs_by_end: Mapping[str, tuple[_Program, ...]]  # the same by their last character
+    deny_programs_by_start: Mapping[str, tuple[_Program, ...]]  # and by their first
     allow: Mapping[str, tuple[tuple[int, tuple[str, ...]], ...]]  # first word -> (pos, words)
 
     def first_deny(
@@ -481,16 +484,35 @@ class _Rules:
 
     def _first_named(self, word: shellcheck.GlobWord, before: int | None) -> tuple[int, str] | None:
         """The first keyed rule (before ``before``) whose first word the glob word may name."""
-        tail = word.tail
-        programs = self.deny_programs_by_end.get(tail[-1], ()) if tail else self.deny_programs
+        tail, head = word.tail, word.head
+        if tail:
+            programs = self.deny_programs_by_end.get(tail[-1], ())
+        elif head:
+            programs = self._starting(head)
+        else:
+            programs = self.deny_programs
         for pos, program, prefix in programs:
             if before is not None and pos >= before:
                 return None
             if tail and not (program.endswith(tail) or tail.endswith(program)):
                 continue
+            if head and not (program.startswith(head) or ("/" + program).startswith(head)
+                             or ("x/" + program).startswith(head)):
+                continue
             if word.may_name(program):
                 return pos, prefix
         return None
+
+    def _starting(self, head: str) -> tuple[_Program, ...]:
+        """The first words ``w`` for which ``w``, ``/w`` or ``x/w`` may start with ``head``, in view order."""
+        firsts = {head[0]}
+        for lead in ("/", "x/"):
+            if head.startswith(lead) or lead.startswith(head):
+                if len(head) <= len(lead):
+                    return self.deny_programs
+                firsts.add(head[len(lead)])
+        by_start = self.deny_programs_by_start
+        return tuple(sorted(p for c in firsts for p in by_start.get(c, ())))
 
     def first_allow(self, words: tuple[str, ...]) -> int | None:
         best: int | None = None
@@ -558,15 +580,16 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
         deny_trie=trie,
         deny_unkeyed=tuple(sorted(unkeyed)),
         deny_programs=tuple(sorted(programs.values())),
-        deny_programs_by_end=_by_last_character(sorted(programs.values())),
+        deny_programs_by_end=_by_character(sorted(programs.values()), -1),
+        deny_programs_by_start=_by_character(sorted(programs.values()), 0),
         allow={k: tuple(v) for k, v in allow.items()},
     )
 
 
-def _by_last_character(programs: list[_Program]) -> dict[str, tuple[_Program, ...]]:
+def _by_character(programs: list[_Program], at: int) -> dict[str, tuple[_Program, ...]]:
     grouped: dict[str, list[_Program]] = {}
     for entry in programs:
-        grouped.setdefault(entry[1][-1], []).append(entry)
+        grouped.setdefault(entry[1][at], []).append(entry)
     return {k: tuple(v) for k, v in grouped.items()}
 
 

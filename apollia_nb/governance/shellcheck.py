@@ -647,13 +647,17 @@ def _glob_regex(word: str) -> "re.Pattern[str] | None":
 
 
 def _glob_parts(word: str) -> "tuple[re.Pattern[str], str]":
-    """The word's regex and its literal tail: the characters every string it matches ends with.
+    """The word's regex, its literal tail and its literal head: the characters every
+    string it matches ends with, and starts with.
 
     The tail is what follows the last glob, bracket or brace element outside braces
-    ("" when the word ends in one, inside an unclosed brace, or cannot be read).
+    ("" when the word ends in one, inside an unclosed brace, or cannot be read); the
+    head is what comes before the first ("" when the word starts with one).
     """
     out: list[str] = []
     tail: list[str] = []
+    head: list[str] = []
+    heading = True
     depth = 0
     i = 0
     while i < len(word):
@@ -684,18 +688,21 @@ def _glob_parts(word: str) -> "tuple[re.Pattern[str], str]":
             literal = True
         if literal and not depth:
             tail.append(c)
+            if heading:
+                head.append(c)
         else:
             tail.clear()
+            heading = False
         i += 1
     out.append(")" * depth)
     text = "".join(out)
     try:
         pattern = re.compile(text, re.DOTALL)
     except re.error:
-        return re.compile(".*", re.DOTALL), ""  # an unreadable pattern may name anything
-    if depth or (cut := text.rfind("/")) != -1 and not _compiles(text[cut + 1:]):
-        return pattern, ""  # GlobWord.may_name names every program then
-    return pattern, "".join(tail)
+        return re.compile(".*", re.DOTALL), "", ""  # an unreadable pattern may name anything
+    if (cut := text.rfind("/")) != -1 and not _compiles(text[cut + 1:]):
+        return pattern, "", ""  # GlobWord.may_name names every program then
+    return pattern, "" if depth else "".join(tail), "".join(head)
 
 
 def _compiles(text: str) -> bool:
@@ -709,9 +716,9 @@ def _compiles(text: str) -> bool:
 class GlobWord:
     """A word with ``* ? [ {`` as deny matching reads it: what it may expand to, compiled once."""
 
-    __slots__ = ("pattern", "tail", "_nested", "_last_part")
+    __slots__ = ("pattern", "tail", "head", "_nested", "_last_part")
 
-    def __init__(self, pattern: "re.Pattern[str]", tail: str) -> None:
+    def __init__(self, pattern: "re.Pattern[str]", tail: str, head: str = "") -> None:
         self.pattern = pattern
         self.tail = tail  # every string the pattern matches ends with it (see ``_glob_parts``)
         self._nested = re.compile(f"(?:{pattern.pattern})")
@@ -724,6 +731,9 @@ class GlobWord:
             except re.error:
                 last = True
         self._last_part = last
+        # Every string the pattern matches starts with it; with a "/" in the pattern, a
+        # program may also match its last part alone, which need not: then no head.
+        self.head = head if last is None else ""
 
     def may_name(self, program: str) -> bool:
         """Whether the word may expand to ``program`` or a path ending in it (``/usr/bin/r?``)."""
@@ -753,7 +763,8 @@ def glob_may_name(word: GlobWord, program: str) -> bool:
     """Whether a glob word may expand to ``program`` or a path ending in it.
 
     A string it matches ends with its literal tail, so a program it may name ends
-    with the tail or the tail ends with the program; ``decision.py`` relies on that.
+    with the tail or the tail ends with the program; and ``program``, ``/program``
+    or ``x/program`` starts with its head. ``decision.py`` relies on both.
     """
     return word.may_name(program)
 
