@@ -336,8 +336,10 @@ def path_prefix_matches(prefix: str, path: str) -> bool:
 #   its first word. Every string such a word matches ends with the word's literal
 #   tail, so only first words that end with the tail (or that the tail ends with)
 #   are tried; a word without a tail but with a literal head (``gitx?``, ``${x:-rm}``)
-#   and no ``/`` names only first words ``w`` where ``w``, ``/w`` or ``x/w`` starts
-#   with the head. They are tried in view order, with ``shellcheck.glob_may_name``: the first one named
+#   names only first words ``w`` where ``w``, ``/w`` or ``x/w`` starts with the head,
+#   or (a word with a ``/``: ``/bin/r?``) ``w`` starts with the literal head of the part
+#   after the last ``/``. They are tried in view order, with
+#   ``shellcheck.glob_may_name``: the first one named
 #   decides, since a named program is a match whatever the other words are.
 #
 # The matcher also matches whatever the prefix is when it cannot read the command
@@ -484,11 +486,11 @@ class _Rules:
 
     def _first_named(self, word: shellcheck.GlobWord, before: int | None) -> tuple[int, str] | None:
         """The first keyed rule (before ``before``) whose first word the glob word may name."""
-        tail, head = word.tail, word.head
+        tail, head, last = word.tail, word.head, word.last_head
         if tail:
             programs = self.deny_programs_by_end.get(tail[-1], ())
-        elif head:
-            programs = self._starting(head)
+        elif head and last != "":
+            programs = self._starting(head, last)
         else:
             programs = self.deny_programs
         for pos, program, prefix in programs:
@@ -497,20 +499,23 @@ class _Rules:
             if tail and not (program.endswith(tail) or tail.endswith(program)):
                 continue
             if head and not (program.startswith(head) or ("/" + program).startswith(head)
-                             or ("x/" + program).startswith(head)):
+                             or ("x/" + program).startswith(head)) and (last is None or not program.startswith(last)):
                 continue
             if word.may_name(program):
                 return pos, prefix
         return None
 
-    def _starting(self, head: str) -> tuple[_Program, ...]:
-        """The first words ``w`` for which ``w``, ``/w`` or ``x/w`` may start with ``head``, in view order."""
+    def _starting(self, head: str, last: str | None) -> tuple[_Program, ...]:
+        """The first words ``w`` for which ``w``, ``/w`` or ``x/w`` may start with ``head``, or
+        ``w`` with ``last`` (None: no such choice), in view order."""
         firsts = {head[0]}
         for lead in ("/", "x/"):
             if head.startswith(lead) or lead.startswith(head):
                 if len(head) <= len(lead):
                     return self.deny_programs
                 firsts.add(head[len(lead)])
+        if last is not None:
+            firsts.add(last[0])
         by_start = self.deny_programs_by_start
         return tuple(sorted(p for c in firsts for p in by_start.get(c, ())))
 

@@ -713,10 +713,36 @@ def _compiles(text: str) -> bool:
     return True
 
 
+_PLAIN_IN_REGEX = frozenset(string.ascii_letters + string.digits + "_/!\"%',:;<=>@`")
+
+
+def _literal_head(regex: str) -> str:
+    """The characters every match of ``regex`` (a glob word's, cut after a "/") starts with,
+    read from its text: the plain and escaped characters before anything else ("" when
+    it cannot tell: an alternative anywhere, or nothing plain first)."""
+    if "|" in regex:
+        return ""
+    out: list[str] = []
+    i = 0
+    while i < len(regex):
+        c = regex[i]
+        if c in _PLAIN_IN_REGEX:
+            step = 1
+        elif c == "\\" and i + 1 < len(regex) and not regex[i + 1].isalnum():
+            c, step = regex[i + 1], 2
+        else:
+            break
+        if regex[i + step: i + step + 1] in ("*", "+", "?", "{"):
+            break  # quantified: not certain
+        out.append(c)
+        i += step
+    return "".join(out)
+
+
 class GlobWord:
     """A word with ``* ? [ {`` as deny matching reads it: what it may expand to, compiled once."""
 
-    __slots__ = ("pattern", "tail", "head", "_nested", "_last_part")
+    __slots__ = ("pattern", "tail", "head", "last_head", "_nested", "_last_part")
 
     def __init__(self, pattern: "re.Pattern[str]", tail: str, head: str = "") -> None:
         self.pattern = pattern
@@ -731,9 +757,11 @@ class GlobWord:
             except re.error:
                 last = True
         self._last_part = last
-        # Every string the pattern matches starts with it; with a "/" in the pattern, a
-        # program may also match its last part alone, which need not: then no head.
-        self.head = head if last is None else ""
+        # Every string the pattern matches starts with ``head``. With a "/" in the pattern a
+        # program may also match the part after it alone: such a program starts with
+        # ``last_head`` (None: no such part; "": it may start with anything).
+        self.head = head
+        self.last_head = None if last is None else "" if last is True else _literal_head(text[cut + 1:])
 
     def may_name(self, program: str) -> bool:
         """Whether the word may expand to ``program`` or a path ending in it (``/usr/bin/r?``)."""
