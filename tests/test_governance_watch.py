@@ -171,3 +171,24 @@ def test_closing_the_store_stops_watching_and_a_later_view_still_sees_changes(ho
         os.fstat(fd)  # the inotify instance is given back (a user has only so many)
     cli("rules", "add", "write_file", "--effect", "deny", home=home)
     assert len(store.view().rules) == 2
+
+
+@linux_only
+def test_a_forked_child_never_reads_its_parents_watch(tmp_path: Path) -> None:
+    """The child shares the parent's inotify queue: reading it would hide a change from the parent."""
+    path = tmp_path / "governance.db"
+    path.write_bytes(b"x")
+    watch = FileWatch([str(path)])
+    assert watch.quiet()
+    pid = os.fork()
+    if pid == 0:  # the child: changes the file and asks its copy of the watch
+        code = 0
+        try:
+            with path.open("ab") as f:
+                f.write(b"y")
+            code = 3 if watch.quiet() else 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not watch.quiet()  # the parent still got the event

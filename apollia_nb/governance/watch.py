@@ -23,7 +23,8 @@ error, or when the watch could not be set up at all (not Linux, no ``inotify``
 instances left, a file or folder reached through a symbolic link): the caller
 then compares ``stat()`` results as before. The store also compares them every
 ``FULL_CHECK_SECS`` whatever the watch says, for file systems whose changes
-from other machines the kernel never hears of (network file systems).
+from other machines the kernel never hears of (network file systems). A watch
+made before a ``fork`` is never quiet in the child, which shares its queue.
 """
 
 from __future__ import annotations
@@ -83,6 +84,18 @@ def _lib() -> "ctypes.CDLL | None":
         return _libc  # type: ignore[return-value]
 
 
+_forks = 0  # a forked child shares its parent's inotify queues: it must never read them
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 class FileWatch:
     """Change notification for a few files (see the module's docstring). Thread-safe."""
 
@@ -93,6 +106,7 @@ class FileWatch:
         self._fired = True
         self._count = ctypes.c_int(0)
         self._ask: tuple[Any, ...] = ()  # ioctl's arguments, made once (ctypes values: no conversions per call)
+        self._fork = _forks
         lib = _lib()
         if lib is None:
             return
@@ -146,8 +160,8 @@ class FileWatch:
             return self._quiet()
 
     def _quiet(self) -> bool:
-        if self._fired or self._fd < 0:
-            return False
+        if self._fired or self._fd < 0 or self._fork != _forks:
+            return False  # (in a forked child, reading would take the events from the parent)
         lib = _lib()
         try:
             if lib is None or lib.ioctl(*self._ask) != 0:
