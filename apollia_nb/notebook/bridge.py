@@ -304,6 +304,9 @@ class KernelRuntime:
         atexit.unregister(self.close)
         for future in list(self._owned):
             future.cancel()
+        from apollia_nb.notebook.panel import close_for
+
+        close_for(self)  # the side panel's pushes stop before the runtime does
         api = getattr(self, "_server_api", None)  # notebook/served.py
         if api is not None:
             api.close()

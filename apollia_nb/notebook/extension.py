@@ -29,12 +29,28 @@ def load_ipython_extension(ipython: Any) -> None:
     if magics not in ipython.configurables:
         ipython.configurables.append(magics)  # so `%config ApolliaMagics` lists and sets its traits
     magics.open_home()
+    from apollia_nb.notebook import panel
+
+    panel.register(ipython, lambda: open_runtime(magics))
+
+
+def open_runtime(magics: Any) -> Any:
+    """The kernel's open home, for the side panel (which never opens one itself: it may run on any thread)."""
+    runtime = magics.runtime
+    if runtime is None or runtime.closed:
+        from apollia_nb.errors import Conflict
+
+        raise Conflict("no home is open in this kernel: run `%load_ext apollia_nb`")
+    return runtime
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     magics = loaded_magics(ipython)
     if magics is None:
         return
+    from apollia_nb.notebook import panel
+
+    panel.unregister(ipython)
     magics.close_home()
     if magics in ipython.configurables:
         ipython.configurables.remove(magics)

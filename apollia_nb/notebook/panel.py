@@ -1,0 +1,665 @@
+"""The kernel end of the JupyterLab side panel: the comm target ``apollia.panel``.
+
+``%load_ext apollia_nb`` registers the target (nothing else: no import here is
+heavy); the panel opens a comm to it and talks in requests and replies::
+
+    front → kernel   {"id": "r1", "op": "snapshot"}
+                     {"id": "r2", "op": "answer", "card_id": "…", "answer": "once"}
+                     {"id": "r3", "op": "entries", "run_id": "…", "limit": 50}
+                     {"id": "r4", "op": "verify"}
+    kernel → front   {"id": "r1", "ok": true, "data": …}
+                     {"id": "r2", "ok": false, "error": {"code": "CONFLICT", "message": …, "answered": {…}}}
+                     {"event": "changed", "version": 7}      (pushed; at most ``1 / PUSH_INTERVAL`` a second)
+
+Where a message is handled: JupyterLab sends a comm's messages over a kernel
+subshell (ipykernel 7), so a handler may run on a subshell's thread, or on the
+kernel's main thread. Either way it only parses the request and hands it to the
+runtime's loop (``KernelRuntime.start``): the runtime is touched only there,
+and the reply is sent from there when the work is done, in the context of the
+request (so ipykernel parents the reply to it and keeps routing the panel's
+messages to the subshell it uses). Nothing here waits on the kernel's main
+thread, so a cell that is busy, even one that blocks its thread, does not hold
+the panel.
+
+The pure parts (``parse_request``, ``run_summary``, ``inbox_item``,
+``error_reply``) take and return plain values; ``PanelHome`` and ``PanelComm``
+are the shells.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.notebook.bridge import KernelRuntime
+
+__all__ = [
+    "TARGET", "OPS", "PUSH_INTERVAL", "LATEST_ENTRIES", "MAX_ENTRIES",
+    "Request", "OkReply", "ErrorReply", "ChangedEvent",
+    "parse_request", "error_reply", "run_summary", "inbox_item",
+    "PanelHome", "PanelComm", "register", "unregister",
+]
+
+#: The comm target the panel opens.
+TARGET = "apollia.panel"
+Op = Literal["snapshot", "answer", "entries", "verify"]
+OPS: tuple[str, ...] = ("snapshot", "answer", "entries", "verify")
+#: The shortest time between two ``changed`` pushes (changes in between are coalesced into one).
+PUSH_INTERVAL = 0.25
+#: How many of the journal's newest entries a snapshot carries.
+LATEST_ENTRIES = 20
+#: The most entries one ``entries`` request returns (the default: ``DEFAULT_ENTRIES``).
+MAX_ENTRIES = 500
+DEFAULT_ENTRIES = 50
+#: How often, in served mode, the server's inbox and runs are looked at for changes made elsewhere.
+SERVED_POLL_SECS = 2.0
+_FINISHED = ("completed", "failed", "cancelled")
+_MAX_ID = 200
+
+
+# --- the wire format ----------------------------------------------------------------------------
+
+
+class Request(TypedDict, total=False):
+    id: str
+    op: Op
+    card_id: str
+    answer: str
+    reason: str
+    run_id: str
+    limit: int
+
+
+class OkReply(TypedDict):
+    id: str | None
+    ok: Literal[True]
+    data: Any
+
+
+class ErrorBody(TypedDict, total=False):
+    code: str
+    message: str
+    answered: dict[str, Any]
+
+
+class ErrorReply(TypedDict):
+    id: str | None
+    ok: Literal[False]
+    error: ErrorBody
+
+
+class ChangedEvent(TypedDict):
+    event: Literal["changed"]
+    version: int
+
+
+def _text(data: dict[str, Any], key: str, *, required: bool = True) -> str | None:
+    from apollia_nb.errors import BadInput
+
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value or len(value) > _MAX_ID:
+        raise BadInput(f"`{key}` must be a non-empty string of at most {_MAX_ID} characters")
+    return value
+
+
+def parse_request(data: Any) -> Request:
+    """A request checked field by field; ``BAD_INPUT`` (or ``BAD_ANSWER``) naming what is wrong."""
+    from apollia_nb.errors import BadAnswer, BadInput
+
+    if not isinstance(data, dict):
+        raise BadInput("a panel request is a JSON object with `id` and `op`")
+    request: Request = {"id": _text(data, "id")}  # type: ignore[typeddict-item]
+    op = data.get("op")
+    if op not in OPS:
+        raise BadInput(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+    request["op"] = op
+    if op == "answer":
+        ids = [k for k in ("card_id", "decision_id") if data.get(k) is not None]
+        if len(ids) != 1:
+            raise BadInput("an answer names exactly one of `card_id` and `decision_id`")
+        request["card_id"] = _text(data, ids[0])  # type: ignore[typeddict-item]
+        answer = data.get("answer")
+        if not isinstance(answer, str) or not answer:
+            raise BadAnswer("`answer` must be one of the answers the card offers")
+        request["answer"] = answer
+        reason = data.get("reason")
+        if reason is not None:
+            if not isinstance(reason, str) or len(reason) > 10_000:
+                raise BadInput("`reason` must be a string of at most 10000 characters")
+            request["reason"] = reason
+    elif op == "entries":
+        request["run_id"] = _text(data, "run_id")  # type: ignore[typeddict-item]
+        limit = data.get("limit", DEFAULT_ENTRIES)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_ENTRIES:
+            raise BadInput(f"`limit` must be an integer from 1 to {MAX_ENTRIES}")
+        request["limit"] = limit
+    return request
+
+
+def request_id(data: Any) -> str | None:
+    """The request's ``id`` when it has a usable one (a reply to a malformed request still names it)."""
+    value = data.get("id") if isinstance(data, dict) else None
+    return value if isinstance(value, str) and 0 < len(value) <= _MAX_ID else None
+
+
+def ok_reply(rid: str | None, data: Any) -> OkReply:
+    return {"id": rid, "ok": True, "data": data}
+
+
+def error_reply(rid: str | None, exc: BaseException, answered: dict[str, Any] | None = None) -> ErrorReply:
+    """An error as the panel shows it: the stable code of an ``ApolliaError``; anything else ``INTERNAL``."""
+    from apollia_nb.errors import ApolliaError
+
+    if isinstance(exc, ApolliaError):
+        body: ErrorBody = {"code": exc.code, "message": exc.message}
+    else:
+        body = {"code": "INTERNAL", "message": f"{type(exc).__name__}: {exc}"}
+    if answered is not None:
+        body["answered"] = answered
+    return {"id": rid, "ok": False, "error": body}
+
+
+# --- the snapshot's parts (pure) -------------------------------------------------------------------
+
+
+def _current_step(steps: list[dict[str, Any]]) -> str | None:
+    for step in steps:
+        if step.get("status") in ("running", "waiting"):
+            return f"Step {step['index'] + 1} of {len(steps)}: {step['description']}"
+    for step in steps:
+        if step.get("status") == "pending":
+            return f"Step {step['index'] + 1} of {len(steps)}: {step['description']}"
+    return None
+
+
+def run_summary(task: dict[str, Any], *, runs: str = "kernel", waiting_cards: int = 0) -> dict[str, Any]:
+    """One row of the panel's runs from a task's JSON (the REST API's ``Task``)."""
+    status = task["status"]
+    budget = task.get("budget") or {}
+    return {
+        "id": task["id"], "run_id": task["run_id"], "kind": "task", "agent": task["agent"], "status": status,
+        "title": task.get("goal", ""), "budget": {"used": budget.get("used", 0), "max": budget.get("ceiling", 0)},
+        "step": None if status in _FINISHED else _current_step(task.get("steps") or []),
+        "waiting": status == "waiting", "waiting_cards": waiting_cards,
+        "awaiting_plan_approval": bool(task.get("awaiting_plan_approval")),
+        "finished_at": task.get("updated_at") if status in _FINISHED else None,
+        "created_at": task.get("created_at"), "runs": runs,
+    }
+
+
+def chat_summary(session: dict[str, Any], *, waiting_cards: int = 0, runs: str = "kernel") -> dict[str, Any]:
+    """One row of the panel's runs from a chat session's JSON (the REST API's ``Session``)."""
+    history = session.get("history") or []
+    first = next((m.get("content") for m in history if m.get("role") == "user"), None)
+    state = session["state"]
+    return {
+        "id": session["id"], "run_id": session["run_id"], "kind": "chat", "agent": session["agent"],
+        "status": state, "title": first if isinstance(first, str) else "", "budget": None,
+        "step": None, "waiting": waiting_cards > 0 or bool(session.get("pending_plan")),
+        "waiting_cards": waiting_cards, "awaiting_plan_approval": bool(session.get("pending_plan")),
+        "finished_at": None, "created_at": session.get("created_at"), "runs": runs,
+    }
+
+
+def inbox_item(decision: dict[str, Any], card: dict[str, Any] | None = None, *, runs: str = "kernel") -> dict[str, Any]:
+    """One inbox row: the REST API's ``PendingDecision`` (or a card's JSON), with what only a card knows
+    (MCP hints, session, resolved path) and ``answered`` (``{answer, by, at}`` or None)."""
+    item = {**(card or {}), **decision}
+    if card is not None:
+        for key in ("hints", "session_id", "path"):
+            item[key] = card.get(key)
+        if decision.get("answer") is None and card.get("answer") is not None:  # the card knows it first
+            for key in ("answer", "answered_by", "answered_at"):
+                item[key] = card.get(key)
+    item.setdefault("hints", None)
+    item.setdefault("session_id", None)
+    item.setdefault("path", None)
+    item["asked_at"] = item.get("created_at")
+    answer = item.get("answer")
+    item["answered"] = None if answer is None else {"answer": answer, "by": item.get("answered_by"),
+                                                     "at": item.get("answered_at")}
+    if answer is None:
+        item["status"] = "pending"
+    elif item.get("status") not in ("answered", "expired"):
+        item["status"] = "answered"
+    item["runs"] = runs
+    return item
+
+
+def _entry_json(row: tuple[Any, ...]) -> dict[str, Any]:
+    from apollia_nb.journal.entry import Entry
+
+    return Entry.from_row(row).to_dict()
+
+
+# --- the kernel's side: one per open home -----------------------------------------------------------
+
+
+class PanelHome:
+    """What every panel of one kernel shares: the change counter, the pushes, the verification state.
+
+    Attached to the ``KernelRuntime`` it serves (``PanelHome.of(bridge)``);
+    it subscribes to the runtime's notifications on the runtime's thread and
+    pushes one ``changed`` event to every open panel per ``PUSH_INTERVAL`` at most.
+    """
+
+    def __init__(self, bridge: "KernelRuntime") -> None:
+        self.bridge = bridge
+        self.version = 0
+        self.panels: list["PanelComm"] = []
+        self.verification: dict[str, Any] = {"state": "unknown", "checked_size": None, "first_bad_seq": None,
+                                             "problem": None, "checked_at": None}
+        self._verifying: Any = None  # the running verification's future (runtime's loop)
+        self._lock = threading.Lock()
+        self._last_push = 0.0
+        self._timer: Any = None
+        self._poller: Any = None
+        self._served_seen: Any = None
+        self._unsubscribe = bridge.call(bridge.rt.subscribe, self._on_change)
+
+    @classmethod
+    def of(cls, bridge: "KernelRuntime") -> "PanelHome":
+        with _homes_lock:
+            home = getattr(bridge, "_panel_home", None)
+            if home is None:
+                home = bridge._panel_home = cls(bridge)  # type: ignore[attr-defined]
+            return home
+
+    @property
+    def served(self) -> bool:
+        return self.bridge.rt.server is not None
+
+    # ------------------------------------------------------------------ panels and pushes
+    def add(self, panel: "PanelComm") -> None:
+        with self._lock:
+            if panel not in self.panels:
+                self.panels.append(panel)
+        if self.served and self._poller is None:
+            self._poller = self.bridge.start(self._poll_server)
+
+    def remove(self, panel: "PanelComm") -> None:
+        with self._lock:
+            if panel in self.panels:
+                self.panels.remove(panel)
+            empty = not self.panels
+        if empty and self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+
+    def _on_change(self, kind: str, obj: Any) -> None:  # on the runtime's thread
+        if kind == "warning":
+            return
+        self.changed()
+
+    def changed(self) -> None:
+        """Count a change and push it (coalesced); callable from any thread."""
+        with self._lock:
+            self.version += 1
+            if self._timer is not None:
+                return
+            delay = max(0.0, self._last_push + PUSH_INTERVAL - time.monotonic())
+            loop = self.bridge.loop.loop
+            try:
+                self._timer = loop.call_soon_threadsafe(self._schedule, delay)
+            except RuntimeError:  # the runtime's loop is closed: nothing to push
+                self._timer = None
+
+    def _schedule(self, delay: float) -> None:  # on the runtime's loop
+        self._timer = self.bridge.loop.loop.call_later(delay, self._push)
+
+    def _push(self) -> None:  # on the runtime's loop
+        with self._lock:
+            self._timer = None
+            self._last_push = time.monotonic()
+            version = self.version
+            panels = list(self.panels)
+        event: ChangedEvent = {"event": "changed", "version": version}
+        for panel in panels:
+            panel.push(event)
+
+    async def _poll_server(self) -> None:
+        """Served mode: the server's inbox and runs change in other processes too; look every few seconds."""
+        import anyio
+
+        api = self._api()
+        while True:
+            try:
+                seen = await anyio.to_thread.run_sync(_served_fingerprint, api)
+            except Exception:  # the server is away for now: the snapshot will say so when asked
+                seen = None
+            if seen is not None and seen != self._served_seen:
+                if self._served_seen is not None:
+                    self.changed()
+                self._served_seen = seen
+            await anyio.sleep(SERVED_POLL_SECS)
+
+    def close(self) -> None:
+        with self._lock:
+            timer, self._timer = self._timer, None
+            panels, self.panels = list(self.panels), []
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+        if timer is not None and hasattr(timer, "cancel"):
+            timer.cancel()
+        for panel in panels:  # told to ask again: the next request finds the home as it is then
+            panel.released(self.version + 1)
+        if self.bridge.loop.running:
+            try:
+                self.bridge.loop.call(self._unsubscribe)
+            except ValueError:  # already unsubscribed
+                pass
+
+    # ------------------------------------------------------------------ the operations (runtime's loop)
+    def _api(self) -> Any:
+        from apollia_nb.notebook.served import server_api
+
+        return server_api(self.bridge)
+
+    async def handle(self, request: Request) -> Any:
+        op = request["op"]
+        if op == "snapshot":
+            return await self.snapshot()
+        if op == "answer":
+            return self.answer(request["card_id"], request["answer"], request.get("reason"))
+        if op == "entries":
+            return await self.entries(request["run_id"], request["limit"])
+        return await self.verify()
+
+    async def snapshot(self) -> dict[str, Any]:
+        import anyio
+
+        from apollia_nb.errors import ApolliaError
+
+        rt = self.bridge.rt
+        served = self.served
+        problems: list[dict[str, str]] = []
+        cards = {c.id: c.to_dict() for c in rt.pending}  # waiting: tasks' and chats'
+        for handle in rt.tasks():  # with the answered cards of the tasks in memory
+            for card in rt.cards_of(handle.id):
+                cards.setdefault(card.id, card.to_dict())
+        waiting_by_run: dict[str, int] = {}
+        for card in cards.values():
+            if card.get("answer") is None:
+                owner = card.get("task_id") or card.get("session_id") or ""
+                waiting_by_run[owner] = waiting_by_run.get(owner, 0) + 1
+        agents = [{**a.to_dict(), "runs": "kernel"} for a in rt.agents()]
+        runs = [run_summary(h.to_dict(), waiting_cards=waiting_by_run.get(h.id, 0)) for h in rt.tasks()]
+        runs += [chat_summary(s.to_dict(), waiting_cards=waiting_by_run.get(s.id, 0)) for s in rt.sessions.all()]
+        waiting: list[dict[str, Any]] = []
+        url: str | None = None
+        try:
+            if served:
+                api = self._api()
+                url = api.url
+                server = await anyio.to_thread.run_sync(_served_state, api)
+                agents += [{**a, "runs": "server"} for a in server["agents"]]
+                local = {r["id"] for r in runs}
+                runs += [run_summary(t, runs="server") for t in server["tasks"] if t["id"] not in local]
+                waiting = server["pending"]
+            else:
+                waiting = rt.pending_decisions()
+        except ApolliaError as exc:  # shown, never hidden: the inbox cannot be read now
+            problems.append({"part": "inbox", "code": exc.code, "message": exc.message})
+            waiting = [c for c in cards.values() if c.get("answer") is None]
+        inbox = [inbox_item(d, cards.get(d["id"]), runs="kernel" if d["id"] in cards or not served else "server")
+                 for d in waiting]
+        listed = {d["id"] for d in waiting}
+        answered = sorted((c for c in cards.values() if c.get("answer") is not None and c["id"] not in listed),
+                          key=lambda c: c.get("answered_at") or "", reverse=True)[:LATEST_ENTRIES]
+        inbox += [inbox_item(c, c) for c in answered]
+        runs.sort(key=lambda r: (r["finished_at"] is not None, r.get("created_at") or "", r["id"]))
+        try:
+            journal = await anyio.to_thread.run_sync(self._journal_head)
+        except ApolliaError as exc:
+            problems.append({"part": "journal", "code": exc.code, "message": exc.message})
+            journal = {"size": None, "head": None, "root": None, "last_checkpoint": None, "latest": []}
+        if self.verification["state"] == "unknown":
+            self.start_verify()
+        journal["verify"] = dict(self.verification)
+        return {
+            "mode": "served" if served else "owner", "home": str(rt.home.path), "server": url,
+            "kernel_agents_only": not served, "user": self.bridge.user, "version": self.version,
+            "agents": agents, "runs": runs, "inbox": inbox, "journal": journal, "problems": problems,
+        }
+
+    def _journal_head(self) -> dict[str, Any]:  # in a worker thread: the journal's reads are thread-safe
+        from apollia_nb.journal.entry import Entry
+
+        journal = self.bridge.rt.journal
+        seq, digest = journal.head()
+        checkpoints = journal.checkpoints()
+        last = None
+        if checkpoints:
+            size, root, note = checkpoints[-1]
+            last = {"size": size, "root": bytes(root).hex(), "note": note}
+        rows = journal.sql(f"SELECT {', '.join(Entry.COLUMNS)} FROM entries ORDER BY seq DESC LIMIT {LATEST_ENTRIES}")
+        return {"size": seq, "head": bytes(digest).hex(), "root": last["root"] if last else None,
+                "last_checkpoint": last, "latest": [_entry_json(r) for r in rows]}
+
+    def answer(self, card_id: str, answer: str, reason: str | None) -> dict[str, Any]:
+        """The one path every answer takes (``Runtime.answer``: validated, journaled, applied once)."""
+        from apollia_nb.errors import Conflict
+
+        rt = self.bridge.rt
+        try:
+            answered = rt.answer(card_id, answer, by=self.bridge.user, reason=reason)
+        except Conflict as exc:
+            raise _AlreadyAnswered(exc, self._answered(card_id)) from None
+        return inbox_item(answered)
+
+    def _answered(self, card_id: str) -> dict[str, Any] | None:
+        try:
+            stored = self.bridge.rt.governance.get_pending(card_id).to_dict()
+        except Exception:  # unreadable now: the message still says who answered
+            return None
+        if stored.get("answer") is None:
+            return None
+        return {"answer": stored["answer"], "by": stored.get("answered_by"), "at": stored.get("answered_at")}
+
+    async def entries(self, run_id: str, limit: int) -> dict[str, Any]:
+        import anyio
+
+        from apollia_nb.errors import UnknownRun
+        from apollia_nb.journal.entry import Entry
+
+        journal = self.bridge.rt.journal
+        rows = await anyio.to_thread.run_sync(lambda: journal.sql(
+            f"SELECT {', '.join(Entry.COLUMNS)} FROM entries WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
+            [run_id, limit + 1]))
+        if not rows:
+            raise UnknownRun(f"the journal holds no entry of run {run_id!r}")
+        return {"run_id": run_id, "entries": [_entry_json(r) for r in rows[:limit]], "more": len(rows) > limit}
+
+    def start_verify(self) -> Any:
+        """Start a verification unless one runs; the future of the one that runs."""
+        with self._lock:
+            if self._verifying is None or self._verifying.done():
+                self.verification = {**self.verification, "state": "running"}
+                self._verifying = self.bridge.start(self._verify)
+            return self._verifying
+
+    async def verify(self) -> dict[str, Any]:
+        import asyncio
+
+        await asyncio.wrap_future(self.start_verify())
+        return dict(self.verification)
+
+    async def _verify(self) -> None:
+        import anyio
+
+        rt = self.bridge.rt
+        try:
+            if self.served:
+                report = await anyio.to_thread.run_sync(self._api(), "verify")
+            else:
+                report = (await anyio.to_thread.run_sync(rt.verify)).to_dict()
+        except Exception as exc:  # could not be verified: not ok (fail closed)
+            state = {"state": "failed", "checked_size": None, "first_bad_seq": None,
+                     "problem": f"the journal could not be verified: {exc}"}
+        else:
+            state = {"state": "ok" if report["ok"] else "failed", "checked_size": report["entries"],
+                     "first_bad_seq": report["first_bad_seq"], "problem": report["problem"]}
+        self.verification = {**state, "checked_at": rt.now_iso()}
+        self.changed()
+
+
+class _AlreadyAnswered(Exception):
+    """A second answer: the ``Conflict`` it met, and who answered first."""
+
+    def __init__(self, conflict: Exception, answered: dict[str, Any] | None) -> None:
+        super().__init__(str(conflict))
+        self.conflict = conflict
+        self.answered = answered
+
+
+_homes_lock = threading.Lock()
+
+
+def _served_state(api: Any) -> dict[str, Any]:
+    return {"agents": list(api("agents")), "tasks": list(api("tasks", None, None)), "pending": list(api("pending"))}
+
+
+def _served_fingerprint(api: Any) -> tuple[Any, ...]:
+    pending = tuple(sorted(p["id"] for p in api("pending")))
+    tasks = tuple(sorted((t["id"], t["status"], t["updated_at"]) for t in api("tasks", None, None)))
+    return pending, tasks
+
+
+# --- one open panel -------------------------------------------------------------------------------
+
+
+class PanelComm:
+    """One comm the panel opened: each message becomes a request handled on the runtime's loop.
+
+    ``comm`` is what ipykernel hands a comm target (``send``, ``on_msg``,
+    ``on_close``); ``home`` returns the kernel's open ``KernelRuntime``.
+    """
+
+    def __init__(self, comm: Any, home: Callable[[], "KernelRuntime"]) -> None:
+        self.comm = comm
+        self._home = home
+        self._context = contextvars.copy_context()
+        self._panel_home: PanelHome | None = None
+        self._closed = False
+        comm.on_msg(self._on_msg)
+        comm.on_close(self._on_close)
+
+    # ------------------------------------------------------------------ receiving (any thread)
+    def _on_msg(self, msg: dict[str, Any]) -> None:
+        self.receive(msg.get("content", {}).get("data"))
+
+    def receive(self, data: Any) -> Any:
+        """Handle one request; returns the future of its reply (already sent when it is done)."""
+        import concurrent.futures
+
+        context = contextvars.copy_context()  # the request's: ipykernel parents what is sent in it
+        self._context = context
+        rid = request_id(data)
+        try:
+            request = parse_request(data)
+            panel_home = self.attach()
+            future = panel_home.bridge.start(panel_home.handle, request)
+        except Exception as exc:
+            self._send(context, error_reply(rid, exc))
+            done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            done.set_exception(exc)
+            return done
+        future.add_done_callback(lambda f: self._reply(context, rid, f))
+        return future
+
+    def attach(self) -> PanelHome:
+        """The ``PanelHome`` of the kernel's open home (a new one after the home was reopened)."""
+        bridge = self._home()
+        panel_home = PanelHome.of(bridge)
+        if panel_home is not self._panel_home:
+            if self._panel_home is not None:
+                self._panel_home.remove(self)
+            self._panel_home = panel_home
+            panel_home.add(self)
+        return panel_home
+
+    def _reply(self, context: contextvars.Context, rid: str | None, future: Any) -> None:
+        if future.cancelled():
+            from apollia_nb.errors import Interrupted
+
+            self._send(context, error_reply(rid, Interrupted("the home was closed before the request was done")))
+            return
+        exc = future.exception()
+        if isinstance(exc, _AlreadyAnswered):
+            self._send(context, error_reply(rid, exc.conflict, exc.answered))
+        elif exc is not None:
+            self._send(context, error_reply(rid, exc))
+        else:
+            self._send(context, ok_reply(rid, future.result()))
+
+    # ------------------------------------------------------------------ sending (any thread)
+    def push(self, event: ChangedEvent) -> None:
+        if not self._closed:
+            self._send(self._context.copy(), event)
+
+    def _send(self, context: contextvars.Context, data: Any) -> None:
+        if self._closed:
+            return
+        try:
+            context.run(self.comm.send, data)
+        except Exception:  # the kernel is going away: nobody listens any more
+            import logging
+
+            logging.getLogger("apollia_nb.notebook").debug("a panel message was not sent", exc_info=True)
+
+    def released(self, version: int) -> None:
+        """The home this panel was attached to closed."""
+        self._panel_home = None
+        self.push({"event": "changed", "version": version})
+
+    def _on_close(self, msg: Any = None) -> None:
+        self.detach()
+
+    def detach(self) -> None:
+        self._closed = True
+        if self._panel_home is not None:
+            panel_home, self._panel_home = self._panel_home, None
+            panel_home.remove(self)
+
+
+# --- registering the target -----------------------------------------------------------------------
+
+
+def register(ipython: Any, home: Callable[[], "KernelRuntime"]) -> bool:
+    """Register the comm target in this shell's kernel; False outside a kernel (a terminal IPython)."""
+    manager = getattr(getattr(ipython, "kernel", None), "comm_manager", None)
+    if manager is None:
+        return False
+
+    def opened(comm: Any, msg: dict[str, Any]) -> None:
+        panel = PanelComm(comm, home)
+        try:
+            panel.attach()
+        except Exception as exc:  # no home (not loaded, or closed): the panel is told at its first request
+            panel._send(contextvars.copy_context(), error_reply(None, exc))
+            return
+        panel.push({"event": "changed", "version": panel._panel_home.version if panel._panel_home else 0})
+
+    manager.register_target(TARGET, opened)
+    return True
+
+
+def unregister(ipython: Any) -> None:
+    manager = getattr(getattr(ipython, "kernel", None), "comm_manager", None)
+    if manager is not None and TARGET in getattr(manager, "targets", {}):
+        manager.unregister_target(TARGET, None)
+
+
+def close_for(bridge: "KernelRuntime") -> None:
+    """Stop the panels' pushes of a home being closed (called before its runtime closes)."""
+    panel_home = getattr(bridge, "_panel_home", None)
+    if panel_home is not None:
+        bridge._panel_home = None  # type: ignore[attr-defined]
+        panel_home.close()
