@@ -41,7 +41,7 @@ export function fold(text: string): Folded {
   return {
     head,
     hiddenChars: hidden.length,
-    hiddenLines: hidden === '' ? 0 : hidden.split('\n').length - (hidden.startsWith('\n') ? 1 : 0),
+    hiddenLines: hidden.split('\n').length - 1,
     full: text
   };
 }

@@ -47,6 +47,8 @@ export class KernelLink {
   private dirty = false;
   private disposed = false;
   private ready = false;
+  /** The highest version pushed: a snapshot requested after it shows at least that change. */
+  private latest = 0;
   info: LinkInfo = { subshell: false };
 
   constructor(
@@ -117,16 +119,17 @@ export class KernelLink {
     }
     this.ready = true;
     this.dispatch({ type: 'connected' });
-    this.dispatch({ type: 'snapshot', snapshot, version: 0 });
+    this.dispatch({ type: 'snapshot', snapshot, version: this.latest });
   }
 
   /** A `changed` push: fetch a new snapshot, at most one request at a time. */
   private onChanged(version: number): void {
+    this.latest = Math.max(this.latest, version);
     this.dispatch({ type: 'changed', version });
-    void this.refresh(version);
+    void this.refresh();
   }
 
-  async refresh(version = 0): Promise<void> {
+  async refresh(): Promise<void> {
     const client = this.client;
     if (!client) {
       return;
@@ -139,6 +142,7 @@ export class KernelLink {
     try {
       do {
         this.dirty = false;
+        const version = this.latest;
         try {
           const snapshot = await client.snapshot();
           this.dispatch({ type: 'snapshot', snapshot, version });

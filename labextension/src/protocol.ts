@@ -100,11 +100,19 @@ export interface Journal {
   latest: JournalEntry[];
 }
 
+export interface Problem {
+  part: string;
+  code: string;
+  message: string;
+}
+
 export interface Snapshot {
   mode: 'owner' | 'served';
   home: string;
   server: string | null;
+  user?: string;
   kernel_agents_only?: boolean;
+  problems?: Problem[];
   agents: Agent[];
   runs: Run[];
   inbox: Card[];

@@ -318,6 +318,9 @@ export function renderPanel(state: PanelState, handlers: Handlers, now: number, 
   if (state.error) {
     root.append(h(doc, 'p', { class: 'apollia-error', role: 'alert' }, state.error));
   }
+  for (const p of snap.problems ?? []) {
+    root.append(h(doc, 'p', { class: 'apollia-error apollia-problem', role: 'alert' }, `${p.part}: ${p.code}: ${p.message}`));
+  }
   root.append(renderInbox(state, handlers, now, doc));
   root.append(renderAgents(state, handlers, doc));
   root.append(renderJournal(state, handlers, doc));
