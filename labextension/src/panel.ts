@@ -6,7 +6,7 @@
 
 import { Widget } from '@lumino/widgets';
 import { ISessionContext } from '@jupyterlab/apputils';
-import { Kernel } from '@jupyterlab/services';
+import { Kernel, KernelMessage } from '@jupyterlab/services';
 
 import { KernelLike, KernelLink } from './link';
 import { renderPanel, Handlers } from './render';
@@ -30,6 +30,7 @@ export class ApolliaPanel extends Widget {
   private link: KernelLink | null = null;
   private context: ISessionContext | null = null;
   private seen = new Set<string>();
+  private cellRan = false;
   private lastBadge = -1;
   private tick: ReturnType<typeof setInterval> | null = null;
   private readonly handlers: Handlers;
@@ -95,6 +96,7 @@ export class ApolliaPanel extends Widget {
     if (this.context) {
       this.context.kernelChanged.disconnect(this.onKernelChanged, this);
       this.context.statusChanged.disconnect(this.onStatus, this);
+      this.context.iopubMessage.disconnect(this.onIopub, this);
     }
     this.dropLink();
     this.context = context;
@@ -104,6 +106,7 @@ export class ApolliaPanel extends Widget {
     }
     context.kernelChanged.connect(this.onKernelChanged, this);
     context.statusChanged.connect(this.onStatus, this);
+    context.iopubMessage.connect(this.onIopub, this);
     void context.ready.then(() => {
       if (this.context === context) {
         void this.reconnect();
@@ -115,6 +118,13 @@ export class ApolliaPanel extends Widget {
     void this.reconnect();
   }
 
+  /** A cell ran: once the kernel is idle again, a kernel without the extension may have loaded it. */
+  private onIopub(_: ISessionContext, msg: KernelMessage.IMessage): void {
+    if (msg.header.msg_type === 'execute_input') {
+      this.cellRan = true;
+    }
+  }
+
   private onStatus(_: ISessionContext, status: Kernel.Status): void {
     if (GONE.has(status)) {
       if (this.link) {
@@ -123,9 +133,15 @@ export class ApolliaPanel extends Widget {
       }
       return;
     }
-    // After a restart, or once a cell has run `%load_ext apollia_nb`, try again.
+    if (status !== 'idle') {
+      return;
+    }
+    // After a restart, try again; without the extension, try again only after a cell ran (it
+    // may have run `%load_ext apollia_nb`): the panel's own messages make the kernel busy and
+    // idle too, and must not start a loop of attempts.
     const kind = this._state.connection.kind;
-    if (status === 'idle' && (kind === 'not-loaded' || kind === 'no-kernel' || (kind === 'connected' && !this.link?.connected))) {
+    if (kind === 'no-kernel' || (kind === 'not-loaded' && this.cellRan)) {
+      this.cellRan = false;
       void this.reconnect();
     }
   }
