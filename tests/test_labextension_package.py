@@ -36,6 +36,27 @@ def test_the_wheel_ships_the_prebuilt_panel_under_share_jupyter_labextensions(bu
     assert not [n for n in names if "node_modules" in n or n.startswith("labextension/")]
 
 
+def test_a_second_build_skips_the_node_build_until_a_panel_source_changes(built_wheel):
+    """What keeps `pip install -e .` (dev/test.sh, dev/lab.sh) from rebuilding the panel every time."""
+    import tomllib
+
+    from hatch_jupyter_builder.utils import is_stale
+
+    hook = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["hooks"]["jupyter-builder"]
+    kwargs = hook["build-kwargs"]
+    assert (kwargs["build_dir"], kwargs["source_dir"]) == ("labextension/prebuilt", "labextension")
+    build_dir, source_dir = ROOT / kwargs["build_dir"], ROOT / kwargs["source_dir"]
+    assert not is_stale(build_dir, source_dir)  # just built (built_wheel): the next build skips npm
+    source = LABEXT / "src" / "index.ts"
+    before = source.stat()
+    try:
+        os.utime(source, (before.st_atime, before.st_mtime + 3600))  # as if edited after the build
+        assert is_stale(build_dir, source_dir)
+    finally:
+        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert not is_stale(build_dir, source_dir)
+
+
 def test_the_shortcut_is_no_default_jupyterlab_shortcut():
     import jupyterlab
 
