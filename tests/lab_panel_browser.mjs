@@ -145,6 +145,19 @@ try {
   await panel.evaluate(node => { node.scrollTop = 0; });
   out.screenshot = await screenshot('panel.png');
   step('the run\'s journal entries hold the answer');
+
+  // The dark theme: the panel's colours follow JupyterLab's theme variables.
+  const colours = () => panel.evaluate(node => {
+    const card = node.querySelector('.apollia-card');
+    return [getComputedStyle(node).backgroundColor, getComputedStyle(node).color, card && getComputedStyle(card).backgroundColor];
+  });
+  out.lightColours = await colours();
+  await page.evaluate(() => window.jupyterapp.commands.execute('apputils:change-theme', { theme: 'JupyterLab Dark' }));
+  await page.waitForFunction(() => document.body.dataset.jpThemeLight === 'false');
+  await page.waitForTimeout(500);
+  out.darkColours = await colours();
+  out.screenshotDark = await screenshot('panel-dark.png');
+  step('dark theme');
   out.ok = true;
 } catch (err) {
   out.ok = false;

@@ -165,6 +165,9 @@ def test_once_clicked_in_the_panel_answers_while_a_cell_awaits_the_task(lab, mon
     assert "write_file" in out["sqlOutput"] and "once" in out["sqlOutput"] and "ann" in out["sqlOutput"]
     assert "answer=once" in out["runEntries"], out["runEntries"]
     assert Path(out["screenshot"]).is_file()
+    # The dark theme recolours the panel (JupyterLab's CSS variables, nothing hard-coded).
+    light, dark = out["lightColours"], out["darkColours"]
+    assert all(a != b for a, b in zip(light, dark)), (light, dark)
 
     # Offline, once the server is gone: the journal verifies and holds the one answer.
     import httpx
