@@ -47,8 +47,11 @@ export class KernelLink {
   private dirty = false;
   private disposed = false;
   private ready = false;
-  /** The highest version pushed: a snapshot requested after it shows at least that change. */
-  private latest = 0;
+  /**
+   * Snapshot requests are numbered by the link (the kernel's change counter starts again
+   * when its home is reopened): the panel never replaces a snapshot by one asked earlier.
+   */
+  private requested = 0;
   info: LinkInfo = { subshell: false };
 
   constructor(
@@ -104,6 +107,7 @@ export class KernelLink {
     this.client = client;
     comm.open({});
     let snapshot: Snapshot;
+    const first = ++this.requested;
     try {
       snapshot = await client.snapshot();
     } catch (err) {
@@ -119,12 +123,11 @@ export class KernelLink {
     }
     this.ready = true;
     this.dispatch({ type: 'connected' });
-    this.dispatch({ type: 'snapshot', snapshot, version: this.latest });
+    this.dispatch({ type: 'snapshot', snapshot, version: first });
   }
 
   /** A `changed` push: fetch a new snapshot, at most one request at a time. */
   private onChanged(version: number): void {
-    this.latest = Math.max(this.latest, version);
     this.dispatch({ type: 'changed', version });
     void this.refresh();
   }
@@ -142,7 +145,7 @@ export class KernelLink {
     try {
       do {
         this.dirty = false;
-        const version = this.latest;
+        const version = ++this.requested;
         try {
           const snapshot = await client.snapshot();
           this.dispatch({ type: 'snapshot', snapshot, version });

@@ -11,7 +11,7 @@ import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { KernelLike, KernelLink } from './link';
 import { renderPanel, Handlers } from './render';
 import { Action, PanelState, badgeCount, initialState, newlyWaiting, reduce, waitingCards } from './state';
-import { Card } from './protocol';
+import { COMM_TARGET, Card } from './protocol';
 
 export interface PanelOptions {
   /** Called once per card that starts waiting (for the JupyterLab notification). */
@@ -31,6 +31,7 @@ export class ApolliaPanel extends Widget {
   private context: ISessionContext | null = null;
   private seen = new Set<string>();
   private cellRan = false;
+  private announced: Kernel.IKernelConnection | null = null;
   private lastBadge = -1;
   private tick: ReturnType<typeof setInterval> | null = null;
   private readonly handlers: Handlers;
@@ -151,6 +152,24 @@ export class ApolliaPanel extends Widget {
     this.link = null;
   }
 
+  /**
+   * `%load_ext apollia_nb` announces the target by opening a comm to the front end's
+   * `apollia.panel` target with `{"event": "loaded"}`: connect at once when not connected.
+   */
+  private listen(kernel: Kernel.IKernelConnection): void {
+    if (this.announced === kernel) {
+      return;
+    }
+    this.announced = kernel;
+    kernel.registerCommTarget(COMM_TARGET, (_comm, msg) => {
+      const data = msg.content.data as { event?: string } | undefined;
+      const kind = this._state.connection.kind;
+      if (data?.event === 'loaded' && this.context?.session?.kernel === kernel && kind !== 'connected' && kind !== 'connecting') {
+        void this.reconnect();
+      }
+    });
+  }
+
   async reconnect(): Promise<void> {
     this.dropLink();
     const kernel = this.context?.session?.kernel ?? null;
@@ -158,6 +177,7 @@ export class ApolliaPanel extends Widget {
       this.dispatch({ type: 'kernel-gone' });
       return;
     }
+    this.listen(kernel);
     const link = new KernelLink(kernel as unknown as KernelLike, action => {
       if (this.link === link) {
         this.dispatch(action);

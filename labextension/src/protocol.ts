@@ -111,6 +111,8 @@ export interface Snapshot {
   home: string;
   server: string | null;
   user?: string;
+  /** The change counter the pushes carry, as of this snapshot. */
+  version?: number;
   kernel_agents_only?: boolean;
   problems?: Problem[];
   agents: Agent[];
