@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from apollia_nb.notebook import panel
 from notebook_fixtures import ip  # noqa: F401 - the fixture
 from runtime_helpers import call, manifest
+
+from apollia_nb.notebook import panel
 
 WRITE = [{"tool_calls": [call("write_file", path="a.txt", content="hello")]}, {"text": "Wrote a.txt."}]
 WAIT = 10
@@ -140,6 +140,22 @@ def test_a_click_on_the_cell_card_shows_as_answered_in_the_panel(ip):
     assert item["answered"]["by"] == runtime(ip).user and item["answered"]["at"]
     late = ask(p, comm, "a1", op="answer", card_id=card.id, answer="once")
     assert late["ok"] is False and late["error"]["code"] == "CONFLICT"
+
+
+def test_a_chat_waiting_on_a_card_shows_in_runs_and_inbox_and_is_answered_from_the_panel(ip):
+    ip.run_cell_magic("apollia", "agent", manifest(actor=WRITE))
+    exchange = ip.run_cell_magic("apollia", "chat clerk", "write a")
+    exchange.join(WAIT, settled=True)
+    [card] = exchange.pending
+    p, comm = open_panel(ip)
+    data = ask(p, comm, "s1", op="snapshot")["data"]
+    [chat] = [r for r in data["runs"] if r["kind"] == "chat"]
+    assert (chat["id"], chat["agent"], chat["title"], chat["waiting"], chat["waiting_cards"]) == (
+        exchange.session.id, "clerk", "write a", True, 1)
+    [item] = data["inbox"]
+    assert item["id"] == card.id and item["session_id"] == exchange.session.id and item["answered"] is None
+    assert ask(p, comm, "a1", op="answer", card_id=card.id, answer="once")["ok"] is True
+    assert exchange.join(WAIT).reply == "Wrote a.txt."
 
 
 def test_changes_are_pushed(ip):
@@ -284,7 +300,7 @@ def test_without_an_open_home_the_panel_is_told(ip):
     ip.magics_manager.registry["ApolliaMagics"].close_home()
     reply = ask(p, comm, "s1", op="snapshot")
     assert reply["ok"] is False and reply["error"]["code"] == "CONFLICT"
-    assert "%load_ext apollia_nb" in reply["error"]["message"]
+    assert "`%load_ext apollia_nb` or `%apollia` opens it" in reply["error"]["message"]
 
 
 # --- served: the kernel joined `apollia-os serve` ----------------------------------------------------
@@ -294,10 +310,10 @@ def test_without_an_open_home_the_panel_is_told(ip):
 def served(tmp_path, monkeypatch, capsys):
     """A real `apollia-os serve` on a fresh home, and a real IPython that joined it (in this process)."""
     from IPython.testing import globalipapp
-
-    from apollia_nb.sdk.client import Client
-    from apollia_nb.notebook.extension import unload_ipython_extension
     from test_shared_home import serve, stop
+
+    from apollia_nb.notebook.extension import unload_ipython_extension
+    from apollia_nb.sdk.client import Client
 
     monkeypatch.delenv("APOLLIA_TOKEN", raising=False)
     home, work = tmp_path / "home", tmp_path / "work"

@@ -16,7 +16,6 @@ import time
 import uuid
 
 import pytest
-
 from runtime_helpers import call, manifest
 
 jupyter_client = pytest.importorskip("jupyter_client")
@@ -99,19 +98,23 @@ class Kernel:
 
 
 class Panel:
-    """What the front end does with the panel's comm."""
+    """What JupyterLab does with the panel's comm: it opens it and sends its first request before the
+    comm's subshell is ready, so both go over the main shell; ``over(subshell)`` then sends the rest there."""
 
-    def __init__(self, kernel: Kernel, subshell_id: str | None) -> None:
+    def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
-        self.subshell_id = subshell_id
+        self.subshell_id: str | None = None
         self.comm_id = uuid.uuid4().hex
-        kernel.comm("comm_open", {"comm_id": self.comm_id, "target_name": "apollia.panel", "data": {}}, subshell_id)
+        kernel.comm("comm_open", {"comm_id": self.comm_id, "target_name": "apollia.panel", "data": {}}, None)
+        first = self.reply(self.send(op="snapshot"))
+        assert first["content"]["data"]["ok"] is True, first["content"]["data"]
+
+    def over(self, subshell_id: str) -> Panel:
+        self.subshell_id = subshell_id
+        return self
 
     def _mine(self, msg: dict) -> bool:
         return msg["msg_type"] == "comm_msg" and msg["content"]["comm_id"] == self.comm_id
-
-    def pushed(self) -> dict:
-        return self.kernel.until(lambda m: self._mine(m) and m["content"]["data"].get("event") == "changed")
 
     def send(self, **request) -> str:
         rid = uuid.uuid4().hex
@@ -157,15 +160,19 @@ def data_of(msg: dict) -> dict:
 
 
 def test_the_panel_answers_over_a_subshell_while_a_cell_awaits_the_task(kernel, home, tmp_path):
+    # `%load_ext` (the fixture's) announced the target: a comm of the kernel's, opened and closed.
+    [announced] = [m for m in kernel.iopub if m["msg_type"] == "comm_open"]
+    assert announced["content"]["target_name"] == "apollia.panel"
+    assert announced["content"]["data"] == {"event": "loaded"}
+    [closed] = [m for m in kernel.iopub if m["msg_type"] == "comm_close"]
+    assert closed["content"]["comm_id"] == announced["content"]["comm_id"]
+
     submit(kernel, "clerk", WRITE, "Write a.txt")
-    main = Panel(kernel, None)  # a second panel's comm, on the main shell
-    main.pushed()
+    panel = Panel(kernel).over(kernel.create_subshell())  # opened when the kernel was ready
+    main = Panel(kernel)  # a second panel's comm, all on the main shell
     busy = kernel.execute("clerk = await clerk\nprint('done', clerk.status)")  # the main shell is busy from here
     kernel.until(lambda m: m["parent_header"].get("msg_id") == busy and m["msg_type"] == "execute_input")
 
-    subshell = kernel.create_subshell()
-    panel = Panel(kernel, subshell)
-    assert data_of(panel.pushed())["event"] == "changed"  # the panel is told to ask for a snapshot
     snapshot = data_of(panel.reply(panel.send(op="snapshot")))
     assert snapshot["ok"] is True, snapshot
     [item] = snapshot["data"]["inbox"]
@@ -199,17 +206,14 @@ def test_the_panel_answers_over_a_subshell_while_a_cell_awaits_the_task(kernel, 
 
 def test_a_cell_that_blocks_its_thread_holds_the_main_shell_but_not_the_subshell(kernel, tmp_path):
     submit(kernel, "scribe", WRITE_B, "Write b.txt")
-    main = Panel(kernel, None)  # a comm on the main shell, as a front end without subshells has it
-    main.pushed()
-    subshell = kernel.create_subshell()
-    panel = Panel(kernel, subshell)
-    panel.pushed()
-    [item] = data_of(panel.reply(panel.send(op="snapshot")))["data"]["inbox"]
+    card_id = kernel.run("print(scribe.pending[0].id)").strip()
+    main = Panel(kernel)  # a comm on the main shell, as a front end without subshells has it
+    panel = Panel(kernel).over(kernel.create_subshell())  # its first request went over the main shell
 
     busy = kernel.execute("scribe.join(60)\nprint('joined', scribe.status)")  # blocks the kernel's main thread
     kernel.until(lambda m: m["parent_header"].get("msg_id") == busy and m["msg_type"] == "execute_input")
     held = main.send(op="snapshot")  # queued behind the busy cell
-    answered = panel.reply(panel.send(op="answer", card_id=item["id"], answer="once"))
+    answered = panel.reply(panel.send(op="answer", card_id=card_id, answer="once"))
     assert data_of(answered)["ok"] is True, data_of(answered)
     idle = kernel.finished(busy)  # the answer released the blocked cell
     late = main.reply(held)
@@ -219,3 +223,8 @@ def test_a_cell_that_blocks_its_thread_holds_the_main_shell_but_not_the_subshell
     [joined] = [m for m in kernel.iopub if m["parent_header"].get("msg_id") == busy and m["msg_type"] == "stream"]
     assert joined["content"]["text"] == "joined completed\n"
     assert (tmp_path / "work" / "b.txt").read_text() == "hello"
+    # The panel's replies and pushes are parented to no request: ipykernel then routes each message
+    # of the panel to the subshell its header names (a reply parented to the first request, which came
+    # over the main shell, would have pulled the answer onto the blocked main shell).
+    sent = [m for m in kernel.iopub if panel._mine(m) or main._mine(m)]
+    assert sent and all(m["parent_header"] == {} for m in sent)

@@ -1,7 +1,8 @@
 """apollia-nb inside a notebook: the IPython extension, the ``%apollia`` magic, widgets, in-kernel tools.
 
 ``%load_ext apollia_nb`` (or ``apollia_nb.notebook.load_ipython_extension``)
-registers the magic and opens the home for this kernel. ``kernel_runtime()``
+registers the magic and the side panel's comm target (``panel.py``) and opens the
+home for this kernel. ``kernel_runtime()``
 returns that open home (a ``KernelRuntime``) for code that wants it directly.
 Nothing heavy is imported here.
 """

@@ -1,15 +1,16 @@
 """``%load_ext apollia_nb``: register the ``apollia`` magic, open the home, print the status line.
 
-The extension only registers (and opens the home this kernel owns); widgets,
-pandas and the SQL machinery are imported when first used, so loading stays
-quick. Loading again in the same kernel keeps the open home.
+In a kernel it also registers the side panel's comm target (``panel.py``) and
+announces it to the front end. The extension only registers (and opens the home
+this kernel owns); widgets, pandas and the SQL machinery are imported when first
+used, so loading stays quick. Loading again in the same kernel keeps the open home.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["load_ipython_extension", "unload_ipython_extension", "loaded_magics"]
+__all__ = ["load_ipython_extension", "unload_ipython_extension", "loaded_magics", "open_runtime"]
 
 _REGISTRY_NAME = "ApolliaMagics"
 
@@ -28,10 +29,11 @@ def load_ipython_extension(ipython: Any) -> None:
         ipython.register_magics(magics)
     if magics not in ipython.configurables:
         ipython.configurables.append(magics)  # so `%config ApolliaMagics` lists and sets its traits
-    magics.open_home()
     from apollia_nb.notebook import panel
 
-    panel.register(ipython, lambda: open_runtime(magics))
+    if panel.register(ipython, lambda: open_runtime(magics)):  # first: a panel can say why no home opened
+        panel.announce(ipython)
+    magics.open_home()
 
 
 def open_runtime(magics: Any) -> Any:
@@ -40,7 +42,7 @@ def open_runtime(magics: Any) -> Any:
     if runtime is None or runtime.closed:
         from apollia_nb.errors import Conflict
 
-        raise Conflict("no home is open in this kernel: run `%load_ext apollia_nb`")
+        raise Conflict("no home is open in this kernel: `%load_ext apollia_nb` or `%apollia` opens it")
     return runtime
 
 

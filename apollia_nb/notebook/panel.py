@@ -9,17 +9,18 @@ heavy); the panel opens a comm to it and talks in requests and replies::
                      {"id": "r4", "op": "verify"}
     kernel → front   {"id": "r1", "ok": true, "data": …}
                      {"id": "r2", "ok": false, "error": {"code": "CONFLICT", "message": …, "answered": {…}}}
-                     {"event": "changed", "version": 7}      (pushed; at most ``1 / PUSH_INTERVAL`` a second)
+                     {"event": "changed", "version": 7}      (pushed; at most ``1 / PUSH_INTERVAL`` a second,
+                                                              from the panel's first request on)
+    at %load_ext     a comm the kernel opens on the target with {"event": "loaded"}, closed at once
 
 Where a message is handled: JupyterLab sends a comm's messages over a kernel
 subshell (ipykernel 7), so a handler may run on a subshell's thread, or on the
 kernel's main thread. Either way it only parses the request and hands it to the
 runtime's loop (``KernelRuntime.start``): the runtime is touched only there,
-and the reply is sent from there when the work is done, in the context of the
-request (so ipykernel parents the reply to it and keeps routing the panel's
-messages to the subshell it uses). Nothing here waits on the kernel's main
-thread, so a cell that is busy, even one that blocks its thread, does not hold
-the panel.
+and the reply is sent from there when the work is done (``publish``: parented
+to no request, so ipykernel keeps routing each of the panel's messages to the
+subshell it names). Nothing here waits on the kernel's main thread, so a cell
+that is busy, even one that blocks its thread, does not hold the panel.
 
 The pure parts (``parse_request``, ``run_summary``, ``inbox_item``,
 ``error_reply``) take and return plain values; ``PanelHome`` and ``PanelComm``
@@ -28,7 +29,6 @@ are the shells.
 
 from __future__ import annotations
 
-import contextvars
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +41,7 @@ __all__ = [
     "TARGET", "OPS", "PUSH_INTERVAL", "LATEST_ENTRIES", "MAX_ENTRIES",
     "Request", "OkReply", "ErrorReply", "ChangedEvent",
     "parse_request", "error_reply", "run_summary", "inbox_item",
-    "PanelHome", "PanelComm", "register", "unregister",
+    "PanelHome", "PanelComm", "publish", "register", "announce", "unregister",
 ]
 
 #: The comm target the panel opens.
@@ -249,10 +249,10 @@ class PanelHome:
     pushes one ``changed`` event to every open panel per ``PUSH_INTERVAL`` at most.
     """
 
-    def __init__(self, bridge: "KernelRuntime") -> None:
+    def __init__(self, bridge: KernelRuntime) -> None:
         self.bridge = bridge
         self.version = 0
-        self.panels: list["PanelComm"] = []
+        self.panels: list[PanelComm] = []
         self.verification: dict[str, Any] = {"state": "unknown", "checked_size": None, "first_bad_seq": None,
                                              "problem": None, "checked_at": None}
         self._verifying: Any = None  # the running verification's future (runtime's loop)
@@ -264,7 +264,7 @@ class PanelHome:
         self._unsubscribe = bridge.call(bridge.rt.subscribe, self._on_change)
 
     @classmethod
-    def of(cls, bridge: "KernelRuntime") -> "PanelHome":
+    def of(cls, bridge: KernelRuntime) -> PanelHome:
         with _homes_lock:
             home = getattr(bridge, "_panel_home", None)
             if home is None:
@@ -276,21 +276,22 @@ class PanelHome:
         return self.bridge.rt.server is not None
 
     # ------------------------------------------------------------------ panels and pushes
-    def add(self, panel: "PanelComm") -> None:
+    def add(self, panel: PanelComm) -> None:
         with self._lock:
             if panel not in self.panels:
                 self.panels.append(panel)
-        if self.served and self._poller is None:
-            self._poller = self.bridge.start(self._poll_server)
+            if self.served and self._poller is None:
+                self._poller = self.bridge.start(self._poll_server)
 
-    def remove(self, panel: "PanelComm") -> None:
+    def remove(self, panel: PanelComm) -> None:
         with self._lock:
             if panel in self.panels:
                 self.panels.remove(panel)
-            empty = not self.panels
-        if empty and self._poller is not None:
-            self._poller.cancel()
-            self._poller = None
+            poller = self._poller if not self.panels else None
+            if poller is not None:
+                self._poller = None
+        if poller is not None:
+            poller.cancel()
 
     def _on_change(self, kind: str, obj: Any) -> None:  # on the runtime's thread
         if kind == "warning":
@@ -311,7 +312,9 @@ class PanelHome:
                 self._timer = None
 
     def _schedule(self, delay: float) -> None:  # on the runtime's loop
-        self._timer = self.bridge.loop.loop.call_later(delay, self._push)
+        with self._lock:
+            if self._timer is not None:  # (None: closed meanwhile)
+                self._timer = self.bridge.loop.loop.call_later(delay, self._push)
 
     def _push(self) -> None:  # on the runtime's loop
         with self._lock:
@@ -342,11 +345,11 @@ class PanelHome:
     def close(self) -> None:
         with self._lock:
             timer, self._timer = self._timer, None
+            poller, self._poller = self._poller, None
             panels, self.panels = list(self.panels), []
-        if self._poller is not None:
-            self._poller.cancel()
-            self._poller = None
-        if timer is not None and hasattr(timer, "cancel"):
+        if poller is not None:
+            poller.cancel()
+        if timer is not None:
             timer.cancel()
         for panel in panels:  # told to ask again: the next request finds the home as it is then
             panel.released(self.version + 1)
@@ -540,13 +543,14 @@ class PanelComm:
 
     ``comm`` is what ipykernel hands a comm target (``send``, ``on_msg``,
     ``on_close``); ``home`` returns the kernel's open ``KernelRuntime``.
+    Pushes start with the panel's first request.
     """
 
-    def __init__(self, comm: Any, home: Callable[[], "KernelRuntime"]) -> None:
+    def __init__(self, comm: Any, home: Callable[[], KernelRuntime]) -> None:
         self.comm = comm
         self._home = home
-        self._context = contextvars.copy_context()
         self._panel_home: PanelHome | None = None
+        self._asked = False
         self._closed = False
         comm.on_msg(self._on_msg)
         comm.on_close(self._on_close)
@@ -559,19 +563,18 @@ class PanelComm:
         """Handle one request; returns the future of its reply (already sent when it is done)."""
         import concurrent.futures
 
-        context = contextvars.copy_context()  # the request's: ipykernel parents what is sent in it
-        self._context = context
+        self._asked = True
         rid = request_id(data)
         try:
             request = parse_request(data)
             panel_home = self.attach()
             future = panel_home.bridge.start(panel_home.handle, request)
         except Exception as exc:
-            self._send(context, error_reply(rid, exc))
+            self._send(error_reply(rid, exc))
             done: concurrent.futures.Future[Any] = concurrent.futures.Future()
             done.set_exception(exc)
             return done
-        future.add_done_callback(lambda f: self._reply(context, rid, f))
+        future.add_done_callback(lambda f: self._reply(rid, f))
         return future
 
     def attach(self) -> PanelHome:
@@ -585,30 +588,30 @@ class PanelComm:
             panel_home.add(self)
         return panel_home
 
-    def _reply(self, context: contextvars.Context, rid: str | None, future: Any) -> None:
+    def _reply(self, rid: str | None, future: Any) -> None:
         if future.cancelled():
             from apollia_nb.errors import Interrupted
 
-            self._send(context, error_reply(rid, Interrupted("the home was closed before the request was done")))
+            self._send(error_reply(rid, Interrupted("the home was closed before the request was done")))
             return
         exc = future.exception()
         if isinstance(exc, _AlreadyAnswered):
-            self._send(context, error_reply(rid, exc.conflict, exc.answered))
+            self._send(error_reply(rid, exc.conflict, exc.answered))
         elif exc is not None:
-            self._send(context, error_reply(rid, exc))
+            self._send(error_reply(rid, exc))
         else:
-            self._send(context, ok_reply(rid, future.result()))
+            self._send(ok_reply(rid, future.result()))
 
     # ------------------------------------------------------------------ sending (any thread)
     def push(self, event: ChangedEvent) -> None:
-        if not self._closed:
-            self._send(self._context.copy(), event)
+        if self._asked:
+            self._send(event)
 
-    def _send(self, context: contextvars.Context, data: Any) -> None:
+    def _send(self, data: Any) -> None:
         if self._closed:
             return
         try:
-            context.run(self.comm.send, data)
+            publish(self.comm, data)
         except Exception:  # the kernel is going away: nobody listens any more
             import logging
 
@@ -629,25 +632,53 @@ class PanelComm:
             panel_home.remove(self)
 
 
+def publish(comm: Any, data: Any) -> None:
+    """Send ``data`` on the comm (from any thread), parented to no request.
+
+    ipykernel 7 routes a comm's incoming messages to the subshell of the request
+    its last outgoing message was parented to, whatever subshell the front end
+    names; a reply parented to a request that came over the main shell would so
+    pull the panel's next messages onto the main shell, where a busy cell holds
+    them. Sent without a parent, each message of the panel goes where its own
+    header says. (JupyterLab hands a comm's messages to the comm whatever their
+    parent; the replies carry the request's ``id``.) ipykernel's IOPub sending is
+    thread-safe. A comm that is not ipykernel's (a test's) is sent to as it is.
+    """
+    kernel = getattr(comm, "kernel", None)
+    session = getattr(kernel, "session", None)
+    if session is None or getattr(kernel, "iopub_socket", None) is None:
+        comm.send(data)
+        return
+    from ipykernel.jsonutil import json_clean
+
+    session.send(kernel.iopub_socket, "comm_msg", json_clean({"data": data, "comm_id": comm.comm_id}),
+                 parent={}, ident=comm.topic)
+
+
 # --- registering the target -----------------------------------------------------------------------
 
 
-def register(ipython: Any, home: Callable[[], "KernelRuntime"]) -> bool:
+def register(ipython: Any, home: Callable[[], KernelRuntime]) -> bool:
     """Register the comm target in this shell's kernel; False outside a kernel (a terminal IPython)."""
     manager = getattr(getattr(ipython, "kernel", None), "comm_manager", None)
     if manager is None:
         return False
 
     def opened(comm: Any, msg: dict[str, Any]) -> None:
-        panel = PanelComm(comm, home)
-        try:
-            panel.attach()
-        except Exception as exc:  # no home (not loaded, or closed): the panel is told at its first request
-            panel._send(contextvars.copy_context(), error_reply(None, exc))
-            return
-        panel.push({"event": "changed", "version": panel._panel_home.version if panel._panel_home else 0})
+        PanelComm(comm, home)  # it answers from its first request on (a snapshot, as a rule)
 
     manager.register_target(TARGET, opened)
+    return True
+
+
+def announce(ipython: Any) -> bool:
+    """Tell a front end that the target is there: a comm the kernel opens on ``TARGET`` with
+    ``{"event": "loaded"}`` and closes at once (a panel opened before ``%load_ext`` opens its comm again)."""
+    if getattr(getattr(ipython, "kernel", None), "comm_manager", None) is None:
+        return False
+    from comm import create_comm
+
+    create_comm(target_name=TARGET, data={"event": "loaded"}).close()
     return True
 
 
@@ -657,7 +688,7 @@ def unregister(ipython: Any) -> None:
         manager.unregister_target(TARGET, None)
 
 
-def close_for(bridge: "KernelRuntime") -> None:
+def close_for(bridge: KernelRuntime) -> None:
     """Stop the panels' pushes of a home being closed (called before its runtime closes)."""
     panel_home = getattr(bridge, "_panel_home", None)
     if panel_home is not None:
