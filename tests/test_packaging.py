@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # An import name -> the distribution that provides it, where the two differ.
 DISTRIBUTION = {"nacl": "pynacl", "IPython": "ipython", "yaml": "pyyaml"}
-PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp"}  # installed with (and pinned by) another dependency
+PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp", "comm": "ipykernel"}  # installed with (and pinned by) another dependency
 
 
 def names(requirements: list[str]) -> set[str]:

@@ -115,9 +115,16 @@ export class KernelLink {
       this.client = null;
       if (body.code === 'PANEL_CLOSED') {
         this.dispatch({ type: 'not-loaded' });
-      } else {
+      } else if (body.code.startsWith('PANEL_')) {
         client.close();
         this.dispatch({ type: 'connection-error', message: `${body.code}: ${body.message}` });
+      } else {
+        // The kernel answered with an error of its own (say, no home is open yet): the comm
+        // is open, and its next change notice brings the snapshot.
+        this.client = client;
+        this.ready = true;
+        this.dispatch({ type: 'connected' });
+        this.dispatch({ type: 'snapshot-failed', error: body });
       }
       return;
     }

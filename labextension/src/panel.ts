@@ -144,6 +144,9 @@ export class ApolliaPanel extends Widget {
     if (kind === 'no-kernel' || (kind === 'not-loaded' && this.cellRan)) {
       this.cellRan = false;
       void this.reconnect();
+    } else if (kind === 'connected' && !this._state.snapshot && this.cellRan) {
+      this.cellRan = false; // e.g. the home was not open yet: ask again
+      void this.link?.refresh();
     }
   }
 

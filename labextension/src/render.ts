@@ -307,6 +307,14 @@ export function renderPanel(state: PanelState, handlers: Handlers, now: number, 
     root.append(status);
   }
   const snap = state.snapshot;
+  if (state.connection.kind === 'connected' && !snap) {
+    root.append(state.error
+      ? h(doc, 'div', { class: 'apollia-status apollia-error', role: 'alert' },
+        h(doc, 'p', {}, state.error),
+        button(doc, 'Retry', handlers.refresh, { 'aria-label': 'Connect to the kernel again' }))
+      : h(doc, 'p', { class: 'apollia-status', role: 'status' }, 'Loading…'));
+    return root;
+  }
   if (!snap || state.connection.kind !== 'connected') {
     return root;
   }

@@ -156,3 +156,21 @@ describe('PanelClient', () => {
     expect(sent[0].id).not.toBe(sent[1].id);
   });
 });
+
+describe('KernelLink, a kernel with the target and no home open yet', () => {
+  it('stays connected, shows the error, and the next change notice brings the snapshot', async () => {
+    let homeOpen = false;
+    const k = new FakeKernel(true, true, 'perCommTarget', req => homeOpen
+      ? { id: req.id, ok: true, data: snapshot() }
+      : { id: req.id, ok: false, error: { code: 'CONFLICT', message: 'no home is open in this kernel' } });
+    const { actions, dispatch } = collect();
+    const link = new KernelLink(k, dispatch);
+    await link.connect();
+    expect(actions.map(a => a.type)).toEqual(['connecting', 'connected', 'snapshot-failed']);
+    expect(link.connected).toBe(true);
+    homeOpen = true;
+    k.comm.onMsg({ content: { data: { event: 'changed', version: 1 } } });
+    await new Promise(r => setTimeout(r, 10));
+    expect(actions.at(-1)!.type).toBe('snapshot');
+  });
+});

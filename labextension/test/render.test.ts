@@ -173,3 +173,15 @@ describe('modes and connection states', () => {
     expect(el.querySelector('.apollia-problem')!.textContent).toBe('inbox: GOVERNANCE_UNREADABLE: governance.db is locked');
   });
 });
+
+describe('connected before the first snapshot', () => {
+  it('shows the kernel\'s error with Retry, or Loading…', () => {
+    const base = reduce(reduce(initialState, { type: 'notebook', path: 'a.ipynb' }), { type: 'connected' });
+    expect(render(base).textContent).toBe('Loading…');
+    const hs = handlers();
+    const el = render(reduce(base, { type: 'snapshot-failed', error: { code: 'CONFLICT', message: 'no home is open' } }), hs);
+    expect(el.querySelector('[role="alert"] p')!.textContent).toBe('CONFLICT: no home is open');
+    el.querySelector<HTMLButtonElement>('[role="alert"] button')!.click();
+    expect(hs.refresh).toHaveBeenCalled();
+  });
+});
