@@ -335,7 +335,7 @@ def measure(home: Path, *, full: bool = True) -> dict[str, Any]:
     out["verify_entries_per_s"] = out["entries"] / verify["seconds"] if verify["rc"] == 0 else 0.0
     if full:
         with tempfile.TemporaryDirectory(prefix="scale-export-", dir=home.parent) as tmp:
-            out["export"] = timed_command([*cli, "audit", "export", "--home", str(home), "--out",
+            out["export"] = timed_command([*cli, "audit", "export", "--home", str(home),
                                            str(Path(tmp) / "bundle")])
         out["queries_ms"] = child(["--child", "queries", str(home)])
     out["bytes_per_entry"] = home_bytes(home) / max(1, out["entries"])
