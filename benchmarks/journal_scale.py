@@ -236,8 +236,9 @@ def child_main(what: str, arg: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-        return {"seconds": seconds, "peak_rss_mb": peak, "rc": proc.returncode,
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and every process it waited for
+        return {"seconds": seconds, "peak_rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
+                "rc": proc.returncode,
                 "tail": (proc.stdout + proc.stderr).strip().splitlines()[-3:]}
     home = Path(arg)
     if what == "journal-open":
@@ -297,7 +298,7 @@ def load_ext_ms(home: Path, runs: int = 3) -> float:
         kc.start_channels()
         try:
             kc.wait_for_ready(timeout=60)
-            reply = kc.execute_interactive(code, timeout=120)
+            reply = kc.execute_interactive(code, timeout=120, output_hook=lambda m: None)
             if reply["content"]["status"] != "ok":
                 raise SystemExit(f"%load_ext failed: {reply['content']}")
             value = kc.execute_interactive("print(repr(_ms))", timeout=30, output_hook=lambda m: captured.append(m))
@@ -321,7 +322,8 @@ def home_bytes(home: Path) -> int:
 def measure(home: Path, *, full: bool = True) -> dict[str, Any]:
     cli = [sys.executable, "-m", "apollia_nb"]
     out: dict[str, Any] = {}
-    child(["--child", "journal-open", str(home)])  # a migration, if any, is not measured
+    first = child(["--child", "journal-open", str(home)])  # a migration, if any, is not measured
+    out["first_open_s"] = first["seconds"]
     opens = [child(["--child", "journal-open", str(home)]) for _ in range(3)]
     out["entries"] = opens[-1]["entries"]
     out["journal_open_s"] = statistics.median(o["seconds"] for o in opens)
@@ -333,6 +335,9 @@ def measure(home: Path, *, full: bool = True) -> dict[str, Any]:
     verify = timed_command([*cli, "audit", "verify", "--home", str(home)])
     out["verify"] = verify
     out["verify_entries_per_s"] = out["entries"] / verify["seconds"] if verify["rc"] == 0 else 0.0
+    # What 2 idle cores allow: the command's CPU seconds (workers included) spread over both.
+    out["verify_entries_per_s_2cores"] = out["entries"] / (verify["cpu_s"] / 2) \
+        if verify["rc"] == 0 and verify["cpu_s"] else 0.0
     if full:
         with tempfile.TemporaryDirectory(prefix="scale-export-", dir=home.parent) as tmp:
             out["export"] = timed_command([*cli, "audit", "export", "--home", str(home),
@@ -356,6 +361,7 @@ def fmt(value: Any, unit: str = "") -> str:
 def table(names: list[str], results: list[dict[str, Any]]) -> str:
     rows: list[tuple[str, list[str]]] = [
         ("entries", [fmt(r["entries"]) for r in results]),
+        ("first Journal.open (s; migrates an older home)", [fmt(r["first_open_s"]) for r in results]),
         ("Journal.open (s)", [fmt(r["journal_open_s"]) for r in results]),
     ]
     if "runtime_open_s" in results[0]:
@@ -368,6 +374,8 @@ def table(names: list[str], results: list[dict[str, Any]]) -> str:
         ("audit verify (s)", [fmt(r["verify"]["seconds"]) + ("" if r["verify"]["rc"] == 0 else " FAILED")
                               for r in results]),
         ("audit verify (entries/s)", [fmt(r["verify_entries_per_s"]) for r in results]),
+        ("audit verify CPU (s, workers included)", [fmt(r["verify"]["cpu_s"]) for r in results]),
+        ("  → entries/s its CPU allows on 2 idle cores", [fmt(r["verify_entries_per_s_2cores"]) for r in results]),
         ("audit verify peak RSS (MB)", [fmt(r["verify"]["peak_rss_mb"]) for r in results]),
     ]
     if "export" in results[0]:
@@ -386,6 +394,12 @@ def table(names: list[str], results: list[dict[str, Any]]) -> str:
         lines[0] += "   ratio"
     for label, values in rows:
         line = label.ljust(width) + "  " + "  ".join(v.rjust(c) for v, c in zip(values, cols))
+        if len(values) == 2:
+            try:
+                a, b = (float(v.replace(",", "").split()[0]) for v in values)
+                line += f"  {b / a:6.2f}×" if a else ""
+            except ValueError:
+                pass
         lines.append(line)
     return "\n".join(lines)
 
@@ -403,6 +417,9 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=10_000, help="entries of the small home")
     parser.add_argument("--entries-10m", dest="ten_m", action="store_true",
                         help="build (or reuse) a 10,000,000-entry home with append_many; open, verify, RSS")
+    parser.add_argument("--appended", type=int, default=10_000_000,
+                        help="entries of the --entries-10m home (a smaller one builds faster; an existing "
+                             "home is extended to this size)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--keep", type=Path, help="build the homes in DIR and keep them")
     group.add_argument("--reuse", type=Path, help="measure the homes DIR holds, without building")
@@ -419,14 +436,14 @@ def main() -> None:
         if args.ten_m:
             home = base / "home-10m"
             if not args.reuse:
-                built = build_appended(home, 10_000_000)
+                built = build_appended(home, args.appended)
                 print(f"built {built['entries']:,} entries with append_many in {built['seconds']:.0f} s "
                       f"(writer RSS max {built['rss_max_mb']:.0f} MB)")
             if args.build_only:
                 return
             result = measure(home, full=False)
             print(f"machine: {uptime()}")
-            print(table(["10M"], [result]))
+            print(table([f"{result['entries']:,}"], [result]))
             return
         homes = [(f"{args.small // 1000}k", args.small), (f"{args.entries / 1e6:g}M", args.entries)]
         for name, n in homes:
