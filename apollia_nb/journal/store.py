@@ -21,10 +21,21 @@ an ``append`` has returned.
 
 Tables (format 1)::
 
-    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at'
+    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at', 'frontier' = '1'
     entries(seq PRIMARY KEY, ts, run_id, agent, kind, payload BLOB,
             prev_hash BLOB, hash BLOB, signature BLOB, key_id)
     checkpoints(size PRIMARY KEY, root BLOB, note, created_at)
+    frontier(id PRIMARY KEY, size, last_hash BLOB, root BLOB, hashes BLOB)   -- one row
+    entry_fields(seq, kind, ts, run_id, agent, call_id, tool, ...)          -- see views.py
+
+Every copy into ``journal.db`` commits, in one transaction, the entries, their
+``entry_fields`` rows and the new ``frontier`` row: the head (size, last hash),
+the Merkle root and the compact range (one hash per set bit of the size). So
+``Journal.open`` reads a constant amount however long the journal is, and
+checks it against the stored entries (their count, highest seq and the last
+entry's hash) before it trusts it: a frontier that does not describe the
+entries is ``HOME_FILE_CORRUPT``, never rebuilt. A journal written before the
+frontier was kept (no row, no ``meta.frontier``) is migrated once on open.
 
 The SQL views of ``views.py`` are recreated on every open. Then the database
 instance is locked to itself (``dbutil.lock_down``): whatever SQL runs on it,
