@@ -112,30 +112,26 @@ ORDER BY d.seq
 _TOOL_CALLS = """
 CREATE OR REPLACE VIEW tool_calls AS
 WITH g AS (
-    -- One pass over the typed fields: per call, its first tool_call and its first tool_result
-    -- (a call_id that is NULL never pairs a call with a result).
-    SELECT run_id, call_id,
-           arg_min_null(tool, seq) FILTER (WHERE kind = 'tool_call') AS call_tool,
-           arg_min_null(ts, seq) FILTER (WHERE kind = 'tool_call') AS started_at,
-           min(seq) FILTER (WHERE kind = 'tool_call') AS call_seq,
-           arg_min_null(tool, seq) FILTER (WHERE kind = 'tool_result') AS result_tool,
-           arg_min_null(status, seq) FILTER (WHERE kind = 'tool_result') AS status,
-           arg_min_null(error_code, seq) FILTER (WHERE kind = 'tool_result') AS error_code,
-           arg_min_null(ts, seq) FILTER (WHERE kind = 'tool_result') AS finished_at,
+    -- One pass over the typed fields: per call, the seq of its first tool_call and of its
+    -- first tool_result (a call_id that is NULL never pairs a call with a result); only two
+    -- integers per call are aggregated, the fields are then read by seq.
+    SELECT min(seq) FILTER (WHERE kind = 'tool_call') AS call_seq,
            min(seq) FILTER (WHERE kind = 'tool_result') AS result_seq
     FROM entry_fields WHERE kind IN ('tool_call', 'tool_result')
     GROUP BY run_id, call_id, CASE WHEN call_id IS NULL THEN kind END
 )
 SELECT
-    run_id,
-    call_id,
-    coalesce(call_tool, result_tool) AS tool,
-    coalesce(status, 'running') AS status,
-    error_code,
-    started_at,
-    finished_at
+    coalesce(c.run_id, r.run_id) AS run_id,
+    coalesce(c.call_id, r.call_id) AS call_id,
+    coalesce(c.tool, r.tool) AS tool,
+    coalesce(r.status, 'running') AS status,
+    r.error_code,
+    c.ts AS started_at,
+    r.ts AS finished_at
 FROM g
-ORDER BY coalesce(call_seq, result_seq)
+LEFT JOIN entry_fields c ON c.seq = g.call_seq
+LEFT JOIN entry_fields r ON r.seq = g.result_seq
+ORDER BY coalesce(g.call_seq, g.result_seq)
 """
 
 _RUNS = """
