@@ -24,6 +24,8 @@ The points (see docs/runtime.md):
 * ``suspend.before_record`` — a run opened its pending decision, its suspension not yet recorded;
 * ``suspend.after_record`` — a suspension is recorded, nobody told yet.
 * ``run.after_seal`` — a run's ``run_seal`` is journaled, its row in runtime.db not yet written.
+* ``journal.before_frontier`` — committed entries are being copied into journal.db, their
+  head and Merkle frontier not yet written (one transaction: a crash commits neither).
 """
 
 from __future__ import annotations

@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from apollia_nb.dbutil import limit_memory
 from apollia_nb.errors import BadInput, IntegrityError, NotFound
 from apollia_nb.journal.checkpoint import NoteVerifier
+from apollia_nb.journal.verify import _COLUMNS as _ENTRY_COLUMNS
+from apollia_nb.journal.verify import _ranged_chunks
 from apollia_nb.journal.views import bundle_sql
 
 if TYPE_CHECKING:
@@ -178,27 +183,70 @@ def _copy_parquet(con: Any, select: str, path: Path) -> None:
     con.execute(f"COPY ({select}) TO {_sql_path(path)} (FORMAT parquet)")
 
 
-def _copy_parquet_aside(con: Any, select: str, path: Path, *, batch: int = 10_000) -> None:
-    """The rows of ``select`` on a database locked to itself, written to ``path`` by an in-memory DuckDB."""
+def _copy_parquet_aside(con: Any, select: str, path: Path, *, batch: int = 10_000,
+                        chunks: Any = None) -> None:
+    """The rows of ``select`` (or the row lists ``chunks`` yields, in that order) written to ``path``
+    by a side DuckDB: for a database locked to itself, and for rows read range by range.
+
+    The side database is a file beside the bundle, removed after, with bounded memory and one
+    thread: it holds a batch of rows at a time however long the journal is, and writes them in
+    the order they came (DuckDB keeps insertion order when nothing sorts)."""
     import duckdb
 
     columns = con.execute(f"DESCRIBE {select}").fetchall()
-    side = duckdb.connect(":memory:")
+    work = Path(tempfile.mkdtemp(prefix=".export-", dir=path.parent))
+    side = duckdb.connect(str(work / "rows.db"))
     try:
+        limit_memory(side)
+        side.execute("SET threads = 1")
+        side.execute(f"SET temp_directory = {_sql_path(work / 'spill')}")
         side.execute("CREATE TABLE rows (" + ", ".join(f'"{name}" {kind}' for name, kind, *_ in columns) + ")")
-        cursor = con.execute(select)
+        if chunks is None:
+            cursor = con.execute(select)
+            chunks = iter(lambda: cursor.fetchmany(batch), [])
         appender = side.appender("rows")
-        while rows := cursor.fetchmany(batch):
+        for rows in chunks:
             appender.append_rows(rows)
-        appender.flush()
-        _copy_parquet(side, "SELECT * FROM rows", path)
+            appender.flush()
+        side.execute(f"COPY rows TO {_sql_path(path)} (FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP})")  # insertion order
     finally:
         side.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+#: Rows per Parquet row group of ``entries.parquet`` (a row group is buffered whole while written).
+ROW_GROUP = 16_384
+
+
+def _copy_entries_aside(con: Any, entries_sql: str, path: Path) -> None:
+    """``entries.parquet`` from a database locked to itself: rows in seq order, range by range,
+    through a side DuckDB (see ``_copy_parquet_aside``)."""
+    high = con.execute(f"SELECT coalesce(max(seq), 0) FROM {entries_sql}").fetchone()[0]
+    _copy_parquet_aside(con, f"SELECT {_ENTRY_COLUMNS} FROM {entries_sql}", path,
+                        chunks=_ranged_chunks(con, entries_sql, int(high)))
+
+
+def _copy_entries_attached(con: Any, entries_sql: str, path: Path) -> None:
+    """``entries.parquet`` from a connection with the side database ``export_side`` attached:
+    the entries go into it in seq order one seq range at a time (one sort of every row would
+    hold them all in memory), then DuckDB writes that table in its insertion order."""
+    from apollia_nb.journal.verify import RANGE
+
+    con.execute(f"CREATE TABLE export_side.rows AS SELECT {_ENTRY_COLUMNS} FROM {entries_sql} LIMIT 0")
+    # Where one ORDER BY seq over everything puts them: seqs below 1 first, NULL seqs last.
+    con.execute(f"INSERT INTO export_side.rows SELECT {_ENTRY_COLUMNS} FROM {entries_sql} WHERE seq < 1 ORDER BY seq")
+    high = con.execute(f"SELECT coalesce(max(seq), 0) FROM {entries_sql}").fetchone()[0]
+    for low in range(1, int(high) + 1, RANGE):
+        con.execute(f"INSERT INTO export_side.rows SELECT {_ENTRY_COLUMNS} FROM {entries_sql} "
+                    "WHERE seq BETWEEN ? AND ? ORDER BY seq", [low, low + RANGE - 1])
+    con.execute(f"INSERT INTO export_side.rows SELECT {_ENTRY_COLUMNS} FROM {entries_sql} WHERE seq IS NULL")
+    con.execute(f"COPY export_side.rows TO {_sql_path(path)} (FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP})")
 
 
 def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
             entries_sql: str = "entries", copy: Any = _copy_parquet,
-            invalid: dict[str, Any] | None = None) -> ExportResult:
+            invalid: dict[str, Any] | None = None,
+            copy_entries: Any = _copy_entries_aside) -> ExportResult:
     from apollia_nb.journal.store import FORMAT_VERSION
 
     directory = _prepare_dir(directory)
@@ -208,8 +256,7 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
         head = con.execute(f"SELECT hash FROM {entries_sql} ORDER BY seq DESC LIMIT 1").fetchone()
         latest = con.execute("SELECT note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
         checkpoints = con.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
-        copy(con, "SELECT seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id "
-                  f"FROM {entries_sql} ORDER BY seq", directory / BUNDLE_FILES["entries"])
+        copy_entries(con, entries_sql, directory / BUNDLE_FILES["entries"])
         copy(con, "SELECT size, root, note, created_at FROM checkpoints ORDER BY size",
              directory / BUNDLE_FILES["checkpoints"])
         cosigned = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'checkpoint_cosignatures'"
@@ -264,11 +311,25 @@ def export_home(home: Home, directory: Path, *, invalid: dict[str, Any] | None =
     public_key = load_public_key(home)
     con = connect_locked(home.journal_db, read_only=True)
     try:
+        limit_memory(con)
         row = con.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
         if row is None:
             raise IntegrityError(f"{home.journal_db} has no origin in its meta table")
-        return _export(con, directory, verifier=NoteVerifier(row[0], public_key), key_id=key_id(public_key),
-                       entries_sql=entries_with_tail(con, home.journal_db), invalid=invalid)
+        entries_sql = entries_with_tail(con, home.journal_db)
+        directory = _prepare_dir(directory)
+        work = Path(tempfile.mkdtemp(prefix=".export-", dir=directory))
+        try:
+            con.execute("SET threads = 1")  # DuckDB keeps insertion order, within bounded memory
+            con.execute(f"SET temp_directory = {_sql_path(work / 'spill')}")
+            con.execute(f"ATTACH {_sql_path(work / 'rows.db')} AS export_side (READ_WRITE)")
+            try:
+                return _export(con, directory, verifier=NoteVerifier(row[0], public_key),
+                               key_id=key_id(public_key), entries_sql=entries_sql,
+                               copy_entries=_copy_entries_attached, invalid=invalid)
+            finally:
+                con.execute("DETACH export_side")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     finally:
         con.close()
 

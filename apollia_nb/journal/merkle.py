@@ -25,7 +25,7 @@ not prove what it claims, including malformed proofs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from apollia_nb.errors import BadInput, IntegrityError
 
@@ -38,8 +38,10 @@ __all__ = [
     "root",
     "MerkleAccumulator",
     "inclusion_proof",
+    "inclusion_path",
     "verify_inclusion",
     "consistency_proof",
+    "consistency_path",
     "verify_consistency",
 ]
 
@@ -194,6 +196,58 @@ def _split(n: int) -> int:
     return 1 << ((n - 1).bit_length() - 1)
 
 
+def inclusion_path(index: int, size: int, subtree: Callable[[int, int], bytes]) -> list[bytes]:
+    """PATH(index, D[size]) of RFC 6962 §2.1.1, lowest sibling first, from ``subtree(lo, hi)``:
+    the Merkle Tree Hash of leaves ``lo`` to ``hi - 1``. The ranges asked for partition the
+    tree without the leaf itself, so a reader that streams each range from storage reads every
+    leaf hash once and holds O(log n) of them."""
+    if not _is_size(size) or not _is_size(index) or index >= size:
+        raise BadInput(f"leaf index {index!r} is not in a tree of size {size!r}")
+    path: list[bytes] = []
+    lo, hi, m = 0, size, index
+    while hi - lo > 1:
+        k = _split(hi - lo)
+        if m < k:
+            path.append(subtree(lo + k, hi))
+            hi = lo + k
+        else:
+            path.append(subtree(lo, lo + k))
+            lo += k
+            m -= k
+    path.reverse()
+    return path
+
+
+def consistency_path(old_size: int, new_size: int, subtree: Callable[[int, int], bytes]) -> list[bytes]:
+    """PROOF(old_size, D[new_size]) of RFC 6962 §2.1.2 from ``subtree(lo, hi)`` (see
+    :func:`inclusion_path`). Same domain as :func:`consistency_proof`."""
+    if not _is_size(old_size) or not _is_size(new_size):
+        raise BadInput("tree sizes must be non-negative integers")
+    if old_size > new_size:
+        raise BadInput(f"old size {old_size} is larger than new size {new_size}")
+    if old_size == 0:
+        raise BadInput("a consistency proof from the empty tree proves nothing")
+    if old_size == new_size:
+        return []
+    # SUBPROOF(m, D[lo:hi], b), unrolled: descend, collecting the sibling at each level.
+    path: list[bytes] = []
+    lo, hi, m, complete = 0, new_size, old_size, True
+    while m != hi - lo:
+        k = _split(hi - lo)
+        if m <= k:
+            path.append(subtree(lo + k, hi))
+            hi = lo + k
+        else:
+            path.append(subtree(lo, lo + k))
+            lo += k
+            m -= k
+            complete = False
+    if not complete:
+        path.append(subtree(lo, hi))
+    path.reverse()
+    return path
+
+
 def inclusion_proof(
     index: int, leaf_hashes: Sequence[bytes], size: int | None = None
 ) -> list[bytes]:
@@ -208,19 +262,7 @@ def inclusion_proof(
         raise BadInput(f"leaf index {index!r} is not in a tree of size {n}")
     leaves = leaf_hashes[:n]
     _check_leaves(leaves)
-    path: list[bytes] = []
-    lo, hi, m = 0, n, index
-    while hi - lo > 1:
-        k = _split(hi - lo)
-        if m < k:
-            path.append(_mth(leaves[lo + k : hi]))
-            hi = lo + k
-        else:
-            path.append(_mth(leaves[lo : lo + k]))
-            lo += k
-            m -= k
-    path.reverse()
-    return path
+    return inclusion_path(index, n, lambda lo, hi: _mth(leaves[lo:hi]))
 
 
 def consistency_proof(
@@ -244,23 +286,7 @@ def consistency_proof(
         return []
     leaves = leaf_hashes[:new_size]
     _check_leaves(leaves)
-    # SUBPROOF(m, D[lo:hi], b), unrolled: descend, collecting the sibling at each level.
-    path: list[bytes] = []
-    lo, hi, m, complete = 0, new_size, old_size, True
-    while m != hi - lo:
-        k = _split(hi - lo)
-        if m <= k:
-            path.append(_mth(leaves[lo + k : hi]))
-            hi = lo + k
-        else:
-            path.append(_mth(leaves[lo : lo + k]))
-            lo += k
-            m -= k
-            complete = False
-    if not complete:
-        path.append(_mth(leaves[lo:hi]))
-    path.reverse()
-    return path
+    return consistency_path(old_size, new_size, lambda lo, hi: _mth(leaves[lo:hi]))
 
 
 # --- verification (RFC 9162 §2.1.3.2 and §2.1.4.2) ------------------------------

@@ -21,11 +21,22 @@ an ``append`` has returned.
 
 Tables (format 1)::
 
-    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at'
+    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at', 'frontier' = '1'
     entries(seq PRIMARY KEY, ts, run_id, agent, kind, payload BLOB,
             prev_hash BLOB, hash BLOB, signature BLOB, key_id)
     checkpoints(size PRIMARY KEY, root BLOB, note, created_at)
     checkpoint_cosignatures(size, witness, timestamp, signature, created_at)  -- PRIMARY KEY (size, witness)
+    frontier(id PRIMARY KEY, size, last_hash BLOB, root BLOB, hashes BLOB)   -- one row
+    entry_fields(seq, kind, ts, run_id, agent, call_id, tool, ...)          -- see views.py
+
+Every copy into ``journal.db`` commits, in one transaction, the entries, their
+``entry_fields`` rows and the new ``frontier`` row: the head (size, last hash),
+the Merkle root and the compact range (one hash per set bit of the size). So
+``Journal.open`` reads a constant amount however long the journal is, and
+checks it against the stored entries (their count, highest seq and the last
+entry's hash) before it trusts it: a frontier that does not describe the
+entries is ``HOME_FILE_CORRUPT``, never rebuilt. A journal written before the
+frontier was kept (no row, no ``meta.frontier``) is migrated once on open.
 
 The SQL views of ``views.py`` are recreated on every open. Then the database
 instance is locked to itself (``dbutil.lock_down``): whatever SQL runs on it,
@@ -52,6 +63,7 @@ from typing import Any, NamedTuple
 
 import duckdb
 
+from apollia_nb import faults
 from apollia_nb.dbutil import MEMORY_LIMIT, fault_point, limit_memory, lock_down, needs_reopen, raise_if_locked, storage_error
 from apollia_nb.errors import BadInput, Conflict, HomeFileCorrupt, HomeLocked, IntegrityError, NotFound, StorageError
 from apollia_nb.home import Home
@@ -74,15 +86,15 @@ from apollia_nb.journal.entry import (
 )
 from apollia_nb.journal.merkle import (
     MerkleAccumulator,
-    consistency_proof,
-    inclusion_proof,
+    consistency_path,
+    inclusion_path,
     leaf_hash,
-    root,
+    root as merkle_root,
     verify_consistency,
     verify_inclusion,
 )
 from apollia_nb.journal.tail import TailLog, encode_rows, read_tail, tail_path
-from apollia_nb.journal.views import create_views
+from apollia_nb.journal.views import ENTRY_FIELDS_DDL, copy_entry_fields, create_views
 
 __all__ = [
     "FORMAT_VERSION",
@@ -127,7 +139,16 @@ _SCHEMA = (
         signature VARCHAR NOT NULL,
         created_at VARCHAR NOT NULL,
         PRIMARY KEY (size, witness))""",
+    """CREATE TABLE IF NOT EXISTS frontier (
+        id INTEGER PRIMARY KEY,
+        size BIGINT NOT NULL,
+        last_hash BLOB NOT NULL,
+        root BLOB NOT NULL,
+        hashes BLOB NOT NULL)""",
+    ENTRY_FIELDS_DDL,
 )
+#: Rows per range when journal.db is read in seq order (a sort of this many rows stays small).
+SEQ_RANGE = 65_536
 
 
 def _utcnow() -> datetime:
@@ -238,11 +259,14 @@ class InclusionProof:
 def prove_inclusion(
     seq: int, checkpoint: str | None, *, head: int, latest: tuple[int, str] | None,
     write_checkpoint: Callable[[], str], verifier: NoteVerifier, origin: str,
-    hashes: Callable[[int], list[bytes]],
+    hashes: Callable[[int], list[bytes]] | None,
+    subtree: Callable[[int, int], bytes] | None = None, entry_hash: Callable[[int], bytes] | None = None,
 ) -> "InclusionProof":
     """Prove entry ``seq`` of a journal whose head is ``head`` against ``checkpoint`` (default: the
     ``latest`` ``(size, note)``, or one written by ``write_checkpoint`` when that does not cover ``seq``).
-    ``hashes(size)`` are the entry hashes of seqs 1..size. The proof is verified before return."""
+    The hashes come from ``subtree(lo, hi)`` (the Merkle Tree Hash of leaves ``lo..hi-1``) and
+    ``entry_hash(seq)`` when given, else from ``hashes(size)`` (the entry hashes of seqs 1..size).
+    The proof is verified before return."""
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         raise BadInput(f"sequence numbers start at 1, got {seq!r}")
     if seq > head:
@@ -252,16 +276,21 @@ def prove_inclusion(
     cp = open_checkpoint(checkpoint, [verifier], origin=origin)
     if seq > cp.size:
         raise BadInput(f"entry {seq} is not covered by a checkpoint of size {cp.size}")
-    entries = hashes(cp.size)
-    if len(entries) != cp.size:
-        raise IntegrityError(f"the journal holds {len(entries)} of the {cp.size} entries asked for")
-    leaves = [leaf_hash(h) for h in entries]
+    if subtree is None or entry_hash is None:
+        assert hashes is not None
+        entries = hashes(cp.size)
+        if len(entries) != cp.size:
+            raise IntegrityError(f"the journal holds {len(entries)} of the {cp.size} entries asked for")
+        leaves = [leaf_hash(h) for h in entries]
+        subtree = lambda lo, hi: merkle_root(leaves[lo:hi])  # noqa: E731
+        entry_hash = lambda s: entries[s - 1]  # noqa: E731
+    this = entry_hash(seq)
     proof = InclusionProof(
         seq=seq,
         tree_size=cp.size,
-        entry_hash=entries[seq - 1],
-        leaf_hash=leaves[seq - 1],
-        path=tuple(inclusion_proof(seq - 1, leaves)),
+        entry_hash=this,
+        leaf_hash=leaf_hash(this),
+        path=tuple(inclusion_path(seq - 1, cp.size, subtree)),
         root=cp.root,
         checkpoint=checkpoint,
     )
@@ -440,28 +469,85 @@ class Journal:
         atexit.register(journal.close)
         return journal
 
-    def _load(self) -> list[bytes]:
-        """Read the chain's hashes from ``journal.db``; returns them (seq order)."""
-        rows = self._con.execute("SELECT seq, hash FROM entries ORDER BY seq").fetchall()
+    def _load(self) -> tuple[int, str | None]:
+        """Read the head and Merkle frontier stored with the entries (a constant amount of work).
+
+        Returns how many entries ``journal.db`` holds and, when the stored frontier does not
+        describe them, what is wrong (raised by ``_recover_tail`` once it has compared the log
+        with the stored rows). A journal from before the frontier was kept is migrated once:
+        its hashes are read in seq ranges, and the frontier and ``entry_fields`` stored."""
+        con = self._con
+        count, max_seq = con.execute("SELECT count(*), coalesce(max(seq), 0) FROM entries").fetchone()
+        row = con.execute("SELECT size, last_hash, root, hashes FROM frontier WHERE id = 1").fetchone()
+        kept = con.execute("SELECT value FROM meta WHERE key = 'frontier'").fetchone()
+        latest = con.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
+        self._latest = (int(latest[0]), latest[1]) if latest else None
+        if row is None and kept is None:
+            self._migrate(count)
+            return count, None
+        if row is None:
+            return count, "the stored head (the Merkle frontier) is missing"
+        size, last_hash, root_, hashes = int(row[0]), bytes(row[1]), bytes(row[2]), bytes(row[3])
+        if count != size or max_seq != size:
+            return count, (f"the stored head covers {size} entries, but it holds {count} "
+                           f"(the highest seq is {max_seq})")
+        try:
+            acc = MerkleAccumulator.from_state(size, [hashes[i:i + 32] for i in range(0, len(hashes), 32)])
+        except BadInput as exc:
+            return count, f"the stored Merkle frontier is malformed ({exc.message})"
+        if acc.root() != root_:
+            return count, "the stored Merkle frontier does not have the stored root"
+        stored = con.execute("SELECT hash FROM entries WHERE seq = ?", [size]).fetchone() if size else None
+        if (bytes(stored[0]) if stored else GENESIS_HASH) != last_hash:
+            return count, f"the stored head hash is not the hash of entry {size}"
+        self._acc = acc
+        self._head = (size, last_hash)
+        return count, None
+
+    def _migrate(self, count: int) -> None:
+        """Compute and store the frontier and ``entry_fields`` of a journal that has none."""
+        con = self._con
         acc = MerkleAccumulator()
         prev = GENESIS_HASH
-        hashes = []
-        for expected, (seq, h) in enumerate(rows, start=1):
-            if seq != expected:
-                raise IntegrityError(
-                    f"{self.path} is not contiguous: entry {expected} is missing or duplicated "
-                    f"(found {seq}); run `apollia-os audit verify`"
-                )
-            prev = bytes(h)
-            hashes.append(prev)
-            acc.append(leaf_hash(prev))
+        expected = 1
+        while expected <= count:
+            rows = con.execute("SELECT seq, hash FROM entries WHERE seq >= ? AND seq < ? ORDER BY seq",
+                               [expected, expected + SEQ_RANGE]).fetchall()
+            for seq, h in rows:
+                if seq != expected:
+                    break
+                prev = bytes(h)
+                acc.append(leaf_hash(prev))
+                expected += 1
+            if len(rows) != SEQ_RANGE or expected <= count and rows[-1][0] != expected - 1:
+                break
+        if expected != count + 1:
+            raise IntegrityError(
+                f"{self.path} is not contiguous: entry {expected} is missing or duplicated; "
+                "run `apollia-os audit verify`"
+            )
+        con.begin()
+        try:
+            con.execute("DELETE FROM entry_fields")
+            copy_entry_fields(con)
+            self._store_frontier(con, acc, prev)
+            con.execute("INSERT INTO meta VALUES ('frontier', '1')")
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
         self._acc = acc
-        self._head = (len(rows), prev)
-        rows = self._con.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchall()
-        self._latest = (int(rows[0][0]), rows[0][1]) if rows else None
-        return hashes
+        self._head = (count, prev)
 
-    def _recover_tail(self, hashes: list[bytes]) -> None:
+    @staticmethod
+    def _store_frontier(con: duckdb.DuckDBPyConnection, acc: MerkleAccumulator, last_hash: bytes) -> None:
+        """Write the head and frontier row (inside the caller's transaction)."""
+        values = [acc.size, last_hash, acc.root(), b"".join(acc.hashes)]
+        if con.execute("UPDATE frontier SET size = ?, last_hash = ?, root = ?, hashes = ? WHERE id = 1",
+                       values).fetchone()[0] == 0:
+            con.execute("INSERT INTO frontier VALUES (1, ?, ?, ?, ?)", values)
+
+    def _recover_tail(self, loaded: tuple[int, str | None]) -> None:
         """Copy into ``journal.db`` what a previous owner left in ``journal.log``; open the log.
 
         Entries already in ``journal.db`` (a crash between a copy and the log's
@@ -471,19 +557,27 @@ class Journal:
         """
         path = tail_path(self.path)
         read = read_tail(path)
+        count, problem = loaded
+        copied = [row for row in read.rows if row[0] <= count]
+        stored = _stored_rows(self._con, copied)
+        for row in copied:
+            if stored.get(row[0]) != Entry.from_row(row):
+                raise IntegrityError(
+                    f"{path}: entry {row[0]} is not the entry {self.path.name} holds at that place; "
+                    "nothing was changed (run `apollia-os audit verify`)"
+                )
+        if problem is not None:
+            raise HomeFileCorrupt(
+                f"{self.path} is inconsistent: {problem}; nothing was changed. Run `apollia-os audit verify "
+                f"--home {self.path.parent}`, then restore {self.path.name} from a backup, or archive it and "
+                f"start a new chain with `apollia-os home repair --archive-journal --home {self.path.parent}`"
+            )
         seq, prev = self._head
         verify_key = self._key.verify_key
         fresh: list[Entry] = []
-        copied = [row for row in read.rows if row[0] <= len(hashes)]
-        stored = _stored_rows(self._con, copied)
         for row in read.rows:
             entry = Entry.from_row(row)
-            if not fresh and entry.seq <= len(hashes):
-                if stored.get(entry.seq) != entry:
-                    raise IntegrityError(
-                        f"{path}: entry {entry.seq} is not the entry {self.path.name} holds at that place; "
-                        "nothing was changed (run `apollia-os audit verify`)"
-                    )
+            if not fresh and entry.seq <= count:
                 continue
             if entry.seq != seq + 1 or entry.prev_hash != prev:
                 raise IntegrityError(
@@ -503,9 +597,14 @@ class Journal:
             fresh.append(entry)
             seq, prev = entry.seq, entry.hash
         if fresh:
-            self._insert([e.as_row() for e in fresh])
+            before = self._acc.copy()
             for entry in fresh:
                 self._acc.append(leaf_hash(entry.hash))
+            try:
+                self._insert([e.as_row() for e in fresh])
+            except BaseException:
+                self._acc = before
+                raise
             self._head = (seq, prev)
         self._tail = TailLog(path)  # starts the file over: everything in it is in journal.db now
         self._opened_at = self._head[0]
@@ -860,22 +959,38 @@ class Journal:
             self._reopen_needed = True
 
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
-        """Insert rows in one committed transaction (see docs/journal.md for the measurement)."""
+        """Insert rows, their ``entry_fields`` and the new head and frontier in one committed transaction.
+
+        The rows are the last ones the writer sequenced (``self._acc`` ends with them), so the
+        frontier stored is the one of the journal they complete; a crash before the commit
+        leaves neither (the log keeps the entries). See docs/journal.md for the measurement."""
+        acc = self._acc
+        if acc.size != rows[-1][0]:
+            raise IntegrityError(f"the copy of entries {rows[0][0]}..{rows[-1][0]} does not end at the "
+                                 f"journal's head ({acc.size})")
         try:
             con = self._db()
             fault_point(self.path.name)
-            if len(rows) == 1:
-                con.execute(f"INSERT INTO entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows[0])
-                return
-            # One appender flush is one statement, so in autocommit mode it is one
-            # transaction: every row of the group or none.
+            con.begin()
             try:
-                self._appender.append_rows(rows)
-                self._appender.flush()
+                if len(rows) == 1:
+                    con.execute(f"INSERT INTO entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows[0])
+                else:
+                    self._appender.append_rows(rows)
+                    self._appender.flush()
+                faults.point("journal.before_frontier")
+                copy_entry_fields(con, rows[0][0], rows[-1][0])
+                self._store_frontier(con, acc, bytes(rows[-1][7]))
+                con.commit()
             except BaseException:
+                if len(rows) > 1:
+                    try:
+                        self._appender.clear()
+                    except Exception:  # noqa: BLE001 - an invalidated database refuses this too
+                        pass
                 try:
-                    self._appender.clear()
-                except Exception:  # noqa: BLE001 - an invalidated database refuses this too
+                    con.rollback()
+                except Exception:  # noqa: BLE001 - a failed commit ended the transaction already
                     pass
                 raise
         except BaseException as exc:
@@ -977,20 +1092,36 @@ class Journal:
             "SELECT size, witness, timestamp, signature FROM checkpoint_cosignatures ORDER BY size, witness")]
 
     # ------------------------------------------------------------------ proofs
-    def _leaf_hashes(self, size: int) -> list[bytes]:
-        rows = self._read("SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [size])
-        if len(rows) != size:
-            raise IntegrityError(f"the journal holds {len(rows)} of the {size} entries asked for")
-        return [leaf_hash(bytes(h)) for (h,) in rows]
+    def _subtree(self, lo: int, hi: int) -> bytes:
+        """The Merkle Tree Hash of leaves ``lo..hi-1`` (entries ``lo+1..hi``), streamed from
+        ``journal.db`` in seq ranges: O(log n) hashes held, whatever the range."""
+        acc = MerkleAccumulator()
+        start = lo + 1
+        while start <= hi:
+            end = min(hi, start + SEQ_RANGE - 1)
+            rows = self._read("SELECT hash FROM entries WHERE seq BETWEEN ? AND ? ORDER BY seq", [start, end])
+            if len(rows) != end - start + 1:
+                raise IntegrityError(f"the journal holds {len(rows)} of the entries {start}..{end} asked for")
+            for (h,) in rows:
+                acc.append(leaf_hash(bytes(h)))
+            start = end + 1
+        return acc.root()
+
+    def _entry_hash(self, seq: int) -> bytes:
+        rows = self._read("SELECT hash FROM entries WHERE seq = ?", [seq])
+        if not rows:
+            raise IntegrityError(f"the journal holds no entry {seq}")
+        return bytes(rows[0][0])
 
     def inclusion_proof(self, seq: int, checkpoint: str | None = None) -> InclusionProof:
         """Prove entry ``seq`` is in the tree of a checkpoint (default: the latest,
-        written first when it does not cover ``seq``). The proof is verified before return."""
+        written first when it does not cover ``seq``). The proof is verified before return.
+
+        The hashes are read from ``journal.db`` range by range (``_subtree``), not held."""
         return prove_inclusion(
             seq, checkpoint, head=self.head()[0], latest=self._latest, write_checkpoint=self.checkpoint,
-            verifier=self.verifier(), origin=self._origin,
-            hashes=lambda size: [bytes(h) for (h,) in self._read(
-                "SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [size])],
+            verifier=self.verifier(), origin=self._origin, hashes=None,
+            subtree=self._subtree, entry_hash=self._entry_hash,
         )
 
     def consistency_proof(self, old_size: int, new_size: int | None = None) -> ConsistencyProof:
@@ -999,9 +1130,9 @@ class Journal:
         new = head if new_size is None else new_size
         if not isinstance(old_size, int) or not isinstance(new, int) or not 0 < old_size <= new <= head:
             raise BadInput(f"need 0 < old_size <= new_size <= {head}, got {old_size!r}, {new!r}")
-        leaves = self._leaf_hashes(new)
         proof = ConsistencyProof(
-            old_size, new, root(leaves[:old_size]), root(leaves), tuple(consistency_proof(old_size, new, leaves))
+            old_size, new, self._subtree(0, old_size), self._subtree(0, new),
+            tuple(consistency_path(old_size, new, self._subtree)),
         )
         proof.verify()
         return proof

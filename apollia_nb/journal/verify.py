@@ -30,11 +30,13 @@ import struct
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from apollia_nb.dbutil import limit_memory
 from apollia_nb.errors import BadInput, IntegrityError, NotFound
 from apollia_nb.journal.checkpoint import Checkpoint, NoteVerifier, open_checkpoint
 from apollia_nb.journal.entry import GENESIS_HASH, entry_hash
@@ -61,6 +63,10 @@ __all__ = [
 PARALLEL_MIN = 8_000
 #: Rows per chunk read from DuckDB and handed to a worker.
 CHUNK = 2_500
+#: Chunks a worker holds unanswered at most (the reader waits for room: memory stays bounded).
+INFLIGHT = 4
+#: Rows per seq range read from DuckDB (each range is sorted on its own, so the sort stays small).
+RANGE = 50_000
 
 _COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id"
 
@@ -165,7 +171,11 @@ def _worker_main() -> None:
 
 
 class _Worker:
-    """One signature-checking subprocess, fed by a thread so the caller never blocks on a pipe."""
+    """One signature-checking subprocess, fed by a thread so the caller never blocks on a pipe.
+
+    At most ``INFLIGHT`` chunks are handed over and not answered yet (``submit`` waits for
+    room), and a chunk is let go once its answer is read: memory stays the same however
+    long the journal is. Chunks a dead worker never answered are checked here."""
 
     def __init__(self, public_key: bytes) -> None:
         import apollia_nb
@@ -177,11 +187,18 @@ class _Worker:
             [sys.executable, "-m", "apollia_nb.journal.verify", "--signature-worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
         )
-        self.chunks: list[Sequence[tuple[int, bytes, bytes]]] = []
+        self.public_key = public_key
+        self.bad: list[int] = []
+        self._pending: deque[Sequence[tuple[int, bytes, bytes]]] = deque()
+        self._lock = threading.Lock()
+        self._room = threading.Semaphore(INFLIGHT)
+        self._dead = False
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._queue.put(public_key)
         self._feeder = threading.Thread(target=self._feed, name="journal-verify-feeder", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="journal-verify-reader", daemon=True)
         self._feeder.start()
+        self._reader.start()
 
     def _feed(self) -> None:
         stdin = self.proc.stdin
@@ -189,7 +206,8 @@ class _Worker:
         try:
             while (data := self._queue.get()) is not None:
                 stdin.write(data)
-        except OSError:  # the worker died; results() falls back to checking inline
+                stdin.flush()
+        except OSError:  # the worker died; its unanswered chunks are checked inline
             pass
         finally:
             try:
@@ -197,30 +215,50 @@ class _Worker:
             except OSError:
                 pass
 
+    def _read(self) -> None:
+        out = self.proc.stdout
+        assert out is not None
+        try:
+            while (answer := _read_exact(out, _ANSWER.size)) is not None:
+                flag, seq = _ANSWER.unpack(answer)
+                with self._lock:
+                    if not self._pending:
+                        break
+                    self._pending.popleft()
+                    if flag:
+                        self.bad.append(seq)
+                self._room.release()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._dead = True
+            for _ in range(INFLIGHT):  # nobody waits for room from a worker that answers no more
+                self._room.release()
+
     def submit(self, items: Sequence[tuple[int, bytes, bytes]]) -> None:
-        self.chunks.append(items)
-        self._queue.put(_pack(items))
+        self._room.acquire()
+        with self._lock:
+            if not self._dead:
+                self._pending.append(items)
+                self._queue.put(_pack(items))
+                return
+        seq = _first_bad_signature(self.public_key, items)
+        if seq is not None:
+            self.bad.append(seq)
 
     def results(self, public_key: bytes) -> list[int]:
         """First bad seq of each chunk that had one; chunks a dead worker left are checked here."""
         self._queue.put(None)
-        out = self.proc.stdout
-        assert out is not None
-        answers = out.read()
-        out.close()
         self._feeder.join()
+        self._reader.join()
         self.proc.wait()
-        bad: list[int] = []
-        n = min(len(answers) // _ANSWER.size, len(self.chunks))
-        for i in range(n):
-            flag, seq = _ANSWER.unpack_from(answers, i * _ANSWER.size)
-            if flag:
-                bad.append(seq)
-        for items in self.chunks[n:]:
+        with self._lock:
+            left, self._pending = list(self._pending), deque()
+        for items in left:
             seq = _first_bad_signature(public_key, items)
             if seq is not None:
-                bad.append(seq)
-        return bad
+                self.bad.append(seq)
+        return self.bad
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -229,6 +267,8 @@ class _Worker:
         self._queue.put(None)
         if self._feeder.is_alive():
             self._feeder.join()
+        if self._reader.is_alive():
+            self._reader.join()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
@@ -380,17 +420,16 @@ def verify_rows(
                     pool.append(_Worker(public_key))
             except OSError:  # no interpreter to start: the workers there are (maybe none) do it
                 pass
-        # With workers, this process keeps one share of the signatures for
-        # itself and checks them after reading and scanning every row.
-        own: list[Sequence[tuple[int, bytes, bytes]]] = []
+        # The workers check the signatures in turn (each waits only while it holds INFLIGHT
+        # chunks) while this process checks hashes, links and roots; with one worker this
+        # process takes every other chunk's signatures too.
+        shares = len(pool) + 1 if len(pool) == 1 else len(pool)
         for i, chunk in enumerate(chunks):
             items = [(r[0], _as_bytes(r[7]), _as_bytes(r[8])) for r in chunk
                      if len(r) == 10 and isinstance(r[0], int)]
-            share = i % (len(pool) + 1)
+            share = i % shares if pool else 0
             if share < len(pool):
                 pool[share].submit(items)
-            elif pool:
-                own.append(items)
             else:
                 bad = _first_bad_signature(public_key, items)
                 if bad is not None:
@@ -400,11 +439,6 @@ def verify_rows(
                 if scan.failure is not None:
                     break
             if scan.failure is not None or scan.bad_signature_seqs:
-                break
-        for items in own:
-            bad = _first_bad_signature(public_key, items)
-            if bad is not None:
-                scan.bad_signature_seqs.append(bad)
                 break
         for worker in pool:
             scan.bad_signature_seqs.extend(worker.results(public_key))
@@ -454,6 +488,22 @@ def _chunks(cursor: Any, size: int = CHUNK) -> Iterator[list[tuple[Any, ...]]]:
         yield rows
 
 
+def _ranged_chunks(con: Any, entries: str, high: int, size: int = CHUNK,
+                   span: int = RANGE) -> Iterator[list[tuple[Any, ...]]]:
+    """The rows of ``entries`` in seq order, read one seq range at a time.
+
+    DuckDB sorts each range alone, so memory does not grow with the journal (one
+    ``ORDER BY seq`` over every row materialises them all). Rows below seq 1 come
+    first and rows without a seq last, where one sort over everything puts them."""
+    yield from _chunks(con.execute(f"SELECT {_COLUMNS} FROM {entries} WHERE seq < 1 ORDER BY seq"), size)
+    low = 1
+    while low <= high:
+        yield from _chunks(con.execute(
+            f"SELECT {_COLUMNS} FROM {entries} WHERE seq BETWEEN ? AND ? ORDER BY seq", [low, low + span - 1]), size)
+        low += span
+    yield from _chunks(con.execute(f"SELECT {_COLUMNS} FROM {entries} WHERE seq IS NULL"), size)
+
+
 def _verify_connection(
     con: Any,
     *,
@@ -466,15 +516,14 @@ def _verify_connection(
 ) -> VerifyReport:
     con.begin()
     try:
-        total = con.execute(f"SELECT count(*) FROM {entries}").fetchone()[0]
+        total, high = con.execute(f"SELECT count(*), coalesce(max(seq), 0) FROM {entries}").fetchone()
         stored = (
             [(int(s), bytes(r), n) for s, r, n in
              con.execute(f"SELECT size, root, note FROM {checkpoints} ORDER BY size").fetchall()]
             if checkpoints else []
         )
-        cursor = con.execute(f"SELECT {_COLUMNS} FROM {entries} ORDER BY seq")
         return verify_rows(
-            _chunks(cursor),
+            _ranged_chunks(con, entries, int(high)),
             public_key=public_key,
             origin=origin,
             checkpoints=stored,
@@ -503,6 +552,7 @@ def verify_file(
         raise NotFound(f"no journal at {path}")
     con = connect_locked(Path(path), read_only=True)
     try:
+        limit_memory(con)
         row = con.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
         if row is None:
             return VerifyReport(False, 0, None, "the journal has no origin in its meta table", 0)
@@ -528,18 +578,16 @@ def verify_home(home: Home, *, external: str | None = None, workers: int = 2) ->
 
 
 def verify_journal(journal: Journal, checkpoint: str | None = None, *, workers: int = 2) -> VerifyReport:
-    """Verify an open journal from one consistent snapshot of its rows."""
-    rows, stored = journal.snapshot_rows()
-    chunks = [rows[i : i + CHUNK] for i in range(0, len(rows), CHUNK)]
-    return verify_rows(
-        chunks,
-        public_key=journal.public_key(),
-        origin=journal.origin,
-        checkpoints=stored,
-        external=checkpoint,
-        total=len(rows),
-        workers=workers,
-    )
+    """Verify an open journal from one consistent snapshot of its rows, read in seq ranges
+    through a cursor of its own (memory does not grow with the journal)."""
+    cursor = journal.cursor()
+    try:
+        return _verify_connection(
+            cursor, entries="entries", checkpoints="checkpoints", public_key=journal.public_key(),
+            origin=journal.origin, external=checkpoint, workers=workers,
+        )
+    finally:
+        cursor.close()
 
 
 def verify_bundle(directory: Path, *, external: str | None = None, workers: int = 2) -> VerifyReport:

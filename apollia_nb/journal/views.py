@@ -5,8 +5,14 @@ exported bundle as ``views.sql`` over ``entries.parquet``, so the same queries
 work on a live ``journal.db`` and on an offline bundle. Views only read; the raw
 hashed bytes stay in ``entries``.
 
-``ts`` columns are ``TIMESTAMPTZ`` (the stored text is UTC with ``Z``). Payload
-fields are read with DuckDB's JSON operators from the canonical payload bytes.
+The payload fields the views expose are kept typed in ``entry_fields`` (one row
+per entry of the kinds the views read), filled from the stored payload bytes by
+the same transaction that copies the entries into ``journal.db``; so an
+auditor's query is a scan of typed columns, not JSON parsing. ``entries`` stays
+the source of truth: in a bundle, ``entry_fields`` is a view computing the same
+columns from ``entries.parquet``, and verification reads only ``entries``.
+
+``ts`` columns are ``TIMESTAMPTZ`` (the stored text is UTC with ``Z``).
 """
 
 from __future__ import annotations
@@ -14,9 +20,53 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["VIEW_NAMES", "VIEWS_SQL", "create_views", "bundle_sql", "list_runs"]
+__all__ = [
+    "VIEW_NAMES", "VIEWS_SQL", "ENTRY_FIELDS_DDL", "FIELD_KINDS", "create_views", "copy_entry_fields",
+    "bundle_sql", "list_runs",
+]
 
 VIEW_NAMES = ("journal", "decisions", "tool_calls", "runs")
+
+#: The entry kinds whose payload fields the views read.
+FIELD_KINDS = ("decision", "answer", "tool_call", "tool_result", "run_open", "run_seal")
+
+ENTRY_FIELDS_DDL = """CREATE TABLE IF NOT EXISTS entry_fields (
+        seq BIGINT NOT NULL,
+        kind VARCHAR NOT NULL,
+        ts TIMESTAMPTZ,
+        run_id VARCHAR,
+        agent VARCHAR,
+        call_id VARCHAR,
+        tool VARCHAR,
+        family VARCHAR,
+        outcome VARCHAR,
+        line INTEGER,
+        answer VARCHAR,
+        answered_by VARCHAR,
+        status VARCHAR,
+        error_code VARCHAR,
+        run_kind VARCHAR)"""
+
+_FIELDS_SELECT = """
+SELECT seq, kind, CAST(ts AS TIMESTAMPTZ) AS ts, run_id, agent,
+       p->>'call_id' AS call_id, p->>'tool' AS tool, p->>'family' AS family, p->>'outcome' AS outcome,
+       TRY_CAST(p->>'line' AS INTEGER) AS line, p->>'answer' AS answer, p->>'answered_by' AS answered_by,
+       p->>'status' AS status, p->>'error_code' AS error_code, p->>'run_kind' AS run_kind
+FROM (SELECT seq, kind, ts, run_id, agent, CAST(decode(payload) AS JSON) AS p
+      FROM entries WHERE kind IN ({kinds}){where})
+""".replace("{kinds}", ", ".join(f"'{k}'" for k in FIELD_KINDS))
+
+
+def copy_entry_fields(con: Any, first: int | None = None, last: int | None = None) -> None:
+    """Fill ``entry_fields`` from the stored entries with seq ``first..last`` (default: all).
+
+    Runs inside the caller's transaction (the one that copies those entries)."""
+    if first is None:
+        con.execute("INSERT INTO entry_fields " + _FIELDS_SELECT.replace("{where}", ""))
+    else:
+        con.execute("INSERT INTO entry_fields " + _FIELDS_SELECT.replace("{where}", " AND seq BETWEEN ? AND ?"),
+                    [first, last])
+
 
 _JOURNAL = """
 CREATE OR REPLACE VIEW journal AS
@@ -36,46 +86,39 @@ FROM entries
 
 _DECISIONS = """
 CREATE OR REPLACE VIEW decisions AS
-WITH d AS (
-    SELECT seq, ts, run_id, agent, CAST(decode(payload) AS JSON) AS p
-    FROM entries WHERE kind = 'decision'
-), a AS (
-    SELECT run_id, p->>'call_id' AS call_id, p->>'answer' AS answer,
-           p->>'answered_by' AS answered_by
-    FROM (SELECT seq, run_id, CAST(decode(payload) AS JSON) AS p
-          FROM entries WHERE kind = 'answer')
-    QUALIFY row_number() OVER (PARTITION BY run_id, p->>'call_id' ORDER BY seq) = 1
+WITH a AS (
+    SELECT run_id, call_id, answer, answered_by
+    FROM entry_fields WHERE kind = 'answer'
+    QUALIFY row_number() OVER (PARTITION BY run_id, call_id ORDER BY seq) = 1
 )
 SELECT
     d.seq,
-    CAST(d.ts AS TIMESTAMPTZ) AS ts,
+    d.ts,
     d.run_id,
     d.agent,
-    d.p->>'tool' AS tool,
-    d.p->>'family' AS family,
-    d.p->>'outcome' AS outcome,
-    TRY_CAST(d.p->>'line' AS INTEGER) AS line,
+    d.tool,
+    d.family,
+    d.outcome,
+    d.line,
     a.answer,
     a.answered_by
-FROM d
+FROM entry_fields d
 LEFT JOIN a
-  ON a.run_id IS NOT DISTINCT FROM d.run_id AND a.call_id = (d.p->>'call_id')  -- DuckDB 1.x: = binds before ->>
+  ON a.run_id IS NOT DISTINCT FROM d.run_id AND a.call_id = d.call_id
+WHERE d.kind = 'decision'
 ORDER BY d.seq
 """
 
 _TOOL_CALLS = """
 CREATE OR REPLACE VIEW tool_calls AS
-WITH c AS (
-    SELECT run_id, p->>'call_id' AS call_id, p->>'tool' AS tool, ts, seq
-    FROM (SELECT seq, ts, run_id, CAST(decode(payload) AS JSON) AS p
-          FROM entries WHERE kind = 'tool_call')
-    QUALIFY row_number() OVER (PARTITION BY run_id, p->>'call_id' ORDER BY seq) = 1
-), r AS (
-    SELECT run_id, p->>'call_id' AS call_id, p->>'tool' AS tool,
-           p->>'status' AS status, p->>'error_code' AS error_code, ts, seq
-    FROM (SELECT seq, ts, run_id, CAST(decode(payload) AS JSON) AS p
-          FROM entries WHERE kind = 'tool_result')
-    QUALIFY row_number() OVER (PARTITION BY run_id, p->>'call_id' ORDER BY seq) = 1
+WITH g AS (
+    -- One pass over the typed fields: per call, the seq of its first tool_call and of its
+    -- first tool_result (a call_id that is NULL never pairs a call with a result); only two
+    -- integers per call are aggregated, the fields are then read by seq.
+    SELECT min(seq) FILTER (WHERE kind = 'tool_call') AS call_seq,
+           min(seq) FILTER (WHERE kind = 'tool_result') AS result_seq
+    FROM entry_fields WHERE kind IN ('tool_call', 'tool_result')
+    GROUP BY run_id, call_id, CASE WHEN call_id IS NULL THEN kind END
 )
 SELECT
     coalesce(c.run_id, r.run_id) AS run_id,
@@ -83,23 +126,23 @@ SELECT
     coalesce(c.tool, r.tool) AS tool,
     coalesce(r.status, 'running') AS status,
     r.error_code,
-    CAST(c.ts AS TIMESTAMPTZ) AS started_at,
-    CAST(r.ts AS TIMESTAMPTZ) AS finished_at
-FROM c
-FULL OUTER JOIN r
-  ON r.run_id IS NOT DISTINCT FROM c.run_id AND r.call_id = c.call_id
-ORDER BY coalesce(c.seq, r.seq)
+    c.ts AS started_at,
+    r.ts AS finished_at
+FROM g
+LEFT JOIN entry_fields c ON c.seq = g.call_seq
+LEFT JOIN entry_fields r ON r.seq = g.result_seq
+ORDER BY coalesce(g.call_seq, g.result_seq)
 """
 
 _RUNS = """
 CREATE OR REPLACE VIEW runs AS
 WITH o AS (
-    SELECT run_id, agent, CAST(decode(payload) AS JSON)->>'run_kind' AS run_kind, ts
-    FROM entries WHERE kind = 'run_open' AND run_id IS NOT NULL
+    SELECT run_id, agent, run_kind, ts
+    FROM entry_fields WHERE kind = 'run_open' AND run_id IS NOT NULL
     QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY seq) = 1
 ), s AS (
-    SELECT run_id, CAST(decode(payload) AS JSON)->>'status' AS status, ts
-    FROM entries WHERE kind = 'run_seal' AND run_id IS NOT NULL
+    SELECT run_id, status, ts
+    FROM entry_fields WHERE kind = 'run_seal' AND run_id IS NOT NULL
     QUALIFY row_number() OVER (PARTITION BY run_id ORDER BY seq) = 1
 ), n AS (
     SELECT run_id, count(*) AS entries, min(seq) AS first_seq, min(ts) AS first_ts,
@@ -111,8 +154,8 @@ SELECT
     coalesce(o.agent, n.any_agent) AS agent,
     o.run_kind AS kind,
     coalesce(s.status, 'open') AS status,
-    CAST(coalesce(o.ts, n.first_ts) AS TIMESTAMPTZ) AS started_at,
-    CAST(s.ts AS TIMESTAMPTZ) AS finished_at,
+    coalesce(o.ts, CAST(n.first_ts AS TIMESTAMPTZ)) AS started_at,
+    s.ts AS finished_at,
     n.entries
 FROM n
 LEFT JOIN o USING (run_id)
@@ -150,5 +193,7 @@ def bundle_sql() -> str:
         "-- Run inside an exported audit bundle:  duckdb -init views.sql\n"
         "CREATE OR REPLACE VIEW entries AS SELECT * FROM read_parquet('entries.parquet');\n"
         "CREATE OR REPLACE VIEW checkpoints AS SELECT * FROM read_parquet('checkpoints.parquet');\n"
+        "-- The payload fields the views read (journal.db keeps them as a table):\n"
+        "CREATE OR REPLACE VIEW entry_fields AS" + _FIELDS_SELECT.replace("{where}", "").rstrip() + ";\n"
     )
     return head + "".join(sql.strip() + ";\n" for sql in VIEWS_SQL)

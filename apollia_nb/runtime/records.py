@@ -396,8 +396,13 @@ class RuntimeRecords:
                              "record": json.dumps(record, default=str), "updated_at": at},
                             acknowledged=acknowledged, new_row=acknowledged)
 
-    def tasks(self, status: str | None = None) -> list[dict[str, Any]]:
-        if status is None:
+    def tasks(self, status: str | None = None, *, unfinished: bool = False) -> list[dict[str, Any]]:
+        """Task records, oldest update first; ``unfinished``: only those not completed, failed or
+        cancelled (what a restart restores, read without the records of every finished task)."""
+        if unfinished:
+            rows = self._exec("SELECT record FROM tasks WHERE status NOT IN ('completed', 'failed', 'cancelled') "
+                              "ORDER BY updated_at")
+        elif status is None:
             rows = self._exec("SELECT record FROM tasks ORDER BY updated_at")
         else:
             rows = self._exec("SELECT record FROM tasks WHERE status = ? ORDER BY updated_at", [status])

@@ -546,9 +546,18 @@ class _Mirror:
                     "VALUES (?, ?, ?, ?, '')", [[s, w, t, line] for s, w, t, line in cosignatures if s <= self.size])
             fresh = [_entry(r).as_row() for r in rows if int(r["seq"]) > self.seq]
             if fresh:
-                appender = self.con.appender("entries")
-                appender.append_rows(fresh)
-                appender.flush()
+                from apollia_nb.journal.views import copy_entry_fields
+
+                self.con.begin()
+                try:
+                    appender = self.con.appender("entries")
+                    appender.append_rows(fresh)
+                    appender.flush()
+                    copy_entry_fields(self.con, fresh[0][0], fresh[-1][0])
+                    self.con.commit()
+                except BaseException:
+                    self.con.rollback()
+                    raise
                 self.seq = fresh[-1][0]
 
     def rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes, str]]]:

@@ -954,9 +954,7 @@ class Runtime:
         except GovernanceUnreadable as exc:
             pending_by_id = None
             self._emit("warning", f"pending decisions cannot be read: {exc.message}")
-        for record in self.records.tasks():
-            if record["status"] in ("completed", "failed", "cancelled"):
-                continue
+        for record in self.records.tasks(unfinished=True):
             agent = self._agents.get(record["agent"])
             if agent is None:
                 continue
