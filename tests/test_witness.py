@@ -210,6 +210,11 @@ def _rewrite(home: Home, seq: int) -> None:
             r = root([leaf_hash(h) for h in hashes[:size]])
             con.execute("UPDATE checkpoints SET root = ?, note = ? WHERE size = ?",
                         [r, signer.sign(Checkpoint(origin, size, r).body()), size])
+        # and makes it look like a journal from before the stored head, so that the next open
+        # computes a head and frontier that match the rewritten entries
+        con.execute("DELETE FROM frontier")
+        con.execute("DELETE FROM entry_fields")
+        con.execute("DELETE FROM meta WHERE key = 'frontier'")
     finally:
         con.close()
 
