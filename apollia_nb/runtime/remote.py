@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.governance.policy import PolicyState
     from apollia_nb.governance.store import ConsentRecord, DeveloperMode, PendingDecision, RuleRecord
     from apollia_nb.journal.entry import Entry
-    from apollia_nb.runtime.runtime import Runtime
+    from apollia_nb.runtime.capabilities import AnswerHost
 
 __all__ = [
     "ServerAddress",
@@ -754,7 +754,7 @@ class RemoteGovernance:
 # --- answers given elsewhere ----------------------------------------------------------------------
 
 
-async def watch_answers(rt: "Runtime", remote: RemoteHome, *, poll_secs: float = ANSWER_POLL_SECS) -> None:
+async def watch_answers(rt: "AnswerHost", remote: RemoteHome, *, poll_secs: float = ANSWER_POLL_SECS) -> None:
     """Deliver answers given in other processes to this runtime's waiting cards; owned by the runtime.
 
     Long-polls the server for the decisions of this process's waiting cards
@@ -841,7 +841,7 @@ async def _unknown(http: "httpx.AsyncClient", ids: list[str]) -> set[str]:
     return unknown
 
 
-async def _cancel_suspended(rt: "Runtime") -> None:
+async def _cancel_suspended(rt: "AnswerHost") -> None:
     for run in list(rt._runs.values()):
         if run.status == "waiting" and not run._active and not run.done.is_set():
             try:
