@@ -9,17 +9,18 @@ answer, the same error class and the same stable code.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import pytest
 
-from apollia_nb.errors import BadAnswer, BadInput, Conflict, NotFound, UnknownDecision, UnknownRule
+from apollia_nb.errors import BadAnswer, BadInput, Conflict, NotFound, StorageFull, UnknownDecision, UnknownRule
 from apollia_nb.governance.decision import Effect, Family
 from apollia_nb.runtime import Runtime
 
@@ -28,12 +29,12 @@ pytestmark = pytest.mark.anyio
 HOMES = ["owner", "client"]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A home owned by a real `apollia-os serve` (one for the module: each test uses its own run ids)."""
-    home = tmp_path_factory.mktemp("served") / "home"
+@contextmanager
+def serving(home: Path, **env: str) -> Iterator[Path]:
+    """A real `apollia-os serve` owning ``home`` (with ``env`` added to its environment) until the block ends."""
     proc = subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve", "--home", str(home), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=home.parent)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=home.parent,
+                            env={**os.environ, **env})
     try:
         assert proc.stdout is not None and proc.stdout.readline(), proc.stderr.read() if proc.stderr else ""
         yield home
@@ -43,6 +44,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A home owned by a real `apollia-os serve` (one for the module: each test uses its own run ids)."""
+    with serving(tmp_path_factory.mktemp("served") / "home") as home:
+        yield home
 
 
 @pytest.fixture(params=HOMES)
@@ -122,6 +130,32 @@ async def test_checkpoints_cover_what_is_committed(open_home) -> None:
         proof = rt.journal.inclusion_proof(entry.seq)
         assert proof.seq == entry.seq
         assert rt.verify().ok
+
+
+async def test_a_full_disk_is_storage_full_and_nothing_is_recorded(which, tmp_path, monkeypatch) -> None:
+    """``$APOLLIA_STORAGE_FAULT`` makes the owner's ``journal.log`` refuse writes (ENOSPC): in the
+    runtime's own process for the owner, in the server's for a client."""
+    monkeypatch.delenv("APOLLIA_TOKEN", raising=False)
+    home = tmp_path / "home"
+    fault = {"APOLLIA_STORAGE_FAULT": "journal.log:ENOSPC"}
+    async with Runtime(home) as rt:  # the home made, its files recorded, before the disk fills
+        assert rt.mode == "owner"
+    if which == "client":
+        with serving(home, **fault):
+            async with Runtime(home) as rt:
+                assert rt.mode == "client"
+                head = rt.journal.head()
+                with pytest.raises(StorageFull) as full:
+                    rt.journal.append("note", {"text": "lost"}, run_id=run_id())
+                assert full.value.code == "STORAGE_FULL" and rt.journal.head() == head
+        return
+    async with Runtime(home) as rt:
+        head = rt.journal.head()
+        monkeypatch.setenv(*fault.popitem())
+        with pytest.raises(StorageFull) as full:
+            rt.journal.append("note", {"text": "lost"}, run_id=run_id())
+        assert full.value.code == "STORAGE_FULL" and rt.journal.head() == head
+        monkeypatch.delenv("APOLLIA_STORAGE_FAULT")
 
 
 # --- governance -----------------------------------------------------------------------------------

@@ -46,7 +46,6 @@ from apollia_nb.errors import (
     HomeLocked,
     IntegrityError,
     UnknownDecision,
-    error_for_code,
 )
 from apollia_nb.home import Home
 
@@ -158,11 +157,18 @@ def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
 
 
 def _error(response: "httpx.Response") -> ApolliaError:
+    """The error an answer of the server stands for: its code's class, as the SDK raises it."""
+    from apollia_nb.sdk.client import raise_for_error
+
     try:
-        data = response.json()
-        return error_for_code(str(data["code"]), str(data["message"]))
-    except (ValueError, KeyError, TypeError):
-        return ApolliaError(f"HTTP {response.status_code} from the server that owns the home")
+        raise_for_error(response.status_code, response.content)
+    except ApolliaError as exc:
+        return exc
+    return ApolliaError(f"HTTP {response.status_code} from the server that owns the home")
+
+
+def _unanswered(url: str, exc: Exception) -> str:
+    return f"the server that owns the home ({url}) did not answer: {type(exc).__name__}: {exc}"
 
 
 def _when(value: str | None) -> _dt.datetime | None:
@@ -204,8 +210,7 @@ class RemoteHome:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise unreachable(f"{what}: the server that owns the home ({self.url}) did not answer: "
-                              f"{type(exc).__name__}: {exc}") from None
+            raise unreachable(f"{what}: {_unanswered(self.url, exc)}") from None
         if response.status_code >= 400:
             raise _error(response)
         return response
@@ -237,8 +242,7 @@ class ServerApi:
         try:
             return self.sdk._do(req)
         except httpx.HTTPError as exc:
-            raise HomeLocked(f"the server that owns the home ({self.url}) did not answer: "
-                             f"{type(exc).__name__}: {exc}") from None
+            raise HomeLocked(_unanswered(self.url, exc)) from None
 
     def close(self) -> None:
         self.sdk.close()
@@ -269,7 +273,7 @@ def _draft(kind: str, payload: dict[str, Any], run_id: str | None, agent: str | 
 
 
 class RemoteJournal:
-    """``rt.journal`` in client mode: the server's journal, with the methods the runtime and notebook use.
+    """``rt.journal`` in client mode: the server's journal, keeping ``JournalFace`` (``journal/contract.py``).
 
     Appends are committed by the server before they return. SQL (``sql``,
     ``cursor``) and ``snapshot_rows`` (verification) read a local in-memory
@@ -599,7 +603,7 @@ def _snapshot_view(data: dict[str, Any]) -> "GovernanceView":
 
 
 class RemoteGovernance:
-    """``rt.governance`` in client mode: the server's store, with the methods the runtime and notebook use.
+    """``rt.governance`` in client mode: the server's store, keeping ``GovernanceFace`` (``governance/contract.py``).
 
     ``view()`` asks the server every time (``If-None-Match`` with the held
     generation: ``304`` while nothing changed), so it includes every change
@@ -630,8 +634,7 @@ class RemoteGovernance:
         try:
             response = self._remote.http.get("/internal/governance/snapshot", headers=headers)
         except httpx.HTTPError as exc:
-            return self._closed(f"governance cannot be read: the server that owns the home ({self._remote.url}) "
-                                f"did not answer: {type(exc).__name__}: {exc}")
+            return self._closed(f"governance cannot be read: {_unanswered(self._remote.url, exc)}")
         if response.status_code == 304 and held is not None:
             return held[1]
         if response.status_code != 200:
