@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import sys
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,16 +49,20 @@ def keeps(cls: type, face: type) -> bool:
 
 def _set_in_init(cls: type, name: str) -> bool:
     """An attribute assigned in the class body's methods (``self.journal = ...``) or annotated on it."""
+    return name in getattr(cls, "__annotations__", {}) or name in _assigned(cls)
+
+
+@functools.cache
+def _assigned(cls: type) -> frozenset[str]:
+    """The ``self.<name>`` attributes the class's methods assign."""
     import inspect
 
-    if name in getattr(cls, "__annotations__", {}):
-        return True
     try:
         tree = ast.parse(inspect.getsource(cls).lstrip())
     except (OSError, TypeError, SyntaxError):
-        return False
-    return any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and n.attr == name
-               and isinstance(n.value, ast.Name) and n.value.id == "self" for n in ast.walk(tree))
+        return frozenset()
+    return frozenset(n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                     and isinstance(n.value, ast.Name) and n.value.id == "self")
 
 
 def model() -> dict[str, Any]:
