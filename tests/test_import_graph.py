@@ -75,3 +75,9 @@ def test_the_walk_sees_function_level_and_type_checking_imports(tmp_path: Path) 
     (tmp_path / "c.py").write_text("from .a import f\n")
     graph = import_graph(tmp_path)
     assert find_cycle(graph) == [f"{PACKAGE}.a", f"{PACKAGE}.b", f"{PACKAGE}.c", f"{PACKAGE}.a"]
+
+
+def test_nothing_in_the_package_imports_the_composition_root() -> None:
+    graph = import_graph()
+    importers = sorted(m for m, deps in graph.items() if f"{PACKAGE}.runtime" in deps)
+    assert importers == [], f"{importers} import runtime.py; type them against runtime/capabilities.py"
