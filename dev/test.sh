@@ -16,7 +16,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-# Third-party servers and browsers the tests talk to, each installed the way users install them.
+# Third-party servers, browsers and tools the tests talk to, each installed the way users install them
+# (dev/install-test-go.sh: Debian's Go and golang.org/x/mod, with apt-get, for the witness interop tests).
 for extra in dev/install-test-*.sh; do
   if [ -e "$extra" ]; then bash "$extra"; fi
 done

@@ -20,15 +20,25 @@ when it drifts. Every command takes `--home` (default `$APOLLIA_HOME`, else `~/.
 `demo` alone uses a fresh temporary home unless given one) and `--json` where its output
 is data.
 
-Exit status: 0 success; 1 an integrity failure (`audit verify`), a diverged replay, or a
+Exit status: 0 success; 1 an integrity failure (`audit verify`, `audit consistency`, `audit
+prove --against`, `audit export` of a journal that does not verify), a diverged replay, or a
 refused policy (`policy check`); 2 an incomplete replay; 3 an error with a stable code,
-printed as `error: CODE: message` (with `--json`, `{"code", "message"}` on stderr).
+printed as `error: CODE: message` (with `--json`, `{"code", "message"}` on stderr). Each
+`audit` command's help below gives its exit status and JSON keys; [journal.md](journal.md)
+gives the formats.
 
 While `apollia-os serve` owns the home, every command works as its client and prints
 the same: agents and tasks are the server's (`run` submits the task to the server and
 asks at the terminal for its decisions), governance and the journal are read and
 changed through it. `policy remove` and `home repair` need the home to themselves and
 say so (`HOME_LOCKED`). See [shared-home.md](shared-home.md).
+
+While a Jupyter kernel owns the home (no server), the read-only commands (`audit
+verify|verifier-key|consistency|checkpoint|prove|replay|export`, `rules list`, `consents
+list`, `pending list`, `agents list`) that cannot open it answer `HOME_LOCKED` naming the
+kernel (process, connection file, since when) and the ways to audit it: `%apollia verify`
+or `export_journal(...)` from that notebook, shutting the kernel down, or serving the home
+with `apollia-os serve` before kernels start.
 """
 
 

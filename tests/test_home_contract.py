@@ -129,6 +129,14 @@ async def test_checkpoints_cover_what_is_committed(open_home) -> None:
         assert rt.journal.checkpoint() == note  # nothing new: the same checkpoint
         proof = rt.journal.inclusion_proof(entry.seq)
         assert proof.seq == entry.seq
+        later = rt.journal.append("note", {"text": "after"}, run_id=run_id())
+        grown = rt.journal.consistency_proof(entry.seq, later.seq)
+        assert (grown.old_size, grown.new_size) == (entry.seq, later.seq)
+        grown.verify()
+        with pytest.raises(BadInput) as bad:
+            rt.journal.consistency_proof(later.seq + 1, later.seq)
+        assert bad.value.code == "BAD_INPUT"
+        assert rt.journal.cosignatures() == []  # no [[journal.witnesses]]: nothing cosigned
         assert rt.verify().ok
 
 

@@ -922,10 +922,12 @@ async def get_policy(rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
 @_route("GET", "/audit/verify", storage=True, response_model=s.VerifyReport, operation_id="verifyJournal", tags=["audit"],
         summary="Verify the whole journal", description="Chain, hashes, every signature, sequence continuity "
-        "and the stored checkpoints. A journal that does not verify is still a 200 with `ok: false`.")
+        "and the stored checkpoints. A journal that does not verify is still a 200 with `ok: false`. "
+        "`witnesses`: the state of each `[[journal.witnesses]]` entry (its newest cosigned size, whether the "
+        "newest checkpoint is still pending, the last error), null when the home names none.")
 async def verify_journal(rt: Any = Depends(_runtime)) -> dict[str, Any]:
     report = await anyio.to_thread.run_sync(rt.verify)
-    return report.to_dict()
+    return {**report.to_dict(), "witnesses": rt.witness_status()}
 
 
 @_route("POST", "/audit/replay/{run_id}", response_model=s.ReplayResult, operation_id="replayRun", tags=["audit"],

@@ -142,6 +142,17 @@ class Checkpoints(_Out):
     checkpoints: list[CheckpointRow]
 
 
+class CosignatureRow(_Out):
+    size: int = Field(description="the size of the stored checkpoint it cosigns")
+    witness: str = Field(description="the witness's cosignature/v1 verifier key")
+    timestamp: int
+    signature: str = Field(description="the C2SP note signature line, newline included")
+
+
+class Cosignatures(_Out):
+    cosignatures: list[CosignatureRow]
+
+
 class CheckpointNote(_Out):
     note: str
 
@@ -258,6 +269,14 @@ async def read_checkpoints(
     rows = [{"size": size, "root": root.hex(), "note": note}
             for size, root, note in rt.journal.checkpoints() if size > since_size]
     return {"checkpoints": rows}
+
+
+@router.get("/journal/cosignatures", response_model=Cosignatures, operation_id="internalCosignatures",
+            summary="Stored witness cosignatures of checkpoints, smallest size first")
+async def read_cosignatures(rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    rows = [{"size": size, "witness": witness, "timestamp": ts, "signature": line}
+            for size, witness, ts, line in rt.journal.cosignatures()]
+    return {"cosignatures": rows}
 
 
 @router.post("/journal/checkpoint", response_model=CheckpointNote, operation_id="internalCheckpoint",

@@ -363,12 +363,24 @@ class Policy(_Out):
 # --- audit -------------------------------------------------------------------------------
 
 
+class WitnessStatus(_Out):
+    url: str
+    key: str = Field(description="the witness's cosignature/v1 verifier key")
+    key_name: str
+    cosigned_size: int | None = Field(description="size of the newest checkpoint it cosigned (None: none yet)")
+    pending: bool = Field(description="the newest checkpoint is not cosigned by it yet")
+    last_error: str | None = Field(description="why the last attempt failed (None: it succeeded)")
+    last_attempt: str | None
+
+
 class VerifyReport(_Out):
     ok: bool
     entries: int
     first_bad_seq: int | None
     problem: str | None
     checked_checkpoints: int
+    witnesses: list[WitnessStatus] | None = Field(
+        None, description="each `[[journal.witnesses]]` entry's state; None when the home names no witness")
 
 
 class Divergence(_Out):

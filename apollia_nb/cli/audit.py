@@ -24,17 +24,47 @@ EXIT_INTEGRITY = 1
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add ``audit verify|checkpoint|prove|replay|export``."""
+    """Add ``audit verify|verifier-key|consistency|checkpoint|prove|replay|export``."""
     audit = sub.add_parser("audit", help="verify, checkpoint, prove, replay and export the journal")
     asub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
     p = asub.add_parser("verify", parents=[common],
-                        help="check the chain, every hash and signature, and checkpoints (exit 1: fails)")
+                        help="check the chain, every hash and signature, and checkpoints (exit 1: fails)",
+                        description="Check every entry's chain link, hash, key id and signature and every "
+                        "checkpoint. Exit 0 ok; 1 a failure: `FAILED at seq N: problem`, or `FAILED: problem` "
+                        "when no entry is at fault (a checkpoint's root, a key). JSON: ok, entries, first_bad_seq, "
+                        "problem, checked_checkpoints.")
     p.add_argument("--checkpoint", type=Path, default=None, metavar="F",
                    help="also check a signed checkpoint kept elsewhere (detects truncation and rollback)")
     p.add_argument("--bundle", type=Path, default=None, metavar="DIR",
                    help="verify an exported bundle instead of the home's journal")
+    p.add_argument("--key", default=None, metavar="VKEY",
+                   help="the log's verifier key you hold (`audit verifier-key`): any other key fails")
+    p.add_argument("--witness", action="append", default=[], metavar="VKEY",
+                   help="require the newest checkpoint, covering every entry, to be cosigned by this witness "
+                        "(its cosignature/v1 verifier key; repeatable)")
+    p.add_argument("--quorum", type=int, default=None, metavar="N",
+                   help="with --witness: cosignatures from at least N of them suffice (default: all)")
     p.set_defaults(handler=_verify)
+
+    p = asub.add_parser("verifier-key", parents=[common],
+                        help="print the log's verifier key (<origin>+<key id>+<key>) to pin with --key",
+                        description="Print the C2SP verifier key of the journal's checkpoints. Exit 0. JSON: "
+                        "verifier_key, origin, key_id (4-byte note key hash, hex), public_key (hex).")
+    p.set_defaults(handler=_verifier_key)
+
+    p = asub.add_parser("consistency", parents=[common],
+                        help="prove the journal extends checkpoints you kept, or say where it does not (exit 1)",
+                        description="Check that the journal extends every kept checkpoint (or bundle) and print "
+                        "the RFC 6962 consistency proof from the largest to the current checkpoint (signed now "
+                        "when the latest does not cover every entry). Exit 0 ok; 1 it does not: `FAILED at seq N` "
+                        "when the first entry that differs is known (a kept bundle, or kept checkpoints one entry "
+                        "apart), else `FAILED within seqs A..B`; `FAILED: ...` when a kept note is not signed by "
+                        "this log's key. JSON: ok, entries, first_bad_seq, differs_within [A, B], problem, kept; "
+                        "when ok also old and new {size, root, note} and path (hex).")
+    p.add_argument("--from", dest="kept", type=Path, action="append", required=True, metavar="F",
+                   help="a checkpoint note you kept, or a bundle folder you exported earlier (repeatable)")
+    p.set_defaults(handler=_consistency)
 
     p = asub.add_parser("checkpoint", parents=[common],
                         help="sign a checkpoint of the whole journal and print it")
@@ -42,8 +72,18 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(handler=_checkpoint)
 
     p = asub.add_parser("prove", parents=[common],
-                        help="an RFC 6962 inclusion proof of one entry against the latest checkpoint")
+                        help="an RFC 6962 inclusion proof of one entry against the latest (or a kept) checkpoint",
+                        description="Prove entry SEQ is in the tree of a signed checkpoint; verified before it is "
+                        "printed. Exit 0; 1 the journal does not extend the --against checkpoint (as "
+                        "`consistency`); 3 no such entry, or SEQ beyond the checkpoint. JSON: seq, leaf_index "
+                        "(0-based), tree_size, entry_hash, leaf_hash, path (hex, lowest first), root (hex), "
+                        "checkpoint (the note), entry (payload parsed), stored (payload_base64: the stored bytes), "
+                        "hashed_base64 (the bytes whose SHA-256 is entry_hash).")
     p.add_argument("seq", type=int, metavar="SEQ")
+    p.add_argument("--against", type=Path, default=None, metavar="F",
+                   help="prove against this checkpoint note you kept (exit 1 when the journal does not extend it)")
+    p.add_argument("--format", choices=["text", "json", "tlog-proof"], default="text",
+                   help="json: as --json; tlog-proof: the c2sp.org/tlog-proof@v1 text")
     p.set_defaults(handler=_prove)
 
     p = asub.add_parser("replay", parents=[common],
@@ -51,8 +91,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("run", metavar="RUN", help="the run id (see the runs view)")
     p.set_defaults(handler=_replay)
 
-    p = asub.add_parser("export", parents=[common], help="write an offline audit bundle")
+    p = asub.add_parser("export", parents=[common], help="write an offline audit bundle",
+                        description="Verify the journal, then write the bundle. Exit 0; 1 the journal does not "
+                        "verify (nothing written; the error names the first bad seq) unless --allow-invalid, "
+                        "which writes it with meta.json `verified: false` and `invalid` (the failed "
+                        "verification); 3 DIR holds a bundle. JSON: directory, entries, checkpoints, files, "
+                        "verified, verification.")
     p.add_argument("--format", choices=["parquet"], default="parquet")
+    p.add_argument("--allow-invalid", action="store_true",
+                   help="export a journal that does not verify, marked invalid in meta.json (else: refused, exit 1)")
     p.add_argument("dir", type=Path, metavar="DIR")
     p.set_defaults(handler=_export)
 
@@ -98,21 +145,176 @@ def _read_checkpoint(path: Path | None) -> str | None:
         raise BadInput(f"cannot read checkpoint {path}: {exc}") from None
 
 
+def _pinned(text: str | None) -> Any:
+    """The verifier of ``--key VKEY`` (``BAD_INPUT`` when it is not a verifier key), or None."""
+    if text is None:
+        return None
+    from apollia_nb.journal.checkpoint import NoteVerifier
+
+    return NoteVerifier.from_key(text.strip())
+
+
+def _home_verifier(home: Any) -> Any:
+    """The verifier of a home nobody serves: its origin (from ``journal.db``, read-only) and public key."""
+    from apollia_nb.errors import IntegrityError, NotFound
+    from apollia_nb.journal.checkpoint import NoteVerifier
+    from apollia_nb.journal.keys import load_public_key
+    from apollia_nb.journal.store import connect_locked
+
+    if not home.journal_db.exists():
+        raise NotFound(f"no journal at {home.journal_db}")
+    con = connect_locked(home.journal_db, read_only=True)
+    try:
+        row = con.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
+    finally:
+        con.close()
+    if row is None:
+        raise IntegrityError(f"{home.journal_db} has no origin in its meta table")
+    return NoteVerifier(row[0], load_public_key(home))
+
+
 def _verify(args: argparse.Namespace) -> int:
     from apollia_nb.cli.client import remote
-    from apollia_nb.journal.verify import verify_bundle, verify_home, verify_journal
+    from apollia_nb.journal.verify import (
+        cosigned_rows_of_bundle,
+        cosigned_rows_of_file,
+        verify_bundle,
+        verify_home,
+        verify_journal,
+    )
 
     external = _read_checkpoint(args.checkpoint)
+    pinned = _pinned(args.key)  # a malformed key is BAD_INPUT before anything is read
+    if args.quorum is not None and not args.witness:
+        from apollia_nb.errors import BadInput
+
+        raise BadInput("--quorum needs --witness")
+    if args.witness:  # malformed keys or quorum: BAD_INPUT before anything is read
+        from apollia_nb.journal.witness import check_cosigned
+
+        check_cosigned(entries=0, checkpoints=(), cosignatures=(), witnesses=args.witness, quorum=args.quorum)
+    cosigned = None
     if args.bundle is not None:
         report = verify_bundle(args.bundle, external=external)
+        if args.witness:
+            cosigned = _cosigned(args, report, *cosigned_rows_of_bundle(args.bundle))
     else:
         with remote(args) as served:  # served: a copy of the server's journal, checked with the home's key
             if served is not None:
-                report = verify_journal(served.journal, external)
+                journal = served.journal
+                report = verify_journal(journal, external)
+                if args.witness:  # the copy's checkpoints, and the server's cosignatures of them
+                    cosigned = _cosigned(args, report, journal.snapshot_rows()[1], [
+                        (size, line) for size, _w, _t, line in journal.cosignatures()])
             else:
-                report = verify_home(_home(args), external=external)
-    emit(args, report.to_dict(), report.summary())
-    return 0 if report.ok else EXIT_INTEGRITY
+                home = _home(args)
+                report = verify_home(home, external=external)
+                if args.witness:
+                    cosigned = _cosigned(args, report, *cosigned_rows_of_file(home.journal_db))
+    report = _pin(args, report, pinned)
+    if cosigned is None:
+        emit(args, report.to_dict(), report.summary())
+        return 0 if report.ok else EXIT_INTEGRITY
+    data = {**report.to_dict(), "ok": report.ok and cosigned.ok, "witness": cosigned.to_dict()}
+    if cosigned.ok:
+        names = ", ".join(w["name"] for w in cosigned.witnesses if w["key"] in cosigned.cosigned_by)
+        line = f"witnesses: ok: the checkpoint of size {cosigned.size} is cosigned by {names}"
+    else:
+        line = f"witnesses: FAILED: {cosigned.problem}"
+    emit(args, data, f"{report.summary()}\n{line}")
+    return 0 if data["ok"] else EXIT_INTEGRITY
+
+
+def _cosigned(args: argparse.Namespace, report: Any, checkpoints: Any, cosignatures: Any) -> Any:
+    from apollia_nb.journal.witness import check_cosigned
+
+    return check_cosigned(entries=report.entries, checkpoints=checkpoints, cosignatures=cosignatures,
+                          witnesses=args.witness, quorum=args.quorum)
+
+
+def _pin(args: argparse.Namespace, report: Any, pinned: Any) -> Any:
+    """``report`` as it stands under the key pinned with ``--key`` (as it is without one)."""
+    if pinned is None:
+        return report
+    from apollia_nb.journal.audit import pin
+    from apollia_nb.journal.export import read_bundle_key
+
+    return pin(report, read_bundle_key(args.bundle) if args.bundle is not None else _log_verifier(args), pinned)
+
+
+def _log_verifier(args: argparse.Namespace) -> Any:
+    """The home's log verifier: the server's journal's (checked against the home's key) when served."""
+    from apollia_nb.cli.client import remote
+
+    with remote(args) as served:
+        return served.journal.verifier() if served is not None else _home_verifier(_home(args))
+
+
+def _verifier_key(args: argparse.Namespace) -> int:
+    verifier = _log_verifier(args)
+    key = verifier.key()
+    emit(args, {"verifier_key": key, "origin": verifier.name, "key_id": verifier.key_id.hex(),
+                "public_key": verifier.public_key.hex()}, key)
+    return 0
+
+
+def _kept(paths: list[Path]) -> list[Any]:
+    """What the auditor kept: checkpoint notes, or bundle folders (their checkpoint and entry hashes)."""
+    from apollia_nb.errors import BadInput
+    from apollia_nb.journal.audit import Kept
+    from apollia_nb.journal.export import BUNDLE_FILES, bundle_hashes
+
+    kept = []
+    for path in paths:
+        if path.is_dir():
+            note = _read_checkpoint(path / BUNDLE_FILES["checkpoint"])
+            if not note:
+                raise BadInput(f"{path} holds no {BUNDLE_FILES['checkpoint']}: not a bundle with a checkpoint")
+            kept.append(Kept(f"the bundle {path}", note, bundle_hashes(path)))
+        else:
+            kept.append(Kept(f"the checkpoint {path}", _read_checkpoint(path) or ""))
+    return kept
+
+
+def _entry_hashes(journal: Any) -> list[bytes]:
+    return [bytes(h) for (h,) in journal.sql("SELECT hash FROM entries ORDER BY seq")]
+
+
+def _root_at(journal: Any) -> Any:
+    """The Merkle root of the journal's first ``n`` entries, from its own consistency proofs."""
+    from apollia_nb.journal.merkle import EMPTY_ROOT
+
+    return lambda n: journal.consistency_proof(n, n).old_root if n else EMPTY_ROOT
+
+
+def _check_kept(journal: Any, kept: list[Any]) -> Any:
+    from apollia_nb.journal.audit import check_kept
+
+    return check_kept(kept, journal.head()[0], _root_at(journal), journal.verifier(),
+                      lambda: _entry_hashes(journal))
+
+
+def _consistency(args: argparse.Namespace) -> int:
+    from apollia_nb.journal.audit import consistency_document
+
+    kept = _kept(args.kept)
+    with _owned_journal(args) as journal:
+        check = _check_kept(journal, kept)
+        if not check.ok:
+            emit(args, check.to_dict(), check.summary())
+            return EXIT_INTEGRITY
+        note = journal.checkpoint()  # the current tree, signed (the latest when it covers every entry)
+        doc = consistency_document(check, note, journal.verifier(), journal.consistency_proof, _root_at(journal))
+    old, new = doc["old"], doc["new"]
+    lines = [f"ok: the journal ({new['size']} entries) extends {', '.join(check.checked)}; the proof verifies.",
+             f"old root    {old['root'] if old else '-'} (size {old['size'] if old else 0})",
+             f"new root    {new['root']} (size {new['size']})",
+             f"proof       ({len(doc['path'])} hashes, RFC 6962 order)",
+             *(f"  {h}" for h in doc["path"]),
+             "checkpoint",
+             new["note"].rstrip("\n")]
+    emit(args, doc, "\n".join(lines))
+    return 0
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
@@ -131,12 +333,23 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _prove(args: argparse.Namespace) -> int:
+    from apollia_nb.journal.audit import proof_document, tlog_proof
+
+    against = _kept([args.against]) if args.against is not None else None
     with _owned_journal(args) as journal:
-        proof = journal.inclusion_proof(args.seq)
+        if against is not None:
+            check = _check_kept(journal, against)
+            if not check.ok:  # a proof against a tree the journal does not extend cannot be made
+                emit(args, check.to_dict(), check.summary())
+                return EXIT_INTEGRITY
+        proof = journal.inclusion_proof(args.seq, against[0].note if against else None)
         proof.verify(journal.verifier())  # checked again here, before anything is printed
         entry = journal.get(args.seq)
-    data = proof.to_dict()
-    data["entry"] = entry.to_dict()
+    if args.format == "tlog-proof":
+        print(tlog_proof(proof, entry), end="")
+        return 0
+    if args.format == "json":
+        args.json = True
     lines = [
         f"entry {proof.seq} ({entry.kind}) is leaf {proof.leaf_index} of the tree of "
         f"{proof.tree_size} entries; the proof verifies.",
@@ -148,20 +361,37 @@ def _prove(args: argparse.Namespace) -> int:
         "checkpoint",
         proof.checkpoint.rstrip("\n"),
     ]
-    emit(args, data, "\n".join(lines))
+    emit(args, proof_document(proof, entry), "\n".join(lines))
     return 0
 
 
 def _export(args: argparse.Namespace) -> int:
+    import sys
+
     from apollia_nb.cli.client import remote
     from apollia_nb.journal.export import export_home, export_journal
+    from apollia_nb.journal.verify import verify_home, verify_journal
 
     with remote(args) as served:
-        result = export_home(_home(args), args.dir) if served is None else export_journal(served.journal, args.dir)
+        home = _home(args)
+        report = verify_home(home) if served is None else verify_journal(served.journal)
+        if not report.ok and not args.allow_invalid:
+            message = (f"the journal does not verify ({report.summary()}); nothing was exported. Export it "
+                       "anyway, marked invalid, with --allow-invalid")
+            if getattr(args, "json", False):
+                print(json.dumps({"code": "INTEGRITY_FAILURE", "message": message,
+                                  "verification": report.to_dict()}), file=sys.stderr)
+            else:
+                print(f"error: INTEGRITY_FAILURE: {message}", file=sys.stderr)
+            return EXIT_INTEGRITY
+        invalid = None if report.ok else report.to_dict()
+        result = (export_home(home, args.dir, invalid=invalid) if served is None
+                  else export_journal(served.journal, args.dir, invalid=invalid))
+    marked = "" if invalid is None else f"\nmarked INVALID (meta.json): {report.summary()}"
     emit(
         args,
-        result.to_dict(),
-        f"exported {result.entries} entries and {result.checkpoints} checkpoint(s) to {result.directory}\n"
+        {**result.to_dict(), "verified": invalid is None, "verification": report.to_dict()},
+        f"exported {result.entries} entries and {result.checkpoints} checkpoint(s) to {result.directory}{marked}\n"
         f"verify with: apollia-os audit verify --bundle {json.dumps(str(result.directory))}",
     )
     return 0

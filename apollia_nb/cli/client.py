@@ -40,7 +40,7 @@ from apollia_nb.cli import emit
 from apollia_nb.errors import ApolliaError, HomeLocked
 from apollia_nb.runtime.remote import ServerApi as _Api
 
-__all__ = ["served", "remote", "route", "refuse_served"]
+__all__ = ["served", "remote", "route", "refuse_served", "kernel_owner", "kernel_locked"]
 
 #: How long one wait for a task asks the server to hold the request.
 WAIT_SECS = 25.0
@@ -284,13 +284,75 @@ _CLIENT: dict[str, Callable[[argparse.Namespace, Any], int]] = {
 }
 
 
+#: Commands that only read: on a home a kernel owns they say which kernel, and how to audit it.
+_READ_ONLY = frozenset({
+    "apollia_nb.cli.audit._verify", "apollia_nb.cli.audit._verifier_key", "apollia_nb.cli.audit._consistency",
+    "apollia_nb.cli.audit._checkpoint", "apollia_nb.cli.audit._prove", "apollia_nb.cli.audit._export",
+    "apollia_nb.cli.audit._replay", "apollia_nb.cli.governance._rules_list",
+    "apollia_nb.cli.governance._consents_list", "apollia_nb.cli.runtime._pending_list",
+    "apollia_nb.cli.runtime._agents_list",
+})
+
+_CONNECTION_FILE = re.compile(r"(?:^|\s)--?f(?:=|\s+)(\S+\.json)\b")
+
+
+def kernel_owner(home: Any) -> dict[str, Any] | None:
+    """``{"pid", "connection_file"}`` when the process that owns ``home`` (``owner.lock``) is a Jupyter
+    kernel, else None. The connection file is None when its command line does not name one."""
+    from apollia_nb.runtime.remote import _alive, _read_json
+
+    holder = _read_json(home.owner_lock_path)
+    if not holder or not isinstance(holder.get("pid"), int) or not _alive(holder["pid"]):
+        return None
+    command = str(holder.get("command", ""))
+    found = _CONNECTION_FILE.search(command)
+    if "kernel" not in command or ("ipykernel" not in command and found is None):
+        return None
+    return {"pid": holder["pid"], "connection_file": found.group(1) if found else None,
+            "since": holder.get("since")}
+
+
+def kernel_locked(home: Any, command: str) -> HomeLocked | None:
+    """``HOME_LOCKED`` for a read-only command on a home a kernel owns: which kernel, and how to audit."""
+    kernel = kernel_owner(home)
+    if kernel is None:
+        return None
+    where = f", connection file {kernel['connection_file']}" if kernel["connection_file"] else ""
+    return HomeLocked(
+        f"`apollia-os {command}` cannot read the home {home.path}: a Jupyter kernel owns it (process "
+        f"{kernel['pid']}{where}, since {kernel['since'] or '?'}), and its databases open in one process at a "
+        "time. To audit it now, from that notebook: `%apollia verify` checks the journal, and "
+        "`from apollia_nb.notebook import kernel_runtime; from apollia_nb.journal.export import export_journal; "
+        "export_journal(kernel_runtime().rt.journal, 'bundle')` writes a bundle to audit here (`apollia-os audit "
+        "verify --bundle bundle`). Or shut that kernel down and run the command again. To audit a home while "
+        "kernels use it, start `apollia-os serve` for it before the kernels: they become its clients and "
+        "every command here works through the server."
+    )
+
+
+def _read_only(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except HomeLocked as exc:
+            action = getattr(args, f"{args.command}_command", None)
+            better = kernel_locked(_home(args), f"{args.command} {action}" if action else args.command)
+            if better is None:
+                raise
+            raise better from exc
+
+    return run
+
+
 def route(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     """The handler for the parsed command: its client form when a server owns the home."""
     handler = args.handler
-    client = _CLIENT.get(f"{getattr(handler, '__module__', '')}.{getattr(handler, '__name__', '')}")
-    if client is None:
-        return handler
-    address = served(args)
-    if address is None:
-        return handler
-    return functools.partial(client, address=address)
+    name = f"{getattr(handler, '__module__', '')}.{getattr(handler, '__name__', '')}"
+    client = _CLIENT.get(name)
+    address = served(args) if client is not None or name in _READ_ONLY else None
+    if client is not None and address is not None:
+        return functools.partial(client, address=address)
+    if name in _READ_ONLY and address is None:
+        return _read_only(handler)
+    return handler

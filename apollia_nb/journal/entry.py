@@ -52,6 +52,7 @@ __all__ = [
     "canonical_json",
     "canonical_payload",
     "entry_hash",
+    "entry_bytes",
     "format_ts",
     "check_text",
     "check_kind",
@@ -269,7 +270,20 @@ def entry_hash(
     payload: bytes,
     prev_hash: bytes,
 ) -> bytes:
-    """SHA-256 over the unambiguous encoding described in the module docstring."""
+    """SHA-256 over the unambiguous encoding described in the module docstring (``entry_bytes``)."""
+    return _sha256(entry_bytes(seq, ts, run_id, agent, kind, payload, prev_hash)).digest()
+
+
+def entry_bytes(
+    seq: int,
+    ts: str,
+    run_id: str | None,
+    agent: str | None,
+    kind: str,
+    payload: bytes,
+    prev_hash: bytes,
+) -> bytes:
+    """The exact bytes the entry hash is the SHA-256 of."""
     parts = [ENTRY_HASH_DOMAIN, _U64.pack(seq)]
     append = parts.append
     for value in (ts, run_id, agent, kind, payload):
@@ -280,7 +294,7 @@ def entry_hash(
             append(b"\x01" + _U32.pack(len(data)))
             append(data)
     append(prev_hash)
-    return _sha256(b"".join(parts)).digest()
+    return b"".join(parts)
 
 
 # --- the entry ----------------------------------------------------------------------

@@ -4,6 +4,7 @@ A bundle is a folder an auditor can take away and check without the home:
 
 ``entries.parquet``      the ``entries`` table, exact bytes (payload, hashes, signatures)
 ``checkpoints.parquet``  every stored signed checkpoint
+``cosignatures.parquet`` every witness cosignature of them (``size, witness, timestamp, signature, created_at``)
 ``checkpoint.txt``       the latest checkpoint note (when there is one)
 ``journal.pub``          base64 of the 32-byte Ed25519 public key
 ``journal.vkey``         the C2SP verifier key for checkpoint notes (``<origin>+<id>+<key>``)
@@ -33,11 +34,13 @@ if TYPE_CHECKING:
     from apollia_nb.home import Home
     from apollia_nb.journal.store import Journal
 
-__all__ = ["BUNDLE_FILES", "ExportResult", "export_home", "export_journal", "read_bundle_key"]
+__all__ = ["BUNDLE_FILES", "ExportResult", "export_home", "export_journal", "read_bundle_key", "read_bundle_meta",
+           "bundle_hashes"]
 
 BUNDLE_FILES = {
     "entries": "entries.parquet",
     "checkpoints": "checkpoints.parquet",
+    "cosignatures": "cosignatures.parquet",
     "checkpoint": "checkpoint.txt",
     "pub": "journal.pub",
     "vkey": "journal.vkey",
@@ -55,6 +58,7 @@ Origin `{origin}`, {entries} entries, head hash `{head}`, key id `{key_id}`.
 |---|---|
 | `entries.parquet` | every journal entry, byte for byte: `seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id` |
 | `checkpoints.parquet` | every signed checkpoint: `size, root, note, created_at` |
+| `cosignatures.parquet` | witness cosignatures of those checkpoints: `size, witness` (its verifier key), `timestamp`, `signature` (the C2SP note signature line), `created_at` |
 | `checkpoint.txt` | the latest signed checkpoint (C2SP signed note) |
 | `journal.pub` | base64 of the Ed25519 public key that signs entries and checkpoints |
 | `journal.vkey` | the same key as a C2SP verifier key: `{vkey}` |
@@ -68,9 +72,12 @@ hold from elsewhere first: the bundle cannot vouch for its own key. Then:
 ```sh
 apollia-os audit verify --bundle .                      # chain, hashes, signatures, checkpoints
 apollia-os audit verify --bundle . --checkpoint SAVED   # also against a checkpoint kept elsewhere
+apollia-os audit verify --bundle . --witness WKEY       # the newest checkpoint is cosigned by that witness
 ```
 
 Exit status 0 means every check passed; 1 prints the first bad sequence number.
+`meta.json` says `"verified": false` (and why, under `invalid`) when the journal
+was exported although it did not verify; such a bundle never verifies.
 
 By hand: entry `hash` is SHA-256 over
 `"apollia-nb/journal-entry/v1\\n" || u64be(seq) || f(ts) || f(run_id) || f(agent) || f(kind) || f(payload) || prev_hash`,
@@ -81,7 +88,7 @@ with `f(NULL) = 0x00` and `f(x) = 0x01 || u32be(len(x)) || x` (text as UTF-8);
 ## Query
 
 ```sh
-duckdb -init views.sql
+duckdb -init views.sql          # any DuckDB from 1.4 on, e.g. pip install duckdb-cli
 ```
 
 ```sql
@@ -120,6 +127,35 @@ def read_bundle_key(directory: Path) -> NoteVerifier:
         if raw != verifier.public_key:
             raise IntegrityError(f"{pub} and {BUNDLE_FILES['vkey']} name different keys")
     return verifier
+
+
+def read_bundle_meta(directory: Path) -> dict[str, Any]:
+    """The bundle's ``meta.json`` (``{}`` when it has none; ``INTEGRITY_FAILURE`` when it is not JSON)."""
+    path = Path(directory) / BUNDLE_FILES["meta"]
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise IntegrityError(f"{path} is not JSON") from None
+    if not isinstance(meta, dict):
+        raise IntegrityError(f"{path} is not a JSON object")
+    return meta
+
+
+def bundle_hashes(directory: Path) -> tuple[bytes, ...]:
+    """The entry hashes of a bundle, in seq order (not verified here)."""
+    import duckdb
+
+    path = Path(directory) / BUNDLE_FILES["entries"]
+    if not path.exists():
+        raise NotFound(f"{directory} is not an audit bundle: {BUNDLE_FILES['entries']} is missing")
+    con = duckdb.connect(":memory:")
+    try:
+        rows = con.execute(f"SELECT hash FROM read_parquet({_sql_path(path)}) ORDER BY seq").fetchall()
+    finally:
+        con.close()
+    return tuple(bytes(h) for (h,) in rows)
 
 
 def _sql_path(path: Path) -> str:
@@ -161,7 +197,8 @@ def _copy_parquet_aside(con: Any, select: str, path: Path, *, batch: int = 10_00
 
 
 def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
-            entries_sql: str = "entries", copy: Any = _copy_parquet) -> ExportResult:
+            entries_sql: str = "entries", copy: Any = _copy_parquet,
+            invalid: dict[str, Any] | None = None) -> ExportResult:
     from apollia_nb.journal.store import FORMAT_VERSION
 
     directory = _prepare_dir(directory)
@@ -175,9 +212,16 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
                   f"FROM {entries_sql} ORDER BY seq", directory / BUNDLE_FILES["entries"])
         copy(con, "SELECT size, root, note, created_at FROM checkpoints ORDER BY size",
              directory / BUNDLE_FILES["checkpoints"])
+        cosigned = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'checkpoint_cosignatures'"
+                               ).fetchone()[0]
+        if cosigned:  # a journal written before cosignatures were kept has no such table
+            copy(con, "SELECT size, witness, timestamp, signature, created_at FROM checkpoint_cosignatures "
+                      "ORDER BY size, witness", directory / BUNDLE_FILES["cosignatures"])
     finally:
         con.commit()
     files = [BUNDLE_FILES["entries"], BUNDLE_FILES["checkpoints"]]
+    if cosigned:
+        files.append(BUNDLE_FILES["cosignatures"])
     if latest is not None:
         (directory / BUNDLE_FILES["checkpoint"]).write_text(latest[0])
         files.append(BUNDLE_FILES["checkpoint"])
@@ -193,6 +237,8 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
                 "head_hash": head_hex,
                 "key_id": key_id,
                 "checkpoints": checkpoints,
+                "verified": invalid is None,
+                "invalid": invalid,
             },
             indent=2,
         ) + "\n",
@@ -207,8 +253,9 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
     return ExportResult(directory, int(entries), int(checkpoints), tuple(files))
 
 
-def export_home(home: Home, directory: Path) -> ExportResult:
-    """Export a home's journal (opened read-only) into ``directory``."""
+def export_home(home: Home, directory: Path, *, invalid: dict[str, Any] | None = None) -> ExportResult:
+    """Export a home's journal (opened read-only) into ``directory``. ``invalid``: the failed
+    verification of a journal exported anyway, recorded in ``meta.json``."""
     from apollia_nb.journal.keys import key_id, load_public_key
     from apollia_nb.journal.store import connect_locked, entries_with_tail
 
@@ -221,16 +268,17 @@ def export_home(home: Home, directory: Path) -> ExportResult:
         if row is None:
             raise IntegrityError(f"{home.journal_db} has no origin in its meta table")
         return _export(con, directory, verifier=NoteVerifier(row[0], public_key), key_id=key_id(public_key),
-                       entries_sql=entries_with_tail(con, home.journal_db))
+                       entries_sql=entries_with_tail(con, home.journal_db), invalid=invalid)
     finally:
         con.close()
 
 
-def export_journal(journal: Journal, directory: Path) -> ExportResult:
-    """Export an open journal into ``directory`` (from one consistent snapshot)."""
+def export_journal(journal: Journal, directory: Path, *, invalid: dict[str, Any] | None = None) -> ExportResult:
+    """Export an open journal into ``directory`` (from one consistent snapshot); ``invalid`` as for
+    ``export_home``."""
     cursor = journal.cursor()
     try:
         return _export(cursor, directory, verifier=journal.verifier(), key_id=journal.key_id,
-                       copy=_copy_parquet_aside)
+                       copy=_copy_parquet_aside, invalid=invalid)
     finally:
         cursor.close()

@@ -25,6 +25,7 @@ Tables (format 1)::
     entries(seq PRIMARY KEY, ts, run_id, agent, kind, payload BLOB,
             prev_hash BLOB, hash BLOB, signature BLOB, key_id)
     checkpoints(size PRIMARY KEY, root BLOB, note, created_at)
+    checkpoint_cosignatures(size, witness, timestamp, signature, created_at)  -- PRIMARY KEY (size, witness)
 
 The SQL views of ``views.py`` are recreated on every open. Then the database
 instance is locked to itself (``dbutil.lock_down``): whatever SQL runs on it,
@@ -90,6 +91,7 @@ __all__ = [
     "InclusionProof",
     "ConsistencyProof",
     "connect_locked",
+    "STORAGE_VERSION",
     "entries_with_tail",
 ]
 
@@ -116,6 +118,15 @@ _SCHEMA = (
         root BLOB NOT NULL,
         note VARCHAR NOT NULL,
         created_at VARCHAR NOT NULL)""",
+    # Witness cosignatures of stored checkpoints (journal/witness.py): the note signature
+    # line a witness returned, by checkpoint size and the witness's verifier key.
+    """CREATE TABLE IF NOT EXISTS checkpoint_cosignatures (
+        size BIGINT NOT NULL,
+        witness VARCHAR NOT NULL,
+        timestamp BIGINT NOT NULL,
+        signature VARCHAR NOT NULL,
+        created_at VARCHAR NOT NULL,
+        PRIMARY KEY (size, witness))""",
 )
 
 
@@ -123,10 +134,17 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+#: The DuckDB storage format a new ``journal.db`` is written in: the oldest DuckDB that opens it. A file
+#: keeps the format it was created with, so ``duckdb`` command-line clients from 1.4 on open the journal.
+STORAGE_VERSION = "v1.4.0"
+
+
 def connect_locked(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Connect to a DuckDB file, turning DuckDB's lock conflict into ``HomeLocked``."""
+    """Connect to a DuckDB file, turning DuckDB's lock conflict into ``HomeLocked``. A file created here
+    is written in the storage format of ``STORAGE_VERSION``."""
     try:
-        con = duckdb.connect(str(path), read_only=read_only)
+        con = duckdb.connect(str(path), read_only=read_only,
+                             config={"storage_compatibility_version": STORAGE_VERSION})
     except duckdb.Error as exc:
         raise_if_locked(exc, path)
         raise
@@ -941,6 +959,22 @@ class Journal:
             (int(s), bytes(r), n)
             for s, r, n in self._read("SELECT size, root, note FROM checkpoints ORDER BY size")
         ]
+
+    def add_cosignature(self, size: int, witness: str, timestamp: int, line: str) -> None:
+        """Store a witness's cosignature line of the stored checkpoint of ``size`` (verified by the
+        caller); a second one from the same witness for the same size replaces the first."""
+        def store() -> None:
+            con = self._db()
+            con.execute(
+                "INSERT OR REPLACE INTO checkpoint_cosignatures (size, witness, timestamp, signature, created_at) "
+                "VALUES (?, ?, ?, ?, ?)", [size, witness, timestamp, line, format_ts(self._clock())])
+
+        self._submit(None, store).result()
+
+    def cosignatures(self) -> list[tuple[int, str, int, str]]:
+        """Every stored cosignature as ``(size, witness key, timestamp, line)``, smallest size first."""
+        return [(int(s), w, int(t), line) for s, w, t, line in self._read(
+            "SELECT size, witness, timestamp, signature FROM checkpoint_cosignatures ORDER BY size, witness")]
 
     # ------------------------------------------------------------------ proofs
     def _leaf_hashes(self, size: int) -> list[bytes]:

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,8 @@ __all__ = [
     "verify_file",
     "verify_home",
     "verify_bundle",
+    "cosigned_rows_of_file",
+    "cosigned_rows_of_bundle",
     "PARALLEL_MIN",
     "CHUNK",
 ]
@@ -95,8 +97,9 @@ class VerifyReport:
                 f"ok: {self.entries} entries verified (chain, hashes, signatures), "
                 f"{self.checked_checkpoints} checkpoint(s)"
             )
-        where = f"seq {self.first_bad_seq}" if self.first_bad_seq is not None else "unknown seq"
-        return f"FAILED at {where}: {self.problem}"
+        if self.first_bad_seq is None:  # a checkpoint or key failed without pointing at one entry
+            return f"FAILED: {self.problem}"
+        return f"FAILED at seq {self.first_bad_seq}: {self.problem}"
 
 
 # --- signatures (checked in worker processes for large journals) ----------------------
@@ -428,7 +431,9 @@ def verify_rows(
                 failures.append(_Failure(
                     None,
                     f"{t.label}: the first {size} entries do not have its Merkle root "
-                    "(history was rewritten)",
+                    f"(history was rewritten within seqs 1..{size}; `apollia-os audit consistency` with "
+                    "more kept checkpoints or a kept bundle narrows it down)" if size else
+                    f"{t.label}: its root is not the root of the empty tree",
                 ))
     checked = sum(1 for t in targets if t.verified)
     if failures:
@@ -541,7 +546,7 @@ def verify_bundle(directory: Path, *, external: str | None = None, workers: int 
     """Verify an exported bundle (``entries.parquet``, ``checkpoints.parquet``, ``journal.vkey``)."""
     import duckdb
 
-    from apollia_nb.journal.export import BUNDLE_FILES, read_bundle_key
+    from apollia_nb.journal.export import BUNDLE_FILES, read_bundle_key, read_bundle_meta
 
     directory = Path(directory)
     for name in (BUNDLE_FILES["entries"], BUNDLE_FILES["vkey"]):
@@ -555,7 +560,7 @@ def verify_bundle(directory: Path, *, external: str | None = None, workers: int 
             return "read_parquet('" + str(directory / name).replace("'", "''") + "')"
 
         cps = directory / BUNDLE_FILES["checkpoints"]
-        return _verify_connection(
+        report = _verify_connection(
             con,
             entries=quoted(BUNDLE_FILES["entries"]),
             checkpoints=quoted(BUNDLE_FILES["checkpoints"]) if cps.exists() else None,
@@ -564,6 +569,64 @@ def verify_bundle(directory: Path, *, external: str | None = None, workers: int 
             external=external,
             workers=workers,
         )
+    finally:
+        con.close()
+    return _marked(report, read_bundle_meta(directory).get("invalid"))
+
+
+def _marked(report: VerifyReport, invalid: object) -> VerifyReport:
+    """A bundle exported with ``--allow-invalid`` fails verification whatever its files say."""
+    if not invalid:
+        return report
+    seq = invalid.get("first_bad_seq") if isinstance(invalid, dict) else None
+    said = invalid.get("problem") if isinstance(invalid, dict) else None
+    note = f"the bundle was exported marked invalid (meta.json): the journal failed verification: {said}"
+    if not report.ok:
+        return replace(report, problem=f"{report.problem}; {note}")
+    return replace(report, ok=False, entries=0 if seq is None else min(report.entries, max(seq - 1, 0)),
+                   first_bad_seq=seq if isinstance(seq, int) else None, problem=note)
+
+
+# --- witness cosignatures (audit verify --witness) -----------------------------------------
+
+
+def cosigned_rows_of_file(path: Path) -> tuple[list[tuple[int, bytes, str]], list[tuple[int, str]]]:
+    """A closed ``journal.db``'s checkpoints ``(size, root, note)`` and cosignatures ``(size, line)``;
+    a journal written before cosignatures were kept has none."""
+    from apollia_nb.journal.store import connect_locked
+
+    con = connect_locked(Path(path), read_only=True)
+    try:
+        cps = [(int(s), bytes(r), n) for s, r, n in
+               con.execute("SELECT size, root, note FROM checkpoints ORDER BY size").fetchall()]
+        has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'checkpoint_cosignatures'"
+                          ).fetchone()[0]
+        cos = ([(int(s), line) for s, line in
+                con.execute("SELECT size, signature FROM checkpoint_cosignatures ORDER BY size").fetchall()]
+               if has else [])
+        return cps, cos
+    finally:
+        con.close()
+
+
+def cosigned_rows_of_bundle(directory: Path) -> tuple[list[tuple[int, bytes, str]], list[tuple[int, str]]]:
+    """As :func:`cosigned_rows_of_file`, from a bundle's ``checkpoints.parquet`` and ``cosignatures.parquet``."""
+    import duckdb
+
+    from apollia_nb.journal.export import BUNDLE_FILES
+
+    directory = Path(directory)
+    con = duckdb.connect(":memory:")
+    try:
+        def rows(name: str, columns: str) -> list[tuple[Any, ...]]:
+            path = directory / BUNDLE_FILES[name]
+            if not path.exists():
+                return []
+            return con.execute(f"SELECT {columns} FROM read_parquet(?) ORDER BY size", [str(path)]).fetchall()
+
+        cps = [(int(s), bytes(r), n) for s, r, n in rows("checkpoints", "size, root, note")]
+        cos = [(int(s), line) for s, line in rows("cosignatures", "size, signature")]
+        return cps, cos
     finally:
         con.close()
 

@@ -59,7 +59,7 @@ SELECT
     a.answered_by
 FROM d
 LEFT JOIN a
-  ON a.run_id IS NOT DISTINCT FROM d.run_id AND a.call_id = d.p->>'call_id'
+  ON a.run_id IS NOT DISTINCT FROM d.run_id AND a.call_id = (d.p->>'call_id')  -- DuckDB 1.x: = binds before ->>
 ORDER BY d.seq
 """
 

@@ -284,6 +284,7 @@ class KernelRuntime:
                 "governance_reason": view.unreadable_reason,
                 "agents": len(self.rt.agents()),
                 "pending": len(self.rt.pending),
+                "witnesses": self.rt.witness_status(),
             }
 
         return self.call(read)

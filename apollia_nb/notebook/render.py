@@ -107,7 +107,17 @@ def status_line(status: Mapping[str, Any]) -> str:
         line += f" · governance fail closed ({status.get('governance_reason') or 'no reason given'})"
     if status.get("mode") == "client":  # the home is owned by `apollia-os serve` (docs/shared-home.md)
         line += " · client of apollia-os serve"
+    if status.get("witnesses"):
+        line += " · " + _witness_words(status["witnesses"])
     return line
+
+
+def _witness_words(witnesses: list[Mapping[str, Any]]) -> str:
+    """``witnesses 1/2 up to date (w2: unreachable: ...)``: how many hold the newest checkpoint."""
+    current = sum(1 for w in witnesses if not w.get("pending"))
+    line = f"witnesses {current}/{len(witnesses)} up to date"
+    late = [f"{w['key_name']}: {w['last_error']}" for w in witnesses if w.get("pending") and w.get("last_error")]
+    return line + (f" ({'; '.join(late)})" if late else "")
 
 
 def status_html(status: Mapping[str, Any]) -> str:
@@ -437,8 +447,8 @@ def verify_text(report: Mapping[str, Any], head: Mapping[str, Any]) -> str:
         state = (f"verified: {report['entries']} entries (chain, hashes, signatures), "
                  f"{report['checked_checkpoints']} checkpoint(s)")
     else:
-        where = f"seq {report['first_bad_seq']}" if report.get("first_bad_seq") is not None else "unknown seq"
-        state = f"FAILED at {where}: {report.get('problem')} ({report['entries']} good leading entries)"
+        where = f" at seq {report['first_bad_seq']}" if report.get("first_bad_seq") is not None else ""
+        state = f"FAILED{where}: {report.get('problem')} ({report['entries']} good leading entries)"
     seq = head.get("journal_seq", 0)
     return f"Journal {head.get('home', '')}/journal.db · head #{seq} {short_hash(head.get('journal_head', ''))}\n  {state}"
 

@@ -42,6 +42,7 @@ import anyio
 
 from apollia_nb.errors import (
     ApolliaError,
+    BadInput,
     GovernanceUnreadable,
     HomeLocked,
     IntegrityError,
@@ -421,6 +422,12 @@ class RemoteJournal:
     def checkpoints(self) -> list[tuple[int, bytes, str]]:
         return [(int(c["size"]), bytes.fromhex(c["root"]), c["note"]) for c in self._checkpoints_since(0)]
 
+    def cosignatures(self) -> list[tuple[int, str, int, str]]:
+        """The server's stored witness cosignatures, as ``Journal.cosignatures``."""
+        rows = self._call("GET", "/internal/journal/cosignatures",
+                          what="the journal's cosignatures cannot be read")["cosignatures"]
+        return [(int(c["size"]), c["witness"], int(c["timestamp"]), c["signature"]) for c in rows]
+
     def _checkpoints_since(self, size: int) -> list[dict[str, Any]]:
         return self._call("GET", "/internal/journal/checkpoints", params={"since_size": size},
                           what="the journal's checkpoints cannot be read")["checkpoints"]
@@ -447,6 +454,23 @@ class RemoteJournal:
 
         return prove_inclusion(seq, checkpoint, head=mirror.seq, latest=latest, write_checkpoint=write_checkpoint,
                                verifier=self.verifier(), origin=self._origin, hashes=hashes)
+
+    def consistency_proof(self, old_size: int, new_size: int | None = None) -> Any:
+        """As ``Journal.consistency_proof``, from the local copy (brought up to date first)."""
+        from apollia_nb.journal.merkle import consistency_proof, leaf_hash, root
+        from apollia_nb.journal.store import ConsistencyProof
+
+        mirror = self._synced()
+        new = mirror.seq if new_size is None else new_size
+        if not isinstance(old_size, int) or not isinstance(new, int) or not 0 < old_size <= new <= mirror.seq:
+            raise BadInput(f"need 0 < old_size <= new_size <= {mirror.seq}, got {old_size!r}, {new!r}")
+        with mirror.lock:
+            rows = mirror.con.execute("SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [new]).fetchall()
+        leaves = [leaf_hash(bytes(h)) for (h,) in rows]
+        proof = ConsistencyProof(old_size, new, root(leaves[:old_size]), root(leaves),
+                                 tuple(consistency_proof(old_size, new, leaves)))
+        proof.verify()
+        return proof
 
     # SQL over a local copy -----------------------------------------------------------------------
     def _synced(self) -> "_Mirror":
@@ -514,11 +538,16 @@ class _Mirror:
         # the entries read next include, so a verification never sees a checkpoint past the copy's end.
         checkpoints = journal._checkpoints_since(self.size)
         rows = journal._pages({"since_seq": self.seq}, None)
+        cosignatures = journal.cosignatures()  # after the checkpoints: each cosigns one the copy has
         with self.lock:
             for c in checkpoints:
                 self.con.execute("INSERT OR IGNORE INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)",
                                  [int(c["size"]), bytes.fromhex(c["root"]), c["note"], ""])
                 self.size = max(self.size, int(c["size"]))
+            if cosignatures:
+                self.con.executemany(
+                    "INSERT OR REPLACE INTO checkpoint_cosignatures (size, witness, timestamp, signature, created_at) "
+                    "VALUES (?, ?, ?, ?, '')", [[s, w, t, line] for s, w, t, line in cosignatures if s <= self.size])
             fresh = [_entry(r).as_row() for r in rows if int(r["seq"]) > self.seq]
             if fresh:
                 appender = self.con.appender("entries")

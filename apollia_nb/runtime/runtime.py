@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.governance.contract import GovernanceFace
     from apollia_nb.governance.store import GovernanceStore
     from apollia_nb.journal.contract import JournalFace
+    from apollia_nb.journal.store import Journal
     from apollia_nb.runtime.capabilities import RecordsFace
 
 __all__ = ["Runtime", "TaskHandle"]
@@ -227,6 +228,7 @@ class Runtime:
         self._listeners: list[Callable[[str, Any], None]] = []
         self.sessions: Any = None
         self.tool_sources: list[Any] = []
+        self.witnesses: Any = None  # witness.sender.CosignSender when apollia.toml names witnesses
         self.opened = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -343,6 +345,9 @@ class Runtime:
                     governance.close()
                 self.journal.close()
                 raise
+        self.witnesses = None
+        if server is None:
+            self._start_witnesses()
         self.breakers = Breakers()
         self.opened = True
         from apollia_nb.runtime.chat import Sessions
@@ -389,11 +394,32 @@ class Runtime:
                 if session._scope is not None:
                     session._scope.cancel()
 
+    def _start_witnesses(self) -> None:
+        """The thread sending this journal's checkpoints to ``[[journal.witnesses]]`` (docs/journal.md)."""
+        from apollia_nb.witness.sender import CosignSender, parse_witnesses
+
+        try:
+            witnesses = parse_witnesses(self.config.raw, str(self.home.config_path))
+            if witnesses:
+                self.witnesses = CosignSender(cast("Journal", self.journal), witnesses)  # the owner's
+                self.witnesses.start()
+        except BaseException:
+            self.governance.close()
+            self.journal.close()
+            self.records.close()
+            raise
+
+    def witness_status(self) -> list[dict[str, Any]] | None:
+        """Each configured witness's state (None when the home names no witness, or this process is a client)."""
+        return self.witnesses.status() if getattr(self, "witnesses", None) is not None else None
+
     def _shutdown_files(self) -> None:
         if not self.opened:
             self._lock.release()
             return
         self.opened = False
+        if self.witnesses is not None:
+            self.witnesses.close()
         try:
             self.governance.close()
             self.journal.close()
@@ -450,6 +476,9 @@ class Runtime:
             await self.journal.checkpoint_async()
         except StorageError as exc:
             self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {exc}")
+            return
+        if self.witnesses is not None:
+            self.witnesses.notify()
 
     async def run_entry_count(self, run_id: str) -> int:
         return self.journal.run_size(run_id)
