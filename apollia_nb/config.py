@@ -20,6 +20,7 @@ class Config:
     trusted_keys: tuple[str, ...] = ()
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    http_proxy: str | None = None  # [tools.http_request] proxy: the only proxy http_request uses
     raw: dict[str, Any] = field(default_factory=dict)
 
 
@@ -38,6 +39,10 @@ def load_config(path: Path) -> Config:
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise BadInput(f"{path}: [policy] trusted_keys must be a list of base64 strings")
     timeout = hitl.get("timeout_hours")
+    proxy = (data.get("tools", {}).get("http_request", {}) or {}).get("proxy")
+    if proxy is not None and (not isinstance(proxy, str)
+                              or not proxy.lower().startswith(("http://", "https://", "socks5://"))):
+        raise BadInput(f"{path}: [tools.http_request] proxy must be an http://, https:// or socks5:// URL")
     return Config(
         hitl_timeout_hours=float(timeout) if timeout is not None else None,
         hitl_scan_interval_secs=float(hitl.get("scan_interval_secs", 60)),
@@ -45,5 +50,6 @@ def load_config(path: Path) -> Config:
         trusted_keys=tuple(keys),
         mcp_servers=dict(data.get("mcp", {}).get("servers", {})),
         hosts=dict(data.get("hosts", {})),
+        http_proxy=proxy,
         raw=data,
     )

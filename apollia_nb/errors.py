@@ -30,7 +30,8 @@ Messages are for people and may change; codes may not.
     │   ├── SessionBusy               SESSION_BUSY: a message while processing
     │   ├── SessionClosed             SESSION_CLOSED
     │   ├── HomeLocked                HOME_LOCKED: another process owns the home
-    │   └── IdempotencyInProgress     IDEMPOTENCY_IN_PROGRESS: the first request with this key has not finished
+    │   ├── IdempotencyInProgress     IDEMPOTENCY_IN_PROGRESS: the first request with this key has not finished
+    │   └── ConsentsToReview          CONSENTS_TO_REVIEW: a changed manifest for an agent with standing consents
     ├── Refused                       REFUSED: governance refused a call
     ├── Rejected                      REJECTED: an operator rejected a plan
     ├── BudgetExceeded                BUDGET_EXCEEDED: the step ceiling was reached
@@ -89,6 +90,7 @@ __all__ = [
     "SessionClosed",
     "HomeLocked",
     "IdempotencyInProgress",
+    "ConsentsToReview",
     "Refused",
     "Rejected",
     "BudgetExceeded",
@@ -244,6 +246,13 @@ class HomeLocked(Conflict):
 
 class IdempotencyInProgress(Conflict):
     code = "IDEMPOTENCY_IN_PROGRESS"
+
+
+class ConsentsToReview(Conflict):
+    """Re-registering an agent whose tools, workspace or model changed while it holds standing
+    consents: the operator keeps or drops them (``keep_consents``)."""
+
+    code = "CONSENTS_TO_REVIEW"
 
 
 class Refused(ApolliaError):

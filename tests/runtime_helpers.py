@@ -54,3 +54,11 @@ def manifest(
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:
     return {"name": name, "arguments": arguments}
+
+
+async def assert_alive(rt: Any, name: str = "alive-check") -> None:
+    """The runtime still takes work: a new agent registers and finishes a task."""
+    if name not in [a.name for a in rt.agents()]:
+        await rt.register_agent(manifest(name, actor=[{"text": "fine"}]))
+    task = await (await rt.submit(name, "Say fine"))
+    assert task.status == "completed", task.error

@@ -37,11 +37,15 @@ async def test_a_missing_required_tool_is_a_startup_failure_that_goes_through_st
         assert rt.agents() == []
 
 
-async def test_packages_that_fail_to_install_degrade_the_agent_and_keep_the_installer_error(home):
-    async with Runtime(home) as rt:
-        agent = await rt.register_agent(manifest(packages=["not a valid requirement!!"]))
+async def test_packages_that_fail_to_install_degrade_the_agent_and_keep_the_installer_error(home, monkeypatch):
+    from loopback_host import LoopbackHost
+
+    with LoopbackHost(lambda method, path: (404, "text/plain", b"")) as index:  # an index that has nothing
+        monkeypatch.setenv("APOLLIA_PIP_INDEX_URL", f"{index.url}/simple")
+        async with Runtime(home) as rt:
+            agent = await rt.register_agent(manifest(packages=["apollia-test-absent==1.0"]))
         assert agent.state.state == "degraded"
-        assert "installing not a valid requirement!! failed" in agent.warnings[0]
+        assert "installing apollia-test-absent==1.0 failed" in agent.warnings[0]
         assert (home.agents_dir / "clerk" / "venv").is_dir()  # the agent's own environment under the home
 
 

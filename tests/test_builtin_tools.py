@@ -418,10 +418,16 @@ class FakeArray:
 
 @pytest.fixture
 def namespace() -> dict[str, Any]:
+    import numpy
+    import pandas
+
     rows = [{"city": f"c{i}", "people": i * 1000} for i in range(10_000)]
     return {
-        "df": FakeFrame(rows),
-        "arr": FakeArray([float(i) for i in range(1_000)]),
+        "df": pandas.DataFrame(rows),
+        "counts": pandas.DataFrame({"a": range(100), "b": [0.5] * 100}),
+        "arr": numpy.arange(1_000, dtype="float64"),
+        "fake": FakeFrame(rows),
+        "fake_arr": FakeArray([1.0]),
         "big": list(range(10_000)),
         "text": "y" * 5_000,
         "small": {"a": [1, 2], "b": "two"},
@@ -439,16 +445,22 @@ def namespace() -> dict[str, Any]:
 async def test_notebook_get_variable_summarises_large_objects(ws: Path, namespace: dict[str, Any]) -> None:
     kit = Kit(ws, namespace=lambda: namespace)
     df = (await kit("notebook_get_variable", name="df")).output
-    assert df == {
+    assert df == {  # text columns: no head (its cells could be any object)
         "name": "df",
-        "type": f"{FakeFrame.__module__}.FakeFrame",
+        "type": "pandas.DataFrame",
         "shape": [10_000, 2],
         "columns": ["city", "people"],
-        "dtypes": {"city": "object", "people": "int64"},
-        "head": [{"city": f"c{i}", "people": i * 1000} for i in range(5)],
+        "dtypes": {"city": "str", "people": "int64"},
     }
+    counts = (await kit("notebook_get_variable", name="counts")).output
+    assert counts["head"] == [{"a": i, "b": 0.5} for i in range(5)] and counts["shape"] == [100, 2]
+    # look-alikes are user code: nothing of theirs runs (FakeFrame's repr raises), the type name is all
+    for name in ("fake", "fake_arr"):
+        fake = (await kit("notebook_get_variable", name=name)).output
+        assert set(fake) == {"name", "type", "note"} and fake["type"].endswith(("FakeFrame", "FakeArray"))
     arr = (await kit("notebook_get_variable", name="arr")).output
     assert arr["shape"] == [1_000] and arr["dtype"] == "float64" and arr["head"] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert arr["type"] == "numpy.ndarray"
 
     big = (await kit("notebook_get_variable", name="big")).output
     assert big["type"] == "list" and big["length"] == 10_000 and big["truncated"] is True
@@ -476,10 +488,11 @@ async def test_notebook_list_variables_skips_private_modules_and_ipython(ws: Pat
     kit = Kit(ws, namespace=lambda: namespace)
     listed = (await kit("notebook_list_variables")).output
     names = [v["name"] for v in listed["variables"]]
-    assert names == ["FakeFrame", "arr", "big", "df", "n", "small", "text"]
-    assert listed["total"] == 7
+    assert names == ["arr", "big", "counts", "df", "fake", "fake_arr", "n", "small", "text"]  # no class, no module
+    assert listed["total"] == 9
     by_name = {v["name"]: v for v in listed["variables"]}
-    assert by_name["df"]["summary"] == f"{FakeFrame.__module__}.FakeFrame shape (10000, 2)"
+    assert by_name["df"]["summary"] == "pandas.DataFrame shape (10000, 2)"
+    assert by_name["fake"]["summary"] == f"<{FakeFrame.__module__}.FakeFrame>"
     assert by_name["big"]["summary"] == "list of length 10000"
     assert by_name["n"] == {"name": "n", "type": "int", "summary": "42"}
 

@@ -45,7 +45,8 @@ async def test_unclassified_tool_is_asked_every_time_never_with_always(home, tmp
     root = tmp_path / "shared"
     root.mkdir()
     (root / "plan.txt").write_text("ship on friday")
-    write_config(home, servers={"files": filesystem_server(root)})
+    # roots = false: the server keeps the directory it was given (offered roots would replace it)
+    write_config(home, servers={"files": filesystem_server(root, roots=False)})
     async with Runtime(home) as rt:
         read = call("mcp:files/read_text_file", path=str(root / "plan.txt"))
         await rt.register_agent(manifest(

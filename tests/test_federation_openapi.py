@@ -32,6 +32,11 @@ def test_an_mcp_server_entry_is_checked_key_by_key():
     assert (server.transport, server.args, server.families, server.timeout_secs) == (
         "stdio", ("-m", "notes"), {"search": Family.READ}, 5.0)
     assert parse_mcp_server("web", {"url": "http://127.0.0.1:9000/mcp", "token_env": "WEB_TOKEN"}).transport == "http"
+    assert (server.roots, server.input_timeout_secs) == (True, 300.0)
+    host = parse_mcp_server("files", {"command": "x", "roots": False, "input_timeout_secs": 60,
+                                      "families": {"resources/read": "read", "sampling/createMessage": "send"}})
+    assert (host.roots, host.input_timeout_secs) == (False, 60.0)
+    assert host.families == {"resources/read": Family.READ, "sampling/createMessage": Family.SEND}
 
 
 @pytest.mark.parametrize("name, table, words", [
@@ -45,6 +50,8 @@ def test_an_mcp_server_entry_is_checked_key_by_key():
     ("notes", {"url": "http://h/mcp", "args": []}, "args applies to a stdio server"),
     ("notes", {"command": "x", "token_env": "T"}, "token_env applies to a streamable HTTP server"),
     ("no/tes", {"command": "x"}, "the name must be letters, digits"),
+    ("notes", {"command": "x", "roots": "no"}, "roots must be true or false"),
+    ("notes", {"command": "x", "input_timeout_secs": -1}, "input_timeout_secs must be a positive number"),
 ])
 def test_a_broken_mcp_server_entry_names_the_key(name, table, words):
     with pytest.raises(BadInput, match=None) as caught:

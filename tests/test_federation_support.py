@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".test-peers"
 TIME_PYTHON = PEERS / "venv-time" / "bin" / "python"
 FILESYSTEM_JS = PEERS / "npm" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
+EVERYTHING_JS = PEERS / "npm" / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
 
 #: A real MCP server (the project's own SDK) that can crash, hang, and says where it started.
 FAULTY_SERVER = '''
@@ -139,3 +143,35 @@ def results(rt: Any, run_id: str) -> list[dict[str, Any]]:
 
 def decisions(rt: Any, run_id: str) -> list[dict[str, Any]]:
     return [json.loads(e.payload) for e in rt.journal.entries(run_id=run_id) if e.kind == "decision"]
+
+
+@pytest.fixture(scope="module")
+def everything_url():
+    """server-everything over streamable HTTP on 127.0.0.1, one process for the module; its URL."""
+    script = require_peer(EVERYTHING_JS)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([node(), str(script), "streamableHttp"], env={"PORT": str(port), "PATH": "/usr/bin:/bin"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"server-everything exited: {proc.stderr.read()}")
+                time.sleep(0.05)
+        else:
+            pytest.fail("server-everything did not listen within 30 s")
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+

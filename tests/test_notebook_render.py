@@ -89,3 +89,14 @@ def test_replay_and_verify_words():
     bad = {"ok": False, "entries": 4, "first_bad_seq": 5, "problem": "hash mismatch", "checked_checkpoints": 0}
     assert "FAILED at seq 5: hash mismatch (4 good leading entries)" in render.verify_text(bad, STATUS)
     assert "FAILED" in render.verify_html(bad, STATUS)
+
+
+def test_a_servers_question_says_how_to_answer_it_with_values():
+    question = {**CARD, "tool": "mcp:notes/elicitation/create", "hints": None,
+                "arguments": {"mode": "form", "message": "Which notebook?", "requestedSchema": {"type": "object"}}}
+    assert 'card.answer("once", values={...})' in render.card_text(question)
+    assert "values={...}" in render.card_html(question)
+    assert "values=" not in render.card_text(CARD)  # a tool call's card: no form to fill in
+    url = {**question, "arguments": {"mode": "url", "message": "Sign in", "url": "https://example.test/"}}
+    assert "values=" not in render.card_text(url)
+    assert "values=" not in render.card_text({**question, "answer": "once", "answered_by": "ada"})

@@ -569,3 +569,38 @@ def test_the_null_digest_constant_is_the_digest_of_no_output():
     from apollia_nb.runtime.tools import output_digest
 
     assert NULL_DIGEST == output_digest(None)
+
+
+def _server_request_trace(*, inside: bool) -> Trace:
+    """A call whose MCP server asked a question while it ran (``caused_by``), or after it ended."""
+    outer = tool_call("c1-1", "mcp:vault/login")
+    asked = tool_call("req-1", "mcp:vault/elicitation/create", mode="form", message="Sign in")
+    t = Trace().open().status("running").respond("actor", outer).decide(outer).start(outer)
+    request = [("decision", {"call_id": "req-1", "tool": asked["name"], "family": None,
+                             "arguments": dict(asked["arguments"]), "outcome": "ask", "line": 0,
+                             "answers": ["once", "refuse"], "reason": "the server asks", "caused_by": "c1-1"}),
+               ("answer", {"call_id": "req-1", "decision_id": "pd-1", "answer": "once", "answered_by": "ana",
+                           "values": {"user": "ada", "password": "[redacted]"}}),
+               ("tool_progress", {"call_id": "c1-1", "tool": outer["name"], "progress": 1}),
+               ("tool_result", {"call_id": "req-1", "tool": asked["name"], "status": "ok",
+                                "output": {"action": "accept"}, "output_digest": digest({"action": "accept"})})]
+    if inside:
+        for kind, payload in request:
+            t.add(kind, payload)
+        t.result(outer, "signed in")
+    else:
+        t.result(outer, "signed in")
+        for kind, payload in request:
+            t.add(kind, payload)
+    return t.respond("actor", text="in").finish()
+
+
+def test_a_servers_request_inside_its_call_is_identical_and_outside_it_is_out_of_order():
+    assert replay_entries(RUN, _server_request_trace(inside=True).entries()).verdict == "identical"
+    late = replay_entries(RUN, _server_request_trace(inside=False).entries())
+    assert late.verdict == "diverged"
+    assert {(d.kind, d.call_id) for d in late.divergences} == {("order", "req-1")}
+    twice = _server_request_trace(inside=True)
+    twice.events.insert(twice.index("tool_result", "req-1"), twice.events[twice.index("answer", "req-1")])
+    again = replay_entries(RUN, twice.entries())
+    assert [(d.kind, d.found) for d in again.divergences] == [("order", "answer")]

@@ -547,7 +547,7 @@ async def list_agents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
                     "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key; a workspace "
                     "that contains the home or lies inside it 422 `WORKSPACE_OVERLAPS_HOME`.")
 async def register_agent(response: Response, body: s.ManifestIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    agent = await rt.register_agent(body.manifest)
+    agent = await rt.register_agent(body.manifest, keep_consents=body.keep_consents)
     response.headers["Location"] = f"{API_PREFIX}/agents/{agent.name}"
     return agent.to_dict()
 
@@ -847,7 +847,8 @@ async def list_pending(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
                     "refuses it and fails its step. 422 `BAD_ANSWER` for an answer not on offer, 404 "
                     "`UNKNOWN_DECISION`, 409 `CONFLICT` when it was already answered.")
 async def decide(body: s.DecideIn, background: BackgroundTasks, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    answered = rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason)  # committed
+    extra = {"values": body.values} if body.values is not None else {}
+    answered = rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason, **extra)  # committed
     faults.point("decide.after_commit")
     background.add_task(_after_decide_response)
     return answered

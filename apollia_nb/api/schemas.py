@@ -84,6 +84,11 @@ class Health(_Out):
 
 class ManifestIn(_In):
     manifest: NonEmpty = Field(description="the agent's TOML manifest, as text")
+    keep_consents: StrictBool | None = Field(
+        default=None,
+        description="re-registering a stopped agent whose tools, workspace or model changed while it holds "
+                    "standing consents: true keeps them, false revokes them; omitted, such a re-registration "
+                    "is 409 CONSENTS_TO_REVIEW showing the difference")
 
 
 class Agent(_Out):
@@ -159,6 +164,10 @@ class Task(_Out):
     plan: list[str] = []
     verdict: Verdict | None = None
     awaiting_plan_approval: bool = False
+    progress: dict[str, Any] | None = Field(
+        None, description="the progress the tool call in flight last reported (an MCP server's progress "
+                          "notifications, a long-running call's status): `{\"call_id\", \"tool\", \"progress\", "
+                          "\"total\", \"message\"}`; null when none")
     created_at: str
     updated_at: str
 
@@ -281,6 +290,9 @@ class DecideIn(_In):
                                  description="one of the decision's `answers` (else 422 `BAD_ANSWER`)")]
     reason: str | None = Field(None, max_length=10_000)
     by: Who | None = Field(None, description="who answers, for the journal (default `api`)")
+    values: dict[str, Any] | None = Field(
+        None, description="a server's question (`mcp:<server>/elicitation/create`) answered `once`: the form's "
+                          "values, checked against its `requestedSchema` (else 422 `BAD_ANSWER`)")
 
 
 class PendingDecision(_Out):
@@ -301,6 +313,9 @@ class PendingDecision(_Out):
     reason: str = ""
     line: int = 0
     call_id: str | None = None
+    hints: dict[str, Any] | None = Field(
+        None, description="what the tool's server says of it (MCP annotations: `readOnlyHint`, `destructiveHint`, "
+                          "`idempotentHint`, `openWorldHint`, `title`): shown to whoever answers, never used to decide")
 
 
 # --- governance --------------------------------------------------------------------------

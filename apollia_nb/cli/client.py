@@ -154,7 +154,7 @@ def _agents_register(args: argparse.Namespace, api: _Api) -> int:
     text, warning = absolute_workspace(args.file.read_text(encoding="utf-8"), manifest, Path.cwd())
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
-    data = api("register_agent", text)
+    data = api("register_agent", text, getattr(args, "keep_consents", None))
     warn = "".join(f"\nwarning: {w}" for w in data["warnings"])
     emit(args, data, f"registered {data['name']}: {data['state']}{warn}")
     return 0
@@ -191,9 +191,9 @@ def _read_answer(prompt: str) -> str:
 
 
 def _waiting_lines(api: _Api, task_id: str) -> list[str]:
-    return [f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
-            f"answer with `apollia-os pending decide {p['id']} {'|'.join(p['answers'])}`"
-            for p in _open_cards(api, task_id)]
+    from apollia_nb.cli.runtime import waiting_line
+
+    return [waiting_line(p) for p in _open_cards(api, task_id)]
 
 
 @_with_api
@@ -258,7 +258,7 @@ def _run(args: argparse.Namespace, api: _Api) -> int:
 def _pending_decide(args: argparse.Namespace, api: _Api) -> int:
     from apollia_nb.cli.runtime import _task_line
 
-    decided = api("decide", args.id, args.answer, args.reason, _who(args))
+    decided = api("decide", args.id, args.answer, args.reason, _who(args), getattr(args, "values", None))
     lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"]
     data: dict[str, Any] = {"decision": decided}
     task_id = decided.get("task_id")

@@ -34,6 +34,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     a.set_defaults(handler=_agents_list)
     a = asub.add_parser("register", parents=[common], help="register an agent from a TOML manifest")
     a.add_argument("file", type=Path)
+    keep = a.add_mutually_exclusive_group()
+    keep.add_argument("--keep-consents", dest="keep_consents", action="store_true", default=None,
+                      help="re-registering with changed tools, workspace or model: keep its standing consents")
+    keep.add_argument("--drop-consents", dest="keep_consents", action="store_false",
+                      help="re-registering with changed tools, workspace or model: revoke its standing consents")
     a.set_defaults(handler=_agents_register)
     a = asub.add_parser("stop", parents=[common], help="stop an agent (drains its runs)")
     a.add_argument("name")
@@ -48,6 +53,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     a.add_argument("answer", help="once, always or refuse (only those on offer)")
     a.add_argument("--reason", default=None)
     a.add_argument("--by", default=None, help="who answers (default: the user name)")
+    a.add_argument("--values", default=None, type=_json_object, metavar="JSON",
+                   help="a server's question answered once: the form's values, a JSON object")
     a.set_defaults(handler=_pending_decide)
 
     runs = sub.add_parser("runs", help="the runs in the journal")
@@ -175,9 +182,16 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _waiting_lines(rt: Any, handle: Any) -> list[str]:
-    return [f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
-            f"answer with `apollia-os pending decide {p['id']} {'|'.join(p['answers'])}`"
-            for p in rt.pending_decisions() if p["task_id"] == handle.id]
+    return [waiting_line(p) for p in rt.pending_decisions() if p["task_id"] == handle.id]
+
+
+def waiting_line(p: dict[str, Any]) -> str:
+    """One waiting decision and the command that answers it (a server's question: with its values)."""
+    from apollia_nb.federation.mcp_requests import is_elicitation
+
+    values = " --values '{...}'" if is_elicitation(p["tool"]) and p["arguments"].get("mode") != "url" else ""
+    return (f"waiting: {p['id']} — {p['tool']} ({p['family'] or 'unclassified'}); "
+            f"answer with `apollia-os pending decide {p['id']} {'|'.join(p['answers'])}{values}`")
 
 
 async def _until_answered_or_interrupted(work: Any) -> str | None:
@@ -279,7 +293,7 @@ def _agents_register(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with _open(args) as rt:
-            agent = await rt.register_agent(manifest)
+            agent = await rt.register_agent(manifest, keep_consents=args.keep_consents)
             data = agent.to_dict()
         warn = "".join(f"\nwarning: {w}" for w in data["warnings"])
         emit(args, data, f"registered {data['name']}: {data['state']}{warn}")
@@ -332,12 +346,25 @@ def _pending_list(args: argparse.Namespace) -> int:
     return anyio.run(main)
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object of the form's fields")
+    return value
+
+
 def _pending_decide(args: argparse.Namespace) -> int:
     import anyio
 
     async def main() -> int:
         async with _open(args, client_ok=True) as rt:
-            decided = rt.answer(args.id, args.answer, by=_who(args), reason=args.reason)
+            extra = {"values": args.values} if args.values is not None else {}
+            decided = rt.answer(args.id, args.answer, by=_who(args), reason=args.reason, **extra)
             lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"]
             task_id = decided.get("task_id")
             data: dict[str, Any] = {"decision": decided}

@@ -22,6 +22,7 @@ from apollia_nb.governance.decision import Family
 __all__ = [
     "DEFAULT_TIMEOUT_SECS",
     "DEFAULT_START_TIMEOUT_SECS",
+    "DEFAULT_INPUT_TIMEOUT_SECS",
     "McpServerConfig",
     "HostConfig",
     "parse_mcp_server",
@@ -32,10 +33,13 @@ __all__ = [
 DEFAULT_TIMEOUT_SECS = 30.0
 #: Seconds starting an MCP server (process, handshake, tool list) may take.
 DEFAULT_START_TIMEOUT_SECS = 30.0
+#: Seconds a server's question (elicitation) or model call (sampling) waits for a person's answer.
+DEFAULT_INPUT_TIMEOUT_SECS = 300.0
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _MCP_KEYS = frozenset({
     "command", "args", "env", "cwd", "url", "headers", "token_env", "families", "timeout_secs", "start_timeout_secs",
+    "input_timeout_secs", "roots",
 })
 _HOST_KEYS = frozenset({"base_url", "openapi", "token_env", "families", "timeout_secs"})
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -56,6 +60,8 @@ class McpServerConfig:
     families: dict[str, Family] = field(default_factory=dict, hash=False)
     timeout_secs: float = DEFAULT_TIMEOUT_SECS
     start_timeout_secs: float = DEFAULT_START_TIMEOUT_SECS
+    input_timeout_secs: float = DEFAULT_INPUT_TIMEOUT_SECS
+    roots: bool = True  # offer the calling agent's workspace as the only root (False: no roots capability)
 
     @property
     def transport(self) -> str:
@@ -150,6 +156,13 @@ def _timeout(section: str, name: str, table: Mapping[str, Any], key: str = "time
     return float(value)
 
 
+def _flag(section: str, name: str, table: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise BadInput(f"{_where(section, name, key)} must be true or false, got {value!r}")
+    return value
+
+
 def _token_env(section: str, name: str, table: Mapping[str, Any]) -> str | None:
     value = _string(section, name, table, "token_env")
     if value is not None and not _ENV_NAME.fullmatch(value):
@@ -197,6 +210,8 @@ def parse_mcp_server(name: object, value: object) -> McpServerConfig:
         families=_families(section, name, table),
         timeout_secs=_timeout(section, name, table),
         start_timeout_secs=_timeout(section, name, table, "start_timeout_secs", DEFAULT_START_TIMEOUT_SECS),
+        input_timeout_secs=_timeout(section, name, table, "input_timeout_secs", DEFAULT_INPUT_TIMEOUT_SECS),
+        roots=_flag(section, name, table, "roots", True),
     )
 
 

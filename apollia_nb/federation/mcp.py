@@ -28,6 +28,16 @@ between calls is noticed at once (its stream ends) and restarted before the
 next request is sent, so only a call in flight at the moment of a crash
 fails. A stdio server's standard error goes to ``<home>/logs/mcp-<name>.log``.
 
+What the server asks of the host (the client declares elicitation, sampling
+and roots; see docs/federation.md) is tied to the call in flight (``_owner``)
+and governed there: a question becomes a card of the run
+(``_on_elicit``), a model call is decided by ``decide()`` and spends the run's
+model and budget (``_on_sample``), roots are the calling agent's workspace.
+Progress goes to the task and, at most once a second, to the journal
+(``_Inflight``); log messages go to the server's log file; ``list_changed``
+reads the tool list again (``_refresher``); a task-augmented tool is polled
+as a long-running call (``_call_as_task``).
+
 ``import mcp`` is slow (about 0.6 s), so it happens only when a server is used.
 """
 
@@ -36,9 +46,11 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import functools
+import math
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +59,9 @@ import anyio
 
 from apollia_nb.errors import ApolliaError, PermanentToolError, ToolTimeout, TransientToolError
 from apollia_nb.federation.config import McpServerConfig
+from apollia_nb.federation.mcp_requests import (
+    ELICITATION, SAMPLING, elicitation_action, redact_form_values, sampling_arguments,
+)
 from apollia_nb.federation.sources import check_connection_allowed, named_tools
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +73,16 @@ __all__ = ["McpSource", "tool_output", "tool_hints", "CLOSE_WAIT_SECS"]
 #: its stdin closed, then SIGTERM, then SIGKILL within about 4 s).
 CLOSE_WAIT_SECS = 10.0
 _LIST_PAGES = 100
+#: At most one ``tool_progress`` journal entry per call this often (the last one is always kept).
+PROGRESS_JOURNAL_SECS = 1.0
+#: A long-running (task-augmented) call's polling interval bounds, seconds.
+_POLL_MIN, _POLL_MAX = 0.2, 5.0
+#: How long the server keeps a task's result for us, milliseconds.
+_TASK_TTL_MS = 3_600_000
+#: The backstop of a federated call: the call bounds itself (start, answer, a person's answer, a task).
+_BACKSTOP_SECS = 86_400.0
+#: The host's own tools on a server's connection (MCP tool names cannot hold "/": no clash).
+SERVER_TOOLS = ("resources/list", "resources/read", "prompts/list", "prompts/get")
 _HINT_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 
 
@@ -187,6 +212,7 @@ class _Live:
     client: Any = None
     tools: list[Any] = field(default_factory=list)
     reason: str = ""
+    changed: anyio.Event = field(default_factory=anyio.Event)
 
     @property
     def usable(self) -> bool:
@@ -197,6 +223,128 @@ class _Live:
         if not self.stop.is_set():
             self.reason = reason
             self.stop.set()
+
+
+@dataclass(eq=False)
+class _Inflight:
+    """One call of a server's tool in flight: who made it, its deadline, its progress."""
+
+    scope: Any  # the ``CallScope`` of the approved call, or None outside a governed call
+    tool: str
+    timeout: float
+    deadline: anyio.CancelScope | None = None
+    last: dict[str, Any] | None = None
+    journaled_at: float = -math.inf
+    unjournaled: bool = False
+    holds: int = 0
+
+    def hold(self) -> None:
+        """No deadline while a person answers or a long-running task works."""
+        self.holds += 1
+        if self.deadline is not None:
+            self.deadline.deadline = math.inf
+
+    def release(self) -> None:
+        self.holds -= 1
+        if self.holds == 0 and self.deadline is not None:
+            self.deadline.deadline = anyio.current_time() + self.timeout
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.hold()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def on_progress(self, source: "McpSource") -> Callable[..., Any]:
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            self.report(source, progress=value, total=total, message=message)
+        return progress
+
+    def report(self, source: "McpSource", **what: Any) -> None:
+        """Shown at once on the task (its JSON and its events); journaled at most once a second."""
+        if self.scope is None:
+            return
+        from apollia_nb.runtime.governed import _run_of
+
+        self.last = {"call_id": self.scope.call_id, "tool": self.tool,
+                     **{k: v for k, v in what.items() if v is not None}}
+        run, _ = _run_of(self.scope.rt, self.scope.run_id)
+        if run is not None:
+            run.r["progress"] = self.last
+            self.scope.rt._notify(run)
+        now = time.monotonic()
+        if now - self.journaled_at >= PROGRESS_JOURNAL_SECS:
+            self._journal()
+            self.journaled_at = now
+        else:
+            self.unjournaled = True
+
+    def flush(self, source: "McpSource") -> None:
+        """The call ended: its last progress is journaled, and the task shows none."""
+        if self.scope is None or self.last is None:
+            return
+        if self.unjournaled:
+            self._journal()
+        from apollia_nb.runtime.governed import _run_of
+
+        run, _ = _run_of(self.scope.rt, self.scope.run_id)
+        if run is not None and run.r.get("progress", {}) is self.last:
+            run.r["progress"] = None
+            self.scope.rt._notify(run)
+
+    def _journal(self) -> None:
+        self.unjournaled = False
+        self.scope.rt.journal.append_soon("tool_progress", dict(self.last or {}), run_id=self.scope.run_id,
+                                          agent=self.scope.agent.name)
+
+
+def _schema(tool: Any) -> dict[str, Any]:
+    schema = dict(tool.input_schema or {})
+    schema.setdefault("type", "object")
+    if not isinstance(schema.get("properties"), Mapping):
+        schema["properties"] = {}
+    return schema
+
+
+def _task_support(tool: Any) -> str | None:
+    execution = getattr(tool, "execution", None)
+    return getattr(execution, "task_support", None) if execution is not None else None
+
+
+def _dumped(item: Any) -> dict[str, Any]:
+    from apollia_nb.runtime.tools import to_jsonable
+
+    return to_jsonable(item.model_dump(mode="json", exclude_none=True))
+
+
+def _contents(item: Any) -> dict[str, Any]:
+    """A resource's contents: its text, or a blob's text when it is UTF-8, else its size."""
+    out: dict[str, Any] = {"uri": str(item.uri), "mime_type": getattr(item, "mime_type", None)}
+    text = getattr(item, "text", None)
+    if text is not None:
+        out["text"] = text
+        return out
+    try:
+        raw = base64.b64decode(getattr(item, "blob", "") or "", validate=False)
+    except (ValueError, TypeError):
+        raw = b""
+    try:
+        out["text"] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        out["bytes"] = len(raw)
+    return out
+
+
+async def _raw_request(session: Any, method: str, params: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    """A request whose result the SDK does not model on this protocol revision (task-augmented calls)."""
+    data: dict[str, Any] = {"method": method, "params": params}
+    opts: dict[str, Any] = {}
+    session._stamp(data, opts)
+    if timeout is not None:
+        opts["timeout"] = timeout
+    return await session._dispatcher.send_raw_request(method, data.get("params"), opts)
 
 
 class McpSource:
@@ -214,6 +362,11 @@ class McpSource:
         self._listing: list[Any] | None = None
         self._tooldefs: dict[str, ToolDef] = {}
         self._closed = False
+        self._inflight: dict[str, _Inflight] = {}
+        self._log: Any = None
+        self._rooted: str | None = None  # the workspace last offered as the roots
+        #: How many times the tool list was read (once per connection, again on every ``list_changed``).
+        self.listings = 0
 
     # -- what the runtime calls ------------------------------------------------------------
 
@@ -227,7 +380,9 @@ class McpSource:
             live = await self._connection()
             self._listing = list(live.tools)
         by_name = {f"{self.name}/{t.name}": t for t in self._listing}
-        return [self._tooldef(by_name[name]) for name in wanted if name in by_name]
+        own = {f"{self.name}/{n}": n for n in SERVER_TOOLS}
+        return [self._tooldef(by_name[name]) if name in by_name else self._server_tooldef(own[name])
+                for name in wanted if name in by_name or name in own]
 
     async def aclose(self) -> None:
         """Stop the server (or close the HTTP session); wait for it to be gone."""
@@ -247,13 +402,11 @@ class McpSource:
         cached = self._tooldefs.get(name)
         if cached is not None:
             return cached
-        schema = dict(tool.input_schema or {})
-        schema.setdefault("type", "object")
-        if not isinstance(schema.get("properties"), Mapping):
-            schema["properties"] = {}
+        schema = _schema(tool)
+        long_running = _task_support(tool) in ("required", "optional")
 
         async def call(**arguments: Any) -> Any:
-            return await self._call(tool.name, arguments)
+            return await self._call(tool.name, arguments, as_task=long_running)
 
         call.__name__ = tool.name.replace("-", "_").replace(".", "_")
         tooldef = ToolDef(
@@ -262,15 +415,94 @@ class McpSource:
             fn=call,
             parameters=schema,
             description=tool.description or "",
-            # A backstop: the call bounds starting the server and waiting for the answer itself.
-            timeout_secs=self.config.start_timeout_secs + self.config.timeout_secs + 5,
+            # A backstop: the call bounds starting the server, the answer, a person's answer, a task itself.
+            timeout_secs=_BACKSTOP_SECS,
             connection=self.server,
-            annotations=tool_hints(tool),
+            annotations=dict(tool_hints(tool) or {}),  # updated in place when the server's list changes
         )
         self._tooldefs[name] = tooldef
         return tooldef
 
-    async def _call(self, tool: str, arguments: dict[str, Any]) -> Any:
+    def _server_tooldef(self, what: str) -> "ToolDef":
+        """``mcp:<server>/resources/list|read``, ``prompts/list|get``: the host reads what the server offers."""
+        from apollia_nb.runtime.tools import ToolDef
+
+        name = f"{self.name}/{what}"
+        cached = self._tooldefs.get(name)
+        if cached is not None:
+            return cached
+        cursor = {"cursor": {"type": "string", "description": "the next page's cursor from the last answer"}}
+        shapes: dict[str, tuple[dict[str, Any], list[str], str]] = {
+            "resources/list": (cursor, [], "List the resources this server offers (URI, name, MIME type)."),
+            "resources/read": ({"uri": {"type": "string", "description": "the resource's URI (as listed, or "
+                                        "a resource link a tool returned)"}}, ["uri"],
+                               "Read one of this server's resources by URI."),
+            "prompts/list": (cursor, [], "List the prompts this server offers."),
+            "prompts/get": ({"name": {"type": "string"}, "arguments": {"type": "object"}}, ["name"],
+                            "Get one of this server's prompts, filled in with its arguments."),
+        }
+        properties, required, description = shapes[what]
+
+        async def call(**arguments: Any) -> Any:
+            return await self._server_request(what, arguments)
+
+        call.__name__ = what.replace("/", "_")
+        tooldef = ToolDef(
+            name=name, family=self.config.families.get(what), fn=call,
+            parameters={"type": "object", "properties": properties, "required": required,
+                        "additionalProperties": False},
+            description=description, timeout_secs=_BACKSTOP_SECS, connection=self.server,
+            annotations={},  # the host's own request: no server said anything about it
+        )
+        self._tooldefs[name] = tooldef
+        return tooldef
+
+    async def _server_request(self, what: str, arguments: dict[str, Any]) -> Any:
+        from apollia_nb.runtime.tools import to_jsonable
+
+        async def ask(client: Any) -> Any:
+            if what == "resources/list":
+                page = await client.list_resources(cursor=arguments.get("cursor"), cache_mode="bypass")
+                return {"resources": [_dumped(r) for r in page.resources], "next_cursor": page.next_cursor}
+            if what == "resources/read":
+                result = await client.read_resource(str(arguments["uri"]), cache_mode="bypass")
+                return [_contents(c) for c in result.contents]
+            if what == "prompts/list":
+                page = await client.list_prompts(cursor=arguments.get("cursor"), cache_mode="bypass")
+                return {"prompts": [_dumped(p) for p in page.prompts], "next_cursor": page.next_cursor}
+            args = {str(k): str(v) for k, v in (arguments.get("arguments") or {}).items()}
+            result = await client.get_prompt(str(arguments["name"]), args)
+            return {"description": result.description,
+                    "messages": [{"role": m.role, "content": _block(m.content)} for m in result.messages]}
+
+        return to_jsonable(await self._guarded(what, ask))
+
+    async def _call(self, tool: str, arguments: dict[str, Any], *, as_task: bool = False) -> Any:
+        """One call of the server's tool: watched for progress, questions and model calls from the server."""
+        from apollia_nb.runtime.governed import current_call
+
+        scope = current_call.get()
+        inflight = _Inflight(scope=scope, tool=f"{self.name}/{tool}", timeout=self.config.timeout_secs)
+        key = scope.call_id if scope is not None else f"anon-{id(inflight)}"
+        self._inflight[key] = inflight
+        try:
+            async def ask(client: Any) -> Any:
+                await self._offer_roots(client, scope)
+                if as_task:
+                    return await self._call_as_task(client, tool, arguments, inflight)
+                return await client.call_tool(tool, arguments, read_timeout_seconds=_BACKSTOP_SECS,
+                                              progress_callback=inflight.on_progress(self))
+
+            result = await self._guarded(tool, ask, inflight)
+        finally:
+            self._inflight.pop(key, None)
+            inflight.flush(self)
+        if result.is_error:
+            raise PermanentToolError(f"{self.name}/{tool}: {_error_text(result)}")
+        return tool_output(result)
+
+    async def _guarded(self, tool: str, ask: Callable[[Any], Any], inflight: "_Inflight | None" = None) -> Any:
+        """Run one request on the connection; its failures as the project's errors (see the module)."""
         from mcp import MCPError
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
         from pydantic import ValidationError
@@ -280,8 +512,14 @@ class McpSource:
         timeout = self.config.timeout_secs
         late = f"{tool} did not answer within {timeout:g} s"
         again = "the server is restarted on next use"
+        deadline = anyio.CancelScope(deadline=anyio.current_time() + timeout)
+        if inflight is not None:
+            inflight.deadline = deadline
         try:
-            result = await live.client.call_tool(tool, arguments, read_timeout_seconds=timeout)
+            with deadline:
+                result = await ask(live.client)
+            if deadline.cancelled_caught:
+                raise TimeoutError
         except MCPError as exc:
             if exc.code == REQUEST_TIMEOUT:
                 live.drop(late)
@@ -297,12 +535,231 @@ class McpSource:
         except TimeoutError:
             live.drop(late)
             raise ToolTimeout(f"{self.name}/{late}; {again}") from None
+        except ApolliaError:
+            raise
         except Exception as exc:  # the transport failed under the call
             live.drop(f"the transport failed during a call of {tool}: {_describe(exc)}")
             raise TransientToolError(f"{label}: {_describe(exc)}; {again}") from None
-        if result.is_error:
-            raise PermanentToolError(f"{label}: {_error_text(result)}")
-        return tool_output(result)
+        return result
+
+    async def _call_as_task(self, client: Any, tool: str, arguments: dict[str, Any], inflight: "_Inflight") -> Any:
+        """A task-augmented call: created, polled until it ends (no deadline while it works), its result
+        fetched; cancelled on the server when the call is cancelled (the run was)."""
+        from mcp_types import CallToolResult, CreateTaskResult, GetTaskResult
+
+        session = client.session
+        timeout = self.config.timeout_secs
+        raw = await _raw_request(session, "tools/call", {"name": tool, "arguments": arguments,
+                                                         "task": {"ttl": _TASK_TTL_MS}}, timeout)
+        if "task" not in raw:  # the server ran it at once
+            return CallToolResult.model_validate(raw, by_name=False)
+        task = CreateTaskResult.model_validate(raw, by_name=False).task
+        inflight.hold()  # a long-running call: each request is bounded, the wait is not
+        try:
+            status = task
+            while status.status in ("working",):
+                inflight.report(self, status=status.status, message=status.status_message)
+                poll = (status.poll_interval or 1000) / 1000
+                await anyio.sleep(min(max(poll, _POLL_MIN), _POLL_MAX))
+                got = await _raw_request(session, "tasks/get", {"taskId": task.task_id}, timeout)
+                status = GetTaskResult.model_validate(got, by_name=False)
+            inflight.report(self, status=status.status, message=status.status_message)
+            if status.status in ("failed", "cancelled"):
+                raise PermanentToolError(f"{self.name}/{tool}: the task {status.status}"
+                                         + (f": {status.status_message}" if status.status_message else ""))
+            # completed, or input_required: the result request carries the server's questions, then the result.
+            payload = await _raw_request(session, "tasks/result", {"taskId": task.task_id}, None)
+            return CallToolResult.model_validate(payload, by_name=False)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                try:
+                    await _raw_request(session, "tasks/cancel", {"taskId": task.task_id}, 5)
+                    inflight.report(self, status="cancelled", message="cancelled with its run")
+                except Exception:
+                    pass
+            raise
+
+    # -- what the server asks of the host ----------------------------------------------------
+
+    def _owner(self) -> "_Inflight | None":
+        """The call a server's request belongs to: the caller's (a request carried in its result), else
+        the only call in flight on this connection. None when it cannot be told: the request is refused."""
+        from apollia_nb.runtime.governed import current_call
+
+        scope = current_call.get()
+        if scope is not None and scope.call_id in self._inflight:
+            return self._inflight[scope.call_id]
+        owned = [i for i in self._inflight.values() if i.scope is not None]
+        return owned[0] if len(owned) == 1 else None
+
+    async def _on_elicit(self, context: Any, params: Any) -> Any:
+        import mcp_types as t
+        from apollia_nb.governance.decision import Answer, Decision, Outcome
+        from apollia_nb.runtime.governed import governed_request
+
+        owner = self._owner()
+        if owner is None or owner.scope is None:
+            self._log_line("refused a question that no single call of this connection asked")
+            return t.ElicitResult(action="decline")
+        shown = params.model_dump(by_alias=True, exclude_none=True, mode="json")
+        arguments: dict[str, Any] = {"mode": shown.get("mode", "form"), "message": shown.get("message", "")}
+        for key in ("requestedSchema", "url", "elicitationId"):
+            if key in shown:
+                arguments[key] = shown[key]
+        asked = Decision(Outcome.ASK, 0, (Answer.ONCE, Answer.REFUSE),
+                         reason=f"{self.name} asks the person, during {owner.tool}: {arguments['message']}")
+        with owner.held():
+            call_id, _, card = await governed_request(
+                self._rt, owner.scope, tool=f"{self.name}/{ELICITATION}", family=None, arguments=arguments,
+                connection=self.server, decided=asked, timeout_secs=self.config.input_timeout_secs)
+        assert card is not None
+        action = elicitation_action(card.answer_value, card.answered_by)
+        content = card.values if action == "accept" else None
+        self._journal_result(owner, call_id, f"{self.name}/{ELICITATION}",
+                             {"action": action, **({"content": redact_form_values(arguments, content)}
+                                                   if content is not None else {})})
+        return t.ElicitResult(action=action, content=content)
+
+    async def _on_sample(self, context: Any, params: Any) -> Any:
+        import mcp_types as t
+        from apollia_nb.governance.decision import Outcome
+        from apollia_nb.runtime.governed import _run_of, governed_request
+        from apollia_nb.runtime.models.base import Message
+
+        owner = self._owner()
+        tool = f"{self.name}/{SAMPLING}"
+        if owner is None or owner.scope is None:
+            self._log_line("refused a model call that no single call of this connection asked for")
+            return t.ErrorData(code=-1, message="the host cannot tell which call asks for this model call")
+        scope = owner.scope
+        arguments = sampling_arguments(params.model_dump(by_alias=True, exclude_none=True, mode="json"))
+        with owner.held():
+            call_id, decision, _ = await governed_request(
+                self._rt, scope, tool=tool, family=self.config.families.get(SAMPLING), arguments=arguments,
+                connection=self.server, timeout_secs=self.config.input_timeout_secs)
+        if decision.outcome is Outcome.REFUSE:
+            self._journal_result(owner, call_id, tool, None, status="refused", error_code="REFUSED")
+            return t.ErrorData(code=-1, message=f"the user refused the model call: {decision.reason}")
+        from apollia_nb.runtime.governed import _commit
+
+        await _commit(self._rt, scope.run_id, scope.agent, [("tool_call", {"call_id": call_id, "tool": tool,
+                                                                            "arguments": arguments})])
+        run, _ = _run_of(self._rt, scope.run_id)
+        messages = [Message(role="system", content=arguments["systemPrompt"])] if arguments.get("systemPrompt") else []
+        messages += [Message(role="assistant" if m["role"] == "assistant" else "user", content=m["text"])
+                     for m in arguments["messages"]]
+        try:
+            if run is not None:
+                run._spend()  # counted against the run's budget like any model turn
+            model = run.model if run is not None else scope.agent.model
+            response = await model.complete("actor", messages)
+        except ApolliaError as exc:
+            self._journal_result(owner, call_id, tool, {"message": exc.message}, status="error", error_code=exc.code)
+            return t.ErrorData(code=-1, message=exc.message)
+        model_name = str(getattr(model, "name", None) or getattr(scope.agent.manifest, "model_name", None)
+                         or "apollia-nb")
+        self._journal_result(owner, call_id, tool, {"text": response.text, "model": model_name})
+        return t.CreateMessageResult(role="assistant", content=t.TextContent(type="text", text=response.text),
+                                     model=model_name, stop_reason="endTurn")
+
+    async def _on_roots(self, context: Any) -> Any:
+        """Only the workspace of the agent whose call is in flight; none when no single call is."""
+        import mcp_types as t
+
+        owner = self._owner()
+        if owner is None or owner.scope is None:
+            return t.ListRootsResult(roots=[])
+        workspace = Path(owner.scope.agent.workspace)
+        return t.ListRootsResult(roots=[t.Root(uri=workspace.resolve().as_uri(), name="workspace")])
+
+    async def _offer_roots(self, client: Any, scope: Any) -> None:
+        """Before a call of another workspace's agent, tell a handshake-era server its roots changed,
+        so it asks again while that call is in flight (and hears that agent's workspace)."""
+        import warnings
+
+        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+        if not self.config.roots or scope is None or client.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            return
+        workspace = str(Path(scope.agent.workspace).resolve())
+        if self._rooted == workspace:
+            return
+        self._rooted = workspace
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated by the stateless revision only
+            await client.send_roots_list_changed()
+
+    async def _on_log(self, params: Any) -> None:
+        data = params.data if isinstance(params.data, str) else repr(params.data)
+        self._log_line(f"[{params.level}]{' ' + params.logger if params.logger else ''} {data}")
+
+    def _log_line(self, text: str) -> None:
+        errlog = self._log
+        if errlog is not None:
+            _note(errlog, text)
+
+    def _journal_result(self, owner: "_Inflight", call_id: str, tool: str, output: Any, *, status: str = "ok",
+                        error_code: str | None = None) -> None:
+        from apollia_nb.runtime.governed import NULL_DIGEST, _capped
+
+        assert owner.scope is not None
+        shown, digest, _ = _capped(output) if output is not None else (None, NULL_DIGEST, False)
+        payload = {"call_id": call_id, "tool": tool, "status": status, "output": shown, "output_digest": digest,
+                   **({"error_code": error_code} if error_code else {})}
+        self._rt.journal.append_soon("tool_result", payload, run_id=owner.scope.run_id, agent=owner.scope.agent.name)
+
+    async def _on_message(self, live: _Live, message: Any) -> None:
+        if getattr(message, "method", None) == "notifications/tools/list_changed":
+            live.changed.set()  # also while the first listing is under way: read again once it is done
+
+    async def _listener(self, live: _Live) -> None:
+        """On the stateless revision (2026-07-28) change notifications come on a ``subscriptions/listen``
+        stream; earlier revisions send ``notifications/tools/list_changed`` on the connection itself."""
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        client = live.client
+        tools_cap = getattr(client.server_capabilities, "tools", None)
+        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS or not getattr(tools_cap, "list_changed", False):
+            return
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                async for _ in subscription:
+                    live.changed.set()
+        except Exception as exc:
+            self._log_line(f"list changes are not followed: {_describe(exc)}")
+
+    async def _refresher(self, live: _Live) -> None:
+        """Read the tool list again whenever the server says it changed."""
+        while True:
+            await live.changed.wait()
+            live.changed = anyio.Event()
+            try:
+                with anyio.fail_after(self.config.timeout_secs):
+                    tools = await _list_tools(live.client)
+            except Exception as exc:
+                self._log_line(f"the tool list changed but could not be read: {_describe(exc)}")
+                continue
+            self._apply_listing(live, tools)
+
+    def _apply_listing(self, live: _Live, tools: list[Any]) -> None:
+        """A new listing: new tools are offered to agents registered from now on (unclassified until the
+        configuration names them); a known tool's schema and hints are updated on its ToolDef, and its
+        next card says it changed."""
+        self.listings += 1
+        live.tools = list(tools)
+        self._listing = list(tools)
+        for tool in tools:
+            tooldef = self._tooldefs.get(f"{self.name}/{tool.name}")
+            if tooldef is None:
+                continue
+            hints, schema = dict(tool_hints(tool) or {}), _schema(tool)
+            if hints != {k: v for k, v in tooldef.annotations.items() if k != "changed"} \
+                    or schema != tooldef.parameters:
+                tooldef.annotations.clear()
+                tooldef.annotations.update(hints, changed=True)
+                tooldef.parameters.clear()
+                tooldef.parameters.update(schema)
+                self._log_line(f"{tool.name}: its schema or annotations changed")
 
     def _log_hint(self) -> str:
         return f" (see {self.log_path})" if self.config.transport == "stdio" else ""
@@ -323,6 +780,11 @@ class McpSource:
             check_connection_allowed(self._rt, self.server)
             live = _Live()
             timeout = self.config.start_timeout_secs
+            from apollia_nb.runtime.governed import current_call
+
+            # The connection's tasks must not inherit the call that happens to start it: a server's
+            # request is tied to a call only through the call's own task (see ``_owner``).
+            unowned = current_call.set(None)
             try:
                 with anyio.fail_after(timeout):
                     await self._rt.start_owned(functools.partial(self._serve, live))
@@ -334,6 +796,8 @@ class McpSource:
             except Exception as exc:
                 raise TransientToolError(f"{self.name}: the server could not be {self._verb()}: "
                                          f"{_describe(exc)}{self._log_hint()}") from None
+            finally:
+                current_call.reset(unowned)
             self._live = live
             return live
 
@@ -346,8 +810,8 @@ class McpSource:
             from mcp import Client
             from mcp_types import Implementation
 
+            errlog = self._log = self._open_log()
             if self.config.transport == "stdio":
-                errlog = self._open_log()
                 transport = self._stdio_transport(errlog)
             else:
                 transport = self._http_transport()
@@ -356,13 +820,26 @@ class McpSource:
                 cache=None,
                 client_info=Implementation(name="apollia-nb", version=_version()),
                 read_timeout_seconds=self.config.timeout_secs,
+                elicitation_callback=self._on_elicit,
+                sampling_callback=self._on_sample,
+                list_roots_callback=self._on_roots if self.config.roots else None,
+                logging_callback=self._on_log,
+                log_level="info",
+                message_handler=functools.partial(self._on_message, live),
             )
             async with client:
                 live.tools = await _list_tools(client)
+                self.listings += 1
+                self._rooted = None  # a new connection has heard no roots yet
                 live.client = client
+                _note(errlog, f"connected: protocol {client.protocol_version}")
                 task_status.started()
                 started = True
-                await live.stop.wait()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._refresher, live)
+                    tg.start_soon(self._listener, live)
+                    await live.stop.wait()
+                    tg.cancel_scope.cancel()
             if errlog is not None:
                 _note(errlog, f"stopped: {live.reason or 'done'}")
         except Exception as exc:
@@ -380,7 +857,7 @@ class McpSource:
     def _open_log(self) -> Any:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         errlog = open(self.log_path, "a", encoding="utf-8", buffering=1)
-        shown = " ".join([self.config.command or "", *self.config.args])
+        shown = " ".join([self.config.command or "", *self.config.args]) or (self.config.url or "")
         _note(errlog, f"starting {shown}")
         return errlog
 

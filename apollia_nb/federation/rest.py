@@ -18,10 +18,21 @@ Families: ``GET``, ``HEAD``, ``OPTIONS`` → ``read``; every other method →
 ``::1``), ``send`` otherwise; ``families = { operationId = "..." }``
 overrides per operation.
 
+Paths: every path key of the document must be a path under the base URL (a
+single leading ``/``, no ``.``/``..`` segments, no query or fragment), or the
+document is refused when loaded. A path parameter is one segment: it is
+percent-encoded (``/`` too), and a value that is empty or reads as ``.`` or
+``..`` (also once or twice percent-decoded: ``%2e``, ``%252e%252e``) is
+``BAD_ARGUMENT``. Before sending, the final URL's origin, path prefix and
+number of segments are checked against the operation; a request that would
+go anywhere else is not sent.
+
 Calls: the token of ``token_env`` is read from the environment at each call
 and sent as ``Authorization: Bearer``; it is never an argument, so it never
-reaches the journal. Redirects are not followed. A 2xx response's JSON body
-is the output (text when it is not JSON; ``None`` when empty). 429 and 5xx,
+reaches the journal. Redirects are not followed. The body is streamed and at
+most ``BODY_CAP`` bytes are read (the rest never is); a 2xx response's JSON
+body is the output (text when it is not JSON; ``None`` when empty; a body
+over the cap is ``{"truncated": true, "bytes_read", "text"}``). 429 and 5xx,
 timeouts and connection failures are transient (counted by the tool's
 breaker); any other status is permanent with the status and the start of
 the host's answer.
@@ -38,11 +49,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import anyio
 
-from apollia_nb.errors import BadInput, PermanentToolError, ToolTimeout, TransientToolError
+from apollia_nb.errors import BadArgument, BadInput, PermanentToolError, ToolTimeout, TransientToolError
 from apollia_nb.federation.config import HostConfig
 from apollia_nb.federation.sources import check_connection_allowed, named_tools
 from apollia_nb.governance.decision import Family
@@ -66,6 +77,8 @@ _METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _OPERATION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]{0,150}")
 _TEXT_CAP = 65_536
+#: Bytes of a response body read at most (JSON included); the rest is never read.
+BODY_CAP = 1_048_576
 _DETAIL_CAP = 500
 _REF_DEPTH = 32
 
@@ -221,6 +234,8 @@ def operations(doc: Mapping[str, Any]) -> tuple[list[Operation], list[str]]:
     found: list[Operation] = []
     skipped: list[str] = []
     seen: set[str] = set()
+    for path in paths:
+        _check_path_key(path)
     for path, raw_item in paths.items():
         item = _resolve(doc, raw_item)
         if not isinstance(item, Mapping):
@@ -238,6 +253,21 @@ def operations(doc: Mapping[str, Any]) -> tuple[list[Operation], list[str]]:
             seen.add(result.operation_id)
             found.append(result)
     return found, skipped
+
+
+def _check_path_key(path: object) -> None:
+    """A path key is a path under the base URL: ``/`` first, no dot segments, no query or fragment.
+
+    Anything else (``@other-host/x``, ``//other-host``, ``/a/../b``) would let the document choose
+    another host or path than the one the operation names: the document is refused.
+    """
+    text = str(path)
+    literal = re.sub(r"\{[^{}/]*\}", "p", text)
+    segments = literal.split("/")[1:]
+    if (not text.startswith("/") or text.startswith("//") or any(c in literal for c in "?#\\%{}")
+            or any(seg in (".", "..") for seg in segments)):
+        raise BadInput(f"the path {text!r} is not a path under the base URL (it must start with a single /, "
+                       "with no . or .. segments, query or fragment)")
 
 
 def default_base_url(doc: Mapping[str, Any]) -> str | None:
@@ -287,6 +317,36 @@ def _text_value(value: Any) -> str:
     return str(value)
 
 
+def _path_segment(op: Operation, name: str, text: str) -> str:
+    """One path parameter as one segment; a value that would be read as ``.``, ``..`` or no
+    segment at all (also once or twice percent-decoded) is ``BAD_ARGUMENT``."""
+    decoded = {text, unquote(text), unquote(unquote(text))}
+    if decoded & {"", ".", ".."}:
+        raise BadArgument(f"{op.operation_id}: the path parameter {name!r} cannot be {text!r}: "
+                          "it would leave the operation's path")
+    return quote(text, safe="")
+
+
+def expected_prefix(op: Operation, base_url: str) -> str:
+    """The path every request of the operation starts with: the base path and the template up to its
+    first parameter."""
+    return urlsplit(base_url.rstrip("/") + op.path.split("{", 1)[0]).path
+
+
+def check_target(op: Operation, base_url: str, url: Any) -> None:
+    """Refuse to send a request whose final URL left the operation (origin, path prefix, segments)."""
+    base = urlsplit(base_url)
+    final = urlsplit(str(url))
+    path = final.path
+    same = (final.scheme, final.hostname, final.port) == (base.scheme, base.hostname, base.port)
+    segments = path.split("/")
+    if (not same or not path.startswith(expected_prefix(op, base_url))
+            or len(segments) != len(urlsplit(base_url.rstrip("/") + op.path).path.split("/"))
+            or any(unquote(seg) in (".", "..") for seg in segments)):
+        raise BadArgument(f"{op.operation_id}: the request would go to {final.scheme}://{final.netloc}{path}, "
+                          "outside the operation's path: not sent")
+
+
 def build_request(op: Operation, base_url: str, arguments: Mapping[str, Any]) -> Request:
     """The HTTP request for one call (no credentials: those are added at the edge)."""
     path = op.path
@@ -297,7 +357,7 @@ def build_request(op: Operation, base_url: str, arguments: Mapping[str, Any]) ->
             continue
         value = arguments[p.name]
         if p.location == "path":
-            path = path.replace("{" + p.name + "}", quote(_text_value(value), safe=""))
+            path = path.replace("{" + p.name + "}", _path_segment(op, p.name, _text_value(value)))
         elif p.location == "query":
             params[p.name] = [_text_value(v) for v in value] if isinstance(value, list) else _text_value(value)
         else:
@@ -453,20 +513,27 @@ class RestSource:
             if not token:
                 raise PermanentToolError(f"{label}: the environment variable {self.config.token_env} is not set")
             headers["Authorization"] = f"Bearer {token}"
+        client = self._http()
+        outgoing = client.build_request(
+            request.method, request.url, params=request.params, headers=headers,
+            json=request.json if request.has_body else None,
+            timeout=self.config.timeout_secs,
+        )
+        check_target(op, self._base_url, outgoing.url)
         try:
-            response = await self._http().request(
-                request.method, request.url, params=request.params, headers=headers,
-                json=request.json if request.has_body else None,
-                timeout=self.config.timeout_secs,
-            )
+            response = await client.send(outgoing, stream=True)
+            try:
+                body, whole = await _read_capped(response, BODY_CAP)
+            finally:
+                await response.aclose()
         except httpx.TimeoutException:
             raise ToolTimeout(f"{label}: no answer within {self.config.timeout_secs:g} s") from None
         except httpx.HTTPError as exc:
             raise TransientToolError(f"{label}: {type(exc).__name__}: {exc or 'connection failed'}") from None
         status = response.status_code
         if 200 <= status < 300:
-            return _response_output(response)
-        detail = _detail(response)
+            return _response_output(response, body, whole)
+        detail = _detail(response, body)
         message = f"{label}: HTTP {status}" + (f": {detail}" if detail else "")
         if status == 429 or status >= 500:
             raise TransientToolError(message)
@@ -487,21 +554,38 @@ def _same_origin(a: str, b: str) -> bool:
     return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
 
 
-def _response_output(response: Any) -> Any:
-    if not response.content:
+async def _read_capped(response: Any, cap: int) -> tuple[bytes, bool]:
+    """At most ``cap`` bytes of the body, and whether that was all of it (the rest is never read)."""
+    kept = bytearray()
+    async for chunk in response.aiter_bytes():
+        kept += chunk
+        if len(kept) > cap:
+            return bytes(kept[:cap]), False
+    return bytes(kept), True
+
+
+def _text(response: Any, body: bytes) -> str:
+    return body.decode(response.encoding or "utf-8", errors="replace")
+
+
+def _response_output(response: Any, body: bytes, whole: bool) -> Any:
+    if not body:
         return None
     content_type = response.headers.get("content-type", "")
-    if "json" in content_type:
+    if "json" in content_type and whole:
         try:
-            return response.json()
+            return json.loads(body)
         except ValueError:
             pass
-    text = response.text
+    text = _text(response, body)
+    if not whole:
+        return {"truncated": True, "bytes_read": len(body),
+                "text": text[:_TEXT_CAP] + f"\n… [truncated: the body is larger than {BODY_CAP} bytes]"}
     if len(text) > _TEXT_CAP:
         return text[:_TEXT_CAP] + f"\n… [truncated: {len(text)} characters in all]"
     return text
 
 
-def _detail(response: Any) -> str:
-    text = response.text.strip()
+def _detail(response: Any, body: bytes) -> str:
+    text = _text(response, body).strip()
     return text if len(text) <= _DETAIL_CAP else text[:_DETAIL_CAP] + "…"

@@ -115,6 +115,8 @@ class DecisionPayload(TypedDict):
     reason: str
     connection: NotRequired[str | None]
     path: NotRequired[str]  # a file tool's path as resolved, relative to the workspace
+    hints: NotRequired[dict[str, Any]]  # the tool's MCP annotations, as shown; never decided on
+    caused_by: NotRequired[str]  # a server's request during a call: that call's id
 
 
 class AnswerPayload(TypedDict):
@@ -124,6 +126,7 @@ class AnswerPayload(TypedDict):
     answer: Literal["once", "always", "refuse"]
     answered_by: str
     reason: NotRequired[str]
+    values: NotRequired[dict[str, Any]]  # a server's question answered once (sensitive fields redacted)
 
 
 class ToolCallPayload(TypedDict):
@@ -190,6 +193,7 @@ KINDS: frozenset[str] = frozenset(
         "session_status",
         "plan",
         "verdict",
+        "tool_progress",
     }
 )
 

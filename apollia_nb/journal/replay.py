@@ -26,6 +26,13 @@ the decided arguments. An output cut in the journal (``{"truncated": true,
 ...}``) carries the digest of the whole, which cannot be recomputed from the
 cut; it is not checked.
 
+A server's request made during a call (an MCP server's question or model call:
+its ``decision`` carries ``caused_by``, the call it came from) is stepped through
+on its own — decision, answer, start, output, each once and in that order — and
+must come while the call that caused it has started and has no output yet
+(``order`` otherwise); its output's digest is checked like any. ``tool_progress``
+entries carry nothing a call is checked against.
+
 Pure: takes entries, returns a value. The journal's own verification (chain,
 signatures, checkpoints) is separate — replay assumes nothing about it.
 """
@@ -42,7 +49,10 @@ __all__ = ["Divergence", "ReplayResult", "replay_entries", "DIVERGENCE_KINDS"]
 DIVERGENCE_KINDS = ("missing_output", "extra_output", "arguments_mismatch", "order", "output_digest")
 
 #: Kinds that carry nothing a call is checked against.
-_CONTEXT_KINDS = frozenset({"run_open", "run_seal", "task_status", "session_status", "plan", "verdict"})
+_CONTEXT_KINDS = frozenset({"run_open", "run_seal", "task_status", "session_status", "plan", "verdict",
+                            "tool_progress"})
+#: A server's request during a call: its entries in the order they must come.
+_REQUEST_STAGES = ("decision", "answer", "tool_call", "tool_result")
 
 
 @dataclass(frozen=True)
@@ -135,12 +145,18 @@ def replay_entries(run_id: str, entries: list[Any]) -> ReplayResult:
 
     state = _State(handled=frozenset(
         _payload(e).get("call_id") for e in entries if e.kind in ("decision", "tool_call", "tool_result")))
+    causes = {p["call_id"]: p["caused_by"] for p in (_payload(e) for e in entries if e.kind == "decision")
+              if p.get("caused_by") is not None}
+    stages: dict[str, int] = {}
     responses = 0
     for entry in entries:
         kind = entry.kind
         if kind in _CONTEXT_KINDS:
             continue
         p = _payload(entry)
+        if p.get("call_id") in causes:
+            _request(state, entry.seq, kind, p, causes[p["call_id"]], stages)
+            continue
         if kind == "model_response":
             responses += 1
             _response(state, entry.seq, p)
@@ -261,6 +277,24 @@ def _result(state: _State, seq: int, call_id: Any, call: _Call | None, p: dict[s
     truncated = isinstance(output, dict) and output.get("truncated") is True
     if "output_digest" in p and not truncated and _digest(output) != p["output_digest"]:
         state.add(seq, "output_digest", call_id, p["output_digest"], _digest(output))
+
+
+def _request(state: _State, seq: int, kind: str, p: dict[str, Any], cause: str, stages: dict[str, int]) -> None:
+    """One entry of a server's request made during the call ``cause``."""
+    call_id = p["call_id"]
+    stage = _REQUEST_STAGES.index(kind) if kind in _REQUEST_STAGES else -1
+    if stage <= stages.get(call_id, -1):
+        state.add(seq, "order", call_id, f"after its {_REQUEST_STAGES[stages.get(call_id, 0)]}", kind)
+        return
+    stages[call_id] = stage
+    causing = state.requested.get(cause)
+    if causing is None or not causing.started or causing.result:
+        state.add(seq, "order", call_id, f"during the call {cause}", f"a {kind} outside it")
+    if kind == "tool_result":
+        output = p.get("output")
+        truncated = isinstance(output, dict) and output.get("truncated") is True
+        if "output_digest" in p and not truncated and _digest(output) != p["output_digest"]:
+            state.add(seq, "output_digest", call_id, p["output_digest"], _digest(output))
 
 
 def _check_order(state: _State, seq: int, call: _Call) -> None:

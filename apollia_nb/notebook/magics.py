@@ -224,7 +224,13 @@ class ApolliaMagics(Magics):
         from apollia_nb.notebook.handles import AgentInfo
         from apollia_nb.runtime.manifest import parse_manifest
 
-        _parser("%%apollia agent").parse_args(args)
+        parser = _parser("%%apollia agent")
+        keep = parser.add_mutually_exclusive_group()
+        keep.add_argument("--keep-consents", dest="keep_consents", action="store_true", default=None,
+                          help="declared again with other tools, workspace or model: keep its standing consents")
+        keep.add_argument("--drop-consents", dest="keep_consents", action="store_false",
+                          help="declared again with other tools, workspace or model: revoke its standing consents")
+        ns = parser.parse_args(args)
         manifest = parse_manifest(self._cell("agent", cell), source="<cell>")
         runtime = self._rt()
         rt = runtime.rt
@@ -237,7 +243,8 @@ class ApolliaMagics(Magics):
                     raise Conflict(f"agent {manifest.name!r} has {len(existing.inflight)} task(s) in flight; "
                                    f"stop it first (`%apollia stop {manifest.name}`)")
                 await rt.stop_agent(manifest.name)
-            agent = await rt.register_agent(manifest)  # the notebook_* built-ins come from the runtime
+            # the notebook_* built-ins come from the runtime
+            agent = await rt.register_agent(manifest, keep_consents=ns.keep_consents)
             return agent.to_dict()
 
         return AgentInfo(runtime.block(declare))

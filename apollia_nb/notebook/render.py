@@ -170,6 +170,8 @@ def card_text(snap: Mapping[str, Any], *, now: float | None = None, timeout: flo
         lines.append(f"  resolves to {snap['path']} (in the workspace)")
     if snap.get("hints"):
         lines.append(f"  hints (not trusted): {_json(snap['hints'])}")
+    if _is_question(snap) and not snap.get("answer"):
+        lines.append(f"  {_QUESTION_HELP}")
     lines.append(f"  {card_state_text(snap)}")
     if not snap.get("answer") and snap.get("session_id") and now is not None and timeout is not None:
         lines.append(f"  {countdown_text(snap['created_at'], now, timeout)}")
@@ -204,7 +206,20 @@ def card_reason_html(snap: Mapping[str, Any]) -> str:
     if snap.get("hints"):
         out += (f"<div style='color:#57606a'>MCP hints (shown, not trusted): "
                 f"<code>{_e(_json(snap['hints']))}</code></div>")
+    if _is_question(snap) and not snap.get("answer"):
+        out += f"<div>{_e(_QUESTION_HELP)}</div>"
     return out
+
+
+#: What a card of a server's question (elicitation) says about answering it.
+_QUESTION_HELP = ("A question from the server: answer once with the form's values from code, "
+                  "card.answer(\"once\", values={...}), or refuse to decline.")
+
+
+def _is_question(snap: Mapping[str, Any]) -> bool:
+    tool = str(snap.get("tool") or "")
+    return tool.startswith("mcp:") and tool.endswith("/elicitation/create") and \
+        (snap.get("arguments") or {}).get("mode") != "url"
 
 
 def card_html(snap: Mapping[str, Any], *, now: float | None = None, timeout: float | None = None) -> str:

@@ -11,6 +11,7 @@ and then cancels it; restart goes ``stopped → initializing``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -91,19 +92,37 @@ class Agent:
         }
 
 
+#: The package index an agent's packages come from; set it to use a mirror. Nothing else configures pip.
+PIP_INDEX_ENV = "APOLLIA_PIP_INDEX_URL"
+
+
+def pip_command(venv: Path, packages: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """The pip command line and environment for an agent's packages: options the project chooses.
+
+    ``--isolated`` and ``PIP_CONFIG_FILE=/dev/null`` with every other ``PIP_*`` variable removed:
+    no user or site configuration adds an index, a target or a log file. The index is PyPI, or
+    ``$APOLLIA_PIP_INDEX_URL``. ``--`` ends the options: every package is a requirement.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    index = os.environ.get(PIP_INDEX_ENV, "").strip() or "https://pypi.org/simple"
+    command = [sys.executable, "-m", "pip", "--isolated", "--python", str(venv / "bin" / "python"), "install",
+               "--disable-pip-version-check", "--no-input", "--quiet", "--retries", "0",
+               "--index-url", index, "--", *packages]
+    return command, env
+
+
 def install_packages(venv: Path, packages: tuple[str, ...], timeout: float = 600.0) -> str | None:
-    """Install ``packages`` into the agent's own virtual environment. None on success, else the error."""
+    """Install ``packages`` (requirement specifiers, checked by the manifest) into the agent's own
+    virtual environment. None on success, else the error."""
     if not packages:
         return None
+    command, env = pip_command(venv, packages)
     try:
         if not (venv / "bin" / "python").exists():
             subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
                            check=True, capture_output=True, text=True, timeout=timeout)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-             "--disable-pip-version-check", "--no-input", "--quiet", *packages],
-            capture_output=True, text=True, timeout=timeout,
-        )
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"installing {', '.join(packages)} failed: {exc}"
     if proc.returncode != 0:

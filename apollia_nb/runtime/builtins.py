@@ -21,6 +21,7 @@ by ``shape``/``dtypes``/``columns``) are described, never dumped.
 
 from __future__ import annotations
 
+import json
 import keyword
 import os
 import signal
@@ -51,6 +52,7 @@ __all__ = [
     "HTTP_TEXT_CAP",
     "LIST_CAP",
     "HIDDEN_NOTEBOOK_NAMES",
+    "IPYTHON_NAMES",
 ]
 
 READ_CAP_BYTES = 1_048_576
@@ -63,6 +65,9 @@ LIST_CAP = 1_000
 """``list_dir`` and ``notebook_list_variables`` list at most this many entries."""
 
 HIDDEN_NOTEBOOK_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
+"""Names IPython binds in the user namespace: never listed, read or set by an agent."""
+IPYTHON_NAMES = frozenset({"display", "get_ipython", "In", "Out", "exit", "quit"})
+"""Names an agent may not set (besides every Python builtin): what a notebook relies on."""
 
 BUILTIN_FAMILIES: dict[str, Family] = {
     "read_file": Family.READ,
@@ -235,104 +240,94 @@ async def _run_process(argv: list[str], *, cwd: Path, stdin: bytes | None, cap: 
 
 
 # --- notebook summaries -------------------------------------------------------------
+#
+# Reading a notebook variable runs no code of the notebook's: no ``repr``, ``__getattr__``,
+# property or ``__len__`` of a user class is ever called. Only exact built-in types (numbers,
+# text, bytes and lists, tuples, dicts and sets of those) and real pandas/numpy objects (shape,
+# dtypes, columns; a head only of numeric data) are read; anything else is shown by its type name.
+
+_PLAIN_TYPES = (type(None), bool, int, float, str, bytes)
+_CONTAINER_TYPES = (list, tuple, dict, set, frozenset)
+_NUMERIC_KINDS = frozenset("biuf")
+_NOT_SHOWN = "not shown: only numbers, text, bytes, containers of those and pandas/numpy objects are read"
 
 
 def _type_name(value: Any) -> str:
+    """``module.Qualname`` of the value's type, read from the type itself (no user code)."""
     kind = type(value)
-    module = kind.__module__
-    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+    module = type.__dict__["__module__"].__get__(kind)
+    qualname = type.__dict__["__qualname__"].__get__(kind)
+    return qualname if module == "builtins" else f"{module}.{qualname}"
 
 
-def _attr(value: Any, name: str) -> Any:
-    try:
-        return getattr(value, name, None)
-    except Exception:
-        return None
+def _array_kind(value: Any) -> str | None:
+    """``"frame"``, ``"series"`` or ``"array"`` for a real pandas/numpy object, else None."""
+    kind = type(value)
+    pandas, numpy = sys.modules.get("pandas"), sys.modules.get("numpy")
+    if pandas is not None and kind is getattr(pandas, "DataFrame", None):
+        return "frame"
+    if pandas is not None and kind is getattr(pandas, "Series", None):
+        return "series"
+    if numpy is not None and kind is getattr(numpy, "ndarray", None):
+        return "array"
+    return None
 
 
-def _is_array_like(value: Any) -> bool:
-    if isinstance(value, type):
-        return False
-    shape = _attr(value, "shape")
-    if not isinstance(shape, tuple):
-        return False
-    return any(_attr(value, name) is not None for name in ("columns", "dtypes", "dtype"))
-
-
-def _bounded(value: Any, items: int, chars: int, depth: int = 0) -> Any:
-    """A JSON value with long strings, lists and dicts cut, each cut saying how much was left out."""
-    if isinstance(value, str):
+def _plain(value: Any, items: int, chars: int, depth: int = 0) -> Any:
+    """A JSON value for exact built-in data, cut (saying how much was left out); other values by type name."""
+    kind = type(value)
+    if kind is str:
         return value if len(value) <= chars else f"{value[:chars]}… [{len(value)} characters]"
-    if depth > 4:
-        return to_jsonable(value) if isinstance(value, (int, float, bool, type(None))) else short_summary(value)
-    if isinstance(value, dict):
-        out = {str(k): _bounded(v, items, chars, depth + 1) for k, v in list(value.items())[:items]}
+    if kind in _PLAIN_TYPES:
+        return to_jsonable(value)
+    if kind not in _CONTAINER_TYPES or depth > 4:
+        return f"<{_type_name(value)}>"
+    if kind is dict:
+        out: dict[str, Any] = {}
+        for key, item in list(value.items())[:items]:
+            out[to_jsonable(key) if type(key) is str else f"<{_type_name(key)}>" if type(key) not in _PLAIN_TYPES
+                else str(to_jsonable(key))] = _plain(item, items, chars, depth + 1)
         if len(value) > items:
             out["…"] = f"{len(value) - items} more keys"
         return out
-    if isinstance(value, (list, tuple)):
-        out_list = [_bounded(v, items, chars, depth + 1) for v in list(value[:items])]
-        if len(value) > items:
-            out_list.append(f"… {len(value) - items} more items")
-        return out_list
-    if _is_array_like(value):
-        return short_summary(value)
-    converted = to_jsonable(value)
-    if isinstance(converted, str) and len(converted) > chars:
-        return f"{converted[:chars]}… [{len(converted)} characters]"
-    return converted
+    seq = list(value)
+    if kind in (set, frozenset) and all(type(v) in _PLAIN_TYPES for v in seq):
+        seq.sort(key=lambda v: (type(v).__name__, repr(v)))
+    out_list = [_plain(v, items, chars, depth + 1) for v in seq[:items]]
+    if len(seq) > items:
+        out_list.append(f"… {len(seq) - items} more items")
+    return out_list
 
 
-def _head(value: Any) -> Any:
-    head_fn = _attr(value, "head")
-    if callable(head_fn):
-        head = head_fn(5)
-        to_dict = _attr(head, "to_dict")
-        if callable(to_dict):
-            try:
-                return _bounded(to_dict(orient="records"), 5, 200)
-            except TypeError:
-                return _bounded(to_dict(), 5, 200)
-        return short_summary(head)
-    tolist = _attr(value, "tolist")
-    if callable(tolist):
-        return _bounded(value[:5].tolist(), 5, 200)
-    return None
+def _array_summary(value: Any, kind: str, items: int) -> dict[str, Any]:
+    summary: dict[str, Any] = {"shape": [int(n) for n in value.shape]}
+    if kind == "frame":
+        names = [to_jsonable(c) if type(c) in _PLAIN_TYPES else f"<{_type_name(c)}>" for c in list(value.columns)]
+        summary["columns"] = names[:items]
+        if len(names) > items:
+            summary["columns_total"] = len(names)
+        dtypes = list(value.dtypes.items())
+        summary["dtypes"] = {str(n): str(d) for n, d in zip(names, (d for _, d in dtypes))}
+        if all(getattr(d, "kind", "O") in _NUMERIC_KINDS for _, d in dtypes):
+            summary["head"] = _plain(value.head(5).to_dict(orient="records"), 5, 200)
+        return summary
+    summary["dtype"] = str(value.dtype)
+    if value.dtype.kind in _NUMERIC_KINDS:
+        flat = value.reshape(-1) if kind == "array" else value
+        summary["head"] = _plain(flat[:5].tolist(), 5, 200)
+    return summary
 
 
 def summarize_value(value: Any, *, items: int = 50, chars: int = 2_000) -> dict[str, Any]:
     """What an agent sees of a notebook variable: always a ``type``; small values whole,
-    long ones cut with their length, DataFrame/array-like objects described."""
+    long ones cut with their length, pandas/numpy objects described, any other object by its
+    type name only (no code of the notebook runs)."""
     summary: dict[str, Any] = {"type": _type_name(value)}
-    if _is_array_like(value):
-        shape = _attr(value, "shape")
-        summary["shape"] = [int(n) if isinstance(n, int) else str(n) for n in shape]
-        columns = _attr(value, "columns")
-        if columns is not None:
-            try:
-                names = [str(c) for c in list(columns)]
-            except Exception:
-                names = []
-            summary["columns"] = names[:items]
-            if len(names) > items:
-                summary["columns_total"] = len(names)
-        dtypes = _attr(value, "dtypes")
-        dtype = _attr(value, "dtype")
-        if dtypes is not None and callable(_attr(dtypes, "items")):
-            try:
-                summary["dtypes"] = {str(k): str(v) for k, v in list(dtypes.items())[:items]}
-            except Exception:
-                summary["dtypes"] = str(dtypes)[:chars]
-        elif dtype is not None:
-            summary["dtype"] = str(dtype)
-        try:
-            head = _head(value)
-        except Exception:
-            head = None
-        if head is not None:
-            summary["head"] = head
-        return summary
-    if isinstance(value, str):
+    kind = type(value)
+    array = _array_kind(value)
+    if array is not None:
+        return {**summary, **_array_summary(value, array, items)}
+    if kind is str:
         summary["length"] = len(value)
         if len(value) > chars:
             summary["head"] = value[:chars]
@@ -340,43 +335,81 @@ def summarize_value(value: Any, *, items: int = 50, chars: int = 2_000) -> dict[
         else:
             summary["value"] = value
         return summary
-    if isinstance(value, (dict, list, tuple, set, frozenset)):
-        seq: Any = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+    if kind is bytes:
         summary["length"] = len(value)
-        if len(value) > items:
-            cut = dict(list(seq.items())[:items]) if isinstance(seq, dict) else list(seq)[:items]
-            summary["head"] = _bounded(cut, items, 200)
+        summary["value"] = to_jsonable(value[:chars])
+        if len(value) > chars:
             summary["truncated"] = True
-        else:
-            summary["value"] = _bounded(seq if isinstance(seq, dict) else list(seq), items, 200)
         return summary
-    if value is None or isinstance(value, (bool, int, float)):
+    if kind in _CONTAINER_TYPES:
+        summary["length"] = len(value)
+        shown = _plain(value, items, 200)
+        if len(value) > items:
+            if kind is dict:
+                shown.pop("…")
+            else:
+                shown.pop()
+            summary["head"], summary["truncated"] = shown, True
+        else:
+            summary["value"] = shown
+        return summary
+    if kind in _PLAIN_TYPES:
         summary["value"] = to_jsonable(value)
         return summary
-    text = to_jsonable(value) if not isinstance(value, (types.FunctionType, type)) else repr(value)
-    if isinstance(text, str):
-        summary["repr"] = text if len(text) <= chars else f"{text[:chars]}… [{len(text)} characters]"
-    else:
-        summary["value"] = _bounded(text, items, 200)
+    summary["note"] = _NOT_SHOWN
     return summary
 
 
 def short_summary(value: Any) -> str:
-    """One line about a value, for listings."""
-    if _is_array_like(value):
-        shape = _attr(value, "shape")
-        return f"{_type_name(value)} shape {tuple(shape)}"
-    if isinstance(value, (str, bytes, list, tuple, dict, set, frozenset)):
+    """One line about a value, for listings (no code of the notebook runs)."""
+    kind = type(value)
+    array = _array_kind(value)
+    if array is not None:
+        return f"{_type_name(value)} shape {tuple(int(n) for n in value.shape)}"
+    if kind in (str, bytes, *_CONTAINER_TYPES):
         return f"{_type_name(value)} of length {len(value)}"
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<{_type_name(value)}>"
-    return text if len(text) <= 80 else f"{text[:77]}..."
+    if kind in _PLAIN_TYPES:
+        text = json.dumps(to_jsonable(value), ensure_ascii=False)
+        return text if len(text) <= 80 else f"{text[:77]}..."
+    return f"<{_type_name(value)}>"
+
+
+def _unreadable(name: str, value: Any) -> str | None:
+    """Why an agent may not read (or list) this notebook variable, or None."""
+    kind = type(value)
+    if name.startswith("_") or name in HIDDEN_NOTEBOOK_NAMES:
+        return "private, or IPython's input and output history"
+    if issubclass(kind, types.ModuleType):
+        return "a module"
+    if value is os.environ or issubclass(kind, type(os.environ)) or value is getattr(os, "environb", None):
+        return "the process environment"
+    if type.__dict__["__module__"].__get__(kind).split(".")[0] == "apollia_nb":
+        return "an object of the agent runtime"
+    if callable(value):
+        return "a function or class"
+    return None
 
 
 def _listed(name: str, value: Any) -> bool:
-    return not (name.startswith("_") or name in HIDDEN_NOTEBOOK_NAMES or isinstance(value, types.ModuleType))
+    return _unreadable(name, value) is None
+
+
+def _settable(name: str, current: Any) -> str | None:
+    """Why an agent may not set this name in the notebook, or None."""
+    import builtins
+
+    if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
+        return "not a public Python identifier"
+    if name in HIDDEN_NOTEBOOK_NAMES or name in IPYTHON_NAMES:
+        return "an IPython name"
+    if name in vars(builtins):
+        return "a Python builtin"
+    if current is not _MISSING and _unreadable(name, current) is not None:
+        return f"bound to {_unreadable(name, current)}"
+    return None
+
+
+_MISSING = object()
 
 
 # --- the tools --------------------------------------------------------------------------
@@ -393,6 +426,7 @@ def builtin_tools(
     exec_timeout_secs: float = 120.0,
     http_timeout_secs: float = 30.0,
     home: Path | str | None = None,
+    http_proxy: str | None = None,
 ) -> list[ToolDef]:
     """The built-in tools for one agent.
 
@@ -404,7 +438,9 @@ def builtin_tools(
     ``http_client`` is an ``httpx.AsyncClient`` to reuse; without one each
     request opens its own. ``python`` is the interpreter ``python_executor`` runs.
     ``home`` is the apollia home no file tool may reach (default: the home this
-    process resolves, ``$APOLLIA_HOME`` or ``~/.apollia``).
+    process resolves, ``$APOLLIA_HOME`` or ``~/.apollia``). ``http_request`` ignores the
+    proxy environment variables (``HTTP_PROXY``, ``ALL_PROXY``, …): it goes through
+    ``http_proxy`` when one is configured (``[tools.http_request] proxy``), shown on its cards.
     """
     root = os.path.realpath(workspace)
     home_path = os.path.realpath(resolve_home() if home is None else home)
@@ -542,7 +578,8 @@ def builtin_tools(
 
         if http_client is not None:
             return await send(http_client)
-        async with httpx.AsyncClient(timeout=http_timeout_secs, follow_redirects=False) as client:
+        async with httpx.AsyncClient(timeout=http_timeout_secs, follow_redirects=False, trust_env=False,
+                                     proxy=http_proxy) as client:
             return await send(client)
 
     def memory_save(key: str, value: Any) -> dict[str, Any]:
@@ -587,9 +624,14 @@ def builtin_tools(
         """
         assert namespace is not None
         ns = namespace()
-        if name not in ns:
+        why = _unreadable(name, None)  # refused by name before looking: the answer never says what exists
+        if why is None and name not in ns:
             raise PermanentToolError(f"notebook_get_variable: no variable named {name!r} in the notebook")
-        return {"name": name, **summarize_value(ns[name])}
+        value = ns.get(name)
+        why = why or _unreadable(name, value)
+        if why is not None:
+            raise BadArgument(f"notebook_get_variable: {name!r} is not a variable an agent may read ({why})")
+        return {"name": name, **summarize_value(value)}
 
     def notebook_list_variables() -> dict[str, Any]:
         """List the notebook's variables with their type and a one-line summary."""
@@ -609,9 +651,11 @@ def builtin_tools(
             value: any JSON value
         """
         assert namespace is not None
-        if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_") or name in HIDDEN_NOTEBOOK_NAMES:
-            raise BadArgument(f"notebook_set_variable: {name!r} is not a name an agent may set")
-        namespace()[name] = value
+        ns = namespace()
+        why = _settable(name, ns.get(name, _MISSING))
+        if why is not None:
+            raise BadArgument(f"notebook_set_variable: {name!r} is not a name an agent may set ({why})")
+        ns[name] = value
         return {"name": name, "type": _type_name(value)}
 
     def make(fn: Callable[..., Any], timeout: float | None = None) -> ToolDef:
@@ -622,6 +666,8 @@ def builtin_tools(
             options["shell"] = True  # the one built-in whose first argument bash reads
         if fn.__name__ == "http_request":
             options["aliases"] = url_aliases
+            if http_proxy:
+                options["annotations"] = {"proxy": http_proxy}  # shown on the call's card
         return ToolDef.from_function(fn, BUILTIN_FAMILIES[fn.__name__], **options)
 
     tools = [

@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.config import Config
     from apollia_nb.governance.contract import GovernanceFace
     from apollia_nb.journal.contract import JournalFace
     from apollia_nb.runtime.agents import Agent
@@ -56,12 +57,13 @@ class RecordsFace(Protocol):
 class Answering(Protocol):
     """What a card needs: answering it through the runtime (validated, journaled, applied once)."""
 
-    def answer(self, decision_id: str, answer: str, *, by: str = "user",
-               reason: str | None = None) -> dict[str, Any]: ...
+    def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
+               values: dict[str, Any] | None = None) -> dict[str, Any]: ...
 
 
 class GovernedHost(Answering, Protocol):
-    """What one governed call needs (``governed.py``): the snapshot, the journal, cards, breakers."""
+    """What one governed call needs (``governed.py``): the snapshot, the journal, cards, breakers,
+    the configuration (its secrets are redacted from what a tool returns)."""
 
     @property
     def journal(self) -> "JournalFace": ...
@@ -71,6 +73,8 @@ class GovernedHost(Answering, Protocol):
     def breakers(self) -> "Breakers": ...
     @property
     def chat_card_timeout(self) -> float | None: ...
+    @property
+    def config(self) -> "Config": ...
     def _open_card(self, *, agent: "Agent", run_id: str, call_id: str, tool: str, family: str | None,
                    arguments: dict[str, Any], decision: Any, task_id: str | None, session_id: str | None,
                    hints: dict[str, Any] | None) -> Any: ...

@@ -43,6 +43,7 @@ class Card:
     answer_value: str | None = None
     answered_by: str | None = None
     answered_at: str | None = None
+    values: dict[str, Any] | None = None  # a server's question (elicitation): the form's values given with ``once``
     _runtime: "Answering | None" = field(default=None, repr=False)
     _event: anyio.Event = field(default_factory=anyio.Event, repr=False)
 
@@ -50,8 +51,12 @@ class Card:
     def waiting(self) -> bool:
         return self.answer_value is None
 
-    def answer(self, answer: str, by: str = "user", reason: str | None = None) -> "Card":
+    def answer(self, answer: str, by: str = "user", reason: str | None = None,
+               values: dict[str, Any] | None = None) -> "Card":
         """Answer this card (``once``, ``always`` or ``refuse`` — only those on offer).
+
+        A server's question (``mcp:<server>/elicitation/create``) is answered ``once``
+        with ``values``, the form's fields (checked against the form: ``BAD_ANSWER``).
 
         Answering again with the answer it already has changes nothing and returns
         the card (a click and a cell that both say ``once``); another answer is a
@@ -64,7 +69,10 @@ class Card:
             from apollia_nb.errors import Conflict
 
             raise Conflict(f"already answered {self.answer_value} by {self.answered_by} at {self.answered_at}")
-        self._runtime.answer(self.id, answer, by=by, reason=reason)
+        if values is not None:
+            self._runtime.answer(self.id, answer, by=by, reason=reason, values=values)
+        else:
+            self._runtime.answer(self.id, answer, by=by, reason=reason)
         return self
 
     def _resolve(self, answer: str, by: str, at: str) -> None:
@@ -99,6 +107,7 @@ class Card:
             "created_at": self.created_at,
             "hints": self.hints,
             "path": self.path,
+            "values": self.values,
             "answer": self.answer_value,
             "answered_by": self.answered_by,
             "answered_at": self.answered_at,

@@ -158,9 +158,17 @@ class Session:
             raise Conflict(f"session {self.id} is paused: inject a message or resume it")
         if self.pending_plan is not None:
             raise Conflict(f"session {self.id} has a plan waiting: approve or reject it first")
+        self.r["plan_approved"] = False  # a new message in plan-mode needs a plan of its own
         self._append({"role": "user", "content": text})
-        planning = bool(self.r["plan_mode"])
-        return self._start(text, planning=planning)
+        return self._start(text, planning=self.planning)
+
+    @property
+    def planning(self) -> bool:
+        """Plan-mode with no approved plan in force: only read-only tools are offered and run.
+
+        A property of the session, not of an exchange: pause, resume, inject and a restart
+        read it again; only ``approve_plan`` lifts it, for the exchange that runs the plan."""
+        return bool(self.r["plan_mode"]) and not self.r.get("plan_approved", False)
 
     def inject(self, text: str) -> None:
         """Add a user message; the next turn (after resume) sees it."""
@@ -193,7 +201,7 @@ class Session:
             raise Conflict(f"session {self.id} is {self.state}, not paused")
         if self.exchange is not None and self.exchange.status == "paused":
             self._move(SessionState.PROCESSING)
-            return self._start(self.exchange.message, planning=False, resume=True)
+            return self._start(self.exchange.message, planning=self.planning, resume=True)
         self._move(SessionState.ACTIVE)
         self._journal_status("active")
         return None
@@ -228,6 +236,7 @@ class Session:
             plan = steps
         self.r["pending_plan"] = None
         self.r["approved_plan"] = plan
+        self.r["plan_approved"] = True
         self._journal("plan", {"session_id": self.id, "approved": True, "steps": plan, "edited": steps is not None})
         self._append({"role": "user", "content": "Approved plan:\n" + "\n".join(f"{i + 1}. {s}" for i, s in enumerate(plan))})
         return self._start("(approved plan)", planning=False)
@@ -331,8 +340,9 @@ class Session:
         from apollia_nb.runtime.models.base import Completed, TextDelta, ToolCallStarted, parse_plan
 
         rt = self._sessions.rt
-        role = "planner" if planning else "actor"
         while True:
+            planning = planning or self.planning  # never less than the session's plan-mode
+            role = "planner" if planning else "actor"
             if self._safe_point(exchange):
                 return
             response = None
@@ -483,9 +493,15 @@ class Sessions:
         return self.open(source.agent.name, plan_mode=source.r["plan_mode"],
                          history=[dict(m) for m in source.r["history"]], forked_from=session_id)
 
-    def spawn_child(self, parent_id: str, agent: str | None = None, *, plan_mode: bool = False) -> Session:
+    def spawn_child(self, parent_id: str, agent: str | None = None, *, plan_mode: bool | None = None) -> Session:
+        """A child session. A child of a plan-mode session is plan-mode: always while the parent has
+        no approved plan in force (``plan_mode=False`` is then ``CONFLICT``), and by default after."""
         parent = self.get(parent_id)
         parent._check_open()
+        if plan_mode is None:
+            plan_mode = bool(parent.r["plan_mode"])
+        elif not plan_mode and parent.planning:
+            raise Conflict(f"session {parent_id} is in plan-mode with no approved plan: its children are plan-mode")
         return self.open(agent or parent.agent.name, plan_mode=plan_mode, parent_id=parent_id)
 
     def all(self) -> list[Session]:

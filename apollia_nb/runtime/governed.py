@@ -16,6 +16,7 @@ whatever cannot be resolved is never allowed.
 
 from __future__ import annotations
 
+import contextvars
 import uuid
 from dataclasses import dataclass, field
 from collections.abc import Sequence
@@ -31,7 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.cards import Card
     from apollia_nb.runtime.capabilities import GovernedHost
 
-__all__ = ["CallResult", "governed_call", "run_approved_call", "Mode", "OUTPUT_CAP", "NULL_DIGEST"]
+__all__ = ["CallResult", "CallScope", "current_call", "governed_call", "governed_request", "run_approved_call",
+           "Mode", "OUTPUT_CAP", "NULL_DIGEST"]
 
 Mode = Literal["watched", "unattended", "chat"]
 
@@ -63,6 +65,22 @@ class CallResult:
         if self.status == "refused":
             return json.dumps({"refused": True, "reason": self.error_message})
         return json.dumps({"error": self.error_code, "message": self.error_message})
+
+
+@dataclass(frozen=True)
+class CallScope:
+    """The approved call a tool body runs for: what a federated tool needs to tie a server's
+    request (for input, for a model call) back to the run that caused it."""
+
+    rt: "GovernedHost"
+    agent: "Agent"
+    run_id: str
+    call_id: str
+    tool: str
+
+
+#: Set while an approved call's tool body runs (``run_approved_call``); None elsewhere.
+current_call: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar("apollia_current_call", default=None)
 
 
 def _capped(output: Any) -> tuple[Any, str, bool]:
@@ -121,6 +139,7 @@ async def governed_call(
             "answers": [a.value for a in decision.answers], "reason": decision.reason,
             "connection": tooldef.connection,
             **({"path": path.relative} if path is not None else {}),
+            **({"hints": tooldef.annotations} if tooldef.annotations else {}),
         },
     )
     if decision.outcome is Outcome.REFUSE:
@@ -134,7 +153,7 @@ async def governed_call(
     card = rt._open_card(
         agent=agent, run_id=run_id, call_id=call_id, tool=name, family=family, arguments=ordered,
         decision=decision, task_id=task_id, session_id=session_id,
-        hints=tooldef.annotations,
+        hints=tooldef.annotations or None,
     )
     if path is not None:
         card.path = path.relative
@@ -276,12 +295,18 @@ async def run_approved_call(
 ) -> CallResult:
     """Journal ``tool_call`` (durable, with ``prefix``), run the tool under its breaker and timeout,
     journal the result (``append_soon``: committed before anything later of the run)."""
+    from apollia_nb.runtime.outputs import redacted_outcome, secret_values
     from apollia_nb.runtime.tools import invoke
 
     tooldef = agent.tools.get(name)
     await _commit(rt, run_id, agent, [*prefix, ("tool_call", {"call_id": call_id, "tool": name,
                                                               "arguments": arguments})])
-    outcome = await invoke(tooldef, arguments, breakers=rt.breakers)
+    scope = current_call.set(CallScope(rt, agent, run_id, call_id, name))
+    try:
+        outcome = await invoke(tooldef, arguments, breakers=rt.breakers)
+    finally:
+        current_call.reset(scope)
+    outcome = redacted_outcome(outcome, secret_values(rt.config))  # no configured token reaches journal or model
     # The result records what already happened: handed to the journal's writer, which
     # commits it at once and before any later entry of the run, while the run goes on
     # (the next model turn depends on no durable entry; the next tool call waits for its own).
@@ -304,6 +329,107 @@ async def run_approved_call(
     )
     return CallResult(call_id, name, "error", error_code=code, error_message=message,
                       decision=decision, arguments=arguments)
+
+
+async def governed_request(
+    rt: "GovernedHost", scope: CallScope, *, tool: str, family: Any, arguments: dict[str, Any],
+    connection: str | None, hints: dict[str, Any] | None = None, decided: Decision | None = None,
+    timeout_secs: float | None = None,
+) -> tuple[str, Decision, "Card | None"]:
+    """Decide a request a tool's connection makes during a call (a server's model call, its question).
+
+    Journals the ``decision`` (durable), then asks when governance says so: a card
+    of the run, waited on by the request (the call that caused it is still in
+    flight, whatever the mode). ``decided``: a decision made already (a question to a
+    person is always asked). Returns the request's own call id, the decision and
+    the card; the decision's outcome is ``refuse`` when refused or answered
+    ``refuse`` (the card says by whom), ``allow`` otherwise. Nothing is run here.
+    """
+    from apollia_nb.governance.decision import Family
+
+    agent = scope.agent
+    call_id = new_id("req")
+    fam = Family(family) if family is not None else None
+    decision = decided if decided is not None else decide(
+        Call(agent=agent.name, tool=tool, family=fam, arguments=arguments, connection=connection),
+        rt.governance.view())
+    await _commit(rt, scope.run_id, agent, [(
+        "decision",
+        {"call_id": call_id, "tool": tool, "family": fam.value if fam else None, "arguments": arguments,
+         "outcome": decision.outcome.value, "line": decision.line, "answers": [a.value for a in decision.answers],
+         "reason": decision.reason, "connection": connection, "caused_by": scope.call_id,
+         **({"hints": hints} if hints else {})},
+    )])
+    if decision.outcome is not Outcome.ASK:
+        return call_id, decision, None
+    run, session_id = _run_of(rt, scope.run_id)
+    task_id = getattr(run, "id", None) if session_id is None else None
+    card = rt._open_card(agent=agent, run_id=scope.run_id, call_id=call_id, tool=tool,
+                         family=fam.value if fam else None, arguments=arguments, decision=decision,
+                         task_id=task_id, session_id=session_id, hints=hints)
+    shown = _show_waiting(run)
+    try:
+        from apollia_nb.runtime.cards import CHAT_CARD_TIMEOUT_SECS
+
+        limit = timeout_secs if timeout_secs is not None else CHAT_CARD_TIMEOUT_SECS
+        with anyio.move_on_after(limit):
+            while card.waiting:
+                await card.wait()
+                if card.waiting:  # released (nobody watches any more): the call is in flight, it waits on
+                    card._event = anyio.Event()
+        if card.waiting:
+            try:
+                rt.answer(card.id, "refuse", by="timeout", reason=f"unanswered for {limit:g} s")
+            except Conflict:
+                pass  # answered elsewhere at the same moment: that answer stands
+            await card.wait()
+    finally:
+        if card.waiting:  # the call ended first (cancelled): nobody may answer a question no longer asked
+            with anyio.CancelScope(shield=True):
+                try:
+                    rt.answer(card.id, "refuse", by="system", reason="the call that asked has ended")
+                except ApolliaError:
+                    pass
+        if shown:
+            await _show_waiting_done(run)
+    if card.answer_value == "refuse":
+        return call_id, Decision(Outcome.REFUSE, decision.line, reason=f"refused by {card.answered_by}"), card
+    return call_id, Decision(Outcome.ALLOW, decision.line, reason=f"answered {card.answer_value} by "
+                             f"{card.answered_by}"), card
+
+
+def _run_of(rt: "GovernedHost", run_id: str) -> tuple[Any, str | None]:
+    """The task run (or chat session id) that ``run_id`` belongs to."""
+    for run in list(getattr(rt, "_runs", {}).values()):
+        if getattr(run, "r", {}).get("run_id") == run_id:
+            return run, None
+    sessions = getattr(rt, "sessions", None)
+    for session in list(getattr(sessions, "_sessions", {}).values()) if sessions is not None else []:
+        if getattr(session, "r", {}).get("run_id") == run_id:
+            return None, session.id
+    return None, None
+
+
+def _show_waiting(run: Any) -> bool:
+    """A task whose in-flight call waits on a person shows as waiting (its call goes on once answered).
+
+    Shown, not saved: the record stays ``running``, which is what a restart must find (a call was
+    in flight: the run is interrupted and its open decisions are closed), not a parked run."""
+    from apollia_nb.runtime.states import TaskStatus
+
+    if run is None or run.status != TaskStatus.RUNNING.value:
+        return False
+    run.r["status"] = TaskStatus.WAITING.value
+    run.rt._notify(run)
+    return True
+
+
+async def _show_waiting_done(run: Any) -> None:
+    from apollia_nb.runtime.states import TaskStatus
+
+    if run.status == TaskStatus.WAITING.value:
+        run.r["status"] = TaskStatus.RUNNING.value
+        run.rt._notify(run)
 
 
 def new_id(prefix: str) -> str:

@@ -157,6 +157,40 @@ def _show(value: Any) -> str:
     return f"{value!r} ({_type_name(value)})"
 
 
+def manifest_difference(before: "Manifest", after: "Manifest", *, workspace_before: Any = None,
+                        workspace_after: Any = None) -> dict[str, dict[str, Any]]:
+    """What changed between two manifests of one agent in what standing consents were given for:
+    ``{"tools"|"workspace"|"model": {"before", "after"}}`` (a model's script is not its identity)."""
+    def model(m: "Manifest") -> dict[str, Any]:
+        return {k: v for k, v in m.model.items() if k != "script"}
+
+    pairs = {
+        "tools": ({"required": list(before.tools_required), "optional": list(before.tools_optional)},
+                  {"required": list(after.tools_required), "optional": list(after.tools_optional)}),
+        "workspace": (str(workspace_before if workspace_before is not None else before.workspace_root),
+                      str(workspace_after if workspace_after is not None else after.workspace_root)),
+        "model": (model(before), model(after)),
+    }
+    return {key: {"before": old, "after": new} for key, (old, new) in pairs.items() if old != new}
+
+
+def requirement_problem(entry: str) -> str | None:
+    """Why ``entry`` is not a plain requirement specifier (PEP 508 name, extras, versions,
+    markers; no URL, path, file or installer option), or None when it is one."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    text = entry.strip()
+    if text.startswith("-"):
+        return "is an installer option, not a requirement (only names with versions and extras are accepted)"
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement:
+        return "is not a requirement specifier (a package name, optionally with [extras] and versions)"
+    if requirement.url is not None:
+        return "names a URL or a path (only names from the package index are accepted)"
+    return None
+
+
 def _dotted(path: KeyPath) -> str:
     out = ""
     for part in path:
@@ -278,6 +312,10 @@ class _Checker:
                 self.problem(("tools", "optional"), f'"{tool_name}" is in both "tools.required" and "tools.optional"')
 
         packages = self.string_list(self.section(doc, "python"), ("python", "packages"))
+        for index, entry in enumerate(packages):
+            why = requirement_problem(entry)
+            if why is not None:
+                self.problem(("python", "packages", index), f'"python.packages[{index}]" {entry!r} {why}')
         root = self.string(self.section(doc, "workspace"), ("workspace", "root"), ".")
         if not root.strip():
             self.problem(("workspace", "root"), '"workspace.root" must not be empty (use "." for the current directory)')

@@ -18,6 +18,7 @@ gives a small synchronous facade over a private event loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import datetime as _dt
 import time
 import uuid
@@ -486,8 +487,14 @@ class Runtime:
     # ------------------------------------------------------------------ agents
     async def register_agent(
         self, manifest: Any, *, tools: Sequence[Any] = (), model: Any = None, cwd: Path | None = None,
+        keep_consents: bool | None = None,
     ) -> Agent:
-        """Register (or re-register a stopped) agent from a manifest text, path or ``Manifest``."""
+        """Register (or re-register a stopped) agent from a manifest text, path or ``Manifest``.
+
+        Re-registering a stopped agent whose tools, workspace or model changed while it holds
+        standing consents needs the operator's choice: ``keep_consents=True`` keeps them,
+        ``False`` revokes them; without one it is ``CONSENTS_TO_REVIEW`` showing the difference.
+        The choice is journaled (``consents_review``)."""
         from apollia_nb.runtime.manifest import Manifest, load_manifest, parse_manifest
 
         if isinstance(manifest, Manifest):
@@ -499,9 +506,47 @@ class Runtime:
         existing = self._agents.get(parsed.name)
         if existing is not None and existing.state.state != ProcessState.STOPPED:
             raise Conflict(f"agent {parsed.name!r} is already registered ({existing.state.state.value})")
+        await self._review_consents(existing, parsed, cwd, keep_consents)
         agent = await self._start_agent(parsed, tools=tools, model=model, cwd=cwd,
                                         cell=existing.state if existing else None)
         return agent
+
+    async def _review_consents(self, existing: Agent | None, parsed: Any, cwd: Path | None,
+                               keep: bool | None) -> None:
+        """A stopped agent (in memory, or recorded by an earlier process) registered again."""
+        from apollia_nb.errors import ConsentsToReview
+        from apollia_nb.runtime.manifest import manifest_difference, parse_manifest
+
+        if existing is not None:
+            before, workspace = existing.manifest, existing.workspace
+        else:
+            row = next((r for r in self.records.agents() if r["name"] == parsed.name), None)
+            if row is None:
+                return
+            try:
+                before = parse_manifest(row["manifest"])
+            except ApolliaError:  # what the consents were given for cannot be read: the operator chooses
+                before = None
+            workspace = before.workspace_path(cwd) if before is not None else None  # type: ignore[assignment]
+        consents = sorted(c.family.value for c in self.governance.consents() if c.agent == parsed.name)
+        difference = (manifest_difference(before, parsed, workspace_before=workspace,
+                                          workspace_after=parsed.workspace_path(cwd)) if before is not None
+                      else {"manifest": {"before": "the recorded manifest no longer reads", "after": parsed.name}})
+        if not consents or not difference:
+            return
+        if keep is None:
+            shown = "; ".join(f"{key}: {json.dumps(d['before'])} -> {json.dumps(d['after'])}"
+                              for key, d in difference.items())
+            raise ConsentsToReview(
+                f"agent {parsed.name!r} changed ({shown}) and holds standing consents for "
+                f"{', '.join(consents)}: keep them (--keep-consents, keep_consents=true) or drop them "
+                "(--drop-consents, keep_consents=false)")
+        if not keep:
+            for family in consents:
+                self.governance.revoke_consent(parsed.name, family, by="re-registration")
+        await self.journal.append_async(
+            "consents_review", {"agent": parsed.name, "difference": difference, "consents": consents,
+                                "choice": "kept" if keep else "dropped"}, agent=parsed.name)
 
     async def _start_agent(self, manifest: Any, *, tools: Sequence[Any], model: Any, cwd: Path | None,
                            cell: Any = None) -> Agent:
@@ -523,7 +568,7 @@ class Runtime:
             registry = ToolRegistry()
             for tooldef in builtin_tools(workspace, memory=_PersistedMemory(self, manifest.name, memory),
                                          profile_sink=lambda fact: None, namespace=self.namespace,
-                                         home=self.home.path):
+                                         home=self.home.path, http_proxy=self.config.http_proxy):
                 registry.register(tooldef)
             for source in self.tool_sources:
                 # Federated tools (MCP servers, host REST APIs): a source that fails leaves its tools
@@ -556,6 +601,14 @@ class Runtime:
         )
         if error:
             warnings.append(error)
+        if manifest.python_packages:
+            from apollia_nb.journal.store import Draft
+
+            await self.journal.append_many_async([Draft(
+                "packages_install",
+                {"agent": manifest.name, "packages": list(manifest.python_packages),
+                 "outcome": "failed" if error else "installed", **({"error": error} if error else {})},
+                None, manifest.name)])
         agent = Agent(manifest=manifest, model=provider, tools=registry, workspace=workspace,
                       offered=offered, state=cell, warnings=warnings, memory=memory,
                       custom_model=model is not None)
@@ -804,18 +857,28 @@ class Runtime:
         return sorted((c for c in self._cards.values() if c.waiting), key=lambda c: c.created_at)
 
     def pending_decisions(self) -> list[dict[str, Any]]:
-        return [p.to_dict() for p in self.governance.pending()]
+        """Waiting decisions, each with its tool's hints (MCP annotations) when this process has its card."""
+        out = []
+        for p in self.governance.pending():
+            card = self._cards.get(p.id)
+            out.append({**p.to_dict(), "hints": card.hints if card is not None else None})
+        return out
 
-    def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None) -> dict[str, Any]:
-        """Answer a waiting decision: validated, journaled, applied once; the run resumes."""
-        answered = self._record_answer(decision_id, answer, by=by, reason=reason)
-        self._deliver_answer(answered)
-        return answered
+    def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
+               values: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer a waiting decision: validated, journaled, applied once; the run resumes.
 
-    def _deliver_answer(self, answered: dict[str, Any]) -> None:
+        ``values``: a server's question (elicitation) answered ``once`` — the form's fields."""
+        answered = self._record_answer(decision_id, answer, by=by, reason=reason, values=values)
+        self._deliver_answer(answered, values)
+        card = self._cards.get(decision_id)
+        return {**answered, "hints": answered.get("hints", card.hints if card is not None else None)}
+
+    def _deliver_answer(self, answered: dict[str, Any], values: dict[str, Any] | None = None) -> None:
         """An answered decision reaches its card when it is this process's: it resolves, its run resumes."""
         card = self._cards.get(answered["id"])
         if card is not None and card.waiting:
+            card.values = values if answered["answer"] == "once" else None
             card._resolve(answered["answer"], answered["answered_by"], answered["answered_at"] or self.now_iso())
             self._emit("card", card)
             run = self._runs.get(card.task_id or "")
@@ -823,9 +886,14 @@ class Runtime:
                 faults.point("answer.before_resume")
                 self._spawn(run)
 
-    def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None) -> dict[str, Any]:
+    def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None,
+                       values: dict[str, Any] | None = None) -> dict[str, Any]:
         """Validate, journal (before the effect), store, and apply ``always``."""
+        from apollia_nb.federation.mcp_requests import check_form_values, is_elicitation, redact_form_values
+
         if self.mode == "client":  # the server records it, in one step (docs/shared-home.md)
+            if values is not None:
+                raise BadAnswer("a server's question is answered in the process that runs its call")
             return self._remote.governance.record_answer(decision_id, answer, by=by, reason=reason)
         pending = self.governance.get_pending(decision_id)
         if pending.status != "pending":
@@ -833,10 +901,16 @@ class Runtime:
         if answer not in [a.value for a in pending.answers]:
             offered = ", ".join(a.value for a in pending.answers)
             raise BadAnswer(f"{answer!r} is not on offer for {decision_id}; answers: {offered}")
+        shown: dict[str, Any] = {}
+        if is_elicitation(pending.tool) and answer == "once":
+            values = check_form_values(pending.arguments, values)
+            shown = {"values": redact_form_values(pending.arguments, values)} if values is not None else {}
+        elif values is not None:
+            raise BadAnswer(f"values answer a server's question; {decision_id} asks about {pending.tool}")
         self.journal.append(
             "answer",
             {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer, "answered_by": by,
-             **({"reason": reason} if reason else {})},
+             **({"reason": reason} if reason else {}), **shown},
             run_id=pending.run_id, agent=pending.agent,
         )
         faults.point("answer.after_journal")

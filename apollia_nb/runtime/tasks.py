@@ -55,6 +55,7 @@ def task_json(record: dict[str, Any]) -> dict[str, Any]:
         "budget": dict(record["budget"]), "result": record["result"], "warnings": list(record["warnings"]),
         "plan": list(record["plan"]), "verdict": record.get("verdict"),
         "awaiting_plan_approval": record["phase"] == "approve" and record["status"] == "waiting",
+        "progress": record.get("progress"),
         "created_at": record["created_at"], "updated_at": record["updated_at"],
     }
 

@@ -34,9 +34,6 @@ and the outcome never disagree.
 from __future__ import annotations
 
 import copy
-import dataclasses
-import datetime as _dt
-import enum
 import functools
 import hashlib
 import inspect
@@ -49,7 +46,6 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePath
 from typing import Any, Literal
 
 import anyio
@@ -66,6 +62,7 @@ from apollia_nb.errors import (
 )
 from apollia_nb.governance.decision import Family
 from apollia_nb.runtime.breaker import PERMANENT, SUCCESS, TRANSIENT, Breakers, classify
+from apollia_nb.runtime.outputs import clean_text, json_value
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECS",
@@ -84,7 +81,6 @@ __all__ = [
 
 DEFAULT_TIMEOUT_SECS = 30.0
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/@-]{0,199}")
-_REPR_CAP = 10_000
 
 
 # --- declaring tools ------------------------------------------------------------------
@@ -534,54 +530,9 @@ def _check_binds(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> None:
 # --- results --------------------------------------------------------------------------
 
 
-def to_jsonable(value: Any, _depth: int = 0) -> Any:
-    """A JSON value for a tool's result: containers converted, the rest summarised by ``repr``."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
-    if _depth > 32:
-        return _capped_repr(value)
-    if isinstance(value, enum.Enum):
-        return to_jsonable(value.value, _depth + 1)
-    if isinstance(value, Mapping):
-        return {str(k): to_jsonable(v, _depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v, _depth + 1) for v in value]
-    if isinstance(value, (set, frozenset)):
-        items = [to_jsonable(v, _depth + 1) for v in value]
-        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=str))
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return {"type": "bytes", "length": len(value), "repr": _capped_repr(bytes(value[:200]))}
-    if isinstance(value, PurePath):
-        return str(value)
-    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
-        return value.isoformat()
-    if _attr_or_none(value, "shape") == () and callable(_attr_or_none(value, "item")):
-        return to_jsonable(value.item(), _depth + 1)  # a numpy-like scalar
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_jsonable(getattr(value, f.name), _depth + 1) for f in dataclasses.fields(value)}
-    return _capped_repr(value)
-
-
-def _attr_or_none(value: Any, name: str) -> Any:
-    try:
-        return getattr(value, name, None)
-    except Exception:
-        return None
-
-
-def _capped_repr(value: Any) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a broken __repr__ must not break the call
-        text = f"<{type(value).__name__} (repr failed: {type(exc).__name__})>"
-    return text if len(text) <= _REPR_CAP else f"{text[:_REPR_CAP]}… [{len(text)} characters]"
+def to_jsonable(value: Any) -> Any:
+    """A JSON value for a tool's result, whatever the tool returned (``outputs.json_value``)."""
+    return json_value(value)
 
 
 def canonical_json(value: Any) -> str:
@@ -629,6 +580,7 @@ def _ms(started: float) -> float:
 
 
 def _failed(error: ApolliaError, started: float) -> ToolOutcome:
+    error.message = clean_text(error.message if isinstance(error.message, str) else repr(error.message))
     return ToolOutcome("error", None, error, error.code, output_digest(None), _ms(started))
 
 
@@ -706,10 +658,19 @@ async def invoke(
     try:
         with anyio.fail_after(timeout):
             result = await _run_body(tooldef.fn, ordered)
-        output = to_jsonable(result)
-    except Exception as exc:
-        error = classify_error(exc, tool=tooldef.name, timeout_secs=timeout)
+    except (Exception, SystemExit) as exc:  # a body that calls sys.exit() ends its call, not the runtime
+        try:
+            error = classify_error(exc, tool=tooldef.name, timeout_secs=timeout)
+        except Exception:  # an exception whose str() raises
+            error = PermanentToolError(f"{tooldef.name}: {type(exc).__name__}")
         breaker.record(ticket, TRANSIENT if classify(error) == TRANSIENT else PERMANENT)
         return _failed(error, started)
+    try:
+        output = json_value(result)
+        digest = output_digest(output)
+    except Exception as exc:  # json_value is total; this is the last line of defence
+        breaker.record(ticket, PERMANENT)
+        return _failed(PermanentToolError(f"{tooldef.name}: its output cannot be recorded "
+                                          f"({type(exc).__name__})"), started)
     breaker.record(ticket, SUCCESS)
-    return ToolOutcome("ok", output, None, None, output_digest(output), _ms(started))
+    return ToolOutcome("ok", output, None, None, digest, _ms(started))

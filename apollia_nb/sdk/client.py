@@ -200,7 +200,9 @@ class _Routes:
     health = staticmethod(lambda: _Req("GET", "/health", model=s.Health))
     agents = staticmethod(lambda: _Req("GET", "/agents", model=list[s.Agent]))
     agent = staticmethod(lambda name: _Req("GET", f"/agents/{_q(name)}", model=s.Agent))
-    register_agent = staticmethod(lambda manifest: _post("/agents", {"manifest": manifest}, s.Agent))
+    register_agent = staticmethod(lambda manifest, keep_consents=None: _post(
+        "/agents", {"manifest": manifest, **({} if keep_consents is None else {"keep_consents": keep_consents})},
+        s.Agent))
     start_agent = staticmethod(lambda name: _post(f"/agents/{_q(name)}/start", model=s.Agent))
     stop_agent = staticmethod(lambda name: _post(f"/agents/{_q(name)}/stop", model=s.Agent))
 
@@ -245,8 +247,11 @@ class _Routes:
     pending = staticmethod(lambda: _Req("GET", "/pending-decisions", model=list[s.PendingDecision]))
 
     @staticmethod
-    def decide(decision_id: str, answer: str, reason: str | None, by: str | None) -> _Req:
+    def decide(decision_id: str, answer: str, reason: str | None, by: str | None,
+               values: dict[str, Any] | None = None) -> _Req:
         body: dict[str, Any] = {"id": decision_id, "answer": answer}
+        if values is not None:
+            body["values"] = values
         if reason is not None:
             body["reason"] = reason
         if by is not None:
@@ -370,9 +375,11 @@ class Client:
     def agent(self, name: str) -> s.Agent:
         return self._do(_Routes.agent(name))
 
-    def register_agent(self, manifest: str | Path, *, idempotency_key: str | None = None) -> s.Agent:
-        """Register from a manifest's TOML text (or a path to it)."""
-        return self._do(_Routes.register_agent(_manifest_text(manifest)), idempotency_key)
+    def register_agent(self, manifest: str | Path, *, keep_consents: bool | None = None,
+                       idempotency_key: str | None = None) -> s.Agent:
+        """Register from a manifest's TOML text (or a path to it); ``keep_consents`` answers
+        ``CONSENTS_TO_REVIEW`` (re-registering with changed tools, workspace or model)."""
+        return self._do(_Routes.register_agent(_manifest_text(manifest), keep_consents), idempotency_key)
 
     def start_agent(self, name: str, *, idempotency_key: str | None = None) -> s.Agent:
         return self._do(_Routes.start_agent(name), idempotency_key)
@@ -462,8 +469,9 @@ class Client:
         return self._do(_Routes.pending())
 
     def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
-               by: str | None = None, idempotency_key: str | None = None) -> s.PendingDecision:
-        return self._do(_Routes.decide(decision_id, answer, reason, by), idempotency_key)
+               by: str | None = None, values: dict[str, Any] | None = None,
+               idempotency_key: str | None = None) -> s.PendingDecision:
+        return self._do(_Routes.decide(decision_id, answer, reason, by, values), idempotency_key)
 
     # governance
     def rules(self) -> list[s.Rule]:
@@ -577,8 +585,9 @@ class AsyncClient:
     async def agent(self, name: str) -> s.Agent:
         return await self._do(_Routes.agent(name))
 
-    async def register_agent(self, manifest: str | Path, *, idempotency_key: str | None = None) -> s.Agent:
-        return await self._do(_Routes.register_agent(_manifest_text(manifest)), idempotency_key)
+    async def register_agent(self, manifest: str | Path, *, keep_consents: bool | None = None,
+                             idempotency_key: str | None = None) -> s.Agent:
+        return await self._do(_Routes.register_agent(_manifest_text(manifest), keep_consents), idempotency_key)
 
     async def start_agent(self, name: str, *, idempotency_key: str | None = None) -> s.Agent:
         return await self._do(_Routes.start_agent(name), idempotency_key)
@@ -661,8 +670,9 @@ class AsyncClient:
         return await self._do(_Routes.pending())
 
     async def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
-                     by: str | None = None, idempotency_key: str | None = None) -> s.PendingDecision:
-        return await self._do(_Routes.decide(decision_id, answer, reason, by), idempotency_key)
+                     by: str | None = None, values: dict[str, Any] | None = None,
+                     idempotency_key: str | None = None) -> s.PendingDecision:
+        return await self._do(_Routes.decide(decision_id, answer, reason, by, values), idempotency_key)
 
     async def rules(self) -> list[s.Rule]:
         return await self._do(_Routes.rules())
