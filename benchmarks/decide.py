@@ -10,9 +10,10 @@ Scenarios:
   ``bash_executor``), 1,000 standing consents, a policy; a mix of calls in which
   every line (0–6) decides. Target: p99 ≤ 50 µs.
 - ``one shell``: 10,000 rules all on ``bash_executor`` (allow and deny, every
-  agent and single agents), deciding shell commands of several shapes. Commands
-  with expansions or globs are checked against every deny rule (see
-  ``governance/decision.py``); they are timed separately, over fewer calls.
+  agent and single agents), deciding shell commands of several shapes, among
+  them commands with globs and ``$`` words, and ``sneaky`` ones that try to name
+  a program past the rules with a glob or an expansion (``/bin/r? -rf /``,
+  ``/usr/bin/[g]it``, ``{r,}m``, ``${X:-rm}``). Target: p99 ≤ 100 µs.
 - ``plain scan``: the same one-shell calls answered by scanning every rule with
   ``rule_matches``, what ``decide()`` would cost without its index.
 """
@@ -138,6 +139,10 @@ SHAPES: dict[str, Callable[[random.Random], str]] = {
     "wrapped": lambda rng: f"sudo bash -c '{command(rng)} | {command(rng)}'",
     "globs": lambda rng: f"{command(rng)} ~/src/*.py",
     "expansion ($)": lambda rng: f"{command(rng)} $HOME/x",
+    "sneaky": lambda rng: rng.choice([
+        lambda p: f"/bin/{p[:-1]}? -rf /", lambda p: f"/usr/bin/[{p[0]}]{p[1:]} x", lambda p: f"{{{p[0]},}}{p[1:]} -q",
+        lambda p: f"${{X:-{p}}} --help", lambda p: f"$HOME/{p} status", lambda p: f"{p[0]}${{X}}{p[1:]} x",
+    ])(rng.choice(PROGRAMS)),
 }
 
 
@@ -183,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     agents = [f"agent{i}" for i in range(20)]
     for name, shape in SHAPES.items():
         shell_calls = [Call(rng.choice(agents), BASH, "execute", {"command": shape(rng)}) for _ in range(500)]
-        n = args.calls // 10 if "$" not in name else max(200, args.calls // 500)
+        n = args.calls // 10
         for outcome, ns in sorted(time_split(shell_calls, shell, n).items()):
             report(f"{name}: {outcome}", ns)
     simple = [Call(rng.choice(agents), BASH, "execute", {"command": command(rng)}) for _ in range(500)]

@@ -19,8 +19,14 @@ turn for N turns, then a ``TextPart``; the tool is a plain function. Timed
 around ``await agent.run(...)``. Skipped, with a message, when pydantic-ai is
 not installed (``pip install pydantic-ai-slim``).
 
-Both figures are wall time per call: the run's time divided by N, the median
-of ``--repeats`` runs, ours and theirs alternating so both see the same
+LangGraph: a ``StateGraph`` of a model node answering one tool call per turn
+for N turns (then text) and the prebuilt ``ToolNode``, compiled with a
+``SqliteSaver`` checkpointer on a file (WAL, ``synchronous=FULL``: every
+checkpoint synced, as durable as our journal). Timed around ``graph.invoke``.
+Skipped when ``langgraph`` and ``langgraph-checkpoint-sqlite`` are not installed.
+
+All figures are wall time per call: the run's time divided by N, the median
+of ``--repeats`` runs, ours and each peer in turn so all see the same
 machine. Each of our calls makes two durable commits (each a synced record of
 ``journal.log``), so our figure follows the disk's sync time;
 ``--home-root /dev/shm`` shows the cost without it. ``--profile`` also runs
@@ -147,54 +153,127 @@ async def theirs_once(n: int) -> float:
     return elapsed
 
 
+def langgraph_version() -> str | None:
+    try:
+        import importlib.metadata
+
+        import langgraph.checkpoint.sqlite  # noqa: F401
+        import langgraph.prebuilt  # noqa: F401
+    except ImportError:
+        return None
+    return importlib.metadata.version("langgraph")
+
+
+async def langgraph_once(n: int) -> float:
+    """LangGraph: a model node and a prebuilt ``ToolNode`` in a loop, checkpointed durably by
+    ``SqliteSaver`` into a file (WAL, ``synchronous=FULL``); seconds for ``graph.invoke``."""
+    import sqlite3
+
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    turns = 0
+    tool_runs = 0
+
+    @tool
+    def read_note(key: str) -> str:
+        """Read a note by its key."""
+        nonlocal tool_runs
+        tool_runs += 1
+        return f"note {key}"
+
+    def model(state: MessagesState) -> dict[str, Any]:
+        nonlocal turns
+        turns += 1
+        if turns <= n:
+            call = {"name": "read_note", "args": {"key": f"k{turns - 1}"}, "id": f"c{turns}", "type": "tool_call"}
+            return {"messages": [AIMessage(content="", tool_calls=[call])]}
+        return {"messages": [AIMessage(content="All notes read.")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", model)
+    builder.add_node("tools", ToolNode([read_note]))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition)
+    builder.add_edge("tools", "model")
+    with tempfile.TemporaryDirectory(prefix="apollia-bench-langgraph-", dir=HOME_ROOT) as tmp:
+        conn = sqlite3.connect(str(Path(tmp) / "checkpoints.sqlite"), check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")  # each checkpoint synced: durable like our journal
+            graph = builder.compile(checkpointer=SqliteSaver(conn))
+            config = {"configurable": {"thread_id": "bench"}, "recursion_limit": 2 * n + 10}
+            t0 = time.perf_counter()
+            result = graph.invoke({"messages": [HumanMessage("Read every note")]}, config)
+            elapsed = time.perf_counter() - t0
+        finally:
+            conn.close()
+    if result["messages"][-1].content != "All notes read." or tool_runs != n:
+        raise SystemExit(f"langgraph: {tool_runs} tool runs, expected {n}")
+    return elapsed
+
+
+#: The peers, each timed only when installed: (label, version lookup, one run).
+PEERS: list[tuple[str, Callable[[], str | None], Callable[[int], Any]]] = [
+    ("pydantic-ai", pydantic_ai_version, theirs_once),
+    ("LangGraph+SqliteSaver", langgraph_version, langgraph_once),
+]
+
+
 # --------------------------------------------------------------------------- measuring
 
 
-async def per_call_ms(n: int, repeats: int, with_theirs: bool) -> tuple[list[float], list[float]]:
-    """Ours and theirs alternately, so both see the same machine; ms per call of each timed run."""
+async def per_call_ms(n: int, repeats: int, peers: list[tuple[str, Callable[[int], Any]]]) -> dict[str, list[float]]:
+    """Ours and each peer in turn, repeat after repeat, so all see the same machine; ms per call."""
     await ours_once(n)  # warm-up: imports, first DuckDB open, pydantic schema building
-    if with_theirs:
-        await theirs_once(n)
-    ours: list[float] = []
-    theirs: list[float] = []
+    for _, once in peers:
+        await once(n)
+    runs: dict[str, list[float]] = {"ours": [], **{label: [] for label, _ in peers}}
     for _ in range(repeats):
-        ours.append(await ours_once(n) / n * 1000)
-        if with_theirs:
-            theirs.append(await theirs_once(n) / n * 1000)
-    return ours, theirs
+        runs["ours"].append(await ours_once(n) / n * 1000)
+        for label, once in peers:
+            runs[label].append(await once(n) / n * 1000)
+    return runs
 
 
 async def measure(sizes: list[int], repeats: int) -> None:
-    version = pydantic_ai_version()
-    if version is None:
-        print("pydantic-ai is not installed: only our figures are printed "
-              "(install it with `pip install pydantic-ai-slim` to compare).")
-    else:
-        print(f"pydantic-ai {version}")
+    peers: list[tuple[str, Callable[[int], Any]]] = []
+    for label, version, once in PEERS:
+        found = version()
+        if found is None:
+            print(f"{label} is not installed: not compared (see benchmarks/README.md).")
+        else:
+            print(f"{label} {found}")
+            peers.append((label, once))
     print(f"homes under {HOME_ROOT or tempfile.gettempdir()}; median of {repeats} runs per size; "
           "wall time per call in ms\n")
-    ours: dict[int, float] = {}
-    theirs: dict[int, float] = {}
+    medians: dict[int, dict[str, float]] = {}
     for n in sizes:
-        ours_runs, theirs_runs = await per_call_ms(n, repeats, version is not None)
-        ours[n] = statistics.median(ours_runs)
-        print(f"  ours   N={n:<4} runs: " + " ".join(f"{r:.3f}" for r in ours_runs))
-        if theirs_runs:
-            theirs[n] = statistics.median(theirs_runs)
-            print(f"  theirs N={n:<4} runs: " + " ".join(f"{r:.3f}" for r in theirs_runs))
+        runs = await per_call_ms(n, repeats, peers)
+        medians[n] = {label: statistics.median(r) for label, r in runs.items()}
+        for label, r in runs.items():
+            print(f"  {label:<22} N={n:<4} runs: " + " ".join(f"{x:.3f}" for x in r))
     print()
     first = sizes[0]
-    print(f"{'N':>5}  {'ours ms/call':>12}  {'theirs ms/call':>14}  {'ours/theirs':>11}  {f'ours / ours@{first}':>15}")
+    labels = ["ours", *(label for label, _ in peers)]
+    print(f"{'N':>5}  " + "  ".join(f"{label:>22}" for label in labels)
+          + "".join(f"  {'ours/' + label:>26}" for label in labels[1:]) + f"  {f'ours / ours@{first}':>15}")
     for n in sizes:
-        t = theirs.get(n)
-        t_text = f"{t:14.3f}" if t is not None else f"{'-':>14}"
-        ratio = f"{ours[n] / t:11.2f}" if t is not None else f"{'-':>11}"
-        print(f"{n:5d}  {ours[n]:12.3f}  {t_text}  {ratio}  {ours[n] / ours[first]:15.2f}")
-    if theirs:
-        verdict = all(ours[n] <= theirs[n] / 2 for n in sizes)
-        print(f"\ntarget ours <= half of theirs at every size: {'met' if verdict else 'NOT met'}")
+        m = medians[n]
+        print(f"{n:5d}  " + "  ".join(f"{m[label]:22.3f}" for label in labels)
+              + "".join(f"  {m['ours'] / m[label]:26.2f}" for label in labels[1:])
+              + f"  {m['ours'] / medians[first]['ours']:15.2f}")
+    fast = all(medians[n]["ours"] <= 0.5 for n in sizes)
+    print(f"\ntarget ours <= 0.5 ms per call at every size: {'met' if fast else 'NOT met'}")
+    if "pydantic-ai" in labels:
+        ratio = medians[first]["ours"] / medians[first]["pydantic-ai"]
+        print(f"target ours <= 0.2x pydantic-ai at N={first}: {'met' if ratio <= 0.2 else 'NOT met'} ({ratio:.2f}x)")
     if len(sizes) > 1:
-        print(f"flatness, ours at N={sizes[-1]} / ours at N={first}: {ours[sizes[-1]] / ours[first]:.2f}")
+        print(f"flatness, ours at N={sizes[-1]} / ours at N={first}: "
+              f"{medians[sizes[-1]]['ours'] / medians[first]['ours']:.2f}")
 
 
 #: Functions shown on their own after the top of the profile: the parts of one governed call.

@@ -3,9 +3,17 @@
 # JupyterLab serves the clone (so every notebook is a click away) and opens the tour; it prints
 # its URL, with the token, once it listens. The tour makes its own fresh home in a temporary
 # folder; extra arguments go to `jupyter lab` (e.g. --no-browser on a machine without one).
+# Installing from the clone builds the apollia side panel (labextension/) with Node.js and npm;
+# it shows in JupyterLab's right sidebar (the shield icon, or Alt Shift P).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+for tool in "$PYTHON" node npm; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "dev/lab.sh: '$tool' is not on PATH: installing from the clone needs Python 3.11+, Node.js and npm (see README, Set up)" >&2
+    exit 1
+  fi
+done
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
@@ -15,5 +23,5 @@ if [ "$(id -u)" = 0 ]; then
   echo "dev/lab.sh: running as root, so JupyterLab starts with --allow-root" >&2
   lab+=(--allow-root)
 fi
-echo "dev/lab.sh: JupyterLab serves $PWD and opens notebooks/01-tour.ipynb; open the URL it prints below" >&2
+echo "dev/lab.sh: JupyterLab serves $PWD and opens notebooks/01-tour.ipynb (the apollia panel: right sidebar, Alt Shift P); open the URL it prints below" >&2
 exec .venv/bin/jupyter lab ${lab[@]+"${lab[@]}"} notebooks/01-tour.ipynb "$@"

@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-# Prerequisites beside Python 3.11+: Node.js with npm (an MCP server the federation tests talk to
-# is installed from npm) and bash. Say what is missing, in one line, before installing anything.
+# Prerequisites beside Python 3.11+: Node.js with npm (the install builds the JupyterLab panel in
+# labextension/, and an MCP server the federation tests talk to is installed from npm) and bash. Say what is missing, in one line, before installing anything.
 for tool in "$PYTHON" node npm; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     echo "dev/test.sh: '$tool' is not on PATH: the suite needs Python 3.11+, Node.js and npm (see README, Set up)" >&2

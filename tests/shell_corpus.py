@@ -688,6 +688,17 @@ DENY_CASES: dict[str, list[tuple[str, str, bool]]] = {
         ("ls [[ab]", "rm", False),
         ("ls r[[]m", "rm", False),
     ],
+    "deny: parameter expansions": [
+        ("${X:-rm} -rf /", "rm", True),
+        ("${X:-rm} -rf /", "rm -rf", True),
+        ("${X-rm} -rf /", "rm", True),
+        ("${X:=/bin/rm} -rf /", "rm", True),
+        ("${X+rm} x", "rm", True),
+        ("${X/a/rm} x", "rm", True),
+        ("${X:-${Y:-rm}} -rf /", "rm", True),
+        ("sudo ${X:-rm} -rf /", "rm", True),
+        ("echo ${X:-farm}", "rm", False),
+    ],
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from apollia_nb.governance import (
     Rule,
     decide,
 )
+from apollia_nb.governance import shellcheck
 from apollia_nb.governance.decision import first_argument, path_prefix_matches, rule_matches
 
 ALL = ("once", "always", "refuse")
@@ -773,6 +775,66 @@ def test_the_index_answers_as_a_scan_would(command: str) -> None:
     rules = [*DECOYS, Rule(BASH, "deny", "rm", id="rm")]
     c = run(command)
     assert decide(c, view(rules=rules)).rule_id == scan(c, rules)
+
+
+# 2,000 rules on one shell, and commands that try
+# to get a program past a deny rule with a glob or an expansion.
+MANY = [
+    Rule(BASH, "deny" if i % 2 else "allow", f"{p}{i} {s}", "*" if i % 3 else f"agent{i % 7}", id=f"many{i}")
+    for i in range(2_000)
+    for p, s in [(["git", "ls", "cat", "make", "curl", "tar"][i % 6], ["status", "-la", "push", "-q"][i % 4])]
+]
+SNEAKY = [
+    "/bin/r? -rf /", "/bin/[r]m -rf /", "/usr/bin/[r]m -rf /", "/b?n/rm -rf /", "{r,}m -rf /", "r* -rf /",
+    "$HOME/rm -rf /", "${X:-rm} -rf /", "${X:-/bin/rm} -rf /", "r${X}m -rf /", "sudo /bin/r? -rf /",
+    "bash -c '/bin/r? -rf /'", "ls; /bin/[[:lower:]]m -rf /", "[ && rm -rf /", "{a/,b}x; /bin/r? x",
+    "x* -rf /", "x?r? -rf /", "x[/]r[m] -rf /", "rmx? -rf /; rm x", "${X:-rm}z? -rf /",
+]
+
+
+@pytest.mark.parametrize("command", SNEAKY, ids=repr)
+@pytest.mark.parametrize("scope", ["clerk", "*"])
+def test_a_glob_or_an_expansion_does_not_get_past_a_deny_rule_among_many(command: str, scope: str) -> None:
+    rules, v = many_with_rm(scope)
+    c = run(command)
+    assert rule_matches(rules[1_000], c)
+    d = decide(c, v)
+    # A glob that cannot be read (``{a/,b}x``) names every program: an earlier rule refuses first.
+    assert (d.outcome, d.line) == ("refuse", 2) and d.rule_id == scan(c, rules)
+    other = run(command, agent="scout")  # a rule for one agent does not refuse another
+    assert decide(other, v).rule_id == scan(other, rules)
+    if scope != "*":
+        assert scan(other, rules) != "rm"
+
+
+@functools.cache
+def many_with_rm(scope: str) -> tuple[list[Rule], GovernanceView]:
+    rules = [*MANY[:1_000], Rule(BASH, "deny", "rm", scope, id="rm"), *MANY[1_000:]]
+    return rules, view(rules=rules, developer_mode=True)
+
+
+@pytest.mark.parametrize(
+    "command", ["git status ~/src/*.py", "ls -la $HOME/x", "cat ${X:-notes}.md", "ls [ab]*.txt", "echo {a,b}c",
+                "tar -q 'a b' \"$PWD\"/*", "ls ./*/../x?"],
+    ids=repr,
+)
+def test_a_glob_or_an_expansion_is_matched_against_few_of_many_rules(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deny matcher runs on the rules that may match, not on all 1,000 deny rules."""
+    v = many_with_rm("nobody")[1]
+    c = run(command, agent="agent1")
+    expected = scan(c, list(v.rules))
+    asked: list[str] = []
+    real = shellcheck.deny_prefix_matches
+
+    def counting(prefix: str, text: str) -> bool:
+        asked.append(prefix)
+        return real(prefix, text)
+
+    monkeypatch.setattr(shellcheck, "deny_prefix_matches", counting)
+    assert decide(c, v).rule_id == expected
+    assert len(asked) <= 50, len(asked)
 
 
 def test_a_command_too_long_to_read_matches_every_deny_rule() -> None:

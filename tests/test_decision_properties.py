@@ -362,3 +362,95 @@ def test_simple_words_and_is_simple_agree(command: str) -> None:
     words = shellcheck.simple_words(command)
     assert shellcheck.is_simple(command) is (words is not None)
     assert words is None or (len(words) > 0 and all(isinstance(w, str) for w in words))
+
+
+# Commands with glob words, expansions, quotes, ./ and ..: the index reads the words a
+# glob may expand to and the texts an expansion leaves, and must still answer as a scan.
+PROGRAM_WORDS = ["rm", "/bin/rm", "./rm", "../bin/rm", "rmdir", "git", "/usr/bin/git", "ls", "x", "r", "m",
+                 "sudo", "bash", "a.b", "run.sh", "./run.sh", "..", "-rf", "/", "push"]
+GLOB_STYLES = {
+    "one": lambda w: w[:-1] + "?",
+    "star": lambda w: w[:1] + "*",
+    "star tail": lambda w: "*" + w[-1:],
+    "class": lambda w: f"[{w[0]}]{w[1:]}",
+    "negated class": lambda w: f"[!x]{w[1:]}",
+    "range": lambda w: f"{w[:-1]}[a-z]",
+    "posix class": lambda w: f"[[:alpha:]]{w[1:]}",
+    "brace": lambda w: f"{{{w[0]},}}{w[1:]}",
+    "brace tail": lambda w: f"{w[:-1]}{{{w[-1]},q}}",
+    "path one": lambda w: f"/bin/{w[:-1]}?",
+    "path class": lambda w: f"/usr/bin/[{w[0]}]{w[1:]}",
+    "glob folder": lambda w: f"/b?n/{w}",
+    "star folder": lambda w: f"*/{w}",
+    "dot slash": lambda w: f"./{w}",
+    "dot dot": lambda w: f"../{w}",
+    "variable": lambda w: f"$HOME/{w}",
+    "default": lambda w: f"${{X:-{w}}}",
+    "inner variable": lambda w: f"{w[0]}${{X}}{w[1:]}",
+    "substitution": lambda w: f"$(echo {w})",
+    "quoted": lambda w: f"'{w}'",
+    "double quoted": lambda w: f'"{w}"',
+    "plain": lambda w: w,
+    "head": lambda w: f"{w}x?",
+    "head brace": lambda w: f"{w[:1]}{{{w[1:]},}}",
+    "slash head": lambda w: f"/{w}*",
+    "x head": lambda w: f"x/{w[:-1]}[{w[-1]}]",
+}
+BAD_GLOBS = ["[", "[]", "[!]", "{", "}", "{a/,b}x", "{a,b", "[[:alpha:]", "x[", "*/", "?/*", "[/]x", "{/,}rm",
+             "[a-]", "[z-a]m", "\\*", "'*'", "${", "$(", "`"]
+
+
+@st.composite
+def glob_cases(draw: st.DrawFn) -> tuple[list[Rule], str]:
+    agents = ["*", "*", "clerk", "scout"]
+    n = draw(st.sampled_from([6, 20, 60]))
+    rules = [
+        Rule(BASH, draw(st.sampled_from(["deny", "deny", "deny", "allow"])),
+             " ".join(draw(st.lists(st.sampled_from(PROGRAM_WORDS), min_size=1, max_size=2))),
+             draw(st.sampled_from(agents)), id=f"g{i}")
+        for i in range(n)
+    ]
+    pieces = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.integers(0, 5))
+        if kind == 0:
+            pieces.append(draw(st.sampled_from(BAD_GLOBS)))
+        else:
+            word = draw(st.sampled_from(PROGRAM_WORDS))
+            pieces.append(GLOB_STYLES[draw(st.sampled_from(list(GLOB_STYLES)))](word))
+    seps = draw(st.lists(st.sampled_from([" ", " ", "; ", " | ", " && ", "\n"]), min_size=len(pieces), max_size=len(pieces)))
+    command = "".join(p + s for p, s in zip(pieces, seps)).rstrip()
+    wrap = draw(st.sampled_from(["", "", "", "sudo ", "bash -c "]))
+    return rules, (wrap + shlex.quote(command) if wrap == "bash -c " else wrap + command)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["clerk", "scout", "other"]), st.sampled_from([Family.EXECUTE, None]), glob_cases(), st.booleans())
+def test_commands_with_globs_and_expansions_agree_with_a_plain_scan(
+    agent: str, family: Family | None, case: tuple[list[Rule], str], dev: bool
+) -> None:
+    rules, command = case
+    call = Call(agent=agent, tool=BASH, family=family, arguments={"command": command})
+    view = GovernanceView(rules=rules, developer_mode=dev)
+    d = decide(call, view)
+    assert (d.outcome, d.line, d.answers, d.rule_id) == reference(call, view)
+
+
+# What the index relies on from the glob reading: every program a glob word may name
+# ends with the word's literal tail, or the tail ends with the program; and it, or it
+# after "/" or "x/", starts with the word's literal head.
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(
+        st.text(alphabet="rmx/*?[]{},!^:.-a", min_size=1, max_size=10),
+        st.sampled_from(BAD_GLOBS),
+        st.builds(lambda s, w: GLOB_STYLES[s](w), st.sampled_from(list(GLOB_STYLES)), st.sampled_from(PROGRAM_WORDS)),
+    ),
+    st.sampled_from(PROGRAM_WORDS + ["/", "mr", "x/rm", "[", "]", "}", ",", "xrm", "x", "/x"]),
+)
+def test_a_glob_word_names_only_programs_that_fit_its_literal_tail_and_head(word: str, program: str) -> None:
+    for glob in shellcheck.glob_words(word):
+        if shellcheck.glob_may_name(glob, program):
+            assert program.endswith(glob.tail) or glob.tail.endswith(program), (word, glob.tail, program)
+            assert any(s.startswith(glob.head) for s in (program, "/" + program, "x/" + program)) or (
+                glob.last_head is not None and program.startswith(glob.last_head)), (word, glob.head, glob.last_head)

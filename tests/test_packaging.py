@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # An import name -> the distribution that provides it, where the two differ.
 DISTRIBUTION = {"nacl": "pynacl", "IPython": "ipython", "yaml": "pyyaml"}
-PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp"}  # installed with (and pinned by) another dependency
+PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp", "comm": "ipykernel"}  # installed with (and pinned by) another dependency
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -72,16 +72,12 @@ def test_dev_test_sh_names_a_missing_node_in_one_line_before_installing_anything
     assert out.stdout == ""
 
 
-def test_the_wheel_ships_the_notebooks_and_apollia_os_notebooks_copies_them_for_a_pip_user(tmp_path):
+def test_the_wheel_ships_the_notebooks_and_apollia_os_notebooks_copies_them_for_a_pip_user(tmp_path, built_wheel):
     import os
     import subprocess
     import zipfile
 
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            str(ROOT), "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300,
-                           cwd=tmp_path)
-    assert built.returncode == 0, built.stdout + built.stderr
-    [wheel] = (tmp_path / "dist").glob("apollia_nb-*.whl")
+    wheel = built_wheel  # built once per session (conftest.py)
     shipped = sorted(n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("apollia_nb/notebooks/"))
     expected = sorted(f"apollia_nb/notebooks/{p.name}" for p in (ROOT / "notebooks").iterdir() if p.is_file())
     assert shipped == expected and "apollia_nb/notebooks/01-tour.ipynb" in shipped

@@ -321,35 +321,36 @@ def path_prefix_matches(prefix: str, path: str) -> bool:
 #
 # Deny rules on commands are matched by ``shellcheck.deny_prefix_matches``, which
 # parses the command. Calling it once per rule is what makes many rules slow, so a
-# rule is skipped when it provably cannot match:
+# rule is skipped when it provably cannot match. Only rules whose prefix is made of
+# plain word characters and blanks (no quotes, escapes or operators) are keyed, so
+# their words are ``prefix.split()``; the others are always checked. A keyed rule
+# can match a command in two ways only:
 #
-# - its prefix is made only of plain word characters and blanks (no quotes, escapes
-#   or operators), so its words are ``prefix.split()``;
-# - the command is made only of plain word characters, blanks, newlines, the
-#   operators ``; & | < > ( )``, ``#``, ``~``, the glob characters ``* ? [ ]`` and the
-#   quoting characters ``' " \``. Without ``$``, backquotes, braces, ``!`` or
-#   non-ASCII there is nothing the matcher expands or folds (it does not expand
-#   globs or ``~``: it cannot know the file system), so every word it reads from the
-#   command (and every command string nested in it) is a stretch of the text with
-#   some quoting characters and escaped newlines removed;
-# - a deny match needs each word of the prefix inside the command read that way (the
-#   first word may match as its basename: ``/bin/rm`` also refuses ``rm``), except
-#   where the matcher refuses whatever the prefix is (a command too long or nested
-#   too deep to read, an internal failure). A word that occurs in no command
-#   (``_ABSENT``) detects those cases: when it matches, every rule is checked.
+# - through its words: each of them (the first possibly as its basename: ``/bin/rm``
+#   also refuses ``rm``) is a substring of ``shellcheck.deny_search_text(command)``,
+#   every text the matcher reads words from (a simple command's words, command
+#   strings after a wrapper, the readings of any other command: quotes removed,
+#   expansions taken as empty or as spaces, Unicode folded). A trie over the first
+#   words' basenames finds the rules whose first word occurs there;
+# - through a glob word (``/bin/r?``, ``[r]m``, ``{r,}m``, ``*``) that may expand to
+#   its first word. Every string such a word matches ends with the word's literal
+#   tail, so only first words that end with the tail (or that the tail ends with)
+#   are tried; a word without a tail but with a literal head (``gitx?``, ``${x:-rm}``)
+#   names only first words ``w`` where ``w``, ``/w`` or ``x/w`` starts with the head,
+#   or (a word with a ``/``: ``/bin/r?``) ``w`` starts with the literal head of the part
+#   after the last ``/``. They are tried in view order, with
+#   ``shellcheck.glob_may_name``: the first one named
+#   decides, since a named program is a match whatever the other words are.
 #
-# So a rule whose first word's basename, or any other word, does not occur in the
-# command with quotes, backslashes and newlines deleted (``_searchable``) is skipped.
-# Commands or prefixes outside these alphabets are checked rule by rule.
+# The matcher also matches whatever the prefix is when it cannot read the command
+# (too long, nested too deep, an internal failure). A word that occurs in no command
+# (``_ABSENT``) detects those cases: when it matches, every rule is checked.
+# The candidates are then checked with the matcher itself, in view order.
 # ``tests/test_decision_properties.py`` compares decide() with a plain scan over
 # ``rule_matches`` to hold this.
 
 _WORD_CHARS = string.ascii_letters + string.digits + "_./:@%+,=-"
 _PLAIN_PREFIX = frozenset(_WORD_CHARS + " \t")
-# No glob characters: a word like `/bin/r?` may name a program no literal word names
-# (shellcheck's deny matching reads such patterns), so those commands scan every rule.
-_PLAIN_COMMAND = frozenset(_WORD_CHARS + " \t\n;&|<>()#~'\"\\")
-_UNQUOTE = str.maketrans("", "", "'\"\\\n")
 _ABSENT = "zq0absent0qz"
 _SCAN_AT_MOST = 4  # this few rules are checked one by one: searching costs more
 _END = ""  # the trie key that holds the rules ending at a node (never a character)
@@ -358,16 +359,24 @@ _END = ""  # the trie key that holds the rules ending at a node (never a charact
 _Trie = dict[str, Any]
 # (position, prefix, the prefix's other words)
 _KeyedDeny = tuple[int, str, tuple[str, ...]]
+# (position of the first rule with this first word, the word, that rule's prefix)
+_Program = tuple[int, str, str]
 
 
-def _searchable(command: str) -> str | None:
-    """The command as deny matching reads its words, or None when it must check every rule."""
-    if not _PLAIN_COMMAND.issuperset(command):
+@dataclass(frozen=True, slots=True)
+class _Search:
+    """A command as the index reads it: its search text and its glob words."""
+
+    text: str
+    globs: tuple[shellcheck.GlobWord, ...]
+
+
+def _searchable(command: str) -> _Search | None:
+    """The command as deny matching reads it, or None when it must check every rule."""
+    text = shellcheck.deny_search_text(command)
+    if text is None or _ABSENT in text or shellcheck.deny_prefix_matches(_ABSENT, command):
         return None
-    plain = command.translate(_UNQUOTE)
-    if _ABSENT in plain or shellcheck.deny_prefix_matches(_ABSENT, command):
-        return None
-    return plain
+    return _Search(text, shellcheck.glob_words(command))
 
 
 def _trie_hits(trie: _Trie, text: str) -> Iterator[list[_KeyedDeny]]:
@@ -423,10 +432,13 @@ class _Rules:
     deny_commands: tuple[tuple[int, str], ...]  # every prefixed deny rule, in view order
     deny_trie: _Trie  # those with a plain prefix, by first word
     deny_unkeyed: tuple[tuple[int, str], ...]  # those without: always checked
+    deny_programs: tuple[_Program, ...]  # the keyed rules' first words, in view order
+    deny_programs_by_end: Mapping[str, tuple[_Program, ...]]  # the same by their last character
+    deny_programs_by_start: Mapping[str, tuple[_Program, ...]]  # and by their first
     allow: Mapping[str, tuple[tuple[int, tuple[str, ...]], ...]]  # first word -> (pos, words)
 
     def first_deny(
-        self, family: Family | None, texts: tuple[str, ...] | None, searchable: tuple[str | None, ...],
+        self, family: Family | None, texts: tuple[str, ...] | None, searchable: tuple[_Search | None, ...],
         paths: tuple[str, ...] | None = None,
     ) -> int | None:
         best = self.deny_all
@@ -449,13 +461,20 @@ class _Rules:
                 best = _earliest(best, _prefix_hit(self.deny_file_dir, self.deny_file_dir_lengths, form + "/"))
         return best
 
-    def _first_command_deny(self, command: str, plain: str | None, before: int | None) -> int | None:
-        if plain is None:
+    def _first_command_deny(self, command: str, search: _Search | None, before: int | None) -> int | None:
+        if search is None:
             candidates: Iterable[tuple[int, str]] = self.deny_commands
         else:
+            text = search.text
             found = list(self.deny_unkeyed)
-            for entries in _trie_hits(self.deny_trie, plain):
-                found.extend((pos, prefix) for pos, prefix, rest in entries if all(w in plain for w in rest))
+            for entries in _trie_hits(self.deny_trie, text):
+                found.extend((pos, prefix) for pos, prefix, rest in entries if all(w in text for w in rest))
+            limit = before
+            for word in search.globs:
+                named = self._first_named(word, limit)
+                if named is not None:
+                    found.append(named)
+                    limit = named[0]
             found.sort()
             candidates = found
         for pos, prefix in candidates:
@@ -464,6 +483,41 @@ class _Rules:
             if shellcheck.deny_prefix_matches(prefix, command):
                 return pos
         return None
+
+    def _first_named(self, word: shellcheck.GlobWord, before: int | None) -> tuple[int, str] | None:
+        """The first keyed rule (before ``before``) whose first word the glob word may name."""
+        tail, head, last = word.tail, word.head, word.last_head
+        if tail:
+            programs = self.deny_programs_by_end.get(tail[-1], ())
+        elif head and last != "":
+            programs = self._starting(head, last)
+        else:
+            programs = self.deny_programs
+        for pos, program, prefix in programs:
+            if before is not None and pos >= before:
+                return None
+            if tail and not (program.endswith(tail) or tail.endswith(program)):
+                continue
+            if head and not (program.startswith(head) or ("/" + program).startswith(head)
+                             or ("x/" + program).startswith(head)) and (last is None or not program.startswith(last)):
+                continue
+            if word.may_name(program):
+                return pos, prefix
+        return None
+
+    def _starting(self, head: str, last: str | None) -> tuple[_Program, ...]:
+        """The first words ``w`` for which ``w``, ``/w`` or ``x/w`` may start with ``head``, or
+        ``w`` with ``last`` (None: no such choice), in view order."""
+        firsts = {head[0]}
+        for lead in ("/", "x/"):
+            if head.startswith(lead) or lead.startswith(head):
+                if len(head) <= len(lead):
+                    return self.deny_programs
+                firsts.add(head[len(lead)])
+        if last is not None:
+            firsts.add(last[0])
+        by_start = self.deny_programs_by_start
+        return tuple(sorted(p for c in firsts for p in by_start.get(c, ())))
 
     def first_allow(self, words: tuple[str, ...]) -> int | None:
         best: int | None = None
@@ -505,11 +559,14 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
             commands.setdefault(prefix, pos)
     trie: _Trie = {}
     unkeyed: list[tuple[int, str]] = []
+    programs: dict[str, _Program] = {}
     for prefix, pos in commands.items():
         words = prefix.split()
         if len(commands) <= _SCAN_AT_MOST or not words or not _PLAIN_PREFIX.issuperset(prefix):
             unkeyed.append((pos, prefix))
             continue
+        if words[0] not in programs or pos < programs[words[0]][0]:
+            programs[words[0]] = (pos, words[0], prefix)
         node = trie
         for ch in posixpath.basename(words[0]) or words[0]:
             node = node.setdefault(ch, {})
@@ -527,8 +584,18 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
         deny_commands=tuple(sorted((pos, prefix) for prefix, pos in commands.items())),
         deny_trie=trie,
         deny_unkeyed=tuple(sorted(unkeyed)),
+        deny_programs=tuple(sorted(programs.values())),
+        deny_programs_by_end=_by_character(sorted(programs.values()), -1),
+        deny_programs_by_start=_by_character(sorted(programs.values()), 0),
         allow={k: tuple(v) for k, v in allow.items()},
     )
+
+
+def _by_character(programs: list[_Program], at: int) -> dict[str, tuple[_Program, ...]]:
+    grouped: dict[str, list[_Program]] = {}
+    for entry in programs:
+        grouped.setdefault(entry[1][at], []).append(entry)
+    return {k: tuple(v) for k, v in grouped.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -792,7 +859,7 @@ def decide(call: Call, view: GovernanceView) -> Decision:
         texts = _argument_texts(call)
         if texts is not None and call.aliases:
             texts = (*texts, *call.aliases)
-        plain: tuple[str | None, ...] = ()
+        plain: tuple[_Search | None, ...] = ()
         if texts and family in _COMMAND_FAMILIES and any(r.deny_trie for r in denying):
             plain = tuple(_searchable(t) for t in texts)
         elif texts:

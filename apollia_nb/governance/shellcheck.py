@@ -43,6 +43,10 @@ __all__ = [
     "is_simple",
     "allow_prefix_matches",
     "deny_prefix_matches",
+    "deny_search_text",
+    "glob_words",
+    "GlobWord",
+    "glob_may_name",
     "MAX_SIMPLE_LENGTH",
     "MAX_DENY_LENGTH",
     "RESERVED_WORDS",
@@ -313,14 +317,19 @@ def simple_words(command: str) -> tuple[str, ...] | None:
         command = _exact_text(command)
         if command is None or len(command) > MAX_SIMPLE_LENGTH:
             return None
-        if not _PRINTABLE.issuperset(command):
-            return None  # control characters (newline, CR, tab, NUL…) and non-ASCII
-        words = _tokenize(command)
-        if not words or not _program_ok(words[0]) or words[0] in _EVALUATING_BUILTINS:
-            return None
-        return words
+        return _simple_words(command)
     except Exception:
         return None
+
+
+@functools.lru_cache(maxsize=4096)  # decide() reads the same command, and the same rules' prefixes, often
+def _simple_words(command: str) -> tuple[str, ...] | None:
+    if not _PRINTABLE.issuperset(command):
+        return None  # control characters (newline, CR, tab, NUL…) and non-ASCII
+    words = _tokenize(command)
+    if not words or not _program_ok(words[0]) or words[0] in _EVALUATING_BUILTINS:
+        return None
+    return words
 
 
 def evaluating_builtin(command: str) -> str | None:
@@ -475,6 +484,11 @@ _EXPANSION = re.compile(
     r"|\$[0-9@*#?$!-]"              # $1 $@ $* ...
 )
 _PUNCTUATION = re.compile(r"[{},;|&()<>`]")
+# The start of a parameter expansion up to its operator: ``${x:-``, ``${#x``, ``${a[1]/``.
+_OPENER = re.compile(
+    r"\$\{[#!]?(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])?(?:\[[^\]]*\])?"
+    r"(?::?[-=+?]|##?|%%?|//?|/[#%]|\^\^?|,,?|:|@)?"
+)
 
 
 #: Nesting deeper than this many expansions is not unpicked: the deny rule matches.
@@ -514,6 +528,8 @@ def _text_variants(text: str) -> tuple[str, ...] | None:
         if spaced is None:
             return None
     variants = [plain, stripped, _PUNCTUATION.sub(" ", spaced)]
+    if "${" in plain:  # ${x:-rm}, ${x:=rm}, ${x/a/rm}: the words a parameter expansion may give
+        variants.append(_PUNCTUATION.sub(" ", _OPENER.sub(" ", plain)))
     variants += [_folded(v) for v in variants if not v.isascii()]
     return tuple(dict.fromkeys(variants))
 
@@ -579,17 +595,74 @@ def deny_prefix_matches(prefix: str, command: str) -> bool:
         return True
 
 
+def deny_search_text(command: str) -> str | None:
+    """Every text deny matching reads words from, joined by newlines; None when it may
+    match without reading words (too long, nested too deep, an internal failure).
+
+    For a prefix whose words hold no blanks or quotes, :func:`deny_prefix_matches` can
+    match through its words only if each of them — the first one possibly as its
+    basename — is a substring of this text: the words of a simple command (after a
+    wrapper, also of each command string, recursively), and the readings of any other
+    command. The rule index in ``decision.py`` relies on that; a glob word's match is
+    found with :func:`glob_words` instead.
+    """
+    try:
+        command = _exact_text(command)
+        if command is None or len(command) > MAX_DENY_LENGTH:
+            return None
+        texts: list[str] = []
+        if not _collect_texts(command, 0, texts):
+            return None
+        return "\n".join(texts)
+    except Exception:
+        return None
+
+
+def _collect_texts(command: str, depth: int, out: list[str]) -> bool:
+    """``_command_matches``'s reading of ``command``, as texts (False: it reads no words)."""
+    if depth > _MAX_DEPTH:
+        return False
+    words = simple_words(command)
+    if words is None:
+        variants = _text_variants(command)
+        if variants is None:
+            return False
+        out.extend(variants)
+        return True
+    out.append(" ".join(words))
+    if _is_wrapper(words[0]):
+        for word in words[1:]:
+            if not _UNQUOTED.issuperset(word) and not _collect_texts(word, depth + 1, out):
+                return False
+    return True
+
+
 _GLOB_CHARS = frozenset("*?[{")
 _TOKEN_SPLIT = re.compile(r"[\s;&|()<>`]+|\$\(")
 
 
 def _glob_regex(word: str) -> "re.Pattern[str] | None":
     """What a word with glob or brace characters may expand to, as a regex (None: no pattern)."""
+    return _glob_parts(word)[0]
+
+
+def _glob_parts(word: str) -> "tuple[re.Pattern[str], str]":
+    """The word's regex, its literal tail and its literal head: the characters every
+    string it matches ends with, and starts with.
+
+    The tail is what follows the last glob, bracket or brace element outside braces
+    ("" when the word ends in one, inside an unclosed brace, or cannot be read); the
+    head is what comes before the first ("" when the word starts with one).
+    """
     out: list[str] = []
+    tail: list[str] = []
+    head: list[str] = []
+    heading = True
     depth = 0
     i = 0
     while i < len(word):
         c = word[i]
+        literal = False
         if c == "*":
             out.append(".*")
         elif c == "?":
@@ -598,6 +671,7 @@ def _glob_regex(word: str) -> "re.Pattern[str] | None":
             end = _bracket_end(word, i)
             if end == -1:
                 out.append(re.escape(c))
+                literal = True
             else:
                 out.append(_bracket_regex(word[i + 1:end]))
                 i = end
@@ -611,12 +685,116 @@ def _glob_regex(word: str) -> "re.Pattern[str] | None":
             out.append(")")
         else:
             out.append(re.escape(c))
+            literal = True
+        if literal and not depth:
+            tail.append(c)
+            if heading:
+                head.append(c)
+        else:
+            tail.clear()
+            heading = False
         i += 1
     out.append(")" * depth)
+    text = "".join(out)
     try:
-        return re.compile("".join(out), re.DOTALL)
+        pattern = re.compile(text, re.DOTALL)
     except re.error:
-        return re.compile(".*", re.DOTALL)  # an unreadable pattern may name anything
+        return re.compile(".*", re.DOTALL), "", ""  # an unreadable pattern may name anything
+    if (cut := text.rfind("/")) != -1 and not _compiles(text[cut + 1:]):
+        return pattern, "", ""  # GlobWord.may_name names every program then
+    return pattern, "" if depth else "".join(tail), "".join(head)
+
+
+def _compiles(text: str) -> bool:
+    try:
+        re.compile(text, re.DOTALL)
+    except re.error:
+        return False
+    return True
+
+
+_PLAIN_IN_REGEX = frozenset(string.ascii_letters + string.digits + "_/!\"%',:;<=>@`")
+
+
+def _literal_head(regex: str) -> str:
+    """The characters every match of ``regex`` (a glob word's, cut after a "/") starts with,
+    read from its text: the plain and escaped characters before anything else ("" when
+    it cannot tell: an alternative anywhere, or nothing plain first)."""
+    if "|" in regex:
+        return ""
+    out: list[str] = []
+    i = 0
+    while i < len(regex):
+        c = regex[i]
+        if c in _PLAIN_IN_REGEX:
+            step = 1
+        elif c == "\\" and i + 1 < len(regex) and not regex[i + 1].isalnum():
+            c, step = regex[i + 1], 2
+        else:
+            break
+        if regex[i + step: i + step + 1] in ("*", "+", "?", "{"):
+            break  # quantified: not certain
+        out.append(c)
+        i += step
+    return "".join(out)
+
+
+class GlobWord:
+    """A word with ``* ? [ {`` as deny matching reads it: what it may expand to, compiled once."""
+
+    __slots__ = ("pattern", "tail", "head", "last_head", "_nested", "_last_part")
+
+    def __init__(self, pattern: "re.Pattern[str]", tail: str, head: str = "") -> None:
+        self.pattern = pattern
+        self.tail = tail  # every string the pattern matches ends with it (see ``_glob_parts``)
+        self._nested = re.compile(f"(?:{pattern.pattern})")
+        text = pattern.pattern
+        cut = text.rfind("/")
+        last: "re.Pattern[str] | bool | None" = None  # None: no "/"; True: unreadable, names anything
+        if cut != -1:
+            try:
+                last = re.compile(text[cut + 1:], re.DOTALL)
+            except re.error:
+                last = True
+        self._last_part = last
+        # Every string the pattern matches starts with ``head``. With a "/" in the pattern a
+        # program may also match the part after it alone: such a program starts with
+        # ``last_head`` (None: no such part; "": it may start with anything).
+        self.head = head
+        self.last_head = None if last is None else "" if last is True else _literal_head(text[cut + 1:])
+
+    def may_name(self, program: str) -> bool:
+        """Whether the word may expand to ``program`` or a path ending in it (``/usr/bin/r?``)."""
+        last = self._last_part
+        return bool(
+            self.pattern.fullmatch(program) or self.pattern.fullmatch("/" + program)
+            or self._nested.fullmatch("x/" + program)
+            or (last is True or (last is not None and last.fullmatch(program) is not None))  # type: ignore[union-attr]
+        )
+
+
+@functools.lru_cache(maxsize=8)  # decide() asks once per deny rule about the same text
+def glob_words(command: str) -> "tuple[GlobWord, ...]":
+    """The words of ``command`` with ``* ? [ {`` that deny matching reads as patterns,
+    each with its literal tail (see ``_glob_parts``). The rule index in ``decision.py``
+    finds the programs they may name with :func:`glob_may_name`."""
+    if not _GLOB_CHARS.intersection(command):
+        return ()
+    return tuple(
+        GlobWord(*_glob_parts(token))
+        for token in _TOKEN_SPLIT.split(_dequote(command))
+        if token and _GLOB_CHARS.intersection(token)
+    )
+
+
+def glob_may_name(word: GlobWord, program: str) -> bool:
+    """Whether a glob word may expand to ``program`` or a path ending in it.
+
+    A string it matches ends with its literal tail, so a program it may name ends
+    with the tail or the tail ends with the program; and ``program``, ``/program``
+    or ``x/program`` starts with its head. ``decision.py`` relies on both.
+    """
+    return word.may_name(program)
 
 
 def _bracket_end(word: str, start: int) -> int:
@@ -667,29 +845,8 @@ def _pattern_may_name(forms: set[tuple[str, ...]], command: str) -> bool:
     (or a path ending in it) counts as naming it. Refusing too much is safe here; such
     commands are never simple, so no allow rule is ever at stake.
     """
-    if not _GLOB_CHARS.intersection(command):
+    patterns = glob_words(command)
+    if not patterns:
         return False
     programs = {form[0] for form in forms if form}
-    for token in _TOKEN_SPLIT.split(_dequote(command)):
-        if not token or not _GLOB_CHARS.intersection(token):
-            continue
-        pattern = _glob_regex(token)
-        if pattern is None:
-            continue
-        for program in programs:
-            if pattern.fullmatch(program) or pattern.fullmatch("/" + program) or \
-                    re.fullmatch(f"(?:{pattern.pattern})", "x/" + program) or _tail_matches(pattern, program):
-                return True
-    return False
-
-
-def _tail_matches(pattern: "re.Pattern[str]", program: str) -> bool:
-    """Whether the pattern can name a path whose last part is ``program`` (``/usr/bin/r?``)."""
-    text = pattern.pattern
-    cut = text.rfind("/")
-    if cut == -1:
-        return False
-    try:
-        return re.fullmatch(text[cut + 1:], program, re.DOTALL) is not None
-    except re.error:
-        return True
+    return any(word.may_name(program) for word in patterns for program in programs)

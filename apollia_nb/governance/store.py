@@ -73,6 +73,7 @@ from apollia_nb.governance.decision import (
     Rule,
 )
 from apollia_nb.governance.policy import PolicyState, evaluate_policy, load_policy, policy_to_dict
+from apollia_nb.governance.watch import FULL_CHECK_SECS, FileWatch
 from apollia_nb.home import Home
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -362,6 +363,8 @@ class _Cached:
     sig: tuple[_Stat, ...]
     recheck: bool
     view: GovernanceView
+    watch: FileWatch | None = None  # armed before ``sig`` was taken: quiet, nothing changed since
+    until: float = 0.0  # when the stat() results are compared again however quiet the watch
 
 
 @dataclass(frozen=True)
@@ -473,6 +476,7 @@ class GovernanceStore:
         self.path = home.governance_db
         self._db_files = (str(self.path), str(self.path) + ".wal")
         self._policy_files = (str(home.policy_path), str(home.policy_sig_path), str(home.config_path))
+        self._watched = (*self._db_files, *self._policy_files)
         self._lock = _path_lock(self.path)
         self._db: _DbState | None = None
         self._policy: _PolicySnap | None = None
@@ -662,13 +666,16 @@ class GovernanceStore:
             return True
 
     def close(self) -> None:
-        """Stop holding the database open (see ``keep_open``)."""
+        """Stop holding the database open (see ``keep_open``) and watching its files."""
         with self._lock:
             self._keep = False
             keeper, self._keeper = self._keeper, None
             self._keeper_ino = None
+            cached = self._cached
         if keeper is not None:
             keeper.close()
+        if cached is not None and cached.watch is not None:
+            cached.watch.close()  # a later view() compares stat() results and watches again
 
     def attach_journal(self, journal: JournalSink | None) -> None:
         """Journal changes to ``journal`` from now on (and the policy state on next ``view()``)."""
@@ -686,10 +693,25 @@ class GovernanceStore:
         return (_stat(a), _stat(b), _stat(c), _stat(d), _stat(e))
 
     def view(self) -> GovernanceView:
-        """The current snapshot for ``decide()``; microseconds when nothing changed."""
+        """The current snapshot for ``decide()``; microseconds when nothing changed.
+
+        Unchanged files are known without a ``stat()`` while the snapshot's
+        ``FileWatch`` is quiet (see ``governance/watch.py``); otherwise, and at least
+        every ``FULL_CHECK_SECS``, their ``stat()`` results are compared.
+        """
         cached = self._cached
-        if cached is not None and not cached.recheck and cached.sig == self._signature():
-            return cached.view
+        if cached is not None and not cached.recheck:
+            watch = cached.watch
+            if watch is not None and time.monotonic() < cached.until and watch.quiet():
+                return cached.view
+            if watch is None or not watch.quiet():
+                watch = FileWatch(self._watched)  # armed before the stat() results it vouches for
+            if cached.sig == self._signature():
+                self._cached = replace(cached, watch=watch, until=time.monotonic() + FULL_CHECK_SECS)
+                if cached.watch is not None and cached.watch is not watch:
+                    cached.watch.close()
+                return cached.view
+            watch.close()
         with self._lock:
             return self._refresh()
 
@@ -701,6 +723,7 @@ class GovernanceStore:
         return snap.state
 
     def _refresh(self) -> GovernanceView:
+        watch = FileWatch(self._watched)  # armed first: whatever changes after the stat() results fires it
         now = time.time_ns()
         sig = self._signature()
         db_sig, policy_sig = sig[:2], sig[2:]
@@ -713,7 +736,10 @@ class GovernanceStore:
             snap = self._load_policy(policy_sig, now)
             self._policy = snap
         view = self._combine(db, snap)
-        self._cached = _Cached(sig, db.recheck or snap.recheck, view)
+        old, self._cached = self._cached, _Cached(sig, db.recheck or snap.recheck, view, watch,
+                                                  time.monotonic() + FULL_CHECK_SECS)
+        if old is not None and old.watch is not None:
+            old.watch.close()
         return view
 
     def _combine(self, db: _DbState, snap: _PolicySnap) -> GovernanceView:

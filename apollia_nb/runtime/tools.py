@@ -61,6 +61,7 @@ from apollia_nb.errors import (
     UnknownTool,
 )
 from apollia_nb.governance.decision import Family
+from apollia_nb.runtime import workers
 from apollia_nb.runtime.breaker import PERMANENT, SUCCESS, TRANSIENT, Breakers, classify
 from apollia_nb.runtime.outputs import clean_text, json_value
 
@@ -617,15 +618,20 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
-async def _run_body(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+async def _run_body(fn: Callable[..., Any], arguments: dict[str, Any], timeout: float) -> Any:
     if _is_async(fn):
-        result = await fn(**arguments)
-    else:
-        # A sync body runs in a worker thread. Threads cannot be interrupted: on
-        # timeout the call returns at once and the thread's late result is dropped.
-        result = await anyio.to_thread.run_sync(functools.partial(fn, **arguments), abandon_on_cancel=True)
+        with anyio.fail_after(timeout):
+            result = await fn(**arguments)
+            if inspect.isawaitable(result):
+                result = await result
+        return result
+    # A sync body runs in a worker thread. Threads cannot be interrupted: on
+    # timeout the call returns at once and the thread's late result is dropped.
+    started = time.monotonic()
+    result = await workers.run_sync(fn, timeout=timeout, **arguments)
     if inspect.isawaitable(result):
-        result = await result
+        with anyio.fail_after(max(0.0, timeout - (time.monotonic() - started))):
+            result = await result
     return result
 
 
@@ -656,8 +662,7 @@ async def invoke(
         return _failed(exc, started)
     timeout = tooldef.timeout_secs if timeout_secs is None else timeout_secs
     try:
-        with anyio.fail_after(timeout):
-            result = await _run_body(tooldef.fn, ordered)
+        result = await _run_body(tooldef.fn, ordered, timeout)
     except (Exception, SystemExit) as exc:  # a body that calls sys.exit() ends its call, not the runtime
         try:
             error = classify_error(exc, tool=tooldef.name, timeout_secs=timeout)

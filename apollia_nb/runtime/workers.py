@@ -1,0 +1,122 @@
+"""Threads that run tools' synchronous bodies: one hand-off each way, a timer for the timeout.
+
+A governed call runs a synchronous tool body in a worker thread so the event
+loop never blocks. ``anyio.to_thread.run_sync`` under ``anyio.fail_after`` does
+that with a capacity limiter, a cancel scope and a ``queue.Queue`` per hand-off;
+on the asyncio loop the runtime uses, ``run_sync`` does the same with less: the
+body goes to an idle worker through a ``SimpleQueue``, comes back with
+``call_soon_threadsafe``, and the timeout is one timer handle on the loop.
+
+What stays the same: at most ``MAX_WORKERS`` bodies run at once (more wait
+their turn); the body runs in a copy of the caller's context variables; on the
+timeout, or when the awaiting task is cancelled, the call returns at once and
+the body's late result is dropped (a thread cannot be interrupted); the timeout
+raises ``TimeoutError``. The workers are daemon threads owned by this module's
+pool: an abandoned body never keeps the process from exiting. Outside an
+asyncio loop (trio), ``run_sync`` is anyio's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+__all__ = ["run_sync", "MAX_WORKERS"]
+
+#: Bodies running at once, as anyio's default thread limiter allows.
+MAX_WORKERS = 40
+
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+
+
+class _Pool:
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # one release per worker waiting for a job
+        self._lock = threading.Lock()
+        self._threads = 0
+
+    def submit(self, job: _Job) -> None:
+        self._jobs.put(job)
+        if self._idle.acquire(blocking=False):
+            return  # a waiting worker takes it
+        with self._lock:
+            if self._threads < self._limit:
+                self._threads += 1
+                threading.Thread(target=self._work, name=f"apollia-tool-{self._threads}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            loop, future, body = self._jobs.get()
+            if future.done():  # the caller stopped waiting before the body started: it never runs
+                del loop, future, body
+                self._idle.release()
+                continue
+            try:
+                result = body()
+            except BaseException as exc:  # handed to the caller, never lost (unless it stopped waiting)
+                _hand_back(loop, _set_exception, future, exc)
+            else:
+                _hand_back(loop, _set_result, future, result)
+            del loop, future, body
+            self._idle.release()
+
+
+def _hand_back(loop: asyncio.AbstractEventLoop, setter: Callable[..., None], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(setter, *args)
+    except RuntimeError:
+        pass  # the loop closed while the body ran: nobody waits for it any more
+
+
+def _set_result(future: "asyncio.Future[Any]", result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: "asyncio.Future[Any]", exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+_pool = _Pool(MAX_WORKERS)
+
+
+async def run_sync(fn: Callable[..., Any], /, *args: Any, timeout: float, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a worker thread; ``TimeoutError`` after ``timeout`` seconds."""
+    body = functools.partial(fn, *args, **kwargs)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None:  # pragma: no cover - another event loop (trio)
+        with anyio.fail_after(timeout):
+            return await anyio.to_thread.run_sync(body, abandon_on_cancel=True)
+    future: asyncio.Future[Any] = loop.create_future()
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        if not future.done():
+            expired = True
+            future.cancel()
+
+    timer = loop.call_later(timeout, expire)
+    _pool.submit((loop, future, functools.partial(contextvars.copy_context().run, body)))
+    try:
+        return await future
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if expired and (task is None or not task.cancelling()):
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.cancel()

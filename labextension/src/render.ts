@@ -1,0 +1,336 @@
+/**
+ * Renders a `PanelState` into DOM: a pure function of the state, the clock and the handlers.
+ * Only JupyterLab CSS variables colour it (style/base.css), so it follows the light and dark
+ * themes; every control is a real button, so it is keyboard operable, and labelled for
+ * screen readers.
+ */
+
+import { fold, valueText, age, clock, shortHash } from './format';
+import { Agent, Card, JournalEntry, Run } from './protocol';
+import { PanelState, answeredOf, askedAt, budgetOf, runId, splitRuns, waitingCards } from './state';
+
+export interface Handlers {
+  answer(cardId: string, answer: string): void;
+  toggleUnfold(key: string): void;
+  toggleFinished(): void;
+  openRun(runId: string): void;
+  verify(): void;
+  refresh(): void;
+}
+
+type Child = Node | string | null | undefined | false;
+
+function h(doc: Document, tag: string, attrs: Record<string, string | undefined> = {}, ...children: Child[]): HTMLElement {
+  const el = doc.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v !== undefined) {
+      el.setAttribute(k, v);
+    }
+  }
+  for (const c of children) {
+    if (c === null || c === undefined || c === false) {
+      continue;
+    }
+    el.append(typeof c === 'string' ? doc.createTextNode(c) : c);
+  }
+  return el;
+}
+
+function button(doc: Document, label: string, onClick: () => void, attrs: Record<string, string | undefined> = {}): HTMLElement {
+  const b = h(doc, 'button', { type: 'button', class: 'apollia-button', ...attrs }, label);
+  b.addEventListener('click', onClick);
+  return b;
+}
+
+export const LOAD_HINT = '%load_ext apollia_nb';
+
+function statusMessage(state: PanelState, handlers: Handlers, doc: Document): HTMLElement | null {
+  const c = state.connection;
+  switch (c.kind) {
+    case 'no-notebook':
+      return h(doc, 'p', { class: 'apollia-status', role: 'status' },
+        'Open a notebook: the panel shows the apollia home of its kernel.');
+    case 'no-kernel':
+      return h(doc, 'p', { class: 'apollia-status', role: 'status' },
+        'This notebook has no running kernel. Start one to see its agents, inbox and journal.');
+    case 'connecting':
+      return h(doc, 'p', { class: 'apollia-status', role: 'status' }, 'Connecting to the kernel…');
+    case 'not-loaded':
+      return h(doc, 'div', { class: 'apollia-status apollia-not-loaded', role: 'status' },
+        h(doc, 'p', {}, 'apollia-nb is not loaded in this kernel. Run this in a cell:'),
+        h(doc, 'pre', { class: 'apollia-code' }, LOAD_HINT),
+        h(doc, 'p', {}, 'The panel connects when the cell has run.'),
+        button(doc, 'Connect now', handlers.refresh, { 'aria-label': 'Connect to the kernel again' }));
+    case 'error':
+      return h(doc, 'div', { class: 'apollia-status apollia-error', role: 'alert' },
+        h(doc, 'p', {}, c.message),
+        button(doc, 'Retry', handlers.refresh, { 'aria-label': 'Connect to the kernel again' }));
+    case 'connected':
+      return null;
+  }
+}
+
+function argumentRow(card: Card, name: string, value: unknown, state: PanelState, handlers: Handlers, doc: Document): HTMLElement[] {
+  const key = `${card.id}/${name}`;
+  const text = valueText(value);
+  const f = fold(text);
+  const open = Boolean(state.unfolded[key]);
+  const shown = f.hiddenChars === 0 || open ? f.full : f.head;
+  const dd = h(doc, 'dd', { class: 'apollia-arg-value' }, h(doc, 'pre', { class: 'apollia-code' }, shown));
+  if (f.hiddenChars > 0) {
+    const hidden = `${f.hiddenChars} more character${f.hiddenChars === 1 ? '' : 's'}` +
+      (f.hiddenLines > 0 ? `, ${f.hiddenLines} more line${f.hiddenLines === 1 ? '' : 's'}` : '');
+    if (!open) {
+      dd.append(h(doc, 'span', { class: 'apollia-folded-note' }, `… ${hidden} folded`));
+    }
+    dd.append(button(doc, open ? 'show less' : 'show all', () => handlers.toggleUnfold(key), {
+      class: 'apollia-button apollia-link',
+      'aria-expanded': String(open),
+      'aria-label': `${open ? 'Fold' : 'Show all of'} the argument ${name} (${text.length} characters)`
+    }));
+  }
+  return [h(doc, 'dt', { class: 'apollia-arg-name' }, name), dd];
+}
+
+export function renderCard(card: Card, state: PanelState, handlers: Handlers, now: number, doc: Document): HTMLElement {
+  const answered = answeredOf(card);
+  const sending = state.answering[card.id];
+  const failed = state.cardErrors[card.id];
+  const title = `${card.agent} wants ${card.tool}`;
+  const el = h(doc, 'article', {
+    class: `apollia-card${answered ? ' apollia-card-answered' : ''}`,
+    'aria-label': `Decision: ${title}${answered ? `, answered ${answered.answer}` : ', waiting'}`,
+    'data-card-id': card.id
+  });
+  el.append(h(doc, 'header', { class: 'apollia-card-head' },
+    h(doc, 'span', { class: 'apollia-agent' }, card.agent),
+    ' · ',
+    h(doc, 'code', { class: 'apollia-tool' }, card.tool),
+    ' · ',
+    h(doc, 'span', { class: 'apollia-family' }, card.family ?? 'unclassified'),
+    h(doc, 'span', { class: 'apollia-age', title: askedAt(card) ?? '' }, askedAt(card) ? `asked ${age(askedAt(card), now)} ago` : '')));
+  if (card.line !== undefined && card.line !== null && card.line !== '' ) {
+    el.append(h(doc, 'p', { class: 'apollia-asking-line' }, `asked by governance line ${card.line}`,
+      card.reason ? h(doc, 'span', { class: 'apollia-reason' }, `: ${card.reason}`) : null));
+  } else if (card.reason) {
+    el.append(h(doc, 'p', { class: 'apollia-reason' }, card.reason));
+  }
+  if (card.hints && Object.keys(card.hints).length > 0) {
+    el.append(h(doc, 'p', { class: 'apollia-hints', 'aria-label': 'MCP hints' }, 'hints: ',
+      ...Object.entries(card.hints).map(([k, v]) => h(doc, 'span', { class: 'apollia-hint' }, `${k}=${valueText(v)}`))));
+  }
+  const args = h(doc, 'dl', { class: 'apollia-args', 'aria-label': 'arguments' });
+  const entries = Object.entries(card.arguments ?? {});
+  if (entries.length === 0) {
+    args.append(h(doc, 'dt', { class: 'apollia-arg-name' }, '(no arguments)'));
+  }
+  for (const [name, value] of entries) {
+    args.append(...argumentRow(card, name, value, state, handlers, doc));
+  }
+  el.append(args);
+  if (answered) {
+    el.append(h(doc, 'p', { class: 'apollia-answered', role: 'status' },
+      `answered `, h(doc, 'strong', {}, answered.answer),
+      answered.by ? ` by ${answered.by}` : '',
+      answered.at ? ` at ${clock(answered.at)}` : ''));
+  } else {
+    const buttons = h(doc, 'div', { class: 'apollia-answers', role: 'group', 'aria-label': `Answers for ${title}` });
+    for (const answer of card.answers) {
+      const b = button(doc, answer, () => handlers.answer(card.id, answer), {
+        class: `apollia-button apollia-answer apollia-answer-${answer}`,
+        'data-answer': answer,
+        'aria-label': `Answer ${answer}: ${title}`
+      });
+      if (sending) {
+        b.setAttribute('disabled', '');
+      }
+      buttons.append(b);
+    }
+    el.append(buttons);
+    if (sending) {
+      el.append(h(doc, 'p', { class: 'apollia-sending', role: 'status' }, `sending ${sending}…`));
+    }
+  }
+  if (failed) {
+    el.append(h(doc, 'p', { class: 'apollia-card-error', role: 'alert' }, `${failed.code}: ${failed.message}`));
+  }
+  return el;
+}
+
+function section(doc: Document, id: string, title: string, ...children: Child[]): HTMLElement {
+  return h(doc, 'section', { class: `apollia-section apollia-${id}`, 'aria-labelledby': `apollia-h-${id}` },
+    h(doc, 'h2', { id: `apollia-h-${id}`, class: 'apollia-section-title' }, title), ...children);
+}
+
+function renderInbox(state: PanelState, handlers: Handlers, now: number, doc: Document): HTMLElement {
+  const inbox = state.snapshot?.inbox ?? [];
+  const waiting = waitingCards(state);
+  const answered = inbox.filter(c => answeredOf(c));
+  const title = waiting.length ? `Inbox (${waiting.length} waiting)` : 'Inbox';
+  return section(doc, 'inbox', title,
+    inbox.length === 0 ? h(doc, 'p', { class: 'apollia-empty' }, 'Nothing waits for a decision.') : null,
+    ...waiting.map(c => renderCard(c, state, handlers, now, doc)),
+    ...answered.map(c => renderCard(c, state, handlers, now, doc)));
+}
+
+function agentRow(agent: Agent, doc: Document): HTMLElement {
+  return h(doc, 'li', { class: 'apollia-agent-row' },
+    h(doc, 'span', { class: 'apollia-agent' }, agent.name), ' ',
+    h(doc, 'span', { class: `apollia-state apollia-state-${agent.state}` }, agent.state),
+    typeof agent.inflight === 'number' && agent.inflight > 0 ? ` · ${agent.inflight} in flight` : '');
+}
+
+function runRow(run: Run, state: PanelState, handlers: Handlers, doc: Document): HTMLElement {
+  const id = runId(run);
+  const budget = budgetOf(run);
+  const label = run.goal ?? run.title ?? '';
+  const open = state.openRun?.runId === id;
+  const li = h(doc, 'li', { class: `apollia-run apollia-run-${run.status}`, 'data-run-id': id });
+  li.append(button(doc, `${run.kind} ${run.agent}: ${label}`, () => handlers.openRun(id), {
+    class: 'apollia-button apollia-link apollia-run-open',
+    'aria-expanded': String(open),
+    'aria-label': `Journal entries of the ${run.kind} ${id} (${run.agent}, ${run.status})`
+  }));
+  li.append(h(doc, 'span', { class: `apollia-state apollia-state-${run.status}` }, run.waiting ? `${run.status} · waiting` : run.status));
+  if (budget) {
+    const pct = Math.min(100, Math.round((100 * budget.used) / budget.max));
+    li.append(h(doc, 'div', {
+      class: 'apollia-budget', role: 'progressbar', 'aria-label': 'step budget',
+      'aria-valuemin': '0', 'aria-valuemax': String(budget.max), 'aria-valuenow': String(budget.used),
+      title: `${budget.used} of ${budget.max} steps`
+    }, h(doc, 'div', { class: 'apollia-budget-fill', style: `width: ${pct}%` }),
+      h(doc, 'span', { class: 'apollia-budget-text' }, `${budget.used}/${budget.max} steps`)));
+  }
+  if (run.step) {
+    li.append(h(doc, 'p', { class: 'apollia-step' }, run.step));
+  }
+  if (open && state.openRun) {
+    li.append(renderRunEntries(state, doc));
+  }
+  return li;
+}
+
+function entrySummary(e: JournalEntry): string {
+  const payload = (e as { payload?: unknown }).payload;
+  if (payload && typeof payload === 'object') {
+    const parts = Object.entries(payload as Record<string, unknown>)
+      .filter(([, v]) => v !== null && typeof v !== 'object')
+      .slice(0, 4)
+      .map(([k, v]) => `${k}=${String(v)}`);
+    return parts.join(' ');
+  }
+  return e.summary ?? '';
+}
+
+function entryRow(e: JournalEntry, doc: Document): HTMLElement {
+  const kind = e.kind ?? e.type ?? '';
+  const summary = entrySummary(e);
+  const f = fold(summary);
+  return h(doc, 'li', { class: 'apollia-entry', 'data-seq': String(e.seq) },
+    h(doc, 'span', { class: 'apollia-seq' }, `#${e.seq}`), ' ',
+    h(doc, 'span', { class: 'apollia-kind' }, kind),
+    summary ? h(doc, 'span', { class: 'apollia-entry-summary', title: f.full }, ` ${f.head}${f.hiddenChars ? ` … (+${f.hiddenChars})` : ''}`) : null);
+}
+
+function renderRunEntries(state: PanelState, doc: Document): HTMLElement {
+  const r = state.openRun!;
+  if (r.entries === null) {
+    return h(doc, 'p', { class: 'apollia-status', role: 'status' }, 'Loading its journal entries…');
+  }
+  if (r.error) {
+    return h(doc, 'p', { class: 'apollia-error', role: 'alert' }, r.error);
+  }
+  return h(doc, 'ol', { class: 'apollia-entries apollia-run-entries', 'aria-label': `journal entries of ${r.runId}` },
+    ...(r.entries.length ? r.entries.map(e => entryRow(e, doc)) : [h(doc, 'li', {}, 'no entries')]));
+}
+
+function renderAgents(state: PanelState, handlers: Handlers, doc: Document): HTMLElement {
+  const snap = state.snapshot!;
+  const { active, finished } = splitRuns(snap.runs);
+  const s = section(doc, 'agents', 'Agents and runs');
+  s.append(snap.agents.length
+    ? h(doc, 'ul', { class: 'apollia-agents', 'aria-label': 'agents' }, ...snap.agents.map(a => agentRow(a, doc)))
+    : h(doc, 'p', { class: 'apollia-empty' }, 'No agent is registered.'));
+  s.append(active.length
+    ? h(doc, 'ul', { class: 'apollia-runs', 'aria-label': 'running and waiting runs' }, ...active.map(r => runRow(r, state, handlers, doc)))
+    : h(doc, 'p', { class: 'apollia-empty' }, 'Nothing is running.'));
+  if (finished.length) {
+    s.append(button(doc, `${state.showFinished ? 'Hide' : 'Show'} ${finished.length} finished`, handlers.toggleFinished, {
+      class: 'apollia-button apollia-link apollia-finished-toggle', 'aria-expanded': String(state.showFinished)
+    }));
+    if (state.showFinished) {
+      s.append(h(doc, 'ul', { class: 'apollia-runs apollia-finished', 'aria-label': 'finished runs' },
+        ...finished.map(r => runRow(r, state, handlers, doc))));
+    }
+  }
+  return s;
+}
+
+function verifyBadge(state: PanelState, doc: Document): HTMLElement {
+  const v = state.snapshot?.journal.verify;
+  const st = state.verifying ? 'running' : v?.state ?? 'unknown';
+  const text = {
+    ok: `verified${v?.checked_size !== undefined ? ` (${v.checked_size} entries)` : ''}`,
+    failed: `does NOT verify${v?.first_bad_seq !== undefined && v?.first_bad_seq !== null ? ` from #${v.first_bad_seq}` : ''}`,
+    running: 'verifying…',
+    unknown: 'not verified yet'
+  }[st];
+  return h(doc, 'span', { class: `apollia-verify apollia-verify-${st}`, role: 'status', 'aria-label': `journal verification: ${text}` }, text);
+}
+
+function renderJournal(state: PanelState, handlers: Handlers, doc: Document): HTMLElement {
+  const j = state.snapshot!.journal;
+  const checkpoint = j.last_checkpoint === null || j.last_checkpoint === undefined
+    ? 'none'
+    : typeof j.last_checkpoint === 'object'
+      ? `#${(j.last_checkpoint as { seq?: number; size?: number }).seq ?? (j.last_checkpoint as { size?: number }).size ?? '?'}`
+      : `#${String(j.last_checkpoint)}`;
+  return section(doc, 'journal', 'Journal',
+    h(doc, 'dl', { class: 'apollia-head' },
+      h(doc, 'dt', {}, 'size'), h(doc, 'dd', { class: 'apollia-journal-size' }, String(j.size)),
+      h(doc, 'dt', {}, 'root'), h(doc, 'dd', {}, h(doc, 'code', { title: j.root ?? '' }, shortHash(j.root))),
+      h(doc, 'dt', {}, 'last checkpoint'), h(doc, 'dd', {}, checkpoint)),
+    h(doc, 'p', { class: 'apollia-verify-row' }, verifyBadge(state, doc), ' ',
+      button(doc, 'Verify now', handlers.verify, { 'aria-label': 'Verify the journal now', ...(state.verifying ? { disabled: '' } : {}) })),
+    state.verifyError ? h(doc, 'p', { class: 'apollia-error', role: 'alert' }, state.verifyError) : null,
+    h(doc, 'h3', { class: 'apollia-subtitle' }, 'Latest entries'),
+    j.latest.length
+      ? h(doc, 'ol', { class: 'apollia-entries apollia-latest', 'aria-label': 'latest journal entries' }, ...j.latest.map(e => entryRow(e, doc)))
+      : h(doc, 'p', { class: 'apollia-empty' }, 'The journal is empty.'));
+}
+
+/** The whole panel body for `state`. */
+export function renderPanel(state: PanelState, handlers: Handlers, now: number, doc: Document = document): HTMLElement {
+  const root = h(doc, 'div', { class: 'apollia-panel-body' });
+  const status = statusMessage(state, handlers, doc);
+  if (status) {
+    root.append(status);
+  }
+  const snap = state.snapshot;
+  if (state.connection.kind === 'connected' && !snap) {
+    root.append(state.error
+      ? h(doc, 'div', { class: 'apollia-status apollia-error', role: 'alert' },
+        h(doc, 'p', {}, state.error),
+        button(doc, 'Retry', handlers.refresh, { 'aria-label': 'Connect to the kernel again' }))
+      : h(doc, 'p', { class: 'apollia-status', role: 'status' }, 'Loading…'));
+    return root;
+  }
+  if (!snap || state.connection.kind !== 'connected') {
+    return root;
+  }
+  if (snap.mode === 'served') {
+    root.append(h(doc, 'p', { class: 'apollia-banner', role: 'note' },
+      `shared home: showing every run of ${snap.server ?? 'the server'}`));
+  }
+  root.append(h(doc, 'p', { class: 'apollia-home', title: snap.home }, `home ${snap.home}`));
+  if (state.error) {
+    root.append(h(doc, 'p', { class: 'apollia-error', role: 'alert' }, state.error));
+  }
+  for (const p of snap.problems ?? []) {
+    root.append(h(doc, 'p', { class: 'apollia-error apollia-problem', role: 'alert' }, `${p.part}: ${p.code}: ${p.message}`));
+  }
+  root.append(renderInbox(state, handlers, now, doc));
+  root.append(renderAgents(state, handlers, doc));
+  root.append(renderJournal(state, handlers, doc));
+  return root;
+}

@@ -1,0 +1,173 @@
+// Drives Debian's Chromium through playwright-core against a running JupyterLab, as a person
+// would use the apollia panel: opens the notebook, opens the panel with its shortcut, runs
+// every cell, answers `once` in the panel while the cell that awaits the task is busy, and
+// reads back what the page shows. Run by tests/test_lab_panel_browser.py, which starts the
+// server and checks what this prints: one JSON object on its last line of stdout.
+//
+// Inputs (environment): LAB_URL (ends with /), LAB_TOKEN, NOTEBOOK (a path under the root),
+// PLAYWRIGHT_CORE (the package's folder), USER_DATA_DIR (new, empty), ARTIFACTS (a folder).
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+const env = process.env;
+const require = createRequire(import.meta.url);
+const { chromium } = require(env.PLAYWRIGHT_CORE);
+const STEP_MS = 90_000;
+const out = { steps: [] };
+const step = name => out.steps.push(name);
+
+const context = await chromium.launchPersistentContext(env.USER_DATA_DIR, {
+  executablePath: '/usr/bin/chromium',
+  headless: true,
+  viewport: { width: 1500, height: 1000 },
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync']
+});
+const page = context.pages()[0] ?? (await context.newPage());
+page.setDefaultTimeout(STEP_MS);
+const consoleErrors = [];
+page.on('console', m => { if (m.type() === 'error') consoleErrors.push(m.text()); });
+const panel = page.locator('#apollia-panel');
+
+async function screenshot(name) {
+  const file = path.join(env.ARTIFACTS, name);
+  await panel.screenshot({ path: file }).catch(() => page.screenshot({ path: file }));
+  return file;
+}
+
+/** The text of a code cell's outputs and its prompt ("[*]:" while it runs), by index among code cells. */
+async function cell(index) {
+  return page.evaluate(i => {
+    const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
+    const c = cells[i];
+    return c ? {
+      prompt: c.querySelector('.jp-InputArea-prompt')?.textContent ?? '',
+      output: c.querySelector('.jp-Cell-outputArea')?.textContent ?? ''
+    } : null;
+  }, index);
+}
+
+async function waitCell(index, predicate, what) {
+  const end = Date.now() + STEP_MS;
+  let said = 0;
+  for (;;) {
+    const c = await cell(index);
+    if (Date.now() - said > 5000) {
+      said = Date.now();
+      process.stderr.write(`waiting (${what}): cell ${index} ${JSON.stringify(c)?.slice(0, 300)}\n`);
+    }
+    if (c && predicate(c)) {
+      return c;
+    }
+    if (Date.now() > end) {
+      throw new Error(`${what}: cell ${index} shows ${JSON.stringify(c)}`);
+    }
+    await page.waitForTimeout(200);
+  }
+}
+
+try {
+  await page.goto(`${env.LAB_URL}lab/tree/${env.NOTEBOOK}?token=${env.LAB_TOKEN}`);
+  await page.waitForFunction(() => {
+    const app = window.jupyterapp;
+    const nb = app?.shell?.currentWidget;
+    return nb?.sessionContext?.session?.kernel?.status === 'idle' && document.querySelector('.jp-Notebook .jp-CodeCell');
+  });
+  step('notebook open, kernel idle');
+  // JupyterLab asks once whether to fetch its news: say no, as a first-time user would.
+  await page.locator('.Toastify__toast').filter({ hasText: 'official Jupyter news' }).getByRole('button', { name: 'No' })
+    .click({ timeout: 10_000 }).catch(() => {});
+  out.command = await page.evaluate(() => ({
+    has: window.jupyterapp.commands.hasCommand('apollia:open-panel'),
+    label: window.jupyterapp.commands.label('apollia:open-panel'),
+    keys: window.jupyterapp.commands.keyBindings
+      .filter(b => b.command === 'apollia:open-panel').map(b => b.keys.join(' '))
+  }));
+
+  // The shortcut opens the panel; the kernel has not loaded the extension yet.
+  await page.locator('.jp-Notebook').click({ position: { x: 5, y: 5 } });
+  await page.keyboard.press('Escape');
+  await page.keyboard.press('Alt+Shift+P');
+  await panel.waitFor({ state: 'visible' });
+  await panel.locator('.apollia-not-loaded').waitFor();
+  out.notLoaded = await panel.locator('.apollia-not-loaded').innerText();
+  step('panel open by its shortcut, says how to load the extension');
+
+  // Not awaited: running all cells ends only when the cell awaiting the task ends.
+  await page.evaluate(() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); });
+  step('run all cells');
+  const once = panel.locator('[data-card-id] button[data-answer="once"]');
+  await once.waitFor();
+  const busyCell = Number(env.AWAIT_CELL);
+  // The cell awaiting the task is busy, and stays busy until the card is answered.
+  const busy = await waitCell(busyCell, c => c.prompt.includes('*'), 'the awaiting cell never ran');
+  await page.waitForTimeout(500);
+  out.busyBeforeClick = (await cell(busyCell)).prompt;
+  out.cardText = await panel.locator('[data-card-id]').first().innerText();
+  out.badge = await page.locator('.lm-TabBar-tab.apollia-tab-waiting').getAttribute('data-apollia-waiting').catch(() => null);
+  out.notification = await page.locator('.Toastify__toast, .jp-Notification-Toast').filter({ hasText: 'asks to use' })
+    .first().innerText({ timeout: 10_000 }).catch(() => null);
+  out.screenshotWaiting = await screenshot('panel-waiting.png');
+  step(`card waiting in the panel while the cell is busy (${busy.prompt.trim()})`);
+
+  await once.click();
+  out.busyAtClick = (await cell(busyCell)).prompt;
+  await panel.locator('.apollia-card-answered').first().waitFor();
+  out.panelAnswered = await panel.locator('.apollia-card-answered .apollia-answered').first().innerText();
+  step('answered once in the panel');
+
+  const done = await waitCell(busyCell, c => !c.prompt.includes('*') && c.output.includes('RUN'), 'the run did not finish');
+  out.awaitOutput = done.output;
+  const viewCell = Number(env.TASK_CELL);
+  const view = await waitCell(viewCell, c => /Answered/.test(c.output), 'the cell card never showed the answer');
+  out.cellCard = view.output;
+  const sql = await waitCell(Number(env.SQL_CELL), c => !c.prompt.includes('*') && c.prompt.trim() !== '[ ]:' && c.output.length > 0,
+    'the SQL cell did not run');
+  out.sqlOutput = sql.output;
+  step('the busy cell finished, its card shows the answer');
+
+  // The journal: the run's entries, as the panel lists them on a click.
+  // The run has finished: it is folded under "Show 1 finished".
+  await panel.locator('.apollia-finished-toggle').click();
+  const run = panel.locator('.apollia-finished .apollia-run-open').first();
+  out.runButton = await run.getAttribute('aria-label');
+  await run.click();
+  await panel.locator('.apollia-run-entries').waitFor();
+  await page.waitForFunction(() => document.querySelector('#apollia-panel .apollia-run-entries')?.textContent.includes('answer=once'));
+  out.runEntries = await panel.locator('.apollia-run-entries').innerText();
+  // Verify now: the badge covers the whole journal.
+  await panel.locator('button[aria-label="Verify the journal now"]').click();
+  await page.waitForFunction(() => {
+    const size = document.querySelector('#apollia-panel .apollia-journal-size')?.textContent;
+    return document.querySelector('#apollia-panel .apollia-verify-ok')?.textContent === `verified (${size} entries)`;
+  });
+  out.journal = await panel.locator('.apollia-journal').innerText();
+  await panel.evaluate(node => { node.scrollTop = 0; });
+  out.screenshot = await screenshot('panel.png');
+  step('the run\'s journal entries hold the answer');
+
+  // The dark theme: the panel's colours follow JupyterLab's theme variables.
+  const colours = () => panel.evaluate(node => {
+    const card = node.querySelector('.apollia-card');
+    return [getComputedStyle(node).backgroundColor, getComputedStyle(node).color, card && getComputedStyle(card).backgroundColor];
+  });
+  out.lightColours = await colours();
+  await page.evaluate(() => window.jupyterapp.commands.execute('apputils:change-theme', { theme: 'JupyterLab Dark' }));
+  await page.waitForFunction(() => document.body.dataset.jpThemeLight === 'false');
+  await page.waitForTimeout(500);
+  out.darkColours = await colours();
+  out.screenshotDark = await screenshot('panel-dark.png');
+  step('dark theme');
+  out.ok = true;
+} catch (err) {
+  out.ok = false;
+  out.error = String(err && err.stack ? err.stack : err);
+  out.panelText = await panel.innerText().catch(() => null);
+  out.screenshot = await page.screenshot({ path: path.join(env.ARTIFACTS, 'panel-failure.png') })
+    .then(() => path.join(env.ARTIFACTS, 'panel-failure.png')).catch(() => null);
+} finally {
+  out.consoleErrors = consoleErrors.slice(0, 20);
+  await context.close();
+}
+console.log(JSON.stringify(out));
+process.exit(out.ok ? 0 : 1);
