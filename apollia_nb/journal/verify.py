@@ -44,7 +44,7 @@ from apollia_nb.journal.merkle import EMPTY_ROOT, MerkleAccumulator, leaf_hash
 
 if TYPE_CHECKING:
     from apollia_nb.home import Home
-    from apollia_nb.journal.store import Journal
+    from apollia_nb.journal.contract import JournalFace
 
 __all__ = [
     "VerifyReport",
@@ -577,7 +577,7 @@ def verify_home(home: Home, *, external: str | None = None, workers: int = 2) ->
     return verify_file(home.journal_db, public_key=load_public_key(home), external=external, workers=workers)
 
 
-def verify_journal(journal: Journal, checkpoint: str | None = None, *, workers: int = 2) -> VerifyReport:
+def verify_journal(journal: JournalFace, checkpoint: str | None = None, *, workers: int = 2) -> VerifyReport:
     """Verify an open journal from one consistent snapshot of its rows, read in seq ranges
     through a cursor of its own (memory does not grow with the journal)."""
     cursor = journal.cursor()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 if TYPE_CHECKING:  # pragma: no cover
-    from apollia_nb.runtime.runtime import Runtime
+    from apollia_nb.runtime.capabilities import Answering
 
 __all__ = ["Card", "CHAT_CARD_TIMEOUT_SECS"]
 
@@ -44,7 +44,7 @@ class Card:
     answered_by: str | None = None
     answered_at: str | None = None
     values: dict[str, Any] | None = None  # a server's question (elicitation): the form's values given with ``once``
-    _runtime: "Runtime | None" = field(default=None, repr=False)
+    _runtime: "Answering | None" = field(default=None, repr=False)
     _event: anyio.Event = field(default_factory=anyio.Event, repr=False)
 
     @property

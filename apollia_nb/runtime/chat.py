@@ -33,7 +33,7 @@ from apollia_nb.runtime.states import SESSION, SessionState, StateCell
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.agents import Agent
     from apollia_nb.runtime.cards import Card
-    from apollia_nb.runtime.runtime import Runtime
+    from apollia_nb.runtime.capabilities import ChatHost
 
 __all__ = ["Session", "Exchange", "Sessions"]
 
@@ -425,7 +425,7 @@ class Session:
 class Sessions:
     """The runtime's chat sessions."""
 
-    def __init__(self, rt: "Runtime") -> None:
+    def __init__(self, rt: "ChatHost") -> None:
         self.rt = rt
         self._sessions: dict[str, Session] = {}
         self._unloaded: dict[str, dict[str, Any]] = {}

@@ -30,7 +30,7 @@ from apollia_nb.governance.decision import Call, Decision, Outcome, decide
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.agents import Agent
     from apollia_nb.runtime.cards import Card
-    from apollia_nb.runtime.runtime import Runtime
+    from apollia_nb.runtime.capabilities import GovernedHost
 
 __all__ = ["CallResult", "CallScope", "current_call", "governed_call", "governed_request", "run_approved_call",
            "Mode", "OUTPUT_CAP", "NULL_DIGEST"]
@@ -72,7 +72,7 @@ class CallScope:
     """The approved call a tool body runs for: what a federated tool needs to tie a server's
     request (for input, for a model call) back to the run that caused it."""
 
-    rt: "Runtime"
+    rt: "GovernedHost"
     agent: "Agent"
     run_id: str
     call_id: str
@@ -95,7 +95,7 @@ def _capped(output: Any) -> tuple[Any, str, bool]:
 
 
 async def governed_call(
-    rt: "Runtime",
+    rt: "GovernedHost",
     agent: "Agent",
     *,
     run_id: str,
@@ -228,7 +228,7 @@ def argument_aliases(tooldef: Any, ordered: dict[str, Any]) -> tuple[str, ...]:
 
 
 async def continue_after_answer(
-    rt: "Runtime", agent: "Agent", card: "Card", *, decision: Decision | None = None
+    rt: "GovernedHost", agent: "Agent", card: "Card", *, decision: Decision | None = None
 ) -> CallResult:
     """Carry out an answered card: ``once``/``always`` run the call, ``refuse`` refuses it.
 
@@ -256,7 +256,7 @@ async def continue_after_answer(
                                    arguments=card.arguments, decision=decision)
 
 
-async def _stopped_short(rt: "Runtime", agent: "Agent", run_id: str, call_id: str, name: str,
+async def _stopped_short(rt: "GovernedHost", agent: "Agent", run_id: str, call_id: str, name: str,
                          arguments: dict[str, Any], exc: ApolliaError,
                          prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
     """A call that never reached its tool (unknown tool, bad arguments, a path the tool refuses)."""
@@ -268,7 +268,7 @@ async def _stopped_short(rt: "Runtime", agent: "Agent", run_id: str, call_id: st
     return CallResult(call_id, name, "error", error_code=exc.code, error_message=exc.message, arguments=arguments)
 
 
-async def _commit(rt: "Runtime", run_id: str, agent: "Agent",
+async def _commit(rt: "GovernedHost", run_id: str, agent: "Agent",
                   drafts: Sequence[tuple[str, dict[str, Any]]]) -> None:
     """Append entries in one transaction; durable when this returns."""
     from apollia_nb.journal.store import Draft
@@ -276,7 +276,7 @@ async def _commit(rt: "Runtime", run_id: str, agent: "Agent",
     await rt.journal.append_many_async([Draft(kind, payload, run_id, agent.name) for kind, payload in drafts])
 
 
-async def _refused(rt: "Runtime", agent: "Agent", run_id: str, call_id: str, name: str,
+async def _refused(rt: "GovernedHost", agent: "Agent", run_id: str, call_id: str, name: str,
                    arguments: dict[str, Any], reason: str, decision: Decision | None,
                    prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
     await _commit(rt, run_id, agent, [*prefix, (
@@ -289,7 +289,7 @@ async def _refused(rt: "Runtime", agent: "Agent", run_id: str, call_id: str, nam
 
 
 async def run_approved_call(
-    rt: "Runtime", agent: "Agent", *, run_id: str, call_id: str, name: str,
+    rt: "GovernedHost", agent: "Agent", *, run_id: str, call_id: str, name: str,
     arguments: dict[str, Any], decision: Decision | None = None,
     prefix: Sequence[tuple[str, dict[str, Any]]] = (),
 ) -> CallResult:
@@ -332,7 +332,7 @@ async def run_approved_call(
 
 
 async def governed_request(
-    rt: "Runtime", scope: CallScope, *, tool: str, family: Any, arguments: dict[str, Any],
+    rt: "GovernedHost", scope: CallScope, *, tool: str, family: Any, arguments: dict[str, Any],
     connection: str | None, hints: dict[str, Any] | None = None, decided: Decision | None = None,
     timeout_secs: float | None = None,
 ) -> tuple[str, Decision, "Card | None"]:
@@ -398,7 +398,7 @@ async def governed_request(
                              f"{card.answered_by}"), card
 
 
-def _run_of(rt: "Runtime", run_id: str) -> tuple[Any, str | None]:
+def _run_of(rt: "GovernedHost", run_id: str) -> tuple[Any, str | None]:
     """The task run (or chat session id) that ``run_id`` belongs to."""
     for run in list(getattr(rt, "_runs", {}).values()):
         if getattr(run, "r", {}).get("run_id") == run_id:

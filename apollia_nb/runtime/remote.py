@@ -47,7 +47,6 @@ from apollia_nb.errors import (
     HomeLocked,
     IntegrityError,
     UnknownDecision,
-    error_for_code,
 )
 from apollia_nb.home import Home
 
@@ -59,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.governance.policy import PolicyState
     from apollia_nb.governance.store import ConsentRecord, DeveloperMode, PendingDecision, RuleRecord
     from apollia_nb.journal.entry import Entry
-    from apollia_nb.runtime.runtime import Runtime
+    from apollia_nb.runtime.capabilities import AnswerHost
 
 __all__ = [
     "ServerAddress",
@@ -159,11 +158,18 @@ def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
 
 
 def _error(response: "httpx.Response") -> ApolliaError:
+    """The error an answer of the server stands for: its code's class, as the SDK raises it."""
+    from apollia_nb.sdk.client import raise_for_error
+
     try:
-        data = response.json()
-        return error_for_code(str(data["code"]), str(data["message"]))
-    except (ValueError, KeyError, TypeError):
-        return ApolliaError(f"HTTP {response.status_code} from the server that owns the home")
+        raise_for_error(response.status_code, response.content)
+    except ApolliaError as exc:
+        return exc
+    return ApolliaError(f"HTTP {response.status_code} from the server that owns the home")
+
+
+def _unanswered(url: str, exc: Exception) -> str:
+    return f"the server that owns the home ({url}) did not answer: {type(exc).__name__}: {exc}"
 
 
 def _when(value: str | None) -> _dt.datetime | None:
@@ -205,8 +211,7 @@ class RemoteHome:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise unreachable(f"{what}: the server that owns the home ({self.url}) did not answer: "
-                              f"{type(exc).__name__}: {exc}") from None
+            raise unreachable(f"{what}: {_unanswered(self.url, exc)}") from None
         if response.status_code >= 400:
             raise _error(response)
         return response
@@ -238,8 +243,7 @@ class ServerApi:
         try:
             return self.sdk._do(req)
         except httpx.HTTPError as exc:
-            raise HomeLocked(f"the server that owns the home ({self.url}) did not answer: "
-                             f"{type(exc).__name__}: {exc}") from None
+            raise HomeLocked(_unanswered(self.url, exc)) from None
 
     def close(self) -> None:
         self.sdk.close()
@@ -270,7 +274,7 @@ def _draft(kind: str, payload: dict[str, Any], run_id: str | None, agent: str | 
 
 
 class RemoteJournal:
-    """``rt.journal`` in client mode: the server's journal, with the methods the runtime and notebook use.
+    """``rt.journal`` in client mode: the server's journal, keeping ``JournalFace`` (``journal/contract.py``).
 
     Appends are committed by the server before they return. SQL (``sql``,
     ``cursor``) and ``snapshot_rows`` (verification) read a local in-memory
@@ -637,7 +641,7 @@ def _snapshot_view(data: dict[str, Any]) -> "GovernanceView":
 
 
 class RemoteGovernance:
-    """``rt.governance`` in client mode: the server's store, with the methods the runtime and notebook use.
+    """``rt.governance`` in client mode: the server's store, keeping ``GovernanceFace`` (``governance/contract.py``).
 
     ``view()`` asks the server every time (``If-None-Match`` with the held
     generation: ``304`` while nothing changed), so it includes every change
@@ -668,8 +672,7 @@ class RemoteGovernance:
         try:
             response = self._remote.http.get("/internal/governance/snapshot", headers=headers)
         except httpx.HTTPError as exc:
-            return self._closed(f"governance cannot be read: the server that owns the home ({self._remote.url}) "
-                                f"did not answer: {type(exc).__name__}: {exc}")
+            return self._closed(f"governance cannot be read: {_unanswered(self._remote.url, exc)}")
         if response.status_code == 304 and held is not None:
             return held[1]
         if response.status_code != 200:
@@ -792,7 +795,7 @@ class RemoteGovernance:
 # --- answers given elsewhere ----------------------------------------------------------------------
 
 
-async def watch_answers(rt: "Runtime", remote: RemoteHome, *, poll_secs: float = ANSWER_POLL_SECS) -> None:
+async def watch_answers(rt: "AnswerHost", remote: RemoteHome, *, poll_secs: float = ANSWER_POLL_SECS) -> None:
     """Deliver answers given in other processes to this runtime's waiting cards; owned by the runtime.
 
     Long-polls the server for the decisions of this process's waiting cards
@@ -879,7 +882,7 @@ async def _unknown(http: "httpx.AsyncClient", ids: list[str]) -> set[str]:
     return unknown
 
 
-async def _cancel_suspended(rt: "Runtime") -> None:
+async def _cancel_suspended(rt: "AnswerHost") -> None:
     for run in list(rt._runs.values()):
         if run.status == "waiting" and not run._active and not run.done.is_set():
             try:

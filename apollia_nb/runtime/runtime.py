@@ -25,7 +25,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -50,6 +50,13 @@ from apollia_nb.runtime.agents import Agent, install_packages, new_state, startu
 from apollia_nb.runtime.cards import Card
 from apollia_nb.runtime.states import ProcessState, TaskStatus
 from apollia_nb.runtime.tasks import TaskRun, new_task_record, recovery, task_json
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.governance.contract import GovernanceFace
+    from apollia_nb.governance.store import GovernanceStore
+    from apollia_nb.journal.contract import JournalFace
+    from apollia_nb.journal.store import Journal
+    from apollia_nb.runtime.capabilities import RecordsFace
 
 __all__ = ["Runtime", "TaskHandle"]
 
@@ -189,6 +196,12 @@ class TaskHandle:
 class Runtime:
     """Owns a home and runs governed agents in it."""
 
+    # The two homes behind one contract (docs/architecture.md): the owner's stores and a client's
+    # remote stores are both assigned here, and the type checker holds each to its face.
+    journal: "JournalFace"
+    governance: "GovernanceFace"
+    records: "RecordsFace"
+
     def __init__(
         self,
         home: Home | str | Path | None = None,
@@ -318,12 +331,12 @@ class Runtime:
             try:
                 record = read_home_record(self.journal)
                 check_runtime_db(self.home, record)
-                self.governance = GovernanceStore.open(
+                self.governance = store = GovernanceStore.open(
                     self.home, self.journal, record=record, trusted_keys=None,  # re-read from apollia.toml as it changes
                     clock=lambda: _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc),
                 )
-                self.governance.view()  # loads (and journals) the policy state now
-                self.governance.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
+                store.view()  # loads (and journals) the policy state now
+                store.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
                 self.records = open_records(self.home)
                 if "runtime.db" not in record.recorded:
                     self.journal.append(FILE_CREATED, {"file": "runtime.db"})
@@ -389,7 +402,7 @@ class Runtime:
         try:
             witnesses = parse_witnesses(self.config.raw, str(self.home.config_path))
             if witnesses:
-                self.witnesses = CosignSender(self.journal, witnesses)
+                self.witnesses = CosignSender(cast("Journal", self.journal), witnesses)  # the owner's
                 self.witnesses.start()
         except BaseException:
             self.governance.close()
@@ -514,7 +527,7 @@ class Runtime:
                 before = parse_manifest(row["manifest"])
             except ApolliaError:  # what the consents were given for cannot be read: the operator chooses
                 before = None
-            workspace = before.workspace_path(cwd) if before is not None else None
+            workspace = before.workspace_path(cwd) if before is not None else None  # type: ignore[assignment]
         consents = sorted(c.family.value for c in self.governance.consents() if c.agent == parsed.name)
         difference = (manifest_difference(before, parsed, workspace_before=workspace,
                                           workspace_after=parsed.workspace_path(cwd)) if before is not None
@@ -605,7 +618,7 @@ class Runtime:
         recorded = self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings,
                                            self.now_iso(), acknowledged=True)
         try:
-            await asyncio.wrap_future(recorded)  # registered means recorded: refused (507/503) otherwise
+            await asyncio.wrap_future(recorded)  # type: ignore[arg-type]  # registered means recorded: refused (507/503) otherwise
         except ApolliaError as exc:
             if previous is None:
                 del self._agents[manifest.name]
@@ -691,7 +704,7 @@ class Runtime:
         self._runs[task_id] = run
         self._claim(run)  # in flight already: a stop drains it, nobody spawns it twice
         try:
-            await asyncio.wrap_future(recorded)  # submitted means recorded (waited for off the loop)
+            await asyncio.wrap_future(recorded)  # type: ignore[arg-type]  # submitted means recorded (waited for off the loop)
         except BaseException:  # not recorded (STORAGE_FULL / STORAGE_ERROR), or cancelled: not submitted either
             self._runs.pop(task_id, None)
             run.agent.inflight.discard(run)
@@ -738,7 +751,7 @@ class Runtime:
         answered = [c for c in self._cards.values() if c.task_id == run.id and not c.waiting]
         for card in answered:
             del self._cards[card.id]
-        run.retired_cards = tuple(answered)  # kept with the run while it stays in memory (``cards_of``)
+        run.retired_cards = tuple(answered)  # type: ignore[attr-defined]  # kept with the run while it stays in memory (``cards_of``)
         self._events.pop(run.id, None)
         self._finished[run.id] = run
         self._finished.move_to_end(run.id)
@@ -831,6 +844,10 @@ class Runtime:
         self._emit("card", card)
         return card
 
+    def _owned(self) -> "GovernanceStore":
+        """The owner's governance store: answers are stored by the owner (a client's go to its server)."""
+        return cast("GovernanceStore", self.governance)
+
     def _card(self, card_id: str) -> Card | None:
         return self._cards.get(card_id)
 
@@ -877,7 +894,7 @@ class Runtime:
         if self.mode == "client":  # the server records it, in one step (docs/shared-home.md)
             if values is not None:
                 raise BadAnswer("a server's question is answered in the process that runs its call")
-            return self.governance.record_answer(decision_id, answer, by=by, reason=reason)
+            return self._remote.governance.record_answer(decision_id, answer, by=by, reason=reason)
         pending = self.governance.get_pending(decision_id)
         if pending.status != "pending":
             raise Conflict(f"decision {decision_id} was already answered ({pending.answer} by {pending.answered_by})")
@@ -897,7 +914,7 @@ class Runtime:
             run_id=pending.run_id, agent=pending.agent,
         )
         faults.point("answer.after_journal")
-        answered = self.governance.answer_pending(decision_id, answer, by=by, reason=reason)
+        answered = self._owned().answer_pending(decision_id, answer, by=by, reason=reason)
         faults.point("answer.after_commit")
         if answer == "always":
             self._apply_always(pending, by=by)
@@ -990,7 +1007,7 @@ class Runtime:
             journaled = [p for k, p in payloads if k == "answer" and p.get("decision_id") == awaiting]
             if journaled:
                 a = journaled[-1]
-                decision = self.governance.answer_pending(awaiting, a["answer"], by=a["answered_by"],
+                decision = self._owned().answer_pending(awaiting, a["answer"], by=a["answered_by"],  # type: ignore[arg-type]
                                                           reason=a.get("reason"))
                 state = "answered"
         call_id = decision.call_id if decision is not None else None

@@ -26,7 +26,7 @@ from apollia_nb.runtime.states import TASK, TaskStatus, can_transition
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.agents import Agent
-    from apollia_nb.runtime.runtime import Runtime
+    from apollia_nb.runtime.capabilities import TaskHost
 
 __all__ = ["TaskRun", "new_task_record", "task_json", "recovery"]
 
@@ -110,7 +110,7 @@ class _Suspend(Exception):
 class TaskRun:
     """Drives one task's record through the engine. Resumable from its record."""
 
-    def __init__(self, rt: "Runtime", agent: "Agent", record: dict[str, Any]) -> None:
+    def __init__(self, rt: "TaskHost", agent: "Agent", record: dict[str, Any]) -> None:
         self.rt = rt
         self.agent = agent
         self.r = record
