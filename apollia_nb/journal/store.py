@@ -543,8 +543,9 @@ class Journal:
     def _store_frontier(con: duckdb.DuckDBPyConnection, acc: MerkleAccumulator, last_hash: bytes) -> None:
         """Write the head and frontier row (inside the caller's transaction)."""
         values = [acc.size, last_hash, acc.root(), b"".join(acc.hashes)]
-        if con.execute("UPDATE frontier SET size = ?, last_hash = ?, root = ?, hashes = ? WHERE id = 1",
-                       values).fetchone()[0] == 0:
+        updated = con.execute("UPDATE frontier SET size = ?, last_hash = ?, root = ?, hashes = ? WHERE id = 1",
+                              values).fetchone()
+        if updated is None or updated[0] == 0:
             con.execute("INSERT INTO frontier VALUES (1, ?, ?, ?, ?)", values)
 
     def _recover_tail(self, loaded: tuple[int, str | None]) -> None:
