@@ -378,9 +378,11 @@ class BatchHandle:
     def results(self) -> Any:
         """The items as a pandas DataFrame (``key, status, result, error_code, run_id, steps_used,
         task_id, goal``), as they stand now."""
-        try:
-            import pandas as pd
-        except ImportError:  # pragma: no cover - pandas comes with the notebook extra
+        import importlib
+
+        try:  # optional: a batch runs without pandas; only this view needs it
+            pd = importlib.import_module("pandas")
+        except ImportError:  # pragma: no cover - pandas is in the notebook environments
             raise BadInput("results() needs pandas (pip install pandas); rows() gives the same as dicts") from None
         columns = ["key", "status", "result", "error_code", "run_id", "steps_used", "task_id", "goal"]
         rows = self.rows()
