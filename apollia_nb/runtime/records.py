@@ -1,4 +1,4 @@
-"""``runtime.db``: agents, tasks, chat sessions, agent memory and the REST API's idempotency keys, persisted.
+"""``runtime.db``: agents, tasks, batches, chat sessions, agent memory and the REST API's idempotency keys, persisted.
 
 The owner process holds one connection for its lifetime. Rows are written at
 state changes and when a run suspends, so a restart finds registered agents,
