@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from apollia_nb.runtime.models.scripted import ScriptedModel
 from runtime_helpers import manifest
+
+from apollia_nb.runtime.models.scripted import ScriptedModel
 
 GOAL = "Summarise item {n} about {topic} (file: {file})"
 _ITEM = re.compile(r"Summarise item (\d+) about (\w+) \(file: (\w+)\)")

@@ -7,11 +7,11 @@ import io
 import json
 
 import httpx
+from runtime_helpers import call, manifest
 
 from apollia_nb.api.server import ServerThread
 from apollia_nb.errors import BadInput, UnknownBatch
 from apollia_nb.sdk import Client
-from runtime_helpers import call, manifest
 
 TOKEN = "batch-api-token"
 WRITER = manifest(actor=[{"tool_calls": [call("write_file", path="out.txt", content="ok")]}, {"text": "Wrote it."}])

@@ -8,11 +8,16 @@ import json
 import anyio
 import httpx
 import pytest
+from batch_helpers import AGENT, GOAL, expected_result, item_frame, item_model
 
-from apollia_nb.errors import AgentUnavailable, BadInput, InvalidTransition, UnknownBatch
+from apollia_nb.errors import (
+    AgentUnavailable,
+    BadInput,
+    InvalidTransition,
+    UnknownBatch,
+)
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.batch import BATCH, counts, item_status, room, settle
-from batch_helpers import AGENT, GOAL, expected_result, item_frame, item_model
 
 pytestmark = pytest.mark.anyio
 TOKEN = "batch-token"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,9 +9,9 @@ import textwrap
 
 import anyio
 import pytest
+from runtime_helpers import manifest
 
 from apollia_nb.runtime import Runtime
-from runtime_helpers import manifest
 
 pytestmark = pytest.mark.anyio
 
@@ -42,7 +41,7 @@ def _first_process(home, *, kill_after: int | None, fault: str | None = None) ->
         """
     )
     env = {**os.environ, "APOLLIA_FAULT": fault or ""}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False, env=env)
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "", out.returncode
 
 

@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runtime_helpers import call, manifest
+
 from apollia_nb.api.server import ServerThread
 from apollia_nb.cli.batch import progress_line
-from runtime_helpers import call, manifest
 
 APOLLIA = [sys.executable, "-m", "apollia_nb"]
 

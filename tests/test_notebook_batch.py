@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-
 from batch_helpers import GOAL, item_frame
 from notebook_fixtures import ip  # noqa: F401 - the fixture
 from runtime_helpers import call, manifest
@@ -21,7 +20,7 @@ def test_the_magic_runs_a_batch_over_a_variable_and_answers_a_group(ip):  # noqa
     ip.run_cell_magic("apollia", "agent", WRITER)
     ip.user_ns["frame"] = item_frame(6, every=1)
     batch = ip.run_cell_magic("apollia", "batch writer --over frame --concurrency 2", GOAL)
-    batch.widget  # the live view exists from the start
+    assert batch.widget is not None  # the live view exists from the start
     deadline = time.monotonic() + 30
     while batch.counts()["waiting"] < 6 and time.monotonic() < deadline:
         time.sleep(0.05)

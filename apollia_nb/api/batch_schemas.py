@@ -8,7 +8,7 @@ from pydantic import Field
 
 from apollia_nb.api import schemas as s
 
-__all__ = ["BatchIn", "BatchCounts", "BatchOut", "BatchRow"]
+__all__ = ["BatchCounts", "BatchIn", "BatchOut", "BatchRow"]
 
 
 class BatchIn(s._In):

@@ -16,8 +16,18 @@ from typing import Any, Literal
 import anyio
 from fastapi import Depends, Query, Request, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from apollia_nb.api.app import (
+    API_PREFIX,
+    _closing,
+    _errors,
+    _first,
+    _route,
+    _runtime,
+    _stream_errors,
+    router,
+)
 from apollia_nb.api.batch_schemas import BatchIn, BatchOut, BatchRow
-from apollia_nb.api.app import API_PREFIX, _closing, _errors, _first, _route, _runtime, _stream_errors, router
 
 __all__ = ["BatchIn", "BatchOut", "BatchRow", "results_text"]
 

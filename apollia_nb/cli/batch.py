@@ -22,7 +22,7 @@ from typing import Any
 from apollia_nb.cli import emit
 from apollia_nb.errors import BadInput
 
-__all__ = ["register", "read_items", "progress_line"]
+__all__ = ["progress_line", "read_items", "register"]
 
 #: How often the progress bar is redrawn (seconds).
 PROGRESS_SECS = 0.2

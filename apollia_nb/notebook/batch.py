@@ -20,13 +20,13 @@ from apollia_nb.notebook.handles import Displayable
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.notebook.bridge import KernelRuntime
 
-__all__ = ["NotebookBatch", "BatchView", "batch_magic"]
+__all__ = ["BatchView", "NotebookBatch", "batch_magic"]
 
 #: How often the widget reads the batch while it runs (seconds).
 REFRESH_SECS = 0.25
 
 
-def batch_magic(magics: Any, args: list[str], cell: str | None) -> "NotebookBatch":
+def batch_magic(magics: Any, args: list[str], cell: str | None) -> NotebookBatch:
     """``%%apollia batch AGENT --over VAR [--concurrency N] [--max-steps N] [--key FIELD]``."""
     from apollia_nb.notebook.magics import _parser
 
@@ -51,7 +51,7 @@ class NotebookBatch(Displayable):
     """A batch in this kernel: ``await batch``, ``.counts()``, ``.results()``, ``.pending_groups()``,
     ``.answer_group(tool, family, answer)``, ``.cancel()``."""
 
-    def __init__(self, bridge: "KernelRuntime", handle: Any) -> None:
+    def __init__(self, bridge: KernelRuntime, handle: Any) -> None:
         self._bridge = bridge
         self._handle = handle
         self.id: str = handle.id
@@ -91,12 +91,12 @@ class NotebookBatch(Displayable):
             self._view.refresh()
         self.refresh_display()
 
-    def cancel(self) -> "NotebookBatch":
+    def cancel(self) -> NotebookBatch:
         self._bridge.block(self._handle.cancel)
         self._refresh()
         return self
 
-    async def wait(self) -> "NotebookBatch":
+    async def wait(self) -> NotebookBatch:
         """Until the batch is completed or cancelled."""
         await self._bridge.wait_for(self._handle.wait)
         self._refresh()
@@ -105,7 +105,7 @@ class NotebookBatch(Displayable):
     def __await__(self):  # type: ignore[no-untyped-def]
         return self.wait().__await__()
 
-    def join(self, timeout: float | None = None) -> "NotebookBatch":
+    def join(self, timeout: float | None = None) -> NotebookBatch:
         self._bridge.block(self._handle.wait, timeout=timeout)
         self._refresh()
         return self

@@ -41,21 +41,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.runtime import Runtime
 
 __all__ = [
-    "BatchStatus",
     "BATCH",
     "BATCH_TRANSITIONS",
     "ITEM_STATUSES",
-    "item_status",
-    "counts",
-    "settle",
-    "room",
-    "normalise_items",
-    "fill_goals",
     "Batch",
     "BatchHandle",
-    "start_batch",
-    "restore_batches",
+    "BatchStatus",
+    "counts",
+    "fill_goals",
     "find_batch",
+    "item_status",
+    "normalise_items",
+    "restore_batches",
+    "room",
+    "settle",
+    "start_batch",
 ]
 
 
@@ -138,7 +138,7 @@ def normalise_items(items: Any, key: str | Callable[[dict[str, Any]], Any] | Non
     mapping is one item; a scalar ``x`` becomes ``{"item": x}``. ``key`` names
     a field (or is a function of the item) to key by instead; without it, a
     list is keyed by position."""
-    if isinstance(items, (str, bytes)) or isinstance(items, Mapping):
+    if isinstance(items, (str, bytes, Mapping)):
         raise BadInput("items must be an iterable of items (a list of dicts, a DataFrame), not a single value")
     pairs: list[tuple[Any, dict[str, Any]]] = []
     to_dict = getattr(items, "to_dict", None)
@@ -204,7 +204,7 @@ def _summary(record: Mapping[str, Any]) -> dict[str, Any]:
 class Batch:
     """One batch in this process: its record, its items, the runner's queue."""
 
-    def __init__(self, rt: "Runtime", record: dict[str, Any], items: list[dict[str, Any]],
+    def __init__(self, rt: Runtime, record: dict[str, Any], items: list[dict[str, Any]],
                  started: set[int]) -> None:
         self.rt = rt
         self.r = record
@@ -418,11 +418,11 @@ class BatchHandle:
             answered.append(card.id)
         return answered
 
-    async def cancel(self) -> "BatchHandle":
+    async def cancel(self) -> BatchHandle:
         await self._batch.cancel()
         return self
 
-    async def wait(self) -> "BatchHandle":
+    async def wait(self) -> BatchHandle:
         """Until the batch is completed or cancelled (items waiting on a person keep it running)."""
         await self._batch.done.wait()
         return self
@@ -437,7 +437,7 @@ class BatchHandle:
 
 
 # ---------------------------------------------------------------------- the runtime's side
-async def start_batch(rt: "Runtime", agent: str, items: Any, *, goal: str | Callable[[dict[str, Any]], str],
+async def start_batch(rt: Runtime, agent: str, items: Any, *, goal: str | Callable[[dict[str, Any]], str],
                       concurrency: int = 4, max_steps: int | None = None,
                       key: str | Callable[[dict[str, Any]], Any] | None = None) -> BatchHandle:
     """Check everything, record the batch (acknowledged), start its runner; returns at once."""
@@ -464,7 +464,7 @@ async def start_batch(rt: "Runtime", agent: str, items: Any, *, goal: str | Call
     return BatchHandle(batch)
 
 
-async def restore_batches(rt: "Runtime") -> None:
+async def restore_batches(rt: Runtime) -> None:
     """At boot, after the tasks are restored: every running batch's runner starts again."""
     rows = [r for r in rt.records.batches() if r["status"] == BatchStatus.RUNNING.value]
     if not rows:
@@ -477,7 +477,7 @@ async def restore_batches(rt: "Runtime") -> None:
         rt._tg.start_soon(batch.drive)
 
 
-def find_batch(rt: "Runtime", batch_id: str) -> BatchHandle:
+def find_batch(rt: Runtime, batch_id: str) -> BatchHandle:
     """This process's batch, or a finished one as ``runtime.db`` holds it; ``UNKNOWN_BATCH`` otherwise."""
     batch = rt._batches.get(batch_id) if isinstance(batch_id, str) else None
     if batch is None:
@@ -490,6 +490,6 @@ def find_batch(rt: "Runtime", batch_id: str) -> BatchHandle:
     return BatchHandle(batch)
 
 
-def all_batches(rt: "Runtime") -> list[BatchHandle]:
+def all_batches(rt: Runtime) -> list[BatchHandle]:
     """Every batch recorded in this home, oldest first."""
     return [find_batch(rt, r["id"]) for r in rt.records.batches()]

@@ -7,7 +7,7 @@ from typing import Any
 from apollia_nb.api.batch_schemas import BatchOut, BatchRow
 from apollia_nb.sdk.client import _post, _q, _Req
 
-__all__ = ["batch_request", "Routes", "items_list"]
+__all__ = ["Routes", "batch_request", "items_list"]
 
 
 def items_list(items: Any) -> list[dict[str, Any]]:
