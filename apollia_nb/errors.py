@@ -23,7 +23,8 @@ Messages are for people and may change; codes may not.
     │   ├── UnknownDecision           UNKNOWN_DECISION
     │   ├── UnknownRule               UNKNOWN_RULE
     │   ├── UnknownRun                UNKNOWN_RUN
-    │   └── UnknownTool               UNKNOWN_TOOL
+    │   ├── UnknownTool               UNKNOWN_TOOL
+    │   └── UnknownBatch              UNKNOWN_BATCH
     ├── Conflict                      CONFLICT (409)
     │   ├── InvalidTransition         INVALID_TRANSITION: a state machine refused a move
     │   ├── AgentUnavailable          AGENT_UNAVAILABLE: agent cannot take work
@@ -78,6 +79,7 @@ __all__ = [
     "NotFound",
     "UnknownAgent",
     "UnknownTask",
+    "UnknownBatch",
     "UnknownSession",
     "UnknownDecision",
     "UnknownRule",
@@ -197,6 +199,10 @@ class UnknownAgent(NotFound):
 
 class UnknownTask(NotFound):
     code = "UNKNOWN_TASK"
+
+
+class UnknownBatch(NotFound):
+    code = "UNKNOWN_BATCH"
 
 
 class UnknownSession(NotFound):

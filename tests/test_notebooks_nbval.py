@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 SANITIZE = NOTEBOOKS / "nbval-sanitize.cfg"
 EXPECTED = ["01-tour", "02-governance-six-lines", "03-orchestrated-task", "04-chat-plan-mode",
-            "05-audit-with-sql", "06-replay", "07-federation"]
+            "05-audit-with-sql", "06-replay", "07-federation", "08-batch"]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 IGNORE_TAG = "nbval-ignore-output"
 # Live views are displayed when a run starts and change as it runs; only they may skip comparison.
-LIVE_VIEW_CELL = re.compile(r"^%%apollia (task|chat) ")
+LIVE_VIEW_CELL = re.compile(r"^%%apollia (task|chat|batch) ")
 # Code cells between the fresh home and `%load_ext`: they prepare what the home's apollia.toml points at.
 PREPARING_CELLS = {"07-federation": 3}
 

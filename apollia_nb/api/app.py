@@ -958,6 +958,9 @@ async def list_entries(
 # --- the app --------------------------------------------------------------------------------------
 
 
+from apollia_nb.api import batches as _batches  # noqa: E402,F401 - its routes join ``router``
+
+
 def create_app(
     runtime: Any = None,
     *,

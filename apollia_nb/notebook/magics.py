@@ -7,6 +7,8 @@ Cell subcommands (the cell is the input)::
                                             goal → a task handle at once (live run view)
     %%apollia chat SESSION_OR_AGENT [--plan]
                                             message → the exchange at once (streaming chat view)
+    %%apollia batch AGENT --over VAR [--concurrency N]
+                                            goal template → a batch over VAR's items (live progress)
     %%apollia sql                           SQL over the journal's views → a DataFrame (read-only)
 
 Line subcommands: ``status`` (the default), ``agents``, ``stop NAME``,
@@ -70,6 +72,9 @@ HELP = """\
                                   runs on the server)
 %%apollia chat SESSION_OR_AGENT [--plan]
                                   cell: the message; opens a session for an agent or continues a session
+%%apollia batch AGENT --over VAR [--concurrency N] [--max-steps N] [--key FIELD]
+                                  cell: the goal template; runs the agent over the items of VAR, each
+                                  unattended; returns the batch with a live progress widget
 %%apollia sql [--timeout SECONDS] cell: one read-only SQL query over journal, decisions, tool_calls, runs"""
 
 
@@ -147,6 +152,9 @@ class ApolliaMagics(Magics):
             "rules": self._rules, "consents": self._consents, "devmode": self._devmode, "verify": self._verify,
             "replay": self._replay, "serve": self._serve, "help": self._help, "runs": self._runs,
         }
+        from apollia_nb.notebook.batch import batch_magic  # notebook/batch.py
+
+        self._commands["batch"] = lambda args, cell: batch_magic(self, args, cell)
 
     # ------------------------------------------------------------------ the home
     def open_home(self, *, announce: bool = True) -> "KernelRuntime":

@@ -1,4 +1,4 @@
-"""``runtime.db``: agents, tasks, chat sessions, agent memory and the REST API's idempotency keys, persisted.
+"""``runtime.db``: agents, tasks, batches, chat sessions, agent memory and the REST API's idempotency keys, persisted.
 
 The owner process holds one connection for its lifetime. Rows are written at
 state changes and when a run suspends, so a restart finds registered agents,
@@ -104,6 +104,23 @@ CREATE TABLE IF NOT EXISTS idempotency (
     response VARCHAR NOT NULL,
     created_at DOUBLE NOT NULL,
     PRIMARY KEY (scope, key)
+);
+CREATE TABLE IF NOT EXISTS batches (
+    id VARCHAR PRIMARY KEY,
+    agent VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,
+    record VARCHAR NOT NULL,
+    updated_at VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS batch_items (
+    batch_id VARCHAR NOT NULL,
+    idx INTEGER NOT NULL,
+    task_id VARCHAR NOT NULL,
+    key VARCHAR NOT NULL,
+    item VARCHAR NOT NULL,
+    goal VARCHAR NOT NULL,
+    error VARCHAR,
+    PRIMARY KEY (batch_id, idx)
 );
 """
 
@@ -463,6 +480,71 @@ class RuntimeRecords:
                 self._con.executemany("DELETE FROM idempotency WHERE scope = ? AND key = ?", keys)
 
         self._write(write)
+
+    # batches (runtime/batch.py) -------------------------------------------
+    def save_batch(self, record: dict[str, Any], items: list[dict[str, Any]], at: str) -> Future[None]:
+        """Queue the batch and all its items in one transaction (acknowledged: returns the future
+        of its commit; a refused write leaves neither)."""
+        rows = [[record["id"], i["index"], i["task_id"], json.dumps(i["key"], default=str),
+                 json.dumps(i["item"], default=str), i["goal"], None] for i in items]
+
+        def write() -> None:
+            with self._lock:
+                con = self._con
+                con.begin()
+                try:
+                    con.execute("INSERT INTO batches (id, agent, status, record, updated_at) VALUES (?, ?, ?, ?, ?)",
+                                [record["id"], record["agent"], record["status"], json.dumps(record), at])
+                    if rows:
+                        con.executemany("INSERT INTO batch_items VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                    con.commit()
+                except BaseException:
+                    try:
+                        con.rollback()
+                    except Exception:  # noqa: BLE001 - a failed commit already ended the transaction
+                        pass
+                    raise
+
+        def undo() -> None:
+            with self._lock:
+                self._con.execute("DELETE FROM batch_items WHERE batch_id = ?", [record["id"]])
+                self._con.execute("DELETE FROM batches WHERE id = ?", [record["id"]])
+
+        done = self._write(write, ("batches", record["id"]), acknowledged=True, undo=undo)
+        assert done is not None
+        return done
+
+    def set_batch(self, record: dict[str, Any], at: str, *, acknowledged: bool = False) -> Future[None] | None:
+        """Queue the batch's row as it is now (its items are not rewritten)."""
+        return self._upsert("batches", {"id": record["id"]},
+                            {"agent": record["agent"], "status": record["status"], "record": json.dumps(record),
+                             "updated_at": at}, acknowledged=acknowledged)
+
+    def set_batch_item_error(self, batch_id: str, index: int, error: dict[str, str] | None) -> None:
+        def write() -> None:
+            with self._lock:
+                self._con.execute("UPDATE batch_items SET error = ? WHERE batch_id = ? AND idx = ?",
+                                  [json.dumps(error) if error else None, batch_id, index])
+
+        self._write(write, ("batch_items", batch_id, index), whole=False)
+
+    def batches(self) -> list[dict[str, Any]]:
+        return [json.loads(r[0]) for r in self._exec("SELECT record FROM batches ORDER BY updated_at, id")]
+
+    def batch(self, batch_id: str) -> dict[str, Any] | None:
+        rows = self._exec("SELECT record FROM batches WHERE id = ?", [batch_id])
+        return json.loads(rows[0][0]) if rows else None
+
+    def batch_items(self, batch_id: str) -> list[dict[str, Any]]:
+        rows = self._exec("SELECT idx, task_id, key, item, goal, error FROM batch_items WHERE batch_id = ? "
+                          "ORDER BY idx", [batch_id])
+        return [{"index": r[0], "task_id": r[1], "key": json.loads(r[2]), "item": json.loads(r[3]), "goal": r[4],
+                 "error": json.loads(r[5]) if r[5] else None} for r in rows]
+
+    def task_ids(self) -> set[str]:
+        """The id of every task recorded."""
+        return {r[0] for r in self._exec("SELECT id FROM tasks")}
+
 
 def open_records(home: Any) -> RuntimeRecords:
     """``RuntimeRecords`` on ``home.runtime_db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``

@@ -221,6 +221,7 @@ class Runtime:
         self._runs: dict[str, TaskRun] = {}  # tasks not finished (running, waiting, suspended)
         self._finished: OrderedDict[str, TaskRun] = OrderedDict()  # the last FINISHED_KEPT finished
         self._cards: dict[str, Card] = {}
+        self._batches: dict[str, Any] = {}  # runtime/batch.py: this process's batches
         self._events: dict[str, anyio.Event] = {}
         self._recovered: list[TaskRun] = []  # runs a restart started or resumed (drained on close)
         self._tg: Any = None
@@ -359,6 +360,9 @@ class Runtime:
 
             self.tool_sources = list(open_sources(self))
         await self._restore()
+        from apollia_nb.runtime.batch import restore_batches
+
+        await restore_batches(self)
         self.sessions = Sessions(self)
         if self.mode == "client":  # answers given elsewhere; the server expires overdue decisions
             from apollia_nb.runtime.remote import watch_answers
@@ -678,9 +682,11 @@ class Runtime:
     # ------------------------------------------------------------------ tasks
     async def submit(
         self, agent: str, goal: str, *, max_steps: int | None = None, watched: bool = True,
-        grants: Sequence[str] = (), approve_plan: bool = False,
+        grants: Sequence[str] = (), approve_plan: bool = False, task_id: str | None = None,
     ) -> TaskHandle:
-        """Submit a task; returns at once. Refused (``AGENT_UNAVAILABLE``) unless the agent can take work."""
+        """Submit a task; returns at once. Refused (``AGENT_UNAVAILABLE``) unless the agent can take work.
+
+        ``task_id``: the id to give it (a batch names its items' tasks when it records them)."""
         from apollia_nb.governance.decision import Family
 
         the_agent = self.agent(agent)
@@ -693,7 +699,10 @@ class Runtime:
             grant_list = sorted({Family(g).value for g in grants})
         except ValueError as exc:
             raise BadInput(f"unknown family in grants: {exc}") from None
-        task_id = f"task-{uuid.uuid4().hex[:12]}"
+        if task_id is None:
+            task_id = f"task-{uuid.uuid4().hex[:12]}"
+        elif task_id in self._runs or task_id in self._finished:
+            raise Conflict(f"task {task_id} exists already")
         record = new_task_record(
             task_id=task_id, run_id=f"run-{uuid.uuid4().hex[:12]}", agent=agent, goal=goal,
             ceiling=max_steps or the_agent.manifest.max_steps, watched=watched, grants=grant_list,
@@ -718,6 +727,26 @@ class Runtime:
             run._active = False
             self._retire(run)
         return TaskHandle(self, task_id, run)
+
+    # ------------------------------------------------------------------ batches (runtime/batch.py)
+    async def batch(self, agent: str, items: Any, *, goal: Any, concurrency: int = 4,
+                    max_steps: int | None = None, key: Any = None) -> Any:
+        """Run ``agent`` over ``items``, each item an unattended task; returns a ``BatchHandle`` at once."""
+        from apollia_nb.runtime.batch import start_batch
+
+        return await start_batch(self, agent, items, goal=goal, concurrency=concurrency, max_steps=max_steps,
+                                 key=key)
+
+    def get_batch(self, batch_id: str) -> Any:
+        """A batch of this home (``UNKNOWN_BATCH`` otherwise)."""
+        from apollia_nb.runtime.batch import find_batch
+
+        return find_batch(self, batch_id)
+
+    def batches(self) -> list[Any]:
+        from apollia_nb.runtime.batch import all_batches
+
+        return all_batches(self)
 
     def _spawn(self, run: TaskRun) -> None:
         self._claim(run)
@@ -1203,6 +1232,10 @@ class BlockingRuntime:
 
     def stop_agent(self, name: str) -> Agent:
         return self._portal.call(lambda: self.rt.stop_agent(name))
+
+    def batch(self, agent: str, items: Any, **kw: Any) -> Any:
+        """``Runtime.batch``; wait with ``wait(handle)``."""
+        return self._portal.call(lambda: self.rt.batch(agent, items, **kw))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.rt, name)

@@ -425,6 +425,41 @@ class Client:
         """``Event("task", {...})`` now and at every change, until the task finishes."""
         return self._events(_Routes.task_events(task_id))
 
+    # batches (the routes: api/batches.py)
+    def batch(self, agent: str, items: Any, goal: str, *, concurrency: int = 4, max_steps: int | None = None,
+              key: str | None = None, idempotency_key: str | None = None) -> Any:
+        """Run ``agent`` over ``items`` (a list of dicts, or a DataFrame); returns the batch at once."""
+        from apollia_nb.sdk.batches import batch_request
+
+        return self._do(batch_request(agent, items, goal, concurrency, max_steps, key), idempotency_key)
+
+    def batches(self) -> list[Any]:
+        from apollia_nb.sdk.batches import Routes
+
+        return self._do(Routes.batches())
+
+    def get_batch(self, batch_id: str) -> Any:
+        from apollia_nb.sdk.batches import Routes
+
+        return self._do(Routes.batch(batch_id))
+
+    def batch_results(self, batch_id: str) -> list[Any]:
+        """One row per item (``BatchRow``), in item order, as the items stand now."""
+        from apollia_nb.sdk.batches import Routes
+
+        return self._do(Routes.results(batch_id))
+
+    def cancel_batch(self, batch_id: str, *, idempotency_key: str | None = None) -> Any:
+        from apollia_nb.sdk.batches import Routes
+
+        return self._do(Routes.cancel(batch_id), idempotency_key)
+
+    def batch_events(self, batch_id: str) -> Iterator[Event]:
+        """``Event("batch", {...})`` now and whenever its counts change, until it is completed or cancelled."""
+        from apollia_nb.sdk.batches import Routes
+
+        return self._events(Routes.events(batch_id))
+
     # sessions
     def open_session(self, agent: str, *, plan_mode: bool = False, idempotency_key: str | None = None) -> s.Session:
         return self._do(_Routes.open_session(agent, plan_mode), idempotency_key)
@@ -626,6 +661,38 @@ class AsyncClient:
 
     def task_events(self, task_id: str) -> AsyncIterator[Event]:
         return self._events(_Routes.task_events(task_id))
+
+    # batches (the routes: api/batches.py)
+    async def batch(self, agent: str, items: Any, goal: str, *, concurrency: int = 4, max_steps: int | None = None,
+                    key: str | None = None, idempotency_key: str | None = None) -> Any:
+        from apollia_nb.sdk.batches import batch_request
+
+        return await self._do(batch_request(agent, items, goal, concurrency, max_steps, key), idempotency_key)
+
+    async def batches(self) -> list[Any]:
+        from apollia_nb.sdk.batches import Routes
+
+        return await self._do(Routes.batches())
+
+    async def get_batch(self, batch_id: str) -> Any:
+        from apollia_nb.sdk.batches import Routes
+
+        return await self._do(Routes.batch(batch_id))
+
+    async def batch_results(self, batch_id: str) -> list[Any]:
+        from apollia_nb.sdk.batches import Routes
+
+        return await self._do(Routes.results(batch_id))
+
+    async def cancel_batch(self, batch_id: str, *, idempotency_key: str | None = None) -> Any:
+        from apollia_nb.sdk.batches import Routes
+
+        return await self._do(Routes.cancel(batch_id), idempotency_key)
+
+    def batch_events(self, batch_id: str) -> AsyncIterator[Event]:
+        from apollia_nb.sdk.batches import Routes
+
+        return self._events(Routes.events(batch_id))
 
     async def open_session(self, agent: str, *, plan_mode: bool = False,
                            idempotency_key: str | None = None) -> s.Session:

@@ -1,0 +1,495 @@
+"""Batches: one agent over many items, each item an unattended task.
+
+``Runtime.batch(agent, items, goal=..., concurrency=N)`` fills the goal for each
+item (a ``str.format`` template over the item's fields, or a function of the
+item), records the batch and all its items in ``runtime.db`` in one
+acknowledged write — every item with the id its task will have — and returns a
+:class:`BatchHandle` at once. A runner owned by the runtime then submits the
+items in order, keeping at most ``concurrency`` of them pending or running. An
+item whose run asks a person suspends (``waiting``, its decision in the pending
+decisions) and does not hold a place: the others go on.
+
+The core is values: the batch's states and legal moves are a table
+(:data:`BATCH`), what an item's status is and how many items may start are
+pure functions (:func:`item_status`, :func:`counts`, :func:`settle`,
+:func:`room`). The runner at the edge applies them.
+
+A restart of the owner finds the batch in ``runtime.db``: items whose task is
+recorded follow the runtime's rules for tasks (a suspended one waits, one that
+never started starts, one cut short while running fails ``INTERRUPTED``);
+items with no task recorded are started; a cancelled or completed batch stays
+as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from enum import StrEnum
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from apollia_nb.errors import ApolliaError, BadInput, Conflict, UnknownBatch
+from apollia_nb.runtime.states import Machine, transition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.runtime.runtime import Runtime
+
+__all__ = [
+    "BATCH",
+    "BATCH_TRANSITIONS",
+    "ITEM_STATUSES",
+    "Batch",
+    "BatchHandle",
+    "BatchStatus",
+    "counts",
+    "fill_goals",
+    "find_batch",
+    "item_status",
+    "normalise_items",
+    "restore_batches",
+    "room",
+    "settle",
+    "start_batch",
+]
+
+
+class BatchStatus(StrEnum):
+    """Where a batch stands. ``running`` until every item is finished or the batch is cancelled."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+
+
+_B = BatchStatus
+BATCH_TRANSITIONS: Mapping[BatchStatus, frozenset[BatchStatus]] = MappingProxyType({
+    _B.RUNNING: frozenset({_B.COMPLETED, _B.CANCELLED}),
+    _B.COMPLETED: frozenset(),
+    _B.CANCELLED: frozenset(),
+})
+BATCH: Machine[BatchStatus] = Machine("batch", BatchStatus, BATCH_TRANSITIONS, BatchStatus.RUNNING)
+
+#: Every status an item shows, in the order counts are given.
+ITEM_STATUSES = ("pending", "running", "waiting", "completed", "failed", "cancelled")
+_FINISHED = frozenset({"completed", "failed", "cancelled"})
+_ACTIVE = frozenset({"pending", "running"})
+
+#: The most items one batch takes.
+MAX_ITEMS = 100_000
+
+
+# ---------------------------------------------------------------------- the pure core
+def item_status(task_status: str | None, error: Mapping[str, Any] | None, batch_status: str) -> str:
+    """An item's status: its task's, once it has one; ``failed`` when it could not be submitted;
+    ``cancelled`` when the batch was cancelled before it started; ``pending`` otherwise."""
+    if task_status is not None:
+        return task_status
+    if error:
+        return "failed"
+    return "cancelled" if batch_status == BatchStatus.CANCELLED else "pending"
+
+
+def counts(statuses: Iterable[str]) -> dict[str, int]:
+    """How many items have each status (every status present, zero or not)."""
+    seen = Counter(statuses)
+    return {s: seen.get(s, 0) for s in ITEM_STATUSES}
+
+
+def settle(status: str, tally: Mapping[str, int]) -> BatchStatus:
+    """The batch's status given its items: a running batch whose items are all finished is completed."""
+    current = BATCH.parse(status)
+    if current is BatchStatus.RUNNING and not any(tally.get(s, 0) for s in ("pending", "running", "waiting")):
+        return transition(BATCH, current, BatchStatus.COMPLETED)
+    return current
+
+
+def room(concurrency: int, active: int, queued: int) -> int:
+    """How many queued items may start now: ``concurrency`` places, less those pending or running."""
+    return max(0, min(queued, concurrency - active))
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=_plain))
+
+
+def _plain(value: Any) -> Any:
+    item = getattr(value, "item", None)  # numpy scalars
+    if callable(item):
+        try:
+            return item()
+        except (TypeError, ValueError):
+            pass
+    isoformat = getattr(value, "isoformat", None)
+    if callable(isoformat):
+        return isoformat()
+    return str(value)
+
+
+def normalise_items(items: Any, key: str | Callable[[dict[str, Any]], Any] | None = None) -> list[tuple[Any, dict[str, Any]]]:
+    """``(key, item)`` pairs, each item a JSON-ready dict.
+
+    A pandas DataFrame gives its rows (the key: the row's index label); a
+    mapping is one item; a scalar ``x`` becomes ``{"item": x}``. ``key`` names
+    a field (or is a function of the item) to key by instead; without it, a
+    list is keyed by position."""
+    if isinstance(items, (str, bytes, Mapping)):
+        raise BadInput("items must be an iterable of items (a list of dicts, a DataFrame), not a single value")
+    pairs: list[tuple[Any, dict[str, Any]]] = []
+    to_dict = getattr(items, "to_dict", None)
+    if callable(to_dict) and hasattr(items, "columns") and hasattr(items, "index"):  # a DataFrame
+        rows = zip(items.index, to_dict(orient="records"))
+        for label, row in rows:
+            pairs.append((_jsonable(label), _jsonable({str(k): v for k, v in row.items()})))
+    else:
+        try:
+            iterator = iter(items)
+        except TypeError:
+            raise BadInput(f"items must be iterable, not {type(items).__name__}") from None
+        for position, raw in enumerate(iterator):
+            item = {str(k): v for k, v in raw.items()} if isinstance(raw, Mapping) else {"item": raw}
+            pairs.append((position, _jsonable(item)))
+            if len(pairs) > MAX_ITEMS:
+                break
+    if len(pairs) > MAX_ITEMS:
+        raise BadInput(f"a batch takes at most {MAX_ITEMS} items")
+    if key is not None:
+        keyed = []
+        for position, (_, item) in enumerate(pairs):
+            if callable(key):
+                value = key(item)
+            elif key in item:
+                value = item[key]
+            else:
+                raise BadInput(f"item {position} has no field {key!r} to key by")
+            keyed.append((_jsonable(value), item))
+        pairs = keyed
+    return pairs
+
+
+def fill_goals(goal: str | Callable[[dict[str, Any]], str], items: list[tuple[Any, dict[str, Any]]]) -> list[str]:
+    """Each item's goal; the first item that cannot fill it raises ``BAD_INPUT`` naming it (nothing starts)."""
+    if not (isinstance(goal, str) or callable(goal)):
+        raise BadInput("goal must be a template string or a function of the item")
+    if isinstance(goal, str) and not goal.strip():
+        raise BadInput("a batch needs a goal")
+    goals = []
+    for position, (item_key, item) in enumerate(items):
+        try:
+            text = goal.format_map(item) if isinstance(goal, str) else goal(dict(item))
+        except KeyError as exc:
+            raise BadInput(f"item {position} (key {item_key!r}) has no field {exc.args[0]!r} for the goal "
+                           f"(its fields: {', '.join(sorted(item)) or 'none'})") from None
+        except (IndexError, ValueError, AttributeError) as exc:
+            raise BadInput(f"the goal template cannot be filled from item {position}: {exc}") from None
+        if not isinstance(text, str) or not text.strip():
+            raise BadInput(f"the goal of item {position} (key {item_key!r}) is empty")
+        goals.append(text)
+    return goals
+
+
+def _summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    error = record.get("error") or None
+    return {"status": record["status"], "result": record.get("result"),
+            "error_code": error.get("code") if error else None, "run_id": record.get("run_id"),
+            "steps_used": record.get("budget", {}).get("used", 0)}
+
+
+# ---------------------------------------------------------------------- the runner
+class Batch:
+    """One batch in this process: its record, its items, the runner's queue."""
+
+    def __init__(self, rt: Runtime, record: dict[str, Any], items: list[dict[str, Any]],
+                 started: set[int]) -> None:
+        self.rt = rt
+        self.r = record
+        self.items = items
+        self.id: str = record["id"]
+        self._started = set(started)
+        self._final: dict[int, dict[str, Any]] = {}
+        self._by_task = {item["task_id"]: item["index"] for item in items}
+        self._queue: deque[int] = deque(
+            i["index"] for i in items if i["index"] not in self._started and not i["error"])
+        self._changed = anyio.Event()
+        self.done = anyio.Event()
+        self._unsubscribe: Callable[[], None] | None = None
+        if self.status != BatchStatus.RUNNING:
+            self.done.set()
+
+    @property
+    def status(self) -> str:
+        return self.r["status"]
+
+    # -- reading
+    def view(self, index: int) -> dict[str, Any] | None:
+        """The summary of item ``index``'s task (None before it has one)."""
+        final = self._final.get(index)
+        if final is not None:
+            return final
+        if index not in self._started:
+            return None
+        task_id = self.items[index]["task_id"]
+        run = self.rt._runs.get(task_id) or self.rt._finished.get(task_id)
+        record = run.r if run is not None else self.rt.records.task(task_id)
+        if record is None:
+            return None
+        summary = _summary(record)
+        if summary["status"] in _FINISHED:
+            self._final[index] = summary
+        return summary
+
+    def statuses(self) -> list[str]:
+        out = []
+        for item in self.items:
+            view = self.view(item["index"])
+            out.append(item_status(view["status"] if view else None, item["error"], self.status))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return counts(self.statuses())
+
+    def active(self) -> int:
+        """Items started and not yet finished or waiting: those holding a place."""
+        return sum(1 for i in self._started if (v := self.view(i)) is not None and v["status"] in _ACTIVE)
+
+    # -- the runner
+    def _listen(self) -> None:
+        def listener(kind: str, obj: Any) -> None:
+            if kind == "task" and getattr(obj, "id", None) in self._by_task:
+                self._changed.set()
+                self.rt._emit("batch", self)
+
+        self._unsubscribe = self.rt.subscribe(listener)
+
+    async def drive(self) -> None:
+        """Submit the queued items as places free up; complete the batch once every item is finished."""
+        self._listen()
+        try:
+            while self.status == BatchStatus.RUNNING:
+                self._changed = anyio.Event()
+                for _ in range(room(self.r["concurrency"], self.active(), len(self._queue))):
+                    await self._start(self._queue.popleft())
+                    if self.status != BatchStatus.RUNNING:
+                        return
+                if not self._queue:
+                    status = settle(self.status, self.counts())
+                    if status != self.status:
+                        await self._move(status)
+                        return
+                await self._changed.wait()
+        finally:
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+                self._unsubscribe = None
+
+    async def _start(self, index: int) -> None:
+        item = self.items[index]
+        try:
+            await self.rt.submit(self.r["agent"], item["goal"], max_steps=self.r["max_steps"], watched=False,
+                                 task_id=item["task_id"])
+        except ApolliaError as exc:  # e.g. AGENT_UNAVAILABLE: the item fails with the code; the others go on
+            item["error"] = {"code": exc.code, "message": exc.message}
+            self.rt.records.set_batch_item_error(self.id, index, item["error"])
+            self.rt._emit("batch", self)
+            return
+        self._started.add(index)
+        self.rt._emit("batch", self)
+        if self.status == BatchStatus.CANCELLED:  # cancelled while this one was being submitted
+            await self._cancel_task(item["task_id"])
+
+    async def _move(self, status: BatchStatus, *, acknowledged: bool = False) -> None:
+        self.r["status"] = transition(BATCH, self.status, status).value
+        self.r["updated_at"] = self.rt.now_iso()
+        written = self.rt.records.set_batch(self.r, self.r["updated_at"], acknowledged=acknowledged)
+        if written is not None:
+            await asyncio.wrap_future(written)
+        else:
+            await self.rt._recorded(f"batch {self.id} {status.value}")
+        self.done.set()
+        self.rt._emit("batch", self)
+
+    async def _cancel_task(self, task_id: str) -> None:
+        try:
+            await self.rt.cancel(task_id)
+        except Conflict:  # finished meanwhile
+            pass
+
+    async def cancel(self) -> None:
+        """Cancel the batch: items not started never start; every unfinished item's task is cancelled."""
+        transition(BATCH, self.status, BatchStatus.CANCELLED)  # INVALID_TRANSITION once it is finished
+        self._queue.clear()
+        await self._move(BatchStatus.CANCELLED, acknowledged=True)
+        self._changed.set()
+        for index in sorted(self._started):
+            view = self.view(index)
+            if view is not None and view["status"] not in _FINISHED:
+                await self._cancel_task(self.items[index]["task_id"])
+
+
+class BatchHandle:
+    """A batch: ``await handle`` until it is completed or cancelled; ``.counts()``, ``.results()``,
+    ``.pending`` (its waiting cards), ``.pending_groups()``, ``.cancel()``, ``.to_dict()``."""
+
+    def __init__(self, batch: Batch) -> None:
+        self._batch = batch
+        self.id = batch.id
+
+    @property
+    def status(self) -> str:
+        return self._batch.status
+
+    @property
+    def agent(self) -> str:
+        return self._batch.r["agent"]
+
+    @property
+    def task_ids(self) -> list[str]:
+        """The id of each item's task, in item order (a task exists once the item started)."""
+        return [item["task_id"] for item in self._batch.items]
+
+    def counts(self) -> dict[str, int]:
+        return self._batch.counts()
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self._batch.r
+        return {"id": self.id, "agent": r["agent"], "status": r["status"], "goal": r["goal"],
+                "concurrency": r["concurrency"], "max_steps": r["max_steps"], "total": len(self._batch.items),
+                "counts": self.counts(), "created_at": r["created_at"], "updated_at": r["updated_at"]}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per item, in item order: what ``results()`` holds."""
+        batch = self._batch
+        statuses = batch.statuses()
+        out = []
+        for item, status in zip(batch.items, statuses):
+            view = batch.view(item["index"]) or {}
+            error = item["error"] or {}
+            out.append({"index": item["index"], "key": item["key"], "status": status,
+                        "result": view.get("result"), "error_code": view.get("error_code") or error.get("code"),
+                        "run_id": view.get("run_id"), "steps_used": view.get("steps_used", 0),
+                        "task_id": item["task_id"] if view else None, "goal": item["goal"]})
+        return out
+
+    def results(self) -> Any:
+        """The items as a pandas DataFrame (``key, status, result, error_code, run_id, steps_used,
+        task_id, goal``), as they stand now."""
+        import importlib
+
+        try:  # optional: a batch runs without pandas; only this view needs it
+            pd = importlib.import_module("pandas")
+        except ImportError:  # pragma: no cover - pandas is in the notebook environments
+            raise BadInput("results() needs pandas (pip install pandas); rows() gives the same as dicts") from None
+        columns = ["key", "status", "result", "error_code", "run_id", "steps_used", "task_id", "goal"]
+        rows = self.rows()
+        return pd.DataFrame([{c: r[c] for c in columns} for r in rows], columns=columns,
+                            index=pd.Index([r["index"] for r in rows], name="item"))
+
+    @property
+    def pending(self) -> list[Any]:
+        """This batch's waiting cards, oldest first."""
+        ids = self._batch._by_task
+        return [c for c in self._batch.rt.pending if c.task_id in ids]
+
+    def pending_groups(self) -> list[dict[str, Any]]:
+        """The waiting cards grouped by tool and family: ``{"tool", "family", "cards"}``, largest group first."""
+        groups: dict[tuple[str, str | None], list[Any]] = {}
+        for card in self.pending:
+            groups.setdefault((card.tool, card.family), []).append(card)
+        return [{"tool": t, "family": f, "cards": cards}
+                for (t, f), cards in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0][0], kv[0][1] or ""))]
+
+    def answer_group(self, tool: str, family: str | None, answer: str, *, by: str = "user") -> list[str]:
+        """Answer every waiting card of this batch for ``tool``/``family``.
+
+        ``always`` answers the first card ``always`` (the standing consent or rule) and
+        the others ``once``: each decision is answered in the journal, and from then on
+        that family no longer asks. Returns the ids answered."""
+        cards = [c for c in self.pending if c.tool == tool and c.family == family]
+        answered = []
+        for n, card in enumerate(cards):
+            given = answer if answer != "always" or n == 0 else "once"
+            self._batch.rt.answer(card.id, given, by=by,
+                                  reason=None if given == answer else f"released by always on {cards[0].id}")
+            answered.append(card.id)
+        return answered
+
+    async def cancel(self) -> BatchHandle:
+        await self._batch.cancel()
+        return self
+
+    async def wait(self) -> BatchHandle:
+        """Until the batch is completed or cancelled (items waiting on a person keep it running)."""
+        await self._batch.done.wait()
+        return self
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return self.wait().__await__()
+
+    def __repr__(self) -> str:
+        c = self.counts()
+        return (f"<Batch {self.id} {self.agent} {self.status} done {c['completed']} waiting {c['waiting']} "
+                f"failed {c['failed']} running {c['running'] + c['pending']} of {len(self._batch.items)}>")
+
+
+# ---------------------------------------------------------------------- the runtime's side
+async def start_batch(rt: Runtime, agent: str, items: Any, *, goal: str | Callable[[dict[str, Any]], str],
+                      concurrency: int = 4, max_steps: int | None = None,
+                      key: str | Callable[[dict[str, Any]], Any] | None = None) -> BatchHandle:
+    """Check everything, record the batch (acknowledged), start its runner; returns at once."""
+    the_agent = rt.agent(agent)
+    the_agent.check_accepts_work()  # AGENT_UNAVAILABLE before anything is recorded
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 1000:
+        raise BadInput("concurrency must be an integer from 1 to 1000")
+    if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1):
+        raise BadInput("max_steps must be a positive integer")
+    pairs = normalise_items(items, key)
+    goals = fill_goals(goal, pairs)
+    batch_id = f"batch-{uuid.uuid4().hex[:12]}"
+    now = rt.now_iso()
+    record = {"id": batch_id, "agent": agent, "status": BatchStatus.RUNNING.value,
+              "goal": goal if isinstance(goal, str) else f"<function {getattr(goal, '__name__', 'goal')}>",
+              "concurrency": concurrency, "max_steps": max_steps, "created_at": now, "updated_at": now}
+    rows = [{"index": n, "task_id": f"task-{uuid.uuid4().hex[:12]}", "key": k, "item": item, "goal": g,
+             "error": None} for n, ((k, item), g) in enumerate(zip(pairs, goals))]
+    await asyncio.wrap_future(rt.records.save_batch(record, rows, now))  # created means recorded
+    batch = Batch(rt, record, rows, started=set())
+    rt._batches[batch_id] = batch
+    rt._tg.start_soon(batch.drive)
+    rt._emit("batch", batch)
+    return BatchHandle(batch)
+
+
+async def restore_batches(rt: Runtime) -> None:
+    """At boot, after the tasks are restored: every running batch's runner starts again."""
+    rows = [r for r in rt.records.batches() if r["status"] == BatchStatus.RUNNING.value]
+    if not rows:
+        return
+    recorded = rt.records.task_ids()
+    for record in rows:
+        items = rt.records.batch_items(record["id"])
+        batch = Batch(rt, record, items, started={i["index"] for i in items if i["task_id"] in recorded})
+        rt._batches[batch.id] = batch
+        rt._tg.start_soon(batch.drive)
+
+
+def find_batch(rt: Runtime, batch_id: str) -> BatchHandle:
+    """This process's batch, or a finished one as ``runtime.db`` holds it; ``UNKNOWN_BATCH`` otherwise."""
+    batch = rt._batches.get(batch_id) if isinstance(batch_id, str) else None
+    if batch is None:
+        record = rt.records.batch(batch_id) if isinstance(batch_id, str) else None
+        if record is None:
+            raise UnknownBatch(f"no batch {batch_id!r}")
+        items = rt.records.batch_items(batch_id)
+        recorded = rt.records.task_ids()
+        batch = Batch(rt, record, items, started={i["index"] for i in items if i["task_id"] in recorded})
+    return BatchHandle(batch)
+
+
+def all_batches(rt: Runtime) -> list[BatchHandle]:
+    """Every batch recorded in this home, oldest first."""
+    return [find_batch(rt, r["id"]) for r in rt.records.batches()]

@@ -1,0 +1,68 @@
+"""Batches: items per second for tasks of 10 governed calls, at concurrency 1, 4 and 16, beside a plain
+loop of ``submit`` calls (all submitted, then all awaited) in the same run, on one machine.
+
+Each item is a task whose actor makes ``--calls`` allowed calls of a custom read tool, then ends; every
+run uses a fresh home. Run from the repository root::
+
+    .venv/bin/python benchmarks/batch.py [--items 64] [--calls 10] [--concurrency 1 4 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from governed_call import AGENT, manifest_text, read_note  # noqa: E402
+
+from apollia_nb.runtime import Runtime  # noqa: E402
+from apollia_nb.runtime.tools import ToolDef  # noqa: E402
+
+
+async def one(items: int, calls: int, concurrency: int | None) -> float:
+    """Items per second: a batch at ``concurrency``, or (None) a plain loop of submit calls."""
+    with tempfile.TemporaryDirectory(prefix="apollia-bench-batch-") as tmp:
+        root = Path(tmp)
+        async with Runtime(root / "home") as rt:
+            await rt.register_agent(manifest_text(calls, root / "workspace"),
+                                    tools=[ToolDef.from_function(read_note, family="read")])
+            rows = [{"n": i} for i in range(items)]
+            t0 = time.perf_counter()
+            if concurrency is None:
+                handles = [await rt.submit(AGENT, f"Read the notes of item {r['n']}", watched=False) for r in rows]
+                statuses = [(await h).status for h in handles]
+            else:
+                batch = await rt.batch(AGENT, rows, goal="Read the notes of item {n}", concurrency=concurrency)
+                await batch
+                statuses = [r["status"] for r in batch.rows()]
+            elapsed = time.perf_counter() - t0
+            if statuses != ["completed"] * items:
+                raise SystemExit(f"not every item completed: {sorted(set(statuses))}")
+            if not rt.verify().ok:
+                raise SystemExit("the journal does not verify")
+    return items / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=64)
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    args = parser.parse_args()
+    print(f"{args.items} items, tasks of {args.calls} governed calls each")
+    print(f"{'how':<28}{'items/s':>10}")
+    figure = anyio.run(one, args.items, args.calls, None)
+    print(f"{'plain loop of submit':<28}{figure:>10.1f}")
+    for c in args.concurrency:
+        figure = anyio.run(one, args.items, args.calls, c)
+        print(f"{f'batch, concurrency {c}':<28}{figure:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()
