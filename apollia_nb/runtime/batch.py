@@ -38,7 +38,7 @@ from apollia_nb.errors import ApolliaError, BadInput, Conflict, UnknownBatch
 from apollia_nb.runtime.states import Machine, transition
 
 if TYPE_CHECKING:  # pragma: no cover
-    from apollia_nb.runtime.runtime import Runtime
+    from apollia_nb.runtime.capabilities import BatchHost
 
 __all__ = [
     "BATCH",
@@ -204,7 +204,7 @@ def _summary(record: Mapping[str, Any]) -> dict[str, Any]:
 class Batch:
     """One batch in this process: its record, its items, the runner's queue."""
 
-    def __init__(self, rt: Runtime, record: dict[str, Any], items: list[dict[str, Any]],
+    def __init__(self, rt: BatchHost, record: dict[str, Any], items: list[dict[str, Any]],
                  started: set[int]) -> None:
         self.rt = rt
         self.r = record
@@ -437,7 +437,7 @@ class BatchHandle:
 
 
 # ---------------------------------------------------------------------- the runtime's side
-async def start_batch(rt: Runtime, agent: str, items: Any, *, goal: str | Callable[[dict[str, Any]], str],
+async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Callable[[dict[str, Any]], str],
                       concurrency: int = 4, max_steps: int | None = None,
                       key: str | Callable[[dict[str, Any]], Any] | None = None) -> BatchHandle:
     """Check everything, record the batch (acknowledged), start its runner; returns at once."""
@@ -464,7 +464,7 @@ async def start_batch(rt: Runtime, agent: str, items: Any, *, goal: str | Callab
     return BatchHandle(batch)
 
 
-async def restore_batches(rt: Runtime) -> None:
+async def restore_batches(rt: BatchHost) -> None:
     """At boot, after the tasks are restored: every running batch's runner starts again."""
     rows = [r for r in rt.records.batches() if r["status"] == BatchStatus.RUNNING.value]
     if not rows:
@@ -477,7 +477,7 @@ async def restore_batches(rt: Runtime) -> None:
         rt._tg.start_soon(batch.drive)
 
 
-def find_batch(rt: Runtime, batch_id: str) -> BatchHandle:
+def find_batch(rt: BatchHost, batch_id: str) -> BatchHandle:
     """This process's batch, or a finished one as ``runtime.db`` holds it; ``UNKNOWN_BATCH`` otherwise."""
     batch = rt._batches.get(batch_id) if isinstance(batch_id, str) else None
     if batch is None:
@@ -490,6 +490,6 @@ def find_batch(rt: Runtime, batch_id: str) -> BatchHandle:
     return BatchHandle(batch)
 
 
-def all_batches(rt: Runtime) -> list[BatchHandle]:
+def all_batches(rt: BatchHost) -> list[BatchHandle]:
     """Every batch recorded in this home, oldest first."""
     return [find_batch(rt, r["id"]) for r in rt.records.batches()]
