@@ -47,6 +47,7 @@ __all__ = [
     "Batch",
     "BatchHandle",
     "BatchStatus",
+    "DaskBatch",
     "counts",
     "fill_goals",
     "find_batch",
@@ -331,6 +332,76 @@ class Batch:
                 await self._cancel_task(self.items[index]["task_id"])
 
 
+class DaskBatch(Batch):
+    """A batch whose items run on a ``dask.distributed`` cluster (``runtime/dask_engine.py``).
+
+    Each started item is one Dask future; its status is ``running`` until the
+    future is done, then the worker's summary of its task (or a failure with a
+    code). An item waiting on a person on its worker holds its place."""
+
+    def __init__(self, rt: BatchHost, record: dict[str, Any], items: list[dict[str, Any]], *,
+                 spec: Any, client: Any, owned: bool) -> None:
+        super().__init__(rt, record, items, started=set())
+        self.spec = spec
+        self.client = client
+        self._owned = owned
+        self._futures: dict[int, Any] = {}
+        self._loop = asyncio.get_running_loop()
+
+    def view(self, index: int) -> dict[str, Any] | None:
+        final = self._final.get(index)
+        if final is not None:
+            return final
+        if index not in self._started:
+            return None
+        return {"status": "running", "result": None, "error_code": None, "run_id": None, "steps_used": 0}
+
+    def _settled(self, index: int, future: Any) -> None:  # on the Dask client's thread
+        from apollia_nb.runtime.dask_engine import outcome
+
+        summary = outcome(future)
+        self._loop.call_soon_threadsafe(self._record_outcome, index, summary)
+
+    def _record_outcome(self, index: int, summary: dict[str, Any]) -> None:
+        self._final[index] = summary
+        if summary["status"] == "failed" and summary.get("run_id") is None:
+            self.items[index]["error"] = {"code": summary["error_code"], "message": summary.get("message", "")}
+        self._changed.set()
+        self.rt._emit("batch", self)
+
+    async def _start(self, index: int) -> None:
+        from apollia_nb.runtime.dask_engine import run_item
+
+        item = self.items[index]
+        future = self.client.submit(run_item, self.spec, item["task_id"], item["goal"],
+                                    key=f"apollia-item-{item['task_id']}", pure=False)
+        self._futures[index] = future
+        self._started.add(index)
+        future.add_done_callback(lambda f, i=index: self._settled(i, f))
+        self.rt._emit("batch", self)
+
+    async def drive(self) -> None:
+        try:
+            await super().drive()
+        finally:
+            if self._owned:
+                await anyio.to_thread.run_sync(self.client.close)
+
+    async def cancel(self) -> None:
+        """Cancel the batch: items not started never start, the futures of unfinished ones are cancelled
+        (an item already running on a worker runs to its end there; the batch counts it cancelled)."""
+        transition(BATCH, self.status, BatchStatus.CANCELLED)
+        self._queue.clear()
+        pending = [f for i, f in self._futures.items() if i not in self._final]
+        if pending:
+            await anyio.to_thread.run_sync(lambda: self.client.cancel(pending))
+        for index in self._started:
+            self._final.setdefault(index, {"status": "cancelled", "result": None, "error_code": None,
+                                           "run_id": None, "steps_used": 0})
+        await self._move(BatchStatus.CANCELLED, acknowledged=True)
+        self._changed.set()
+
+
 class BatchHandle:
     """A batch: ``await handle`` until it is completed or cancelled; ``.counts()``, ``.results()``,
     ``.pending`` (its waiting cards), ``.pending_groups()``, ``.cancel()``, ``.to_dict()``."""
@@ -439,10 +510,15 @@ class BatchHandle:
 # ---------------------------------------------------------------------- the runtime's side
 async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Callable[[dict[str, Any]], str],
                       concurrency: int = 4, max_steps: int | None = None,
-                      key: str | Callable[[dict[str, Any]], Any] | None = None) -> BatchHandle:
-    """Check everything, record the batch (acknowledged), start its runner; returns at once."""
+                      key: str | Callable[[dict[str, Any]], Any] | None = None, engine: str = "local",
+                      scheduler: Any = None, server_url: str | None = None) -> BatchHandle:
+    """Check everything, record the batch (acknowledged), start its runner; returns at once.
+
+    ``engine="dask"`` runs the items on the Dask cluster at ``scheduler`` (``runtime/dask_engine.py``)."""
     the_agent = rt.agent(agent)
     the_agent.check_accepts_work()  # AGENT_UNAVAILABLE before anything is recorded
+    if engine not in ("local", "dask"):
+        raise BadInput(f"engine must be 'local' or 'dask', not {engine!r}")
     if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 1000:
         raise BadInput("concurrency must be an integer from 1 to 1000")
     if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1):
@@ -456,8 +532,20 @@ async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Call
               "concurrency": concurrency, "max_steps": max_steps, "created_at": now, "updated_at": now}
     rows = [{"index": n, "task_id": f"task-{uuid.uuid4().hex[:12]}", "key": k, "item": item, "goal": g,
              "error": None} for n, ((k, item), g) in enumerate(zip(pairs, goals))]
-    await asyncio.wrap_future(rt.records.save_batch(record, rows, now))  # created means recorded
-    batch = Batch(rt, record, rows, started=set())
+    spec = client = None
+    if engine == "dask":
+        from apollia_nb.runtime.dask_engine import make_spec, open_client
+
+        spec = make_spec(rt, agent, max_steps, server_url)
+        client, owned = await anyio.to_thread.run_sync(open_client, scheduler)
+    try:
+        await asyncio.wrap_future(rt.records.save_batch(record, rows, now))  # created means recorded
+    except BaseException:
+        if client is not None and owned:
+            await anyio.to_thread.run_sync(client.close)
+        raise
+    batch = (Batch(rt, record, rows, started=set()) if client is None
+             else DaskBatch(rt, record, rows, spec=spec, client=client, owned=owned))
     rt._batches[batch_id] = batch
     rt._tg.start_soon(batch.drive)
     rt._emit("batch", batch)

@@ -210,8 +210,12 @@ class Runtime:
         suspend_unattended: bool = True,
         chat_card_timeout: float | None = None,
         namespace: Callable[[], Any] | None = None,
+        server: Any = None,
     ) -> None:
         self.home = home if isinstance(home, Home) else Home.at(home)
+        # A ServerAddress: be a client of that server without looking for it in the home (a batch's
+        # worker on a Dask cluster, runtime/dask_engine.py, whose home holds only the journal's public key).
+        self._server_given = server
         self.namespace = namespace  # the kernel's user namespace: enables the notebook_* built-ins
         self.clock = clock
         self.suspend_unattended = suspend_unattended
@@ -306,9 +310,10 @@ class Runtime:
         from apollia_nb.runtime.records import RuntimeRecords, open_records
 
         self.mode = "owner"
-        server = None
+        server = self._server_given
         try:
-            self._lock.acquire()
+            if server is None:
+                self._lock.acquire()
         except HomeLocked as locked:  # owned: by `apollia-os serve` (become its client) or HOME_LOCKED
             from apollia_nb.runtime.remote import find_server
 
@@ -730,12 +735,16 @@ class Runtime:
 
     # ------------------------------------------------------------------ batches (runtime/batch.py)
     async def batch(self, agent: str, items: Any, *, goal: Any, concurrency: int = 4,
-                    max_steps: int | None = None, key: Any = None) -> Any:
-        """Run ``agent`` over ``items``, each item an unattended task; returns a ``BatchHandle`` at once."""
+                    max_steps: int | None = None, key: Any = None, engine: str = "local",
+                    scheduler: Any = None, server_url: str | None = None) -> Any:
+        """Run ``agent`` over ``items``, each item an unattended task; returns a ``BatchHandle`` at once.
+
+        ``engine="dask"``: the items run on the ``dask.distributed`` cluster at ``scheduler`` (an
+        address or a ``distributed.Client``), each worker a client of this home's server."""
         from apollia_nb.runtime.batch import start_batch
 
         return await start_batch(self, agent, items, goal=goal, concurrency=concurrency, max_steps=max_steps,
-                                 key=key)
+                                 key=key, engine=engine, scheduler=scheduler, server_url=server_url)
 
     def get_batch(self, batch_id: str) -> Any:
         """A batch of this home (``UNKNOWN_BATCH`` otherwise)."""

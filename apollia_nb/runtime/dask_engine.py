@@ -1,0 +1,180 @@
+"""A batch's items on a ``dask.distributed`` cluster (``Runtime.batch(..., engine="dask")``).
+
+The process that runs the batch (the driver) must be a client of the home's
+``apollia-os serve``. It sends each item to the cluster as one Dask task
+carrying a :class:`WorkerSpec`: the server's URL and token, the home's journal
+public key, and the agent (its manifest, its Python tools and model). Each
+worker process keeps one client ``Runtime`` of that server (:func:`run_item`):
+the item's model calls and tools run on the worker, every decision is the
+server's governance and every entry goes into the server's one chain, so
+decisions, the inbox and the chain stay one.
+
+The worker's home is a directory of its own under the worker's local
+directory holding only ``keys/journal.pub`` (the client checks that the server
+signs with it); tools that need a workspace run in ``workspace/`` there, one
+per worker process.
+
+A worker that dies mid-item loses nothing acknowledged: every entry its run
+appended is in the server's chain. Dask's scheduler runs the item again on
+another worker (up to ``distributed.scheduler.allowed-failures`` times); after
+that the item fails ``INTERRUPTED``. Any other failure on the worker fails the
+item with its code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from apollia_nb.errors import ApolliaError, BadInput
+
+__all__ = ["WorkerSpec", "make_spec", "open_client", "run_item", "outcome"]
+
+#: The error code of an item whose workers all died under it.
+WORKER_LOST = "INTERRUPTED"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs to run the items of one batch."""
+
+    url: str
+    token: str
+    public_key: bytes  # the contents of the home's keys/journal.pub
+    manifest: Any  # a Manifest
+    tools: tuple[Any, ...] = ()
+    model: Any = None
+    max_steps: int | None = None
+
+
+def make_spec(rt: Any, agent: str, max_steps: int | None, server_url: str | None) -> WorkerSpec:
+    """The spec of a batch of ``agent``, from the driver's runtime (``BAD_INPUT`` unless it is a served home's client)."""
+    from apollia_nb.journal.keys import PUB_FILE
+    from apollia_nb.runtime.runtime import _custom_tools
+
+    server = rt.server
+    if server is None:
+        raise BadInput("engine='dask' needs the home served by apollia-os serve: start it, then open the home "
+                       "again (its workers are clients of that server)")
+    the_agent = rt.agent(agent)
+    pub = rt.home.keys_dir / PUB_FILE
+    if not pub.exists():
+        raise BadInput(f"engine='dask' needs the home's journal public key {pub}")
+    return WorkerSpec(url=(server_url or server.url).rstrip("/"), token=server.token, public_key=pub.read_bytes(),
+                      manifest=the_agent.manifest, tools=tuple(_custom_tools(the_agent)),
+                      model=the_agent.model if the_agent.custom_model else None, max_steps=max_steps)
+
+
+def open_client(scheduler: Any) -> tuple[Any, bool]:
+    """A ``distributed.Client`` for ``scheduler`` (an address or a client) and whether it is ours to close."""
+    try:
+        from distributed import Client
+    except ImportError:  # pragma: no cover - dask is an optional extra
+        raise BadInput("engine='dask' needs dask.distributed (pip install 'dask[distributed]')") from None
+    if isinstance(scheduler, Client):
+        return scheduler, False
+    if not isinstance(scheduler, str) or not scheduler.strip():
+        raise BadInput("engine='dask' needs scheduler=, the address of the Dask scheduler (tcp://HOST:PORT) "
+                       "or a distributed.Client")
+    try:
+        return Client(scheduler, timeout="10s"), True
+    except (OSError, TimeoutError) as exc:
+        raise BadInput(f"the Dask scheduler at {scheduler} does not answer: {exc}") from None
+
+
+def outcome(future: Any) -> dict[str, Any]:
+    """An item's summary from its finished Dask future: the worker's summary, or a failure with a code."""
+    from distributed import KilledWorker
+
+    try:
+        return future.result()
+    except KilledWorker as exc:
+        return _failed(WORKER_LOST, f"every worker that ran the item died ({exc})")
+    except ApolliaError as exc:
+        return _failed(exc.code, exc.message)
+    except BaseException as exc:  # noqa: BLE001 - the item fails; the batch goes on
+        if future.status == "cancelled":
+            return {"status": "cancelled", "result": None, "error_code": None, "run_id": None, "steps_used": 0}
+        return _failed("INTERNAL", f"{type(exc).__name__}: {exc}")
+
+
+def _failed(code: str, message: str) -> dict[str, Any]:
+    return {"status": "failed", "result": None, "error_code": code, "run_id": None, "steps_used": 0,
+            "message": message}
+
+
+# ---------------------------------------------------------------------- on the worker
+class _WorkerRuntime:
+    """This worker process's client runtime, on an event loop of its own (one thread)."""
+
+    def __init__(self, spec: WorkerSpec, base: Path) -> None:
+        from apollia_nb.journal.keys import PUB_FILE
+        from apollia_nb.runtime.remote import ServerAddress
+
+        self.base = base
+        self.home = base / "home"
+        (self.home / "keys").mkdir(parents=True, exist_ok=True)
+        (self.home / "keys" / PUB_FILE).write_bytes(spec.public_key)
+        self.workspace = base / "workspace"
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        self.address = ServerAddress(url=spec.url, token=spec.token, pid=0)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="apollia-worker", daemon=True).start()
+        self.rt = self.call(self._open)
+        self._agent_lock = asyncio.Lock()
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(fn(*args), self.loop).result()
+
+    async def _open(self) -> Any:
+        from apollia_nb.runtime.runtime import Runtime
+
+        return await Runtime.open(self.home, server=self.address)
+
+    async def _agent(self, spec: WorkerSpec) -> str:
+        manifest = dataclasses.replace(spec.manifest, workspace_root=str(self.workspace))
+        async with self._agent_lock:
+            agent = self.rt._agents.get(manifest.name)
+            if agent is None or agent.manifest != manifest:
+                await self.rt.register_agent(manifest, tools=list(spec.tools), model=spec.model, cwd=self.workspace)
+        return manifest.name
+
+    async def item(self, spec: WorkerSpec, task_id: str, goal: str) -> dict[str, Any]:
+        from apollia_nb.runtime.batch import _summary
+
+        name = await self._agent(spec)
+        handle = await self.rt.submit(name, goal, max_steps=spec.max_steps, watched=False, task_id=task_id)
+        await handle.wait()  # an item waiting on a person waits here until it is answered, wherever
+        return _summary(handle.record)
+
+
+_WORKERS: dict[tuple[str, bytes], _WorkerRuntime] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def _worker_runtime(spec: WorkerSpec) -> _WorkerRuntime:
+    with _WORKERS_LOCK:
+        key = (spec.url, spec.public_key)
+        found = _WORKERS.get(key)
+        if found is None:
+            try:
+                from distributed import get_worker
+
+                local = Path(get_worker().local_directory)
+            except (ImportError, ValueError):  # not on a worker (called directly)
+                import tempfile
+
+                local = Path(tempfile.mkdtemp(prefix="apollia-worker-"))
+            found = _WORKERS[key] = _WorkerRuntime(spec, local / "apollia" / f"server-{len(_WORKERS)}")
+        return found
+
+
+def run_item(spec: WorkerSpec, task_id: str, goal: str) -> dict[str, Any]:
+    """The Dask task of one item: run it on this worker's client runtime until it is finished; its summary."""
+    worker = _worker_runtime(spec)
+    return worker.call(worker.item, spec, task_id, goal)
