@@ -149,3 +149,28 @@ async def test_the_dask_engine_needs_a_served_home_and_a_scheduler(home):
         with pytest.raises(BadInput, match="engine must be"):
             await rt.batch("summariser", [{"n": 1, "topic": "a", "file": "no"}], goal=GOAL, engine="ray")
         assert rt.batches() == []  # nothing recorded
+
+
+def test_the_cli_runs_a_batch_on_the_cluster_and_writes_its_results(served, cluster, tmp_path):
+    from runtime_helpers import manifest
+
+    agent = tmp_path / "clerk.toml"
+    agent.write_text(manifest("clerk", actor=[{"text": "noted"}]))
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": f"t-{n}", "goal": f"note ticket {n}"}) + "\n" for n in range(6)))
+    out = tmp_path / "out.csv"
+    r = subprocess.run([*APOLLIA, "batch", str(agent), str(items), "--key", "id", "--engine", "dask",
+                        "--scheduler", cluster.scheduler.address, "--out", str(out), "--home", str(served.path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "6 completed, 0 failed" in r.stdout
+    import csv
+
+    rows = list(csv.DictReader(out.read_text().splitlines()))
+    assert [(row["key"], row["status"], row["result"]) for row in rows] == [(f"t-{n}", "completed", "noted")
+                                                                            for n in range(6)]
+    assert verify(served).returncode == 0
+
+    missing = subprocess.run([*APOLLIA, "batch", str(agent), str(items), "--engine", "dask", "--home",
+                              str(served.path)], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 3 and "BAD_INPUT" in missing.stderr and "--scheduler" in missing.stderr

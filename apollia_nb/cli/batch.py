@@ -45,6 +45,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--key", default=None, help="the field that keys each item (default: its line number)")
     p.add_argument("--out", type=Path, default=None,
                    help="the results file, .jsonl or .csv (default: ITEMS with .results.jsonl)")
+    p.add_argument("--engine", choices=("local", "dask"), default="local",
+                   help="where the items run: here or in the server (local, the default), or on a Dask cluster "
+                        "(dask: AGENT is then the agent's manifest file, the home must be served by "
+                        "`apollia-os serve`, and every worker is a client of that server)")
+    p.add_argument("--scheduler", default=None, help="with --engine dask: the Dask scheduler's address "
+                                                     "(tcp://HOST:PORT)")
+    p.add_argument("--server-url", default=None,
+                   help="with --engine dask: the URL the workers reach the server at (default: the one in "
+                        "the home's server.json)")
     p.set_defaults(handler=_batch)
 
 
@@ -118,6 +127,8 @@ def _batch(args: argparse.Namespace) -> int:
 
     items = read_items(args.items)
     out = _out_path(args)
+    if args.engine == "dask":
+        return _dask(args, items, out)
     address = served(args)
     if address is not None:
         return _served(args, address, items, out)
@@ -129,12 +140,46 @@ def _batch(args: argparse.Namespace) -> int:
         async with _open(args) as rt:
             handle = await rt.batch(args.agent, items, goal=args.goal, concurrency=args.concurrency,
                                     max_steps=args.max_steps, key=args.key)
-            while not _settled(handle.counts()) and handle.status == "running":
-                _draw(handle.counts(), len(handle.task_ids))
-                with anyio.move_on_after(PROGRESS_SECS):
-                    await handle
-            await rt.committed()  # the results written are what runtime.db holds
-            return _finish(args, out, handle.rows(), handle.to_dict())
+            return await _follow(args, out, rt, handle)
+
+    return anyio.run(main)
+
+
+async def _follow(args: argparse.Namespace, out: Path, rt: Any, handle: Any) -> int:
+    """Draw the progress until no item is pending or running, then write the results."""
+    import anyio
+
+    while not _settled(handle.counts()) and handle.status == "running":
+        _draw(handle.counts(), len(handle.task_ids))
+        with anyio.move_on_after(PROGRESS_SECS):
+            await handle
+    await rt.committed()  # the results written are what runtime.db holds
+    return _finish(args, out, handle.rows(), handle.to_dict())
+
+
+def _dask(args: argparse.Namespace, items: list[dict[str, Any]], out: Path) -> int:
+    """``--engine dask``: this process is a client of the server; the agent's manifest is registered here
+    and travels to the workers, which run the items as clients of the same server."""
+    import anyio
+
+    from apollia_nb.cli.runtime import _open
+
+    manifest = Path(args.agent)
+    if not manifest.is_file():
+        raise BadInput(f"with --engine dask, AGENT is the agent's manifest file; {manifest} is not a file")
+    if not args.scheduler:
+        raise BadInput("--engine dask needs --scheduler ADDRESS (tcp://HOST:PORT)")
+
+    async def main() -> int:
+        async with _open(args, client_ok=True) as rt:
+            if rt.mode != "client":
+                raise BadInput("--engine dask needs the home served by `apollia-os serve` (its workers are "
+                               "clients of that server): start it, then run the batch again")
+            agent = await rt.register_agent(manifest, cwd=Path.cwd())
+            handle = await rt.batch(agent.name, items, goal=args.goal, concurrency=args.concurrency,
+                                    max_steps=args.max_steps, key=args.key, engine="dask",
+                                    scheduler=args.scheduler, server_url=args.server_url)
+            return await _follow(args, out, rt, handle)
 
     return anyio.run(main)
 
