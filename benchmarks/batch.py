@@ -1,15 +1,18 @@
 """Batches: items per second for tasks of 10 governed calls, at concurrency 1, 4 and 16, beside a plain
-loop of ``submit`` calls (all submitted, then all awaited) in the same run, on one machine.
+loop of ``submit`` calls (all submitted, then all awaited) in the same run, on one machine; and on a
+``dask.distributed`` LocalCluster of 2 worker processes, each a client of an ``apollia-os serve`` subprocess
+(``--dask``, needs ``dask[distributed]``).
 
 Each item is a task whose actor makes ``--calls`` allowed calls of a custom read tool, then ends; every
 run uses a fresh home. Run from the repository root::
 
-    .venv/bin/python benchmarks/batch.py [--items 64] [--calls 10] [--concurrency 1 4 16]
+    .venv/bin/python benchmarks/batch.py [--items 64] [--calls 10] [--concurrency 1 4 16] [--dask 16]
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,11 +52,48 @@ async def one(items: int, calls: int, concurrency: int | None) -> float:
     return items / elapsed
 
 
+async def on_dask(items: int, calls: int, concurrency: int) -> float:
+    """Items per second: a batch at ``concurrency`` on a LocalCluster with 2 worker processes, the home
+    served by ``apollia-os serve`` (the driver and every worker its clients)."""
+    from distributed import Client, LocalCluster
+
+    with tempfile.TemporaryDirectory(prefix="apollia-bench-dask-") as tmp:
+        root = Path(tmp)
+        server = subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve", "--home", str(root / "home"),
+                                   "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            if not server.stdout.readline():
+                raise SystemExit(f"apollia-os serve did not start: {server.stderr.read()}")
+            with LocalCluster(n_workers=2, threads_per_worker=max(1, concurrency // 2), processes=True,
+                              host="127.0.0.1", dashboard_address=":0") as lc, Client(lc) as client:
+                async with Runtime(root / "home") as rt:
+                    await rt.register_agent(manifest_text(calls, root / "workspace"),
+                                            tools=[ToolDef.from_function(read_note, family="read")])
+                    rows = [{"n": i} for i in range(items)]
+                    client.run(lambda: None)  # the workers are up before the clock starts
+                    t0 = time.perf_counter()
+                    batch = await rt.batch(AGENT, rows, goal="Read the notes of item {n}", concurrency=concurrency,
+                                           engine="dask", scheduler=client)
+                    await batch
+                    elapsed = time.perf_counter() - t0
+                    statuses = [r["status"] for r in batch.rows()]
+                    if statuses != ["completed"] * items:
+                        raise SystemExit(f"not every item completed: {sorted(set(statuses))}")
+                    if not rt.verify().ok:
+                        raise SystemExit("the journal does not verify")
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    return items / elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=64)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--dask", type=int, nargs="*", default=[16], metavar="CONCURRENCY",
+                        help="batches on a LocalCluster of 2 workers at these concurrencies (none: skip)")
     args = parser.parse_args()
     print(f"{args.items} items, tasks of {args.calls} governed calls each")
     print(f"{'how':<28}{'items/s':>10}")
@@ -62,6 +102,9 @@ def main() -> None:
     for c in args.concurrency:
         figure = anyio.run(one, args.items, args.calls, c)
         print(f"{f'batch, concurrency {c}':<28}{figure:>10.1f}")
+    for c in args.dask:
+        figure = anyio.run(on_dask, args.items, args.calls, c)
+        print(f"{f'dask, 2 workers, conc. {c}':<28}{figure:>10.1f}")
 
 
 if __name__ == "__main__":
