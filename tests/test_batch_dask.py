@@ -140,6 +140,24 @@ async def test_a_worker_killed_mid_item_loses_nothing_and_every_item_is_accounte
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+async def test_each_batch_runs_its_own_agent_on_the_workers(served, cluster):
+    """A second batch of an agent of the same name, with another model, runs that model on the workers."""
+    async with Runtime(served) as rt:
+        await rt.register_agent(AGENT, model=item_model())
+        first = await rt.batch("summariser", item_frame(4, every=100), goal=GOAL, engine="dask", scheduler=cluster)
+        with anyio.fail_after(60):
+            await first
+        await rt.stop_agent("summariser")
+        await rt.register_agent(AGENT, model=ScriptedModel.from_function(_kill_actor))
+        second = await rt.batch("summariser", [{"n": n, "marker": "-"} for n in range(4)],
+                                goal="Process item {n} (marker: {marker})", engine="dask", scheduler=cluster)
+        with anyio.fail_after(60):
+            await second
+        assert [r["result"] for r in first.rows()] == [expected_result(n, t) for n, t in
+                                                       zip(range(4), ("alpha", "beta", "gamma", "alpha"))]
+        assert [r["result"] for r in second.rows()] == [f"item {n} done" for n in range(4)]
+
+
 async def test_the_dask_engine_needs_a_served_home_and_a_scheduler(home):
     async with Runtime(home) as rt:
         await rt.register_agent(AGENT, model=item_model())

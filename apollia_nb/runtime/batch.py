@@ -385,7 +385,8 @@ class DaskBatch(Batch):
             await super().drive()
         finally:
             if self._owned:
-                await anyio.to_thread.run_sync(self.client.close)
+                with anyio.CancelScope(shield=True):  # also when the runtime closes under the batch
+                    await anyio.to_thread.run_sync(self.client.close)
 
     async def cancel(self) -> None:
         """Cancel the batch: items not started never start, the futures of unfinished ones are cancelled
@@ -536,7 +537,7 @@ async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Call
     if engine == "dask":
         from apollia_nb.runtime.dask_engine import make_spec, open_client
 
-        spec = make_spec(rt, agent, max_steps, server_url)
+        spec = make_spec(rt, agent, max_steps, server_url, batch_id)
         client, owned = await anyio.to_thread.run_sync(open_client, scheduler)
     try:
         await asyncio.wrap_future(rt.records.save_batch(record, rows, now))  # created means recorded

@@ -50,9 +50,10 @@ class WorkerSpec:
     tools: tuple[Any, ...] = ()
     model: Any = None
     max_steps: int | None = None
+    batch_id: str = ""
 
 
-def make_spec(rt: Any, agent: str, max_steps: int | None, server_url: str | None) -> WorkerSpec:
+def make_spec(rt: Any, agent: str, max_steps: int | None, server_url: str | None, batch_id: str) -> WorkerSpec:
     """The spec of a batch of ``agent``, from the driver's runtime (``BAD_INPUT`` unless it is a served home's client)."""
     from apollia_nb.journal.keys import PUB_FILE
     from apollia_nb.runtime.runtime import _custom_tools
@@ -67,7 +68,8 @@ def make_spec(rt: Any, agent: str, max_steps: int | None, server_url: str | None
         raise BadInput(f"engine='dask' needs the home's journal public key {pub}")
     return WorkerSpec(url=(server_url or server.url).rstrip("/"), token=server.token, public_key=pub.read_bytes(),
                       manifest=the_agent.manifest, tools=tuple(_custom_tools(the_agent)),
-                      model=the_agent.model if the_agent.custom_model else None, max_steps=max_steps)
+                      model=the_agent.model if the_agent.custom_model else None, max_steps=max_steps,
+                      batch_id=batch_id)
 
 
 def open_client(scheduler: Any) -> tuple[Any, bool]:
@@ -127,6 +129,7 @@ class _WorkerRuntime:
         threading.Thread(target=self.loop.run_forever, name="apollia-worker", daemon=True).start()
         self.rt = self.call(self._open)
         self._agent_lock = asyncio.Lock()
+        self._batch_of: dict[str, str] = {}  # agent name -> the batch whose manifest, tools and model it has
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(fn(*args), self.loop).result()
@@ -139,10 +142,14 @@ class _WorkerRuntime:
     async def _agent(self, spec: WorkerSpec) -> str:
         manifest = dataclasses.replace(spec.manifest, workspace_root=str(self.workspace))
         async with self._agent_lock:
-            agent = self.rt._agents.get(manifest.name)
-            if agent is None or agent.manifest != manifest:
-                await self.rt.register_agent(manifest, tools=list(spec.tools), model=spec.model, cwd=self.workspace)
-        return manifest.name
+            name = manifest.name
+            if self._batch_of.get(name) != spec.batch_id:  # another batch's agent of that name: its own version
+                if name in self.rt._agents:
+                    await self.rt.stop_agent(name)  # drains the other batch's items on this worker first
+                await self.rt.register_agent(manifest, tools=list(spec.tools), model=spec.model, cwd=self.workspace,
+                                             keep_consents=True)
+                self._batch_of[name] = spec.batch_id
+        return name
 
     async def item(self, spec: WorkerSpec, task_id: str, goal: str) -> dict[str, Any]:
         from apollia_nb.runtime.batch import _summary
