@@ -52,6 +52,11 @@ async def one(items: int, calls: int, concurrency: int | None) -> float:
     return items / elapsed
 
 
+def _serve(home: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve", "--home", str(home), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 async def on_dask(items: int, calls: int, concurrency: int) -> float:
     """Items per second: a batch at ``concurrency`` on a LocalCluster with 2 worker processes, the home
     served by ``apollia-os serve`` (the driver and every worker its clients)."""
@@ -59,8 +64,7 @@ async def on_dask(items: int, calls: int, concurrency: int) -> float:
 
     with tempfile.TemporaryDirectory(prefix="apollia-bench-dask-") as tmp:
         root = Path(tmp)
-        server = subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve", "--home", str(root / "home"),
-                                   "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        server = _serve(root / "home")
         try:
             if not server.stdout.readline():
                 raise SystemExit(f"apollia-os serve did not start: {server.stderr.read()}")

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -50,7 +49,7 @@ def served(home, monkeypatch):
 
 
 def verify(home) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*APOLLIA, "audit", "verify", "--home", str(home.path)], capture_output=True, text=True,
+    return subprocess.run([*APOLLIA, "audit", "verify", "--home", str(home.path)], check=False, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -179,7 +178,7 @@ def test_the_cli_runs_a_batch_on_the_cluster_and_writes_its_results(served, clus
     out = tmp_path / "out.csv"
     r = subprocess.run([*APOLLIA, "batch", str(agent), str(items), "--key", "id", "--engine", "dask",
                         "--scheduler", cluster.scheduler.address, "--out", str(out), "--home", str(served.path)],
-                       capture_output=True, text=True, timeout=120)
+                       check=False, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "6 completed, 0 failed" in r.stdout
     import csv
@@ -190,5 +189,5 @@ def test_the_cli_runs_a_batch_on_the_cluster_and_writes_its_results(served, clus
     assert verify(served).returncode == 0
 
     missing = subprocess.run([*APOLLIA, "batch", str(agent), str(items), "--engine", "dask", "--home",
-                              str(served.path)], capture_output=True, text=True, timeout=60)
+                              str(served.path)], check=False, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 3 and "BAD_INPUT" in missing.stderr and "--scheduler" in missing.stderr

@@ -33,7 +33,7 @@ from typing import Any
 
 from apollia_nb.errors import ApolliaError, BadInput
 
-__all__ = ["WorkerSpec", "make_spec", "open_client", "run_item", "outcome"]
+__all__ = ["WorkerSpec", "make_spec", "open_client", "outcome", "run_item"]
 
 #: The error code of an item whose workers all died under it.
 WORKER_LOST = "INTERRUPTED"
