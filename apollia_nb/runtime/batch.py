@@ -360,7 +360,10 @@ class DaskBatch(Batch):
         from apollia_nb.runtime.dask_engine import outcome
 
         summary = outcome(future)
-        self._loop.call_soon_threadsafe(self._record_outcome, index, summary)
+        try:
+            self._loop.call_soon_threadsafe(self._record_outcome, index, summary)
+        except RuntimeError:  # the driver's loop is closed: the batch ended with its runtime
+            pass
 
     def _record_outcome(self, index: int, summary: dict[str, Any]) -> None:
         self._final[index] = summary
