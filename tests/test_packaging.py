@@ -13,6 +13,8 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # An import name -> the distribution that provides it, where the two differ.
 DISTRIBUTION = {"nacl": "pynacl", "IPython": "ipython", "yaml": "pyyaml"}
 PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp", "comm": "ipykernel"}  # installed with (and pinned by) another dependency
+# An import name -> the optional extra (not `test`) that installs it: imported only where that feature runs.
+EXTRA = {"distributed": "dask", "dask": "dask"}
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -40,6 +42,10 @@ def test_test_tools_are_not_runtime_dependencies_and_nothing_imports_them():
 def test_every_module_the_runtime_imports_is_a_dependency():
     runtime = names(PROJECT["dependencies"])
     for module in imported_top_level_modules():
+        if module in EXTRA:
+            extra = EXTRA[module]
+            assert extra != "test" and "dask" in names(PROJECT["optional-dependencies"][extra]), (module, extra)
+            continue
         dist = PROVIDED_BY.get(module) or DISTRIBUTION.get(module, module).lower()
         assert dist in runtime, f"apollia_nb imports {module!r}: add {dist!r} to [project] dependencies"
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.manifest import Manifest
     from apollia_nb.runtime.tools import ToolDef, ToolRegistry
 
-__all__ = ["Agent", "install_packages"]
+__all__ = ["Agent", "custom_tools", "install_packages"]
 
 _ROLE_PROMPTS = {
     "planner": "Plan the goal as a short list of concrete steps and submit it with submit_plan.",
@@ -140,3 +140,10 @@ def startup_failure(cell: StateCell, exc: ApolliaError) -> ApolliaError:
     cell.move(ProcessState.STOPPING)
     cell.move(ProcessState.STOPPED)
     return exc
+
+
+def custom_tools(agent: Agent) -> list[Any]:
+    """The agent's own tools (those that are not built in), as registered: to register it again."""
+    from apollia_nb.runtime.builtins import BUILTIN_FAMILIES
+
+    return [agent.tools.get(n) for n in agent.tools.names() if n not in BUILTIN_FAMILIES]

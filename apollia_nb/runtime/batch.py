@@ -36,6 +36,7 @@ import anyio
 
 from apollia_nb.errors import ApolliaError, BadInput, Conflict, UnknownBatch
 from apollia_nb.runtime.states import Machine, transition
+from apollia_nb.runtime.tasks import task_summary
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.capabilities import BatchHost
@@ -194,13 +195,6 @@ def fill_goals(goal: str | Callable[[dict[str, Any]], str], items: list[tuple[An
     return goals
 
 
-def _summary(record: Mapping[str, Any]) -> dict[str, Any]:
-    error = record.get("error") or None
-    return {"status": record["status"], "result": record.get("result"),
-            "error_code": error.get("code") if error else None, "run_id": record.get("run_id"),
-            "steps_used": record.get("budget", {}).get("used", 0)}
-
-
 # ---------------------------------------------------------------------- the runner
 class Batch:
     """One batch in this process: its record, its items, the runner's queue."""
@@ -239,7 +233,7 @@ class Batch:
         record = run.r if run is not None else self.rt.records.task(task_id)
         if record is None:
             return None
-        summary = _summary(record)
+        summary = task_summary(record)
         if summary["status"] in _FINISHED:
             self._final[index] = summary
         return summary

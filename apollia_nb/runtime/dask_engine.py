@@ -51,12 +51,15 @@ class WorkerSpec:
     model: Any = None
     max_steps: int | None = None
     batch_id: str = ""
+    # How a worker opens its client runtime: the driver's ``Runtime.open``, pickled by reference (so this
+    # module never imports the composition root).
+    opener: Callable[..., Any] | None = None
 
 
 def make_spec(rt: Any, agent: str, max_steps: int | None, server_url: str | None, batch_id: str) -> WorkerSpec:
     """The spec of a batch of ``agent``, from the driver's runtime (``BAD_INPUT`` unless it is a served home's client)."""
     from apollia_nb.journal.keys import PUB_FILE
-    from apollia_nb.runtime.runtime import _custom_tools
+    from apollia_nb.runtime.agents import custom_tools
 
     server = rt.server
     if server is None:
@@ -67,9 +70,9 @@ def make_spec(rt: Any, agent: str, max_steps: int | None, server_url: str | None
     if not pub.exists():
         raise BadInput(f"engine='dask' needs the home's journal public key {pub}")
     return WorkerSpec(url=(server_url or server.url).rstrip("/"), token=server.token, public_key=pub.read_bytes(),
-                      manifest=the_agent.manifest, tools=tuple(_custom_tools(the_agent)),
+                      manifest=the_agent.manifest, tools=tuple(custom_tools(the_agent)),
                       model=the_agent.model if the_agent.custom_model else None, max_steps=max_steps,
-                      batch_id=batch_id)
+                      batch_id=batch_id, opener=type(rt).open)
 
 
 def open_client(scheduler: Any) -> tuple[Any, bool]:
@@ -127,17 +130,17 @@ class _WorkerRuntime:
         self.address = ServerAddress(url=spec.url, token=spec.token, pid=0)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="apollia-worker", daemon=True).start()
-        self.rt = self.call(self._open)
+        self.rt = self.call(self._open, spec.opener)
         self._agent_lock = asyncio.Lock()
         self._batch_of: dict[str, str] = {}  # agent name -> the batch whose manifest, tools and model it has
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(fn(*args), self.loop).result()
 
-    async def _open(self) -> Any:
-        from apollia_nb.runtime.runtime import Runtime
-
-        return await Runtime.open(self.home, server=self.address)
+    async def _open(self, opener: Callable[..., Any] | None) -> Any:
+        if opener is None:
+            raise BadInput("this worker was given no way to open a runtime (a spec from an older driver)")
+        return await opener(self.home, server=self.address)
 
     async def _agent(self, spec: WorkerSpec) -> str:
         manifest = dataclasses.replace(spec.manifest, workspace_root=str(self.workspace))
@@ -152,12 +155,12 @@ class _WorkerRuntime:
         return name
 
     async def item(self, spec: WorkerSpec, task_id: str, goal: str) -> dict[str, Any]:
-        from apollia_nb.runtime.batch import _summary
+        from apollia_nb.runtime.tasks import task_summary
 
         name = await self._agent(spec)
         handle = await self.rt.submit(name, goal, max_steps=spec.max_steps, watched=False, task_id=task_id)
         await handle.wait()  # an item waiting on a person waits here until it is answered, wherever
-        return _summary(handle.record)
+        return task_summary(handle.record)
 
 
 _WORKERS: dict[tuple[str, bytes], _WorkerRuntime] = {}

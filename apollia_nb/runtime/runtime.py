@@ -46,7 +46,7 @@ from apollia_nb.errors import (
     UnknownTask,
 )
 from apollia_nb.home import Home, OwnerLock
-from apollia_nb.runtime.agents import Agent, install_packages, new_state, startup_failure
+from apollia_nb.runtime.agents import Agent, custom_tools, install_packages, new_state, startup_failure
 from apollia_nb.runtime.cards import Card
 from apollia_nb.runtime.states import ProcessState, TaskStatus
 from apollia_nb.runtime.tasks import TaskRun, new_task_record, recovery, task_json
@@ -680,7 +680,7 @@ class Runtime:
         agent = self.agent(name)
         if agent.state.state != ProcessState.STOPPED:
             raise Conflict(f"agent {name!r} is {agent.state.state.value}; only a stopped agent can be started")
-        return await self._start_agent(agent.manifest, tools=_custom_tools(agent),
+        return await self._start_agent(agent.manifest, tools=custom_tools(agent),
                                        model=agent.model if agent.custom_model else None, cwd=None,
                                        cell=agent.state)
 
@@ -1185,12 +1185,6 @@ def _payload(entry: Any) -> dict[str, Any]:
 
     payload = entry.payload
     return json.loads(payload) if isinstance(payload, (str, bytes)) else dict(payload)
-
-
-def _custom_tools(agent: Agent) -> list[Any]:
-    from apollia_nb.runtime.builtins import BUILTIN_FAMILIES
-
-    return [agent.tools.get(n) for n in agent.tools.names() if n not in BUILTIN_FAMILIES]
 
 
 class _PersistedMemory(dict):  # type: ignore[type-arg]

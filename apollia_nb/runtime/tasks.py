@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -540,3 +541,11 @@ def _unmsg(data: dict[str, Any]) -> Any:
 
 def dumps(record: dict[str, Any]) -> str:
     return json.dumps(record, default=str)
+
+
+def task_summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A task record as one row of a batch's results: status, result, error code, run id, steps used."""
+    error = record.get("error") or None
+    return {"status": record["status"], "result": record.get("result"),
+            "error_code": error.get("code") if error else None, "run_id": record.get("run_id"),
+            "steps_used": record.get("budget", {}).get("used", 0)}
