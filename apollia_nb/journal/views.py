@@ -114,10 +114,15 @@ def copy_entry_fields(con: Any, first: int | None = None, last: int | None = Non
         con.execute(_CALLS_MERGE, [first, last])
 
 
-def rebuild_calls(con: Any) -> None:
-    """Recompute ``calls`` from ``entry_fields`` (inside the caller's transaction)."""
+def rebuild_calls(con: Any, step: int = 65_536) -> None:
+    """Recompute ``calls`` from ``entry_fields`` (inside the caller's transaction).
+
+    Merged range by range in seq order, as copies merge them, so the memory it needs is
+    that of ``step`` entries however long the journal is."""
     con.execute("DELETE FROM calls")
-    con.execute(f"INSERT INTO calls ({', '.join(_CALL_STORED)})" + _CALLS_SELECT.replace("{where}", ""))
+    (last,) = con.execute("SELECT coalesce(max(seq), 0) FROM entry_fields").fetchone()
+    for first in range(1, last + 1, step):
+        con.execute(_CALLS_MERGE, [first, min(last, first + step - 1)])
 
 
 _JOURNAL = """
