@@ -12,6 +12,10 @@ auditor's query is a scan of typed columns, not JSON parsing. ``entries`` stays
 the source of truth: in a bundle, ``entry_fields`` is a view computing the same
 columns from ``entries.parquet``, and verification reads only ``entries``.
 
+The same transaction keeps ``calls`` (one row per call: its first decision, answer,
+``tool_call`` and ``tool_result``), so ``tool_calls`` is a scan of one row per call;
+in a bundle ``calls`` is a view grouping ``entry_fields`` the same way.
+
 ``ts`` columns are ``TIMESTAMPTZ`` (the stored text is UTC with ``Z``).
 """
 
