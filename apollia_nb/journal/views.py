@@ -88,7 +88,7 @@ _CALLS_SELECT = (
     "       any_value(run_id) AS run_id, any_value(call_id) AS call_id,\n"
     + ",\n".join(
         f"       min(seq) FILTER (WHERE kind = '{kind}') AS {seq},\n"
-        + ",\n".join(f"       arg_min({{'v': {e}}}, seq) FILTER (WHERE kind = '{kind}').v AS {n}" for n, _, e in cols)
+        + ",\n".join(f"       arg_min_null({e}, seq) FILTER (WHERE kind = '{kind}') AS {n}" for n, _, e in cols)
         for kind, seq, cols in _CALL_PARTS)
     + "\nFROM entry_fields WHERE kind IN ('decision', 'answer', 'tool_call', 'tool_result'){where}\n"
     "GROUP BY run_id, call_id, CASE WHEN call_id IS NULL THEN kind END\n"
