@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from datetime import datetime
 
 import duckdb
 import pytest
@@ -24,6 +25,7 @@ from apollia_nb.journal import Journal, verify_journal
 from apollia_nb.journal import export as export_module
 from apollia_nb.journal import store as store_module
 from apollia_nb.journal import verify as verify_module
+from apollia_nb.journal import views as views_module
 from apollia_nb.journal.export import export_home
 from apollia_nb.journal.merkle import consistency_proof, inclusion_proof, leaf_hash, root
 from apollia_nb.journal.verify import verify_bundle, verify_home
@@ -227,3 +229,133 @@ def test_verify_and_export_read_in_seq_ranges(home, tmp_path, monkeypatch):
               "INSERT INTO entries SELECT * FROM entries WHERE seq = 8", write=True)  # no primary key now
     report = verify_home(home)
     assert not report.ok and report.first_bad_seq == 8 and "more than once" in report.problem
+
+
+# The tool_calls view as it was computed from the payload JSON at query time, before ``calls``.
+_TOOL_CALLS_FROM_JSON = """
+WITH c AS (
+    SELECT run_id, p->>'call_id' AS call_id, p->>'tool' AS tool, ts, seq
+    FROM (SELECT seq, ts, run_id, CAST(decode(payload) AS JSON) AS p FROM entries WHERE kind = 'tool_call')
+    QUALIFY row_number() OVER (PARTITION BY run_id, p->>'call_id' ORDER BY seq) = 1
+), r AS (
+    SELECT run_id, p->>'call_id' AS call_id, p->>'tool' AS tool, p->>'status' AS status,
+           p->>'error_code' AS error_code, ts, seq
+    FROM (SELECT seq, ts, run_id, CAST(decode(payload) AS JSON) AS p FROM entries WHERE kind = 'tool_result')
+    QUALIFY row_number() OVER (PARTITION BY run_id, p->>'call_id' ORDER BY seq) = 1
+)
+SELECT coalesce(c.run_id, r.run_id), coalesce(c.call_id, r.call_id), coalesce(c.tool, r.tool),
+       coalesce(r.status, 'running'), r.error_code, CAST(c.ts AS TIMESTAMPTZ), CAST(r.ts AS TIMESTAMPTZ)
+FROM c FULL OUTER JOIN r ON r.run_id IS NOT DISTINCT FROM c.run_id AND r.call_id = c.call_id
+ORDER BY coalesce(c.seq, r.seq)
+"""
+_CALL_COLUMNS = ("run_id, call_id, tool, family, outcome, answer, answered_by, status, error_code, "
+                 "decided_at, started_at, finished_at, duration")
+
+
+def _expected_calls(entries) -> list[tuple]:
+    """Per call, from the payloads: the first decision's, answer's, tool_call's and tool_result's fields."""
+    def ts(e):
+        return datetime.fromisoformat(e.ts.replace("Z", "+00:00")) if e else None
+
+    calls: dict = {}
+    for e in entries:
+        if e.kind in ("decision", "answer", "tool_call", "tool_result"):
+            cid = e.data().get("call_id")
+            calls.setdefault((e.run_id, cid, None if cid is not None else e.kind), {}).setdefault(e.kind, e)
+    rows = []
+    for (run_id, call_id, _), first in calls.items():
+        d, a, c, r = (first.get(k) for k in ("decision", "answer", "tool_call", "tool_result"))
+        p = {k: (e.data() if e else {}) for k, e in (("d", d), ("a", a), ("c", c), ("r", r))}
+        rows.append((run_id, call_id, p["c"].get("tool") or p["r"].get("tool") or p["d"].get("tool"),
+                     p["d"].get("family"), p["d"].get("outcome"), p["a"].get("answer"), p["a"].get("answered_by"),
+                     p["r"].get("status"), p["r"].get("error_code"), ts(d), ts(c), ts(r),
+                     ts(r) - ts(c) if c and r else None))
+    return sorted(rows, key=lambda row: (row[0] is None, row[0] or "", row[1] is None, row[1] or ""))  # NULLS LAST
+
+
+def test_the_calls_table_holds_what_the_payloads_say(home, tmp_path, monkeypatch):
+    """Calls allowed, asked and answered, refused, errored (its result copied after its call)
+    and cut by a kill -9 (no tool_result; its entries recovered from journal.log): the
+    ``calls`` table, kept as entries are copied, holds each call's fields as the payloads
+    give them; ``tool_calls`` gives the rows the JSON-extracting query gave; a bundle's
+    views compute the same rows; and a journal from before ``calls`` computes it on open."""
+    script = textwrap.dedent(f"""
+        import os, signal
+        from apollia_nb.home import Home
+        from apollia_nb.journal import Journal
+        j = Journal.open(Home.at({str(home.path)!r}))
+        def call(run, cid, outcome, *, answer=None, result=None, error=None, copy_between=False):
+            out = [("decision", {{"call_id": cid, "tool": "read_note", "family": "read", "outcome": outcome,
+                                  "line": 2, "answers": [], "reason": "r"}}, run, "clerk")]
+            if answer:
+                out.append(("answer", {{"call_id": cid, "answer": answer, "answered_by": "ada"}}, run, "clerk"))
+            if outcome != "refuse" and answer != "refuse":
+                out.append(("tool_call", {{"call_id": cid, "tool": "read_note", "arguments": {{}}}}, run, "clerk"))
+            j.append_many(out)
+            if copy_between:
+                j.entries(since_seq=10**9)  # has the writer copy them now: the result comes in a later copy
+            if result:
+                payload = {{"call_id": cid, "tool": "read_note", "status": result, "output_digest": "d"}}
+                if error:
+                    payload["error_code"] = error
+                j.append("tool_result", payload, run_id=run, agent="clerk")
+        j.append("run_open", {{"run_kind": "task"}}, run_id="run-1", agent="clerk")
+        call("run-1", "c1", "allow", result="ok")
+        call("run-1", "c2", "ask", answer="once", result="ok", copy_between=True)
+        call("run-1", "c3", "refuse", result="refused", error="REFUSED")
+        call("run-1", "c4", "ask", answer="refuse", result="refused", error="REFUSED")
+        call("run-1", "c5", "allow", result="error", error="TOOL_FAILED", copy_between=True)
+        j.entries(since_seq=10**9)
+        j.append("tool_result", {{"call_id": "c5", "tool": "read_note", "status": "ok", "output_digest": "x"}},
+                 run_id="run-1", agent="clerk")  # a second result: the first one counts
+        call("run-2", "c1", "allow", result="ok")  # the same call id in another run
+        j.append("tool_call", {{"tool": "list_dir", "arguments": {{}}}}, run_id="run-2")  # no call id
+        j.entries(since_seq=10**9)
+        call("run-2", "c9", "allow")  # the tool is about to run ...
+        os.kill(os.getpid(), signal.SIGKILL)  # ... and the process dies before its result
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    with Journal.open(home) as journal:  # copies what the log still holds
+        entries = list(journal.entries())
+        live = {name: journal.sql(f"SELECT * FROM {name}") for name in ("decisions", "tool_calls", "runs")}
+        calls = journal.sql(f"SELECT {_CALL_COLUMNS} FROM calls ORDER BY run_id, call_id")
+        assert live["tool_calls"] == journal.sql(_TOOL_CALLS_FROM_JSON)
+    assert entries[-1].kind == "tool_call" and entries[-1].data()["call_id"] == "c9"
+    assert calls == _expected_calls(entries)
+    assert [(r[0], r[1], r[4], r[5], r[7], r[8]) for r in calls] == [
+        ("run-1", "c1", "allow", None, "ok", None),
+        ("run-1", "c2", "ask", "once", "ok", None),
+        ("run-1", "c3", "refuse", None, "refused", "REFUSED"),
+        ("run-1", "c4", "ask", "refuse", "refused", "REFUSED"),
+        ("run-1", "c5", "allow", None, "error", "TOOL_FAILED"),
+        ("run-2", "c1", "allow", None, "ok", None),
+        ("run-2", "c9", "allow", None, None, None),
+        ("run-2", None, None, None, None, None),
+    ]
+    assert [(r[1], r[3]) for r in live["tool_calls"]] == [
+        ("c1", "ok"), ("c2", "ok"), ("c3", "refused"), ("c4", "refused"), ("c5", "error"), ("c1", "ok"),
+        (None, "running"), ("c9", "running")]
+
+    export_home(home, tmp_path / "bundle")
+    monkeypatch.chdir(tmp_path / "bundle")
+    con = duckdb.connect()
+    try:
+        for statement in (tmp_path / "bundle" / "views.sql").read_text().split(";\n"):
+            if statement.strip():
+                con.execute(statement)
+        for name, rows in live.items():
+            assert con.execute(f"SELECT * FROM {name}").fetchall() == rows, name
+        assert con.execute(f"SELECT {_CALL_COLUMNS} FROM calls ORDER BY run_id, call_id").fetchall() == calls
+    finally:
+        con.close()
+
+    # As a journal written before ``calls`` was kept: computed once on open, range by range.
+    _db(home, "DELETE FROM calls; DELETE FROM meta WHERE key = 'calls'", write=True)
+    monkeypatch.setattr(views_module, "rebuild_calls",
+                        lambda con, step=3, _rebuild=views_module.rebuild_calls: _rebuild(con, step))
+    monkeypatch.setattr(store_module, "rebuild_calls", views_module.rebuild_calls)
+    with Journal.open(home) as journal:
+        assert journal.sql(f"SELECT {_CALL_COLUMNS} FROM calls ORDER BY run_id, call_id") == calls
+        assert journal.sql("SELECT * FROM tool_calls") == live["tool_calls"]
+    assert _db(home, "SELECT value FROM meta WHERE key = 'calls'") == [("1",)]

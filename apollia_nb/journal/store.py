@@ -21,22 +21,25 @@ an ``append`` has returned.
 
 Tables (format 1)::
 
-    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at', 'frontier' = '1'
+    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at', 'frontier' = '1', 'calls' = '1'
     entries(seq PRIMARY KEY, ts, run_id, agent, kind, payload BLOB,
             prev_hash BLOB, hash BLOB, signature BLOB, key_id)
     checkpoints(size PRIMARY KEY, root BLOB, note, created_at)
     checkpoint_cosignatures(size, witness, timestamp, signature, created_at)  -- PRIMARY KEY (size, witness)
     frontier(id PRIMARY KEY, size, last_hash BLOB, root BLOB, hashes BLOB)   -- one row
     entry_fields(seq, kind, ts, run_id, agent, call_id, tool, ...)          -- see views.py
+    calls(k PRIMARY KEY, run_id, call_id, decision_seq, ..., status, ...)    -- one row per call, see views.py
 
 Every copy into ``journal.db`` commits, in one transaction, the entries, their
-``entry_fields`` rows and the new ``frontier`` row: the head (size, last hash),
+``entry_fields`` and ``calls`` rows and the new ``frontier`` row: the head (size, last hash),
 the Merkle root and the compact range (one hash per set bit of the size). So
 ``Journal.open`` reads a constant amount however long the journal is, and
 checks it against the stored entries (their count, highest seq and the last
 entry's hash) before it trusts it: a frontier that does not describe the
 entries is ``HOME_FILE_CORRUPT``, never rebuilt. A journal written before the
-frontier was kept (no row, no ``meta.frontier``) is migrated once on open.
+frontier was kept (no row, no ``meta.frontier``) is migrated once on open; one
+written before ``calls`` was kept (no ``meta.calls``) has it computed once from
+``entry_fields`` on open.
 
 The SQL views of ``views.py`` are recreated on every open. Then the database
 instance is locked to itself (``dbutil.lock_down``): whatever SQL runs on it,
@@ -94,7 +97,7 @@ from apollia_nb.journal.merkle import (
     verify_inclusion,
 )
 from apollia_nb.journal.tail import TailLog, encode_rows, read_tail, tail_path
-from apollia_nb.journal.views import ENTRY_FIELDS_DDL, copy_entry_fields, create_views
+from apollia_nb.journal.views import CALLS_DDL, ENTRY_FIELDS_DDL, copy_entry_fields, create_views, rebuild_calls
 
 __all__ = [
     "FORMAT_VERSION",
@@ -146,6 +149,7 @@ _SCHEMA = (
         root BLOB NOT NULL,
         hashes BLOB NOT NULL)""",
     ENTRY_FIELDS_DDL,
+    CALLS_DDL,
 )
 #: Rows per range when journal.db is read in seq order (a sort of this many rows stays small).
 SEQ_RANGE = 65_536
@@ -500,6 +504,8 @@ class Journal:
         stored = con.execute("SELECT hash FROM entries WHERE seq = ?", [size]).fetchone() if size else None
         if (bytes(stored[0]) if stored else GENESIS_HASH) != last_hash:
             return count, f"the stored head hash is not the hash of entry {size}"
+        if con.execute("SELECT value FROM meta WHERE key = 'calls'").fetchone() is None:
+            self._migrate_calls()
         self._acc = acc
         self._head = (size, last_hash)
         return count, None
@@ -529,15 +535,28 @@ class Journal:
         con.begin()
         try:
             con.execute("DELETE FROM entry_fields")
-            copy_entry_fields(con)
+            copy_entry_fields(con)  # and calls
             self._store_frontier(con, acc, prev)
             con.execute("INSERT INTO meta VALUES ('frontier', '1')")
+            con.execute("INSERT OR REPLACE INTO meta VALUES ('calls', '1')")
             con.commit()
         except BaseException:
             con.rollback()
             raise
         self._acc = acc
         self._head = (count, prev)
+
+    def _migrate_calls(self) -> None:
+        """Compute ``calls`` of a journal written before it was kept, from its ``entry_fields``."""
+        con = self._con
+        con.begin()
+        try:
+            rebuild_calls(con)
+            con.execute("INSERT INTO meta VALUES ('calls', '1')")
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
 
     @staticmethod
     def _store_frontier(con: duckdb.DuckDBPyConnection, acc: MerkleAccumulator, last_hash: bytes) -> None:
@@ -960,7 +979,7 @@ class Journal:
             self._reopen_needed = True
 
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
-        """Insert rows, their ``entry_fields`` and the new head and frontier in one committed transaction.
+        """Insert rows, their ``entry_fields`` and ``calls`` rows and the new head and frontier in one transaction.
 
         The rows are the last ones the writer sequenced (``self._acc`` ends with them), so the
         frontier stored is the one of the journal they complete; a crash before the commit

@@ -12,6 +12,10 @@ auditor's query is a scan of typed columns, not JSON parsing. ``entries`` stays
 the source of truth: in a bundle, ``entry_fields`` is a view computing the same
 columns from ``entries.parquet``, and verification reads only ``entries``.
 
+The same transaction keeps ``calls`` (one row per call: its first decision, answer,
+``tool_call`` and ``tool_result``), so ``tool_calls`` is a scan of one row per call;
+in a bundle ``calls`` is a view grouping ``entry_fields`` the same way.
+
 ``ts`` columns are ``TIMESTAMPTZ`` (the stored text is UTC with ``Z``).
 """
 
@@ -21,8 +25,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 __all__ = [
-    "VIEW_NAMES", "VIEWS_SQL", "ENTRY_FIELDS_DDL", "FIELD_KINDS", "create_views", "copy_entry_fields",
-    "bundle_sql", "list_runs",
+    "VIEW_NAMES", "VIEWS_SQL", "ENTRY_FIELDS_DDL", "CALLS_DDL", "FIELD_KINDS", "create_views", "copy_entry_fields",
+    "rebuild_calls", "bundle_sql", "list_runs",
 ]
 
 VIEW_NAMES = ("journal", "decisions", "tool_calls", "runs")
@@ -57,15 +61,72 @@ FROM (SELECT seq, kind, ts, run_id, agent, CAST(decode(payload) AS JSON) AS p
 """.replace("{kinds}", ", ".join(f"'{k}'" for k in FIELD_KINDS))
 
 
-def copy_entry_fields(con: Any, first: int | None = None, last: int | None = None) -> None:
-    """Fill ``entry_fields`` from the stored entries with seq ``first..last`` (default: all).
+#: ``calls``: one row per call (per ``run_id`` and ``call_id``; entries with no ``call_id``
+#: form one row per run and kind), with the first decision, answer, ``tool_call`` and
+#: ``tool_result`` of that call — each group of columns taken from the entry at its ``*_seq``.
+_CALL_PARTS: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
+    # (kind, seq column, ((column, type, entry_fields expression), ...))
+    ("decision", "decision_seq", (("decided_at", "TIMESTAMPTZ", "ts"), ("decision_tool", "VARCHAR", "tool"),
+                                  ("family", "VARCHAR", "family"), ("outcome", "VARCHAR", "outcome"))),
+    ("answer", "answer_seq", (("answer", "VARCHAR", "answer"), ("answered_by", "VARCHAR", "answered_by"))),
+    ("tool_call", "call_seq", (("started_at", "TIMESTAMPTZ", "ts"), ("call_tool", "VARCHAR", "tool"))),
+    ("tool_result", "result_seq", (("finished_at", "TIMESTAMPTZ", "ts"), ("result_tool", "VARCHAR", "tool"),
+                                   ("status", "VARCHAR", "status"), ("error_code", "VARCHAR", "error_code"))),
+)
+#: Columns computed from the stored ones (virtual in journal.db, computed in a bundle).
+_CALL_DERIVED = (("tool", "VARCHAR", "coalesce(call_tool, result_tool, decision_tool)"),
+                 ("duration", "INTERVAL", "finished_at - started_at"))
+_CALL_STORED = ["k", "run_id", "call_id"] + [c for _, seq, cols in _CALL_PARTS for c in (seq, *(n for n, _, _ in cols))]
 
-    Runs inside the caller's transaction (the one that copies those entries)."""
+CALLS_DDL = "CREATE TABLE IF NOT EXISTS calls (\n        k VARCHAR PRIMARY KEY,\n        run_id VARCHAR,\n" \
+    "        call_id VARCHAR,\n" + "".join(
+        f"        {seq} BIGINT,\n" + "".join(f"        {n} {t},\n" for n, t, _ in cols) for _, seq, cols in _CALL_PARTS
+    ) + ",\n".join(f"        {n} {t} GENERATED ALWAYS AS ({e}) VIRTUAL" for n, t, e in _CALL_DERIVED) + ")"
+
+_CALLS_SELECT = (
+    "\nSELECT to_json([run_id, call_id, CASE WHEN call_id IS NULL THEN kind END])::VARCHAR AS k,\n"
+    "       any_value(run_id) AS run_id, any_value(call_id) AS call_id,\n"
+    + ",\n".join(
+        f"       min(seq) FILTER (WHERE kind = '{kind}') AS {seq},\n"
+        + ",\n".join(f"       arg_min_null({e}, seq) FILTER (WHERE kind = '{kind}') AS {n}" for n, _, e in cols)
+        for kind, seq, cols in _CALL_PARTS)
+    + "\nFROM entry_fields WHERE kind IN ('decision', 'answer', 'tool_call', 'tool_result'){where}\n"
+    "GROUP BY run_id, call_id, CASE WHEN call_id IS NULL THEN kind END\n"
+)
+
+# Entries are copied in seq order, so a call's first entry of a kind is the one copied first:
+# a later copy fills a group of columns only where its seq is still NULL.
+_CALLS_MERGE = (
+    f"INSERT INTO calls ({', '.join(_CALL_STORED)})" + _CALLS_SELECT.replace("{where}", " AND seq BETWEEN ? AND ?")
+    + "ON CONFLICT (k) DO UPDATE SET " + ", ".join(
+        f"{c} = CASE WHEN calls.{seq} IS NULL THEN excluded.{c} ELSE calls.{c} END"
+        for _, seq, cols in _CALL_PARTS for c in (*(n for n, _, _ in cols), seq))
+)
+
+
+def copy_entry_fields(con: Any, first: int | None = None, last: int | None = None) -> None:
+    """Fill ``entry_fields`` and ``calls`` from the stored entries with seq ``first..last`` (default: all).
+
+    Runs inside the caller's transaction (the one that copies those entries); ``first..last``
+    must come after every entry already copied (entries are copied in seq order)."""
     if first is None:
         con.execute("INSERT INTO entry_fields " + _FIELDS_SELECT.replace("{where}", ""))
+        rebuild_calls(con)
     else:
         con.execute("INSERT INTO entry_fields " + _FIELDS_SELECT.replace("{where}", " AND seq BETWEEN ? AND ?"),
                     [first, last])
+        con.execute(_CALLS_MERGE, [first, last])
+
+
+def rebuild_calls(con: Any, step: int = 65_536) -> None:
+    """Recompute ``calls`` from ``entry_fields`` (inside the caller's transaction).
+
+    Merged range by range in seq order, as copies merge them, so the memory it needs is
+    that of ``step`` entries however long the journal is."""
+    con.execute("DELETE FROM calls")
+    (last,) = con.execute("SELECT coalesce(max(seq), 0) FROM entry_fields").fetchone()
+    for first in range(1, last + 1, step):
+        con.execute(_CALLS_MERGE, [first, min(last, first + step - 1)])
 
 
 _JOURNAL = """
@@ -111,27 +172,17 @@ ORDER BY d.seq
 
 _TOOL_CALLS = """
 CREATE OR REPLACE VIEW tool_calls AS
-WITH g AS (
-    -- One pass over the typed fields: per call, the seq of its first tool_call and of its
-    -- first tool_result (a call_id that is NULL never pairs a call with a result); only two
-    -- integers per call are aggregated, the fields are then read by seq.
-    SELECT min(seq) FILTER (WHERE kind = 'tool_call') AS call_seq,
-           min(seq) FILTER (WHERE kind = 'tool_result') AS result_seq
-    FROM entry_fields WHERE kind IN ('tool_call', 'tool_result')
-    GROUP BY run_id, call_id, CASE WHEN call_id IS NULL THEN kind END
-)
 SELECT
-    coalesce(c.run_id, r.run_id) AS run_id,
-    coalesce(c.call_id, r.call_id) AS call_id,
-    coalesce(c.tool, r.tool) AS tool,
-    coalesce(r.status, 'running') AS status,
-    r.error_code,
-    c.ts AS started_at,
-    r.ts AS finished_at
-FROM g
-LEFT JOIN entry_fields c ON c.seq = g.call_seq
-LEFT JOIN entry_fields r ON r.seq = g.result_seq
-ORDER BY coalesce(g.call_seq, g.result_seq)
+    run_id,
+    call_id,
+    coalesce(call_tool, result_tool) AS tool,
+    coalesce(status, 'running') AS status,
+    error_code,
+    started_at,
+    finished_at
+FROM calls
+WHERE call_seq IS NOT NULL OR result_seq IS NOT NULL
+ORDER BY coalesce(call_seq, result_seq)
 """
 
 _RUNS = """
@@ -195,5 +246,9 @@ def bundle_sql() -> str:
         "CREATE OR REPLACE VIEW checkpoints AS SELECT * FROM read_parquet('checkpoints.parquet');\n"
         "-- The payload fields the views read (journal.db keeps them as a table):\n"
         "CREATE OR REPLACE VIEW entry_fields AS" + _FIELDS_SELECT.replace("{where}", "").rstrip() + ";\n"
+        "-- One row per call (journal.db keeps it as a table):\n"
+        "CREATE OR REPLACE VIEW calls AS SELECT *, "
+        + ", ".join(f"{e} AS {n}" for n, _, e in _CALL_DERIVED)
+        + " FROM (" + _CALLS_SELECT.replace("{where}", "").strip() + ");\n"
     )
     return head + "".join(sql.strip() + ";\n" for sql in VIEWS_SQL)
