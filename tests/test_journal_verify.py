@@ -299,3 +299,35 @@ def test_verify_home_reads_what_a_killed_writer_committed(home):
     report = verify_home(home)
     assert report.ok and report.entries == 35 and report.checked_checkpoints == 1
     assert log.read_bytes() == before  # verifying wrote nothing
+
+
+@pytest.mark.parametrize("bad", [None, 250])
+def test_a_failed_signature_worker_is_reported_and_its_signatures_still_checked(key, bad, monkeypatch):
+    # Each worker is killed as it starts: every chunk handed to it must be checked in this process,
+    # and the report must say so rather than pass silently.
+    monkeypatch.setenv("APOLLIA_FAULT", "verify.signature_worker:kill")
+    rows = make_rows(500, key, bad_signature_at=bad)
+    report = check(rows, key, workers=2, parallel_min=1)
+    if bad is None:
+        assert (report.ok, report.entries) == (True, 500)
+    else:
+        assert (report.ok, report.first_bad_seq) == (False, bad)
+        assert "signature does not verify" in report.problem
+    assert len(report.notes) == 2
+    assert all("signature worker" in note and "killed by signal 9" in note and "checked in this process" in note
+               for note in report.notes)
+    assert report.to_dict()["notes"] == list(report.notes)
+    assert report.summary().splitlines()[1:] == [f"note: {note}" for note in report.notes]
+
+
+def test_healthy_signature_workers_leave_no_note(key):
+    report = check(make_rows(500, key), key, workers=2, parallel_min=1)
+    assert report.notes == () and "notes" not in report.to_dict() and "note:" not in report.summary()
+
+
+def test_a_bad_signature_in_a_later_chunk_of_one_worker(key):
+    # 100-row chunks alternate between the two workers: seq 450 is in worker 0's third chunk.
+    rows = make_rows(500, key, bad_signature_at=450)
+    report = check(rows, key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 450, 449)
+    assert report.notes == ()
