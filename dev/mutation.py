@@ -222,7 +222,7 @@ def _run_tests(scratch: Path, tests: tuple[str, ...], timeout: float | None) -> 
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        proc = subprocess.run(cmd, cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
                               timeout=timeout, start_new_session=True)
     except subprocess.TimeoutExpired:
         return "timeout", time.monotonic() - start

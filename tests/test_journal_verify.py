@@ -331,3 +331,36 @@ def test_a_bad_signature_in_a_later_chunk_of_one_worker(key):
     report = check(rows, key, workers=2, parallel_min=1)
     assert (report.ok, report.first_bad_seq, report.entries) == (False, 450, 449)
     assert report.notes == ()
+
+
+def test_a_changed_link_with_a_recomputed_hash_and_signature_fails_at_that_entry(key):
+    rows = make_rows(10, key)
+    seq, ts, run_id, agent, kind, payload, _prev, _digest, _sig, kid = rows[4]
+    forged_prev = b"\x01" * 32
+    digest = entry_hash(seq, ts, run_id, agent, kind, payload, forged_prev)
+    rows[4] = (seq, ts, run_id, agent, kind, payload, forged_prev, digest, key.sign(digest).signature, kid)
+    report = check(rows, key)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 5, 4)
+
+
+@pytest.mark.parametrize("bad_hash", ["ab" * 32, 12345, None], ids=["str", "int", "NULL"])
+def test_a_hash_column_that_is_not_bytes_fails_at_that_entry(key, bad_hash):
+    rows = make_rows(10, key)
+    rows[6] = rows[6][:7] + (bad_hash,) + rows[6][8:]
+    for workers, parallel_min in ((1, 8_000), (2, 1)):
+        report = check(rows, key, workers=workers, parallel_min=parallel_min)
+        assert (report.ok, report.first_bad_seq, report.entries) == (False, 7, 6)
+
+
+def test_verify_file_without_an_origin_row_fails_closed(home):
+    from apollia_nb.journal.keys import load_public_key
+    from apollia_nb.journal.verify import verify_file
+
+    with Journal.open(home) as journal:
+        journal.append("plan", {})
+    con = duckdb.connect(str(home.journal_db))
+    con.execute("DELETE FROM meta WHERE key = 'origin'")
+    con.close()
+    report = verify_file(home.journal_db, public_key=load_public_key(home))
+    assert report == VerifyReport(False, 0, None, "the journal has no origin in its meta table", 0)
+    assert report.summary() == "FAILED: the journal has no origin in its meta table"
