@@ -17,6 +17,7 @@ import ast
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -221,10 +222,14 @@ def _run_tests(scratch: Path, tests: tuple[str, ...], timeout: float | None) -> 
     env = dict(os.environ, PYTHONPATH=str(scratch), PYTHONDONTWRITEBYTECODE="1")
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-                              timeout=timeout, start_new_session=True)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # The tests and whatever they started (servers, workers) go together.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
         return "timeout", time.monotonic() - start
     elapsed = time.monotonic() - start
     return ("survived" if proc.returncode == 0 else "killed"), elapsed
