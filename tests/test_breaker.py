@@ -152,6 +152,7 @@ def test_open_fails_fast_without_calling_the_tool(breaker, clock):
     assert err.code == "CIRCUIT_OPEN"
     assert "'http_request'" in err.message
     assert "17.5 s" in err.message
+    assert err.message == "tool 'http_request' failed 3 times in a row; its circuit is open for another 17.5 s"
 
 
 def test_stays_open_indefinitely_when_nobody_calls(breaker, clock):
