@@ -378,3 +378,9 @@ def test_consistency_proof_errors_say_what_is_wrong() -> None:
         "consistency proof does not lead to the old root")
     assert _reason(lambda: verify_consistency(3, 8, old, ROOTS[7], proof)) == (
         "consistency proof does not lead to the new root")
+
+
+def test_accumulator_repr_shows_size_and_root() -> None:
+    acc = MerkleAccumulator.from_leaf_hashes(LEAVES[:5])
+    assert repr(acc) == f"MerkleAccumulator(size=5, root={ROOTS[5].hex()})"
+    assert repr(MerkleAccumulator()) == f"MerkleAccumulator(size=0, root={EMPTY_ROOT.hex()})"
