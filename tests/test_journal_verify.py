@@ -364,3 +364,23 @@ def test_verify_file_without_an_origin_row_fails_closed(home):
     report = verify_file(home.journal_db, public_key=load_public_key(home))
     assert report == VerifyReport(False, 0, None, "the journal has no origin in its meta table", 0)
     assert report.summary() == "FAILED: the journal has no origin in its meta table"
+
+
+def test_a_checkpoint_over_a_rewritten_history_fails_and_is_not_counted(key):
+    rows = make_rows(20, key)
+    # Signed by the journal key, over the root of another history of 10 entries.
+    forged = NoteSigner(ORIGIN, key).sign(Checkpoint(ORIGIN, 10, root([b"\x07" * 32] * 10)).body())
+    report = check(rows, key, external=forged)
+    assert (report.ok, report.first_bad_seq, report.entries, report.checked_checkpoints) == (False, None, 20, 0)
+    assert "the first 10 entries do not have its Merkle root" in report.problem
+    assert check(rows, key, external=note_for(key, rows, 10)).checked_checkpoints == 1
+
+
+def test_a_bundle_marked_invalid_fails_with_what_its_exporter_said():
+    from apollia_nb.journal.verify import _marked
+
+    ok = VerifyReport(True, 20, None, None, 1)
+    marked = _marked(ok, {"first_bad_seq": 9, "problem": "entry 9: bad hash"})
+    assert marked == VerifyReport(False, 8, 9, "the bundle was exported marked invalid (meta.json): the journal "
+                                  "failed verification: entry 9: bad hash", 1)
+    assert _marked(ok, None) is ok
