@@ -152,6 +152,7 @@ def test_open_fails_fast_without_calling_the_tool(breaker, clock):
     assert err.code == "CIRCUIT_OPEN"
     assert "'http_request'" in err.message
     assert "17.5 s" in err.message
+    assert err.message == "tool 'http_request' failed 3 times in a row; its circuit is open for another 17.5 s"
 
 
 def test_stays_open_indefinitely_when_nobody_calls(breaker, clock):
@@ -364,11 +365,19 @@ def _http_status_error(status: int) -> httpx.HTTPStatusError:
         socket.gaierror(socket.EAI_AGAIN, "temporary failure in name resolution"),
         OSError(errno.ENETUNREACH, "network is unreachable"),
         OSError(errno.ETIMEDOUT, "timed out"),
+        OSError(errno.EHOSTDOWN, "host is down"),
+        OSError(errno.EHOSTUNREACH, "no route to host"),
+        OSError(errno.ENETDOWN, "network is down"),
+        OSError(errno.ENETRESET, "connection reset by network"),
+        OSError(errno.ECONNABORTED, "connection aborted"),
+        OSError(errno.EPIPE, "broken pipe"),
         httpx.ConnectTimeout("slow"),
         httpx.ConnectError("refused"),
         httpx.RemoteProtocolError("server hung up"),
         _http_status_error(429),
+        _http_status_error(500),
         _http_status_error(503),
+        _http_status_error(599),
     ],
     ids=repr,
 )
@@ -395,6 +404,8 @@ def test_classify_transient(exc):
         KeyError("k"),
         httpx.UnsupportedProtocol("ftp"),
         _http_status_error(404),
+        _http_status_error(499),
+        _http_status_error(428),
     ],
     ids=repr,
 )

@@ -883,3 +883,35 @@ def test_string_subclasses_are_read_as_their_text() -> None:
     assert type(Call(agent=Sly("a"), tool=Sly("t")).agent) is str
     assert type(Rule(tool=Sly("t"), prefix=Sly("p")).prefix) is str
     assert decide(call("write", tool="write_file"), view(rules=[Rule(Sly("other"))])).line == 6
+
+
+@pytest.mark.parametrize("first", ["clerk", "*"])
+def test_the_earlier_of_two_matching_allow_rules_decides(first: str) -> None:
+    # One allow rule for the agent and one for every agent both match a simple command: the
+    # decision names the earlier rule.
+    second = "*" if first == "clerk" else "clerk"
+    rules = [Rule(BASH, "allow", "ls", agent=first, id="first"), Rule(BASH, "allow", "ls", agent=second, id="second")]
+    d = check(decide(run("ls -la"), view(developer_mode=True, rules=rules)))
+    expect(d, "allow", 4)
+    assert d.rule_id == "first"
+    assert ("(every agent)" in d.reason) is (first == "*")
+    assert all(rule_matches(r, run("ls -la")) for r in rules)  # an allow rule does match its command
+    assert not rule_matches(rules[0], run("lsof"))
+
+
+@pytest.mark.parametrize(
+    ("prefix", "name", "matches"),
+    [
+        ("notes/", "notes/../other", False),  # normalised first: the name is other
+        ("notes/", "notes/./x", True),
+        ("./notes/", "notes/x", True),
+        ("notes/../other", "other/x", True),
+        ("a//b/", "a/b/c", True),
+        ("./", "./x", True),
+    ],
+)
+def test_deny_prefixes_and_names_are_compared_after_normalisation(prefix: str, name: str, matches: bool) -> None:
+    assert path_prefix_matches(prefix, name) is matches
+    resolved = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "anything/else"},
+                    paths=(name,))
+    assert (decide(resolved, view(rules=[Rule("read_file", prefix=prefix)])).outcome == "refuse") is matches

@@ -299,3 +299,88 @@ def test_verify_home_reads_what_a_killed_writer_committed(home):
     report = verify_home(home)
     assert report.ok and report.entries == 35 and report.checked_checkpoints == 1
     assert log.read_bytes() == before  # verifying wrote nothing
+
+
+@pytest.mark.parametrize("bad", [None, 250])
+def test_a_failed_signature_worker_is_reported_and_its_signatures_still_checked(key, bad, monkeypatch):
+    # Each worker is killed as it starts: every chunk handed to it must be checked in this process,
+    # and the report must say so rather than pass silently.
+    monkeypatch.setenv("APOLLIA_FAULT", "verify.signature_worker:kill")
+    rows = make_rows(500, key, bad_signature_at=bad)
+    report = check(rows, key, workers=2, parallel_min=1)
+    if bad is None:
+        assert (report.ok, report.entries) == (True, 500)
+    else:
+        assert (report.ok, report.first_bad_seq) == (False, bad)
+        assert "signature does not verify" in report.problem
+    assert len(report.notes) == 2
+    assert all("signature worker" in note and "killed by signal 9" in note and "checked in this process" in note
+               for note in report.notes)
+    assert report.to_dict()["notes"] == list(report.notes)
+    assert report.summary().splitlines()[1:] == [f"note: {note}" for note in report.notes]
+
+
+def test_healthy_signature_workers_leave_no_note(key):
+    report = check(make_rows(500, key), key, workers=2, parallel_min=1)
+    assert report.notes == () and "notes" not in report.to_dict() and "note:" not in report.summary()
+
+
+def test_a_bad_signature_in_a_later_chunk_of_one_worker(key):
+    # 100-row chunks alternate between the two workers: seq 450 is in worker 0's third chunk.
+    rows = make_rows(500, key, bad_signature_at=450)
+    report = check(rows, key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 450, 449)
+    assert report.notes == ()
+
+
+def test_a_changed_link_with_a_recomputed_hash_and_signature_fails_at_that_entry(key):
+    rows = make_rows(10, key)
+    seq, ts, run_id, agent, kind, payload, _prev, _digest, _sig, kid = rows[4]
+    forged_prev = b"\x01" * 32
+    digest = entry_hash(seq, ts, run_id, agent, kind, payload, forged_prev)
+    rows[4] = (seq, ts, run_id, agent, kind, payload, forged_prev, digest, key.sign(digest).signature, kid)
+    report = check(rows, key)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 5, 4)
+
+
+@pytest.mark.parametrize("bad_hash", ["ab" * 32, 12345, None], ids=["str", "int", "NULL"])
+def test_a_hash_column_that_is_not_bytes_fails_at_that_entry(key, bad_hash):
+    rows = make_rows(10, key)
+    rows[6] = rows[6][:7] + (bad_hash,) + rows[6][8:]
+    for workers, parallel_min in ((1, 8_000), (2, 1)):
+        report = check(rows, key, workers=workers, parallel_min=parallel_min)
+        assert (report.ok, report.first_bad_seq, report.entries) == (False, 7, 6)
+
+
+def test_verify_file_without_an_origin_row_fails_closed(home):
+    from apollia_nb.journal.keys import load_public_key
+    from apollia_nb.journal.verify import verify_file
+
+    with Journal.open(home) as journal:
+        journal.append("plan", {})
+    con = duckdb.connect(str(home.journal_db))
+    con.execute("DELETE FROM meta WHERE key = 'origin'")
+    con.close()
+    report = verify_file(home.journal_db, public_key=load_public_key(home))
+    assert report == VerifyReport(False, 0, None, "the journal has no origin in its meta table", 0)
+    assert report.summary() == "FAILED: the journal has no origin in its meta table"
+
+
+def test_a_checkpoint_over_a_rewritten_history_fails_and_is_not_counted(key):
+    rows = make_rows(20, key)
+    # Signed by the journal key, over the root of another history of 10 entries.
+    forged = NoteSigner(ORIGIN, key).sign(Checkpoint(ORIGIN, 10, root([b"\x07" * 32] * 10)).body())
+    report = check(rows, key, external=forged)
+    assert (report.ok, report.first_bad_seq, report.entries, report.checked_checkpoints) == (False, None, 20, 0)
+    assert "the first 10 entries do not have its Merkle root" in report.problem
+    assert check(rows, key, external=note_for(key, rows, 10)).checked_checkpoints == 1
+
+
+def test_a_bundle_marked_invalid_fails_with_what_its_exporter_said():
+    from apollia_nb.journal.verify import _marked
+
+    ok = VerifyReport(True, 20, None, None, 1)
+    marked = _marked(ok, {"first_bad_seq": 9, "problem": "entry 9: bad hash"})
+    assert marked == VerifyReport(False, 8, 9, "the bundle was exported marked invalid (meta.json): the journal "
+                                  "failed verification: entry 9: bad hash", 1)
+    assert _marked(ok, None) is ok

@@ -327,3 +327,60 @@ def test_malformed_proof_elements_are_rejected() -> None:
         verify_inclusion(2, 8, LEAVES[2], proof, ROOTS[8][:31])
     with pytest.raises(ProofError):
         verify_inclusion(-1, 8, LEAVES[2], proof, ROOTS[8])
+
+
+def _reason(call) -> str:
+    with pytest.raises(ProofError) as err:
+        call()
+    return err.value.message
+
+
+def test_inclusion_proof_errors_say_what_is_wrong() -> None:
+    proof = inclusion_proof(2, LEAVES[:8])
+    leaf, top = LEAVES[2], ROOTS[8]
+    sizes = "leaf index and tree size must be non-negative integers"
+    # Exactly one of index and size invalid is enough.
+    assert _reason(lambda: verify_inclusion(-1, 8, leaf, proof, top)) == sizes
+    assert _reason(lambda: verify_inclusion(2, -8, leaf, proof, top)) == sizes
+    assert _reason(lambda: verify_inclusion(True, 8, leaf, proof, top)) == sizes
+    assert _reason(lambda: verify_inclusion(2, 8.0, leaf, proof, top)) == sizes
+    assert _reason(lambda: verify_inclusion(8, 8, leaf, proof, top)) == "leaf index 8 is not in a tree of size 8"
+    # A 32-character str or a bytearray is not a hash: a ProofError, never a TypeError.
+    for bad in ("x" * 32, bytearray(leaf), leaf[:31]):
+        assert _reason(lambda bad=bad: verify_inclusion(2, 8, bad, proof, top)) == "leaf hash is not 32 bytes"
+        assert _reason(lambda bad=bad: verify_inclusion(2, 8, leaf, proof, bad)) == "root hash is not 32 bytes"
+        assert _reason(lambda bad=bad: verify_inclusion(2, 8, leaf, [bad] + proof[1:], top)) == (
+            "proof element 0 is not 32 bytes")
+    assert _reason(lambda: verify_inclusion(2, 8, leaf, proof + [leaf], top)) == "inclusion proof is too long"
+    assert _reason(lambda: verify_inclusion(2, 8, leaf, proof[:-1], top)) == "inclusion proof is too short"
+    assert _reason(lambda: verify_inclusion(2, 8, LEAVES[3], proof, top)) == (
+        "inclusion proof does not lead to the root")
+
+
+def test_consistency_proof_errors_say_what_is_wrong() -> None:
+    proof = consistency_proof(3, 8, LEAVES[:8])
+    old, new = ROOTS[3], ROOTS[8]
+    sizes = "tree sizes must be non-negative integers"
+    assert _reason(lambda: verify_consistency(-1, 8, old, new, proof)) == sizes
+    assert _reason(lambda: verify_consistency(3, -1, old, new, proof)) == sizes
+    assert _reason(lambda: verify_consistency(3, False, old, new, proof)) == sizes
+    assert _reason(lambda: verify_consistency(9, 8, old, new, proof)) == "old size 9 is larger than new size 8"
+    assert _reason(lambda: verify_consistency(0, 8, EMPTY_ROOT, new, [])) == (
+        "a consistency proof from the empty tree proves nothing")
+    assert _reason(lambda: verify_consistency(8, 8, new, new, [new])) == (
+        "equal tree sizes need an empty consistency proof")
+    assert _reason(lambda: verify_consistency(8, 8, new, old, [])) == "equal tree sizes but different roots"
+    assert verify_consistency(8, 8, new, new, []) is None
+    assert _reason(lambda: verify_consistency(3, 8, old, new, [])) == "consistency proof is empty"
+    assert _reason(lambda: verify_consistency(3, 8, old, new, proof + [new])) == "consistency proof is too long"
+    assert _reason(lambda: verify_consistency(3, 8, old, new, proof[:-1])) == "consistency proof is too short"
+    assert _reason(lambda: verify_consistency(3, 8, ROOTS[4], new, proof)) == (
+        "consistency proof does not lead to the old root")
+    assert _reason(lambda: verify_consistency(3, 8, old, ROOTS[7], proof)) == (
+        "consistency proof does not lead to the new root")
+
+
+def test_accumulator_repr_shows_size_and_root() -> None:
+    acc = MerkleAccumulator.from_leaf_hashes(LEAVES[:5])
+    assert repr(acc) == f"MerkleAccumulator(size=5, root={ROOTS[5].hex()})"
+    assert repr(MerkleAccumulator()) == f"MerkleAccumulator(size=0, root={EMPTY_ROOT.hex()})"

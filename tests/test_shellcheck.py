@@ -509,3 +509,35 @@ def test_a_str_subclass_is_read_by_its_real_text() -> None:
     assert simple_words(sly) is None
     assert not allow_prefix_matches("git status", sly)
     assert deny_prefix_matches("rm", sly)
+
+
+def test_deny_length_limit_is_exact() -> None:
+    from apollia_nb.governance.shellcheck import MAX_DENY_LENGTH, deny_search_text
+
+    at_limit = "ls " + "x" * (MAX_DENY_LENGTH - 3)
+    assert len(at_limit) == MAX_DENY_LENGTH
+    assert not deny_prefix_matches("rm", at_limit)  # read, and it runs no rm
+    assert deny_search_text(at_limit) is not None
+    assert deny_prefix_matches("rm", at_limit + "x")  # too long to read: a deny matches
+    assert deny_search_text(at_limit + "x") is None
+
+
+@pytest.mark.parametrize(
+    ("command", "want"),
+    [
+        ("/bin/[z-a]m -rf /", True),  # a glob that cannot be read names every program
+        ("[z-a]s x", True),
+        ("./r? -rf /", True),
+        ("a/r* x", True),
+        ("/bin/r? -rf /", True),
+        ("/bin/l? x", False),  # no program l? names is rm
+        ("/bin/[!r]m x", False),
+        ("./l* x", False),
+    ],
+    ids=repr,
+)
+def test_a_glob_program_matches_a_deny_exactly_when_it_may_name_it(command: str, want: bool) -> None:
+    assert deny_prefix_matches("rm", command) is want
+    d = decide(Call(agent="clerk", tool="bash_executor", family="execute", arguments={"command": command}),
+               GovernanceView(rules=[Rule("bash_executor", "deny", "rm", id="rm")]))
+    assert (d.rule_id == "rm") is want

@@ -286,3 +286,34 @@ def test_generator_refuses_a_doc_without_markers(tmp_path, capsys):
     assert gen.main(["--doc", str(doc)]) == 2
     assert "diagrams:start" in capsys.readouterr().err
     assert doc.read_text(encoding="utf-8") == "# no markers\n"
+
+
+@pytest.mark.parametrize("machine", sorted(STATES))
+def test_a_cell_can_move_exactly_where_the_table_allows(machine):
+    m = BY_NAME[machine]
+    for current in m.states:
+        cell = StateCell(m, current)
+        for target in m.states:
+            assert cell.can_move(target) == (target in m.table[current])
+            assert cell.can_move(target.value) == (target in m.table[current])
+        assert cell.state is current  # asking moves nothing
+    assert not StateCell(m).can_move("bogus")
+
+
+def test_messages_name_the_machine_and_the_bad_state():
+    with pytest.raises(InvalidTransition) as info:
+        transition(TASK, "bogus", "running")
+    known = ", ".join(s.value for s in TaskStatus)
+    assert info.value.message == f"task: unknown state 'bogus' (states: {known})"
+    with pytest.raises(InvalidTransition) as info:
+        transition(PROCESS, SessionState.ACTIVE, "degraded")
+    assert info.value.message == "process: SessionState.ACTIVE is not a process state"
+    with pytest.raises(InvalidTransition) as info:
+        transition(TASK, "completed", "running")
+    assert info.value.message.endswith("allowed from 'completed': nothing (terminal)")
+    assert repr(StateCell(TASK, "running")) == "StateCell(task, 'running')"
+
+
+def test_a_machine_whose_initial_state_is_not_a_state_is_refused():
+    with pytest.raises(ValueError, match="^process: initial state is not a state$"):
+        Machine("process", ProcessState, PROCESS.table, TaskStatus.PENDING)

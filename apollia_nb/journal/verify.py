@@ -79,7 +79,9 @@ class VerifyReport:
     ``ok``); ``first_bad_seq``: the first entry that did not (for a deleted tail,
     the first missing seq; None when only a checkpoint's root or signature
     failed, which does not say where); ``problem``: what was wrong;
-    ``checked_checkpoints``: stored and given checkpoints that verified.
+    ``checked_checkpoints``: stored and given checkpoints that verified;
+    ``notes``: what did not go as planned without changing the outcome (a
+    signature worker that failed, whose signatures this process checked).
     """
 
     ok: bool
@@ -87,17 +89,24 @@ class VerifyReport:
     first_bad_seq: int | None
     problem: str | None
     checked_checkpoints: int
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "ok": self.ok,
             "entries": self.entries,
             "first_bad_seq": self.first_bad_seq,
             "problem": self.problem,
             "checked_checkpoints": self.checked_checkpoints,
         }
+        if self.notes:  # only when something went wrong on the way
+            data["notes"] = list(self.notes)
+        return data
 
     def summary(self) -> str:
+        return self._outcome() + "".join(f"\nnote: {note}" for note in self.notes)
+
+    def _outcome(self) -> str:
         if self.ok:
             return (
                 f"ok: {self.entries} entries verified (chain, hashes, signatures), "
@@ -156,6 +165,9 @@ def _read_exact(stream: Any, n: int) -> bytes | None:
 
 def _worker_main() -> None:
     """Verify chunks from stdin, answer each on stdout (see the wire format above)."""
+    from apollia_nb import faults
+
+    faults.point("verify.signature_worker")
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     public_key = _read_exact(stdin, 32)
     if public_key is None:
@@ -193,6 +205,8 @@ class _Worker:
         self._lock = threading.Lock()
         self._room = threading.Semaphore(INFLIGHT)
         self._dead = False
+        self._left = 0  # chunks handed over and never answered, checked here at the end
+        self._inline = 0  # chunks this process checked because the worker had died
         self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._queue.put(public_key)
         self._feeder = threading.Thread(target=self._feed, name="journal-verify-feeder", daemon=True)
@@ -242,9 +256,19 @@ class _Worker:
                 self._pending.append(items)
                 self._queue.put(_pack(items))
                 return
+        self._inline += 1
         seq = _first_bad_signature(self.public_key, items)
         if seq is not None:
             self.bad.append(seq)
+
+    def failure(self) -> str | None:
+        """Why this worker did not check all it was given (after ``results``), or None."""
+        status = self.proc.returncode
+        if status == 0 and not self._inline and not self._left:
+            return None
+        how = f"was killed by signal {-status}" if status is not None and status < 0 else f"exited with status {status}"
+        return (f"a signature worker (pid {self.proc.pid}) {how}; the {self._inline + self._left} chunk(s) of "
+                "signatures it did not check were checked in this process")
 
     def results(self, public_key: bytes) -> list[int]:
         """First bad seq of each chunk that had one; chunks a dead worker left are checked here."""
@@ -254,6 +278,7 @@ class _Worker:
         self.proc.wait()
         with self._lock:
             left, self._pending = list(self._pending), deque()
+        self._left = len(left)
         for items in left:
             seq = _first_bad_signature(public_key, items)
             if seq is not None:
@@ -413,13 +438,15 @@ def verify_rows(
             scan._check_root(t)
 
     pool: list[_Worker] = []
+    notes: list[str] = []
     try:
         if workers > 1 and total is not None and total >= parallel_min:
             try:
                 for _ in range(workers):
                     pool.append(_Worker(public_key))
-            except OSError:  # no interpreter to start: the workers there are (maybe none) do it
-                pass
+            except OSError as exc:  # no interpreter to start: the workers there are (maybe none) do it
+                notes.append(f"{workers - len(pool)} signature worker(s) could not start ({exc}); "
+                             "their signatures were checked in this process")
         # The workers check the signatures in turn (each waits only while it holds INFLIGHT
         # chunks) while this process checks hashes, links and roots; with one worker this
         # process takes every other chunk's signatures too.
@@ -442,6 +469,8 @@ def verify_rows(
                 break
         for worker in pool:
             scan.bad_signature_seqs.extend(worker.results(public_key))
+            if (why := worker.failure()) is not None:
+                notes.append(why)
     finally:
         for worker in pool:
             worker.kill()
@@ -473,8 +502,8 @@ def verify_rows(
     if failures:
         first = min(failures, key=_Failure.key)
         good = scan.count if first.seq is None else min(scan.count, first.seq - 1)
-        return VerifyReport(False, good, first.seq, first.problem, checked)
-    return VerifyReport(True, scan.count, None, None, checked)
+        return VerifyReport(False, good, first.seq, first.problem, checked, tuple(notes))
+    return VerifyReport(True, scan.count, None, None, checked, tuple(notes))
 
 
 # --- readers -----------------------------------------------------------------------
