@@ -17,9 +17,9 @@ regenerating the doc fails.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import functools
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any, Protocol
@@ -125,34 +125,23 @@ def render() -> str:
             " them; do not edit by hand. -->\n\n" + mermaid(model()))
 
 
+def _state_diagrams() -> Any:
+    """The state-diagram generator beside this script, whose region rewriting and command line this reuses."""
+    spec = importlib.util.spec_from_file_location("make_state_diagrams", Path(__file__).with_name("make_state_diagrams.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def rewrite(text: str) -> str:
-    head, sep, rest = text.partition(START)
-    if not sep or END not in rest:
-        raise ValueError(f"the doc must contain {START} followed by {END}")
-    _, _, tail = rest.partition(END)
-    return f"{head}{START}\n{render()}\n{END}{tail}"
+    return _state_diagrams().replace_region(text, START, END, render())
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the doc is stale")
-    parser.add_argument("--doc", type=Path, default=DOC, help="the Markdown file to update")
-    args = parser.parse_args(argv)
-    current = args.doc.read_text(encoding="utf-8")
-    try:
-        wanted = rewrite(current)
-    except ValueError as exc:
-        print(f"{args.doc}: {exc}", file=sys.stderr)
-        return 2
-    if args.check:
-        if wanted != current:
-            print(f"{args.doc}: the homes diagram differs from the code; "
-                  "run python docs/make_architecture_diagram.py", file=sys.stderr)
-            return 1
-        return 0
-    if wanted != current:
-        args.doc.write_text(wanted, encoding="utf-8")
-    return 0
+    return _state_diagrams().run(argv, description=__doc__.splitlines()[0], doc=DOC, rewrite=rewrite,
+                                 stale="the homes diagram differs from the code; "
+                                       "run python docs/make_architecture_diagram.py")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from apollia_nb.runtime.states import MACHINES, Machine
 
@@ -56,19 +57,26 @@ def render() -> str:
     return "\n\n".join(parts)
 
 
+def replace_region(text: str, start: str, end: str, rendered: str) -> str:
+    """``text`` with the region between the markers ``start`` and ``end`` replaced by ``rendered``."""
+    head, sep, rest = text.partition(start)
+    if not sep or end not in rest:
+        raise ValueError(f"the doc must contain {start} followed by {end}")
+    _, _, tail = rest.partition(end)
+    return f"{head}{start}\n{rendered}\n{end}{tail}"
+
+
 def rewrite(text: str) -> str:
     """``text`` with the region between the markers replaced by :func:`render`."""
-    head, sep, rest = text.partition(START)
-    if not sep or END not in rest:
-        raise ValueError(f"the doc must contain {START} followed by {END}")
-    _, _, tail = rest.partition(END)
-    return f"{head}{START}\n{render()}\n{END}{tail}"
+    return replace_region(text, START, END, render())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run(argv: list[str] | None, *, description: str, doc: Path, rewrite: Any, stale: str) -> int:
+    """A generator's command line: rewrite ``doc`` in place, or with ``--check`` exit 1 when it is stale
+    (printing ``stale``), 2 when its markers are missing."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--check", action="store_true", help="exit 1 if the doc is stale")
-    parser.add_argument("--doc", type=Path, default=DOC, help="the Markdown file to update")
+    parser.add_argument("--doc", type=Path, default=doc, help="the Markdown file to update")
     args = parser.parse_args(argv)
     current = args.doc.read_text(encoding="utf-8")
     try:
@@ -78,16 +86,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         if wanted != current:
-            print(
-                f"{args.doc}: state diagrams differ from the tables; "
-                "run python docs/make_state_diagrams.py",
-                file=sys.stderr,
-            )
+            print(f"{args.doc}: {stale}", file=sys.stderr)
             return 1
         return 0
     if wanted != current:
         args.doc.write_text(wanted, encoding="utf-8")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(argv, description=__doc__.splitlines()[0], doc=DOC, rewrite=rewrite,
+               stale="state diagrams differ from the tables; run python docs/make_state_diagrams.py")
 
 
 if __name__ == "__main__":
