@@ -950,7 +950,9 @@ async def list_entries(
     run_id: str | None = Query(None, max_length=200, description="only this run's entries"),
     rt: Any = Depends(_runtime),
 ) -> dict[str, Any]:
-    entries = rt.journal.entries(run_id=run_id, since_seq=since_seq, limit=limit)
+    from apollia_nb.journal.pages import entry_page
+
+    entries = entry_page(rt.journal, run_id=run_id, since_seq=since_seq, limit=limit)
     data = [e.to_dict() for e in entries]
     return {"entries": data, "next_since_seq": data[-1]["seq"] if len(data) == limit else None}
 

@@ -157,6 +157,23 @@ class CheckpointNote(_Out):
     note: str
 
 
+class VerifyIn(_In):
+    checkpoint: Annotated[str, Field(max_length=100_000)] | None = Field(
+        None, description="also check this signed checkpoint note, kept elsewhere")
+
+
+class JournalVerifyReport(_Out):
+    """The outcome of verifying the journal where it is stored (what `audit verify` prints)."""
+
+    ok: bool
+    entries: int = Field(description="how many leading entries passed every check")
+    first_bad_seq: int | None
+    problem: str | None
+    checked_checkpoints: int
+    notes: list[str] = Field(default_factory=list, description="what did not go as planned without changing "
+                             "the outcome")
+
+
 class SnapshotRule(_Out):
     id: str | None
     tool: str
@@ -255,7 +272,9 @@ async def read_entries(
     limit: int = Query(1000, ge=1, le=MAX_PAGE, description="at most this many"),
     rt: Any = Depends(_runtime),
 ) -> dict[str, Any]:
-    entries = rt.journal.entries(run_id=run_id, since_seq=since_seq, kinds=kinds, limit=limit)
+    from apollia_nb.journal.pages import entry_page
+
+    entries = entry_page(rt.journal, run_id=run_id, since_seq=since_seq, kinds=kinds, limit=limit)
     rows = [_row(e) for e in entries]
     return {"entries": rows, "next_since_seq": rows[-1]["seq"] if len(rows) == limit else None}
 
@@ -284,6 +303,18 @@ async def read_cosignatures(rt: Any = Depends(_runtime)) -> dict[str, Any]:
              description="The latest checkpoint when it already covers every entry.")
 async def write_checkpoint(rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return {"note": await anyio.to_thread.run_sync(rt.journal.checkpoint)}
+
+
+@router.post("/journal/verify", response_model=JournalVerifyReport, operation_id="internalVerify",
+             summary="Verify the journal where it is stored, and the given checkpoint",
+             description="Every entry's chain link, hash, key id and signature, every stored checkpoint and the "
+                         "given one, read in seq ranges from one snapshot (memory does not grow with the journal). "
+                         "A journal that does not verify is still a 200 with `ok: false`.")
+async def verify(body: VerifyIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    from apollia_nb.journal.verify import verify_journal
+
+    report = await anyio.to_thread.run_sync(verify_journal, rt.journal, body.checkpoint)
+    return {**report.to_dict(), "notes": list(report.notes)}
 
 
 # --- the governance snapshot ----------------------------------------------------------------------

@@ -175,13 +175,7 @@ def _home_verifier(home: Any) -> Any:
 
 def _verify(args: argparse.Namespace) -> int:
     from apollia_nb.cli.client import remote
-    from apollia_nb.journal.verify import (
-        cosigned_rows_of_bundle,
-        cosigned_rows_of_file,
-        verify_bundle,
-        verify_home,
-        verify_journal,
-    )
+    from apollia_nb.journal.verify import cosigned_rows_of_bundle, cosigned_rows_of_file, verify_bundle, verify_home
 
     external = _read_checkpoint(args.checkpoint)
     pinned = _pinned(args.key)  # a malformed key is BAD_INPUT before anything is read
@@ -199,12 +193,13 @@ def _verify(args: argparse.Namespace) -> int:
         if args.witness:
             cosigned = _cosigned(args, report, *cosigned_rows_of_bundle(args.bundle))
     else:
-        with remote(args) as served:  # served: a copy of the server's journal, checked with the home's key
+        with remote(args) as served:  # served: the server verifies its journal in place, under the home's key
             if served is not None:
                 journal = served.journal
-                report = verify_journal(journal, external)
-                if args.witness:  # the copy's checkpoints, and the server's cosignatures of them
-                    cosigned = _cosigned(args, report, journal.snapshot_rows()[1], [
+                checkpoints = journal.checkpoints() if args.witness else []  # before: none beyond the report
+                report = journal.verify_in_place(external)
+                if args.witness:  # the server's checkpoints, and its cosignatures of them
+                    cosigned = _cosigned(args, report, checkpoints, [
                         (size, line) for size, _w, _t, line in journal.cosignatures()])
             else:
                 home = _home(args)
@@ -369,12 +364,16 @@ def _export(args: argparse.Namespace) -> int:
     import sys
 
     from apollia_nb.cli.client import remote
-    from apollia_nb.journal.export import export_home, export_journal
-    from apollia_nb.journal.verify import verify_home, verify_journal
+    from apollia_nb.journal.export import export_home, export_streamed
+    from apollia_nb.journal.verify import verify_home
 
     with remote(args) as served:
         home = _home(args)
-        report = verify_home(home) if served is None else verify_journal(served.journal)
+        if served is None:
+            report = verify_home(home)
+        else:  # the server verifies in place; the entries it verified are then read here a page at a time
+            checkpoints = served.journal.checkpoints()
+            report = served.journal.verify_in_place()
         if not report.ok and not args.allow_invalid:
             message = (f"the journal does not verify ({report.summary()}); nothing was exported. Export it "
                        "anyway, marked invalid, with --allow-invalid")
@@ -386,7 +385,9 @@ def _export(args: argparse.Namespace) -> int:
             return EXIT_INTEGRITY
         invalid = None if report.ok else report.to_dict()
         result = (export_home(home, args.dir, invalid=invalid) if served is None
-                  else export_journal(served.journal, args.dir, invalid=invalid))
+                  else export_streamed(served.journal, args.dir, checkpoints=checkpoints,
+                                       size=report.entries if report.ok else served.journal.head()[0],
+                                       invalid=invalid))
     marked = "" if invalid is None else f"\nmarked INVALID (meta.json): {report.summary()}"
     emit(
         args,

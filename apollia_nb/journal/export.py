@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from apollia_nb.home import Home
     from apollia_nb.journal.store import Journal
 
-__all__ = ["BUNDLE_FILES", "ExportResult", "export_home", "export_journal", "read_bundle_key", "read_bundle_meta",
-           "bundle_hashes"]
+__all__ = ["BUNDLE_FILES", "ExportResult", "export_home", "export_journal", "export_streamed", "read_bundle_key",
+           "read_bundle_meta", "bundle_hashes"]
 
 BUNDLE_FILES = {
     "entries": "entries.parquet",
@@ -247,8 +247,6 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
             entries_sql: str = "entries", copy: Any = _copy_parquet,
             invalid: dict[str, Any] | None = None,
             copy_entries: Any = _copy_entries_aside) -> ExportResult:
-    from apollia_nb.journal.store import FORMAT_VERSION
-
     directory = _prepare_dir(directory)
     con.begin()
     try:
@@ -266,13 +264,23 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
                       "ORDER BY size, witness", directory / BUNDLE_FILES["cosignatures"])
     finally:
         con.commit()
+    return _finish(directory, verifier=verifier, key_id=key_id, entries=int(entries),
+                   head=bytes(head[0]) if head else None, checkpoints=int(checkpoints),
+                   latest=latest[0] if latest is not None else None, cosigned=bool(cosigned), invalid=invalid)
+
+
+def _finish(directory: Path, *, verifier: NoteVerifier, key_id: str, entries: int, head: bytes | None,
+            checkpoints: int, latest: str | None, cosigned: bool, invalid: dict[str, Any] | None) -> ExportResult:
+    """Write the bundle's small files beside its Parquet files; the result names every file."""
+    from apollia_nb.journal.store import FORMAT_VERSION
+
     files = [BUNDLE_FILES["entries"], BUNDLE_FILES["checkpoints"]]
     if cosigned:
         files.append(BUNDLE_FILES["cosignatures"])
     if latest is not None:
-        (directory / BUNDLE_FILES["checkpoint"]).write_text(latest[0])
+        (directory / BUNDLE_FILES["checkpoint"]).write_text(latest)
         files.append(BUNDLE_FILES["checkpoint"])
-    head_hex = bytes(head[0]).hex() if head else "0" * 64
+    head_hex = head.hex() if head else "0" * 64
     texts = {
         "pub": base64.b64encode(verifier.public_key).decode() + "\n",
         "vkey": verifier.key() + "\n",
@@ -297,7 +305,7 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
     for name, text in texts.items():
         (directory / BUNDLE_FILES[name]).write_text(text)
         files.append(BUNDLE_FILES[name])
-    return ExportResult(directory, int(entries), int(checkpoints), tuple(files))
+    return ExportResult(directory, entries, checkpoints, tuple(files))
 
 
 def export_home(home: Home, directory: Path, *, invalid: dict[str, Any] | None = None) -> ExportResult:
@@ -343,3 +351,50 @@ def export_journal(journal: Journal, directory: Path, *, invalid: dict[str, Any]
                        copy=_copy_parquet_aside, invalid=invalid)
     finally:
         cursor.close()
+
+
+def export_streamed(journal: Any, directory: Path, *, size: int, checkpoints: list[tuple[int, bytes, str]],
+                    invalid: dict[str, Any] | None = None) -> ExportResult:
+    """Export entries 1..``size`` of a journal read a page at a time (``journal.entry_pages``, e.g. the
+    server's journal read by its client) into ``directory``: one page is held at a time, however long
+    the journal is. ``checkpoints`` are its stored ``(size, root, note)`` rows, read before ``size``
+    was fixed; those beyond ``size`` are left out, with their cosignatures. ``invalid`` as for
+    ``export_home``."""
+    import duckdb
+
+    from apollia_nb.journal.store import _SCHEMA
+
+    directory = _prepare_dir(directory)
+    kept = [(int(s), bytes(r), n) for s, r, n in checkpoints if int(s) <= size]
+    largest = max((s for s, _r, _n in kept), default=0)
+    cosignatures = [c for c in journal.cosignatures() if kept and int(c[0]) <= largest]
+    counted = {"entries": 0, "head": None}
+
+    def pages() -> Any:
+        for rows in journal.entry_pages(size):
+            counted["entries"] += len(rows)
+            counted["head"] = bytes(rows[-1][7])
+            yield rows
+
+    con = duckdb.connect(":memory:")
+    try:
+        limit_memory(con)
+        for ddl in _SCHEMA:  # the journal's tables, for their column types
+            con.execute(ddl)
+        for c in kept:
+            con.execute("INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, '')", list(c))
+        for c in cosignatures:
+            con.execute("INSERT INTO checkpoint_cosignatures (size, witness, timestamp, signature, created_at) "
+                        "VALUES (?, ?, ?, ?, '')", list(c))
+        _copy_parquet_aside(con, f"SELECT {_ENTRY_COLUMNS} FROM entries", directory / BUNDLE_FILES["entries"],
+                            chunks=pages())
+        _copy_parquet(con, "SELECT size, root, note, created_at FROM checkpoints ORDER BY size",
+                      directory / BUNDLE_FILES["checkpoints"])
+        _copy_parquet(con, "SELECT size, witness, timestamp, signature, created_at FROM checkpoint_cosignatures "
+                           "ORDER BY size, witness", directory / BUNDLE_FILES["cosignatures"])
+    finally:
+        con.close()
+    latest = max(kept, default=None)
+    return _finish(directory, verifier=journal.verifier(), key_id=journal.key_id, entries=counted["entries"],
+                   head=counted["head"], checkpoints=len(kept), latest=latest[2] if latest else None,
+                   cosigned=True, invalid=invalid)

@@ -32,7 +32,7 @@ import datetime as _dt
 import json
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -405,6 +405,31 @@ class RemoteJournal:
         future: Future[list[Entry]] = Future()
         future.set_result([self.append(kind, payload, run_id=run_id, agent=agent)])
         return future
+
+    def entry_pages(self, high: int, *, page: int | None = None) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows of entries 1..``high`` as stored (``Entry.COLUMNS`` order), a page at a time: only one
+        page is held here however long the journal is."""
+        since = 0
+        while since < high:
+            want = min(page or _PAGE, high - since)
+            data = self._call("GET", "/internal/journal/entries", params={"since_seq": since, "limit": want},
+                              what="the journal cannot be read")
+            rows = [_entry(r).as_row() for r in data["entries"] if int(r["seq"]) <= high]
+            if not rows:
+                return
+            yield rows
+            since = rows[-1][0]
+
+    def verify_in_place(self, checkpoint: str | None = None) -> Any:
+        """The server's verification of its journal where it is stored (and of ``checkpoint``, a note kept
+        elsewhere), under the key checked at connect to be the home's: nothing of the journal is read here."""
+        from apollia_nb.journal.verify import VerifyReport
+
+        d = self._remote.call("POST", "/internal/journal/verify", json={"checkpoint": checkpoint},
+                              unreachable=IntegrityError, what="the journal cannot be verified",
+                              timeout=None).json()  # as long as the journal takes
+        return VerifyReport(bool(d["ok"]), int(d["entries"]), d["first_bad_seq"], d["problem"],
+                            int(d["checked_checkpoints"]), tuple(d.get("notes") or ()))
 
     def run_size(self, run_id: str) -> int:
         return len(self.entries(run_id=run_id))
