@@ -336,17 +336,23 @@ def home_bytes(home: Path) -> int:
     return sum(p.stat().st_size for p in home.rglob("*") if p.is_file())
 
 
-def measure(home: Path, *, full: bool = True) -> dict[str, Any]:
+def measure(home: Path, *, full: bool = True, runtime: bool | None = None,
+            export: bool | None = None) -> dict[str, Any]:
+    """Every figure (``full``), or the open and audit figures: ``runtime`` adds the ``Runtime`` open,
+    ``export`` the ``audit export`` (both default to ``full``)."""
     cli = [sys.executable, "-m", "apollia_nb"]
+    runtime = full if runtime is None else runtime
+    export = full if export is None else export
     out: dict[str, Any] = {}
     first = child(["--child", "journal-open", str(home)])  # a migration, if any, is not measured
     out["first_open_s"] = first["seconds"]
     opens = [child(["--child", "journal-open", str(home)]) for _ in range(3)]
     out["entries"] = opens[-1]["entries"]
     out["journal_open_s"] = statistics.median(o["seconds"] for o in opens)
-    if full:
+    if runtime:
         out["runtime_open_s"] = statistics.median(child(["--child", "runtime-open", str(home)])["seconds"]
                                                   for _ in range(3))
+    if full:
         out["load_ext_ms"] = load_ext_ms(home)
         out["append"] = child(["--child", "append", str(home)])
     verify = timed_command([*cli, "audit", "verify", "--home", str(home)])
@@ -355,10 +361,11 @@ def measure(home: Path, *, full: bool = True) -> dict[str, Any]:
     # What 2 idle cores allow: the command's CPU seconds (workers included) spread over both.
     out["verify_entries_per_s_2cores"] = out["entries"] / (verify["cpu_s"] / 2) \
         if verify["rc"] == 0 and verify["cpu_s"] else 0.0
-    if full:
+    if export:
         with tempfile.TemporaryDirectory(prefix="scale-export-", dir=home.parent) as tmp:
             out["export"] = timed_command([*cli, "audit", "export", "--home", str(home),
                                            str(Path(tmp) / "bundle")])
+    if full:
         out["queries_ms"] = child(["--child", "queries", str(home)])
     out["bytes_per_entry"] = home_bytes(home) / max(1, out["entries"])
     return out
@@ -382,8 +389,9 @@ def table(names: list[str], results: list[dict[str, Any]]) -> str:
         ("Journal.open (s)", [fmt(r["journal_open_s"]) for r in results]),
     ]
     if "runtime_open_s" in results[0]:
+        rows.append(("Runtime open (s)", [fmt(r["runtime_open_s"]) for r in results]))
+    if "load_ext_ms" in results[0]:
         rows += [
-            ("Runtime open (s)", [fmt(r["runtime_open_s"]) for r in results]),
             ("%load_ext apollia_nb (ms)", [fmt(r["load_ext_ms"]) for r in results]),
             ("RSS appending 40 tasks: max (MB)", [fmt(r["append"]["rss_max_mb"]) for r in results]),
         ]
@@ -401,6 +409,7 @@ def table(names: list[str], results: list[dict[str, Any]]) -> str:
                                   for r in results]),
             ("audit export peak RSS (MB)", [fmt(r["export"]["peak_rss_mb"]) for r in results]),
         ]
+    if "queries_ms" in results[0]:
         for name in QUERIES:
             rows.append((f"{name}: grouped query (ms)", [fmt(r["queries_ms"][name]) for r in results]))
     rows.append(("home size per entry (bytes)", [fmt(r["bytes_per_entry"]) for r in results]))
@@ -462,7 +471,11 @@ def main() -> None:
                       f"(writer RSS max {built['rss_max_mb']:.0f} MB)", flush=True)
             if args.build_only:
                 return
-            result = measure(home, full=False)
+            if not (home / "runtime.db").exists():  # append_many writes the journal only
+                subprocess.run([sys.executable, "-m", "apollia_nb", "home", "repair", "--new-runtime-db",
+                                "--home", str(home)], check=True, capture_output=True)
+                print("runtime.db created with `apollia-os home repair --new-runtime-db` (journaled)")
+            result = measure(home, full=False, runtime=True, export=True)
             print(f"machine: {uptime()}")
             print(table([f"{result['entries']:,}"], [result]))
             return
