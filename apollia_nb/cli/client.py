@@ -13,9 +13,11 @@ and prints what it prints without a server:
 * governance (``rules``, ``consents``, ``devmode``, ``policy check``) and the
   journal (``audit verify|checkpoint|prove|replay|export``) use the remote
   stores of client mode (``apollia_nb.runtime.remote``), so the command code
-  is the same one: changes are journaled and stored by the server, and the
-  journal is verified, proved and exported here from a copy of the server's
-  journal checked against the home's own public key;
+  is the same one: changes are journaled and stored by the server; ``verify``
+  has the server verify its journal in place (under the key checked at
+  connect to be the home's own), ``export`` then reads the verified entries a
+  page at a time into the bundle, and the journal is proved here from a copy
+  of the server's journal checked against the home's own public key;
 * ``policy remove`` and ``home repair`` need the home to themselves: they say
   so (``HOME_LOCKED``, naming the server to stop).
 

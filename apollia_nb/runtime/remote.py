@@ -280,6 +280,8 @@ class RemoteJournal:
     ``cursor``) and ``snapshot_rows`` (verification) read a local in-memory
     copy of the journal, brought up to date from the server first; the
     signing key is read from the home, not taken from the server.
+    ``verify_in_place`` and ``entry_pages`` hold no copy: the server verifies
+    where the journal is stored, and entries come a page at a time.
     """
 
     def __init__(self, remote: RemoteHome) -> None:
