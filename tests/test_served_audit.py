@@ -232,3 +232,27 @@ def test_a_served_journal_that_does_not_verify_is_reported_and_not_exported(tmp_
     meta = json.loads((tmp_path / "marked" / "meta.json").read_text())
     assert meta["verified"] is False and meta["invalid"]["first_bad_seq"] == BAD_SEQ
     assert marked_verify.returncode == 1 and f"FAILED at seq {BAD_SEQ}" in marked_verify.stdout
+
+
+def test_the_client_frees_each_page_before_the_next(tmp_path):
+    """Each answer is freed once its page is handed on: the pages read never pile up in the client."""
+    import gc
+
+    import httpx
+
+    from apollia_nb.api.server import ServerThread
+    from apollia_nb.runtime.remote import RemoteHome, ServerAddress
+
+    home = build_home(tmp_path / "home")
+    with ServerThread(home) as server:
+        remote = RemoteHome(home, ServerAddress(server.url, server.token, os.getpid()))
+        try:
+            high = remote.journal.head()[0]
+            seen, alive = [], []
+            for rows in remote.journal.entry_pages(high, page=300):
+                seen.extend(r[0] for r in rows)
+                alive.append(sum(1 for o in gc.get_objects() if isinstance(o, httpx.Response)))
+        finally:
+            remote.close()
+    assert seen == list(range(1, high + 1))
+    assert len(alive) == -(-high // 300) and max(alive) <= 1, alive

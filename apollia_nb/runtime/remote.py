@@ -411,12 +411,19 @@ class RemoteJournal:
     def entry_pages(self, high: int, *, page: int | None = None) -> Iterator[list[tuple[Any, ...]]]:
         """The rows of entries 1..``high`` as stored (``Entry.COLUMNS`` order), a page at a time: only one
         page is held here however long the journal is."""
+        import gc
+
         since = 0
         while since < high:
             want = min(page or _PAGE, high - since)
             data = self._call("GET", "/internal/journal/entries", params={"since_seq": since, "limit": want},
                               what="the journal cannot be read")
             rows = [_entry(r).as_row() for r in data["entries"] if int(r["seq"]) <= high]
+            del data
+            # An httpx response and its stream refer to each other, so the answer (a page of text) is
+            # freed by the cycle collector only, which runs less and less often as pages pass: without
+            # this, a page's worth of memory stays behind for each page read.
+            gc.collect()
             if not rows:
                 return
             yield rows
