@@ -274,8 +274,26 @@ def entry_hash(
     payload: bytes,
     prev_hash: bytes,
 ) -> bytes:
-    """SHA-256 over the unambiguous encoding described in the module docstring (``entry_bytes``)."""
+    """SHA-256 over the unambiguous encoding described in the module docstring (``entry_bytes``).
+
+    The usual column types (text as ``str``, ``payload`` and ``prev_hash`` as
+    ``bytes``) take a path that builds the same bytes with fewer steps (a
+    verifier hashes every entry); anything else goes through ``entry_bytes``."""
+    if (type(ts) is str and type(kind) is str and type(payload) is bytes and type(prev_hash) is bytes
+            and (run_id is None or type(run_id) is str) and (agent is None or type(agent) is str)):
+        t, k, p = ts.encode("utf-8"), kind.encode("utf-8"), payload
+        r = b"\x00" if run_id is None else _text_field(run_id)
+        a = b"\x00" if agent is None else _text_field(agent)
+        return _sha256(b"".join((
+            ENTRY_HASH_DOMAIN, _U64.pack(seq), b"\x01", _U32.pack(len(t)), t, r, a,
+            b"\x01", _U32.pack(len(k)), k, b"\x01", _U32.pack(len(p)), p, prev_hash,
+        ))).digest()
     return _sha256(entry_bytes(seq, ts, run_id, agent, kind, payload, prev_hash)).digest()
+
+
+def _text_field(value: str) -> bytes:
+    data = value.encode("utf-8")
+    return b"\x01" + _U32.pack(len(data)) + data
 
 
 def entry_bytes(
