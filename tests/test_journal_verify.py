@@ -415,8 +415,40 @@ def test_signature_items_are_the_signed_message_layout_and_bad_columns_never_ver
     assert _batch([]) == ([], b"")
 
 
+def require_system_libsodium():
+    """The system libsodium's verify, installed by dev/install-test-libsodium.sh: fail in CI, skip locally."""
+    import os
+
+    from apollia_nb.journal.verify import _system_verify
+
+    found = _system_verify()
+    if found is not None:
+        return found
+    message = "no system libsodium: run `bash dev/install-test-libsodium.sh` (Debian's libsodium23)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(params=["system", "pynacl"])
+def libsodium(request, monkeypatch):
+    """Signatures checked with the system's libsodium, or with PyNaCl's own (``APOLLIA_LIBSODIUM=pynacl``),
+    here and in the workers (they inherit the environment)."""
+    from apollia_nb.journal import verify as verify_module
+
+    if request.param == "pynacl":
+        monkeypatch.setenv(verify_module.LIBSODIUM_ENV, "pynacl")
+    else:
+        monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
+    verify_module._system_verify.cache_clear()
+    if request.param == "system":
+        require_system_libsodium()
+    yield request.param
+    verify_module._system_verify.cache_clear()
+
+
 @pytest.mark.parametrize("bad", [[101], [200], [130, 170], [30, 60]])
-def test_workers_report_the_first_bad_signature_of_a_chunk_at_any_place(key, bad):
+def test_workers_report_the_first_bad_signature_of_a_chunk_at_any_place(key, bad, libsodium):
     # 100-row chunks: seq 101 is the first item of the second worker's first chunk, 200 its last.
     rows = make_rows(300, key)
     for seq in bad:
@@ -492,3 +524,95 @@ def test_entry_bytes_are_the_documented_encoding():
         entry_hash(7, "ts", None, "é", "plan", b"{}", b"\x05" * 32)
     with pytest.raises(UnicodeEncodeError):
         entry_hash(7, "\ud800", None, None, "plan", b"{}", b"\x05" * 32)
+
+
+# --- the libsodium that checks signatures ------------------------------------------------------
+
+
+def _tricky_items(key) -> list[bytes]:
+    """Signed-message items (signature, hash) that libsodium's rules accept or refuse in different ways."""
+    from apollia_nb.journal.verify import _ORDER
+
+    message = bytes(range(32))
+    good = key.sign(message).signature
+    s_plus_l = (int.from_bytes(good[32:], "little") + _ORDER).to_bytes(32, "little")
+    return [
+        good + message,  # valid
+        good[:5] + bytes([good[5] ^ 0x80]) + good[6:] + message,  # R changed
+        good[:40] + bytes([good[40] ^ 1]) + good[41:] + message,  # S changed
+        good[:32] + s_plus_l + message,  # the same S, not reduced: non-canonical
+        bytes([1]) + bytes(31) + good[32:] + message,  # R of small order (the identity)
+        bytes(64) + message,  # all zero
+        b"\xff" * 32 + good[32:] + message,  # R not a canonical encoding
+        good + message[:-1] + b"\x01",  # another message
+        good + message,  # valid again
+    ]
+
+
+def test_the_system_libsodium_and_pynacls_agree_on_every_item(key, monkeypatch):
+    from apollia_nb.journal import verify as verify_module
+
+    monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
+    verify_module._system_verify.cache_clear()
+    system = require_system_libsodium()
+    pk = bytes(key.verify_key)
+    items = _tricky_items(key)
+    results = {}
+    for name, found in (("system", lambda: system), ("pynacl", lambda: None)):
+        monkeypatch.setattr(verify_module, "_system_verify", found)
+        results[name] = [verify_module._first_bad_index(pk, item) for item in items]
+        body = b"".join(items)
+        results[name + " whole"] = (verify_module._first_bad_index(pk, body),
+                                    verify_module._first_bad_index(pk, items[0] + items[-1]),
+                                    verify_module._first_bad_index(pk, items[0] + items[-1][:95]),
+                                    verify_module._first_bad_index(pk, b""))
+    assert results["system"] == results["pynacl"] == [None, 0, 0, 0, 0, 0, 0, 0, None]
+    assert results["system whole"] == results["pynacl whole"] == (1, None, 1, None)
+
+
+def test_a_libsodium_that_fails_the_self_test_is_not_used(key):
+    from apollia_nb.journal.verify import _ORDER, _self_test, _system_verify
+
+    _system_verify.cache_clear()
+    real = require_system_libsodium()
+    assert _self_test(real)
+    assert not _self_test(lambda *args: 0)  # accepts everything
+    assert not _self_test(lambda *args: -1)  # accepts nothing
+
+    def lax_s(signature, message, size, public):  # takes S modulo L, as some libraries do
+        s = int.from_bytes(signature[32:], "little")
+        return real(signature[:32] + (s % _ORDER).to_bytes(32, "little"), message, size, public)
+
+    def lax_r(signature, message, size, public):  # takes a small-order R
+        return 0 if signature[:32] == bytes([1]) + bytes(31) else real(signature, message, size, public)
+
+    def lax_message(signature, message, size, public):  # looks at the signature only
+        return real(signature, bytes(range(32, 64)), size, public)
+
+    assert not _self_test(lax_s) and not _self_test(lax_r) and not _self_test(lax_message)
+
+
+def test_apollia_libsodium_pynacl_keeps_to_pynacls_libsodium(monkeypatch):
+    from apollia_nb.journal import verify as verify_module
+
+    monkeypatch.setenv(verify_module.LIBSODIUM_ENV, "pynacl")
+    verify_module._system_verify.cache_clear()
+    try:
+        assert verify_module._system_verify() is None
+    finally:
+        verify_module._system_verify.cache_clear()
+
+
+def test_no_loadable_libsodium_leaves_pynacls(monkeypatch):
+    import ctypes.util
+
+    from apollia_nb.journal import verify as verify_module
+
+    monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
+    monkeypatch.setattr(verify_module, "_SONAMES", ("libsodium-that-is-not-there.so",))
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    verify_module._system_verify.cache_clear()
+    try:
+        assert verify_module._system_verify() is None
+    finally:
+        verify_module._system_verify.cache_clear()
