@@ -75,6 +75,14 @@ def raw_rates(n: int) -> dict[str, float]:
     for m, s in zip(msgs, sigs):
         crypto_sign_open(s + m, public)
     rates["PyNaCl (libsodium) crypto_sign_open"] = n / (time.process_time() - t)
+    from apollia_nb.journal.verify import _system_verify
+
+    system = _system_verify()
+    if system is not None:
+        t = time.process_time()
+        for m, s in zip(msgs, sigs):
+            system(s, m, 32, public)
+        rates["system libsodium crypto_sign_verify_detached"] = n / (time.process_time() - t)
     try:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     except ImportError:
@@ -134,7 +142,7 @@ def breakdown(home: Home, sample: int) -> float:
         spent.append(part("seq, link, hash, key id, Merkle (this process)", scan)[0])
         cost, batches = part("signature items (this process)", lambda: [_batch(c) for c in chunks])
         spent.append(cost)
-        sigs = part("signatures, PyNaCl crypto_sign_open (workers)", signatures)[0]
+        sigs = part("signatures (workers)", signatures)[0]
         total = sum(spent) + sigs
         print(f"  {'total':<52}: {total:7.2f} us/entry -> {2e6 / total:,.0f} entries/s on 2 idle cores "
               f"(signatures alone: {2e6 / sigs:,.0f})")
@@ -145,6 +153,8 @@ def breakdown(home: Home, sample: int) -> float:
 
 def whole_command(home_dir: str, entries: int, repeat: int) -> None:
     """The CLI as a fresh process: best wall time of ``repeat``, its CPU with its workers', peak RSS."""
+    if repeat < 1:
+        return
     best = None
     for _ in range(repeat):
         load = os.getloadavg()[0]

@@ -424,6 +424,10 @@ def require_system_libsodium():
     found = _system_verify()
     if found is not None:
         return found
+    import ctypes.util
+
+    # A libsodium the system has must be used; only where there is none may the test be skipped.
+    assert ctypes.util.find_library("sodium") is None, "the system's libsodium was not taken"
     message = "no system libsodium: run `bash dev/install-test-libsodium.sh` (Debian's libsodium23)"
     if os.environ.get("CI") == "true":
         pytest.fail(message)
@@ -595,7 +599,7 @@ def test_a_libsodium_that_fails_the_self_test_is_not_used(key):
 def test_apollia_libsodium_pynacl_keeps_to_pynacls_libsodium(monkeypatch):
     from apollia_nb.journal import verify as verify_module
 
-    monkeypatch.setenv(verify_module.LIBSODIUM_ENV, "pynacl")
+    monkeypatch.setenv("APOLLIA_LIBSODIUM", "pynacl")
     verify_module._system_verify.cache_clear()
     try:
         assert verify_module._system_verify() is None
@@ -609,10 +613,10 @@ def test_no_loadable_libsodium_leaves_pynacls(monkeypatch):
     from apollia_nb.journal import verify as verify_module
 
     monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
-    monkeypatch.setattr(verify_module, "_SONAMES", ("libsodium-that-is-not-there.so",))
-    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
-    verify_module._system_verify.cache_clear()
-    try:
-        assert verify_module._system_verify() is None
-    finally:
+    for found in (None, "libsodium-that-is-not-there.so.23", "libc.so.6"):  # none, none that loads, not libsodium
+        monkeypatch.setattr(ctypes.util, "find_library", lambda name, found=found: found)
         verify_module._system_verify.cache_clear()
+        try:
+            assert verify_module._system_verify() is None
+        finally:
+            verify_module._system_verify.cache_clear()
