@@ -533,13 +533,15 @@ def test_entry_bytes_are_the_documented_encoding():
 # --- the libsodium that checks signatures ------------------------------------------------------
 
 
+#: L, the order of the Ed25519 base point (RFC 8032).
+ED25519_L = 2**252 + 27742317777372353535851937790883648493
+
+
 def _tricky_items(key) -> list[bytes]:
     """Signed-message items (signature, hash) that libsodium's rules accept or refuse in different ways."""
-    from apollia_nb.journal.verify import _ORDER
-
     message = bytes(range(32))
     good = key.sign(message).signature
-    s_plus_l = (int.from_bytes(good[32:], "little") + _ORDER).to_bytes(32, "little")
+    s_plus_l = (int.from_bytes(good[32:], "little") + ED25519_L).to_bytes(32, "little")
     return [
         good + message,  # valid
         good[:5] + bytes([good[5] ^ 0x80]) + good[6:] + message,  # R changed
@@ -575,7 +577,7 @@ def test_the_system_libsodium_and_pynacls_agree_on_every_item(key, monkeypatch):
 
 
 def test_a_libsodium_that_fails_the_self_test_is_not_used(key):
-    from apollia_nb.journal.verify import _ORDER, _self_test, _system_verify
+    from apollia_nb.journal.verify import _self_test, _system_verify
 
     _system_verify.cache_clear()
     real = require_system_libsodium()
@@ -585,7 +587,7 @@ def test_a_libsodium_that_fails_the_self_test_is_not_used(key):
 
     def lax_s(signature, message, size, public):  # takes S modulo L, as some libraries do
         s = int.from_bytes(signature[32:], "little")
-        return real(signature[:32] + (s % _ORDER).to_bytes(32, "little"), message, size, public)
+        return real(signature[:32] + (s % ED25519_L).to_bytes(32, "little"), message, size, public)
 
     def lax_r(signature, message, size, public):  # takes a small-order R
         return 0 if signature[:32] == bytes([1]) + bytes(31) else real(signature, message, size, public)
