@@ -434,6 +434,24 @@ def require_system_libsodium():
     pytest.skip(message)
 
 
+@pytest.mark.parametrize("column, value", [(8, lambda sig: sig[:63]), (7, lambda digest: digest + b"\x00"),
+                                           (7, lambda digest: "a" * 32), (8, lambda sig: "s" * 64),
+                                           (7, lambda digest: bytearray(digest))],
+                         ids=["short signature", "long hash", "text hash", "text signature", "bytearray hash"])
+def test_one_odd_column_in_a_chunk_of_bytes_fails_alone(key, column, value):
+    from apollia_nb.journal.verify import _batch, _first_bad_index
+
+    rows = make_rows(4, key)
+    row = list(rows[2])
+    row[column] = value(row[column])
+    rows[2] = tuple(row)
+    batch = _batch(rows)
+    pk = bytes(key.verify_key)
+    assert batch.seqs == [1, 2, 3, 4] and len(batch.body) == 4 * 96
+    verifies = [_first_bad_index(pk, batch.body[i * 96:(i + 1) * 96]) is None for i in range(4)]
+    assert verifies == [True, True, isinstance(row[column], bytearray), True]
+
+
 @pytest.fixture(params=["system", "pynacl"])
 def libsodium(request, monkeypatch):
     """Signatures checked with the system's libsodium, or with PyNaCl's own (``APOLLIA_LIBSODIUM=pynacl``),
