@@ -616,6 +616,25 @@ def test_a_libsodium_that_fails_the_self_test_is_not_used(key):
     assert not _self_test(lax_s) and not _self_test(lax_r) and not _self_test(lax_message)
 
 
+def test_a_fresh_process_takes_the_system_libsodium_at_its_first_lookup(monkeypatch):
+    # A signature worker is a fresh process that looks the library up once: it must get the system's.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import apollia_nb
+
+    monkeypatch.delenv("APOLLIA_LIBSODIUM", raising=False)
+    require_system_libsodium()
+    root = str(Path(apollia_nb.__file__).resolve().parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", "from apollia_nb.journal.verify import _system_verify; print(_system_verify())"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": root},
+    )
+    assert out.returncode == 0 and out.stdout.startswith("<_FuncPtr object"), out.stdout + out.stderr
+
+
 def test_apollia_libsodium_pynacl_keeps_to_pynacls_libsodium(monkeypatch):
     from apollia_nb.journal import verify as verify_module
 
