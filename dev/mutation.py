@@ -68,6 +68,7 @@ class Site:
     kind: str
     detail: str
     nth: int = 1  # the n-th site with the same line, kind and detail
+    span: tuple[int, int] = (0, 0)  # the source lines whose execution reaches the mutated code
 
     def ident(self, module: str) -> str:
         suffix = f"#{self.nth}" if self.nth > 1 else ""
@@ -175,8 +176,15 @@ def sites(source: str) -> list[Site]:
     for index, (node, kind, detail, _apply) in enumerate(_walk(tree)):
         key = (getattr(node, "lineno", 0), kind, detail)
         seen[key] = seen.get(key, 0) + 1
-        found.append(Site(index, key[0], kind, detail, seen[key]))
+        found.append(Site(index, key[0], kind, detail, seen[key], _span(node)))
     return found
+
+
+def _span(node: ast.AST) -> tuple[int, int]:
+    # An ``if`` is reached when its test is evaluated, a ``return`` when its value is.
+    part = node.test if isinstance(node, ast.If) else node.value if isinstance(node, ast.Return) else node
+    first = getattr(part, "lineno", 0)
+    return first, getattr(part, "end_lineno", None) or first
 
 
 def mutate(source: str, index: int) -> str:
@@ -204,9 +212,10 @@ def load_equivalent(path: Path = EQUIVALENT_FILE) -> dict[str, str]:
 
 def _scratch_copy() -> Path:
     scratch = Path(tempfile.mkdtemp(prefix="apollia-mutation-"))
-    ignore = shutil.ignore_patterns(".git", ".venv", ".test-peers", "node_modules", "__pycache__", "*.pyc")
+    ignore = shutil.ignore_patterns(".git", ".venv", ".test-peers", "node_modules", "__pycache__", "*.pyc",
+                                    ".hypothesis", ".test-artifacts")
     for entry in ROOT.iterdir():
-        if entry.name in {".git", ".venv", ".test-peers"}:
+        if entry.name in {".git", ".venv", ".test-peers", ".hypothesis", ".test-artifacts"}:
             continue
         if entry.is_dir():
             shutil.copytree(entry, scratch / entry.name, ignore=ignore, symlinks=True)
@@ -218,9 +227,195 @@ def _scratch_copy() -> Path:
     return scratch
 
 
-def _run_tests(scratch: Path, tests: tuple[str, ...], timeout: float | None) -> tuple[str, float]:
+def _pytest_args(scratch: Path, tests: tuple[str, ...]) -> list[str]:
+    return ["-x", "-q", "-p", "no:cacheprovider", f"--basetemp={scratch / '.mutation-tmp'}", *tests]
+
+
+# --- the coverage map: which test reaches which line -------------------------------------------------------
+
+
+def _map_main(name: str, out: Path) -> int:
+    """Run a module's tests once, unmutated, recording per test the module's lines it executes.
+
+    Runs inside a scratch copy (the caller sets ``cwd`` and ``PYTHONPATH``). Lines reached only while modules
+    are imported (module constants, ``def`` lines, defaults) are recorded with no test: every test needs them.
+    """
+    import json
+
+    import coverage
+    import pytest
+
+    rel, tests = MODULES[name]
+    target = str(Path.cwd() / rel)
+    cov = coverage.Coverage(data_file=None, include=[target], config_file=False)
+    durations: dict[str, float] = {}
+
+    class Recorder:
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_protocol(self, item, nextitem):
+            cov.switch_context(item.nodeid)
+            start = time.perf_counter()
+            yield
+            durations[item.nodeid] = time.perf_counter() - start
+            cov.switch_context("")
+
+    cov.start()
+    start = time.perf_counter()
+    code = pytest.main(_pytest_args(Path.cwd(), tests), plugins=[Recorder()])
+    total = time.perf_counter() - start
+    cov.stop()
+    data = cov.get_data()
+    lines = {str(line): sorted(c for c in contexts if c)
+             for line, contexts in data.contexts_by_lineno(target).items()}
+    out.write_text(json.dumps({"exit": int(code), "total": total, "durations": durations, "lines": lines}))
+    return 0
+
+
+@dataclass
+class CoverageMap:
+    total: float
+    durations: dict[str, float]
+    lines: dict[int, list[str]]
+
+    def tests_for(self, site: Site) -> list[str] | None:
+        """The tests that reach the site, fastest first; ``None`` when only a whole run can tell."""
+        found: set[str] = set()
+        first, last = site.span
+        for line in range(first, last + 1):
+            found.update(self.lines.get(line, ()))
+        if not found:
+            # Reached at import only, or only in a subprocess (a signature worker, the CLI), or never.
+            return None
+        return sorted(found, key=lambda t: (self.durations.get(t, 0.0), t))
+
+
+def _coverage_map(name: str, scratch: Path) -> CoverageMap:
+    import json
+
+    out = scratch / f".mutation-map-{name}.json"
     env = dict(os.environ, PYTHONPATH=str(scratch), PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    subprocess.run([sys.executable, str(scratch / "dev" / "mutation.py"), "--map", name, "--map-out", str(out)],
+                   cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    if not out.exists():
+        raise SystemExit(f"mutation: the coverage run of {name}'s tests did not finish")
+    data = json.loads(out.read_text())
+    out.unlink()
+    if data["exit"] != 0:
+        raise SystemExit(f"mutation: the tests of {name} fail on the unmutated module; fix them first")
+    return CoverageMap(data["total"], data["durations"], {int(k): v for k, v in data["lines"].items()})
+
+
+# --- running mutants: forked from a process that has the test suite's packages imported -------------------
+
+
+class _Select:
+    """A pytest plugin keeping only the named tests, in the given order."""
+
+    def __init__(self, nodeids: list[str]) -> None:
+        self.order = {n: i for i, n in enumerate(nodeids)}
+
+    def pytest_collection_modifyitems(self, session, config, items) -> None:
+        kept = [item for item in items if item.nodeid in self.order]
+        kept.sort(key=lambda item: self.order[item.nodeid])
+        items[:] = kept
+
+
+def _warm(scratch: Path, tests: tuple[str, ...]) -> None:
+    """Import pytest, its plugins and every package the tests import, then forget the project's own modules.
+
+    Each mutant then runs in a child forked from here: a fresh process that imports the project (and the
+    mutant) from its own scratch copy but does not pay for starting Python and the third-party imports.
+    """
+    import pytest
+
+    # This collection writes the bytecode of the project and of the rewritten tests into the scratch copy,
+    # so children do not compile them again; the mutated module's bytecode is removed below and never
+    # written again (a mutant of the same size written in the same second would otherwise pass as the
+    # original).
+    sys.dont_write_bytecode = False
+    saved_path, saved_cwd = list(sys.path), os.getcwd()
+    null = os.open(os.devnull, os.O_WRONLY)
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    try:
+        os.chdir(scratch)
+        sys.path.insert(0, str(scratch))
+        pytest.main(["--collect-only", *_pytest_args(scratch, tests)])
+    finally:
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        for fd in (null, saved_out, saved_err):
+            os.close(fd)
+        os.chdir(saved_cwd)
+        sys.path[:] = saved_path
+        sys.dont_write_bytecode = True
+    _forget_project()
+    for rel, _tests in MODULES.values():
+        module = scratch / rel
+        for cached in (module.parent / "__pycache__").glob(f"{module.stem}.*.pyc"):
+            cached.unlink()
+    # What is imported now lives as long as the children: keep it out of their collections (and their pages
+    # shared with this process).
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+def _forget_project() -> None:
+    scratch_root = str(Path(tempfile.gettempdir()).resolve() / "apollia-mutation-")
+    for mod_name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None) or ""
+        if (file.startswith(scratch_root) or mod_name.split(".")[0] in {"apollia_nb", "tests", "conftest"}
+                or mod_name.startswith(("test_", "notebook_fixtures", "runtime_helpers"))):
+            del sys.modules[mod_name]
+
+
+@dataclass
+class _Job:
+    site: Site
+    tests: list[str] | None  # None: the module's whole test files
+    bound: float
+    first: bool = True  # False when re-run with every test to confirm a survivor
+
+
+def _fork_run(scratch: Path, test_files: tuple[str, ...], job: _Job) -> int:
+    pid = os.fork()
+    if pid:
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+        return pid
+    code = 99
+    try:
+        os.setpgid(0, 0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.chdir(scratch)
+        sys.path[:] = [str(scratch)] + [p for p in sys.path if "apollia-mutation-" not in p]
+        os.environ["PYTHONPATH"] = str(scratch)
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+        import pytest
+
+        if job.tests is None:
+            files, plugins = test_files, []
+        else:
+            files = tuple(dict.fromkeys(t.split("::")[0] for t in job.tests))
+            plugins = [_Select(job.tests)]
+        code = int(pytest.main(_pytest_args(scratch, files), plugins=plugins))
+    except BaseException:  # noqa: BLE001 - the child reports by exit code only
+        code = 99
+    finally:
+        os._exit(code)
+
+
+def _fresh_run(scratch: Path, tests: tuple[str, ...], timeout: float | None) -> tuple[str, float]:
+    """The strict way: a new interpreter runs the module's whole test files (``--fresh``)."""
+    env = dict(os.environ, PYTHONPATH=str(scratch), PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", *_pytest_args(scratch, tests)]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -235,48 +430,129 @@ def _run_tests(scratch: Path, tests: tuple[str, ...], timeout: float | None) -> 
     return ("survived" if proc.returncode == 0 else "killed"), elapsed
 
 
-def run_module(name: str, scratch: Path, sample: int | None, seed: int, equivalent: dict[str, str],
-               verbose: bool) -> dict[str, int | float]:
+def _outcome(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return "survived"
+    if code in (1, 2, 3):  # tests failed, collection or import broken, internal error
+        return "killed"
+    return "unclear"  # usage error, no test selected, the child itself failed: run again with every test
+
+
+def _run_forked(name: str, scratches: list[Path], jobs: list[_Job], original: str, cmap: CoverageMap,
+                verbose: bool) -> dict[str, str]:
+    rel, test_files = MODULES[name]
+    queue = list(jobs)
+    running: dict[int, tuple[_Job, Path, float]] = {}
+    free = list(scratches)
+    results: dict[str, str] = {}
+    whole_bound = cmap.total * 3 + 15
+    while queue or running:
+        while queue and free:
+            job = queue.pop(0)
+            scratch = free.pop()
+            (scratch / rel).write_text(mutate(original, job.site.index))
+            pid = _fork_run(scratch, test_files, job)
+            running[pid] = (job, scratch, time.monotonic() + job.bound)
+        time.sleep(0.01)
+        for pid, (job, scratch, deadline) in list(running.items()):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                outcome = _outcome(status)
+            elif time.monotonic() > deadline:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.waitpid(pid, 0)
+                outcome = "timeout"
+            else:
+                continue
+            # Whatever the tests started and left behind goes with them.
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            del running[pid]
+            free.append(scratch)
+            (scratch / rel).write_text(original)
+            if job.tests is not None and outcome in ("survived", "unclear", "timeout"):
+                # The tests that reach the line let it pass (or overran a bound set by their own durations,
+                # on a busy machine): only the whole test files decide.
+                queue.insert(0, _Job(job.site, None, whole_bound, first=False))
+                continue
+            if outcome == "unclear":
+                outcome = "killed" if job.tests is None else outcome
+            results[job.site.ident(name)] = outcome
+            if verbose:
+                print(f"  {outcome:8} {job.site.ident(name)}", flush=True)
+    return results
+
+
+def run_module(name: str, scratches: list[Path], sample: int | None, seed: int, equivalent: dict[str, str],
+               verbose: bool, fresh: bool) -> dict[str, int | float]:
     rel, tests = MODULES[name]
-    target = scratch / rel
     original = (ROOT / rel).read_text()
+    if ast.dump(ast.parse(ast.unparse(ast.parse(original)))) != ast.dump(ast.parse(original)):
+        raise SystemExit(f"mutation: {rel} does not survive ast.unparse unchanged")
     all_sites = sites(original)
     chosen = all_sites
     if sample is not None and sample < len(all_sites):
         chosen = sorted(random.Random(f"{seed}:{name}").sample(all_sites, sample), key=lambda s: s.index)
-    # Baseline: the unmutated module, as the mutants are written (``ast.unparse``), must pass.
-    target.write_text(ast.unparse(ast.parse(original)))
-    outcome, base = _run_tests(scratch, tests, None)
-    if outcome != "survived":
-        target.write_text(original)
-        raise SystemExit(f"mutation: the tests of {name} fail on the unmutated module; fix them first")
-    timeout = base * 3 + 15
+    began = time.monotonic()
+    results: dict[str, str] = {}
+    if fresh:
+        scratch = scratches[0]
+        target = scratch / rel
+        target.write_text(ast.unparse(ast.parse(original)))
+        outcome, base = _fresh_run(scratch, tests, None)
+        if outcome != "survived":
+            target.write_text(original)
+            raise SystemExit(f"mutation: the tests of {name} fail on the unmutated module; fix them first")
+        bound = base * 3 + 15
+        try:
+            for site in chosen:
+                target.write_text(mutate(original, site.index))
+                results[site.ident(name)] = _fresh_run(scratch, tests, bound)[0]
+                if verbose:
+                    print(f"  {results[site.ident(name)]:8} {site.ident(name)}", flush=True)
+        finally:
+            target.write_text(original)
+        how = f"fresh interpreter per mutant, tests {base:.1f}s, bound {bound:.0f}s"
+    else:
+        cmap = _coverage_map(name, scratches[0])
+        for scratch in scratches:
+            _warm(scratch, tests)
+        jobs = []
+        for site in chosen:
+            selected = cmap.tests_for(site)
+            if selected is None:
+                jobs.append(_Job(site, None, cmap.total * 3 + 15))
+            else:
+                spent = sum(cmap.durations.get(t, 0.0) for t in selected)
+                jobs.append(_Job(site, selected, spent * 3 + 10))
+        results = _run_forked(name, scratches, jobs, original, cmap, verbose)
+        how = f"tests {cmap.total:.1f}s, {len(scratches)} at a time"
     counts = {"generated": len(all_sites), "run": len(chosen), "killed": 0, "survived": 0, "timeout": 0,
               "equivalent": 0}
     survivors: list[str] = []
-    try:
-        for site in chosen:
-            ident = site.ident(name)
-            target.write_text(mutate(original, site.index))
-            outcome, _elapsed = _run_tests(scratch, tests, timeout)
-            counts[outcome] += 1
-            if outcome == "survived":
-                if ident in equivalent:
-                    counts["equivalent"] += 1
-                else:
-                    survivors.append(ident)
-            if verbose:
-                print(f"  {outcome:8} {ident}", flush=True)
-    finally:
-        target.write_text(original)
+    for site in chosen:
+        ident = site.ident(name)
+        outcome = results[ident]
+        counts[outcome] += 1
+        if outcome == "survived":
+            if ident in equivalent:
+                counts["equivalent"] += 1
+            else:
+                survivors.append(ident)
     detected = counts["killed"] + counts["timeout"]
     raw = detected / counts["run"] if counts["run"] else 1.0
     denominator = counts["run"] - counts["equivalent"]
     adjusted = detected / denominator if denominator else 1.0
+    minutes = (time.monotonic() - began) / 60
     print(f"{name}: generated {counts['generated']}, run {counts['run']}, killed {counts['killed']}, "
           f"survived {counts['survived']}, timed out {counts['timeout']}, equivalent {counts['equivalent']}, "
-          f"score {raw:.1%} raw, {adjusted:.1%} without equivalent (tests {base:.1f}s, bound {timeout:.0f}s)",
-          flush=True)
+          f"score {raw:.1%} raw, {adjusted:.1%} without equivalent ({minutes:.1f} min; {how})", flush=True)
     for ident in survivors:
         line = int(ident.split(":")[1])
         text = original.splitlines()[line - 1].strip() if line else ""
@@ -291,7 +567,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     parser.add_argument("--list", action="store_true", help="list the mutants' ids and run nothing")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each mutant's outcome")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                        help="mutants run at a time (default: the number of cores)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start a new interpreter per mutant and run the whole test files (slow)")
+    parser.add_argument("--map", help=argparse.SUPPRESS)
+    parser.add_argument("--map-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.map:
+        return _map_main(args.map, args.map_out)
     names = args.modules or list(MODULES)
     unknown = [n for n in names if n not in MODULES]
     if unknown:
@@ -302,12 +586,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(site.ident(name))
         return 0
     equivalent = load_equivalent()
-    scratch = _scratch_copy()
+    scratches = [_scratch_copy() for _ in range(1 if args.fresh else max(1, args.jobs))]
     try:
         for name in names:
-            run_module(name, scratch, args.sample, args.seed, equivalent, args.verbose)
+            run_module(name, scratches, args.sample, args.seed, equivalent, args.verbose, args.fresh)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        for scratch in scratches:
+            shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 
