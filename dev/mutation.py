@@ -162,11 +162,28 @@ def _walk(tree: ast.AST):
         # Leave ``from __future__`` and ``__all__`` alone: they change no behaviour the tests can see.
         if isinstance(node, (ast.ImportFrom, ast.Import)):
             skip.update(id(n) for n in ast.walk(node))
+        # Text only type checkers and readers see: a string standing as a statement (an attribute's
+        # docstring), the name given to a ``TypeVar``, the values of a ``Literal[...]`` type.
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            skip.add(id(node.value))
+        if (isinstance(node, ast.Call) and _name_of(node.func) in {"TypeVar", "NewType", "ParamSpec"}
+                and node.args):
+            skip.add(id(node.args[0]))
+        if isinstance(node, ast.Subscript) and _name_of(node.value) == "Literal":
+            skip.update(id(n) for n in ast.walk(node.slice))
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             skip.update(id(n) for n in ast.walk(node))
     for node in ast.walk(tree):
         for kind, detail, apply in _mutations(node, skip):
             yield node, kind, detail, apply
+
+
+def _name_of(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
 
 
 def sites(source: str) -> list[Site]:
