@@ -282,9 +282,11 @@ def _map_main(name: str, out: Path) -> int:
     total = time.perf_counter() - start
     cov.stop()
     data = cov.get_data()
-    lines = {str(line): sorted(c for c in contexts if c)
-             for line, contexts in data.contexts_by_lineno(target).items()}
-    out.write_text(json.dumps({"exit": int(code), "total": total, "durations": durations, "lines": lines}))
+    by_line = data.contexts_by_lineno(target)
+    lines = {str(line): sorted(c for c in contexts if c) for line, contexts in by_line.items()}
+    at_import = sorted(line for line, contexts in by_line.items() if "" in contexts)
+    out.write_text(json.dumps({"exit": int(code), "total": total, "durations": durations, "lines": lines,
+                               "at_import": at_import}))
     return 0
 
 
@@ -293,6 +295,7 @@ class CoverageMap:
     total: float
     durations: dict[str, float]
     lines: dict[int, list[str]]
+    at_import: frozenset[int] = frozenset()  # lines executed while modules were imported or tests collected
 
     def tests_for(self, site: Site) -> list[str] | None:
         """The tests that reach the site, fastest first; ``None`` when only a whole run can tell."""
@@ -319,7 +322,256 @@ def _coverage_map(name: str, scratch: Path) -> CoverageMap:
     out.unlink()
     if data["exit"] != 0:
         raise SystemExit(f"mutation: the tests of {name} fail on the unmutated module; fix them first")
-    return CoverageMap(data["total"], data["durations"], {int(k): v for k, v in data["lines"].items()})
+    return CoverageMap(data["total"], data["durations"], {int(k): v for k, v in data["lines"].items()},
+                       frozenset(data["at_import"]))
+
+
+# --- patching a function in place: mutants of function bodies ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A function (or method) of the module whose body holds a mutant: its qualified name and rank among
+    functions of that name (a property's getter and setter share one), and the lines of its body."""
+
+    qualname: str
+    rank: int
+    body: tuple[int, int]
+    lines: tuple[int, int]
+
+
+def targets(source: str) -> list[Target]:
+    """The module's outermost functions: module functions and methods of (nested) classes."""
+    found: list[Target] = []
+    ranks: dict[str, int] = {}
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                qualname = prefix + node.name
+                ranks[qualname] = ranks.get(qualname, -1) + 1
+                body_span = (node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno)
+                found.append(Target(qualname, ranks[qualname], body_span, (node.lineno, body_span[1])))
+
+    visit(ast.parse(source).body, "")
+    return found
+
+
+def patch_target(site: Site, funcs: list[Target], cmap: CoverageMap) -> Target | None:
+    """The function whose code a mutant changes, when patching that function's code is the same as
+    importing the mutated module: the mutant is in its body (not a default or a decorator), and no line of
+    the function ran while modules were imported (else objects built then would differ)."""
+    for func in funcs:
+        if func.body[0] <= site.span[0] and site.span[1] <= func.body[1]:
+            if any(func.body[0] <= line <= func.body[1] for line in cmap.at_import):
+                return None
+            return func
+    return None
+
+
+def _functions(namespace: dict, module_name: str) -> dict[tuple[str, int], object]:
+    """Every function reachable from a module's namespace, keyed like :class:`Target`."""
+    import inspect
+
+    seen: dict[str, list[object]] = {}
+
+    def add(qualname: str, func: object) -> None:
+        func = inspect.unwrap(func)  # type: ignore[arg-type]
+        if hasattr(func, "__code__") and getattr(func, "__module__", None) == module_name:
+            seen.setdefault(qualname, []).append(func)
+
+    def visit(items, prefix: str, depth: int) -> None:
+        for key, value in items:
+            if isinstance(value, type) and value.__module__ == module_name and depth < 5:
+                visit(list(vars(value).items()), f"{prefix}{key}.", depth + 1)
+            elif isinstance(value, property):
+                for part in (value.fget, value.fset, value.fdel):
+                    if part is not None:
+                        add(prefix + key, part)
+            elif isinstance(value, (staticmethod, classmethod)):
+                add(prefix + key, value.__func__)
+            elif callable(value):
+                add(prefix + key, value)
+
+    visit(list(namespace.items()), "", 0)
+    found: dict[tuple[str, int], object] = {}
+    for qualname, funcs in seen.items():
+        unique = list({id(f): f for f in funcs}.values())
+        unique.sort(key=lambda f: f.__code__.co_firstlineno)  # type: ignore[attr-defined]
+        for rank, func in enumerate(unique):
+            found[(qualname, rank)] = func
+    return found
+
+
+_CANNOT_PATCH = 97
+
+
+def _patch(module, mutated: str, target: Target) -> bool:
+    """Give the module's function the mutated function's code; False if it cannot be done exactly."""
+    import builtins
+
+    namespace = {"__name__": module.__name__, "__file__": module.__file__, "__package__": module.__package__,
+                 "__builtins__": builtins, "__spec__": module.__spec__}
+    try:
+        exec(compile(mutated, module.__file__, "exec"), namespace)  # noqa: S102 - the mutant under test
+    except BaseException:  # noqa: BLE001
+        return False
+    key = (target.qualname, target.rank)
+    old = _functions(vars(module), module.__name__).get(key)
+    new = _functions(namespace, module.__name__).get(key)
+    if old is None or new is None:
+        return False
+    try:
+        old.__code__ = new.__code__  # type: ignore[attr-defined]
+    except ValueError:  # a different closure
+        return False
+    return True
+
+
+class _Server:
+    """Runs inside one pytest session: the tests are collected once, then each mutant runs in a child forked
+    after collection, with one function's code patched, on the collected items it needs."""
+
+    def __init__(self, name: str, scratches: list[Path], jobs: list[dict], out: Path, parallel: int) -> None:
+        self.name, self.scratches, self.jobs, self.out, self.parallel = name, scratches, jobs, out, parallel
+
+    def pytest_runtestloop(self, session) -> bool:
+        import importlib
+        import json
+
+        rel = MODULES[self.name][0]
+        module = importlib.import_module(rel[:-3].replace("/", "."))
+        original = Path(module.__file__).read_text()
+        items = list(session.items)
+        by_id = {item.nodeid: item for item in items}
+        factory = getattr(session.config, "_tmp_path_factory", None)
+        queue = list(self.jobs)
+        free = list(self.scratches[: self.parallel])
+        running: dict[int, tuple[dict, Path, float]] = {}
+        with self.out.open("w") as out:
+            while queue or running:
+                while queue and free:
+                    job = queue.pop(0)
+                    scratch = free.pop()
+                    mutated = mutate(original, job["index"])
+                    (scratch / rel).write_text(mutated)
+                    chosen = items if job["tests"] is None else [by_id[t] for t in job["tests"] if t in by_id]
+                    pid = os.fork()
+                    if pid == 0:
+                        self._child(module, mutated, Target(**job["target"]), chosen, scratch, factory)
+                    try:
+                        os.setpgid(pid, pid)
+                    except OSError:
+                        pass
+                    running[pid] = (job, scratch, time.monotonic() + job["bound"])
+                time.sleep(0.005)
+                for pid, (job, scratch, deadline) in list(running.items()):
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        code = os.waitstatus_to_exitcode(status)
+                        outcome = {0: "survived", 1: "killed", _CANNOT_PATCH: "reimport"}.get(code, "reimport")
+                    elif time.monotonic() > deadline:
+                        outcome = "timeout"
+                        os.killpg(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                    else:
+                        continue
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                    del running[pid]
+                    free.append(scratch)
+                    (scratch / rel).write_text(original)
+                    if job["tests"] is not None and outcome in ("survived", "timeout"):
+                        # Only every test of the module decides a survivor (or a run over its bound).
+                        queue.insert(0, dict(job, tests=None, bound=job["whole_bound"]))
+                        continue
+                    out.write(json.dumps({"ident": job["ident"], "outcome": outcome}) + "\n")
+                    out.flush()
+        return True
+
+    @staticmethod
+    def _child(module, mutated: str, target: Target, items: list, scratch: Path, factory) -> None:
+        code = _CANNOT_PATCH
+        try:
+            os.setpgid(0, 0)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            # Subprocesses the tests start import the mutant from this copy.
+            os.environ["PYTHONPATH"] = str(scratch)
+            os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+            if factory is not None and hasattr(factory, "_given_basetemp"):
+                factory._given_basetemp = scratch / ".mutation-tmp"
+                factory._basetemp = None
+            if not _patch(module, mutated, target):
+                os._exit(_CANNOT_PATCH)
+            from _pytest.runner import runtestprotocol
+
+            code = 0
+            for i, item in enumerate(items):
+                reports = runtestprotocol(item, nextitem=items[i + 1] if i + 1 < len(items) else None, log=False)
+                if any(report.failed for report in reports):
+                    code = 1
+                    break
+        except BaseException:  # noqa: BLE001 - the child reports by exit code only
+            code = _CANNOT_PATCH
+        finally:
+            os._exit(code)
+
+
+def _serve_main(name: str, spec: Path, out: Path) -> int:
+    import json
+
+    import pytest
+
+    pytest.hookimpl(tryfirst=True)(_Server.pytest_runtestloop)
+    data = json.loads(spec.read_text())
+    scratches = [Path(p) for p in data["scratches"]]
+    sys.dont_write_bytecode = True
+    server = _Server(name, scratches, data["jobs"], out, data["parallel"])
+    pytest.main([*_pytest_args(scratches[0], MODULES[name][1])], plugins=[server])
+    return 0
+
+
+def _run_patched(name: str, scratches: list[Path], jobs: list[tuple[Site, Target, list[str] | None, float]],
+                 cmap: CoverageMap, verbose: bool) -> dict[str, str]:
+    """Run the mutants of function bodies in one pytest session (see :class:`_Server`)."""
+    import json
+
+    spec = scratches[0] / f".mutation-serve-{name}.json"
+    out = scratches[0] / f".mutation-serve-{name}.jsonl"
+    whole = cmap.total * 3 + 15
+    spec.write_text(json.dumps({
+        "scratches": [str(p) for p in scratches], "parallel": len(scratches),
+        "jobs": [{"index": site.index, "ident": site.ident(name), "target": target.__dict__, "tests": tests,
+                  "bound": bound, "whole_bound": whole} for site, target, tests, bound in jobs],
+    }))
+    env = dict(os.environ, PYTHONPATH=str(scratches[0]), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.Popen([sys.executable, str(scratches[0] / "dev" / "mutation.py"), "--serve", name,
+                             "--serve-spec", str(spec), "--serve-out", str(out)],
+                            cwd=scratches[0], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results: dict[str, str] = {}
+    seen = 0
+    while True:
+        finished = proc.poll() is not None
+        if out.exists():
+            text = out.read_text()
+            lines = text.splitlines()
+            complete = lines if text.endswith("\n") else lines[:-1]  # a line being written waits
+            for line in complete[seen:]:
+                record = json.loads(line)
+                results[record["ident"]] = record["outcome"]
+                if verbose and record["outcome"] != "reimport":
+                    print(f"  {record['outcome']:8} {record['ident']}  (patched)", flush=True)
+            seen = len(complete)
+        if finished:
+            break
+        time.sleep(0.5)
+    return results
 
 
 # --- running mutants: forked from a process that has the test suite's packages imported -------------------
@@ -507,7 +759,7 @@ def _run_forked(name: str, scratches: list[Path], jobs: list[_Job], original: st
 
 
 def run_module(name: str, scratches: list[Path], sample: int | None, seed: int, equivalent: dict[str, str],
-               verbose: bool, fresh: bool) -> dict[str, int | float]:
+               verbose: bool, fresh: bool, patch: bool = True) -> dict[str, int | float]:
     rel, tests = MODULES[name]
     original = (ROOT / rel).read_text()
     if ast.dump(ast.parse(ast.unparse(ast.parse(original)))) != ast.dump(ast.parse(original)):
@@ -538,18 +790,36 @@ def run_module(name: str, scratches: list[Path], sample: int | None, seed: int, 
         how = f"fresh interpreter per mutant, tests {base:.1f}s, bound {bound:.0f}s"
     else:
         cmap = _coverage_map(name, scratches[0])
-        for scratch in scratches:
-            _warm(scratch, tests)
-        jobs = []
+        funcs = targets(original)
+        patched_jobs, jobs = [], []
         for site in chosen:
             selected = cmap.tests_for(site)
-            if selected is None:
-                jobs.append(_Job(site, None, cmap.total * 3 + 15))
+            bound = cmap.total * 3 + 15
+            if selected is not None:
+                bound = sum(cmap.durations.get(t, 0.0) for t in selected) * 3 + 10
+            target = patch_target(site, funcs, cmap) if patch else None
+            if target is not None:
+                patched_jobs.append((site, target, selected, bound))
             else:
-                spent = sum(cmap.durations.get(t, 0.0) for t in selected)
-                jobs.append(_Job(site, selected, spent * 3 + 10))
-        results = _run_forked(name, scratches, jobs, original, cmap, verbose)
-        how = f"tests {cmap.total:.1f}s, {len(scratches)} at a time"
+                jobs.append(_Job(site, selected, bound))
+        if patched_jobs:
+            results.update(_run_patched(name, scratches, patched_jobs, cmap, verbose))
+            by_ident = {site.ident(name): (site, selected, bound) for site, _t, selected, bound in patched_jobs}
+            for ident, outcome in list(results.items()):
+                if outcome == "reimport":
+                    site, selected, bound = by_ident[ident]
+                    jobs.append(_Job(site, selected, bound))
+                    del results[ident]
+            # A session that ended early (it crashed, say) leaves its mutants to the re-importing runs.
+            queued = {job.site.ident(name) for job in jobs}
+            jobs.extend(_Job(site, selected, bound) for site, _t, selected, bound in patched_jobs
+                        if site.ident(name) not in results and site.ident(name) not in queued)
+        if jobs:
+            for scratch in scratches:
+                _warm(scratch, tests)
+            results.update(_run_forked(name, scratches, jobs, original, cmap, verbose))
+        how = (f"tests {cmap.total:.1f}s, {len(scratches)} at a time, {len(chosen) - len(jobs)} patched in place, "
+               f"{len(jobs)} re-imported")
     counts = {"generated": len(all_sites), "run": len(chosen), "killed": 0, "survived": 0, "timeout": 0,
               "equivalent": 0}
     survivors: list[str] = []
@@ -590,9 +860,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="start a new interpreter per mutant and run the whole test files (slow)")
     parser.add_argument("--map", help=argparse.SUPPRESS)
     parser.add_argument("--map-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-spec", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.map:
         return _map_main(args.map, args.map_out)
+    if args.serve:
+        return _serve_main(args.serve, args.serve_spec, args.serve_out)
     names = args.modules or list(MODULES)
     unknown = [n for n in names if n not in MODULES]
     if unknown:

@@ -84,3 +84,28 @@ def test_the_equivalent_list_names_only_mutants_that_exist():
         known.update(s.ident(name) for s in runner.sites((ROOT / rel).read_text()))
     assert sorted(set(listed) - known) == []
     assert all(reason for reason in listed.values())
+
+
+def test_a_function_body_mutant_is_patched_into_the_imported_function(tmp_path, monkeypatch):
+    runner = _runner()
+    (tmp_path / "toy_mutation_module.py").write_text(SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import toy_mutation_module as toy
+
+    by_ident = {s.ident("toy"): s for s in runner.sites(SOURCE)}
+    funcs = runner.targets(SOURCE)
+    assert [(f.qualname, f.body) for f in funcs] == [("f", (11, 14))]
+    cmap = runner.CoverageMap(total=1.0, durations={}, lines={})
+    site = by_ident["toy:13:binop:Add->Sub"]
+    target = runner.patch_target(site, funcs, cmap)
+    assert target is not None and target.qualname == "f"
+    f = toy.f
+    assert f(2) is True  # 2 + 1 > 2
+    assert runner._patch(toy, runner.mutate(SOURCE, site.index), target)
+    assert toy.f is f and f(2) is False  # 2 - 1 > 2: the same function object runs the mutant
+    # Not patched: a default value or a module constant (only importing the mutant shows those), nor a
+    # function that ran while modules were imported (what was built then would differ).
+    assert runner.patch_target(by_ident["toy:10:const:3->4"], funcs, cmap) is None
+    assert runner.patch_target(by_ident["toy:6:const:8->9"], funcs, cmap) is None
+    imported = runner.CoverageMap(total=1.0, durations={}, lines={}, at_import=frozenset({12}))
+    assert runner.patch_target(site, funcs, imported) is None
