@@ -241,7 +241,31 @@ def _scratch_copy() -> Path:
     for link in (".venv", ".test-peers"):
         if (ROOT / link).exists():
             os.symlink((ROOT / link).resolve(), scratch / link)
+    (scratch / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     return scratch
+
+
+# Imported by every Python process started with the scratch copy on PYTHONPATH; does nothing unless the
+# coverage map is being made.
+_SITECUSTOMIZE = """\
+import os
+
+if os.environ.get("APOLLIA_MUTATION_COVERAGE") and os.environ.get("APOLLIA_MUTATION_CONTEXT"):
+    import atexit
+
+    import coverage
+
+    _cov = coverage.Coverage(data_file=os.environ["APOLLIA_MUTATION_COVERAGE"], data_suffix=True,
+                             include=[os.environ["APOLLIA_MUTATION_TARGET"]], config_file=False,
+                             context=os.environ["APOLLIA_MUTATION_CONTEXT"])
+    _cov.start()
+
+    def _save():
+        _cov.stop()
+        _cov.save()
+
+    atexit.register(_save)
+"""
 
 
 def _pytest_args(scratch: Path, tests: tuple[str, ...]) -> list[str]:
@@ -266,14 +290,22 @@ def _map_main(name: str, out: Path) -> int:
     target = str(Path.cwd() / rel)
     cov = coverage.Coverage(data_file=None, include=[target], config_file=False)
     durations: dict[str, float] = {}
+    # Python processes the tests start (signature workers, the CLI) record their coverage too, under the
+    # test that started them: ``sitecustomize`` in the scratch copy starts it when these are set.
+    sub_dir = Path.cwd() / ".mutation-subprocess-coverage"
+    sub_dir.mkdir(exist_ok=True)
+    os.environ["APOLLIA_MUTATION_COVERAGE"] = str(sub_dir / "cov")
+    os.environ["APOLLIA_MUTATION_TARGET"] = target
 
     class Recorder:
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_protocol(self, item, nextitem):
             cov.switch_context(item.nodeid)
+            os.environ["APOLLIA_MUTATION_CONTEXT"] = item.nodeid
             start = time.perf_counter()
             yield
             durations[item.nodeid] = time.perf_counter() - start
+            os.environ["APOLLIA_MUTATION_CONTEXT"] = ""
             cov.switch_context("")
 
     cov.start()
@@ -282,9 +314,14 @@ def _map_main(name: str, out: Path) -> int:
     total = time.perf_counter() - start
     cov.stop()
     data = cov.get_data()
-    by_line = data.contexts_by_lineno(target)
-    lines = {str(line): sorted(c for c in contexts if c) for line, contexts in by_line.items()}
+    by_line = {line: set(contexts) for line, contexts in data.contexts_by_lineno(target).items()}
     at_import = sorted(line for line, contexts in by_line.items() if "" in contexts)
+    for path in sub_dir.glob("cov.*"):
+        sub = coverage.CoverageData(basename=str(path))
+        sub.read()
+        for line, contexts in sub.contexts_by_lineno(target).items():
+            by_line.setdefault(line, set()).update(contexts)
+    lines = {str(line): sorted(c for c in contexts if c) for line, contexts in by_line.items()}
     out.write_text(json.dumps({"exit": int(code), "total": total, "durations": durations, "lines": lines,
                                "at_import": at_import}))
     return 0
@@ -448,6 +485,7 @@ class _Server:
         by_id = {item.nodeid: item for item in items}
         factory = getattr(session.config, "_tmp_path_factory", None)
         queue = list(self.jobs)
+        kills: dict[str, int] = {}
         free = list(self.scratches[: self.parallel])
         running: dict[int, tuple[dict, Path, float]] = {}
         with self.out.open("w") as out:
@@ -457,7 +495,10 @@ class _Server:
                     scratch = free.pop()
                     mutated = mutate(original, job["index"])
                     (scratch / rel).write_text(mutated)
+                    (scratch / ".mutation-killer").unlink(missing_ok=True)
                     chosen = items if job["tests"] is None else [by_id[t] for t in job["tests"] if t in by_id]
+                    # Tests that killed earlier mutants first: a mutant is usually killed by one of them.
+                    chosen = sorted(chosen, key=lambda item: -kills.get(item.nodeid, 0))
                     pid = os.fork()
                     if pid == 0:
                         self._child(module, mutated, Target(**job["target"]), chosen, scratch, factory)
@@ -485,9 +526,12 @@ class _Server:
                     del running[pid]
                     free.append(scratch)
                     (scratch / rel).write_text(original)
-                    if job["tests"] is not None and outcome in ("survived", "timeout"):
-                        # Only every test of the module decides a survivor (or a run over its bound).
-                        queue.insert(0, dict(job, tests=None, bound=job["whole_bound"]))
+                    killer = scratch / ".mutation-killer"
+                    if outcome == "killed" and killer.exists():
+                        kills[killer.read_text()] = kills.get(killer.read_text(), 0) + 1
+                    if outcome == "timeout" and not job.get("again"):
+                        # Over a bound set by the tests' own durations: on a busy machine, give it another.
+                        queue.insert(0, dict(job, bound=job["bound"] * 3, again=True))
                         continue
                     out.write(json.dumps({"ident": job["ident"], "outcome": outcome}) + "\n")
                     out.flush()
@@ -515,6 +559,7 @@ class _Server:
             for i, item in enumerate(items):
                 reports = runtestprotocol(item, nextitem=items[i + 1] if i + 1 < len(items) else None, log=False)
                 if any(report.failed for report in reports):
+                    (scratch / ".mutation-killer").write_text(item.nodeid)
                     code = 1
                     break
         except BaseException:  # noqa: BLE001 - the child reports by exit code only
@@ -646,7 +691,7 @@ class _Job:
     site: Site
     tests: list[str] | None  # None: the module's whole test files
     bound: float
-    first: bool = True  # False when re-run with every test to confirm a survivor
+    first: bool = True  # False when run again (over its bound once, or unclear)
 
 
 def _fork_run(scratch: Path, test_files: tuple[str, ...], job: _Job) -> int:
@@ -745,9 +790,11 @@ def _run_forked(name: str, scratches: list[Path], jobs: list[_Job], original: st
             del running[pid]
             free.append(scratch)
             (scratch / rel).write_text(original)
-            if job.tests is not None and outcome in ("survived", "unclear", "timeout"):
-                # The tests that reach the line let it pass (or overran a bound set by their own durations,
-                # on a busy machine): only the whole test files decide.
+            if outcome == "timeout" and job.first:
+                # Over a bound set by the tests' own durations: on a busy machine, give it another.
+                queue.insert(0, _Job(job.site, job.tests, job.bound * 3, first=False))
+                continue
+            if job.tests is not None and outcome == "unclear":
                 queue.insert(0, _Job(job.site, None, whole_bound, first=False))
                 continue
             if outcome == "unclear":
