@@ -414,11 +414,12 @@ class Journal:
         self._run_counts: dict[str, int] = {}  # entries per run appended since open
         self._run_base: dict[str, int] = {}  # entries per run before open, as asked for
         self._failed_runs: dict[str, BaseException] = {}  # runs whose append_soon failed (writer's)
-        # The copier: a second thread that copies committed entries into journal.db while the
-        # writer goes on committing. ``_pending``, ``_copied``, ``_wanted`` and the attempt counters
-        # are shared through ``_copy_cond`` (on ``_state_lock``); ``_db_lock`` guards ``_con``.
+        # The copier: a second thread, the only one that writes journal.db once the journal is
+        # open (``_con``), while the writer goes on committing to the log. ``_pending``,
+        # ``_copied``, ``_wanted``, ``_jobs`` and the attempt counters are shared through
+        # ``_copy_cond`` (on ``_state_lock``).
         self._copy_cond = threading.Condition(self._state_lock)
-        self._db_lock = threading.RLock()
+        self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # writes the copier makes
         self._copied = 0  # the highest seq journal.db holds
         self._copy_acc = self._acc  # the frontier the rows being copied end at (the copier's)
         self._wanted = 0  # a seq somebody waits for journal.db to hold (copied at once)
@@ -904,16 +905,30 @@ class Journal:
         cond = self._copy_cond
         while True:
             with cond:
-                while not self._copier_stop and not self._copy_due():
+                while not self._copier_stop and not self._jobs and not self._copy_due():
                     cond.wait(self._copy_wait())
                 if self._copier_stop:
                     self._copier_done = True
+                    left, self._jobs = list(self._jobs), deque()
                     cond.notify_all()
+                    for _, future in left:
+                        if future.set_running_or_notify_cancel():
+                            future.set_exception(Conflict(f"the journal {self.path} is closed"))
                     return
-                rows = list(self._pending)
-                acc = self._acc.copy()  # ends at rows[-1]: the writer extends both under this lock
-                self._attempts += 1
-                attempt = self._attempts
+                job = self._jobs.popleft() if self._jobs else None
+                if job is None:
+                    rows = list(self._pending)
+                    acc = self._acc.copy()  # ends at rows[-1]: the writer extends both under this lock
+                    self._attempts += 1
+                    attempt = self._attempts
+            if job is not None:
+                fn, future = job
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as exc:  # handed to the caller, never lost
+                        future.set_exception(exc)
+                continue
             try:
                 self._copy(rows, acc)
             except BaseException:  # kept for the waiters; the entries stay in the log
@@ -950,12 +965,11 @@ class Journal:
     def _copy(self, rows: list[tuple[Any, ...]], acc: MerkleAccumulator) -> None:
         """One copy attempt of ``rows`` (ending at ``acc``'s size) into ``journal.db``; on the copier."""
         try:
-            with self._db_lock:
-                if self._copy_error is not None:
-                    rows = self._drop_copied(rows)
-                if rows:
-                    self._copy_acc = acc
-                    self._insert(rows)
+            if self._copy_error is not None:
+                rows = self._drop_copied(rows)
+            if rows:
+                self._copy_acc = acc
+                self._insert(rows)
         except BaseException as exc:
             what = (f"{self.path.name} could not take the {len(rows)} entries committed in "
                     f"{tail_path(self.path).name} (they are kept there and copied once it can)")
@@ -1003,6 +1017,16 @@ class Journal:
             if self._broken is not None:
                 raise self._broken
 
+    def _on_copier(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Have the copier run ``fn`` (a write to ``journal.db``) before its next copy; its future."""
+        future: Future[Any] = Future()
+        with self._copy_cond:
+            if self._copier_done:
+                raise Conflict(f"the journal {self.path} is closed")
+            self._jobs.append((fn, future))
+            self._copy_cond.notify_all()
+        return future
+
     def _drop_copied(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """Before retrying a failed copy: the rows ``journal.db`` does not hold yet.
 
@@ -1021,7 +1045,7 @@ class Journal:
         return [row for row in rows if row[0] > max_seq]
 
     def _db(self) -> duckdb.DuckDBPyConnection:
-        """The journal's write connection (hold ``_db_lock``), opened again first when DuckDB
+        """The journal's write connection (the copier's once open), opened again first when DuckDB
         invalidated ``journal.db``."""
         if self._reopen_needed:
             try:
@@ -1038,7 +1062,7 @@ class Journal:
 
         DuckDB marks a database whose checkpoint failed (a full disk) as unusable
         until it is opened again; what it had committed is in its WAL and comes
-        back on open. Runs holding ``_db_lock``; readers wait on the read lock.
+        back on open. Runs on the copier thread; readers wait on the read lock.
         """
         with self._read_lock:
             if self._reader is not None:
@@ -1111,7 +1135,7 @@ class Journal:
             self._drain()
             size = self._acc.size
             if size and (self._latest is None or self._latest[0] < size):
-                self._write_checkpoint()
+                self._sign_checkpoint().result()
         except BaseException as exc:  # re-raised by close(); the log keeps what journal.db lacks
             self._close_error = exc
 
@@ -1135,41 +1159,51 @@ class Journal:
 
     async def checkpoint_async(self) -> str:
         """``checkpoint`` for asyncio callers: the writer signs it while the loop goes on."""
-        return await asyncio.wrap_future(self._submit(None, self._write_checkpoint))
+        stored = await asyncio.wrap_future(self._submit(None, self._sign_checkpoint))
+        return await asyncio.wrap_future(stored)
 
     def checkpoint(self) -> str:
         """Sign and store a C2SP checkpoint of every committed entry; returns the note.
 
         When the latest stored checkpoint already covers every entry, returns it.
         """
-        return self._submit(None, self._write_checkpoint).result()
+        return self._submit(None, self._sign_checkpoint).result().result()
 
-    def _write_checkpoint(self) -> str:
+    def _sign_checkpoint(self) -> Future[str]:
+        """On the writer: sign the checkpoint of every committed entry and hand it to the copier
+        to store; the future of the stored note (the writer goes on committing meanwhile)."""
         # The entries it covers may still be in journal.log only: they are committed,
         # and whoever reads journal.db after a crash reads the log too.
         size = self._acc.size
-        if self._latest is not None and self._latest[0] == size:
-            return self._latest[1]
+        latest = self._latest
+        if latest is not None and latest[0] == size:
+            done: Future[str] = Future()
+            done.set_result(latest[1])
+            return done
         cp = Checkpoint(self._origin, size, self._acc.root())
         note = self._signer.sign(cp.body())
+        return self._on_copier(lambda: self._store_checkpoint(cp, note))
+
+    def _store_checkpoint(self, cp: Checkpoint, note: str) -> str:
+        """On the copier: store a signed checkpoint; returns its note."""
         try:
-            with self._db_lock:
-                con = self._db()
-                fault_point(self.path.name)
-                # ON CONFLICT: a commit DuckDB reported as failed may have reached its WAL
-                # (Ed25519 is deterministic, so the stored note is this very note).
-                con.execute(
-                    "INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT DO NOTHING",
-                    [size, cp.root, note, format_ts(self._clock())],
-                )
+            con = self._db()
+            fault_point(self.path.name)
+            # ON CONFLICT: a commit DuckDB reported as failed may have reached its WAL
+            # (Ed25519 is deterministic, so the stored note is this very note).
+            con.execute(
+                "INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                [cp.size, cp.root, note, format_ts(self._clock())],
+            )
         except BaseException as exc:
             self._note_failure(exc)
-            error = storage_error(exc, f"the checkpoint of {size} entries was not stored")
+            error = storage_error(exc, f"the checkpoint of {cp.size} entries was not stored")
             if error is None or error is exc:
                 raise
             raise error from exc
-        self._latest = (size, note)
+        if self._latest is None or self._latest[0] < cp.size:  # stored in the order they were signed
+            self._latest = (cp.size, note)
         return note
 
     def latest_checkpoint(self) -> str | None:
@@ -1188,12 +1222,11 @@ class Journal:
         """Store a witness's cosignature line of the stored checkpoint of ``size`` (verified by the
         caller); a second one from the same witness for the same size replaces the first."""
         def store() -> None:
-            with self._db_lock:
-                self._db().execute(
-                    "INSERT OR REPLACE INTO checkpoint_cosignatures (size, witness, timestamp, signature, "
-                    "created_at) VALUES (?, ?, ?, ?, ?)", [size, witness, timestamp, line, format_ts(self._clock())])
+            self._db().execute(
+                "INSERT OR REPLACE INTO checkpoint_cosignatures (size, witness, timestamp, signature, "
+                "created_at) VALUES (?, ?, ?, ?, ?)", [size, witness, timestamp, line, format_ts(self._clock())])
 
-        self._submit(None, store).result()
+        self._on_copier(store).result()
 
     def cosignatures(self) -> list[tuple[int, str, int, str]]:
         """Every stored cosignature as ``(size, witness key, timestamp, line)``, smallest size first."""
@@ -1262,9 +1295,11 @@ class Journal:
         """
         if self._broken is not None:
             raise self._broken
-        if self._reopen_needed and not self._closed:
-            with self._db_lock:  # the reader's connection is invalidated too
-                self._db()
+        if self._reopen_needed and threading.current_thread() is not self._copier:
+            try:
+                self._on_copier(self._db).result()  # the reader's connection is invalidated too
+            except Conflict:
+                pass
         self._drain()
 
     def _unreadable(self) -> BaseException:
