@@ -970,6 +970,7 @@ class Journal:
             if rows:
                 self._copy_acc = acc
                 self._insert(rows)
+            faults.point("journal.after_copy")
         except BaseException as exc:
             what = (f"{self.path.name} could not take the {len(rows)} entries committed in "
                     f"{tail_path(self.path).name} (they are kept there and copied once it can)")
