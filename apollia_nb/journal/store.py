@@ -1,6 +1,6 @@
 """The journal in ``journal.db``: durable, signed, hash-chained appends with group commit.
 
-One writer thread owns every write. Callers hand it requests through a queue and
+One writer thread owns every commit. Callers hand it requests through a queue and
 wait on a future; the writer takes every request waiting (including those that
 queue while it works), sequences, hashes and signs their entries, makes them
 durable as one record of ``journal.log`` (one ``pwrite`` into preallocated
@@ -8,16 +8,21 @@ space, one ``fdatasync``: see ``tail.py``), and only then resolves the futures. 
 is committed (a governed effect may follow), concurrent appenders share one
 commit (group commit), and nothing is ever held unflushed.
 
-The writer copies committed entries from the log into ``journal.db`` in batches
-(``IMPORT_BATCH`` entries, or when it has been idle ``IMPORT_IDLE_SECS``, or
-before any read), one DuckDB transaction per batch; the log starts over when
-it is full and everything in it is copied. Opening the journal finishes a copy
-a crash interrupted; closing it leaves every entry in ``journal.db`` and no log.
+A second thread, the copier, copies committed entries from the log into
+``journal.db`` while the writer goes on committing: in batches (``IMPORT_BATCH``
+entries, or when no commit came for ``IMPORT_IDLE_SECS``, or at once when a read
+waits for it), one DuckDB transaction per copy. Once the journal is open the
+copier makes every write to ``journal.db`` (copies, checkpoints, cosignatures),
+so no commit waits for DuckDB; the writer waits for a copy only when the log is
+full (it starts over once ``journal.db`` holds everything in it). Opening the
+journal finishes a copy a crash interrupted; closing it leaves every entry in
+``journal.db`` and no log.
 
-Checkpoints go through the same writer, so a checkpoint always describes a
-committed prefix of the journal. Reads use their own cursor; every read through
-the journal first has the writer copy what is pending, so it sees every entry
-an ``append`` has returned.
+Checkpoints are signed by the writer between two commits, so a checkpoint
+always describes a committed prefix of the journal, and stored by the copier.
+Reads use their own cursor; every read through the journal first waits for the
+copy of everything committed before it, so it sees every entry an ``append``
+has returned.
 
 Tables (format 1)::
 
