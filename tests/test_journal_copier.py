@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import duckdb
 import pytest
@@ -169,3 +170,25 @@ def test_a_kill_in_the_middle_of_a_background_copy_loses_nothing_acknowledged(ho
         assert verify_journal(journal).ok
         assert journal.append("plan", {"n": "after"}).seq == journal.head()[0]
     assert verify_home(home).ok
+
+
+def test_a_log_half_full_is_copied_before_it_fills(home, monkeypatch):
+    """No full batch and no idle time: once half the log is used, the copier copies anyway, so
+    the log can start over when full without the writer waiting for a copy."""
+    from apollia_nb.journal import store as store_module
+
+    monkeypatch.setattr(tail_module, "PREALLOCATE", 64 * 1024)
+    monkeypatch.setattr(store_module, "IMPORT_IDLE_SECS", 3600.0)
+    with Journal.open(home) as journal:
+        log = journal._tail
+        n = 0
+        while 2 * log.length < log.capacity:
+            assert journal.stats["imports"] == 0
+            journal.append("plan", {"n": n, "text": "x" * 1000})
+            n += 1
+        assert n < IMPORT_BATCH
+        deadline = time.monotonic() + 10
+        while journal.stats["imports"] == 0:
+            assert time.monotonic() < deadline, "the half-full log was not copied"
+            time.sleep(0.01)
+        assert [e.seq for e in journal.entries()] == list(range(1, n + 1))

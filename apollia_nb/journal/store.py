@@ -366,8 +366,10 @@ class _Group:
 _STOP = object()
 #: Most entries one group commit takes (a bound on one transaction's size and latency).
 MAX_GROUP = 1024
-#: Entries the log holds before the copier copies them into ``journal.db``.
-IMPORT_BATCH = 512
+#: Entries the log holds before the copier copies them into ``journal.db``. A copy's cost is
+#: mostly per statement (measured: 512 entries 230 µs each, 2,048 entries 75 µs each), and the
+#: copier makes it while the writer goes on committing, so batches are large.
+IMPORT_BATCH = 2048
 #: Rows handed to DuckDB's appender at a time (it holds the GIL while it converts them).
 APPEND_SLICE = 64
 #: Idle time after which the copier copies what the log holds.
@@ -431,6 +433,7 @@ class Journal:
         self._attempts = 0  # copies started
         self._failed_attempt = 0  # the last copy that failed
         self._last_commit = 0.0  # monotonic time of the last commit
+        self._early_copy = False  # asked for a copy since the log is half full (the writer's)
         self._copier_stop = False
         self._copier_done = False
         self._thread = threading.Thread(target=self._run_writer, name=f"journal-writer:{path}", daemon=True)
@@ -845,6 +848,7 @@ class Journal:
             if not tail.fits(len(record)):
                 self._drain()  # the file starts over only once journal.db holds all it has
                 tail.reset(len(record))
+                self._early_copy = False
             tail.write(record)
         except BaseException as exc:
             what = f"the journal could not record {len(group.requests)} request(s)"
@@ -866,7 +870,13 @@ class Journal:
             before = len(self._pending)
             self._pending.extend(group.rows)
             self._last_commit = time.monotonic()
-            if before == 0 or before < IMPORT_BATCH <= len(self._pending):
+            if not self._early_copy and 2 * tail.length >= tail.capacity:
+                # Half the log is used: have everything copied now, so that when it is full
+                # and starts over, journal.db already holds what it has (no wait then).
+                self._early_copy = True
+                self._wanted = max(self._wanted, group.seq)
+                self._copy_cond.notify()
+            elif before == 0 or before < IMPORT_BATCH <= len(self._pending):
                 self._copy_cond.notify()  # the copier starts its idle wait, or copies a full batch
         counts = self._run_counts
         for row in group.rows:

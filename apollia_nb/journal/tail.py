@@ -177,6 +177,11 @@ class TailLog:
         """Bytes of records written since the file last started over."""
         return self._length
 
+    @property
+    def capacity(self) -> int:
+        """Bytes the file has room for before it must start over (its preallocated size)."""
+        return self._allocated
+
     def fits(self, size: int) -> bool:
         return self._length + size <= self._allocated
 
