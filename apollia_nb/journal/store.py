@@ -10,8 +10,8 @@ commit (group commit), and nothing is ever held unflushed.
 
 A second thread, the copier, copies committed entries from the log into
 ``journal.db`` while the writer goes on committing: in batches (``IMPORT_BATCH``
-entries, or when no commit came for ``IMPORT_IDLE_SECS``, or at once when a read
-waits for it), one DuckDB transaction per copy. Once the journal is open the
+entries, or when no commit came for ``IMPORT_IDLE_SECS``, or when half the log is
+used, or at once when a read waits for it), one DuckDB transaction per copy. Once the journal is open the
 copier makes every write to ``journal.db`` (copies, checkpoints, cosignatures),
 so no commit waits for DuckDB; the writer waits for a copy only when the log is
 full (it starts over once ``journal.db`` holds everything in it). Opening the
@@ -903,9 +903,10 @@ class Journal:
         ``journal.db``) with the Merkle frontier they end at, and writes them in one
         DuckDB transaction while the writer goes on committing to the log. It copies
         when ``IMPORT_BATCH`` entries are pending, when no commit came for
-        ``IMPORT_IDLE_SECS``, and at once when somebody waits for it (``_drain``:
-        a read, the log starting over, close). So a commit never waits for a copy
-        unless the log is full.
+        ``IMPORT_IDLE_SECS``, and at once when somebody asks for it (``_wanted``:
+        the writer when half the log is used; ``_drain``: a read, the log starting
+        over, close). So a commit never waits for a copy unless the log is full
+        and not yet copied.
 
         A failure leaves the entries in the log (they are committed there). When
         the disk refused the write (full, read-only, I/O error) they stay pending:
@@ -999,10 +1000,10 @@ class Journal:
                     broken.__cause__ = exc
                     self._broken = broken
                     raise broken from exc
-                if error is not exc:
-                    error.__cause__ = exc
                 self._copy_error = error
                 self._retry_at = time.monotonic() + IMPORT_RETRY_SECS
+            if error is exc:
+                raise
             raise error from exc
 
     def _drain(self) -> None:
