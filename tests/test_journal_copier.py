@@ -125,14 +125,16 @@ def test_a_full_log_waits_for_the_copy_then_starts_over(home, monkeypatch):
 
 
 def _crash_during_background_copy(home, point: str) -> tuple[list[list], str]:
-    """A child appends a full batch then one entry at a time, printing each acknowledged
-    (seq, hash), until the fault point in the copier kills it."""
+    """A child appends all but one entry of a batch, then one entry at a time, printing each
+    acknowledged (seq, hash), until the fault point in the copier kills it: the copier starts
+    the copy once the batch is full (no idle copies) while the writer goes on committing."""
     script = textwrap.dedent(f"""
         import json
         from apollia_nb.home import Home
-        from apollia_nb.journal import Journal
+        from apollia_nb.journal import Journal, store
+        store.IMPORT_IDLE_SECS = 3600.0  # only the full batch starts the copy
         journal = Journal.open(Home.at({str(home.path)!r}))
-        first = journal.append_many([("plan", {{"n": i}}, "run-1", "clerk") for i in range({IMPORT_BATCH})])
+        first = journal.append_many([("plan", {{"n": i}}, "run-1", "clerk") for i in range({IMPORT_BATCH - 1})])
         print(json.dumps([[e.seq, e.hash.hex()] for e in first]), flush=True)
         for i in range(20000):  # no read: only the copier's own batch copy reaches the fault point
             e = journal.append("plan", {{"more": i}}, run_id="run-1", agent="clerk")
@@ -155,7 +157,7 @@ def _crash_during_background_copy(home, point: str) -> tuple[list[list], str]:
 @pytest.mark.parametrize("point", ["journal.before_frontier", "journal.after_copy"])
 def test_a_kill_in_the_middle_of_a_background_copy_loses_nothing_acknowledged(home, point):
     acknowledged, _ = _crash_during_background_copy(home, point)
-    assert len(acknowledged) >= IMPORT_BATCH
+    assert len(acknowledged) >= IMPORT_BATCH - 1
     (stored,) = _db(home, "SELECT count(*) FROM entries")[0]
     [(frontier_size,)] = _db(home, "SELECT size FROM frontier")
     if point == "journal.before_frontier":
@@ -192,3 +194,18 @@ def test_a_log_half_full_is_copied_before_it_fills(home, monkeypatch):
             assert time.monotonic() < deadline, "the half-full log was not copied"
             time.sleep(0.01)
         assert [e.seq for e in journal.entries()] == list(range(1, n + 1))
+
+
+def test_a_checkpoint_is_signed_between_commits_and_stored_without_holding_the_writer(home, monkeypatch):
+    with Journal.open(home) as journal:
+        held = _HeldCopy(journal, monkeypatch)
+        journal.append_many(_batch(IMPORT_BATCH, "first"))
+        assert held.started.wait(10)
+        stored = journal._submit(None, journal._sign_checkpoint).result(timeout=5)  # signed by the writer
+        assert not stored.done()  # its store waits behind the copy the copier is making ...
+        after = journal.append_soon("plan", {"n": "after"}, run_id="run-1").result(timeout=5)[0]  # ... not the writer
+        held.release.set()
+        notes = [stored.result(timeout=10)]
+        [(size, _root, note)] = journal.checkpoints()
+        assert notes == [note] and size == IMPORT_BATCH < after.seq  # the prefix committed when it was signed
+        assert journal.inclusion_proof(IMPORT_BATCH, note).tree_size == IMPORT_BATCH
