@@ -32,8 +32,9 @@ machine. Each of our calls makes two durable commits (each a synced record of
 ``--home-root /dev/shm`` shows the cost without it. ``--profile`` also runs
 ours once at the largest size under cProfile (event-loop thread, sorted by
 cumulative time) and times the journal's writer thread (sequencing and
-signing, the log's write and sync, the batched copies into ``journal.db``),
-which cProfile does not see.
+signing, the log's write and sync, any wait for a copy when the log is full)
+and its copier thread (the batched copies into ``journal.db``, made while the
+writer goes on committing), which cProfile does not see.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import json
 import pstats
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -283,9 +285,9 @@ FOCUS = (r"\((decide|view|_unmsg|_msg|tool_specs|deepcopy|save_task|_exec|_notif
 
 
 async def profile(n: int, top: int) -> None:
-    """cProfile of the event-loop thread, plus the journal writer's own time."""
+    """cProfile of the event-loop thread, plus the journal writer's and copier's own time."""
     writer: dict[str, list[float]] = {"sequence (hash+sign)": [], "commit (log write+sync)": [],
-                                      "copy into journal.db": []}
+                                      "wait for a copy (log full)": [], "copier: copy into journal.db": []}
 
     def hook(rt: Runtime) -> None:
         journal = rt.journal
@@ -301,7 +303,11 @@ async def profile(n: int, top: int) -> None:
 
         journal._sequence = timed("sequence (hash+sign)", journal._sequence)  # type: ignore[method-assign]
         journal._tail.write = timed("commit (log write+sync)", journal._tail.write)  # type: ignore[method-assign]
-        journal._insert = timed("copy into journal.db", journal._insert)  # type: ignore[method-assign]
+        journal._insert = timed("copier: copy into journal.db", journal._insert)  # type: ignore[method-assign]
+        drain = journal._drain
+        timed_drain = timed("wait for a copy (log full)", drain)
+        journal._drain = lambda: (timed_drain() if threading.current_thread() is journal._thread  # type: ignore[method-assign]
+                                  else drain())
 
     profiler = cProfile.Profile()
 
@@ -324,11 +330,11 @@ async def profile(n: int, top: int) -> None:
     print("\nselected functions, by cumulative time:")
     print("   ncalls  tottime  percall  cumtime  percall filename:lineno(function)")
     print(out.getvalue().split("filename:lineno(function)", 1)[-1].strip("\n").rstrip())
-    print(f"\njournal writer thread, N={n} (not in the profile above):")
+    print(f"\njournal writer and copier threads, N={n} (not in the profile above):")
     for label, times in writer.items():
         total = sum(times)
         mean = total / len(times) * 1e6 if times else 0.0
-        print(f"  {label:<24} {len(times):5d} calls  {total * 1000:8.1f} ms total  {mean:7.1f} µs each"
+        print(f"  {label:<28} {len(times):5d} calls  {total * 1000:8.1f} ms total  {mean:7.1f} µs each"
               f"  ({total / n * 1000:.3f} ms per governed call)")
 
 
