@@ -164,10 +164,13 @@ class ApolliaMagics(Magics):
         from apollia_nb.notebook.bridge import KernelRuntime
         from apollia_nb.notebook.render import status_line
 
+        from apollia_nb.notebook.deferred import widgets_on_first_use
+
         try:
             shell = self.shell
-            self.runtime = KernelRuntime(self.home or None, ui_loop=_running_loop(), user=self.user or None,
-                                         show_widgets=self.show_widgets, namespace=lambda: shell.user_ns)
+            with widgets_on_first_use():  # DuckDB's first connection in a kernel would import them
+                self.runtime = KernelRuntime(self.home or None, ui_loop=_running_loop(), user=self.user or None,
+                                             show_widgets=self.show_widgets, namespace=lambda: shell.user_ns)
         except ApolliaError as exc:
             raise ApolliaMagicError.from_error(exc) from None
         if announce:
