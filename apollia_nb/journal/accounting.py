@@ -126,17 +126,22 @@ def _payload(raw: Any) -> dict[str, Any]:
 
 
 def read_home_record(journal: _Readable) -> HomeRecord:
-    """The ``HomeRecord`` of an open journal (three small queries)."""
-    wanted = (*RUNTIME_KINDS, *GOVERNANCE_KINDS)
+    """The ``HomeRecord`` of an open journal: one scan of the entries' kinds (no payload read), then the
+    payloads of the few entries it names (the file records, the last policy entry) by their seq."""
+    wanted = (*RUNTIME_KINDS, *GOVERNANCE_KINDS, FILE_CREATED, REPAIRED, *POLICY_KINDS)
     marks = ", ".join("?" for _ in wanted)
-    kinds = [row[0] for row in journal.sql(
-        f"SELECT DISTINCT kind FROM entries WHERE kind IN ({marks})", list(wanted))]
-    files = [_payload(row[0]) for row in journal.sql(
-        "SELECT payload FROM entries WHERE kind IN (?, ?) ORDER BY seq", [FILE_CREATED, REPAIRED])]
-    marks = ", ".join("?" for _ in POLICY_KINDS)
-    last = journal.sql(
-        f"SELECT kind, payload FROM entries WHERE kind IN ({marks}) ORDER BY seq DESC LIMIT 1", list(POLICY_KINDS))
-    return home_record(kinds, files, (last[0][0], _payload(last[0][1])) if last else None)
+    found = journal.sql(
+        "SELECT kind, max(seq), list(seq) FILTER (WHERE kind IN (?, ?)) "
+        f"FROM entries WHERE kind IN ({marks}) GROUP BY kind", [FILE_CREATED, REPAIRED, *wanted])
+    file_seqs = sorted(int(seq) for _, _, seqs in found for seq in seqs or ())
+    policy = max(((int(last), kind) for kind, last, _ in found if kind in POLICY_KINDS), default=None)
+    read = [*file_seqs, *([policy[0]] if policy else [])]
+    payloads: dict[int, Any] = {}
+    if read:
+        payloads = {int(seq): payload for seq, payload in journal.sql(
+            f"SELECT seq, payload FROM entries WHERE seq IN ({', '.join('?' for _ in read)})", read)}
+    return home_record([kind for kind, _, _ in found], [_payload(payloads[seq]) for seq in file_seqs],
+                       (policy[1], _payload(payloads[policy[0]])) if policy else None)
 
 
 def repair_hint(home: Home, flag: str) -> str:
