@@ -152,9 +152,12 @@ class ApolliaMagics(Magics):
             "rules": self._rules, "consents": self._consents, "devmode": self._devmode, "verify": self._verify,
             "replay": self._replay, "serve": self._serve, "help": self._help, "runs": self._runs,
         }
-        from apollia_nb.notebook.batch import batch_magic  # notebook/batch.py
+        self._commands["batch"] = self._batch
 
-        self._commands["batch"] = lambda args, cell: batch_magic(self, args, cell)
+    def _batch(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.batch import batch_magic  # notebook/batch.py (imports the handles)
+
+        return batch_magic(self, args, cell)
 
     # ------------------------------------------------------------------ the home
     def open_home(self, *, announce: bool = True) -> "KernelRuntime":

@@ -406,6 +406,8 @@ class Runtime:
 
     def _start_witnesses(self) -> None:
         """The thread sending this journal's checkpoints to ``[[journal.witnesses]]`` (docs/journal.md)."""
+        if "journal" not in self.config.raw:  # no [journal] table: no witnesses (nothing to import)
+            return
         from apollia_nb.witness.sender import CosignSender, parse_witnesses
 
         try:
