@@ -25,8 +25,13 @@ not sign the last entry is ``HOME_KEY_MISMATCH``. A new key is never put on an
 old chain: the operator restores the key, or archives the journal
 (``apollia-os home repair --archive-journal``) and a new chain starts.
 
+The owner's ``runtime.db`` keeps the ``HomeFacts`` the record was last read
+from, with the seq and hash of the entry they end at; ``read_home_facts`` reads
+only the entries after them while the journal still holds that entry (anything
+else reads every entry), so opening a home does not scan a journal that grows.
+
 ``runtime.records.open_records`` maps a ``runtime.db`` DuckDB cannot open to
-``HOME_FILE_CORRUPT``. ``home_record`` is pure (rows in, a ``HomeRecord`` out); the rest are the thin
+``HOME_FILE_CORRUPT``. ``home_record`` and ``fold_home_facts`` are pure (rows in, a value out); the rest are the thin
 edges that read files.
 """
 
