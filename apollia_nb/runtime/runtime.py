@@ -630,9 +630,9 @@ class Runtime:
             if warnings:  # e.g. a tool source that could not give its tools, and why
                 exc.message = f"{exc.message} ({'; '.join(warnings)})"
             raise startup_failure(cell, exc) from None
-        error = await anyio.to_thread.run_sync(
+        error = await anyio.to_thread.run_sync(  # a worker thread only when there is something to install
             install_packages, self.home.agents_dir / manifest.name / "venv", manifest.python_packages
-        )
+        ) if manifest.python_packages else None
         if error:
             warnings.append(error)
         if manifest.python_packages:
