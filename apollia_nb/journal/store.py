@@ -26,7 +26,8 @@ has returned.
 
 Tables (format 1)::
 
-    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at', 'frontier' = '1', 'calls' = '1'
+    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at', 'frontier' = '1', 'calls' = '1',
+                                            -- 'views' (the SQL the views were made from: views.VIEWS_DIGEST)
     entries(seq PRIMARY KEY, ts, run_id, agent, kind, payload BLOB,
             prev_hash BLOB, hash BLOB, signature BLOB, key_id)
     checkpoints(size PRIMARY KEY, root BLOB, note, created_at)
