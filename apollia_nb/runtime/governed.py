@@ -85,10 +85,10 @@ current_call: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
 
 def _capped(output: Any) -> tuple[Any, str, bool]:
     """The output as journaled (cut past ``OUTPUT_CAP``) and the digest of the whole."""
-    from apollia_nb.runtime.tools import canonical_json, output_digest
+    from apollia_nb.runtime.tools import canonical_json, text_digest
 
     text = canonical_json(output)
-    digest = output_digest(output)
+    digest = text_digest(text)
     if len(text) > OUTPUT_CAP:
         return {"truncated": True, "size": len(text), "head": text[:OUTPUT_CAP]}, digest, True
     return output, digest, False
@@ -276,6 +276,16 @@ async def _commit(rt: "GovernedHost", run_id: str, agent: "Agent",
     await rt.journal.append_many_async([Draft(kind, payload, run_id, agent.name) for kind, payload in drafts])
 
 
+def _committer(rt: "GovernedHost", run_id: str, agent: "Agent",
+               drafts: Sequence[tuple[str, dict[str, Any]]]) -> Any:
+    """``_commit`` as a blocking function, for a worker thread: durable when it returns."""
+    from apollia_nb.journal.store import Draft
+
+    journal, name = rt.journal, agent.name
+    items = [Draft(kind, payload, run_id, name) for kind, payload in drafts]
+    return lambda: journal.append_many(items)
+
+
 async def _refused(rt: "GovernedHost", agent: "Agent", run_id: str, call_id: str, name: str,
                    arguments: dict[str, Any], reason: str, decision: Decision | None,
                    prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
@@ -296,14 +306,20 @@ async def run_approved_call(
     """Journal ``tool_call`` (durable, with ``prefix``), run the tool under its breaker and timeout,
     journal the result (``append_soon``: committed before anything later of the run)."""
     from apollia_nb.runtime.outputs import redacted_outcome, secret_values
-    from apollia_nb.runtime.tools import invoke
+    from apollia_nb.runtime.tools import invoke, is_async_body
 
     tooldef = agent.tools.get(name)
-    await _commit(rt, run_id, agent, [*prefix, ("tool_call", {"call_id": call_id, "tool": name,
-                                                              "arguments": arguments})])
+    drafts = [*prefix, ("tool_call", {"call_id": call_id, "tool": name, "arguments": arguments})]
+    before = None
+    if is_async_body(tooldef.fn):
+        await _commit(rt, run_id, agent, drafts)
+    else:
+        # Committed in the worker thread that runs the body, just before it: the body starts
+        # once the entries are durable, without a hand-off back to the event loop between.
+        before = _committer(rt, run_id, agent, drafts)
     scope = current_call.set(CallScope(rt, agent, run_id, call_id, name))
     try:
-        outcome = await invoke(tooldef, arguments, breakers=rt.breakers)
+        outcome = await invoke(tooldef, arguments, breakers=rt.breakers, before=before)
     finally:
         current_call.reset(scope)
     outcome = redacted_outcome(outcome, secret_values(rt.config))  # no configured token reaches journal or model

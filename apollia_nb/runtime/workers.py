@@ -23,12 +23,13 @@ import contextvars
 import functools
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
-__all__ = ["run_sync", "MAX_WORKERS"]
+__all__ = ["run_sync", "run_after", "BeforeFailed", "MAX_WORKERS"]
 
 #: Bodies running at once, as anyio's default thread limiter allows.
 MAX_WORKERS = 40
@@ -90,29 +91,79 @@ def _set_exception(future: "asyncio.Future[Any]", exc: BaseException) -> None:
 _pool = _Pool(MAX_WORKERS)
 
 
+class BeforeFailed(Exception):
+    """``run_after``'s ``before`` raised ``error``: the body never ran."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 async def run_sync(fn: Callable[..., Any], /, *args: Any, timeout: float, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` in a worker thread; ``TimeoutError`` after ``timeout`` seconds."""
-    body = functools.partial(fn, *args, **kwargs)
+    result, _ = await run_after(None, functools.partial(fn, *args, **kwargs), timeout=timeout)
+    return result
+
+
+async def run_after(before: Callable[[], Any] | None, body: Callable[[], Any], *,
+                    timeout: float) -> tuple[Any, float]:
+    """``before()`` then ``body()`` in one worker thread; ``(body's result, perf_counter() as it started)``.
+
+    ``before`` is what must be done before the body may start (the journal's commit of
+    the call): in the body's own thread, the body starts as soon as it is done, without
+    a hand-off back to the event loop in between. Its failure is ``BeforeFailed`` (the
+    body never runs); ``timeout`` counts from the body's start, so a slow ``before`` takes
+    none of the body's time. Once ``before`` started it runs to its end, like the body;
+    when the caller stopped waiting by then, the body does not start.
+    """
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         loop = None
     if loop is None:  # pragma: no cover - another event loop (trio)
+        if before is not None:
+            try:
+                await anyio.to_thread.run_sync(before)
+            except BaseException as exc:
+                raise BeforeFailed(exc) from exc
+        started = time.perf_counter()
         with anyio.fail_after(timeout):
-            return await anyio.to_thread.run_sync(body, abandon_on_cancel=True)
+            return await anyio.to_thread.run_sync(body, abandon_on_cancel=True), started
     future: asyncio.Future[Any] = loop.create_future()
     expired = False
+    begun: list[float] = []  # the body's start: (monotonic, perf_counter), set by the worker
+
+    def job() -> Any:
+        if before is not None:
+            try:
+                before()
+            except BaseException as exc:
+                raise BeforeFailed(exc) from exc
+            if future.done():  # the caller stopped waiting while ``before`` ran: the body never starts
+                return None
+        begun.extend((time.monotonic(), time.perf_counter()))
+        return body()
 
     def expire() -> None:
-        nonlocal expired
-        if not future.done():
-            expired = True
-            future.cancel()
+        nonlocal expired, timer
+        if future.done():
+            return
+        if not begun:  # ``before`` still runs: the body's time has not started
+            timer = loop.call_later(timeout, expire)
+            return
+        left = begun[0] + timeout - time.monotonic()
+        if left > 0:
+            timer = loop.call_later(left, expire)
+            return
+        expired = True
+        future.cancel()
 
+    if before is None:
+        begun.extend((time.monotonic(), time.perf_counter()))  # counted from the hand-off, as always
     timer = loop.call_later(timeout, expire)
-    _pool.submit((loop, future, functools.partial(contextvars.copy_context().run, body)))
+    _pool.submit((loop, future, functools.partial(contextvars.copy_context().run, job)))
     try:
-        return await future
+        return await future, begun[1]
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if expired and (task is None or not task.cancelling()):
