@@ -17,6 +17,7 @@ whatever cannot be resolved is never allowed.
 from __future__ import annotations
 
 import contextvars
+import json
 import uuid
 from dataclasses import dataclass, field
 from collections.abc import Sequence
@@ -44,6 +45,10 @@ NULL_DIGEST = "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b"
 OUTPUT_CAP = 16_384
 
 
+#: ``json.dumps(output, default=str, ensure_ascii=False)``, its encoder made once.
+_FOR_MODEL = json.JSONEncoder(ensure_ascii=False, default=str)
+
+
 @dataclass
 class CallResult:
     call_id: str
@@ -58,10 +63,8 @@ class CallResult:
 
     def for_model(self) -> str:
         """What the model reads as the tool's result."""
-        import json
-
         if self.status == "ok":
-            return json.dumps(self.output, default=str, ensure_ascii=False)
+            return _FOR_MODEL.encode(self.output)
         if self.status == "refused":
             return json.dumps({"refused": True, "reason": self.error_message})
         return json.dumps({"error": self.error_code, "message": self.error_message})

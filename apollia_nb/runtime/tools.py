@@ -436,7 +436,7 @@ def _is_type(value: Any, kind: str) -> bool:
 
 
 def _matches(value: Any, schema: Mapping[str, Any]) -> bool:
-    if not isinstance(schema, Mapping):
+    if type(schema) is not dict and not isinstance(schema, Mapping):
         return True
     if "anyOf" in schema and not any(_matches(value, s) for s in schema["anyOf"]):
         return False
@@ -450,7 +450,7 @@ def _matches(value: Any, schema: Mapping[str, Any]) -> bool:
     if "enum" in schema and value not in schema["enum"]:
         return False
     items = schema.get("items")
-    if isinstance(items, Mapping) and isinstance(value, (list, tuple)):
+    if items is not None and isinstance(items, Mapping) and isinstance(value, (list, tuple)):
         return all(_matches(item, items) for item in value)
     return True
 
@@ -477,7 +477,7 @@ def order_arguments(tooldef: ToolDef, arguments: Mapping[str, Any] | None) -> di
     """
     if arguments is None:
         arguments = {}
-    if not isinstance(arguments, Mapping):
+    if type(arguments) is not dict and not isinstance(arguments, Mapping):
         raise BadArgument(f"{tooldef.name}: arguments must be an object, got {_json_type(arguments)}")
     properties: dict[str, Any] = tooldef.parameters.get("properties", {})
     required = tooldef.parameters.get("required", [])
@@ -500,7 +500,7 @@ def order_arguments(tooldef: ToolDef, arguments: Mapping[str, Any] | None) -> di
                     f'{tooldef.name}: argument "{key}" must be {_expected(schema)}, got {_json_type(value)}'
                 )
             ordered[key] = value
-        elif isinstance(schema, Mapping) and "default" in schema:
+        elif (type(schema) is dict or isinstance(schema, Mapping)) and "default" in schema:
             ordered[key] = copy.deepcopy(schema["default"])
     for key in extra:
         ordered[key] = arguments[key]

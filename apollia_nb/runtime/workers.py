@@ -144,6 +144,8 @@ async def run_after(before: Callable[[], Any] | None, body: Callable[[], Any], *
         begun.extend((time.monotonic(), time.perf_counter()))
         return body()
 
+    timer: asyncio.TimerHandle
+
     def expire() -> None:
         nonlocal expired, timer
         if future.done():
