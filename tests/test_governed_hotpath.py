@@ -22,7 +22,7 @@ import pytest
 from apollia_nb.dbutil import FAULT_ENV
 from apollia_nb.errors import BadInput, StorageFull
 from apollia_nb.journal.entry import canonical_json as journal_json
-from apollia_nb.runtime import Runtime
+from apollia_nb.runtime import Runtime, workers
 from apollia_nb.runtime.breaker import BreakerState, Breakers
 from apollia_nb.runtime.governed import current_call
 from apollia_nb.runtime.tools import ToolDef, canonical_json, invoke
@@ -162,6 +162,30 @@ async def test_bad_arguments_and_an_open_circuit_still_run_before_and_not_the_bo
     ran.clear()
     outcome = await invoke(tool, {"key": "x"}, breakers=breakers, before=lambda: done.append("open"))
     assert outcome.error_code == "CIRCUIT_OPEN" and done == ["bad", "open"] and ran == []
+
+
+async def test_a_call_that_finds_no_free_thread_before_its_timeout_is_still_journaled_then_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(workers, "_pool", workers._Pool(1))
+    release = threading.Event()
+    blocker = asyncio.ensure_future(workers.run_sync(release.wait, 5, timeout=30))
+    await asyncio.sleep(0.05)  # the only worker is busy
+    committed: list[str] = []
+    ran: list[str] = []
+
+    def body(key: str) -> str:
+        """Body."""
+        ran.append(key)
+        return key
+
+    outcome = await invoke(ToolDef.from_function(body, family="read"), {"key": "k"}, breakers=Breakers(),
+                           timeout_secs=0.1, before=lambda: committed.append("tool_call"))
+    assert outcome.error_code == "TOOL_TIMEOUT" and committed == ["tool_call"]
+    release.set()
+    assert await blocker is True
+    assert await workers.run_sync(lambda: "free again", timeout=5) == "free again"
+    assert ran == []  # the queued body never ran once its call had timed out
 
 
 # --- through the runtime --------------------------------------------------------------------------

@@ -7,6 +7,11 @@ on the asyncio loop the runtime uses, ``run_sync`` does the same with less: the
 body goes to an idle worker through a ``SimpleQueue``, comes back with
 ``call_soon_threadsafe``, and the timeout is one timer handle on the loop.
 
+``run_after(before, body)`` runs ``before`` (the journal's commit of the call)
+in the same worker just before the body: the body starts once the commit
+returned, without a hand-off back to the loop in between, and its timeout counts
+from its own start.
+
 What stays the same: at most ``MAX_WORKERS`` bodies run at once (more wait
 their turn); the body runs in a copy of the caller's context variables; on the
 timeout, or when the awaiting task is cancelled, the call returns at once and
@@ -132,8 +137,14 @@ async def run_after(before: Callable[[], Any] | None, body: Callable[[], Any], *
     future: asyncio.Future[Any] = loop.create_future()
     expired = False
     begun: list[float] = []  # the body's start: (monotonic, perf_counter), set by the worker
+    claim = threading.Lock()
+    taken: list[str] = []  # who took the call first: "worker" (it runs) or "timer" (it timed out waiting)
 
     def job() -> Any:
+        with claim:
+            if taken:  # it timed out while waiting for a thread; the caller made ``before`` itself
+                return None
+            taken.append("worker")
         if before is not None:
             try:
                 before()
@@ -150,13 +161,18 @@ async def run_after(before: Callable[[], Any] | None, body: Callable[[], Any], *
         nonlocal expired, timer
         if future.done():
             return
-        if not begun:  # ``before`` still runs: the body's time has not started
-            timer = loop.call_later(timeout, expire)
-            return
-        left = begun[0] + timeout - time.monotonic()
-        if left > 0:
-            timer = loop.call_later(left, expire)
-            return
+        if not begun:
+            with claim:
+                if not taken:
+                    taken.append("timer")
+            if taken[0] == "worker":  # ``before`` runs: the body's time has not started
+                timer = loop.call_later(timeout, expire)
+                return
+        else:
+            left = begun[0] + timeout - time.monotonic()
+            if left > 0:
+                timer = loop.call_later(left, expire)
+                return
         expired = True
         future.cancel()
 
@@ -169,6 +185,13 @@ async def run_after(before: Callable[[], Any] | None, body: Callable[[], Any], *
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if expired and (task is None or not task.cancelling()):
+            if before is not None and taken[0] == "timer":
+                # No thread was free before the timeout: the body never runs, but what had to
+                # come before it is still done (the journal's record of the call), then the timeout.
+                try:
+                    await anyio.to_thread.run_sync(before)
+                except BaseException as exc:
+                    raise BeforeFailed(exc) from exc
             raise TimeoutError from None
         raise
     finally:
