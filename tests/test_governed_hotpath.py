@@ -25,7 +25,7 @@ from apollia_nb.journal.entry import canonical_json as journal_json
 from apollia_nb.runtime import Runtime, workers
 from apollia_nb.runtime.breaker import BreakerState, Breakers
 from apollia_nb.runtime.governed import current_call
-from apollia_nb.runtime.tools import ToolDef, canonical_json, invoke
+from apollia_nb.runtime.tools import ToolDef, canonical_json, invoke, output_digest
 from runtime_helpers import call, manifest
 
 pytestmark = pytest.mark.anyio
@@ -214,6 +214,8 @@ async def test_a_sync_tool_body_starts_only_once_its_tool_call_is_committed(home
         [tool_call] = [e for e in entries if e.kind == "tool_call" and json.loads(e.payload)["call_id"] == call_id]
         [result] = [e for e in entries if e.kind == "tool_result" and json.loads(e.payload)["call_id"] == call_id]
         assert tool_call.seq <= head < result.seq  # durable before the body started; the result after it
+        shown = json.loads(result.payload)
+        assert shown["output_digest"] == output_digest(shown["output"])  # the digest of what was journaled
         kinds = [e.kind for e in entries if e.seq <= tool_call.seq][-3:]
         assert kinds == ["model_response", "decision", "tool_call"]  # one commit, in this order
 

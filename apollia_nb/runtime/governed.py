@@ -86,12 +86,14 @@ class CallScope:
 current_call: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar("apollia_current_call", default=None)
 
 
-def _capped(output: Any) -> tuple[Any, str, bool]:
-    """The output as journaled (cut past ``OUTPUT_CAP``) and the digest of the whole."""
+def _capped(output: Any, digest: str | None = None) -> tuple[Any, str, bool]:
+    """The output as journaled (cut past ``OUTPUT_CAP``) and the digest of the whole
+    (``digest``: the one ``invoke`` computed already for this very output)."""
     from apollia_nb.runtime.tools import canonical_json, text_digest
 
     text = canonical_json(output)
-    digest = text_digest(text)
+    if digest is None:
+        digest = text_digest(text)
     if len(text) > OUTPUT_CAP:
         return {"truncated": True, "size": len(text), "head": text[:OUTPUT_CAP]}, digest, True
     return output, digest, False
@@ -325,12 +327,14 @@ async def run_approved_call(
         outcome = await invoke(tooldef, arguments, breakers=rt.breakers, before=before)
     finally:
         current_call.reset(scope)
+    invoked = outcome
     outcome = redacted_outcome(outcome, secret_values(rt.config))  # no configured token reaches journal or model
     # The result records what already happened: handed to the journal's writer, which
     # commits it at once and before any later entry of the run, while the run goes on
     # (the next model turn depends on no durable entry; the next tool call waits for its own).
     if outcome.status == "ok":
-        shown, digest, _ = _capped(outcome.output)
+        # The digest invoke computed is of this output unless redaction changed it.
+        shown, digest, _ = _capped(outcome.output, outcome.output_digest if outcome is invoked else None)
         rt.journal.append_soon(
             "tool_result",
             {"call_id": call_id, "tool": name, "status": "ok", "output": shown, "output_digest": digest},
