@@ -14,6 +14,10 @@ Timed from ``submit`` to the finished task (runtime open/close and agent
 registration excluded); the task must be ``completed`` with N ``tool_result``
 entries in its run.
 
+Ours is also given as CPU time per call, every thread of the process (the
+event loop, the journal's writer, the tool's worker) over the same span: the
+work a call costs, which a busy machine inflates less than the wall time.
+
 Theirs: pydantic-ai's ``FunctionModel`` answering one ``ToolCallPart`` per
 turn for N turns, then a ``TextPart``; the tool is a plain function. Timed
 around ``await agent.run(...)``. Skipped, with a message, when pydantic-ai is
@@ -44,7 +48,9 @@ import asyncio
 import cProfile
 import io
 import json
+import os
 import pstats
+import resource
 import statistics
 import tempfile
 import threading
@@ -83,9 +89,17 @@ def manifest_text(n: int, workspace: Path) -> str:
 HOME_ROOT: str | None = None  # where temporary homes are made (None: the system's temp directory)
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process so far, every thread (user and system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 async def ours_once(n: int, *, around: Callable[[Callable[[], Any]], Any] | None = None,
-                    runtime_hook: Callable[[Runtime], None] | None = None) -> float:
-    """One task of N allowed calls on a fresh home; seconds from submit to the finished task."""
+                    runtime_hook: Callable[[Runtime], None] | None = None,
+                    cpu: list[float] | None = None) -> float:
+    """One task of N allowed calls on a fresh home; seconds from submit to the finished task
+    (and, into ``cpu``, the process's CPU seconds over the same span, every thread)."""
     with tempfile.TemporaryDirectory(prefix="apollia-bench-", dir=HOME_ROOT) as tmp:
         root = Path(tmp)
         async with Runtime(root / "home") as rt:
@@ -97,9 +111,11 @@ async def ours_once(n: int, *, around: Callable[[Callable[[], Any]], Any] | None
             async def task() -> Any:
                 return await (await rt.submit(AGENT, "Read every note"))
 
-            t0 = time.perf_counter()
+            c0, t0 = cpu_seconds(), time.perf_counter()
             handle = await (around(task) if around is not None else task())
             elapsed = time.perf_counter() - t0
+            if cpu is not None:
+                cpu.append(cpu_seconds() - c0)
             if handle.status != "completed":
                 raise SystemExit(f"ours: the task ended {handle.status}: {handle.error}")
             kinds = [e.kind for e in rt.journal.entries(run_id=handle.run_id)]
@@ -234,10 +250,12 @@ async def per_call_ms(n: int, repeats: int, peers: list[tuple[str, Callable[[int
     for _, once in peers:
         await once(n)
     runs: dict[str, list[float]] = {"ours": [], **{label: [] for label, _ in peers}}
+    cpu: list[float] = []
     for _ in range(repeats):
-        runs["ours"].append(await ours_once(n) / n * 1000)
+        runs["ours"].append(await ours_once(n, cpu=cpu) / n * 1000)
         for label, once in peers:
             runs[label].append(await once(n) / n * 1000)
+    runs["ours CPU"] = [c / n * 1000 for c in cpu]
     return runs
 
 
@@ -259,6 +277,10 @@ async def measure(sizes: list[int], repeats: int) -> None:
         for label, r in runs.items():
             print(f"  {label:<22} N={n:<4} runs: " + " ".join(f"{x:.3f}" for x in r))
     print()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print("ours, CPU per call (every thread of the process, ms): "
+          + ", ".join(f"N={n} {medians[n]['ours CPU']:.3f}" for n in sizes)
+          + f"; load average {load:.2f} (wall figures follow the machine's load, CPU less so)\n")
     first = sizes[0]
     labels = ["ours", *(label for label, _ in peers)]
     print(f"{'N':>5}  " + "  ".join(f"{label:>22}" for label in labels)
