@@ -26,6 +26,8 @@ The points (see docs/runtime.md):
 * ``run.after_seal`` — a run's ``run_seal`` is journaled, its row in runtime.db not yet written.
 * ``journal.before_frontier`` — committed entries are being copied into journal.db, their
   head and Merkle frontier not yet written (one transaction: a crash commits neither).
+* ``journal.after_copy`` — the copier committed a copy into journal.db; the log still holds those
+  entries (and whatever the writer committed meanwhile), and the copy is not yet counted as done.
 * ``verify.signature_worker`` — a journal verification's signature worker has started, checked nothing yet
   (the verification checks its signatures in process and says so in the report's notes).
 """

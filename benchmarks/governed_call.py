@@ -14,6 +14,10 @@ Timed from ``submit`` to the finished task (runtime open/close and agent
 registration excluded); the task must be ``completed`` with N ``tool_result``
 entries in its run.
 
+Ours is also given as CPU time per call, every thread of the process (the
+event loop, the journal's writer, the tool's worker) over the same span: the
+work a call costs, which a busy machine inflates less than the wall time.
+
 Theirs: pydantic-ai's ``FunctionModel`` answering one ``ToolCallPart`` per
 turn for N turns, then a ``TextPart``; the tool is a plain function. Timed
 around ``await agent.run(...)``. Skipped, with a message, when pydantic-ai is
@@ -32,8 +36,9 @@ machine. Each of our calls makes two durable commits (each a synced record of
 ``--home-root /dev/shm`` shows the cost without it. ``--profile`` also runs
 ours once at the largest size under cProfile (event-loop thread, sorted by
 cumulative time) and times the journal's writer thread (sequencing and
-signing, the log's write and sync, the batched copies into ``journal.db``),
-which cProfile does not see.
+signing, the log's write and sync, any wait for a copy when the log is full)
+and its copier thread (the batched copies into ``journal.db``, made while the
+writer goes on committing), which cProfile does not see.
 """
 
 from __future__ import annotations
@@ -43,9 +48,12 @@ import asyncio
 import cProfile
 import io
 import json
+import os
 import pstats
+import resource
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,9 +89,17 @@ def manifest_text(n: int, workspace: Path) -> str:
 HOME_ROOT: str | None = None  # where temporary homes are made (None: the system's temp directory)
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process so far, every thread (user and system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 async def ours_once(n: int, *, around: Callable[[Callable[[], Any]], Any] | None = None,
-                    runtime_hook: Callable[[Runtime], None] | None = None) -> float:
-    """One task of N allowed calls on a fresh home; seconds from submit to the finished task."""
+                    runtime_hook: Callable[[Runtime], None] | None = None,
+                    cpu: list[float] | None = None) -> float:
+    """One task of N allowed calls on a fresh home; seconds from submit to the finished task
+    (and, into ``cpu``, the process's CPU seconds over the same span, every thread)."""
     with tempfile.TemporaryDirectory(prefix="apollia-bench-", dir=HOME_ROOT) as tmp:
         root = Path(tmp)
         async with Runtime(root / "home") as rt:
@@ -95,9 +111,11 @@ async def ours_once(n: int, *, around: Callable[[Callable[[], Any]], Any] | None
             async def task() -> Any:
                 return await (await rt.submit(AGENT, "Read every note"))
 
-            t0 = time.perf_counter()
+            c0, t0 = cpu_seconds(), time.perf_counter()
             handle = await (around(task) if around is not None else task())
             elapsed = time.perf_counter() - t0
+            if cpu is not None:
+                cpu.append(cpu_seconds() - c0)
             if handle.status != "completed":
                 raise SystemExit(f"ours: the task ended {handle.status}: {handle.error}")
             kinds = [e.kind for e in rt.journal.entries(run_id=handle.run_id)]
@@ -232,10 +250,12 @@ async def per_call_ms(n: int, repeats: int, peers: list[tuple[str, Callable[[int
     for _, once in peers:
         await once(n)
     runs: dict[str, list[float]] = {"ours": [], **{label: [] for label, _ in peers}}
+    cpu: list[float] = []
     for _ in range(repeats):
-        runs["ours"].append(await ours_once(n) / n * 1000)
+        runs["ours"].append(await ours_once(n, cpu=cpu) / n * 1000)
         for label, once in peers:
             runs[label].append(await once(n) / n * 1000)
+    runs["ours CPU"] = [c / n * 1000 for c in cpu]
     return runs
 
 
@@ -257,6 +277,10 @@ async def measure(sizes: list[int], repeats: int) -> None:
         for label, r in runs.items():
             print(f"  {label:<22} N={n:<4} runs: " + " ".join(f"{x:.3f}" for x in r))
     print()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print("ours, CPU per call (every thread of the process, ms): "
+          + ", ".join(f"N={n} {medians[n]['ours CPU']:.3f}" for n in sizes)
+          + f"; load average {load:.2f} (wall figures follow the machine's load, CPU less so)\n")
     first = sizes[0]
     labels = ["ours", *(label for label, _ in peers)]
     print(f"{'N':>5}  " + "  ".join(f"{label:>22}" for label in labels)
@@ -283,9 +307,9 @@ FOCUS = (r"\((decide|view|_unmsg|_msg|tool_specs|deepcopy|save_task|_exec|_notif
 
 
 async def profile(n: int, top: int) -> None:
-    """cProfile of the event-loop thread, plus the journal writer's own time."""
+    """cProfile of the event-loop thread, plus the journal writer's and copier's own time."""
     writer: dict[str, list[float]] = {"sequence (hash+sign)": [], "commit (log write+sync)": [],
-                                      "copy into journal.db": []}
+                                      "wait for a copy (log full)": [], "copier: copy into journal.db": []}
 
     def hook(rt: Runtime) -> None:
         journal = rt.journal
@@ -301,7 +325,11 @@ async def profile(n: int, top: int) -> None:
 
         journal._sequence = timed("sequence (hash+sign)", journal._sequence)  # type: ignore[method-assign]
         journal._tail.write = timed("commit (log write+sync)", journal._tail.write)  # type: ignore[method-assign]
-        journal._insert = timed("copy into journal.db", journal._insert)  # type: ignore[method-assign]
+        journal._insert = timed("copier: copy into journal.db", journal._insert)  # type: ignore[method-assign]
+        drain = journal._drain
+        timed_drain = timed("wait for a copy (log full)", drain)
+        journal._drain = lambda: (timed_drain() if threading.current_thread() is journal._thread  # type: ignore[method-assign]
+                                  else drain())
 
     profiler = cProfile.Profile()
 
@@ -324,11 +352,11 @@ async def profile(n: int, top: int) -> None:
     print("\nselected functions, by cumulative time:")
     print("   ncalls  tottime  percall  cumtime  percall filename:lineno(function)")
     print(out.getvalue().split("filename:lineno(function)", 1)[-1].strip("\n").rstrip())
-    print(f"\njournal writer thread, N={n} (not in the profile above):")
+    print(f"\njournal writer and copier threads, N={n} (not in the profile above):")
     for label, times in writer.items():
         total = sum(times)
         mean = total / len(times) * 1e6 if times else 0.0
-        print(f"  {label:<24} {len(times):5d} calls  {total * 1000:8.1f} ms total  {mean:7.1f} µs each"
+        print(f"  {label:<28} {len(times):5d} calls  {total * 1000:8.1f} ms total  {mean:7.1f} µs each"
               f"  ({total / n * 1000:.3f} ms per governed call)")
 
 

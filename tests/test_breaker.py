@@ -513,3 +513,75 @@ class BreakerVersusModel(RuleBasedStateMachine):
 
 BreakerVersusModel.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 test_breaker_matches_reference_model = BreakerVersusModel.TestCase
+
+
+# --- what a breaker and a ticket show -------------------------------------------------
+
+
+def test_the_round_starts_at_zero_and_counts_every_change_of_state(breaker, clock):
+    assert breaker.round == 0
+    stale = breaker.admit()
+    assert stale.round == 0
+    open_breaker(breaker)
+    assert breaker.round == 1
+    clock.advance(COOLDOWN_SECS)
+    probe = breaker.admit()
+    assert (breaker.round, probe.round) == (2, 2)
+    breaker.record(probe, "success")
+    assert (breaker.state, breaker.round) == (CLOSED, 3)
+    breaker.record(stale, "transient")  # its round has passed: ignored
+    assert breaker.consecutive_failures == 0
+
+
+def test_a_registry_knows_which_tools_have_a_breaker(clock):
+    breakers = Breakers(clock)
+    assert "read_file" not in breakers
+    breakers.get("read_file")
+    assert "read_file" in breakers
+    assert "http_request" not in breakers
+    assert 7 not in breakers
+
+
+def test_repr_of_a_breaker_and_a_ticket(breaker):
+    ticket = breaker.admit()
+    assert repr(ticket) == "Ticket('http_request', round=0, state='closed')"
+    breaker.record(ticket, "transient")
+    assert repr(breaker) == "CircuitBreaker('http_request', state='closed', failures=1)"
+
+
+def test_a_status_is_a_frozen_value(breaker):
+    status = breaker.status()
+    with pytest.raises(AttributeError):
+        status.state = OPEN  # type: ignore[misc]
+    assert status == breaker.status()
+
+
+def test_misuse_messages_are_exact(breaker, clock):
+    ticket = breaker.admit()
+    with pytest.raises(ValueError) as info:
+        breaker.record(ticket, "flaky")  # type: ignore[arg-type]
+    assert str(info.value) == "outcome must be one of ['permanent', 'success', 'transient'], not 'flaky'"
+    other = CircuitBreaker("read_file", clock)
+    with pytest.raises(ValueError) as info:
+        breaker.record(other.admit(), "success")
+    assert str(info.value) == "ticket for tool 'read_file' given to the breaker of 'http_request'"
+    breaker.record(ticket, "success")
+    with pytest.raises(ValueError) as info:
+        breaker.record(ticket, "success")
+    assert str(info.value) == "Ticket('http_request', round=0, state='closed') was already recorded"
+
+
+class _LibraryError(OSError):
+    """An ``OSError`` subclass of a library: Python does not map its errno to ``ConnectionError`` and the like."""
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["ECONNABORTED", "ECONNREFUSED", "ECONNRESET", "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETRESET",
+     "ENETUNREACH", "EPIPE", "ETIMEDOUT"],
+)
+def test_every_network_errno_is_transient_whatever_the_exception_class(name):
+    exc = _LibraryError(getattr(errno, name), name)
+    assert not isinstance(exc, (ConnectionError, TimeoutError))
+    assert classify(exc) == "transient"
+    assert classify(_LibraryError(errno.ENOENT, "missing")) == "permanent"

@@ -261,14 +261,13 @@ def test_export_refuses_a_folder_with_a_bundle(home, tmp_path):
 
 
 def test_chunks_of_a_dead_worker_are_checked_inline(key):
-    from apollia_nb.journal.verify import _Worker
+    from apollia_nb.journal.verify import _batch, _Worker
 
     rows = make_rows(50, key, bad_signature_at=42)
-    items = [(r[0], r[7], r[8]) for r in rows]
     worker = _Worker(bytes(key.verify_key))
     worker.proc.kill()
-    worker.submit(items[:25])
-    worker.submit(items[25:])
+    worker.submit(_batch(rows[:25]))
+    worker.submit(_batch(rows[25:]))
     assert worker.results(bytes(key.verify_key)) == [42]
 
 
@@ -384,3 +383,279 @@ def test_a_bundle_marked_invalid_fails_with_what_its_exporter_said():
     assert marked == VerifyReport(False, 8, 9, "the bundle was exported marked invalid (meta.json): the journal "
                                   "failed verification: entry 9: bad hash", 1)
     assert _marked(ok, None) is ok
+
+
+# --- the signature items handed to workers ----------------------------------------------------
+
+
+def test_signature_items_are_the_signed_message_layout_and_bad_columns_never_verify(key):
+    from apollia_nb.journal.verify import _batch, _first_bad_index
+
+    rows = make_rows(8, key)
+    pk = bytes(key.verify_key)
+    batch = _batch(rows)
+    assert batch.seqs == list(range(1, 9))
+    assert batch.body == b"".join(r[8] + r[7] for r in rows)  # signature, then the hash it signs
+    assert _first_bad_index(pk, batch.body) is None
+
+    # Columns of other binary types are taken as their bytes; wrong sizes or types become items
+    # that cannot verify, in place, so every other item keeps its position.
+    rows[1] = rows[1][:7] + (bytearray(rows[1][7]),) + (memoryview(rows[1][8]),) + rows[1][9:]
+    rows[2] = rows[2][:7] + (rows[2][7] + b"\x00",) + rows[2][8:]
+    rows[4] = rows[4][:8] + (rows[4][8][:63],) + rows[4][9:]
+    rows[5] = rows[5][:8] + (None,) + rows[5][9:]
+    rows[6] = rows[6][:7] + (rows[6][7].hex(),) + rows[6][8:]
+    malformed = [rows[3][:9], ("x",) + rows[3][1:]]
+    batch = _batch(rows[:3] + malformed + rows[3:])
+    assert batch.seqs == list(range(1, 9)) and len(batch.body) == 8 * 96
+    verifies = [_first_bad_index(pk, batch.body[i * 96:(i + 1) * 96]) is None for i in range(8)]
+    assert verifies == [True, True, False, True, False, False, False, True]
+    assert _first_bad_index(pk, batch.body) == 2
+    assert _first_bad_index(pk, batch.body[3 * 96:]) == 1
+    assert _batch([]) == ([], b"")
+
+
+def require_system_libsodium():
+    """The system libsodium's verify, installed by dev/install-test-libsodium.sh: fail in CI, skip locally."""
+    import os
+
+    from apollia_nb.journal.verify import _system_verify
+
+    found = _system_verify()
+    if found is not None:
+        return found
+    import ctypes.util
+
+    # A libsodium the system has must be used; only where there is none may the test be skipped.
+    assert ctypes.util.find_library("sodium") is None, "the system's libsodium was not taken"
+    message = "no system libsodium: run `bash dev/install-test-libsodium.sh` (Debian's libsodium23)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.mark.parametrize("column, value", [(8, lambda sig: sig[:63]), (7, lambda digest: digest + b"\x00"),
+                                           (7, lambda digest: "a" * 32), (8, lambda sig: "s" * 64),
+                                           (7, lambda digest: bytearray(digest))],
+                         ids=["short signature", "long hash", "text hash", "text signature", "bytearray hash"])
+def test_one_odd_column_in_a_chunk_of_bytes_fails_alone(key, column, value):
+    from apollia_nb.journal.verify import _batch, _first_bad_index
+
+    rows = make_rows(4, key)
+    row = list(rows[2])
+    row[column] = value(row[column])
+    rows[2] = tuple(row)
+    batch = _batch(rows)
+    pk = bytes(key.verify_key)
+    assert batch.seqs == [1, 2, 3, 4] and len(batch.body) == 4 * 96
+    verifies = [_first_bad_index(pk, batch.body[i * 96:(i + 1) * 96]) is None for i in range(4)]
+    assert verifies == [True, True, isinstance(row[column], bytearray), True]
+
+
+@pytest.fixture(params=["system", "pynacl"])
+def libsodium(request, monkeypatch):
+    """Signatures checked with the system's libsodium, or with PyNaCl's own (``APOLLIA_LIBSODIUM=pynacl``),
+    here and in the workers (they inherit the environment)."""
+    from apollia_nb.journal import verify as verify_module
+
+    if request.param == "pynacl":
+        monkeypatch.setenv(verify_module.LIBSODIUM_ENV, "pynacl")
+    else:
+        monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
+    verify_module._system_verify.cache_clear()
+    if request.param == "system":
+        require_system_libsodium()
+    yield request.param
+    verify_module._system_verify.cache_clear()
+
+
+@pytest.mark.parametrize("bad", [[101], [200], [130, 170], [30, 60]])
+def test_workers_report_the_first_bad_signature_of_a_chunk_at_any_place(key, bad, libsodium):
+    # 100-row chunks: seq 101 is the first item of the second worker's first chunk, 200 its last.
+    rows = make_rows(300, key)
+    for seq in bad:
+        other = SigningKey.generate().sign(rows[seq - 1][7]).signature
+        rows[seq - 1] = rows[seq - 1][:8] + (other,) + rows[seq - 1][9:]
+    inline = check(rows, key, workers=1)
+    pooled = check(rows, key, workers=2, parallel_min=1)
+    assert inline == pooled
+    assert (pooled.ok, pooled.first_bad_seq, pooled.entries) == (False, bad[0], bad[0] - 1)
+    assert pooled.problem == f"entry {bad[0]}: signature does not verify under the journal key"
+    assert pooled.notes == ()
+
+
+@pytest.mark.parametrize("bad", [None, 50, 150])
+def test_a_worker_that_cannot_start_leaves_its_share_to_this_process(key, bad, monkeypatch):
+    # The second worker cannot start: the first checks every other chunk's signatures and this
+    # process the rest (seq 50 is in the worker's share, 150 in this process's), and the report says so.
+    from apollia_nb.journal import verify as verify_module
+
+    started = []
+    real = verify_module._Worker.__init__
+
+    def second_fails(self, public_key):
+        if started:
+            raise OSError("no interpreter")
+        started.append(self)
+        real(self, public_key)
+
+    monkeypatch.setattr(verify_module._Worker, "__init__", second_fails)
+    report = check(make_rows(300, key, bad_signature_at=bad), key, workers=2, parallel_min=1)
+    assert len(started) == 1
+    if bad is None:
+        assert (report.ok, report.entries) == (True, 300)
+    else:
+        assert (report.ok, report.first_bad_seq, report.entries) == (False, bad, bad - 1)
+    assert report.notes == ("1 signature worker(s) could not start (no interpreter); "
+                            "their signatures were checked in this process",)
+
+
+# --- the entry hash the verifier recomputes ----------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_text = st.text(st.characters(codec="utf-8"), max_size=12)
+_binary = st.one_of(st.binary(max_size=40), st.binary(max_size=40).map(bytearray),
+                    st.binary(max_size=40).map(memoryview))
+
+
+@settings(max_examples=300, deadline=None)
+@given(seq=st.integers(0, 2**64 - 1), ts=_text, run_id=st.none() | _text, agent=st.none() | _text, kind=_text,
+       payload=st.none() | _binary, prev=_binary)
+def test_entry_hash_is_the_sha256_of_entry_bytes_for_every_column_type(seq, ts, run_id, agent, kind, payload, prev):
+    import hashlib
+
+    from apollia_nb.journal.entry import entry_bytes
+
+    assert entry_hash(seq, ts, run_id, agent, kind, payload, prev) == \
+        hashlib.sha256(entry_bytes(seq, ts, run_id, agent, kind, payload, prev)).digest()
+
+
+def test_entry_bytes_are_the_documented_encoding():
+    from apollia_nb.journal.entry import entry_bytes
+
+    expected = (b"apollia-nb/journal-entry/v1\n" + (7).to_bytes(8, "big")
+                + b"\x01\x00\x00\x00\x02ts" + b"\x00" + b"\x01\x00\x00\x00\x02\xc3\xa9"
+                + b"\x01\x00\x00\x00\x04plan" + b"\x01\x00\x00\x00\x02{}" + b"\x05" * 32)
+    assert entry_bytes(7, "ts", None, "é", "plan", b"{}", b"\x05" * 32) == expected
+    import hashlib
+
+    assert entry_hash(7, "ts", None, "é", "plan", b"{}", b"\x05" * 32) == hashlib.sha256(expected).digest()
+    assert entry_hash(7, "ts", "é", None, "plan", b"{}", b"\x05" * 32) != \
+        entry_hash(7, "ts", None, "é", "plan", b"{}", b"\x05" * 32)
+    with pytest.raises(UnicodeEncodeError):
+        entry_hash(7, "\ud800", None, None, "plan", b"{}", b"\x05" * 32)
+
+
+# --- the libsodium that checks signatures ------------------------------------------------------
+
+
+#: L, the order of the Ed25519 base point (RFC 8032).
+ED25519_L = 2**252 + 27742317777372353535851937790883648493
+
+
+def _tricky_items(key) -> list[bytes]:
+    """Signed-message items (signature, hash) that libsodium's rules accept or refuse in different ways."""
+    message = bytes(range(32))
+    good = key.sign(message).signature
+    s_plus_l = (int.from_bytes(good[32:], "little") + ED25519_L).to_bytes(32, "little")
+    return [
+        good + message,  # valid
+        good[:5] + bytes([good[5] ^ 0x80]) + good[6:] + message,  # R changed
+        good[:40] + bytes([good[40] ^ 1]) + good[41:] + message,  # S changed
+        good[:32] + s_plus_l + message,  # the same S, not reduced: non-canonical
+        bytes([1]) + bytes(31) + good[32:] + message,  # R of small order (the identity)
+        bytes(64) + message,  # all zero
+        b"\xff" * 32 + good[32:] + message,  # R not a canonical encoding
+        good + message[:-1] + b"\x01",  # another message
+        good + message,  # valid again
+    ]
+
+
+def test_the_system_libsodium_and_pynacls_agree_on_every_item(key, monkeypatch):
+    from apollia_nb.journal import verify as verify_module
+
+    monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
+    verify_module._system_verify.cache_clear()
+    system = require_system_libsodium()
+    pk = bytes(key.verify_key)
+    items = _tricky_items(key)
+    results = {}
+    for name, found in (("system", lambda: system), ("pynacl", lambda: None)):
+        monkeypatch.setattr(verify_module, "_system_verify", found)
+        results[name] = [verify_module._first_bad_index(pk, item) for item in items]
+        body = b"".join(items)
+        results[name + " whole"] = (verify_module._first_bad_index(pk, body),
+                                    verify_module._first_bad_index(pk, items[0] + items[-1]),
+                                    verify_module._first_bad_index(pk, items[0] + items[-1][:95]),
+                                    verify_module._first_bad_index(pk, b""))
+    assert results["system"] == results["pynacl"] == [None, 0, 0, 0, 0, 0, 0, 0, None]
+    assert results["system whole"] == results["pynacl whole"] == (1, None, 1, None)
+
+
+def test_a_libsodium_that_fails_the_self_test_is_not_used(key):
+    from apollia_nb.journal.verify import _self_test, _system_verify
+
+    _system_verify.cache_clear()
+    real = require_system_libsodium()
+    assert _self_test(real)
+    assert not _self_test(lambda *args: 0)  # accepts everything
+    assert not _self_test(lambda *args: -1)  # accepts nothing
+
+    def lax_s(signature, message, size, public):  # takes S modulo L, as some libraries do
+        s = int.from_bytes(signature[32:], "little")
+        return real(signature[:32] + (s % ED25519_L).to_bytes(32, "little"), message, size, public)
+
+    def lax_r(signature, message, size, public):  # takes a small-order R
+        return 0 if signature[:32] == bytes([1]) + bytes(31) else real(signature, message, size, public)
+
+    def lax_message(signature, message, size, public):  # looks at the signature only
+        return real(signature, bytes(range(32, 64)), size, public)
+
+    assert not _self_test(lax_s) and not _self_test(lax_r) and not _self_test(lax_message)
+
+
+def test_a_fresh_process_takes_the_system_libsodium_at_its_first_lookup(monkeypatch):
+    # A signature worker is a fresh process that looks the library up once: it must get the system's.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import apollia_nb
+
+    monkeypatch.delenv("APOLLIA_LIBSODIUM", raising=False)
+    require_system_libsodium()
+    root = str(Path(apollia_nb.__file__).resolve().parent.parent)
+    out = subprocess.run(
+        [sys.executable, "-c", "from apollia_nb.journal.verify import _system_verify; print(_system_verify())"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": root},
+    )
+    assert out.returncode == 0 and out.stdout.startswith("<_FuncPtr object"), out.stdout + out.stderr
+
+
+def test_apollia_libsodium_pynacl_keeps_to_pynacls_libsodium(monkeypatch):
+    from apollia_nb.journal import verify as verify_module
+
+    monkeypatch.setenv("APOLLIA_LIBSODIUM", "pynacl")
+    verify_module._system_verify.cache_clear()
+    try:
+        assert verify_module._system_verify() is None
+    finally:
+        verify_module._system_verify.cache_clear()
+
+
+def test_no_loadable_libsodium_leaves_pynacls(monkeypatch):
+    import ctypes.util
+
+    from apollia_nb.journal import verify as verify_module
+
+    monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
+    for found in (None, "libsodium-that-is-not-there.so.23", "libc.so.6"):  # none, none that loads, not libsodium
+        monkeypatch.setattr(ctypes.util, "find_library", lambda name, found=found: found)
+        verify_module._system_verify.cache_clear()
+        try:
+            assert verify_module._system_verify() is None
+        finally:
+            verify_module._system_verify.cache_clear()

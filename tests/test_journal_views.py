@@ -125,3 +125,43 @@ def test_views_exist_on_a_fresh_journal(home):
     with Journal.open(home) as journal:
         for view in ("journal", "decisions", "tool_calls", "runs"):
             assert journal.sql(f"SELECT count(*) FROM {view}") == [(0,)]
+
+
+class _Recording:
+    """A DuckDB connection that keeps the SQL run through it."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con, self.statements = con, []
+
+    def execute(self, sql: str, *args):
+        self.statements.append(sql)
+        return self.con.execute(sql, *args)
+
+    def made(self) -> int:
+        return sum("CREATE OR REPLACE VIEW" in s for s in self.statements)
+
+
+def test_an_open_of_an_unchanged_journal_makes_no_views_and_missing_or_older_ones_are_made(home):
+    from apollia_nb.journal.views import VIEW_NAMES, VIEWS_DIGEST, create_views
+
+    with Journal.open(home) as journal:
+        journal.append("run_open", {"run_kind": "task", "goal": "g", "task_id": "t1"}, run_id="r1", agent="a")
+    con = duckdb.connect(str(home.journal_db))
+    try:
+        unchanged = _Recording(con)
+        create_views(unchanged)
+        assert unchanged.made() == 0
+        con.execute("DROP VIEW runs")  # one missing: all are made again
+        missing = _Recording(con)
+        create_views(missing)
+        assert missing.made() == len(VIEW_NAMES)
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+        con.execute("UPDATE meta SET value = 'older' WHERE key = 'views'")  # made by other SQL
+        older = _Recording(con)
+        create_views(older)
+        assert older.made() == len(VIEW_NAMES)
+        assert con.execute("SELECT value FROM meta WHERE key = 'views'").fetchone() == (VIEWS_DIGEST,)
+    finally:
+        con.close()
+    with Journal.open(home) as journal:  # and the journal opens on them as always
+        assert journal.sql("SELECT run_id FROM runs") == [("r1",)]

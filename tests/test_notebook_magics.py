@@ -161,6 +161,35 @@ def test_loading_imports_no_widgets_no_pandas(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_loading_in_a_kernel_runs_no_widget_code_until_first_use(tmp_path):
+    # A shell configured as a kernel's (IPKernelApp) is where DuckDB's first connection imports
+    # ipywidgets for its progress bar: the module is found, and runs only when something reads it.
+    code = textwrap.dedent(f"""
+        import os, sys
+        os.environ["APOLLIA_HOME"] = {str(tmp_path / "home")!r}
+        from traitlets.config import Config
+        from IPython.core.interactiveshell import InteractiveShell
+        config = Config()
+        config.IPKernelApp.connection_file = "kernel.json"
+        shell = InteractiveShell.instance(config=config)
+        shell.run_line_magic("load_ext", "apollia_nb")
+        import duckdb
+        assert duckdb.__jupyter__
+        print("widget code ran:", "ipywidgets.widgets" in sys.modules)
+        user = duckdb.connect()  # the user's own DuckDB keeps its notebook progress bar
+        print("progress bar:", user.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0])
+        import ipywidgets
+        slider = ipywidgets.IntSlider(value=3)
+        print("first use:", type(slider).__name__, slider.value, "ipywidgets.widgets" in sys.modules)
+        shell.run_line_magic("unload_ext", "apollia_nb")
+        print("finders left:", [type(f).__name__ for f in sys.meta_path if type(f).__name__ == "_OnFirstUse"])
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[1:] == [
+        "widget code ran: False", "progress bar: True", "first use: IntSlider 3 True", "finders left: []"]
+
+
 # --- %%apollia agent ------------------------------------------------------------------
 
 

@@ -317,3 +317,30 @@ def test_messages_name_the_machine_and_the_bad_state():
 def test_a_machine_whose_initial_state_is_not_a_state_is_refused():
     with pytest.raises(ValueError, match="^process: initial state is not a state$"):
         Machine("process", ProcessState, PROCESS.table, TaskStatus.PENDING)
+
+
+def test_machines_are_compared_by_identity_and_hashable():
+    twin = Machine("task", TaskStatus, TASK.table, TaskStatus.PENDING)
+    assert twin != TASK and TASK == TASK
+    assert {TASK: 1, twin: 2}[TASK] == 1
+    assert len(set(MACHINES)) == len(MACHINES)
+    assert repr(TASK) == "Machine('task')"
+
+
+def test_bad_table_messages_are_exact():
+    with pytest.raises(ValueError) as info:
+        Machine("bad", BreakerState, MappingProxyType({BreakerState.CLOSED: frozenset()}), BreakerState.CLOSED)
+    assert str(info.value) == "bad: the table must list every state exactly once"
+    table = {s: frozenset() for s in BreakerState} | {BreakerState.OPEN: frozenset({BreakerState.OPEN})}
+    with pytest.raises(ValueError) as info:
+        Machine("bad", BreakerState, MappingProxyType(table), BreakerState.CLOSED)
+    assert str(info.value) == "bad: bad targets for 'open'"
+
+
+def test_message_lists_several_allowed_states_in_table_order():
+    with pytest.raises(InvalidTransition) as info:
+        transition(TASK, TaskStatus.PENDING, TaskStatus.COMPLETED)
+    allowed_text = info.value.message.split("allowed from 'pending': ")[1]
+    expected = [s.value for s in TaskStatus if s in TASK.table[TaskStatus.PENDING]]
+    assert len(expected) > 1
+    assert allowed_text == ", ".join(expected)

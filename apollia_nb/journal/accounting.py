@@ -25,8 +25,13 @@ not sign the last entry is ``HOME_KEY_MISMATCH``. A new key is never put on an
 old chain: the operator restores the key, or archives the journal
 (``apollia-os home repair --archive-journal``) and a new chain starts.
 
+The owner's ``runtime.db`` keeps the ``HomeFacts`` the record was last read
+from, with the seq and hash of the entry they end at; ``read_home_facts`` reads
+only the entries after them while the journal still holds that entry (anything
+else reads every entry), so opening a home does not scan a journal that grows.
+
 ``runtime.records.open_records`` maps a ``runtime.db`` DuckDB cannot open to
-``HOME_FILE_CORRUPT``. ``home_record`` is pure (rows in, a ``HomeRecord`` out); the rest are the thin
+``HOME_FILE_CORRUPT``. ``home_record`` and ``fold_home_facts`` are pure (rows in, a value out); the rest are the thin
 edges that read files.
 """
 
@@ -42,8 +47,11 @@ from apollia_nb.errors import HomeFileCorrupt, HomeFileMissing, HomeKeyMismatch,
 from apollia_nb.home import Home
 
 __all__ = [
+    "HomeFacts",
     "HomeRecord",
+    "fold_home_facts",
     "home_record",
+    "read_home_facts",
     "read_home_record",
     "read_home_record_offline",
     "check_runtime_db",
@@ -125,18 +133,109 @@ def _payload(raw: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def read_home_record(journal: _Readable) -> HomeRecord:
-    """The ``HomeRecord`` of an open journal (three small queries)."""
-    wanted = (*RUNTIME_KINDS, *GOVERNANCE_KINDS)
+@dataclass(frozen=True)
+class HomeFacts:
+    """What ``home_record`` is computed from, read from the journal's entries 1 to ``seq``.
+
+    ``hash`` is the hash of entry ``seq``: facts kept between opens (``runtime.db``,
+    ``RuntimeRecords.keep_home_facts``) are taken only while the journal still has
+    that entry, and then only the entries after it are read. ``kinds``: the
+    runtime and governance kinds present; ``files``: the payloads of the file
+    entries in order; ``policy``: the last policy entry (seq, kind, payload).
+    ``seq`` 0: facts that are not to be kept (the journal's last entries were not
+    in ``journal.db`` yet).
+    """
+
+    seq: int = 0
+    hash: bytes = b""
+    kinds: frozenset[str] = frozenset()
+    files: tuple[Mapping[str, Any], ...] = ()
+    policy: tuple[int, str, Mapping[str, Any]] | None = None
+
+    def record(self) -> HomeRecord:
+        return home_record(self.kinds, self.files, self.policy[1:] if self.policy else None)
+
+    def to_json(self) -> str:
+        return json.dumps({"seq": self.seq, "hash": self.hash.hex(), "kinds": sorted(self.kinds),
+                           "files": list(self.files), "policy": list(self.policy) if self.policy else None})
+
+    @classmethod
+    def from_json(cls, text: str | None) -> HomeFacts | None:
+        """Facts written by ``to_json``; None for anything else (the entries are read again)."""
+        try:
+            data = json.loads(text or "")
+            policy = data["policy"]
+            facts = cls(int(data["seq"]), bytes.fromhex(data["hash"]), frozenset(data["kinds"]),
+                        tuple(data["files"]), (int(policy[0]), str(policy[1]), policy[2]) if policy else None)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return None
+        kinds_ok = all(isinstance(k, str) for k in facts.kinds)
+        dicts_ok = all(isinstance(f, dict) for f in facts.files) and (
+            facts.policy is None or isinstance(facts.policy[2], dict))
+        return facts if facts.seq > 0 and kinds_ok and dicts_ok else None
+
+
+def fold_home_facts(base: HomeFacts, found: Iterable[tuple[str, int, Any]], payloads: Mapping[int, Any],
+                    seq: int, hash_: bytes) -> HomeFacts:
+    """Pure: ``base`` and what the entries after it hold → the facts as of entry ``seq``.
+
+    ``found``: (kind, its last seq, the seqs of its file entries) per kind present after ``base``;
+    ``payloads``: the payload of each entry named there (raw bytes)."""
+    found = list(found)
+    file_seqs = sorted(int(s) for _, _, seqs in found for s in seqs or ())
+    last = max(((int(s), kind) for kind, s, _ in found if kind in POLICY_KINDS), default=None)
+    return HomeFacts(
+        seq=seq, hash=hash_,
+        kinds=base.kinds | {kind for kind, _, _ in found if kind in RUNTIME_KINDS or kind in GOVERNANCE_KINDS},
+        files=(*base.files, *(_payload(payloads[s]) for s in file_seqs)),
+        policy=(last[0], last[1], _payload(payloads[last[0]])) if last else base.policy,
+    )
+
+
+def _head(journal: _Readable) -> tuple[int, bytes]:
+    head = getattr(journal, "head", None)
+    if callable(head):
+        size, last = head()
+        return int(size), bytes(last)
+    row = journal.sql("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1")
+    return (int(row[0][0]), bytes(row[0][1])) if row else (0, b"")
+
+
+def _hash_at(journal: _Readable, seq: int) -> bytes | None:
+    row = journal.sql("SELECT hash FROM entries WHERE seq = ?", [seq])
+    return bytes(row[0][0]) if row else None
+
+
+def read_home_facts(journal: _Readable, since: HomeFacts | None = None) -> HomeFacts:
+    """The ``HomeFacts`` of an open journal: ``since`` (facts kept earlier) and the entries after it.
+
+    ``since`` is used only while entry ``since.seq`` is still there with the same hash (the same
+    chain); otherwise every entry is read. One scan of the kinds of the entries read (no payload),
+    then the payloads of the few entries it names (the file records, the last policy entry) by seq."""
+    size, last = _head(journal)
+    kept = size > 0 and _hash_at(journal, size) == last  # every entry is in journal.db: the facts can be kept
+    if since is not None and not (kept and since.seq <= size and _hash_at(journal, since.seq) == since.hash):
+        since = None
+    base = since or HomeFacts()
+    wanted = (*RUNTIME_KINDS, *GOVERNANCE_KINDS, FILE_CREATED, REPAIRED, *POLICY_KINDS)
     marks = ", ".join("?" for _ in wanted)
-    kinds = [row[0] for row in journal.sql(
-        f"SELECT DISTINCT kind FROM entries WHERE kind IN ({marks})", list(wanted))]
-    files = [_payload(row[0]) for row in journal.sql(
-        "SELECT payload FROM entries WHERE kind IN (?, ?) ORDER BY seq", [FILE_CREATED, REPAIRED])]
-    marks = ", ".join("?" for _ in POLICY_KINDS)
-    last = journal.sql(
-        f"SELECT kind, payload FROM entries WHERE kind IN ({marks}) ORDER BY seq DESC LIMIT 1", list(POLICY_KINDS))
-    return home_record(kinds, files, (last[0][0], _payload(last[0][1])) if last else None)
+    found = journal.sql(
+        "SELECT kind, max(seq), list(seq) FILTER (WHERE kind IN (?, ?)) "
+        f"FROM entries WHERE seq > ? AND seq <= ? AND kind IN ({marks}) GROUP BY kind",
+        [FILE_CREATED, REPAIRED, base.seq, size if kept else 2**62, *wanted])
+    file_seqs = {int(s) for _, _, seqs in found for s in seqs or ()}
+    policy_seqs = [int(s) for kind, s, _ in found if kind in POLICY_KINDS]
+    named = sorted(file_seqs | ({max(policy_seqs)} if policy_seqs else set()))
+    payloads: dict[int, Any] = {}
+    if named:
+        payloads = {int(seq): payload for seq, payload in journal.sql(
+            f"SELECT seq, payload FROM entries WHERE seq IN ({', '.join('?' for _ in named)})", named)}
+    return fold_home_facts(base, found, payloads, size if kept else 0, last if kept else b"")
+
+
+def read_home_record(journal: _Readable) -> HomeRecord:
+    """The ``HomeRecord`` of an open journal, read from all its entries."""
+    return read_home_facts(journal).record()
 
 
 def repair_hint(home: Home, flag: str) -> str:

@@ -1,6 +1,6 @@
 """The journal in ``journal.db``: durable, signed, hash-chained appends with group commit.
 
-One writer thread owns every write. Callers hand it requests through a queue and
+One writer thread owns every commit. Callers hand it requests through a queue and
 wait on a future; the writer takes every request waiting (including those that
 queue while it works), sequences, hashes and signs their entries, makes them
 durable as one record of ``journal.log`` (one ``pwrite`` into preallocated
@@ -8,20 +8,26 @@ space, one ``fdatasync``: see ``tail.py``), and only then resolves the futures. 
 is committed (a governed effect may follow), concurrent appenders share one
 commit (group commit), and nothing is ever held unflushed.
 
-The writer copies committed entries from the log into ``journal.db`` in batches
-(``IMPORT_BATCH`` entries, or when it has been idle ``IMPORT_IDLE_SECS``, or
-before any read), one DuckDB transaction per batch; the log starts over when
-it is full and everything in it is copied. Opening the journal finishes a copy
-a crash interrupted; closing it leaves every entry in ``journal.db`` and no log.
+A second thread, the copier, copies committed entries from the log into
+``journal.db`` while the writer goes on committing: in batches (``IMPORT_BATCH``
+entries, or when no commit came for ``IMPORT_IDLE_SECS``, or when half the log is
+used, or at once when a read waits for it), one DuckDB transaction per copy. Once the journal is open the
+copier makes every write to ``journal.db`` (copies, checkpoints, cosignatures),
+so no commit waits for DuckDB; the writer waits for a copy only when the log is
+full (it starts over once ``journal.db`` holds everything in it). Opening the
+journal finishes a copy a crash interrupted; closing it leaves every entry in
+``journal.db`` and no log.
 
-Checkpoints go through the same writer, so a checkpoint always describes a
-committed prefix of the journal. Reads use their own cursor; every read through
-the journal first has the writer copy what is pending, so it sees every entry
-an ``append`` has returned.
+Checkpoints are signed by the writer between two commits, so a checkpoint
+always describes a committed prefix of the journal, and stored by the copier.
+Reads use their own cursor; every read through the journal first waits for the
+copy of everything committed before it, so it sees every entry an ``append``
+has returned.
 
 Tables (format 1)::
 
-    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at', 'frontier' = '1', 'calls' = '1'
+    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at', 'frontier' = '1', 'calls' = '1',
+                                            -- 'views' (the SQL the views were made from: views.VIEWS_DIGEST)
     entries(seq PRIMARY KEY, ts, run_id, agent, kind, payload BLOB,
             prev_hash BLOB, hash BLOB, signature BLOB, key_id)
     checkpoints(size PRIMARY KEY, root BLOB, note, created_at)
@@ -361,11 +367,15 @@ class _Group:
 _STOP = object()
 #: Most entries one group commit takes (a bound on one transaction's size and latency).
 MAX_GROUP = 1024
-#: Entries the log holds before the writer copies them into ``journal.db``.
-IMPORT_BATCH = 512
-#: Idle time after which the writer copies what the log holds.
+#: Entries the log holds before the copier copies them into ``journal.db``. A copy's cost is
+#: mostly per statement (measured: 512 entries 230 µs each, 2,048 entries 75 µs each), and the
+#: copier makes it while the writer goes on committing, so batches are large.
+IMPORT_BATCH = 2048
+#: Rows handed to DuckDB's appender at a time (it holds the GIL while it converts them).
+APPEND_SLICE = 64
+#: Idle time after which the copier copies what the log holds.
 IMPORT_IDLE_SECS = 0.1
-#: After ``journal.db`` refused a copy (a full disk), the writer tries again this often.
+#: After ``journal.db`` refused a copy (a full disk), the copier tries again this often.
 IMPORT_RETRY_SECS = 0.5
 _OPEN: dict[Path, "Journal"] = {}
 _OPEN_LOCK = threading.Lock()
@@ -412,7 +422,23 @@ class Journal:
         self._run_counts: dict[str, int] = {}  # entries per run appended since open
         self._run_base: dict[str, int] = {}  # entries per run before open, as asked for
         self._failed_runs: dict[str, BaseException] = {}  # runs whose append_soon failed (writer's)
+        # The copier: a second thread, the only one that writes journal.db once the journal is
+        # open (``_con``), while the writer goes on committing to the log. ``_pending``,
+        # ``_copied``, ``_wanted``, ``_jobs`` and the attempt counters are shared through
+        # ``_copy_cond`` (on ``_state_lock``).
+        self._copy_cond = threading.Condition(self._state_lock)
+        self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # writes the copier makes
+        self._copied = 0  # the highest seq journal.db holds
+        self._copy_acc = self._acc  # the frontier the rows being copied end at (the copier's)
+        self._wanted = 0  # a seq somebody waits for journal.db to hold (copied at once)
+        self._attempts = 0  # copies started
+        self._failed_attempt = 0  # the last copy that failed
+        self._last_commit = 0.0  # monotonic time of the last commit
+        self._early_copy = False  # asked for a copy since the log is half full (the writer's)
+        self._copier_stop = False
+        self._copier_done = False
         self._thread = threading.Thread(target=self._run_writer, name=f"journal-writer:{path}", daemon=True)
+        self._copier = threading.Thread(target=self._run_copier, name=f"journal-copier:{path}", daemon=True)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -469,6 +495,7 @@ class Journal:
                     raise
                 raise storage from exc
             _OPEN[resolved] = journal
+        journal._copier.start()
         journal._thread.start()
         atexit.register(journal.close)
         return journal
@@ -621,13 +648,14 @@ class Journal:
             for entry in fresh:
                 self._acc.append(leaf_hash(entry.hash))
             try:
+                self._copy_acc = self._acc
                 self._insert([e.as_row() for e in fresh])
             except BaseException:
                 self._acc = before
                 raise
             self._head = (seq, prev)
         self._tail = TailLog(path)  # starts the file over: everything in it is in journal.db now
-        self._opened_at = self._head[0]
+        self._opened_at = self._copied = self._head[0]
 
     def __enter__(self) -> Journal:
         return self
@@ -746,17 +774,7 @@ class Journal:
         """
         backlog: deque[Any] = deque()
         while True:
-            if backlog:
-                request = backlog.popleft()
-            elif self._pending:
-                wait = max(IMPORT_IDLE_SECS, self._retry_at - time.monotonic())
-                try:
-                    request = self._queue.get(timeout=wait)
-                except queue.Empty:
-                    self._import_quietly()
-                    continue
-            else:
-                request = self._queue.get()
+            request = backlog.popleft() if backlog else self._queue.get()
             if request is _STOP:
                 break
             if request.job is not None:
@@ -777,8 +795,6 @@ class Journal:
                     break
                 self._sequence(group, nxt)
             self._commit(group)
-            if len(self._pending) >= IMPORT_BATCH and time.monotonic() >= self._retry_at:
-                self._import_quietly()
         self._finish()
 
     def _run_job(self, request: _Request) -> None:
@@ -831,8 +847,9 @@ class Journal:
             assert tail is not None
             record = encode_rows(group.rows)
             if not tail.fits(len(record)):
-                self._import()  # the file starts over only once journal.db holds all it has
+                self._drain()  # the file starts over only once journal.db holds all it has
                 tail.reset(len(record))
+                self._early_copy = False
             tail.write(record)
         except BaseException as exc:
             what = f"the journal could not record {len(group.requests)} request(s)"
@@ -851,7 +868,17 @@ class Journal:
             self._head = (group.seq, group.prev)
             self._transactions += 1
             self._largest_batch = max(self._largest_batch, len(group.rows))
-        self._pending.extend(group.rows)
+            before = len(self._pending)
+            self._pending.extend(group.rows)
+            self._last_commit = time.monotonic()
+            if not self._early_copy and 2 * tail.length >= tail.capacity:
+                # Half the log is used: have everything copied now, so that when it is full
+                # and starts over, journal.db already holds what it has (no wait then).
+                self._early_copy = True
+                self._wanted = max(self._wanted, group.seq)
+                self._copy_cond.notify()
+            elif before == 0 or before < IMPORT_BATCH <= len(self._pending):
+                self._copy_cond.notify()  # the copier starts its idle wait, or copies a full batch
         counts = self._run_counts
         for row in group.rows:
             if row[2] is not None:
@@ -869,75 +896,175 @@ class Journal:
                 if item.run_id is not None:
                     self._failed_runs.setdefault(item.run_id, error)
 
-    def _import(self) -> None:
-        """Copy the pending entries into ``journal.db`` (one transaction).
+    # ------------------------------------------------------------------ the copier
+    def _run_copier(self) -> None:
+        """Copy committed entries from the log into ``journal.db``, off the writer's way.
 
-        Runs on the writer thread. A failure leaves the entries in the log (they
-        are committed there). When the disk refused the write (full, read-only,
-        I/O error) they stay pending: the writer tries the copy again
-        (``IMPORT_RETRY_SECS`` apart while idle, and before any read), opening
-        ``journal.db`` again first when DuckDB invalidated it; until a copy
-        succeeds, reads raise the failure (``STORAGE_FULL`` / ``STORAGE_ERROR``)
-        and appends go on while the log has room. Any other failure (journal.db
-        holds rows the journal did not write) breaks the journal: later appends
-        and reads raise, and the next open finishes the copy or refuses.
+        A copy takes every pending entry (``_pending``, in the log and not yet in
+        ``journal.db``) with the Merkle frontier they end at, and writes them in one
+        DuckDB transaction while the writer goes on committing to the log. It copies
+        when ``IMPORT_BATCH`` entries are pending, when no commit came for
+        ``IMPORT_IDLE_SECS``, and at once when somebody asks for it (``_wanted``:
+        the writer when half the log is used; ``_drain``: a read, the log starting
+        over, close). So a commit never waits for a copy unless the log is full
+        and not yet copied.
+
+        A failure leaves the entries in the log (they are committed there). When
+        the disk refused the write (full, read-only, I/O error) they stay pending:
+        the copier tries again ``IMPORT_RETRY_SECS`` apart and whenever somebody
+        waits, opening ``journal.db`` again first when DuckDB invalidated it; until
+        a copy succeeds, waiters raise the failure (``STORAGE_FULL`` /
+        ``STORAGE_ERROR``) and appends go on while the log has room. Any other
+        failure (journal.db holds rows the journal did not write) breaks the
+        journal: later appends and reads raise, and the next open finishes the
+        copy or refuses.
         """
-        if self._broken is not None:
-            raise self._broken
-        if not self._pending:
-            return
+        cond = self._copy_cond
+        while True:
+            with cond:
+                while not self._copier_stop and not self._jobs and not self._copy_due():
+                    cond.wait(self._copy_wait())
+                if self._copier_stop:
+                    self._copier_done = True
+                    left, self._jobs = list(self._jobs), deque()
+                    cond.notify_all()
+                    for _, future in left:
+                        if future.set_running_or_notify_cancel():
+                            future.set_exception(Conflict(f"the journal {self.path} is closed"))
+                    return
+                job = self._jobs.popleft() if self._jobs else None
+                if job is None:
+                    rows = list(self._pending)
+                    acc = self._acc.copy()  # ends at rows[-1]: the writer extends both under this lock
+                    self._attempts += 1
+                    attempt = self._attempts
+            if job is not None:
+                fn, future = job
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as exc:  # handed to the caller, never lost
+                        future.set_exception(exc)
+                continue
+            try:
+                self._copy(rows, acc)
+            except BaseException:  # kept for the waiters; the entries stay in the log
+                with cond:
+                    self._failed_attempt = attempt
+                    self._wanted = 0  # the next waiter asks again
+                    cond.notify_all()
+                continue
+            with cond:
+                del self._pending[:len(rows)]
+                self._copied = rows[-1][0]
+                self._imports += 1
+                self._copy_error = None
+                cond.notify_all()
+
+    def _copy_due(self) -> bool:
+        """Whether the copier copies now (called holding ``_copy_cond``)."""
+        if self._broken is not None or not self._pending:
+            return False
+        if self._wanted > self._copied:
+            return True
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
+        return len(self._pending) >= IMPORT_BATCH or now - self._last_commit >= IMPORT_IDLE_SECS
+
+    def _copy_wait(self) -> float | None:
+        """How long the copier sleeps before looking again (None: until notified)."""
+        if self._broken is not None or not self._pending:
+            return None
+        due = max(self._retry_at, self._last_commit + IMPORT_IDLE_SECS)
+        return max(0.001, due - time.monotonic())
+
+    def _copy(self, rows: list[tuple[Any, ...]], acc: MerkleAccumulator) -> None:
+        """One copy attempt of ``rows`` (ending at ``acc``'s size) into ``journal.db``; on the copier."""
         try:
             if self._copy_error is not None:
-                self._drop_copied()
-            if self._pending:
-                self._insert(self._pending)
+                rows = self._drop_copied(rows)
+            if rows:
+                self._copy_acc = acc
+                self._insert(rows)
+            faults.point("journal.after_copy")
         except BaseException as exc:
-            what = (f"{self.path.name} could not take the {len(self._pending)} entries committed in "
+            what = (f"{self.path.name} could not take the {len(rows)} entries committed in "
                     f"{tail_path(self.path).name} (they are kept there and copied once it can)")
             error = storage_error(exc, what)
-            if error is None:
-                broken = IntegrityError(
-                    f"{self.path.name} could not take the entries committed in {tail_path(self.path).name}: "
-                    f"{exc}; they are kept there, and the next open of the journal copies them or refuses"
-                )
-                broken.__cause__ = exc
-                self._broken = broken
-                raise broken from exc
-            self._copy_error = error
-            self._retry_at = time.monotonic() + IMPORT_RETRY_SECS
+            with self._copy_cond:
+                if error is None:
+                    broken = IntegrityError(
+                        f"{self.path.name} could not take the entries committed in {tail_path(self.path).name}: "
+                        f"{exc}; they are kept there, and the next open of the journal copies them or refuses"
+                    )
+                    broken.__cause__ = exc
+                    self._broken = broken
+                    raise broken from exc
+                self._copy_error = error
+                self._retry_at = time.monotonic() + IMPORT_RETRY_SECS
             if error is exc:
                 raise
             raise error from exc
-        self._pending = []
-        self._imports += 1
-        self._copy_error = None
 
-    def _drop_copied(self) -> None:
-        """Before retrying a failed copy: drop the pending rows ``journal.db`` holds already.
+    def _drain(self) -> None:
+        """Wait until ``journal.db`` holds every entry committed before this call.
+
+        Asks the copier to copy at once (whatever the batch and idle rules say).
+        Raises ``INTEGRITY_FAILURE`` when the journal is broken, and the copy's
+        ``STORAGE_FULL`` / ``STORAGE_ERROR`` when an attempt started after this call
+        failed. Returns at once on the copier's own thread and once it has stopped
+        (closed: close copies what it can itself)."""
+        if threading.current_thread() is self._copier:
+            return
+        cond = self._copy_cond
+        with cond:
+            target = self._head[0]
+            ticket = self._attempts
+            while self._copied < target:
+                if self._broken is not None:
+                    raise self._broken
+                if self._failed_attempt > ticket and self._copy_error is not None:
+                    raise self._copy_error
+                if self._copier_done:
+                    return
+                if self._wanted < target:
+                    self._wanted = target
+                    cond.notify_all()
+                cond.wait()
+            if self._broken is not None:
+                raise self._broken
+
+    def _on_copier(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Have the copier run ``fn`` (a write to ``journal.db``) before its next copy; its future."""
+        future: Future[Any] = Future()
+        with self._copy_cond:
+            if self._copier_done:
+                raise Conflict(f"the journal {self.path} is closed")
+            self._jobs.append((fn, future))
+            self._copy_cond.notify_all()
+        return future
+
+    def _drop_copied(self, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Before retrying a failed copy: the rows ``journal.db`` does not hold yet.
 
         DuckDB can report a failed commit whose rows it did commit (the commit
         reached its WAL, the checkpoint after it did not). Those rows must be the
         very same entries; anything else raises ``IntegrityError``."""
         con = self._db()
         (max_seq,) = con.execute("SELECT coalesce(max(seq), 0) FROM entries").fetchall()[0]
-        copied = [row for row in self._pending if row[0] <= max_seq]
+        copied = [row for row in rows if row[0] <= max_seq]
         if not copied:
-            return
+            return rows
         stored = _stored_rows(con, copied)
         for row in copied:
             if stored.get(row[0]) != Entry.from_row(row):
                 raise IntegrityError(f"entry {row[0]} is not the entry {self.path.name} holds at that place")
-        self._pending = [row for row in self._pending if row[0] > max_seq]
-
-    def _import_quietly(self) -> None:
-        """``_import`` where nobody waits on it; a failure is kept in ``_copy_error`` and retried."""
-        try:
-            self._import()
-        except BaseException:
-            pass
+        return [row for row in rows if row[0] > max_seq]
 
     def _db(self) -> duckdb.DuckDBPyConnection:
-        """The writer's connection, opened again first when DuckDB invalidated ``journal.db``."""
+        """The journal's write connection (the copier's once open), opened again first when DuckDB
+        invalidated ``journal.db``."""
         if self._reopen_needed:
             try:
                 self._reopen()
@@ -953,7 +1080,7 @@ class Journal:
 
         DuckDB marks a database whose checkpoint failed (a full disk) as unusable
         until it is opened again; what it had committed is in its WAL and comes
-        back on open. Runs on the writer thread; readers wait on the read lock.
+        back on open. Runs on the copier thread; readers wait on the read lock.
         """
         with self._read_lock:
             if self._reader is not None:
@@ -981,10 +1108,10 @@ class Journal:
     def _insert(self, rows: list[tuple[Any, ...]]) -> None:
         """Insert rows, their ``entry_fields`` and ``calls`` rows and the new head and frontier in one transaction.
 
-        The rows are the last ones the writer sequenced (``self._acc`` ends with them), so the
-        frontier stored is the one of the journal they complete; a crash before the commit
-        leaves neither (the log keeps the entries). See docs/journal.md for the measurement."""
-        acc = self._acc
+        ``_copy_acc`` is the Merkle frontier of the journal the rows complete (it ends with them), so
+        the frontier stored is the one of the entries stored; a crash before the commit leaves neither
+        (the log keeps the entries). See docs/journal.md for the measurement."""
+        acc = self._copy_acc
         if acc.size != rows[-1][0]:
             raise IntegrityError(f"the copy of entries {rows[0][0]}..{rows[-1][0]} does not end at the "
                                  f"journal's head ({acc.size})")
@@ -996,7 +1123,10 @@ class Journal:
                 if len(rows) == 1:
                     con.execute(f"INSERT INTO entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows[0])
                 else:
-                    self._appender.append_rows(rows)
+                    # In slices: the appender holds the GIL while it converts rows, and the
+                    # writer thread must not wait long for it between two slices.
+                    for at in range(0, len(rows), APPEND_SLICE):
+                        self._appender.append_rows(rows[at:at + APPEND_SLICE])
                     self._appender.flush()
                 faults.point("journal.before_frontier")
                 copy_entry_fields(con, rows[0][0], rows[-1][0])
@@ -1020,10 +1150,10 @@ class Journal:
     def _finish(self) -> None:
         """On close, after every queued request: copy what is pending, write the closing checkpoint."""
         try:
-            self._import()
+            self._drain()
             size = self._acc.size
             if size and (self._latest is None or self._latest[0] < size):
-                self._write_checkpoint()
+                self._sign_checkpoint().result()
         except BaseException as exc:  # re-raised by close(); the log keeps what journal.db lacks
             self._close_error = exc
 
@@ -1047,23 +1177,33 @@ class Journal:
 
     async def checkpoint_async(self) -> str:
         """``checkpoint`` for asyncio callers: the writer signs it while the loop goes on."""
-        return await asyncio.wrap_future(self._submit(None, self._write_checkpoint))
+        stored = await asyncio.wrap_future(self._submit(None, self._sign_checkpoint))
+        return await asyncio.wrap_future(stored)
 
     def checkpoint(self) -> str:
         """Sign and store a C2SP checkpoint of every committed entry; returns the note.
 
         When the latest stored checkpoint already covers every entry, returns it.
         """
-        return self._submit(None, self._write_checkpoint).result()
+        return self._submit(None, self._sign_checkpoint).result().result()
 
-    def _write_checkpoint(self) -> str:
+    def _sign_checkpoint(self) -> Future[str]:
+        """On the writer: sign the checkpoint of every committed entry and hand it to the copier
+        to store; the future of the stored note (the writer goes on committing meanwhile)."""
         # The entries it covers may still be in journal.log only: they are committed,
         # and whoever reads journal.db after a crash reads the log too.
         size = self._acc.size
-        if self._latest is not None and self._latest[0] == size:
-            return self._latest[1]
+        latest = self._latest
+        if latest is not None and latest[0] == size:
+            done: Future[str] = Future()
+            done.set_result(latest[1])
+            return done
         cp = Checkpoint(self._origin, size, self._acc.root())
         note = self._signer.sign(cp.body())
+        return self._on_copier(lambda: self._store_checkpoint(cp, note))
+
+    def _store_checkpoint(self, cp: Checkpoint, note: str) -> str:
+        """On the copier: store a signed checkpoint; returns its note."""
         try:
             con = self._db()
             fault_point(self.path.name)
@@ -1072,15 +1212,16 @@ class Journal:
             con.execute(
                 "INSERT INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING",
-                [size, cp.root, note, format_ts(self._clock())],
+                [cp.size, cp.root, note, format_ts(self._clock())],
             )
         except BaseException as exc:
             self._note_failure(exc)
-            error = storage_error(exc, f"the checkpoint of {size} entries was not stored")
+            error = storage_error(exc, f"the checkpoint of {cp.size} entries was not stored")
             if error is None or error is exc:
                 raise
             raise error from exc
-        self._latest = (size, note)
+        if self._latest is None or self._latest[0] < cp.size:  # stored in the order they were signed
+            self._latest = (cp.size, note)
         return note
 
     def latest_checkpoint(self) -> str | None:
@@ -1099,12 +1240,11 @@ class Journal:
         """Store a witness's cosignature line of the stored checkpoint of ``size`` (verified by the
         caller); a second one from the same witness for the same size replaces the first."""
         def store() -> None:
-            con = self._db()
-            con.execute(
-                "INSERT OR REPLACE INTO checkpoint_cosignatures (size, witness, timestamp, signature, created_at) "
-                "VALUES (?, ?, ?, ?, ?)", [size, witness, timestamp, line, format_ts(self._clock())])
+            self._db().execute(
+                "INSERT OR REPLACE INTO checkpoint_cosignatures (size, witness, timestamp, signature, "
+                "created_at) VALUES (?, ?, ?, ?, ?)", [size, witness, timestamp, line, format_ts(self._clock())])
 
-        self._submit(None, store).result()
+        self._on_copier(store).result()
 
     def cosignatures(self) -> list[tuple[int, str, int, str]]:
         """Every stored cosignature as ``(size, witness key, timestamp, line)``, smallest size first."""
@@ -1164,7 +1304,7 @@ class Journal:
             return self._head
 
     def _catch_up(self) -> None:
-        """Have the writer copy pending entries into ``journal.db`` before a read.
+        """Have the copier copy pending entries into ``journal.db`` before a read (``_drain``).
 
         Every entry an append has returned is pending or copied when this is
         called, so the read that follows sees it. Raises ``STORAGE_FULL`` /
@@ -1173,16 +1313,12 @@ class Journal:
         """
         if self._broken is not None:
             raise self._broken
-        if self._reopen_needed and threading.current_thread() is not self._thread:
+        if self._reopen_needed and threading.current_thread() is not self._copier:
             try:
-                self._submit(None, self._db).result()  # the reader's connection is invalidated too
+                self._on_copier(self._db).result()  # the reader's connection is invalidated too
             except Conflict:
                 pass
-        if self._pending and threading.current_thread() is not self._thread:
-            try:
-                self._submit(None, self._import).result()
-            except Conflict:
-                pass  # closing: close() copies everything itself
+        self._drain()
 
     def _unreadable(self) -> BaseException:
         if self._closed:
@@ -1275,6 +1411,11 @@ class Journal:
             if self._thread.is_alive():
                 self._thread.join()
         finally:
+            with self._copy_cond:
+                self._copier_stop = True
+                self._copy_cond.notify_all()
+            if self._copier.is_alive():
+                self._copier.join()
             with self._read_lock:
                 if self._reader is not None:
                     self._reader.close()

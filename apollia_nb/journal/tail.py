@@ -4,8 +4,8 @@ A DuckDB write transaction costs about 0.4 ms of CPU before any disk work (even
 in memory), and a governed call needs two durable appends: the decision and call
 before the tool runs, the result after. So the writer makes each group of
 entries durable here — one record, one ``pwrite`` and one ``fdatasync`` (about
-0.15 ms) — releases its appenders, and copies the entries into ``journal.db`` in
-batches (one DuckDB transaction per batch). Every entry an ``append`` returned is in one of the two files; a clean close
+0.15 ms) — and releases its appenders; a second thread (the copier) copies the
+entries into ``journal.db`` in batches meanwhile (one DuckDB transaction per batch). Every entry an ``append`` returned is in one of the two files; a clean close
 leaves everything in ``journal.db`` and removes this file.
 
 Record layout (all integers big-endian)::
@@ -176,6 +176,11 @@ class TailLog:
     def length(self) -> int:
         """Bytes of records written since the file last started over."""
         return self._length
+
+    @property
+    def capacity(self) -> int:
+        """Bytes the file has room for before it must start over (its preallocated size)."""
+        return self._allocated
 
     def fits(self, size: int) -> bool:
         return self._length + size <= self._allocated

@@ -1,6 +1,8 @@
 """The auditor's SQL views over the ``entries`` table.
 
-Created (``CREATE OR REPLACE``) each time the journal opens, and written into an
+Created (``CREATE OR REPLACE``) when the journal opens and finds them missing or
+made from other SQL than this module's (``meta.views`` names the SQL they were
+made from, so an open of an unchanged journal makes none), and written into an
 exported bundle as ``views.sql`` over ``entries.parquet``, so the same queries
 work on a live ``journal.db`` and on an offline bundle. Views only read; the raw
 hashed bytes stay in ``entries``.
@@ -21,6 +23,7 @@ in a bundle ``calls`` is a view grouping ``entry_fields`` the same way.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime, timezone
 from typing import Any
 
@@ -217,10 +220,24 @@ ORDER BY n.first_seq
 VIEWS_SQL: tuple[str, ...] = (_JOURNAL, _DECISIONS, _TOOL_CALLS, _RUNS)
 
 
-def create_views(con: object) -> None:
-    """(Re)create every view on a DuckDB connection that has an ``entries`` table."""
+#: The SQL the views are made from, as ``meta.views`` records it.
+VIEWS_DIGEST = hashlib.sha256("\n".join(VIEWS_SQL).encode()).hexdigest()[:32]
+
+
+def create_views(con: Any) -> None:
+    """(Re)create every view on a DuckDB connection whose database has ``entries`` and ``meta``, unless all
+    of them are there, made from this SQL (recreating them costs more than the rest of an open's checks)."""
+    made = con.execute("SELECT value FROM meta WHERE key = 'views'").fetchone()
+    if made is not None and made[0] == VIEWS_DIGEST:
+        marks = ", ".join("?" for _ in VIEW_NAMES)
+        (present,) = con.execute(
+            f"SELECT count(*) FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
+            f"AND view_name IN ({marks})", list(VIEW_NAMES)).fetchone()
+        if present == len(VIEW_NAMES):
+            return
     for sql in VIEWS_SQL:
-        con.execute(sql)  # type: ignore[attr-defined]
+        con.execute(sql)
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('views', ?)", [VIEWS_DIGEST])
 
 
 _RUN_COLUMNS = ("run_id", "agent", "kind", "status", "started_at", "finished_at", "entries")

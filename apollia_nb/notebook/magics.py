@@ -152,9 +152,12 @@ class ApolliaMagics(Magics):
             "rules": self._rules, "consents": self._consents, "devmode": self._devmode, "verify": self._verify,
             "replay": self._replay, "serve": self._serve, "help": self._help, "runs": self._runs,
         }
-        from apollia_nb.notebook.batch import batch_magic  # notebook/batch.py
+        self._commands["batch"] = self._batch
 
-        self._commands["batch"] = lambda args, cell: batch_magic(self, args, cell)
+    def _batch(self, args: list[str], cell: str | None) -> Any:
+        from apollia_nb.notebook.batch import batch_magic  # notebook/batch.py (imports the handles)
+
+        return batch_magic(self, args, cell)
 
     # ------------------------------------------------------------------ the home
     def open_home(self, *, announce: bool = True) -> "KernelRuntime":
@@ -164,10 +167,13 @@ class ApolliaMagics(Magics):
         from apollia_nb.notebook.bridge import KernelRuntime
         from apollia_nb.notebook.render import status_line
 
+        from apollia_nb.notebook.deferred import widgets_on_first_use
+
         try:
             shell = self.shell
-            self.runtime = KernelRuntime(self.home or None, ui_loop=_running_loop(), user=self.user or None,
-                                         show_widgets=self.show_widgets, namespace=lambda: shell.user_ns)
+            with widgets_on_first_use():  # DuckDB's first connection in a kernel would import them
+                self.runtime = KernelRuntime(self.home or None, ui_loop=_running_loop(), user=self.user or None,
+                                             show_widgets=self.show_widgets, namespace=lambda: shell.user_ns)
         except ApolliaError as exc:
             raise ApolliaMagicError.from_error(exc) from None
         if announce:

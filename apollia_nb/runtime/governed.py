@@ -17,6 +17,7 @@ whatever cannot be resolved is never allowed.
 from __future__ import annotations
 
 import contextvars
+import json
 import uuid
 from dataclasses import dataclass, field
 from collections.abc import Sequence
@@ -44,6 +45,10 @@ NULL_DIGEST = "74234e98afe7498fb5daf1f36ac2d78acc339464f950703b8c019892f982b90b"
 OUTPUT_CAP = 16_384
 
 
+#: ``json.dumps(output, default=str, ensure_ascii=False)``, its encoder made once.
+_FOR_MODEL = json.JSONEncoder(ensure_ascii=False, default=str)
+
+
 @dataclass
 class CallResult:
     call_id: str
@@ -58,10 +63,8 @@ class CallResult:
 
     def for_model(self) -> str:
         """What the model reads as the tool's result."""
-        import json
-
         if self.status == "ok":
-            return json.dumps(self.output, default=str, ensure_ascii=False)
+            return _FOR_MODEL.encode(self.output)
         if self.status == "refused":
             return json.dumps({"refused": True, "reason": self.error_message})
         return json.dumps({"error": self.error_code, "message": self.error_message})
@@ -83,12 +86,14 @@ class CallScope:
 current_call: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar("apollia_current_call", default=None)
 
 
-def _capped(output: Any) -> tuple[Any, str, bool]:
-    """The output as journaled (cut past ``OUTPUT_CAP``) and the digest of the whole."""
-    from apollia_nb.runtime.tools import canonical_json, output_digest
+def _capped(output: Any, digest: str | None = None) -> tuple[Any, str, bool]:
+    """The output as journaled (cut past ``OUTPUT_CAP``) and the digest of the whole
+    (``digest``: the one ``invoke`` computed already for this very output)."""
+    from apollia_nb.runtime.tools import canonical_json, text_digest
 
     text = canonical_json(output)
-    digest = output_digest(output)
+    if digest is None:
+        digest = text_digest(text)
     if len(text) > OUTPUT_CAP:
         return {"truncated": True, "size": len(text), "head": text[:OUTPUT_CAP]}, digest, True
     return output, digest, False
@@ -276,6 +281,16 @@ async def _commit(rt: "GovernedHost", run_id: str, agent: "Agent",
     await rt.journal.append_many_async([Draft(kind, payload, run_id, agent.name) for kind, payload in drafts])
 
 
+def _committer(rt: "GovernedHost", run_id: str, agent: "Agent",
+               drafts: Sequence[tuple[str, dict[str, Any]]]) -> Any:
+    """``_commit`` as a blocking function, for a worker thread: durable when it returns."""
+    from apollia_nb.journal.store import Draft
+
+    journal, name = rt.journal, agent.name
+    items = [Draft(kind, payload, run_id, name) for kind, payload in drafts]
+    return lambda: journal.append_many(items)
+
+
 async def _refused(rt: "GovernedHost", agent: "Agent", run_id: str, call_id: str, name: str,
                    arguments: dict[str, Any], reason: str, decision: Decision | None,
                    prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
@@ -296,22 +311,30 @@ async def run_approved_call(
     """Journal ``tool_call`` (durable, with ``prefix``), run the tool under its breaker and timeout,
     journal the result (``append_soon``: committed before anything later of the run)."""
     from apollia_nb.runtime.outputs import redacted_outcome, secret_values
-    from apollia_nb.runtime.tools import invoke
+    from apollia_nb.runtime.tools import invoke, is_async_body
 
     tooldef = agent.tools.get(name)
-    await _commit(rt, run_id, agent, [*prefix, ("tool_call", {"call_id": call_id, "tool": name,
-                                                              "arguments": arguments})])
+    drafts = [*prefix, ("tool_call", {"call_id": call_id, "tool": name, "arguments": arguments})]
+    before = None
+    if is_async_body(tooldef.fn):
+        await _commit(rt, run_id, agent, drafts)
+    else:
+        # Committed in the worker thread that runs the body, just before it: the body starts
+        # once the entries are durable, without a hand-off back to the event loop between.
+        before = _committer(rt, run_id, agent, drafts)
     scope = current_call.set(CallScope(rt, agent, run_id, call_id, name))
     try:
-        outcome = await invoke(tooldef, arguments, breakers=rt.breakers)
+        outcome = await invoke(tooldef, arguments, breakers=rt.breakers, before=before)
     finally:
         current_call.reset(scope)
+    invoked = outcome
     outcome = redacted_outcome(outcome, secret_values(rt.config))  # no configured token reaches journal or model
     # The result records what already happened: handed to the journal's writer, which
     # commits it at once and before any later entry of the run, while the run goes on
     # (the next model turn depends on no durable entry; the next tool call waits for its own).
     if outcome.status == "ok":
-        shown, digest, _ = _capped(outcome.output)
+        # The digest invoke computed is of this output unless redaction changed it.
+        shown, digest, _ = _capped(outcome.output, outcome.output_digest if outcome is invoked else None)
         rt.journal.append_soon(
             "tool_result",
             {"call_id": call_id, "tool": name, "status": "ok", "output": shown, "output_digest": digest},

@@ -115,8 +115,7 @@ def parse_manifest(text: str | bytes, *, source: str = "<manifest>") -> Manifest
         raise ManifestInvalid(_syntax_message(str(exc), text, source)) from None
     if not doc:
         raise ManifestInvalid(f'{source}:1: the manifest is empty (it needs at least name = "...")')
-    lines = _locate(text)
-    checker = _Checker(source, lines)
+    checker = _Checker(source, text)
     manifest = checker.check(doc, text)
     if checker.problems:
         ordered = sorted(checker.problems, key=lambda p: p[0])
@@ -205,10 +204,18 @@ def _dotted(path: KeyPath) -> str:
 class _Checker:
     """Collects (line, message) problems while building the Manifest."""
 
-    def __init__(self, source: str, lines: dict[KeyPath, int]) -> None:
+    def __init__(self, source: str, text: str) -> None:
         self.source = source
-        self.lines = lines
+        self.text = text
+        self._lines: dict[KeyPath, int] | None = None
         self.problems: list[tuple[int, str]] = []
+
+    @property
+    def lines(self) -> dict[KeyPath, int]:
+        """Key path → line, located on the first problem (a manifest without one never needs it)."""
+        if self._lines is None:
+            self._lines = _locate(self.text)
+        return self._lines
 
     def line(self, path: KeyPath) -> int:
         for end in range(len(path), 0, -1):

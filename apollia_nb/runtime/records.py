@@ -64,6 +64,10 @@ class _Write(NamedTuple):
 _STOP = _Write(None)
 
 _SCHEMA = """
+CREATE TABLE IF NOT EXISTS home_facts (
+    id INTEGER PRIMARY KEY,
+    facts VARCHAR NOT NULL
+);
 CREATE TABLE IF NOT EXISTS agents (
     name VARCHAR PRIMARY KEY,
     manifest VARCHAR NOT NULL,
@@ -382,6 +386,16 @@ class RuntimeRecords:
                 except Exception:  # noqa: BLE001 - a failed commit already ended the transaction
                     pass
                 raise
+
+    # the home's facts ---------------------------------------------------
+    def home_facts(self) -> str | None:
+        """The facts the home record was last read from (``journal.accounting.HomeFacts``, as JSON)."""
+        rows = self._exec("SELECT facts FROM home_facts WHERE id = 1")
+        return str(rows[0][0]) if rows else None
+
+    def keep_home_facts(self, facts: str) -> None:
+        """Queue the facts for the next open (a cache of the journal's entries: losing it costs a scan)."""
+        self._upsert("home_facts", {"id": 1}, {"facts": facts})
 
     # agents -------------------------------------------------------------
     def save_agent(self, name: str, manifest: str, state: str, warnings: list[str], at: str, *,

@@ -57,8 +57,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.journal.contract import JournalFace
     from apollia_nb.journal.store import Journal
     from apollia_nb.runtime.capabilities import RecordsFace
+    from apollia_nb.runtime.records import RuntimeRecords
 
 __all__ = ["Runtime", "TaskHandle"]
+
+
+def _open_if_present(home: Home) -> "RuntimeRecords | None":
+    """``runtime.db`` opened when it exists and opens; None otherwise (nothing is created here)."""
+    from apollia_nb.runtime.records import open_records
+
+    if not home.runtime_db.exists():
+        return None
+    try:
+        return open_records(home)
+    except ApolliaError:  # damaged or refused: ``open_records`` raises it again where the home expects it
+        return None
 
 
 def _utc_iso(ts: float) -> str:
@@ -306,7 +319,7 @@ class Runtime:
         from apollia_nb.governance.store import GovernanceStore
         from apollia_nb.journal.store import Journal
         from apollia_nb.runtime.breaker import Breakers
-        from apollia_nb.journal.accounting import FILE_CREATED, check_runtime_db, read_home_record
+        from apollia_nb.journal.accounting import FILE_CREATED, HomeFacts, check_runtime_db, read_home_facts
         from apollia_nb.runtime.records import RuntimeRecords, open_records
 
         self.mode = "owner"
@@ -334,8 +347,14 @@ class Runtime:
             # The home's files are accounted for by its journal (journal/accounting.py): a key that
             # is not the journal's, or a runtime.db it records that is gone or damaged, stops here.
             self.journal = Journal.open(self.home)
+            records: RuntimeRecords | None = None
             try:
-                record = read_home_record(self.journal)
+                # runtime.db keeps the facts the home record was last read from: only the entries
+                # after them are read (a missing or damaged runtime.db is reported below, as always).
+                records = _open_if_present(self.home)
+                facts = read_home_facts(
+                    self.journal, since=HomeFacts.from_json(records.home_facts()) if records else None)
+                record = facts.record()
                 check_runtime_db(self.home, record)
                 self.governance = store = GovernanceStore.open(
                     self.home, self.journal, record=record, trusted_keys=None,  # re-read from apollia.toml as it changes
@@ -343,13 +362,17 @@ class Runtime:
                 )
                 store.view()  # loads (and journals) the policy state now
                 store.keep_open()  # the owner keeps governance.db open: per-operation connections are cheap
-                self.records = open_records(self.home)
+                self.records = records if records is not None else open_records(self.home)
+                if facts.seq:
+                    self.records.keep_home_facts(facts.to_json())
                 if "runtime.db" not in record.recorded:
                     self.journal.append(FILE_CREATED, {"file": "runtime.db"})
             except BaseException:
                 governance = getattr(self, "governance", None)
                 if governance is not None:
                     governance.close()
+                if records is not None:
+                    records.close()
                 self.journal.close()
                 raise
         self.witnesses = None
@@ -406,6 +429,8 @@ class Runtime:
 
     def _start_witnesses(self) -> None:
         """The thread sending this journal's checkpoints to ``[[journal.witnesses]]`` (docs/journal.md)."""
+        if "journal" not in self.config.raw:  # no [journal] table: no witnesses (nothing to import)
+            return
         from apollia_nb.witness.sender import CosignSender, parse_witnesses
 
         try:
@@ -605,9 +630,9 @@ class Runtime:
             if warnings:  # e.g. a tool source that could not give its tools, and why
                 exc.message = f"{exc.message} ({'; '.join(warnings)})"
             raise startup_failure(cell, exc) from None
-        error = await anyio.to_thread.run_sync(
+        error = await anyio.to_thread.run_sync(  # a worker thread only when there is something to install
             install_packages, self.home.agents_dir / manifest.name / "venv", manifest.python_packages
-        )
+        ) if manifest.python_packages else None
         if error:
             warnings.append(error)
         if manifest.python_packages:

@@ -524,11 +524,24 @@ def _msg(message: Any) -> dict[str, Any]:
     return {
         "role": message.role,
         "content": message.content,
-        "tool_calls": [{"id": tc.id, "name": tc.name, "arguments": copy.deepcopy(tc.arguments)}
+        "tool_calls": [{"id": tc.id, "name": tc.name, "arguments": _json_copy(tc.arguments)}
                        for tc in message.tool_calls],
         "tool_call_id": message.tool_call_id,
         "name": message.name,
     }
+
+
+def _json_copy(value: Any) -> Any:
+    """``copy.deepcopy`` of a JSON value (what a model's call arguments are), without its memo;
+    anything else is deep-copied as before."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _json_copy(item) for key, item in value.items()}
+    if kind is list:
+        return [_json_copy(item) for item in value]
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
+    return copy.deepcopy(value)
 
 
 def _unmsg(data: dict[str, Any]) -> Any:

@@ -77,6 +77,7 @@ __all__ = [
     "to_jsonable",
     "canonical_json",
     "output_digest",
+    "text_digest",
     "schema_from_signature",
 ]
 
@@ -435,7 +436,7 @@ def _is_type(value: Any, kind: str) -> bool:
 
 
 def _matches(value: Any, schema: Mapping[str, Any]) -> bool:
-    if not isinstance(schema, Mapping):
+    if type(schema) is not dict and not isinstance(schema, Mapping):
         return True
     if "anyOf" in schema and not any(_matches(value, s) for s in schema["anyOf"]):
         return False
@@ -449,7 +450,7 @@ def _matches(value: Any, schema: Mapping[str, Any]) -> bool:
     if "enum" in schema and value not in schema["enum"]:
         return False
     items = schema.get("items")
-    if isinstance(items, Mapping) and isinstance(value, (list, tuple)):
+    if items is not None and isinstance(items, Mapping) and isinstance(value, (list, tuple)):
         return all(_matches(item, items) for item in value)
     return True
 
@@ -476,7 +477,7 @@ def order_arguments(tooldef: ToolDef, arguments: Mapping[str, Any] | None) -> di
     """
     if arguments is None:
         arguments = {}
-    if not isinstance(arguments, Mapping):
+    if type(arguments) is not dict and not isinstance(arguments, Mapping):
         raise BadArgument(f"{tooldef.name}: arguments must be an object, got {_json_type(arguments)}")
     properties: dict[str, Any] = tooldef.parameters.get("properties", {})
     required = tooldef.parameters.get("required", [])
@@ -499,7 +500,7 @@ def order_arguments(tooldef: ToolDef, arguments: Mapping[str, Any] | None) -> di
                     f'{tooldef.name}: argument "{key}" must be {_expected(schema)}, got {_json_type(value)}'
                 )
             ordered[key] = value
-        elif isinstance(schema, Mapping) and "default" in schema:
+        elif (type(schema) is dict or isinstance(schema, Mapping)) and "default" in schema:
             ordered[key] = copy.deepcopy(schema["default"])
     for key in extra:
         ordered[key] = arguments[key]
@@ -536,14 +537,24 @@ def to_jsonable(value: Any) -> Any:
     return json_value(value)
 
 
+#: ``json.dumps`` with the options below builds this encoder anew on every call; it is made once.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def canonical_json(value: Any) -> str:
-    """The canonical JSON text a digest is computed over."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    """The canonical JSON text a digest is computed over
+    (``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)``)."""
+    return _CANONICAL.encode(value)
 
 
 def output_digest(value: Any) -> str:
     """SHA-256 hex of the canonical JSON of an output."""
-    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+    return text_digest(canonical_json(value))
+
+
+def text_digest(text: str) -> str:
+    """SHA-256 hex of a canonical JSON text already made (``canonical_json``): one encoding, not two."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -614,25 +625,58 @@ def classify_error(exc: BaseException, *, tool: str = "tool", timeout_secs: floa
     return PermanentToolError(f"{tool}: {type(exc).__name__}: {detail}")
 
 
+def is_async_body(fn: Callable[..., Any]) -> bool:
+    """Whether a tool's body is a coroutine function (run on the event loop, not in a worker thread)."""
+    return _is_async(fn)
+
+
 def _is_async(fn: Callable[..., Any]) -> bool:
+    try:
+        return _is_async_cached(fn)
+    except TypeError:  # an unhashable callable
+        return _coroutine_function(fn)
+
+
+def _coroutine_function(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
-async def _run_body(fn: Callable[..., Any], arguments: dict[str, Any], timeout: float) -> Any:
+@functools.lru_cache(maxsize=1024)
+def _is_async_cached(fn: Callable[..., Any]) -> bool:
+    """``_coroutine_function``, once per function (a tool's body does not change kind)."""
+    return _coroutine_function(fn)
+
+
+async def _run_body(fn: Callable[..., Any], arguments: dict[str, Any], timeout: float,
+                    before: Callable[[], Any] | None = None) -> tuple[Any, float | None]:
+    """The body's result and ``perf_counter()`` as it started (None: when ``invoke`` started)."""
     if _is_async(fn):
+        if before is not None:
+            await _before(before)
+        started = time.perf_counter() if before is not None else None
         with anyio.fail_after(timeout):
             result = await fn(**arguments)
             if inspect.isawaitable(result):
                 result = await result
-        return result
+        return result, started
     # A sync body runs in a worker thread. Threads cannot be interrupted: on
     # timeout the call returns at once and the thread's late result is dropped.
-    started = time.monotonic()
-    result = await workers.run_sync(fn, timeout=timeout, **arguments)
+    # The arguments are bound here: a tool's own ``timeout`` parameter is the tool's.
+    result, begun = await workers.run_after(before, functools.partial(fn, **arguments), timeout=timeout)
     if inspect.isawaitable(result):
-        with anyio.fail_after(max(0.0, timeout - (time.monotonic() - started))):
+        left = timeout - (time.perf_counter() - begun)
+        with anyio.fail_after(max(0.0, left)):
             result = await result
-    return result
+    return result, begun if before is not None else None
+
+
+async def _before(before: Callable[[], Any]) -> None:
+    """Run ``before`` in a worker thread (no timeout); its failure is ``BeforeFailed``."""
+    await workers.run_after(before, _nothing, timeout=math.inf)
+
+
+def _nothing() -> None:
+    return None
 
 
 async def invoke(
@@ -641,6 +685,7 @@ async def invoke(
     *,
     breakers: Breakers,
     timeout_secs: float | None = None,
+    before: Callable[[], Any] | None = None,
 ) -> ToolOutcome:
     """Run one approved call: check arguments, pass the breaker, run under the timeout.
 
@@ -648,21 +693,36 @@ async def invoke(
     body never runs, the breaker is untouched), an open breaker
     (``CIRCUIT_OPEN``, the body never runs) and every error of the body come
     back as an error outcome. Only transient failures count on the breaker.
+
+    ``before``: a blocking function that must be done before the body may run (the
+    journal's commit of the call), run once the arguments are checked and the breaker
+    asked, whatever they said; for a synchronous body in the body's own worker thread,
+    just before it, so the body starts without a hand-off back to the event loop. Its
+    failure is raised as it is (``workers.BeforeFailed`` unwrapped), the body never
+    runs and the breaker is told nothing; the tool's timeout counts from the body's
+    start. Cancelled while ``before`` runs, it runs to its end and the body never starts.
     """
     started = time.perf_counter()
     try:
         ordered = order_arguments(tooldef, arguments)
         _check_binds(tooldef.fn, ordered)
     except BadArgument as exc:
+        if before is not None:
+            await _unwrapped(_before(before))
         return _failed(exc, started)
     breaker = breakers.get(tooldef.name)
     try:
         ticket = breaker.admit()
     except CircuitOpen as exc:
+        if before is not None:
+            await _unwrapped(_before(before))
         return _failed(exc, started)
     timeout = tooldef.timeout_secs if timeout_secs is None else timeout_secs
+    unmade: BaseException | None = None
     try:
-        result = await _run_body(tooldef.fn, ordered, timeout)
+        result, body_started = await _run_body(tooldef.fn, ordered, timeout, before)
+    except workers.BeforeFailed as failed:  # nothing ran: the ticket is left unrecorded, like a cancelled call
+        unmade = failed.error
     except (Exception, SystemExit) as exc:  # a body that calls sys.exit() ends its call, not the runtime
         try:
             error = classify_error(exc, tool=tooldef.name, timeout_secs=timeout)
@@ -670,6 +730,10 @@ async def invoke(
             error = PermanentToolError(f"{tooldef.name}: {type(exc).__name__}")
         breaker.record(ticket, TRANSIENT if classify(error) == TRANSIENT else PERMANENT)
         return _failed(error, started)
+    if unmade is not None:
+        raise unmade  # outside the handler: it keeps its own cause and context
+    if body_started is not None:
+        started = body_started
     try:
         output = json_value(result)
         digest = output_digest(output)
@@ -679,3 +743,13 @@ async def invoke(
                                           f"({type(exc).__name__})"), started)
     breaker.record(ticket, SUCCESS)
     return ToolOutcome("ok", output, None, None, digest, _ms(started))
+
+
+async def _unwrapped(step: Any) -> None:
+    unmade: BaseException | None = None
+    try:
+        await step
+    except workers.BeforeFailed as failed:
+        unmade = failed.error
+    if unmade is not None:
+        raise unmade
