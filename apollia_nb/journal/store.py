@@ -159,6 +159,8 @@ _SCHEMA = (
 )
 #: Rows per range when journal.db is read in seq order (a sort of this many rows stays small).
 SEQ_RANGE = 65_536
+#: Seqs of stored entries read back at a time to compare them with the log's.
+COMPARE_RANGE = 2048
 
 
 def _utcnow() -> datetime:
@@ -215,8 +217,12 @@ def _stored_rows(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) ->
     if not rows:
         return {}
     low, high = min(r[0] for r in rows), max(r[0] for r in rows)
-    found = con.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq BETWEEN ? AND ?", [low, high]).fetchall()
-    return {int(r[0]): Entry.from_row(r) for r in found}
+    stored: dict[int, Entry] = {}
+    for first in range(low, high + 1, COMPARE_RANGE):  # in ranges: the memory stays bounded
+        found = con.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq BETWEEN ? AND ?",
+                            [first, min(high, first + COMPARE_RANGE - 1)]).fetchall()
+        stored.update((int(r[0]), Entry.from_row(r)) for r in found)
+    return stored
 
 
 class Draft(NamedTuple):
@@ -377,6 +383,12 @@ APPEND_SLICE = 64
 IMPORT_IDLE_SECS = 0.1
 #: After ``journal.db`` refused a copy (a full disk), the copier tries again this often.
 IMPORT_RETRY_SECS = 0.5
+#: Most entries, and most payload bytes, one transaction copies into ``journal.db``: a larger
+#: copy (one large ``append_many``, a long backlog) is made in pieces, each a consistent
+#: prefix with its own frontier, so the copy's memory stays within the database's cap
+#: (``dbutil.MEMORY_LIMIT``) whatever the size of one append.
+COPY_PIECE_ENTRIES = 8192
+COPY_PIECE_BYTES = 2 * 1024 * 1024
 _OPEN: dict[Path, "Journal"] = {}
 _OPEN_LOCK = threading.Lock()
 
@@ -430,6 +442,7 @@ class Journal:
         self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # writes the copier makes
         self._copied = 0  # the highest seq journal.db holds
         self._copy_acc = self._acc  # the frontier the rows being copied end at (the copier's)
+        self._stored_acc = self._acc  # the frontier journal.db holds (the copier's)
         self._wanted = 0  # a seq somebody waits for journal.db to hold (copied at once)
         self._attempts = 0  # copies started
         self._failed_attempt = 0  # the last copy that failed
@@ -620,6 +633,7 @@ class Journal:
                 f"start a new chain with `apollia-os home repair --archive-journal --home {self.path.parent}`"
             )
         seq, prev = self._head
+        self._stored_acc = self._acc.copy()
         verify_key = self._key.verify_key
         fresh: list[Entry] = []
         for row in read.rows:
@@ -983,7 +997,9 @@ class Journal:
         """One copy attempt of ``rows`` (ending at ``acc``'s size) into ``journal.db``; on the copier."""
         try:
             if self._copy_error is not None:
-                rows = self._drop_copied(rows)
+                kept = self._drop_copied(rows)
+                self._advance_stored(rows[:len(rows) - len(kept)])
+                rows = kept
             if rows:
                 self._copy_acc = acc
                 self._insert(rows)
@@ -1105,16 +1121,44 @@ class Journal:
         if needs_reopen(exc):
             self._reopen_needed = True
 
-    def _insert(self, rows: list[tuple[Any, ...]]) -> None:
-        """Insert rows, their ``entry_fields`` and ``calls`` rows and the new head and frontier in one transaction.
+    def _advance_stored(self, rows: list[tuple[Any, ...]]) -> None:
+        """Count rows ``journal.db`` turned out to hold (a commit reported failed that reached its WAL)."""
+        for row in rows:
+            if row[0] == self._stored_acc.size + 1:
+                self._stored_acc.append(leaf_hash(bytes(row[7])))
 
-        ``_copy_acc`` is the Merkle frontier of the journal the rows complete (it ends with them), so
-        the frontier stored is the one of the entries stored; a crash before the commit leaves neither
-        (the log keeps the entries). See docs/journal.md for the measurement."""
-        acc = self._copy_acc
-        if acc.size != rows[-1][0]:
+    def _insert(self, rows: list[tuple[Any, ...]]) -> None:
+        """Copy rows into ``journal.db`` in pieces (``copy_pieces``), one transaction each.
+
+        Each piece stores its entries, their ``entry_fields`` and ``calls`` rows and the head and
+        Merkle frontier of the prefix it ends, so every committed piece leaves ``journal.db`` a
+        consistent prefix of the log, and the memory of a copy does not grow with one append. A
+        failure or crash between two pieces keeps the pieces committed; the log keeps the rest.
+        ``_copy_acc`` is the frontier the rows end at: the last piece must end there."""
+        end = self._copy_acc
+        if end.size != rows[-1][0]:
             raise IntegrityError(f"the copy of entries {rows[0][0]}..{rows[-1][0]} does not end at the "
-                                 f"journal's head ({acc.size})")
+                                 f"journal's head ({end.size})")
+        if rows[0][0] != self._stored_acc.size + 1:
+            raise IntegrityError(f"the copy of entries {rows[0][0]}..{rows[-1][0]} does not continue "
+                                 f"{self.path.name} (its head is {self._stored_acc.size})")
+        pieces = copy_pieces(rows)
+        for number, piece in enumerate(pieces):
+            acc = self._stored_acc.copy()
+            for row in piece:
+                acc.append(leaf_hash(bytes(row[7])))
+            if number == len(pieces) - 1 and acc.root() != end.root():
+                raise IntegrityError(f"the copy of entries {rows[0][0]}..{rows[-1][0]} does not have the "
+                                     "journal's Merkle root")
+            self._insert_piece(piece, acc)
+            self._stored_acc = acc
+            if number < len(pieces) - 1:
+                faults.point("journal.after_piece")
+
+    def _insert_piece(self, rows: list[tuple[Any, ...]], acc: MerkleAccumulator) -> None:
+        """Insert rows, their ``entry_fields`` and ``calls`` rows and the head and frontier ``acc``
+        (which ends with them) in one transaction. A crash before the commit leaves neither (the
+        log keeps the entries). See docs/journal.md for the measurement."""
         try:
             con = self._db()
             fault_point(self.path.name)
@@ -1431,6 +1475,27 @@ class Journal:
         if self._close_error is not None:
             error = storage_error(self._close_error, "the closing checkpoint was not written")
             raise error or IntegrityError(f"the closing checkpoint was not written: {self._close_error}")
+
+
+def copy_pieces(rows: list[tuple[Any, ...]], entries: int | None = None,
+                max_bytes: int | None = None) -> list[list[tuple[Any, ...]]]:
+    """``rows`` cut, in order, into pieces of at most ``entries`` rows and ``max_bytes`` payload
+    bytes (``COPY_PIECE_ENTRIES``, ``COPY_PIECE_BYTES``); a single larger entry is a piece alone."""
+    entries = COPY_PIECE_ENTRIES if entries is None else entries
+    max_bytes = COPY_PIECE_BYTES if max_bytes is None else max_bytes
+    pieces: list[list[tuple[Any, ...]]] = []
+    piece: list[tuple[Any, ...]] = []
+    size = 0
+    for row in rows:
+        n = len(row[5])
+        if piece and (len(piece) >= entries or size + n > max_bytes):
+            pieces.append(piece)
+            piece, size = [], 0
+        piece.append(row)
+        size += n
+    if piece:
+        pieces.append(piece)
+    return pieces
 
 
 def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: str | None = None) -> _Item:
