@@ -28,6 +28,8 @@ The points (see docs/runtime.md):
   head and Merkle frontier not yet written (one transaction: a crash commits neither).
 * ``journal.after_copy`` — the copier committed a copy into journal.db; the log still holds those
   entries (and whatever the writer committed meanwhile), and the copy is not yet counted as done.
+* ``journal.after_piece`` — a copy into journal.db larger than one piece committed a piece (its entries and
+  the frontier of that prefix); the later pieces are only in the log.
 * ``verify.signature_worker`` — a journal verification's signature worker has started, checked nothing yet
   (the verification checks its signatures in process and says so in the report's notes).
 """
