@@ -36,8 +36,10 @@ Tables (format 1)::
     entry_fields(seq, kind, ts, run_id, agent, call_id, tool, ...)          -- see views.py
     calls(k PRIMARY KEY, run_id, call_id, decision_seq, ..., status, ...)    -- one row per call, see views.py
 
-Every copy into ``journal.db`` commits, in one transaction, the entries, their
-``entry_fields`` and ``calls`` rows and the new ``frontier`` row: the head (size, last hash),
+Every copy into ``journal.db`` is made in pieces bounded by entries and payload bytes
+(``COPY_PIECE_ENTRIES``, ``COPY_PIECE_BYTES``); each piece commits, in one transaction, its
+entries, their ``entry_fields`` and ``calls`` rows and the ``frontier`` row of the prefix it
+ends: the head (size, last hash),
 the Merkle root and the compact range (one hash per set bit of the size). So
 ``Journal.open`` reads a constant amount however long the journal is, and
 checks it against the stored entries (their count, highest seq and the last
@@ -915,8 +917,9 @@ class Journal:
         """Copy committed entries from the log into ``journal.db``, off the writer's way.
 
         A copy takes every pending entry (``_pending``, in the log and not yet in
-        ``journal.db``) with the Merkle frontier they end at, and writes them in one
-        DuckDB transaction while the writer goes on committing to the log. It copies
+        ``journal.db``) with the Merkle frontier they end at, and writes them in bounded
+        pieces (``_insert``), one DuckDB transaction each, while the writer goes on
+        committing to the log. It copies
         when ``IMPORT_BATCH`` entries are pending, when no commit came for
         ``IMPORT_IDLE_SECS``, and at once when somebody asks for it (``_wanted``:
         the writer when half the log is used; ``_drain``: a read, the log starting
