@@ -21,7 +21,7 @@ from apollia_nb.governance import (
     decide,
 )
 from apollia_nb.governance import shellcheck
-from apollia_nb.governance.decision import first_argument, path_prefix_matches, rule_matches
+from apollia_nb.governance.decision import first_argument, leaf_texts, path_prefix_matches, rule_matches, url_form
 
 ALL = ("once", "always", "refuse")
 ONCE_REFUSE = ("once", "refuse")
@@ -499,8 +499,10 @@ def test_deny_prefixes_on_commands_match_broadly(prefix: str, command: str) -> N
 
 @pytest.mark.parametrize("path", ["secrets/key", "./secrets/key", "notes/../secrets/key", "secrets"])
 def test_deny_prefixes_on_paths_see_through_dot_segments(path: str) -> None:
-    d = decide(call("write", tool="write_file", args={"path": path}), view(rules=[Rule("write_file", prefix="secrets/")]))
-    expect(d, "refuse", 2)
+    c = call("write", tool="write_file", args={"path": path})
+    v = view(rules=[Rule("write_file", prefix="secrets/")])
+    expect(decide(c, v), "refuse", 2)
+    assert rule_matches(v.rules[0], c)  # the plain statement folds the text as a path too
 
 
 def test_deny_prefix_does_not_match_other_paths() -> None:
@@ -561,6 +563,8 @@ def test_a_file_tool_call_is_matched_on_its_resolved_names_not_its_folded_text()
     assert decide(loose, v).outcome == "refuse"  # without names: the folded text, matched as text
     assert decide(resolved, v).outcome == "allow"
     assert decide(detour, v).outcome == "refuse"
+    # rule_matches says the same: a resolved call's text is matched as text, never folded as a path.
+    assert [rule_matches(v.rules[0], c) for c in (loose, resolved, detour)] == [True, False, True]
     with pytest.raises(TypeError):
         Call(agent="clerk", tool="read_file", paths="secrets/k")
 
@@ -688,6 +692,7 @@ def test_strings_and_enums_compare_equal() -> None:
     a = decide(call("write"), view())
     assert a.answers == ("once", "always", "refuse") == (Answer.ONCE, Answer.ALWAYS, Answer.REFUSE)
     assert Family.EXECUTE == "execute" and Effect.DENY == "deny" and str(Family.READ_PERSONAL) == "read_personal"
+    assert [str(e) for e in (Outcome.ASK, Answer.ALWAYS, Effect.DENY, Family.WRITE)] == ["ask", "always", "deny", "write"]
     assert Call(agent="a", tool="t", family="write").family is Family.WRITE
     assert Rule(tool="t", effect="allow").effect is Effect.ALLOW
     assert GovernanceView(consents={("a", "write")}).consents == {("a", Family.WRITE)}
@@ -915,3 +920,84 @@ def test_deny_prefixes_and_names_are_compared_after_normalisation(prefix: str, n
     resolved = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "anything/else"},
                     paths=(name,))
     assert (decide(resolved, view(rules=[Rule("read_file", prefix=prefix)])).outcome == "refuse") is matches
+
+
+URL_FORMS = [
+    # (text, its URL form)
+    ("HTTPS://API.Example.com:443/x", "https://api.example.com/x"),  # scheme and host folded, default port dropped
+    ("http://Example.com:80", "http://example.com"),
+    ("https://api.example.com/x", "https://api.example.com/x"),  # already in form: unchanged
+    ("http://example.com:443/", "http://example.com:443/"),  # not the scheme's default port: kept
+    ("https://u@API.example.com.:443/x", "https://api.example.com/x"),  # user information and final dot dropped
+    ("https://example.com.:8443/x", "https://example.com:8443/x"),
+    ("https://api.example.com./v1?q#f", "https://api.example.com/v1?q#f"),
+    ("https://[::1]:443/x", "https://[::1]/x"),
+    ("https://[::1]:8080/", "https://[::1]:8080/"),
+    ("ftp://X.com/", "ftp://X.com/"),  # not http(s): as it is
+    ("Secrets/K", "Secrets/K"),
+]
+
+
+@pytest.mark.parametrize(("text", "form"), URL_FORMS, ids=[t for t, _ in URL_FORMS])
+def test_url_form(text: str, form: str) -> None:
+    assert url_form(text) == form
+    assert url_form(form) == form
+
+
+@pytest.mark.parametrize(
+    "prefix", ["https://api.example.com:443/", "HTTPS://API.example.com./", "https://u@api.example.com/"], ids=repr
+)
+def test_a_deny_prefix_on_a_url_is_matched_in_its_url_form(prefix: str) -> None:
+    v = view(rules=[Rule("http_request", prefix=prefix)])
+    sent = call("send", tool="http_request", args={"url": "https://api.example.com/v1/items"}, grants=("send",))
+    other = call("send", tool="http_request", args={"url": "https://api.example.org/v1"}, grants=("send",))
+    expect(decide(sent, v), "refuse", 2)
+    assert rule_matches(v.rules[0], sent)
+    expect(decide(other, v), "allow", 5)
+    assert not rule_matches(v.rules[0], other)
+
+
+def test_leaf_texts() -> None:
+    assert leaf_texts("secrets/k") == ("secrets/k",)
+    assert type(leaf_texts(Sly("secrets/k"))[0]) is str  # type: ignore[index]
+    assert leaf_texts(None) == ()
+    assert leaf_texts(5) == ("5",)
+    assert leaf_texts(b"x") == ("b'x'",)
+    assert leaf_texts(["a", {"k": ("b", None, 3)}]) == ("a", "k", "b")  # strings at any depth, keys too
+    assert leaf_texts([]) == ()
+    assert leaf_texts(Unprintable()) is None
+
+
+def nested(depth: int, leaf: str = "notes/a") -> Any:
+    value: Any = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_leaf_texts_reads_up_to_its_limits_and_no_further() -> None:
+    assert leaf_texts(["a"] * 256) == ("a",) * 256
+    assert leaf_texts(["a"] * 257) is None
+    assert leaf_texts({str(i): "v" for i in range(128)}) is not None  # keys and values: 256 strings
+    assert leaf_texts({str(i): "v" for i in range(128)} | {"x": "y"}) is None
+    assert leaf_texts(nested(8)) == ("notes/a",)  # eight lists deep
+    assert leaf_texts(nested(9)) is None
+
+
+@pytest.mark.parametrize(
+    ("paths", "refused"),
+    [
+        (["notes/a"] * 256, False),
+        (["notes/a"] * 257, True),  # too many to read: every deny rule of the tool matches
+        (nested(8), False),
+        (nested(9), True),
+    ],
+    ids=["256 strings", "257 strings", "8 deep", "9 deep"],
+)
+def test_a_container_too_large_or_deep_to_read_matches_every_deny_rule(paths: Any, refused: bool) -> None:
+    v = view(rules=[Rule("delete_many", prefix="secrets/")])
+    c = call("write", tool="delete_many", args={"paths": paths}, grants=("write",))
+    d = check(decide(c, v))
+    assert (d.outcome, d.line) == (("refuse", 2) if refused else ("allow", 5))
+    assert rule_matches(v.rules[0], c) is refused
+    assert (leaf_texts(paths) is None) is refused
