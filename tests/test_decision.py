@@ -848,6 +848,10 @@ def test_a_command_too_long_to_read_matches_every_deny_rule() -> None:
     c = run(command)
     assert scan(c, rules) == "zzz"
     expect(decide(c, view(rules=rules, developer_mode=True)), "refuse", 2)
+    # Among more rules than are checked one by one, the index checks them all too: the first decides.
+    many = [Rule(BASH, "deny", f"zz{i} x", id=f"zz{i}") for i in range(6)] + rules
+    d = check(decide(c, view(rules=many, developer_mode=True)))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "zz0") and scan(c, many) == "zz0"
 
 
 def test_the_example_in_the_docs_runs_as_written() -> None:
