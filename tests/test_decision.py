@@ -245,6 +245,7 @@ def test_rule_scope(rule: Rule, agent: str, family: str, outcome: str, line: int
     c = call(family, agent=agent, tool="write_file", args={"x": "git status"})
     d = check(decide(c, view(rules=[rule], developer_mode=True)))
     assert (d.outcome, d.line) == (outcome, line)
+    assert rule_matches(rule, c) is (rule.agent in ("*", agent))  # a bool, True exactly in scope
 
 
 def test_a_rule_for_an_agent_named_star_is_the_every_agent_rule() -> None:
@@ -259,6 +260,9 @@ def test_rules_name_exactly_one_tool() -> None:
     assert decide(call("write", tool="Write_file"), v).line == 2
     allowing = view(developer_mode=True, rules=[Rule("Bash_executor", "allow", "ls")])
     assert decide(run("ls"), allowing).outcome == "ask"  # an allow rule names its tool exactly
+    assert rule_matches(v.rules[0], call("write", tool="write_file2")) is False
+    assert rule_matches(v.rules[0], call("write", tool="Write_file")) is True
+    assert rule_matches(allowing.rules[0], run("ls")) is False
 
 
 # --- deny before allow ------------------------------------------------------------------
