@@ -511,7 +511,9 @@ def test_deny_prefixes_on_paths_see_through_dot_segments(path: str) -> None:
 
 def test_deny_prefix_does_not_match_other_paths() -> None:
     v = view(rules=[Rule("write_file", prefix="secrets/")], consents={("clerk", "write")})
-    expect(decide(call("write", tool="write_file", args={"path": "notes/a.txt"}), v), "allow", 5)
+    c = call("write", tool="write_file", args={"path": "notes/a.txt"})
+    expect(decide(c, v), "allow", 5)
+    assert rule_matches(v.rules[0], c) is False
 
 
 PATH_PREFIXES = [
@@ -620,6 +622,7 @@ class Unprintable:
 def test_an_argument_without_text_matches_every_deny_rule(family: str | None) -> None:
     c = call(family, args={"x": Unprintable()})
     expect(decide(c, view(rules=[Rule("tool", prefix="anything")])), "refuse", 2)
+    assert rule_matches(Rule("tool", prefix="anything"), c) is True
     assert first_argument(c) is None
     assert decide(c, view(consents={("clerk", "write")})).outcome in ("ask", "allow")
 
