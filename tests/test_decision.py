@@ -944,6 +944,13 @@ URL_FORMS = [
     ("https://api.example.com./v1?q#f", "https://api.example.com/v1?q#f"),
     ("https://[::1]:443/x", "https://[::1]/x"),
     ("https://[::1]:8080/", "https://[::1]:8080/"),
+    ("http://[::1]:80", "http://[::1]"),
+    ("https://EXAMPLE.com:443/X", "https://example.com/X"),  # the path keeps its case
+    ("https:///Secrets/K.", "https:///Secrets/K."),  # no host: all of it is path
+    ("https://?Q=A.", "https://?Q=A."),
+    ("https://a:b.:8080/x", "https://a:b.:8080/x"),  # more than one colon outside brackets: as it is
+    ("https://a]:8080/x", "https://a]:8080/x"),
+    ("https://[v1.x]./", "https://[v1.x]./"),  # a bracketed host: as it is
     ("ftp://X.com/", "ftp://X.com/"),  # not http(s): as it is
     ("Secrets/K", "Secrets/K"),
 ]

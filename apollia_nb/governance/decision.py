@@ -293,8 +293,8 @@ def url_form(text: str) -> str:
     default = ":443" if scheme == "https" else ":80"
     if host.endswith(default):
         host = host[: -len(default)]
-    name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
-    if colon and port.isdigit() and not name.endswith("]") and ":" not in name:
+    name, colon, port = host.rpartition(":")  # IPv6: [::1]:8080 keeps a ":" in name, [::1] ends in "1]"
+    if colon and port.isdigit() and ":" not in name:
         host = f"{name.rstrip('.')}:{port}"
     elif not colon:
         host = host.rstrip(".") if not host.startswith("[") else host
