@@ -265,6 +265,16 @@ def test_rules_name_exactly_one_tool() -> None:
     assert rule_matches(allowing.rules[0], run("ls")) is False
 
 
+@pytest.mark.parametrize("spelling", ["write_file", "WRITE_FILE", "Write_File"])
+def test_deny_rules_in_two_spellings_of_a_tool_both_apply(spelling: str) -> None:
+    rules = [Rule("write_file", prefix="a/", id="lower"), Rule("WRITE_FILE", prefix="b/", id="upper")]
+    v = view(rules=rules, consents={("clerk", "write")})
+    for path, rule_id in [("a/x", "lower"), ("b/x", "upper")]:
+        d = decide(call("write", tool=spelling, args={"path": path}), v)
+        assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, rule_id)
+    expect(decide(call("write", tool=spelling, args={"path": "c/x"}), v), "allow", 5)
+
+
 # --- deny before allow ------------------------------------------------------------------
 
 DENY_FIRST = [
@@ -787,6 +797,17 @@ def test_the_index_answers_as_a_scan_would(command: str) -> None:
     rules = [*DECOYS, Rule(BASH, "deny", "rm", id="rm")]
     c = run(command)
     assert decide(c, view(rules=rules)).rule_id == scan(c, rules)
+
+
+@pytest.mark.parametrize("command", ["/usr/bin/r? -rf /", "/usr/bin/r* x", "x/usr/bin/r? x", "/usr/b?n/rm x"], ids=repr)
+def test_a_glob_names_a_program_written_as_a_relative_path_among_many_rules(command: str) -> None:
+    # The deny matcher reads "/usr/bin/r?" as possibly "/usr/bin/rm", a path ending in "usr/bin/rm":
+    # the index must find that rule by the glob's head, past its first "/".
+    rules = [*DECOYS, Rule(BASH, "deny", "usr/bin/rm", id="rm")]
+    c = run(command)
+    assert scan(c, rules) == "rm"
+    d = decide(c, view(rules=rules))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "rm")
 
 
 # 2,000 rules on one shell, and commands that try

@@ -667,8 +667,8 @@ class GovernanceView:
     def _deny_scopes(self, tool: str, agent: str) -> tuple[_Rules, ...]:
         """The scopes whose deny rules apply: those of every spelling of ``tool`` in any case."""
         names = self._spellings.get(tool.casefold(), ())
-        if names == (tool,) or not names:
-            return self._scopes(tool, agent)
+        if len(names) == 1:  # one spelling, the usual case: its own scopes
+            return self._scopes(names[0], agent)
         return tuple(scope for name in names for scope in self._scopes(name, agent))
 
 
