@@ -470,7 +470,27 @@ def test_an_allow_rule_without_prefix_allows_nothing() -> None:
     for prefix in (None, ""):
         v = view(developer_mode=True, rules=[Rule(BASH, "allow", prefix)])
         expect(decide(run("ls -la"), v), "ask", 4, ALL)
-        assert not rule_matches(v.rules[0], run("ls -la"))
+        assert rule_matches(v.rules[0], run("ls -la")) is False
+
+
+@pytest.mark.parametrize(
+    ("c", "matches"),
+    [
+        (run("ls -la"), True),
+        (run("lsof"), False),
+        (run("ls; rm x"), False),  # not one simple command
+        (Call(agent="clerk", tool=BASH, family="execute", arguments={"command": "ls -la"}, shell=False), False),
+        (call("execute", tool=BASH, args={"command": ["ls", "-la"]}), False),  # only a string is a command
+        (call("execute", tool=BASH, args={"command": None}), False),
+        (call("execute", tool=BASH), False),
+    ],
+    ids=["simple", "other program", "chained", "not shell text", "list", "None", "no argument"],
+)
+def test_rule_matches_for_an_allow_rule(c: Call, matches: bool) -> None:
+    rule = Rule(BASH, "allow", "ls")
+    assert rule_matches(rule, c) is matches
+    assert rule_matches(Rule(BASH, "allow", "ls ;"), c) is False  # a prefix that is no simple command
+    assert (decide(c, view(developer_mode=True, rules=[rule])).outcome == "allow") is matches
 
 
 # --- word boundaries ---------------------------------------------------------------------

@@ -814,10 +814,10 @@ def rule_matches(rule: Rule, call: Call) -> bool:
     if rule.tool != call.tool and (rule.effect is Effect.ALLOW or rule.tool.casefold() != call.tool.casefold()):
         return False  # a deny rule names its tool in any case; an allow rule exactly
     if rule.effect is Effect.ALLOW:
+        # Only a string first argument of shell text is a command. allow_prefix_matches is false
+        # unless the prefix and the command are both one simple command (a word at least).
         command = _command(call) if call.shell else None
-        if command is None or _allow_words(rule.prefix) is None:
-            return False
-        return shellcheck.allow_prefix_matches(rule.prefix, command)  # type: ignore[arg-type]
+        return command is not None and rule.prefix is not None and shellcheck.allow_prefix_matches(rule.prefix, command)
     if rule.prefix is None:
         return True
     texts = _argument_texts(call)
