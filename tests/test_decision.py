@@ -1016,6 +1016,21 @@ def test_a_deny_prefix_on_a_url_is_matched_in_its_url_form(prefix: str) -> None:
     assert not rule_matches(v.rules[0], other)
 
 
+def test_a_deny_prefix_is_matched_against_the_aliases_of_the_first_argument() -> None:
+    # The tool's own parser says where the call goes: the text alone does not match.
+    v = view(rules=[Rule("http_request", prefix="https://api.example.com/")])
+    sneaky = Call(agent="clerk", tool="http_request", family="send", run_grants={"send"},
+                  arguments={"url": "https://example.org\\@api.example.com/v1"}, aliases=("https://api.example.com/v1",))
+    plain = dataclasses.replace(sneaky, aliases=())
+    expect(decide(sneaky, v), "refuse", 2)
+    assert rule_matches(v.rules[0], sneaky) is True
+    expect(decide(plain, v), "allow", 5)
+    assert rule_matches(v.rules[0], plain) is False
+    unreadable = dataclasses.replace(sneaky, arguments={"url": Unprintable()}, aliases=("https://example.org/",))
+    expect(decide(unreadable, v), "refuse", 2)  # no text: every deny rule matches, aliases or not
+    assert rule_matches(v.rules[0], unreadable) is True
+
+
 def test_leaf_texts() -> None:
     assert leaf_texts("secrets/k") == ("secrets/k",)
     assert type(leaf_texts(Sly("secrets/k"))[0]) is str  # type: ignore[index]
