@@ -1081,58 +1081,59 @@ def test_a_container_too_large_or_deep_to_read_matches_every_deny_rule(paths: An
 
 GIT_PATHS = (".git/hooks/pre-commit", "/ws/.git/hooks/pre-commit")
 REASONS = [
-    # (id, call, view, the decision's reason)
-    ("policy: tool", call("write", tool="shell"), view(policy=Policy(refuse_tools={"shell"})),
+    # (id, line, call, view, the decision's reason)
+    ("policy: tool", 1, call("write", tool="shell"), view(policy=Policy(refuse_tools={"shell"})),
      "organisation policy refuses the tool 'shell'"),
-    ("policy: connection", call("send", connection="crm"), view(policy=Policy(refuse_connections={"crm"})),
+    ("policy: connection", 1, call("send", connection="crm"), view(policy=Policy(refuse_connections={"crm"})),
      "organisation policy refuses the connection 'crm'"),
-    ("policy: family", call("send"), view(policy=Policy(refuse_families={"send"})),
+    ("policy: family", 1, call("send"), view(policy=Policy(refuse_families={"send"})),
      "organisation policy refuses the family 'send'"),
-    ("deny, every agent", call("write"), view(rules=[Rule("tool")]),
+    ("deny, every agent", 2, call("write"), view(rules=[Rule("tool")]),
      "a deny rule for 'tool' (every agent) matches"),
-    ("deny under a prefix, one agent", call("write", args={"path": "secrets/k"}),
+    ("deny under a prefix, one agent", 2, call("write", args={"path": "secrets/k"}),
      view(rules=[Rule("tool", prefix="secrets/", agent="clerk")]),
      "a deny rule for 'tool' under 'secrets/' (agent 'clerk') matches"),
-    ("deny on a path", Call(agent="clerk", tool="read_file", family="read", arguments={"path": "s/k"},
+    ("deny on a path", 2, Call(agent="clerk", tool="read_file", family="read", arguments={"path": "s/k"},
                             paths=("secrets/k", "/ws/secrets/k")),
      view(rules=[Rule("read_file", prefix="secrets/")]),
      "a deny rule for 'read_file' under 'secrets/' (every agent) matches the path 'secrets/k'"),
-    ("read", call("read"), view(), "family 'read' only reads or touches nothing outside"),
-    ("memory", call("memory"), view(), "family 'memory' only reads or touches nothing outside"),
-    ("fail closed", call("write"), view(readable=False), "fail closed: governance cannot be read"),
-    ("fail closed, why", call("write"), view(readable=False, unreadable_reason="the policy does not verify"),
+    ("read", 3, call("read"), view(), "family 'read' only reads or touches nothing outside"),
+    ("memory", 3, call("memory"), view(), "family 'memory' only reads or touches nothing outside"),
+    ("fail closed", 0, call("write"), view(readable=False), "fail closed: governance cannot be read"),
+    ("fail closed, why", 0, call("write"), view(readable=False, unreadable_reason="the policy does not verify"),
      "fail closed: the policy does not verify"),
-    ("execute, developer mode off", run("ls"), view(rules=[Rule(BASH, "allow", "ls")]),
+    ("execute, developer mode off", 4, run("ls"), view(rules=[Rule(BASH, "allow", "ls")]),
      "executes code; developer mode is off"),
-    ("execute, not shell text", Call(agent="clerk", tool="python_executor", family="execute",
+    ("execute, not shell text", 4, Call(agent="clerk", tool="python_executor", family="execute",
                                      arguments={"code": "ls"}, shell=False),
      view(developer_mode=True), "executes code that is not a shell command: no rule allows it, asked every time"),
-    ("execute, not simple", run("ls; rm x"), view(developer_mode=True),
+    ("execute, not simple", 4, run("ls; rm x"), view(developer_mode=True),
      "executes code; not a single simple command"),
-    ("execute, no command", call("execute", tool=BASH, args={"command": 5}), view(developer_mode=True),
+    ("execute, no command", 4, call("execute", tool=BASH, args={"command": 5}), view(developer_mode=True),
      "executes code; not a single simple command"),
-    ("execute, allowed", run("ls -la"), view(developer_mode=True, rules=[Rule(BASH, "allow", "ls", id="r")]),
+    ("execute, allowed", 4, run("ls -la"), view(developer_mode=True, rules=[Rule(BASH, "allow", "ls", id="r")]),
      "developer mode and an allow rule for 'bash_executor' under 'ls' (every agent) match a single simple command"),
-    ("execute, allowed for the agent", run("ls -la"),
+    ("execute, allowed for the agent", 4, run("ls -la"),
      view(developer_mode=True, rules=[Rule(BASH, "allow", "ls", agent="clerk")]),
      "developer mode and an allow rule for 'bash_executor' under 'ls' (agent 'clerk') match a single simple command"),
-    ("execute, no always", run("rm x"), view(developer_mode=True),
+    ("execute, no always", 4, run("rm x"), view(developer_mode=True),
      "executes code; no allow rule matches this simple command; no always: "
      f"{shellcheck.no_always_reason(('rm', 'x'))}, so a rule for it would allow more than this command"),
-    ("execute, ask", run("du -sh ."), view(developer_mode=True),
+    ("execute, ask", 4, run("du -sh ."), view(developer_mode=True),
      "executes code; no allow rule matches this simple command"),
-    ("profile", call("profile", grants=("profile",)), view(), "proposes a fact for the profile: asked every time"),
-    ("write in .git", Call(agent="clerk", tool="write_file", family="write", arguments={"path": GIT_PATHS[0]},
+    ("profile", 5, call("profile", grants=("profile",)), view(), "proposes a fact for the profile: asked every time"),
+    ("write in .git", 5, Call(agent="clerk", tool="write_file", family="write", arguments={"path": GIT_PATHS[0]},
                            paths=GIT_PATHS, run_grants={"write"}),
      view(), "writes inside a .git directory, whose files make git run programs (hooks, core.fsmonitor,"
      " filters): asked every time"),
-    ("consent", call("write"), view(consents={("clerk", "write")}), "standing consent of 'clerk' for family 'write'"),
-    ("grant", call("send", grants=("send",)), view(), "the run holds a grant for family 'send'"),
-    ("unclassified", call(None), view(consents={("clerk", "write")}), "unclassified tool: asked every time"),
-    ("no consent", call("send"), view(consents={("clerk", "write")}), "no consent of 'clerk' for family 'send'"),
+    ("consent", 5, call("write"), view(consents={("clerk", "write")}), "standing consent of 'clerk' for family 'write'"),
+    ("grant", 5, call("send", grants=("send",)), view(), "the run holds a grant for family 'send'"),
+    ("unclassified", 6, call(None), view(consents={("clerk", "write")}), "unclassified tool: asked every time"),
+    ("no consent", 6, call("send"), view(consents={("clerk", "write")}), "no consent of 'clerk' for family 'send'"),
 ]
 
 
-@pytest.mark.parametrize(("c", "v", "reason"), [r[1:] for r in REASONS], ids=[r[0] for r in REASONS])
-def test_every_line_gives_its_reason_in_words(c: Call, v: GovernanceView, reason: str) -> None:
-    assert check(decide(c, v)).reason == reason
+@pytest.mark.parametrize(("line", "c", "v", "reason"), [r[1:] for r in REASONS], ids=[r[0] for r in REASONS])
+def test_every_line_gives_its_reason_in_words(line: int, c: Call, v: GovernanceView, reason: str) -> None:
+    d = check(decide(c, v))
+    assert (d.line, d.reason) == (line, reason)
