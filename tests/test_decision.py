@@ -748,6 +748,50 @@ def test_the_public_face() -> None:
     ]
 
 
+def test_the_values_are_frozen_and_show_only_their_fields() -> None:
+    values = [
+        Call(agent="a", tool="t"), Rule(tool="t"), Policy(), GovernanceView(rules=[Rule("t", prefix="x")]),
+        decide(call("read"), view()),
+    ]
+    for value in values:
+        field = dataclasses.fields(value)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, getattr(value, field))
+        assert not hasattr(value, "__dict__")  # slots: no attribute can be added either
+    shown = repr(values[3])
+    assert shown.startswith("GovernanceView(rules=(Rule(tool='t'") and shown.endswith("unreadable_reason='')")
+    assert "_index" not in shown and "_by_tool" not in shown and "_spellings" not in shown
+
+
+def test_construction_errors_name_the_field_and_the_type() -> None:
+    cases = [
+        (lambda: Call(agent=None, tool="t"), "agent must be a string, not NoneType"),
+        (lambda: Call(agent="a", tool=3), "tool must be a string, not int"),
+        (lambda: Call(agent="a", tool="t", shell="false"), "shell must be True or False, not 'false'"),
+        (lambda: Call(agent="a", tool="t", arguments=["ls"]), "arguments must be a mapping, not list"),
+        (lambda: Call(agent="a", tool="t", connection=7), "connection must be a string, not int"),
+        (lambda: Call(agent="a", tool="t", paths="p"), "paths must be a sequence of strings, not a string"),
+        (lambda: Call(agent="a", tool="t", paths=["p", 1]), "path must be a string, not int"),
+        (lambda: Call(agent="a", tool="t", aliases="u"), "aliases must be a sequence of strings, not a string"),
+        (lambda: Call(agent="a", tool="t", aliases=[b"u"]), "alias must be a string, not bytes"),
+        (lambda: Rule(tool=1), "tool must be a string, not int"),
+        (lambda: Rule(tool="t", agent=None), "agent must be a string, not NoneType"),
+        (lambda: Rule(tool="t", prefix=3), "prefix must be a string, not int"),
+        (lambda: Policy(refuse_tools=[1]), "tool must be a string, not int"),
+        (lambda: Policy(refuse_connections=[None]), "connection must be a string, not NoneType"),
+        (lambda: GovernanceView(rules=[{"tool": "t"}]), "rules must be Rule values, not dict"),
+        (lambda: GovernanceView(consents={(1, "write")}), "agent must be a string, not int"),
+        (lambda: GovernanceView(developer_mode=1), "developer_mode must be True or False, not 1"),
+        (lambda: GovernanceView(readable=None), "readable must be True or False, not None"),
+        (lambda: GovernanceView(unreadable_reason=0), "unreadable_reason must be a string, not int"),
+        (lambda: GovernanceView(policy={}), "policy must be a Policy or None, not dict"),
+    ]
+    for build, message in cases:
+        with pytest.raises(TypeError) as caught:
+            build()
+        assert str(caught.value) == message
+
+
 def test_the_spec_example() -> None:
     view_ = GovernanceView(
         rules=[Rule(tool="bash_executor", prefix="git status", effect="allow", agent="*")],
