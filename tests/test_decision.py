@@ -630,6 +630,11 @@ ODD_ARGUMENTS = [
     ("argv list", {"argv": ["rm", "-rf", "/"]}, "rm -rf", True),
     ("argv list, other prefix", {"argv": ["ls"]}, "rm", False),
     ("bytes", {"data": b"secrets/k"}, "secrets/k", True),
+    ("bytes, other prefix", {"data": b"notes/a"}, "secrets/", False),
+    ("bytearray", {"data": bytearray(b"secrets/k")}, "secrets/k", True),
+    ("dict, a string inside", {"a": {"b": ["notes", "secrets/k"]}}, "secrets/k", True),
+    ("dict, other prefix", {"a": {"b": "notes/a"}}, "secrets/", False),
+    ("list, a string inside", {"paths": ["notes/a", "secrets/k"]}, "secrets/k", True),
     ("empty string", {"path": ""}, "x", False),
 ]
 
@@ -1096,6 +1101,8 @@ def nested(depth: int, leaf: str = "notes/a") -> Any:
 def test_leaf_texts_reads_up_to_its_limits_and_no_further() -> None:
     assert leaf_texts(["a"] * 256) == ("a",) * 256
     assert leaf_texts(["a"] * 257) is None
+    assert leaf_texts(["a"] * 200 + [1] * 57) is None  # items are counted, strings or not
+    assert leaf_texts(["a"] * 200 + [1] * 56) == ("a",) * 200
     assert leaf_texts({str(i): "v" for i in range(128)}) is not None  # keys and values: 256 strings
     assert leaf_texts({str(i): "v" for i in range(128)} | {"x": "y"}) is None
     assert leaf_texts(nested(8)) == ("notes/a",)  # eight lists deep
