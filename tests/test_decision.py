@@ -879,6 +879,16 @@ def test_a_glob_names_a_program_written_as_a_relative_path_among_many_rules(comm
     assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "rm")
 
 
+@pytest.mark.parametrize("command", ["/bin/rm -rf /", "sudo /bin/rm -rf /", "'/bin/rm' -rf /", "/bin/r'm' -rf /"], ids=repr)
+def test_a_deny_rule_on_a_program_path_refuses_it_among_many_rules(command: str) -> None:
+    rules = [*DECOYS, Rule(BASH, "deny", "/bin/rm -rf", id="rm")]
+    c = run(command)
+    assert scan(c, rules) == "rm"
+    assert scan(run("/usr/bin/rm -rf /"), rules) is None  # another path is another program
+    d = decide(c, view(rules=rules))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "rm")
+
+
 # 2,000 rules on one shell, and commands that try
 # to get a program past a deny rule with a glob or an expansion.
 MANY = [
