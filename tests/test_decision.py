@@ -859,7 +859,7 @@ def test_a_deny_rule_among_many_sees_through_quoting_and_wrappers(command: str, 
 @pytest.mark.parametrize(
     "command",
     ["ls -la", "git status; ls", "tool1 sub2", "echo 'rm'x", "farm x", "ls *.py", "find . -name '*.py'", "cat ~/x",
-     "rm[0-9] x", "echo $HOME", "r{a,b}m", "/bin/r? -rf /", "{r,}m -rf /", "r* x", "[r]m x"],
+     "rm[0-9] x", "echo $HOME", "r{a,b}m", "/bin/r? -rf /", "{r,}m -rf /", "r* x", "[r]m x", "/? x", "x/? x", "/* x"],
     ids=repr,
 )
 def test_the_index_answers_as_a_scan_would(command: str) -> None:
