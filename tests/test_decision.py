@@ -21,7 +21,7 @@ from apollia_nb.governance import (
     decide,
 )
 from apollia_nb.governance import shellcheck
-from apollia_nb.governance.decision import first_argument, path_prefix_matches, rule_matches
+from apollia_nb.governance.decision import first_argument, leaf_texts, path_prefix_matches, rule_matches, url_form
 
 ALL = ("once", "always", "refuse")
 ONCE_REFUSE = ("once", "refuse")
@@ -245,6 +245,7 @@ def test_rule_scope(rule: Rule, agent: str, family: str, outcome: str, line: int
     c = call(family, agent=agent, tool="write_file", args={"x": "git status"})
     d = check(decide(c, view(rules=[rule], developer_mode=True)))
     assert (d.outcome, d.line) == (outcome, line)
+    assert rule_matches(rule, c) is (rule.agent in ("*", agent))  # a bool, True exactly in scope
 
 
 def test_a_rule_for_an_agent_named_star_is_the_every_agent_rule() -> None:
@@ -259,6 +260,19 @@ def test_rules_name_exactly_one_tool() -> None:
     assert decide(call("write", tool="Write_file"), v).line == 2
     allowing = view(developer_mode=True, rules=[Rule("Bash_executor", "allow", "ls")])
     assert decide(run("ls"), allowing).outcome == "ask"  # an allow rule names its tool exactly
+    assert rule_matches(v.rules[0], call("write", tool="write_file2")) is False
+    assert rule_matches(v.rules[0], call("write", tool="Write_file")) is True
+    assert rule_matches(allowing.rules[0], run("ls")) is False
+
+
+@pytest.mark.parametrize("spelling", ["write_file", "WRITE_FILE", "Write_File"])
+def test_deny_rules_in_two_spellings_of_a_tool_both_apply(spelling: str) -> None:
+    rules = [Rule("write_file", prefix="a/", id="lower"), Rule("WRITE_FILE", prefix="b/", id="upper")]
+    v = view(rules=rules, consents={("clerk", "write")})
+    for path, rule_id in [("a/x", "lower"), ("b/x", "upper")]:
+        d = decide(call("write", tool=spelling, args={"path": path}), v)
+        assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, rule_id)
+    expect(decide(call("write", tool=spelling, args={"path": "c/x"}), v), "allow", 5)
 
 
 # --- deny before allow ------------------------------------------------------------------
@@ -456,7 +470,27 @@ def test_an_allow_rule_without_prefix_allows_nothing() -> None:
     for prefix in (None, ""):
         v = view(developer_mode=True, rules=[Rule(BASH, "allow", prefix)])
         expect(decide(run("ls -la"), v), "ask", 4, ALL)
-        assert not rule_matches(v.rules[0], run("ls -la"))
+        assert rule_matches(v.rules[0], run("ls -la")) is False
+
+
+@pytest.mark.parametrize(
+    ("c", "matches"),
+    [
+        (run("ls -la"), True),
+        (run("lsof"), False),
+        (run("ls; rm x"), False),  # not one simple command
+        (Call(agent="clerk", tool=BASH, family="execute", arguments={"command": "ls -la"}, shell=False), False),
+        (call("execute", tool=BASH, args={"command": ["ls", "-la"]}), False),  # only a string is a command
+        (call("execute", tool=BASH, args={"command": None}), False),
+        (call("execute", tool=BASH), False),
+    ],
+    ids=["simple", "other program", "chained", "not shell text", "list", "None", "no argument"],
+)
+def test_rule_matches_for_an_allow_rule(c: Call, matches: bool) -> None:
+    rule = Rule(BASH, "allow", "ls")
+    assert rule_matches(rule, c) is matches
+    assert rule_matches(Rule(BASH, "allow", "ls ;"), c) is False  # a prefix that is no simple command
+    assert (decide(c, view(developer_mode=True, rules=[rule])).outcome == "allow") is matches
 
 
 # --- word boundaries ---------------------------------------------------------------------
@@ -499,13 +533,17 @@ def test_deny_prefixes_on_commands_match_broadly(prefix: str, command: str) -> N
 
 @pytest.mark.parametrize("path", ["secrets/key", "./secrets/key", "notes/../secrets/key", "secrets"])
 def test_deny_prefixes_on_paths_see_through_dot_segments(path: str) -> None:
-    d = decide(call("write", tool="write_file", args={"path": path}), view(rules=[Rule("write_file", prefix="secrets/")]))
-    expect(d, "refuse", 2)
+    c = call("write", tool="write_file", args={"path": path})
+    v = view(rules=[Rule("write_file", prefix="secrets/")])
+    expect(decide(c, v), "refuse", 2)
+    assert rule_matches(v.rules[0], c)  # the plain statement folds the text as a path too
 
 
 def test_deny_prefix_does_not_match_other_paths() -> None:
     v = view(rules=[Rule("write_file", prefix="secrets/")], consents={("clerk", "write")})
-    expect(decide(call("write", tool="write_file", args={"path": "notes/a.txt"}), v), "allow", 5)
+    c = call("write", tool="write_file", args={"path": "notes/a.txt"})
+    expect(decide(c, v), "allow", 5)
+    assert rule_matches(v.rules[0], c) is False
 
 
 PATH_PREFIXES = [
@@ -561,6 +599,8 @@ def test_a_file_tool_call_is_matched_on_its_resolved_names_not_its_folded_text()
     assert decide(loose, v).outcome == "refuse"  # without names: the folded text, matched as text
     assert decide(resolved, v).outcome == "allow"
     assert decide(detour, v).outcome == "refuse"
+    # rule_matches says the same: a resolved call's text is matched as text, never folded as a path.
+    assert [rule_matches(v.rules[0], c) for c in (loose, resolved, detour)] == [True, False, True]
     with pytest.raises(TypeError):
         Call(agent="clerk", tool="read_file", paths="secrets/k")
 
@@ -590,6 +630,11 @@ ODD_ARGUMENTS = [
     ("argv list", {"argv": ["rm", "-rf", "/"]}, "rm -rf", True),
     ("argv list, other prefix", {"argv": ["ls"]}, "rm", False),
     ("bytes", {"data": b"secrets/k"}, "secrets/k", True),
+    ("bytes, other prefix", {"data": b"notes/a"}, "secrets/", False),
+    ("bytearray", {"data": bytearray(b"secrets/k")}, "secrets/k", True),
+    ("dict, a string inside", {"a": {"b": ["notes", "secrets/k"]}}, "secrets/k", True),
+    ("dict, other prefix", {"a": {"b": "notes/a"}}, "secrets/", False),
+    ("list, a string inside", {"paths": ["notes/a", "secrets/k"]}, "secrets/k", True),
     ("empty string", {"path": ""}, "x", False),
 ]
 
@@ -612,6 +657,7 @@ class Unprintable:
 def test_an_argument_without_text_matches_every_deny_rule(family: str | None) -> None:
     c = call(family, args={"x": Unprintable()})
     expect(decide(c, view(rules=[Rule("tool", prefix="anything")])), "refuse", 2)
+    assert rule_matches(Rule("tool", prefix="anything"), c) is True
     assert first_argument(c) is None
     assert decide(c, view(consents={("clerk", "write")})).outcome in ("ask", "allow")
 
@@ -688,6 +734,7 @@ def test_strings_and_enums_compare_equal() -> None:
     a = decide(call("write"), view())
     assert a.answers == ("once", "always", "refuse") == (Answer.ONCE, Answer.ALWAYS, Answer.REFUSE)
     assert Family.EXECUTE == "execute" and Effect.DENY == "deny" and str(Family.READ_PERSONAL) == "read_personal"
+    assert [str(e) for e in (Outcome.ASK, Answer.ALWAYS, Effect.DENY, Family.WRITE)] == ["ask", "always", "deny", "write"]
     assert Call(agent="a", tool="t", family="write").family is Family.WRITE
     assert Rule(tool="t", effect="allow").effect is Effect.ALLOW
     assert GovernanceView(consents={("a", "write")}).consents == {("a", Family.WRITE)}
@@ -704,6 +751,50 @@ def test_the_public_face() -> None:
     assert [f.name for f in dataclasses.fields(GovernanceView) if f.init] == [
         "rules", "consents", "developer_mode", "policy", "readable", "unreadable_reason",
     ]
+
+
+def test_the_values_are_frozen_and_show_only_their_fields() -> None:
+    values = [
+        Call(agent="a", tool="t"), Rule(tool="t"), Policy(), GovernanceView(rules=[Rule("t", prefix="x")]),
+        decide(call("read"), view()),
+    ]
+    for value in values:
+        field = dataclasses.fields(value)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, field, getattr(value, field))
+        assert not hasattr(value, "__dict__")  # slots: no attribute can be added either
+    shown = repr(values[3])
+    assert shown.startswith("GovernanceView(rules=(Rule(tool='t'") and shown.endswith("unreadable_reason='')")
+    assert "_index" not in shown and "_by_tool" not in shown and "_spellings" not in shown
+
+
+def test_construction_errors_name_the_field_and_the_type() -> None:
+    cases = [
+        (lambda: Call(agent=None, tool="t"), "agent must be a string, not NoneType"),
+        (lambda: Call(agent="a", tool=3), "tool must be a string, not int"),
+        (lambda: Call(agent="a", tool="t", shell="false"), "shell must be True or False, not 'false'"),
+        (lambda: Call(agent="a", tool="t", arguments=["ls"]), "arguments must be a mapping, not list"),
+        (lambda: Call(agent="a", tool="t", connection=7), "connection must be a string, not int"),
+        (lambda: Call(agent="a", tool="t", paths="p"), "paths must be a sequence of strings, not a string"),
+        (lambda: Call(agent="a", tool="t", paths=["p", 1]), "path must be a string, not int"),
+        (lambda: Call(agent="a", tool="t", aliases="u"), "aliases must be a sequence of strings, not a string"),
+        (lambda: Call(agent="a", tool="t", aliases=[b"u"]), "alias must be a string, not bytes"),
+        (lambda: Rule(tool=1), "tool must be a string, not int"),
+        (lambda: Rule(tool="t", agent=None), "agent must be a string, not NoneType"),
+        (lambda: Rule(tool="t", prefix=3), "prefix must be a string, not int"),
+        (lambda: Policy(refuse_tools=[1]), "tool must be a string, not int"),
+        (lambda: Policy(refuse_connections=[None]), "connection must be a string, not NoneType"),
+        (lambda: GovernanceView(rules=[{"tool": "t"}]), "rules must be Rule values, not dict"),
+        (lambda: GovernanceView(consents={(1, "write")}), "agent must be a string, not int"),
+        (lambda: GovernanceView(developer_mode=1), "developer_mode must be True or False, not 1"),
+        (lambda: GovernanceView(readable=None), "readable must be True or False, not None"),
+        (lambda: GovernanceView(unreadable_reason=0), "unreadable_reason must be a string, not int"),
+        (lambda: GovernanceView(policy={}), "policy must be a Policy or None, not dict"),
+    ]
+    for build, message in cases:
+        with pytest.raises(TypeError) as caught:
+            build()
+        assert str(caught.value) == message
 
 
 def test_the_spec_example() -> None:
@@ -768,13 +859,34 @@ def test_a_deny_rule_among_many_sees_through_quoting_and_wrappers(command: str, 
 @pytest.mark.parametrize(
     "command",
     ["ls -la", "git status; ls", "tool1 sub2", "echo 'rm'x", "farm x", "ls *.py", "find . -name '*.py'", "cat ~/x",
-     "rm[0-9] x", "echo $HOME", "r{a,b}m", "/bin/r? -rf /", "{r,}m -rf /", "r* x", "[r]m x"],
+     "rm[0-9] x", "echo $HOME", "r{a,b}m", "/bin/r? -rf /", "{r,}m -rf /", "r* x", "[r]m x", "/? x", "x/? x", "/* x"],
     ids=repr,
 )
 def test_the_index_answers_as_a_scan_would(command: str) -> None:
     rules = [*DECOYS, Rule(BASH, "deny", "rm", id="rm")]
     c = run(command)
     assert decide(c, view(rules=rules)).rule_id == scan(c, rules)
+
+
+@pytest.mark.parametrize("command", ["/usr/bin/r? -rf /", "/usr/bin/r* x", "x/usr/bin/r? x", "/usr/b?n/rm x"], ids=repr)
+def test_a_glob_names_a_program_written_as_a_relative_path_among_many_rules(command: str) -> None:
+    # The deny matcher reads "/usr/bin/r?" as possibly "/usr/bin/rm", a path ending in "usr/bin/rm":
+    # the index must find that rule by the glob's head, past its first "/".
+    rules = [*DECOYS, Rule(BASH, "deny", "usr/bin/rm", id="rm")]
+    c = run(command)
+    assert scan(c, rules) == "rm"
+    d = decide(c, view(rules=rules))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "rm")
+
+
+@pytest.mark.parametrize("command", ["/bin/rm -rf /", "sudo /bin/rm -rf /", "'/bin/rm' -rf /", "/bin/r'm' -rf /"], ids=repr)
+def test_a_deny_rule_on_a_program_path_refuses_it_among_many_rules(command: str) -> None:
+    rules = [*DECOYS, Rule(BASH, "deny", "/bin/rm -rf", id="rm")]
+    c = run(command)
+    assert scan(c, rules) == "rm"
+    assert scan(run("/usr/bin/rm -rf /"), rules) is None  # another path is another program
+    d = decide(c, view(rules=rules))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "rm")
 
 
 # 2,000 rules on one shell, and commands that try
@@ -843,6 +955,10 @@ def test_a_command_too_long_to_read_matches_every_deny_rule() -> None:
     c = run(command)
     assert scan(c, rules) == "zzz"
     expect(decide(c, view(rules=rules, developer_mode=True)), "refuse", 2)
+    # Among more rules than are checked one by one, the index checks them all too: the first decides.
+    many = [Rule(BASH, "deny", f"zz{i} x", id=f"zz{i}") for i in range(6)] + rules
+    d = check(decide(c, view(rules=many, developer_mode=True)))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "zz0") and scan(c, many) == "zz0"
 
 
 def test_the_example_in_the_docs_runs_as_written() -> None:
@@ -915,3 +1031,170 @@ def test_deny_prefixes_and_names_are_compared_after_normalisation(prefix: str, n
     resolved = Call(agent="clerk", tool="read_file", family="read", arguments={"path": "anything/else"},
                     paths=(name,))
     assert (decide(resolved, view(rules=[Rule("read_file", prefix=prefix)])).outcome == "refuse") is matches
+
+
+URL_FORMS = [
+    # (text, its URL form)
+    ("HTTPS://API.Example.com:443/x", "https://api.example.com/x"),  # scheme and host folded, default port dropped
+    ("http://Example.com:80", "http://example.com"),
+    ("https://api.example.com/x", "https://api.example.com/x"),  # already in form: unchanged
+    ("http://example.com:443/", "http://example.com:443/"),  # not the scheme's default port: kept
+    ("https://u@API.example.com.:443/x", "https://api.example.com/x"),  # user information and final dot dropped
+    ("https://example.com.:8443/x", "https://example.com:8443/x"),
+    ("https://api.example.com./v1?q#f", "https://api.example.com/v1?q#f"),
+    ("https://[::1]:443/x", "https://[::1]/x"),
+    ("https://[::1]:8080/", "https://[::1]:8080/"),
+    ("http://[::1]:80", "http://[::1]"),
+    ("https://EXAMPLE.com:443/X", "https://example.com/X"),  # the path keeps its case
+    ("https:///Secrets/K.", "https:///Secrets/K."),  # no host: all of it is path
+    ("https://?Q=A.", "https://?Q=A."),
+    ("https://a:b.:8080/x", "https://a:b.:8080/x"),  # more than one colon outside brackets: as it is
+    ("https://a]:8080/x", "https://a]:8080/x"),
+    ("https://[v1.x]./", "https://[v1.x]./"),  # a bracketed host: as it is
+    ("ftp://X.com/", "ftp://X.com/"),  # not http(s): as it is
+    ("Secrets/K", "Secrets/K"),
+]
+
+
+@pytest.mark.parametrize(("text", "form"), URL_FORMS, ids=[t for t, _ in URL_FORMS])
+def test_url_form(text: str, form: str) -> None:
+    assert url_form(text) == form
+    assert url_form(form) == form
+
+
+@pytest.mark.parametrize(
+    "prefix", ["https://api.example.com:443/", "HTTPS://API.example.com./", "https://u@api.example.com/"], ids=repr
+)
+def test_a_deny_prefix_on_a_url_is_matched_in_its_url_form(prefix: str) -> None:
+    v = view(rules=[Rule("http_request", prefix=prefix)])
+    sent = call("send", tool="http_request", args={"url": "https://api.example.com/v1/items"}, grants=("send",))
+    other = call("send", tool="http_request", args={"url": "https://api.example.org/v1"}, grants=("send",))
+    expect(decide(sent, v), "refuse", 2)
+    assert rule_matches(v.rules[0], sent)
+    expect(decide(other, v), "allow", 5)
+    assert not rule_matches(v.rules[0], other)
+
+
+def test_a_deny_prefix_is_matched_against_the_aliases_of_the_first_argument() -> None:
+    # The tool's own parser says where the call goes: the text alone does not match.
+    v = view(rules=[Rule("http_request", prefix="https://api.example.com/")])
+    sneaky = Call(agent="clerk", tool="http_request", family="send", run_grants={"send"},
+                  arguments={"url": "https://example.org\\@api.example.com/v1"}, aliases=("https://api.example.com/v1",))
+    plain = dataclasses.replace(sneaky, aliases=())
+    expect(decide(sneaky, v), "refuse", 2)
+    assert rule_matches(v.rules[0], sneaky) is True
+    expect(decide(plain, v), "allow", 5)
+    assert rule_matches(v.rules[0], plain) is False
+    unreadable = dataclasses.replace(sneaky, arguments={"url": Unprintable()}, aliases=("https://example.org/",))
+    expect(decide(unreadable, v), "refuse", 2)  # no text: every deny rule matches, aliases or not
+    assert rule_matches(v.rules[0], unreadable) is True
+
+
+def test_leaf_texts() -> None:
+    assert leaf_texts("secrets/k") == ("secrets/k",)
+    assert type(leaf_texts(Sly("secrets/k"))[0]) is str  # type: ignore[index]
+    assert leaf_texts(None) == ()
+    assert leaf_texts(5) == ("5",)
+    assert leaf_texts(b"x") == ("b'x'",)
+    assert leaf_texts(["a", {"k": ("b", None, 3)}]) == ("a", "k", "b")  # strings at any depth, keys too
+    assert leaf_texts([]) == ()
+    assert leaf_texts(Unprintable()) is None
+
+
+def nested(depth: int, leaf: str = "notes/a") -> Any:
+    value: Any = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_leaf_texts_reads_up_to_its_limits_and_no_further() -> None:
+    assert leaf_texts(["a"] * 256) == ("a",) * 256
+    assert leaf_texts(["a"] * 257) is None
+    assert leaf_texts(["a"] * 200 + [1] * 57) is None  # items are counted, strings or not
+    assert leaf_texts(["a"] * 200 + [1] * 56) == ("a",) * 200
+    assert leaf_texts({str(i): "v" for i in range(128)}) is not None  # keys and values: 256 strings
+    assert leaf_texts({str(i): "v" for i in range(128)} | {"x": "y"}) is None
+    assert leaf_texts(nested(8)) == ("notes/a",)  # eight lists deep
+    assert leaf_texts(nested(9)) is None
+
+
+@pytest.mark.parametrize(
+    ("paths", "refused"),
+    [
+        (["notes/a"] * 256, False),
+        (["notes/a"] * 257, True),  # too many to read: every deny rule of the tool matches
+        (nested(8), False),
+        (nested(9), True),
+    ],
+    ids=["256 strings", "257 strings", "8 deep", "9 deep"],
+)
+def test_a_container_too_large_or_deep_to_read_matches_every_deny_rule(paths: Any, refused: bool) -> None:
+    v = view(rules=[Rule("delete_many", prefix="secrets/")])
+    c = call("write", tool="delete_many", args={"paths": paths}, grants=("write",))
+    d = check(decide(c, v))
+    assert (d.outcome, d.line) == (("refuse", 2) if refused else ("allow", 5))
+    assert rule_matches(v.rules[0], c) is refused
+    assert (leaf_texts(paths) is None) is refused
+
+
+# --- reasons: the words a user reads when asked, and the journal keeps -----------------------
+
+GIT_PATHS = (".git/hooks/pre-commit", "/ws/.git/hooks/pre-commit")
+REASONS = [
+    # (id, line, call, view, the decision's reason)
+    ("policy: tool", 1, call("write", tool="shell"), view(policy=Policy(refuse_tools={"shell"})),
+     "organisation policy refuses the tool 'shell'"),
+    ("policy: connection", 1, call("send", connection="crm"), view(policy=Policy(refuse_connections={"crm"})),
+     "organisation policy refuses the connection 'crm'"),
+    ("policy: family", 1, call("send"), view(policy=Policy(refuse_families={"send"})),
+     "organisation policy refuses the family 'send'"),
+    ("deny, every agent", 2, call("write"), view(rules=[Rule("tool")]),
+     "a deny rule for 'tool' (every agent) matches"),
+    ("deny under a prefix, one agent", 2, call("write", args={"path": "secrets/k"}),
+     view(rules=[Rule("tool", prefix="secrets/", agent="clerk")]),
+     "a deny rule for 'tool' under 'secrets/' (agent 'clerk') matches"),
+    ("deny on a path", 2, Call(agent="clerk", tool="read_file", family="read", arguments={"path": "s/k"},
+                            paths=("secrets/k", "/ws/secrets/k")),
+     view(rules=[Rule("read_file", prefix="secrets/")]),
+     "a deny rule for 'read_file' under 'secrets/' (every agent) matches the path 'secrets/k'"),
+    ("read", 3, call("read"), view(), "family 'read' only reads or touches nothing outside"),
+    ("memory", 3, call("memory"), view(), "family 'memory' only reads or touches nothing outside"),
+    ("fail closed", 0, call("write"), view(readable=False), "fail closed: governance cannot be read"),
+    ("fail closed, why", 0, call("write"), view(readable=False, unreadable_reason="the policy does not verify"),
+     "fail closed: the policy does not verify"),
+    ("execute, developer mode off", 4, run("ls"), view(rules=[Rule(BASH, "allow", "ls")]),
+     "executes code; developer mode is off"),
+    ("execute, not shell text", 4, Call(agent="clerk", tool="python_executor", family="execute",
+                                     arguments={"code": "ls"}, shell=False),
+     view(developer_mode=True), "executes code that is not a shell command: no rule allows it, asked every time"),
+    ("execute, not simple", 4, run("ls; rm x"), view(developer_mode=True),
+     "executes code; not a single simple command"),
+    ("execute, no command", 4, call("execute", tool=BASH, args={"command": 5}), view(developer_mode=True),
+     "executes code; not a single simple command"),
+    ("execute, allowed", 4, run("ls -la"), view(developer_mode=True, rules=[Rule(BASH, "allow", "ls", id="r")]),
+     "developer mode and an allow rule for 'bash_executor' under 'ls' (every agent) match a single simple command"),
+    ("execute, allowed for the agent", 4, run("ls -la"),
+     view(developer_mode=True, rules=[Rule(BASH, "allow", "ls", agent="clerk")]),
+     "developer mode and an allow rule for 'bash_executor' under 'ls' (agent 'clerk') match a single simple command"),
+    ("execute, no always", 4, run("rm x"), view(developer_mode=True),
+     "executes code; no allow rule matches this simple command; no always: "
+     f"{shellcheck.no_always_reason(('rm', 'x'))}, so a rule for it would allow more than this command"),
+    ("execute, ask", 4, run("du -sh ."), view(developer_mode=True),
+     "executes code; no allow rule matches this simple command"),
+    ("profile", 5, call("profile", grants=("profile",)), view(), "proposes a fact for the profile: asked every time"),
+    ("write in .git", 5, Call(agent="clerk", tool="write_file", family="write", arguments={"path": GIT_PATHS[0]},
+                           paths=GIT_PATHS, run_grants={"write"}),
+     view(), "writes inside a .git directory, whose files make git run programs (hooks, core.fsmonitor,"
+     " filters): asked every time"),
+    ("consent", 5, call("write"), view(consents={("clerk", "write")}), "standing consent of 'clerk' for family 'write'"),
+    ("grant", 5, call("send", grants=("send",)), view(), "the run holds a grant for family 'send'"),
+    ("unclassified", 6, call(None), view(consents={("clerk", "write")}), "unclassified tool: asked every time"),
+    ("no consent", 6, call("send"), view(consents={("clerk", "write")}), "no consent of 'clerk' for family 'send'"),
+]
+
+
+@pytest.mark.parametrize(("line", "c", "v", "reason"), [r[1:] for r in REASONS], ids=[r[0] for r in REASONS])
+def test_every_line_gives_its_reason_in_words(line: int, c: Call, v: GovernanceView, reason: str) -> None:
+    d = check(decide(c, v))
+    assert (d.line, d.reason) == (line, reason)

@@ -293,8 +293,8 @@ def url_form(text: str) -> str:
     default = ":443" if scheme == "https" else ":80"
     if host.endswith(default):
         host = host[: -len(default)]
-    name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
-    if colon and port.isdigit() and not name.endswith("]") and ":" not in name:
+    name, colon, port = host.rpartition(":")  # IPv6: [::1]:8080 keeps a ":" in name, [::1] ends in "1]"
+    if colon and port.isdigit() and ":" not in name:
         host = f"{name.rstrip('.')}:{port}"
     elif not colon:
         host = host.rstrip(".") if not host.startswith("[") else host
@@ -667,8 +667,8 @@ class GovernanceView:
     def _deny_scopes(self, tool: str, agent: str) -> tuple[_Rules, ...]:
         """The scopes whose deny rules apply: those of every spelling of ``tool`` in any case."""
         names = self._spellings.get(tool.casefold(), ())
-        if names == (tool,) or not names:
-            return self._scopes(tool, agent)
+        if len(names) == 1:  # one spelling, the usual case: its own scopes
+            return self._scopes(names[0], agent)
         return tuple(scope for name in names for scope in self._scopes(name, agent))
 
 
@@ -814,10 +814,10 @@ def rule_matches(rule: Rule, call: Call) -> bool:
     if rule.tool != call.tool and (rule.effect is Effect.ALLOW or rule.tool.casefold() != call.tool.casefold()):
         return False  # a deny rule names its tool in any case; an allow rule exactly
     if rule.effect is Effect.ALLOW:
+        # Only a string first argument of shell text is a command. allow_prefix_matches is false
+        # unless the prefix and the command are both one simple command (a word at least).
         command = _command(call) if call.shell else None
-        if command is None or _allow_words(rule.prefix) is None:
-            return False
-        return shellcheck.allow_prefix_matches(rule.prefix, command)  # type: ignore[arg-type]
+        return command is not None and rule.prefix is not None and shellcheck.allow_prefix_matches(rule.prefix, command)
     if rule.prefix is None:
         return True
     texts = _argument_texts(call)
