@@ -204,7 +204,9 @@ def test_generators_name_the_bad_argument_never_a_type_error() -> None:
         assert _bad_input(lambda index=index: inclusion_proof(index, leaves)) == (
             f"leaf index {index!r} is not in a tree of size 5")
     # The index is checked before the leaves.
-    assert _bad_input(lambda: inclusion_proof(-1, [b"short"])) == "leaf index -1 is not in a tree of size 1"
+    for index in (-1, 1):
+        assert _bad_input(lambda index=index: inclusion_proof(index, [b"short"])) == (
+            f"leaf index {index} is not in a tree of size 1")
     sizes = "tree sizes must be non-negative integers"
     for old, new in (("1", 5), (1, "5"), (1, 5.0), (-1, 3), (2, -1), (False, 3)):
         assert _bad_input(lambda old=old, new=new: consistency_proof(old, new, leaves)) == sizes
