@@ -210,18 +210,30 @@ def test_generators_name_the_bad_argument_never_a_type_error() -> None:
     sizes = "tree sizes must be non-negative integers"
     for old, new in (("1", 5), (1, "5"), (1, 5.0), (-1, 3), (2, -1), (False, 3)):
         assert _bad_input(lambda old=old, new=new: consistency_proof(old, new, leaves)) == sizes
+    for size in (6, -1, 2.0, True):
+        assert _bad_input(lambda size=size: inclusion_proof(0, leaves, size=size)) == (
+            f"tree size {size!r} is not within the 5 leaves given")
+    assert _bad_input(lambda: consistency_proof(3, 2, leaves)) == "old size 3 is larger than new size 2"
+    assert _bad_input(lambda: consistency_proof(2, 6, leaves)) == "new size 6 exceeds the 5 leaves given"
+    for new in (0, 3):
+        assert _bad_input(lambda new=new: consistency_proof(0, new, leaves)) == (
+            "a consistency proof from the empty tree proves nothing")
 
 
 def _subtree(lo: int, hi: int) -> bytes:
     return root(LEAVES[lo:hi])
 
 
-def test_paths_from_subtree_reader_match_the_proofs() -> None:
+def test_paths_from_subtree_reader_verify() -> None:
     for n in range(1, 20):
         for i in range(n):
-            assert inclusion_path(i, n, _subtree) == inclusion_proof(i, LEAVES[:n])
-        for m in range(1, n + 1):
-            assert consistency_path(m, n, _subtree) == consistency_proof(m, n, LEAVES)
+            path = inclusion_path(i, n, _subtree)
+            verify_inclusion(i, n, LEAVES[i], path, ROOTS[n])
+            assert path == inclusion_proof(i, LEAVES[:n])
+        for m in range(1, n):
+            path = consistency_path(m, n, _subtree)
+            verify_consistency(m, n, ROOTS[m], ROOTS[n], path)
+            assert path == consistency_proof(m, n, LEAVES)
     # Equal sizes: the empty proof, and no range is read.
     reads: list[tuple[int, int]] = []
     assert consistency_path(5, 5, lambda lo, hi: reads.append((lo, hi)) or _subtree(lo, hi)) == []
