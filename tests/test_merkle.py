@@ -14,7 +14,9 @@ from apollia_nb.journal.merkle import (
     EMPTY_ROOT,
     MerkleAccumulator,
     ProofError,
+    consistency_path,
     consistency_proof,
+    inclusion_path,
     inclusion_proof,
     leaf_hash,
     node_hash,
@@ -189,6 +191,71 @@ def test_generators_reject_bad_input_with_stable_code() -> None:
     assert consistency_proof(3, 3, leaves) == []
 
 
+def _bad_input(call) -> str:
+    with pytest.raises(BadInput) as err:
+        call()
+    return err.value.message
+
+
+def test_generators_name_the_bad_argument_never_a_type_error() -> None:
+    leaves = [leaf_hash(d) for d in _data(5)]
+    # A wrong type of index or size is refused as bad input before it is compared.
+    for index in ("0", 5, -1, True, 2.0):
+        assert _bad_input(lambda index=index: inclusion_proof(index, leaves)) == (
+            f"leaf index {index!r} is not in a tree of size 5")
+    # The index is checked before the leaves.
+    for index in (-1, 1):
+        assert _bad_input(lambda index=index: inclusion_proof(index, [b"short"])) == (
+            f"leaf index {index} is not in a tree of size 1")
+    sizes = "tree sizes must be non-negative integers"
+    for old, new in (("1", 5), (1, "5"), (1, 5.0), (-1, 3), (2, -1), (False, 3)):
+        assert _bad_input(lambda old=old, new=new: consistency_proof(old, new, leaves)) == sizes
+    for size in (6, -1, 2.0, True):
+        assert _bad_input(lambda size=size: inclusion_proof(0, leaves, size=size)) == (
+            f"tree size {size!r} is not within the 5 leaves given")
+    assert _bad_input(lambda: consistency_proof(3, 2, leaves)) == "old size 3 is larger than new size 2"
+    assert _bad_input(lambda: consistency_proof(2, 6, leaves)) == "new size 6 exceeds the 5 leaves given"
+    for new in (0, 3):
+        assert _bad_input(lambda new=new: consistency_proof(0, new, leaves)) == (
+            "a consistency proof from the empty tree proves nothing")
+
+
+def _subtree(lo: int, hi: int) -> bytes:
+    return root(LEAVES[lo:hi])
+
+
+def test_paths_from_subtree_reader_verify() -> None:
+    for n in range(1, 20):
+        for i in range(n):
+            path = inclusion_path(i, n, _subtree)
+            verify_inclusion(i, n, LEAVES[i], path, ROOTS[n])
+            assert path == inclusion_proof(i, LEAVES[:n])
+        for m in range(1, n):
+            path = consistency_path(m, n, _subtree)
+            verify_consistency(m, n, ROOTS[m], ROOTS[n], path)
+            assert path == consistency_proof(m, n, LEAVES)
+    # Equal sizes: the empty proof, and no range is read.
+    reads: list[tuple[int, int]] = []
+    assert consistency_path(5, 5, lambda lo, hi: reads.append((lo, hi)) or _subtree(lo, hi)) == []
+    assert reads == []
+
+
+def test_paths_from_subtree_reader_reject_bad_input() -> None:
+    def never(lo: int, hi: int) -> bytes:
+        raise AssertionError(f"range {lo}..{hi} read for a refused argument")
+
+    for index, size in ((5, 5), (0, 0), (-1, 5), (True, 5), ("0", 5), (0, -1), (0, 5.0), (0, False)):
+        assert _bad_input(lambda index=index, size=size: inclusion_path(index, size, never)) == (
+            f"leaf index {index!r} is not in a tree of size {size!r}")
+    sizes = "tree sizes must be non-negative integers"
+    for old, new in (("1", 5), (1, "5"), (-1, 5), (1, -5), (True, 5), (1, 5.0)):
+        assert _bad_input(lambda old=old, new=new: consistency_path(old, new, never)) == sizes
+    assert _bad_input(lambda: consistency_path(6, 5, never)) == "old size 6 is larger than new size 5"
+    for new in (0, 5):
+        assert _bad_input(lambda new=new: consistency_path(0, new, never)) == (
+            "a consistency proof from the empty tree proves nothing")
+
+
 def test_proof_error_is_an_integrity_failure() -> None:
     assert issubclass(ProofError, IntegrityError)
     with pytest.raises(ProofError) as err:
@@ -351,6 +418,9 @@ def test_inclusion_proof_errors_say_what_is_wrong() -> None:
         assert _reason(lambda bad=bad: verify_inclusion(2, 8, leaf, proof, bad)) == "root hash is not 32 bytes"
         assert _reason(lambda bad=bad: verify_inclusion(2, 8, leaf, [bad] + proof[1:], top)) == (
             "proof element 0 is not 32 bytes")
+    # No proof at all (None) is the empty proof: enough for a tree of one leaf, too short otherwise.
+    assert verify_inclusion(0, 1, LEAVES[0], None, ROOTS[1]) is None
+    assert _reason(lambda: verify_inclusion(2, 8, leaf, None, top)) == "inclusion proof is too short"
     assert _reason(lambda: verify_inclusion(2, 8, leaf, proof + [leaf], top)) == "inclusion proof is too long"
     assert _reason(lambda: verify_inclusion(2, 8, leaf, proof[:-1], top)) == "inclusion proof is too short"
     assert _reason(lambda: verify_inclusion(2, 8, LEAVES[3], proof, top)) == (
