@@ -806,15 +806,21 @@ def _run_forked(name: str, scratches: list[Path], jobs: list[_Job], original: st
 
 
 def run_module(name: str, scratches: list[Path], sample: int | None, seed: int, equivalent: dict[str, str],
-               verbose: bool, fresh: bool, patch: bool = True) -> dict[str, int | float]:
+               verbose: bool, fresh: bool, patch: bool = True,
+               only: set[str] | None = None) -> dict[str, int | float]:
     rel, tests = MODULES[name]
     original = (ROOT / rel).read_text()
     if ast.dump(ast.parse(ast.unparse(ast.parse(original)))) != ast.dump(ast.parse(original)):
         raise SystemExit(f"mutation: {rel} does not survive ast.unparse unchanged")
     all_sites = sites(original)
     chosen = all_sites
-    if sample is not None and sample < len(all_sites):
-        chosen = sorted(random.Random(f"{seed}:{name}").sample(all_sites, sample), key=lambda s: s.index)
+    if only is not None:
+        chosen = [site for site in all_sites if site.ident(name) in only]
+    if sample is not None and sample < len(chosen):
+        chosen = sorted(random.Random(f"{seed}:{name}").sample(chosen, sample), key=lambda s: s.index)
+    if not chosen:
+        print(f"{name}: generated {len(all_sites)}, nothing to run", flush=True)
+        return {"generated": len(all_sites), "run": 0}
     began = time.monotonic()
     results: dict[str, str] = {}
     if fresh:
@@ -900,6 +906,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, help="run a uniform sample of N mutants per module")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample (default 0)")
     parser.add_argument("--list", action="store_true", help="list the mutants' ids and run nothing")
+    parser.add_argument("--ids", type=Path, metavar="FILE",
+                        help="run only the mutants whose ids FILE lists (one a line, as --list prints them)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print each mutant's outcome")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                         help="mutants run at a time (default: the number of cores)")
@@ -924,11 +932,15 @@ def main(argv: list[str] | None = None) -> int:
             for site in sites((ROOT / MODULES[name][0]).read_text()):
                 print(site.ident(name))
         return 0
+    only = None
+    if args.ids is not None:
+        only = {line.split()[0] for line in args.ids.read_text().splitlines() if line.strip()}
+        names = [n for n in names if any(i.startswith(f"{n}:") for i in only)]
     equivalent = load_equivalent()
     scratches = [_scratch_copy() for _ in range(1 if args.fresh else max(1, args.jobs))]
     try:
         for name in names:
-            run_module(name, scratches, args.sample, args.seed, equivalent, args.verbose, args.fresh)
+            run_module(name, scratches, args.sample, args.seed, equivalent, args.verbose, args.fresh, only=only)
     finally:
         for scratch in scratches:
             shutil.rmtree(scratch, ignore_errors=True)
