@@ -454,3 +454,18 @@ def test_accumulator_repr_shows_size_and_root() -> None:
     acc = MerkleAccumulator.from_leaf_hashes(LEAVES[:5])
     assert repr(acc) == f"MerkleAccumulator(size=5, root={ROOTS[5].hex()})"
     assert repr(MerkleAccumulator()) == f"MerkleAccumulator(size=0, root={EMPTY_ROOT.hex()})"
+
+
+def test_accumulator_errors_say_exactly_what_is_wrong():
+    from apollia_nb.errors import BadInput
+    from apollia_nb.journal.merkle import MerkleAccumulator
+
+    with pytest.raises(BadInput) as info:
+        MerkleAccumulator.from_state(-1, [])
+    assert info.value.message == "accumulator size must be a non-negative integer, got -1"
+    with pytest.raises(BadInput) as info:
+        MerkleAccumulator.from_state(3, [bytes(32)])
+    assert info.value.message == "an accumulator of size 3 holds 2 hashes, got 1"
+    with pytest.raises(BadInput) as info:
+        MerkleAccumulator().append(b"short")
+    assert info.value.message == "leaf hash is not 32 bytes"
