@@ -8,6 +8,7 @@ it, and a kill -9 in the middle of a background copy loses nothing acknowledged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -209,3 +210,80 @@ def test_a_checkpoint_is_signed_between_commits_and_stored_without_holding_the_w
         [(size, _root, note)] = journal.checkpoints()
         assert notes == [note] and size == IMPORT_BATCH < after.seq  # the prefix committed when it was signed
         assert journal.inclusion_proof(IMPORT_BATCH, note).tree_size == IMPORT_BATCH
+
+
+def _running_query(cursor):
+    """Start a query on ``cursor`` in a thread that runs until interrupted; the event is set once it runs."""
+    running, outcome = threading.Event(), []
+
+    def mark(x):
+        running.set()
+        return True
+
+    cursor.create_function("mark", mark, ["BIGINT"], "BOOLEAN")
+
+    def query():
+        try:
+            cursor.execute("SELECT count(*) FROM range(100000000000) t(x) WHERE mark(x)").fetchall()
+        except duckdb.Error as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=query, daemon=True)
+    thread.start()
+    assert running.wait(10), "the query never ran"
+    return thread, outcome
+
+
+def test_closing_while_a_handed_out_cursor_runs_a_query_interrupts_it_and_closes(home):
+    journal = Journal.open(home)
+    last = journal.append("plan", {"n": 1})
+    cursor = journal.cursor()
+    thread, outcome = _running_query(cursor)
+    try:
+        journal.close()  # DuckDB refuses to close a busy connection: close interrupts the query
+    finally:
+        with contextlib.suppress(duckdb.Error):  # (a failing close must not leave the query running)
+            cursor.interrupt()
+    thread.join(10)
+    assert not thread.is_alive() and isinstance(outcome[0], duckdb.InterruptException)
+    with pytest.raises(Exception, match="journal .* is closed"):
+        journal.cursor()
+    with Journal.open(home) as again:  # closed for real: it opens again, nothing lost
+        assert again.head()[0] == last.seq and verify_journal(again).ok
+
+
+def test_closing_during_a_verify_stops_the_verify_not_the_close(home, monkeypatch):
+    from apollia_nb.journal import verify as verify_module
+
+    journal = Journal.open(home)
+    journal.append_many(_batch(50, "v"))
+    reading, result, held = threading.Event(), [], []
+    real = verify_module._verify_connection
+
+    def slow(cursor, **kw):  # the verify holds its cursor, as one over a large journal does
+        held.append(cursor)
+        thread, outcome = _running_query(cursor)
+        reading.set()
+        thread.join(30)
+        raise outcome[0]
+
+    monkeypatch.setattr(verify_module, "_verify_connection", slow)
+
+    def run():
+        try:
+            result.append(verify_journal(journal))
+        except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+            result.append(exc)
+
+    verifier = threading.Thread(target=run)
+    verifier.start()
+    assert reading.wait(10)
+    try:
+        journal.close()
+    finally:
+        with contextlib.suppress(duckdb.Error):
+            held[0].interrupt()
+    verifier.join(10)
+    assert isinstance(result[0], duckdb.InterruptException)  # an error, never a report
+    monkeypatch.setattr(verify_module, "_verify_connection", real)
+    assert verify_home(home).ok

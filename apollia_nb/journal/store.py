@@ -64,6 +64,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -394,6 +395,9 @@ COPY_PIECE_BYTES = 2 * 1024 * 1024
 _OPEN: dict[Path, "Journal"] = {}
 _OPEN_LOCK = threading.Lock()
 
+#: How long ``close`` waits for a query still running on a handed-out cursor to stop.
+CLOSE_WAIT_SECONDS = 10.0
+
 
 class Journal:
     """The home's journal. ``Journal.open(home)``; ``close()`` when done (or use ``with``)."""
@@ -410,6 +414,7 @@ class Journal:
         self._con = con
         self._reader = con.cursor()
         self._read_lock = threading.Lock()
+        self._cursors: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()  # handed out by cursor()
         self._key = key
         self._origin = origin
         self._signer = NoteSigner(origin, key.signing_key)
@@ -1434,18 +1439,50 @@ class Journal:
         """A new DuckDB cursor on the journal's database, for the caller's own reads; close it.
 
         It sees every entry appended before this call (later ones once they are
-        copied: ask for a new cursor to see them)."""
+        copied: ask for a new cursor to see them). Closing the journal interrupts
+        a query still running on it and closes it."""
         self._catch_up()
         with self._read_lock:
             if self._reader is None:
                 raise self._unreadable()
-            return self._reader.cursor()
+            cursor = self._reader.cursor()
+            self._cursors.add(cursor)
+            return cursor
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run a read query (e.g. over the views) on the journal's reader cursor."""
         return self._read(query, params)
 
     # ------------------------------------------------------------------ closing
+    def _close_reader(self) -> None:
+        """Close the reader cursor and every cursor ``cursor()`` handed out.
+
+        DuckDB refuses to close a connection while one of its cursors runs a
+        query in another thread (a verify or an export still reading), so each
+        handed-out cursor is interrupted first: its query raises, and the next
+        one it starts meets a closed connection. Waits at most
+        ``CLOSE_WAIT_SECONDS`` for a running query to stop.
+        """
+        with self._read_lock:  # a read through _read holds it: it finishes first
+            reader, self._reader = self._reader, None
+            handed = list(self._cursors)
+        if reader is None:
+            return
+        deadline = time.monotonic() + CLOSE_WAIT_SECONDS
+        while True:
+            for cursor in handed:
+                try:
+                    cursor.interrupt()
+                except duckdb.Error:  # closed already
+                    pass
+            try:
+                reader.close()
+                return
+            except duckdb.ResourceInUseException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.002)
+
     def close(self) -> None:
         """Commit what is queued, write a checkpoint if entries were added since the last, close."""
         with self._submit_lock:
@@ -1463,10 +1500,7 @@ class Journal:
                 self._copy_cond.notify_all()
             if self._copier.is_alive():
                 self._copier.join()
-            with self._read_lock:
-                if self._reader is not None:
-                    self._reader.close()
-                    self._reader = None
+            self._close_reader()
             try:
                 self._con.close()
             except Exception:  # noqa: BLE001 - an invalidated database: its WAL holds what it committed
