@@ -22,8 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT_FILE = ROOT / "dev" / "mutation-equivalent.txt"
@@ -508,24 +510,7 @@ class _Server:
                         pass
                     running[pid] = (job, scratch, time.monotonic() + job["bound"])
                 time.sleep(0.005)
-                for pid, (job, scratch, deadline) in list(running.items()):
-                    done, status = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        code = os.waitstatus_to_exitcode(status)
-                        outcome = {0: "survived", 1: "killed", _CANNOT_PATCH: "reimport"}.get(code, "reimport")
-                    elif time.monotonic() > deadline:
-                        outcome = "timeout"
-                        os.killpg(pid, signal.SIGKILL)
-                        os.waitpid(pid, 0)
-                    else:
-                        continue
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                    del running[pid]
-                    free.append(scratch)
-                    (scratch / rel).write_text(original)
+                for job, scratch, outcome in _reap(running, _patched_outcome, free, rel, original):
                     killer = scratch / ".mutation-killer"
                     if outcome == "killed" and killer.exists():
                         kills[killer.read_text()] = kills.get(killer.read_text(), 0) + 1
@@ -744,6 +729,39 @@ def _fresh_run(scratch: Path, tests: tuple[str, ...], timeout: float | None) -> 
     return ("survived" if proc.returncode == 0 else "killed"), elapsed
 
 
+def _reap(running: dict[int, tuple[Any, Path, float]], outcome_of: Callable[[int], str], free: list[Path],
+          rel: str, original: str) -> Iterator[tuple[Any, Path, str]]:
+    """``(job, scratch, outcome)`` of each child in ``running`` that has ended (``outcome_of`` its
+    wait status) or overrun its deadline (killed: ``"timeout"``). Each leaves ``running`` with
+    whatever it started, and its scratch copy goes back to ``free`` holding ``original`` again."""
+    for pid, (job, scratch, deadline) in list(running.items()):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            outcome = outcome_of(status)
+        elif time.monotonic() > deadline:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+            outcome = "timeout"
+        else:
+            continue
+        try:  # whatever the tests started and left behind goes with them
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        del running[pid]
+        free.append(scratch)
+        (scratch / rel).write_text(original)
+        yield job, scratch, outcome
+
+
+def _patched_outcome(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    return {0: "survived", 1: "killed", _CANNOT_PATCH: "reimport"}.get(code, "reimport")
+
+
 def _outcome(status: int) -> str:
     code = os.waitstatus_to_exitcode(status)
     if code == 0:
@@ -769,27 +787,7 @@ def _run_forked(name: str, scratches: list[Path], jobs: list[_Job], original: st
             pid = _fork_run(scratch, test_files, job)
             running[pid] = (job, scratch, time.monotonic() + job.bound)
         time.sleep(0.01)
-        for pid, (job, scratch, deadline) in list(running.items()):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                outcome = _outcome(status)
-            elif time.monotonic() > deadline:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                os.waitpid(pid, 0)
-                outcome = "timeout"
-            else:
-                continue
-            # Whatever the tests started and left behind goes with them.
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            del running[pid]
-            free.append(scratch)
-            (scratch / rel).write_text(original)
+        for job, scratch, outcome in _reap(running, _outcome, free, rel, original):
             if outcome == "timeout" and job.first:
                 # Over a bound set by the tests' own durations: on a busy machine, give it another.
                 queue.insert(0, _Job(job.site, job.tests, job.bound * 3, first=False))
