@@ -274,6 +274,21 @@ def _pytest_args(scratch: Path, tests: tuple[str, ...]) -> list[str]:
     return ["-x", "-q", "-p", "no:cacheprovider", f"--basetemp={scratch / '.mutation-tmp'}", *tests]
 
 
+def _clear_caches() -> None:
+    """Empty every ``functools`` cache of the project's modules.
+
+    ``shellcheck`` caches what it reads of a command: with a warm cache a test does not execute the lines
+    that computed an answer, so the coverage map would not send it to their mutants, and a forked child
+    would answer from what the unmutated code cached before the fork."""
+    import functools
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("apollia_nb"):
+            for value in list(vars(module).values()):
+                if isinstance(value, functools._lru_cache_wrapper):
+                    value.cache_clear()
+
+
 # --- the coverage map: which test reaches which line -------------------------------------------------------
 
 
@@ -302,6 +317,7 @@ def _map_main(name: str, out: Path) -> int:
     class Recorder:
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_protocol(self, item, nextitem):
+            _clear_caches()  # each test executes every line its answers need
             cov.switch_context(item.nodeid)
             os.environ["APOLLIA_MUTATION_CONTEXT"] = item.nodeid
             start = time.perf_counter()
@@ -538,6 +554,7 @@ class _Server:
                 factory._basetemp = None
             if not _patch(module, mutated, target):
                 os._exit(_CANNOT_PATCH)
+            _clear_caches()  # answers the unmutated code cached before the fork
             from _pytest.runner import runtestprotocol
 
             code = 0
