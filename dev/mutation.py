@@ -524,16 +524,17 @@ class _Server:
                         os.setpgid(pid, pid)
                     except OSError:
                         pass
-                    running[pid] = (job, scratch, time.monotonic() + job["bound"])
+                    running[pid] = (job, scratch, time.monotonic(), job["bound"])
                 time.sleep(0.005)
                 for job, scratch, outcome in _reap(running, _patched_outcome, free, rel, original):
                     killer = scratch / ".mutation-killer"
                     if outcome == "killed" and killer.exists():
                         kills[killer.read_text()] = kills.get(killer.read_text(), 0) + 1
-                    if outcome == "timeout" and not job.get("again"):
+                    if outcome == "timeout" and not job.get("again"):  # (not "spun": it kept a core busy)
                         # Over a bound set by the tests' own durations: on a busy machine, give it another.
                         queue.insert(0, dict(job, bound=job["bound"] * 3, again=True))
                         continue
+                    outcome = "timeout" if outcome == "spun" else outcome
                     out.write(json.dumps({"ident": job["ident"], "outcome": outcome}) + "\n")
                     out.flush()
         return True
@@ -543,6 +544,7 @@ class _Server:
         code = _CANNOT_PATCH
         try:
             os.setpgid(0, 0)
+            _bound_resources()
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
@@ -707,6 +709,7 @@ def _fork_run(scratch: Path, test_files: tuple[str, ...], job: _Job) -> int:
     code = 99
     try:
         os.setpgid(0, 0)
+        _bound_resources()
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
@@ -746,22 +749,25 @@ def _fresh_run(scratch: Path, tests: tuple[str, ...], timeout: float | None) -> 
     return ("survived" if proc.returncode == 0 else "killed"), elapsed
 
 
-def _reap(running: dict[int, tuple[Any, Path, float]], outcome_of: Callable[[int], str], free: list[Path],
-          rel: str, original: str) -> Iterator[tuple[Any, Path, str]]:
-    """``(job, scratch, outcome)`` of each child in ``running`` that has ended (``outcome_of`` its
-    wait status) or overrun its deadline (killed: ``"timeout"``). Each leaves ``running`` with
+def _reap(running: dict[int, tuple[Any, Path, float, float]], outcome_of: Callable[[int], str],
+          free: list[Path], rel: str, original: str) -> Iterator[tuple[Any, Path, str]]:
+    """``(job, scratch, outcome)`` of each child in ``running`` (``pid: (job, scratch, started, bound)``)
+    that has ended (``outcome_of`` its wait status) or overrun its bound: killed, ``"spun"`` when it
+    used a core for most of that time (a mutant looping: detected, no second try), else ``"timeout"``
+    (perhaps only a busy machine: the caller may give it a longer bound). Each leaves ``running`` with
     whatever it started, and its scratch copy goes back to ``free`` holding ``original`` again."""
-    for pid, (job, scratch, deadline) in list(running.items()):
+    for pid, (job, scratch, started, bound) in list(running.items()):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             outcome = outcome_of(status)
-        elif time.monotonic() > deadline:
+        elif time.monotonic() - started > bound:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            os.waitpid(pid, 0)
-            outcome = "timeout"
+            _, _, usage = os.wait4(pid, 0)
+            spun = usage.ru_utime + usage.ru_stime > 0.5 * (time.monotonic() - started)
+            outcome = "spun" if spun else "timeout"
         else:
             continue
         try:  # whatever the tests started and left behind goes with them
@@ -772,6 +778,20 @@ def _reap(running: dict[int, tuple[Any, Path, float]], outcome_of: Callable[[int
         free.append(scratch)
         (scratch / rel).write_text(original)
         yield job, scratch, outcome
+
+
+#: The data a mutant's process (and each process it starts) may allocate, and its CPU seconds: a mutant that
+#: grows a list without end fails with ``MemoryError`` instead of taking the machine's memory, and a process
+#: it started that spins on after its test was killed ends by ``SIGXCPU``.
+CHILD_DATA_LIMIT = 3 * 1024**3
+CHILD_CPU_LIMIT = 1200
+
+
+def _bound_resources() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_DATA, (CHILD_DATA_LIMIT, CHILD_DATA_LIMIT))
+    resource.setrlimit(resource.RLIMIT_CPU, (CHILD_CPU_LIMIT, CHILD_CPU_LIMIT + 10))
 
 
 def _patched_outcome(status: int) -> str:
@@ -802,7 +822,7 @@ def _run_forked(name: str, scratches: list[Path], jobs: list[_Job], original: st
             scratch = free.pop()
             (scratch / rel).write_text(mutate(original, job.site.index))
             pid = _fork_run(scratch, test_files, job)
-            running[pid] = (job, scratch, time.monotonic() + job.bound)
+            running[pid] = (job, scratch, time.monotonic(), job.bound)
         time.sleep(0.01)
         for job, scratch, outcome in _reap(running, _outcome, free, rel, original):
             if outcome == "timeout" and job.first:
@@ -814,6 +834,7 @@ def _run_forked(name: str, scratches: list[Path], jobs: list[_Job], original: st
                 continue
             if outcome == "unclear":
                 outcome = "killed" if job.tests is None else outcome
+            outcome = "timeout" if outcome == "spun" else outcome
             results[job.site.ident(name)] = outcome
             if verbose:
                 print(f"  {outcome:8} {job.site.ident(name)}", flush=True)
