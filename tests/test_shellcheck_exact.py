@@ -1,0 +1,186 @@
+"""Exact answers of the deny matcher's parts: the nesting limit, the text the rule index
+searches, and how a glob word is read (pattern, literal head and tail, the programs it
+may name). The corpus in ``test_shellcheck.py`` checks decisions; these pin the values
+``decision.py``'s index relies on, so that a change in any of them shows."""
+
+from __future__ import annotations
+
+import string
+
+import pytest
+
+from apollia_nb.governance import Call, GovernanceView, Rule, decide
+from apollia_nb.governance.shellcheck import (
+    _MAX_DEPTH,
+    _NOT_IN_DOUBLE_QUOTES,
+    _UNQUOTED,
+    MAX_SIMPLE_LENGTH,
+    deny_prefix_matches,
+    deny_search_text,
+    glob_may_name,
+    glob_words,
+    simple_words,
+)
+
+
+def _shortest_word(text: str) -> str:
+    """The shortest word the simple-command check reads back as ``text``: bare runs of
+    ``_UNQUOTED`` characters, ``'single-quoted'`` runs without ``'`` and ``"double-quoted"``
+    runs without ``"`` or the characters double quotes refuse, concatenated (a shortest path
+    over positions; ``=`` is taken as bare anywhere, which can only make the word shorter)."""
+    n = len(text)
+    inf = 10**9
+    best = [0] * (n + 1)
+    step: list[tuple[str, int]] = [("", n)] * (n + 1)
+    runs = {"bare": (inf, n), "single": (inf, n), "double": (inf, n)}  # min over k of (k + best[k], k)
+    allowed = {
+        "bare": lambda c: c in _UNQUOTED,
+        "single": lambda c: c != "'",
+        "double": lambda c: c != '"' and c not in _NOT_IN_DOUBLE_QUOTES,
+    }
+    overhead = {"bare": 0, "single": 2, "double": 2}
+    for i in range(n - 1, -1, -1):
+        for kind in runs:
+            if allowed[kind](text[i]):
+                runs[kind] = min(runs[kind], (i + 1 + best[i + 1], i + 1))
+            else:
+                runs[kind] = (inf, n)
+        kind = min(runs, key=lambda k: overhead[k] + runs[k][0])
+        best[i] = overhead[kind] + runs[kind][0] - i
+        step[i] = (kind, runs[kind][1])
+    out, i = [], 0
+    while i < n:
+        kind, k = step[i]
+        out.append({"bare": "{}", "single": "'{}'", "double": '"{}"'}[kind].format(text[i:k]))
+        i = k
+    return "".join(out)
+
+
+def _nested(inner: str, depth: int, wrapper: str = "sh -c") -> str:
+    """``inner`` as the command string of ``wrapper``, ``depth`` times over, quoted as briefly as it can be."""
+    for _ in range(depth):
+        inner = f"{wrapper} {_shortest_word(inner)}"
+    return inner
+
+
+def test_the_shortest_quoting_reads_back_exactly() -> None:
+    for text in ["ls x", "a'b\"c", "sh -c 'ls x'", _nested("rm -rf x", 3)]:
+        assert simple_words(f"echo {_shortest_word(text)}") == ("echo", text)
+
+
+def test_a_command_string_nested_exactly_at_the_depth_limit_is_read_through() -> None:
+    harmful, harmless = _nested("rm -rf x", _MAX_DEPTH), _nested("ls x", _MAX_DEPTH)
+    assert simple_words(harmless) is not None and simple_words(harmful) is not None
+    assert deny_prefix_matches("rm -rf", harmful)  # found eight strings down
+    assert not deny_prefix_matches("rm", harmless)  # read to the bottom: nothing there runs rm
+    assert not deny_prefix_matches("rm", _nested("ls x", _MAX_DEPTH, wrapper="sudo bash -c"))
+    texts = deny_search_text(harmless).split("\n")
+    assert len(texts) == _MAX_DEPTH + 1 and texts[-1] == "ls x"  # one text per level, the last one's words
+    assert texts[0] == " ".join(simple_words(harmless))
+
+
+def test_no_simple_command_nests_deeper_than_the_limit() -> None:
+    """So the check's ``depth > _MAX_DEPTH`` answers are never reached (see dev/mutation-equivalent.txt):
+    one level deeper than the limit, even the briefest construction (a two-letter wrapper, one
+    character at the bottom) is longer than a simple command may be."""
+    briefest = min(len(_nested(c, _MAX_DEPTH + 1, wrapper="sh")) for c in string.punctuation + " "
+                   if c not in _UNQUOTED)
+    assert briefest > MAX_SIMPLE_LENGTH
+    assert len(_nested(" ", _MAX_DEPTH, wrapper="sh")) <= MAX_SIMPLE_LENGTH  # while the limit itself is reachable
+
+
+@pytest.mark.parametrize(
+    ("command", "text"),
+    [
+        ("git status", "git status"),
+        ("'git' \"status\"", "git status"),  # the words, quotes removed
+        ("echo 'rm -rf x'", "echo rm -rf x"),  # not a wrapper: its arguments are not command strings
+        ("sudo sh -c 'rm -rf x'", "sudo sh -c rm -rf x\nrm -rf x"),  # a wrapper: each command string too
+        ("sh -c \"sh -c 'ls x'\"", "sh -c sh -c 'ls x'\nsh -c ls x\nls x"),
+        ("ls | rm $(x)", "ls | rm $(x)\nls | rm \nls   rm  "),  # not simple: its readings
+        ("x=${a:-rm} y", "x=${a:-rm} y\nx= y\nx=  y\nx= rm  y"),  # the words an expansion may give
+        ("ｒｍ -rf / ;", "ｒｍ -rf / ;\nｒｍ -rf /  \nrm -rf / ;\nrm -rf /  "),  # fullwidth folded too
+    ],
+    ids=repr,
+)
+def test_deny_search_text_is_every_reading_the_matcher_has(command: str, text: str) -> None:
+    assert deny_search_text(command) == text
+
+
+@pytest.mark.parametrize("bad", [None, 7, b"rm", "x" * 1_000_001])
+def test_deny_search_text_is_none_when_the_matcher_reads_no_words(bad: object) -> None:
+    assert deny_search_text(bad) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("word", "pattern", "tail", "head", "last_head", "names"),
+    [
+        ("/bin/r?", "/bin/r.", "", "/bin/r", "r", ("rm",)),
+        ("r*", "r.*", "", "r", None, ("rm",)),
+        ("ab*cd", "ab.*cd", "cd", "ab", None, ("abcd",)),
+        ("/usr/{bin,sbin}/r?", "/usr/(?:bin|sbin)/r.", "", "/usr/", "r", ("rm",)),
+        ("a/r*", "a/r.*", "", "a/r", "r", ("rm",)),
+        ("/bin/[!a]m", "/bin/[^a]m", "m", "/bin/", "", ("rm", "sm")),
+        ("/b[i]n/rm", "/b[i]n/rm", "n/rm", "/b", "rm", ("rm",)),
+        ("*/rm", ".*/rm", "/rm", "", "rm", ("rm",)),
+        ("x{", "x(?:)", "", "x", None, ()),  # an unclosed brace: no tail
+        # A "/" inside braces: the part after it does not compile alone, so it may name anything.
+        ("{r,/s}m", "(?:r|/s)m", "", "", "", ("abcd", "ls", "rm", "sm")),
+        ("[z-a]m", ".*", "", "", None, ("abcd", "ls", "rm", "sm")),  # unreadable: names everything
+    ],
+    ids=repr,
+)
+def test_a_glob_word_is_read_exactly(word: str, pattern: str, tail: str, head: str, last_head: str | None,
+                                     names: tuple[str, ...]) -> None:
+    [glob] = glob_words(f"ls {word}")
+    assert (glob.pattern.pattern, glob.tail, glob.head, glob.last_head) == (pattern, tail, head, last_head)
+    assert tuple(p for p in ("abcd", "ls", "rm", "sm") if glob_may_name(glob, p)) == names
+    for program in names:  # what the index relies on: the tail and the head agree with every name
+        assert program.endswith(tail) or tail.endswith(program) or tail.endswith("/" + program) or not tail
+
+
+def test_glob_words_reads_only_the_words_with_glob_characters() -> None:
+    assert glob_words("ls -la x") == ()
+    assert [g.pattern.pattern for g in glob_words("cp a* 'b?' \"c\" [x] && r{m,n}")] == ["a.*", "b.", r"[x]", "r(?:m|n)"]
+
+
+def test_a_brace_word_names_each_alternative_and_nothing_else() -> None:
+    rules = GovernanceView(rules=[Rule("bash_executor", "deny", "rm", id="rm")])
+
+    def denied(command: str) -> bool:
+        call = Call(agent="clerk", tool="bash_executor", family="execute", arguments={"command": command})
+        return decide(call, rules).rule_id == "rm"
+
+    assert denied("/bin/{ls,rm} -rf /") and deny_prefix_matches("rm", "/bin/{ls,rm} -rf /")
+    assert not denied("/bin/{ls,cat} x") and not deny_prefix_matches("rm", "/bin/{ls,cat} x")
+
+
+@pytest.mark.parametrize(
+    ("word", "pattern", "names"),
+    [
+        ("[]a]m", r"[\]a]m", ("]m", "am")),  # a first "]" is a member
+        ("[!]a]m", r"[^\]a]m", ("bm", "rm")),  # after "!" too
+        ("[^]]m", r"[^\]]m", ("am", "bm", "rm")),
+        ("a[]b]c", r"a[\]b]c", ("a]c", "abc")),
+        ("[!a]m", "[^a]m", ("]m", "bm", "rm")),
+        ("[a-c]m", "[a-c]m", ("am", "bm")),
+        ("[[:alpha:]]m", ".m", ("]m", "am", "bm", "rm")),  # a class the regex cannot spell: any character
+        ("r[[.a.]]", "r.", ("rm",)),
+        ("[ab", r"\[ab", ()),  # never closed: "[" is literal
+    ],
+    ids=repr,
+)
+def test_a_bracket_expression_is_read_as_the_shell_reads_it(word: str, pattern: str, names: tuple[str, ...]) -> None:
+    [glob] = glob_words(f"ls {word}")
+    assert glob.pattern.pattern == pattern
+    programs = ("]m", "a]c", "abc", "am", "bm", "ls", "rm")
+    assert tuple(p for p in programs if glob_may_name(glob, p)) == names
+
+
+def test_a_command_whose_expansions_nest_too_deep_to_read_matches_every_deny() -> None:
+    deep = "echo " + "$(" * 40 + "x" + ")" * 40  # more passes than the reader makes: it cannot tell
+    assert simple_words(deep) is None and deny_search_text(deep) is None
+    assert deny_prefix_matches("rm", deep)
+    call = Call(agent="clerk", tool="bash_executor", family="execute", arguments={"command": deep})
+    assert decide(call, GovernanceView(rules=[Rule("bash_executor", "deny", "rm", id="rm")])).rule_id == "rm"
+    assert not deny_prefix_matches("rm", "echo " + "$(" * 20 + "x" + ")" * 20)  # read: nothing there runs rm
