@@ -9,14 +9,16 @@ import string
 
 import pytest
 
-from apollia_nb.governance import Call, GovernanceView, Rule, decide
+from apollia_nb.governance import Call, GovernanceView, Rule, decide, shellcheck
 from apollia_nb.governance.shellcheck import (
     _MAX_DEPTH,
     _NOT_IN_DOUBLE_QUOTES,
     _UNQUOTED,
     MAX_SIMPLE_LENGTH,
+    allow_prefix_matches,
     deny_prefix_matches,
     deny_search_text,
+    evaluating_builtin,
     glob_may_name,
     glob_words,
     simple_words,
@@ -127,6 +129,10 @@ def test_deny_search_text_is_none_when_the_matcher_reads_no_words(bad: object) -
         # A "/" inside braces: the part after it does not compile alone, so it may name anything.
         ("{r,/s}m", "(?:r|/s)m", "", "", "", ("abcd", "ls", "rm", "sm")),
         ("[z-a]m", ".*", "", "", None, ("abcd", "ls", "rm", "sm")),  # unreadable: names everything
+        ("x[ab", r"x\[ab", "x[ab", "x[ab", None, ()),  # a "[" never closed is a literal character
+        ("{r,s}m", "(?:r|s)m", "m", "", None, ("rm", "sm")),  # what follows a closed brace is the tail
+        ("{a/}b", "(?:a/)b", "", "", "", ("abcd", "ls", "rm", "sm")),  # after the "/": ")b", unreadable alone
+        ("/+r?", r"/\+r.", "", "/+r", "+r", ()),  # after the "/": an escaped "+", read as one
     ],
     ids=repr,
 )
@@ -184,3 +190,68 @@ def test_a_command_whose_expansions_nest_too_deep_to_read_matches_every_deny() -
     call = Call(agent="clerk", tool="bash_executor", family="execute", arguments={"command": deep})
     assert decide(call, GovernanceView(rules=[Rule("bash_executor", "deny", "rm", id="rm")])).rule_id == "rm"
     assert not deny_prefix_matches("rm", "echo " + "$(" * 20 + "x" + ")" * 20)  # read: nothing there runs rm
+
+
+def _run(command: str) -> Call:
+    return Call(agent="clerk", tool="bash_executor", family="execute", arguments={"command": command})
+
+
+# More deny rules than decide() checks one by one: it finds candidates through the rule index,
+# which reads deny_search_text and glob_words.
+_MANY_DENIES = GovernanceView(
+    rules=[*(Rule("bash_executor", "deny", f"tool{i} sub{i}", id=f"decoy{i}") for i in range(8)),
+           Rule("bash_executor", "deny", "rm", id="rm")],
+)
+
+
+def test_evaluating_builtin_reads_only_what_a_simple_command_could_be() -> None:
+    at_limit = "eval " + "x" * (MAX_SIMPLE_LENGTH - 5)
+    assert len(at_limit) == MAX_SIMPLE_LENGTH and evaluating_builtin(at_limit) == "eval"
+    unread = [at_limit + "x", "eval 'x\ny'", "eval 'ｘ'"]  # too long; a newline, a non-ASCII letter in quotes
+    assert [evaluating_builtin(c) for c in unread] == [None, None, None]
+    view = GovernanceView(developer_mode=True)
+    assert decide(_run(at_limit), view).reason == (
+        "executes code; not a single simple command (the shell builtin 'eval' may evaluate its arguments as code)"
+    )
+    assert {decide(_run(c), view).reason for c in unread} == {"executes code; not a single simple command"}
+
+
+def test_after_a_wrapper_the_prefix_words_must_follow_its_program() -> None:
+    assert deny_prefix_matches("rm -rf", "sudo rm -rf x") and deny_prefix_matches("rm -rf", "sudo rm x -rf")
+    assert not deny_prefix_matches("rm -rf", "sudo rm x")  # the program without the prefix's other word
+    assert not deny_prefix_matches("rm -rf", "sudo -rf rm x")  # a word before the program does not count
+
+
+def test_double_quotes_inside_a_word_are_removed_when_a_command_is_read_as_text() -> None:
+    assert deny_prefix_matches("rm -rf", 'ls; r"m" -rf /') and deny_prefix_matches("rm -rf", "ls; r'm' -rf /")
+    assert not deny_prefix_matches("rm -rf", 'ls; r"m"x -rf /')  # "rmx" is another word
+    assert decide(_run('ls; r"m" -rf /'), _MANY_DENIES).rule_id == "rm"
+
+
+def test_a_wrappers_first_argument_is_read_as_a_command_string() -> None:
+    command = "watch 'ls; r\"m\" -rf /'"  # watch runs its argument with sh -c
+    assert deny_search_text(command) == 'watch ls; r"m" -rf /\nls; rm -rf /\nls  rm -rf /'
+    assert deny_prefix_matches("rm", command) and decide(_run(command), _MANY_DENIES).rule_id == "rm"
+
+
+def test_a_command_string_whose_expansions_nest_too_deep_to_read_matches_every_deny() -> None:
+    deep = "watch 'echo " + "$(" * 40 + "x" + ")" * 40 + "'"
+    assert simple_words(deep) is not None and deny_search_text(deep) is None
+    assert deny_prefix_matches("rm", deep) and decide(_run(deep), _MANY_DENIES).rule_id == "decoy0"  # the first
+
+
+def test_a_brace_word_nested_deeper_than_patterns_can_be_read_matches_every_deny() -> None:
+    deep = "ls " + "{" * 5000 + "a" + "}" * 5000  # the regex parser gives up (RecursionError)
+    assert deny_prefix_matches("rm", deep) is True
+    assert decide(_run(deep), _MANY_DENIES).rule_id == "decoy0"  # the first deny rule in view order
+
+
+def test_an_internal_failure_reads_as_no_allow_match_and_every_deny_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert allow_prefix_matches("git", "git status") is True and deny_prefix_matches("rm", "git status") is False
+
+    def failing(command: str) -> tuple[str, ...] | None:
+        raise RuntimeError("internal failure")
+
+    monkeypatch.setattr(shellcheck, "simple_words", failing)
+    assert allow_prefix_matches("git", "git status") is False
+    assert deny_prefix_matches("rm", "git status") is True

@@ -367,9 +367,7 @@ def allow_prefix_matches(prefix: str, command: str) -> bool:
     try:
         want = simple_words(prefix)
         words = simple_words(command)
-        if want is None or words is None:
-            return False
-        return len(words) >= len(want) and words[: len(want)] == want
+        return want is not None and words is not None and words[: len(want)] == want
     except Exception:
         return False
 
@@ -507,8 +505,6 @@ def _strip_expansions(text: str, replacement: str) -> str | None:
 
 def _folded(text: str) -> str:
     """Compatibility forms folded (fullwidth ``ｒｍ`` → ``rm``), invisible format characters dropped."""
-    if text.isascii():
-        return text
     normal = unicodedata.normalize("NFKC", text)
     return "".join(c for c in normal if unicodedata.category(c) != "Cf")
 
@@ -583,9 +579,7 @@ def deny_prefix_matches(prefix: str, command: str) -> bool:
     """
     try:
         prefix, command = _exact_text(prefix), _exact_text(command)
-        if prefix is None or command is None:
-            return True
-        if len(command) > MAX_DENY_LENGTH:
+        if prefix is None or command is None or len(command) > MAX_DENY_LENGTH:
             return True
         forms = _prefix_forms(prefix)
         if not forms:
@@ -641,12 +635,7 @@ _GLOB_CHARS = frozenset("*?[{")
 _TOKEN_SPLIT = re.compile(r"[\s;&|()<>`]+|\$\(")
 
 
-def _glob_regex(word: str) -> "re.Pattern[str] | None":
-    """What a word with glob or brace characters may expand to, as a regex (None: no pattern)."""
-    return _glob_parts(word)[0]
-
-
-def _glob_parts(word: str) -> "tuple[re.Pattern[str], str]":
+def _glob_parts(word: str) -> "tuple[re.Pattern[str], str, str]":
     """The word's regex, its literal tail and its literal head: the characters every
     string it matches ends with, and starts with.
 
@@ -700,7 +689,8 @@ def _glob_parts(word: str) -> "tuple[re.Pattern[str], str]":
         pattern = re.compile(text, re.DOTALL)
     except re.error:
         return re.compile(".*", re.DOTALL), "", ""  # an unreadable pattern may name anything
-    if (cut := text.rfind("/")) != -1 and not _compiles(text[cut + 1:]):
+    # The part after the last "/" read alone (with no "/", the whole text, which compiled above):
+    if not _compiles(text[text.rfind("/") + 1:]):
         return pattern, "", ""  # GlobWord.may_name names every program then
     return pattern, "" if depth else "".join(tail), "".join(head)
 
