@@ -147,7 +147,7 @@ def test_decide_with_many_deny_rules_never_misses_a_program_a_glob_may_name(comm
         ("[a[", r"\[a\[", ()),  # never closed, a "[" last
         ("[a[:", r"\[a\[:", ()),
         ("[[:", r"\[\[:", ()),
-        ("[a[X]b]m", r"[a\[X]b\]m", ()),  # "[X" is no class: the first "]" closes
+        ("[a[XaX]b]m", r"[a\[XaX]b\]m", ()),  # "[X" is no class: the first "]" closes
     ],
     ids=repr,
 )
@@ -158,7 +158,7 @@ def test_a_bracket_expression_is_read_exactly(word: str, pattern: str, names: tu
 
 
 _BASH_WORDS = ["[X]m", "[-a]m", "[a-]m", "[!-]m", "[a-c]m", "[a.b]m", "[!]a]m", "[^]a]m", "[[=a=]]m", "[[.a.]]m",
-               "[[:alpha:]]m", "[][:a]m", "[[:]a]m", "[[::]a]m", "[a[", "[a[:", "[a[X]b]m", "[a-b--c]m"]
+               "[[:alpha:]]m", "[][:a]m", "[[:]a]m", "[[::]a]m", "[a[", "[a[:", "[a[XaX]b]m", "[a-b--c]m"]
 _BASH_STRINGS = ["Xm", "]m", "am", "bm", "cm", "rm", "-m", ".m", "[m", ":m", "=m", "[a[", "[a[:", "a]m", ":a]m",
                  "X]m", "ab]m", "m", "aam"]
 

@@ -717,9 +717,9 @@ _PLAIN_IN_REGEX = frozenset(string.ascii_letters + string.digits + "_/!\"%',:;<=
 
 
 def _literal_head(regex: str) -> str:
-    """The characters every match of ``regex`` (a glob word's, cut after a "/") starts with,
-    read from its text: the plain and escaped characters before anything else ("" when
-    it cannot tell: an alternative anywhere, or nothing plain first)."""
+    """The characters every match of ``regex`` (a glob word's, cut after a "/"; it compiles)
+    starts with, read from its text: the plain and escaped characters before anything else
+    ("" when it cannot tell: an alternative anywhere, or nothing plain first)."""
     if "|" in regex:
         return ""
     out: list[str] = []
@@ -728,7 +728,7 @@ def _literal_head(regex: str) -> str:
         c = regex[i]
         if c in _PLAIN_IN_REGEX:
             step = 1
-        elif c == "\\" and i + 1 < len(regex) and not regex[i + 1].isalnum():
+        elif c == "\\" and not regex[i + 1].isalnum():  # it compiles: no escape is cut off
             c, step = regex[i + 1], 2
         else:
             break
@@ -812,7 +812,7 @@ def _bracket_end(word: str, start: int) -> int:
         c = word[i]
         if c == "]":
             return i
-        if c == "[" and i + 1 < len(word) and word[i + 1] in ":=.":
+        if word.startswith(("[:", "[=", "[."), i):
             close = word.find(word[i + 1] + "]", i + 2)
             if close != -1:
                 i = close + 2
