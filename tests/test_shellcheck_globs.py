@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import warnings
 
 import pytest
 
@@ -148,6 +149,10 @@ def test_decide_with_many_deny_rules_never_misses_a_program_a_glob_may_name(comm
         ("[a[:", r"\[a\[:", ()),
         ("[[:", r"\[\[:", ()),
         ("[a[XaX]b]m", r"[a\[XaX]b\]m", ()),  # "[X" is no class: the first "]" closes
+        ("[a-c-e]m", r"[a-c\-e]m", ("am", "bm", "-m")),  # after a range a "-" is a member
+        ("[--.]m", r"[\--\.]m", ("-m", ".m")),  # a range from "-"
+        ("[a-b--.]m", r"[a-b\--\.]m", ("am", "bm", "-m", ".m")),  # a range, then a range from "-"
+        ("[a-b--]m", r"[a-b\-\-]m", ("am", "bm", "-m")),
     ],
     ids=repr,
 )
@@ -158,7 +163,8 @@ def test_a_bracket_expression_is_read_exactly(word: str, pattern: str, names: tu
 
 
 _BASH_WORDS = ["[X]m", "[-a]m", "[a-]m", "[!-]m", "[a-c]m", "[a.b]m", "[!]a]m", "[^]a]m", "[[=a=]]m", "[[.a.]]m",
-               "[[:alpha:]]m", "[][:a]m", "[[:]a]m", "[[::]a]m", "[a[", "[a[:", "[a[XaX]b]m", "[a-b--c]m"]
+               "[[:alpha:]]m", "[][:a]m", "[[:]a]m", "[[::]a]m", "[a[", "[a[:", "[a[XaX]b]m", "[a-b--c]m",
+               "[a-c-e]m", "[--.]m", "[a-b--.]m", "[a-b--]m", "[--a]m"]
 _BASH_STRINGS = ["Xm", "]m", "am", "bm", "cm", "rm", "-m", ".m", "[m", ":m", "=m", "[a[", "[a[:", "a]m", ":a]m",
                  "X]m", "ab]m", "m", "aam"]
 
@@ -187,3 +193,16 @@ def test_every_string_bash_matches_the_reading_matches_too() -> None:
         assert by_bash[word] <= ours, word
         if "[:" not in word and "[=" not in word and "[." not in word:
             assert ours == by_bash[word], word
+
+
+def test_a_range_from_a_dash_compiles_without_a_warning_and_names_what_bash_names() -> None:
+    """``[a-b--c]`` is ``a-b`` then ``--c``: no ``--`` that a regex warns about as a set difference
+    (with warnings as errors the reading failed and every deny rule matched)."""
+    re.purge()
+    glob_words.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        [glob] = glob_words("ls [a-b--c]m")
+        assert glob.pattern.pattern == r"[a-b\--c]m"
+        assert _first_deny("/bin/[a-b--c]m y") is None and not deny_prefix_matches("rm", "/bin/[a-b--c]m y")
+        assert _first_deny("/bin/[x-y--s]m y") == "rm"  # "r" is in "-".."s"

@@ -825,7 +825,9 @@ def _bracket_regex(body: str) -> str:
     """A glob bracket expression as a regex class; a POSIX class (``[:alpha:]``) is any character.
 
     Every character is taken literally except a range's ``-`` and a leading ``!``/``^``,
-    so the class never nests (``[[ab]`` is ``[`` ``a`` ``b``).
+    so the class never nests (``[[ab]`` is ``[`` ``a`` ``b``). Read from the left as bash
+    reads it, a ``c-d`` is a range and any other ``-`` a member, escaped (``[a-b--c]``:
+    ``a-b`` and ``--c``; no ``--`` a regex might take for a set difference).
     """
     negate = body.startswith(("!", "^"))
     if negate:
@@ -833,7 +835,8 @@ def _bracket_regex(body: str) -> str:
     if "[:" in body or "[=" in body or "[." in body:
         return "."  # a class the regex cannot spell: it may be any character (deny over-matches)
     members = "".join(
-        "-" if c == "-" and 0 < k < len(body) - 1 else re.escape(c) for k, c in enumerate(body)
+        re.escape(m[0]) if m[3] else f"{re.escape(m[1])}-{re.escape(m[2])}"
+        for m in re.finditer("(.)-(.)|(.)", body, re.DOTALL)
     )
     return f"[{'^' if negate else ''}{members}]"
 
