@@ -13,7 +13,12 @@ import warnings
 import pytest
 
 from apollia_nb.governance import Call, GovernanceView, Rule, decide
-from apollia_nb.governance.shellcheck import GlobWord, deny_prefix_matches, glob_may_name, glob_words
+from apollia_nb.governance.shellcheck import (
+    GlobWord,
+    deny_prefix_matches,
+    glob_may_name,
+    glob_words,
+)
 
 PROGRAMS = ("rm", "r", "a.b", "a-b", ".b", "xa", "ab", "ac", "abc", "cd", "]m", "Xm", "am", "bm", "-m", ".m")
 
