@@ -707,9 +707,9 @@ _PLAIN_IN_REGEX = frozenset(string.ascii_letters + string.digits + "_/!\"%',:;<=
 
 
 def _literal_head(regex: str) -> str:
-    """The characters every match of ``regex`` (a glob word's, cut after a "/") starts with,
-    read from its text: the plain and escaped characters before anything else ("" when
-    it cannot tell: an alternative anywhere, or nothing plain first)."""
+    """The characters every match of ``regex`` (a glob word's, cut after a "/"; it compiles)
+    starts with, read from its text: the plain and escaped characters before anything else
+    ("" when it cannot tell: an alternative anywhere, or nothing plain first)."""
     if "|" in regex:
         return ""
     out: list[str] = []
@@ -718,7 +718,7 @@ def _literal_head(regex: str) -> str:
         c = regex[i]
         if c in _PLAIN_IN_REGEX:
             step = 1
-        elif c == "\\" and i + 1 < len(regex) and not regex[i + 1].isalnum():
+        elif c == "\\" and not regex[i + 1].isalnum():  # it compiles: no escape is cut off
             c, step = regex[i + 1], 2
         else:
             break
@@ -802,7 +802,7 @@ def _bracket_end(word: str, start: int) -> int:
         c = word[i]
         if c == "]":
             return i
-        if c == "[" and i + 1 < len(word) and word[i + 1] in ":=.":
+        if word.startswith(("[:", "[=", "[."), i):
             close = word.find(word[i + 1] + "]", i + 2)
             if close != -1:
                 i = close + 2
@@ -815,7 +815,9 @@ def _bracket_regex(body: str) -> str:
     """A glob bracket expression as a regex class; a POSIX class (``[:alpha:]``) is any character.
 
     Every character is taken literally except a range's ``-`` and a leading ``!``/``^``,
-    so the class never nests (``[[ab]`` is ``[`` ``a`` ``b``).
+    so the class never nests (``[[ab]`` is ``[`` ``a`` ``b``). Read from the left as bash
+    reads it, a ``c-d`` is a range and any other ``-`` a member, escaped (``[a-b--c]``:
+    ``a-b`` and ``--c``; no ``--`` a regex might take for a set difference).
     """
     negate = body.startswith(("!", "^"))
     if negate:
@@ -823,7 +825,8 @@ def _bracket_regex(body: str) -> str:
     if "[:" in body or "[=" in body or "[." in body:
         return "."  # a class the regex cannot spell: it may be any character (deny over-matches)
     members = "".join(
-        "-" if c == "-" and 0 < k < len(body) - 1 else re.escape(c) for k, c in enumerate(body)
+        re.escape(m[0]) if m[3] else f"{re.escape(m[1])}-{re.escape(m[2])}"
+        for m in re.finditer("(.)-(.)|(.)", body, re.DOTALL)
     )
     return f"[{'^' if negate else ''}{members}]"
 
