@@ -659,3 +659,83 @@ def test_no_loadable_libsodium_leaves_pynacls(monkeypatch):
             assert verify_module._system_verify() is None
         finally:
             verify_module._system_verify.cache_clear()
+
+
+# --- signature workers that die, or are ended, while the verification runs ----------------------
+
+
+def record_workers(monkeypatch) -> list:
+    """The signature workers the verifications of this test start, in order."""
+    from apollia_nb.journal import verify as verify_module
+
+    started = []
+    real = verify_module._Worker.__init__
+
+    def recorded(self, public_key):
+        real(self, public_key)
+        started.append(self)
+
+    monkeypatch.setattr(verify_module._Worker, "__init__", recorded)
+    return started
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad", [None, 185, 195], ids=["clean", "in the dead worker's tenth chunk",
+                                                     "in the live worker's tenth chunk"])
+def test_a_worker_killed_mid_run_leaves_all_its_later_chunks_to_this_process(key, bad, monkeypatch):
+    # 10-row chunks alternate between the two workers (seqs 181..190 are worker 0's tenth chunk, 191..200
+    # worker 1's). Worker 0 is killed once the verification has started it and before it is handed a
+    # chunk: each of its ten chunks, more than a worker may hold unanswered, is checked in this process.
+    started = record_workers(monkeypatch)
+    rows = make_rows(200, key, bad_signature_at=bad)
+
+    def chunks():
+        dead = started[0]
+        dead.proc.kill()
+        dead._reader.join()  # its death is seen: nothing more is handed to it
+        for i in range(0, 200, 10):
+            yield rows[i:i + 10]
+
+    report = verify_rows(chunks(), public_key=bytes(key.verify_key), origin=ORIGIN, total=200,
+                         workers=2, parallel_min=1)
+    if bad is None:
+        assert (report.ok, report.entries, report.first_bad_seq) == (True, 200, None)
+    else:
+        assert (report.ok, report.entries, report.first_bad_seq) == (False, bad - 1, bad)
+        assert report.problem == f"entry {bad}: signature does not verify under the journal key"
+    assert report.notes == (f"a signature worker (pid {started[0].proc.pid}) was killed by signal 9; the 10 "
+                            "chunk(s) of signatures it did not check were checked in this process",)
+
+
+def test_a_verification_that_fails_mid_read_leaves_no_worker_behind(key, monkeypatch):
+    # The rows cannot be read to the end: the error reaches the caller, and each worker, alive and
+    # waiting for its next chunk, is ended and reaped, its pipes and threads closed.
+    import os
+    import signal
+
+    started = record_workers(monkeypatch)
+    rows = make_rows(300, key)
+
+    def chunks():
+        yield rows[:100]
+        yield rows[100:200]
+        raise duckdb.IOException("the disk went away")
+
+    with pytest.raises(duckdb.IOException, match="the disk went away"):
+        verify_rows(chunks(), public_key=bytes(key.verify_key), origin=ORIGIN, total=300,
+                    workers=2, parallel_min=1)
+    assert len(started) == 2
+    for worker in started:
+        assert worker.proc.returncode == -signal.SIGKILL
+        with pytest.raises(ChildProcessError):
+            os.waitpid(worker.proc.pid, os.WNOHANG)  # no child left, not even a zombie
+        assert worker.proc.stdout.closed and worker.proc.stdin.closed
+        assert not worker._feeder.is_alive() and not worker._reader.is_alive()
+
+
+def test_a_journal_key_that_is_not_32_bytes_is_refused_with_what_it_must_be(key):
+    pk = bytes(key.verify_key)
+    for bad in (b"short", pk + b"\x00", bytearray(pk), pk.hex()[:32], None):
+        with pytest.raises(BadInput) as refused:
+            verify_rows([make_rows(1, key)], public_key=bad, origin=ORIGIN)
+        assert (refused.value.code, refused.value.message) == ("BAD_INPUT", "the journal public key must be 32 bytes")

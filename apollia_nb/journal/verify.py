@@ -341,6 +341,7 @@ class _Worker:
                 self._pending.append(batch)
                 self._queue.put(_COUNT.pack(len(batch.seqs)) + batch.body)
                 return
+        self._room.release()  # checked here, it holds no room: a dead worker's later chunks never wait
         self._inline += 1
         seq = _first_bad_signature(self.public_key, batch)
         if seq is not None:
@@ -375,10 +376,8 @@ class _Worker:
             self.proc.kill()
             self.proc.wait()
         self._queue.put(None)
-        if self._feeder.is_alive():
-            self._feeder.join()
-        if self._reader.is_alive():
-            self._reader.join()
+        self._feeder.join()
+        self._reader.join()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
