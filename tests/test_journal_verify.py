@@ -739,3 +739,170 @@ def test_a_journal_key_that_is_not_32_bytes_is_refused_with_what_it_must_be(key)
         with pytest.raises(BadInput) as refused:
             verify_rows([make_rows(1, key)], public_key=bad, origin=ORIGIN)
         assert (refused.value.code, refused.value.message) == ("BAD_INPUT", "the journal public key must be 32 bytes")
+
+
+# --- what each kind of tampering reports: the first bad seq, the entries before it, the exact problem -----
+
+
+def _replace(rows, seq, column, value):
+    row = list(rows[seq - 1])
+    row[column] = value
+    rows[seq - 1] = tuple(row)
+
+
+def _rehashed(rows, seq, **columns):
+    """Entry ``seq`` with other column values and a hash and signature recomputed over them."""
+    names = ("seq", "ts", "run_id", "agent", "kind", "payload", "prev_hash")
+    return {**dict(zip(names, rows[seq - 1])), **columns}
+
+
+def _tamper_duplicate(rows, key):
+    rows.insert(4, rows[3])  # seq 4 twice
+
+
+def _tamper_gap(rows, key):
+    del rows[4]
+
+
+def _tamper_null_seq(rows, key):
+    _replace(rows, 5, 0, None)
+
+
+def _tamper_short_row(rows, key):
+    rows[2] = rows[2][:9]
+
+
+def _tamper_long_row(rows, key):
+    rows[2] = rows[2] + ("extra",)
+
+
+def _tamper_genesis(rows, key):
+    _replace(rows, 1, 6, b"\x01" * 32)
+
+
+def _tamper_link(rows, key):
+    _replace(rows, 5, 6, rows[2][7])  # entry 5 links to entry 3
+
+
+def _tamper_type(rows, key):
+    _replace(rows, 4, 3, ["clerk"])  # the agent is neither text nor NULL
+
+
+def _tamper_payload(rows, key):
+    _replace(rows, 7, 5, canonical_json({"n": "forged"}))
+
+
+def _tamper_key_id(rows, key):
+    _replace(rows, 6, 9, "0123456789abcdef")
+
+
+def _tamper_signature(rows, key):
+    _replace(rows, 8, 8, SigningKey.generate().sign(rows[7][7]).signature)
+
+
+def _tamper_link_and_later_payload(rows, key):
+    _replace(rows, 9, 5, canonical_json({"n": "forged"}))
+    _replace(rows, 3, 6, bytes(32))
+
+
+KID = key_id(bytes(SigningKey(bytes(range(32))).verify_key))
+
+
+@pytest.mark.parametrize("tamper, seq, entries, problem", [
+    (_tamper_duplicate, 4, 3, "entry 4 appears more than once"),
+    (_tamper_gap, 5, 4, "entry 5 is missing (the next entry has seq 6)"),
+    (_tamper_null_seq, 5, 4, "entry 5 is missing (the next entry has no sequence number)"),
+    (_tamper_short_row, 3, 2, "entry 3 is malformed (not the ten journal columns)"),
+    (_tamper_long_row, 3, 2, "entry 3 is malformed (not the ten journal columns)"),
+    (_tamper_genesis, 1, 0, "entry 1: prev_hash is not the genesis value (32 zero bytes)"),
+    (_tamper_link, 5, 4, "entry 5: prev_hash does not match the hash of entry 4"),
+    (_tamper_type, 4, 3, "entry 4 has a column of the wrong type"),
+    (_tamper_payload, 7, 6, "entry 7: hash does not match its contents"),
+    (_tamper_key_id, 6, 5, f"entry 6: key id '0123456789abcdef' is not the journal key {KID}"),
+    (_tamper_signature, 8, 7, "entry 8: signature does not verify under the journal key"),
+    (_tamper_link_and_later_payload, 3, 2, "entry 3: prev_hash does not match the hash of entry 2"),
+], ids=lambda value: value.__name__[len("_tamper_"):] if callable(value) else None)
+def test_each_kind_of_tampering_fails_at_its_entry_with_what_was_wrong(key, tamper, seq, entries, problem):
+    rows = make_rows(10, key)
+    tamper(rows, key)
+    for workers, parallel_min in ((1, 8_000), (2, 1)):
+        report = check(rows, key, workers=workers, parallel_min=parallel_min)
+        assert report == VerifyReport(False, entries, seq, problem, 0)
+        assert report.summary() == f"FAILED at seq {seq}: {problem}"
+        assert report.to_dict() == {"ok": False, "entries": entries, "first_bad_seq": seq, "problem": problem,
+                                    "checked_checkpoints": 0}
+
+
+def _stored(key, rows, size, *, root_of=None):
+    note = note_for(key, rows, size)
+    return (size, root([leaf_hash(r[7]) for r in rows[:size]]) if root_of is None else root_of, note)
+
+
+def test_each_kind_of_bad_checkpoint_fails_with_what_was_wrong(key):
+    rows = make_rows(10, key)
+    longer = make_rows(15, key)
+    other = SigningKey(bytes(range(1, 33)))
+
+    def fails(**kw):
+        report = check(rows, key, **kw)
+        return report.ok, report.entries, report.first_bad_seq, report.problem, report.checked_checkpoints
+
+    # The entries were cut after 10: a checkpoint of 15 says where.
+    assert fails(external=note_for(key, longer, 15)) == (
+        False, 10, 11, "entry 11 is missing: the given checkpoint (size 15) covers 15 entries, the journal holds 10", 0)
+    assert fails(checkpoints=[_stored(key, rows, 4), _stored(key, longer, 15)]) == (
+        False, 10, 11, "entry 11 is missing: stored checkpoint of size 15 covers 15 entries, the journal holds 10", 1)
+    # A stored row whose size or root is not its note's.
+    size4 = _stored(key, rows, 4)
+    assert fails(checkpoints=[(5, size4[1], size4[2])]) == (
+        False, 10, None, "stored checkpoint of size 5: the checkpoints row does not match its signed note", 0)
+    assert fails(checkpoints=[_stored(key, rows, 4, root_of=b"\x00" * 32)]) == (
+        False, 10, None, "stored checkpoint of size 4: the checkpoints row does not match its signed note", 0)
+    # Signed by another key, or over another history, or a size 0 that is not the empty tree.
+    foreign = NoteSigner(ORIGIN, other).sign(Checkpoint(ORIGIN, 4, root([leaf_hash(r[7]) for r in rows[:4]])).body())
+    ok, entries, seq, problem, checked = fails(external=foreign)
+    assert (ok, entries, seq, checked) == (False, 10, None, 0) and problem.startswith("the given checkpoint: ")
+    rewritten = NoteSigner(ORIGIN, key).sign(Checkpoint(ORIGIN, 10, root([b"\x07" * 32] * 10)).body())
+    assert fails(external=rewritten) == (
+        False, 10, None, "the given checkpoint (size 10): the first 10 entries do not have its Merkle root (history "
+        "was rewritten within seqs 1..10; `apollia-os audit consistency` with more kept checkpoints or a kept "
+        "bundle narrows it down)", 0)
+    not_empty = NoteSigner(ORIGIN, key).sign(Checkpoint(ORIGIN, 0, b"\x07" * 32).body())
+    assert fails(external=not_empty) == (
+        False, 10, None, "the given checkpoint (size 0): its root is not the root of the empty tree", 0)
+    # An entry's failure is named before any checkpoint's; a checkpoint's root past it is not judged.
+    _replace(rows, 6, 5, canonical_json({"n": "forged"}))
+    assert fails(external=rewritten, checkpoints=[_stored(key, longer, 15)]) == (
+        False, 5, 6, "entry 6: hash does not match its contents", 0)
+    assert fails(external=foreign) == (False, 5, 6, "entry 6: hash does not match its contents", 0)
+
+
+def test_verify_file_names_a_missing_journal(tmp_path):
+    from apollia_nb.journal.verify import verify_file
+
+    with pytest.raises(NotFound) as missing:
+        verify_file(tmp_path / "nothing.db", public_key=bytes(32))
+    assert missing.value.message == f"no journal at {tmp_path / 'nothing.db'}"
+
+
+@pytest.mark.parametrize("said, marked", [
+    ({"first_bad_seq": "9", "problem": "p"}, (0, None, "p")),  # hand-edited: the seq points at no entry
+    ({"first_bad_seq": 9.0, "problem": "p"}, (0, None, "p")),
+    ({"first_bad_seq": True, "problem": "p"}, (0, None, "p")),
+    ({"first_bad_seq": 30, "problem": "p"}, (20, 30, "p")),
+    ({"first_bad_seq": 0}, (0, 0, "None")),
+    ({"problem": "p"}, (0, None, "p")),
+    (True, (0, None, "None")),
+    (["entry 3"], (0, None, "None")),
+])
+def test_a_bundle_marked_invalid_fails_whatever_its_meta_json_holds(said, marked):
+    from apollia_nb.journal.verify import _marked
+
+    entries, seq, problem = marked
+    note = f"the bundle was exported marked invalid (meta.json): the journal failed verification: {problem}"
+    assert _marked(VerifyReport(True, 20, None, None, 1), said) == VerifyReport(False, entries, seq, note, 1)
+    failed = VerifyReport(False, 4, 5, "entry 5: hash does not match its contents", 0, ("a note",))
+    assert _marked(failed, said) == VerifyReport(False, 4, 5, f"entry 5: hash does not match its contents; {note}",
+                                                 0, ("a note",))
+    for nothing in (None, {}, False, ""):
+        assert _marked(failed, nothing) is failed

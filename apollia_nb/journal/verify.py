@@ -739,12 +739,13 @@ def _marked(report: VerifyReport, invalid: object) -> VerifyReport:
     if not invalid:
         return report
     seq = invalid.get("first_bad_seq") if isinstance(invalid, dict) else None
+    seq = seq if type(seq) is int else None  # anything else (a hand-edited meta.json) points at no entry
     said = invalid.get("problem") if isinstance(invalid, dict) else None
     note = f"the bundle was exported marked invalid (meta.json): the journal failed verification: {said}"
     if not report.ok:
         return replace(report, problem=f"{report.problem}; {note}")
     return replace(report, ok=False, entries=0 if seq is None else min(report.entries, max(seq - 1, 0)),
-                   first_bad_seq=seq if isinstance(seq, int) else None, problem=note)
+                   first_bad_seq=seq, problem=note)
 
 
 # --- witness cosignatures (audit verify --witness) -----------------------------------------
