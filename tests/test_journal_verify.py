@@ -906,3 +906,36 @@ def test_a_bundle_marked_invalid_fails_whatever_its_meta_json_holds(said, marked
                                                  0, ("a note",))
     for nothing in (None, {}, False, ""):
         assert _marked(failed, nothing) is failed
+
+
+def _worker_notes(report, how, chunks):
+    """The pids the notes name, checked against the notes expected of workers that ended ``how``."""
+    import re
+
+    pids = [int(re.match(r"a signature worker \(pid (\d+)\)", note).group(1)) for note in report.notes]
+    assert report.notes == tuple(f"a signature worker (pid {pid}) {how}; the {n} chunk(s) of signatures it did not "
+                                 "check were checked in this process" for pid, n in zip(pids, chunks))
+    return pids
+
+
+def test_a_worker_that_fails_as_it_starts_is_named_with_its_exit_status(key, monkeypatch):
+    # The fault raises in each worker: the interpreter exits with status 1, not by a signal.
+    monkeypatch.setenv("APOLLIA_FAULT", "verify.signature_worker:raise")
+    report = check(make_rows(300, key, bad_signature_at=150), key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 150, 149)
+    _worker_notes(report, "exited with status 1", [2, 1])
+
+
+def test_workers_start_from_the_size_given_and_one_given_no_chunk_is_still_named(key, monkeypatch):
+    # Every worker started is killed as it starts, so the notes tell which verifications started them.
+    monkeypatch.setenv("APOLLIA_FAULT", "verify.signature_worker:kill")
+    rows = make_rows(100, key)  # one chunk: the second worker is handed nothing
+    assert check(rows, key, workers=2, parallel_min=101) == VerifyReport(True, 100, None, None, 0)
+    assert check(rows, key, workers=1, parallel_min=1) == VerifyReport(True, 100, None, None, 0)
+    report = check(rows, key, workers=2, parallel_min=100)
+    assert (report.ok, report.entries) == (True, 100)
+    assert len(set(_worker_notes(report, "was killed by signal 9", [1, 0]))) == 2
+    assert check(rows, key, workers=3, parallel_min=100).notes[2].endswith(
+        "the 0 chunk(s) of signatures it did not check were checked in this process")
+    unknown = verify_rows([rows], public_key=bytes(key.verify_key), origin=ORIGIN, workers=2, parallel_min=1)
+    assert unknown == VerifyReport(True, 100, None, None, 0)  # no total given: checked here
