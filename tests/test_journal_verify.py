@@ -484,10 +484,8 @@ def test_workers_report_the_first_bad_signature_of_a_chunk_at_any_place(key, bad
     assert pooled.notes == ()
 
 
-@pytest.mark.parametrize("bad", [None, 50, 150])
-def test_a_worker_that_cannot_start_leaves_its_share_to_this_process(key, bad, monkeypatch):
-    # The second worker cannot start: the first checks every other chunk's signatures and this
-    # process the rest (seq 50 is in the worker's share, 150 in this process's), and the report says so.
+def second_worker_cannot_start(monkeypatch) -> list:
+    """Only the first signature worker of a verification starts (returned); the next raises OSError."""
     from apollia_nb.journal import verify as verify_module
 
     started = []
@@ -500,6 +498,14 @@ def test_a_worker_that_cannot_start_leaves_its_share_to_this_process(key, bad, m
         real(self, public_key)
 
     monkeypatch.setattr(verify_module._Worker, "__init__", second_fails)
+    return started
+
+
+@pytest.mark.parametrize("bad", [None, 50, 150])
+def test_a_worker_that_cannot_start_leaves_its_share_to_this_process(key, bad, monkeypatch):
+    # The second worker cannot start: the first checks every other chunk's signatures and this
+    # process the rest (seq 50 is in the worker's share, 150 in this process's), and the report says so.
+    started = second_worker_cannot_start(monkeypatch)
     report = check(make_rows(300, key, bad_signature_at=bad), key, workers=2, parallel_min=1)
     assert len(started) == 1
     if bad is None:
@@ -939,3 +945,27 @@ def test_workers_start_from_the_size_given_and_one_given_no_chunk_is_still_named
         "the 0 chunk(s) of signatures it did not check were checked in this process")
     unknown = verify_rows([rows], public_key=bytes(key.verify_key), origin=ORIGIN, workers=2, parallel_min=1)
     assert unknown == VerifyReport(True, 100, None, None, 0)  # no total given: checked here
+
+
+def test_a_worker_whose_interpreter_exits_at_once_is_named_with_status_0(key, monkeypatch):
+    # An interpreter that exits 0 without reading a byte checked nothing: its chunks are checked here.
+    import shutil
+    import sys
+
+    monkeypatch.setattr(sys, "executable", shutil.which("true"))
+    report = check(make_rows(300, key, bad_signature_at=250), key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 250, 249)
+    _worker_notes(report, "exited with status 0", [2, 1])
+
+
+def test_the_one_worker_that_started_takes_every_other_chunk(key, monkeypatch):
+    # The second worker cannot start and the first is killed as it starts: the first's share, chunks
+    # 1, 3 and 5 of five, is checked here and counted in its note.
+    started = second_worker_cannot_start(monkeypatch)
+    monkeypatch.setenv("APOLLIA_FAULT", "verify.signature_worker:kill")
+    report = check(make_rows(500, key, bad_signature_at=420), key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 420, 419)
+    assert report.notes[0] == ("1 signature worker(s) could not start (no interpreter); "
+                               "their signatures were checked in this process")
+    assert report.notes[1:] == (f"a signature worker (pid {started[0].proc.pid}) was killed by signal 9; the 3 "
+                                "chunk(s) of signatures it did not check were checked in this process",)

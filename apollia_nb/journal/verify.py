@@ -537,8 +537,7 @@ def verify_rows(
         shares = len(pool) + 1 if len(pool) == 1 else len(pool)
         for i, chunk in enumerate(chunks):
             batch = _batch(chunk)
-            share = i % shares if pool else 0
-            if share < len(pool):
+            if pool and (share := i % shares) < len(pool):
                 pool[share].submit(batch)
             else:
                 bad = _first_bad_signature(public_key, batch)
