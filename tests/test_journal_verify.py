@@ -969,3 +969,39 @@ def test_the_one_worker_that_started_takes_every_other_chunk(key, monkeypatch):
                                "their signatures were checked in this process")
     assert report.notes[1:] == (f"a signature worker (pid {started[0].proc.pid}) was killed by signal 9; the 3 "
                                 "chunk(s) of signatures it did not check were checked in this process",)
+
+
+# --- the checkpoints and witness cosignatures `audit verify --witness` reads -------------------------
+
+
+def test_cosigned_rows_of_a_file_and_of_its_bundle(home, tmp_path):
+    from apollia_nb.journal.verify import cosigned_rows_of_bundle, cosigned_rows_of_file
+
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(5))
+        journal.checkpoint()
+        journal.append("plan", {"i": 5})
+        journal.checkpoint()
+        sizes = [size for size, _root, _note in journal.checkpoints()]
+        for size, witness in ((sizes[1], "w2"), (sizes[0], "w1"), (sizes[1], "w1")):  # kept by size
+            journal.add_cosignature(size, witness, 1_700_000_000 + size, f"— {witness} line of {size}")
+        checkpoints = journal.checkpoints()
+    assert sizes == [5, 6] and [type(v) for v in checkpoints[0]] == [int, bytes, str]
+    cosignatures = [(5, "— w1 line of 5"), (6, "— w1 line of 6"), (6, "— w2 line of 6")]
+    found = cosigned_rows_of_file(home.journal_db)
+    assert (found[0], sorted(found[1])) == (checkpoints, cosignatures)
+    assert [size for size, _line in found[1]] == [5, 6, 6]
+    export_home(home, tmp_path / "bundle")
+    found = cosigned_rows_of_bundle(tmp_path / "bundle")
+    assert (found[0], sorted(found[1])) == (checkpoints, cosignatures)
+    assert [type(v) for v in found[0][0]] == [int, bytes, str] and [size for size, _line in found[1]] == [5, 6, 6]
+
+    # A journal written before cosignatures were kept, and a bundle without them or without checkpoints.
+    con = duckdb.connect(str(home.journal_db))
+    con.execute("DROP TABLE checkpoint_cosignatures")
+    con.close()
+    assert cosigned_rows_of_file(home.journal_db) == (checkpoints, [])
+    (tmp_path / "bundle" / "cosignatures.parquet").unlink()
+    assert cosigned_rows_of_bundle(tmp_path / "bundle") == (checkpoints, [])
+    (tmp_path / "bundle" / "checkpoints.parquet").unlink()
+    assert cosigned_rows_of_bundle(tmp_path / "bundle") == ([], [])
