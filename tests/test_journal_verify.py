@@ -1005,3 +1005,60 @@ def test_cosigned_rows_of_a_file_and_of_its_bundle(home, tmp_path):
     assert cosigned_rows_of_bundle(tmp_path / "bundle") == (checkpoints, [])
     (tmp_path / "bundle" / "checkpoints.parquet").unlink()
     assert cosigned_rows_of_bundle(tmp_path / "bundle") == ([], [])
+
+
+def test_cosigned_rows_of_a_missing_file_create_nothing(tmp_path):
+    from apollia_nb.journal.verify import cosigned_rows_of_file
+
+    with pytest.raises(duckdb.Error):
+        cosigned_rows_of_file(tmp_path / "journal.db")
+    assert list(tmp_path.iterdir()) == []  # opened read-only: no database is created
+
+
+# --- the signature worker's wire protocol, and the seq ranges rows are read in -------------------------
+
+
+def test_the_signature_worker_answers_each_chunk_and_only_with_its_flag(key):
+    import os
+    import struct
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import apollia_nb
+    from apollia_nb.journal.verify import _batch
+
+    rows = make_rows(6, key, bad_signature_at=5)
+    good, bad = _batch(rows[:3]), _batch(rows[3:])  # the second's item 1 (seq 5) does not verify
+    chunk = [struct.pack(">I", 3) + b.body for b in (good, bad)]
+    root = str(Path(apollia_nb.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root}
+    env.pop("APOLLIA_FAULT", None)
+
+    def worker(data, *flag):
+        done = subprocess.run([sys.executable, "-m", "apollia_nb.journal.verify", *flag], input=data,
+                              capture_output=True, timeout=60, env=env)
+        return done.returncode, done.stdout
+
+    pk = bytes(key.verify_key)
+    assert worker(pk + chunk[0] + chunk[1], "--signature-worker") == (0, struct.pack(">qq", -1, 1))
+    assert worker(pk + chunk[1] + chunk[0][:-1], "--signature-worker") == (0, struct.pack(">q", 1))  # cut: unanswered
+    assert worker(pk + chunk[0][:3], "--signature-worker") == (0, b"")
+    assert worker(pk[:31], "--signature-worker") == (0, b"")
+    assert worker(pk + chunk[0]) == (0, b"")  # without the flag the module does nothing
+    assert worker(pk + chunk[0], "--signature-worker", "x") == (0, b"")
+
+
+def test_rows_are_read_in_seq_ranges_to_the_last_one(home, monkeypatch):
+    # The last range may hold one seq: ranges of 3 over 7 entries, and one entry in a range of 50,000.
+    from apollia_nb.journal import verify as verify_module
+
+    with Journal.open(home) as journal:
+        journal.append("plan", {})
+        assert verify_journal(journal) == VerifyReport(True, 1, None, None, 0)
+    assert (verify_home(home).ok, verify_home(home).entries) == (True, 1)
+    monkeypatch.setattr(verify_module, "RANGE", 3)
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(6))
+        assert verify_journal(journal).entries == 7
+    assert (verify_home(home).ok, verify_home(home).entries) == (True, 7)
