@@ -864,6 +864,9 @@ def test_each_kind_of_bad_checkpoint_fails_with_what_was_wrong(key):
         False, 10, None, "stored checkpoint of size 5: the checkpoints row does not match its signed note", 0)
     assert fails(checkpoints=[_stored(key, rows, 4, root_of=b"\x00" * 32)]) == (
         False, 10, None, "stored checkpoint of size 4: the checkpoints row does not match its signed note", 0)
+    # A cut journal is named by the seq it lacks, before a failure that points at no entry.
+    assert fails(external=note_for(key, longer, 15), checkpoints=[(5, size4[1], size4[2])]) == (
+        False, 10, 11, "entry 11 is missing: the given checkpoint (size 15) covers 15 entries, the journal holds 10", 0)
     # Signed by another key, or over another history, or a size 0 that is not the empty tree.
     foreign = NoteSigner(ORIGIN, other).sign(Checkpoint(ORIGIN, 4, root([leaf_hash(r[7]) for r in rows[:4]])).body())
     ok, entries, seq, problem, checked = fails(external=foreign)
