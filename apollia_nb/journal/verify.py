@@ -341,7 +341,8 @@ class _Worker:
                 self._pending.append(batch)
                 self._queue.put(_COUNT.pack(len(batch.seqs)) + batch.body)
                 return
-        self._room.release()  # checked here, it holds no room: a dead worker's later chunks never wait
+        # Checked here, so it holds no room: a dead worker's later chunks never wait for any.
+        self._room.release()
         self._inline += 1
         seq = _first_bad_signature(self.public_key, batch)
         if seq is not None:
@@ -532,8 +533,9 @@ def verify_rows(
                 notes.append(f"{workers - len(pool)} signature worker(s) could not start ({exc}); "
                              "their signatures were checked in this process")
         # The workers check the signatures in turn (each waits only while it holds INFLIGHT
-        # chunks) while this process checks hashes, links and roots; with one worker this
-        # process takes every other chunk's signatures too.
+        # chunks) while this process checks hashes, links and roots: chunk i goes to worker
+        # i % shares, and a share past the pool is this process's (with one worker this
+        # process takes every other chunk's signatures too; with none, every chunk's).
         shares = len(pool) + 1 if len(pool) == 1 else len(pool)
         for i, chunk in enumerate(chunks):
             batch = _batch(chunk)
