@@ -93,7 +93,7 @@ def test_a_structural_failure_and_a_later_bad_signature(key):
     del rows[99]  # seq 100 missing
     report = check(rows, key, workers=2, parallel_min=1)
     assert (report.first_bad_seq, report.entries) == (100, 99)
-    assert "entry 100 is missing" in report.problem
+    assert report.problem == "entry 100 is missing (the next entry has seq 101)"  # the later chunks are not read
 
 
 def test_malformed_rows_fail_cleanly(key):
@@ -1065,3 +1065,27 @@ def test_rows_are_read_in_seq_ranges_to_the_last_one(home, monkeypatch):
         journal.append_many(Draft("plan", {"i": i}) for i in range(6))
         assert verify_journal(journal).entries == 7
     assert (verify_home(home).ok, verify_home(home).entries) == (True, 7)
+
+
+def test_a_bundle_in_a_folder_with_a_quote_verifies_and_leaves_no_file_behind(home, tmp_path, monkeypatch):
+    from apollia_nb.journal.verify import cosigned_rows_of_bundle, cosigned_rows_of_file
+
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(4))
+    checkpoints, _ = cosigned_rows_of_file(home.journal_db)  # the one the close made
+    assert len(checkpoints) == 1
+    bundle = tmp_path / "it's here"
+    export_home(home, bundle)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert verify_bundle(bundle) == VerifyReport(True, 4, None, None, 1)
+    assert cosigned_rows_of_bundle(bundle) == (checkpoints, [])
+    assert list(cwd.iterdir()) == []  # read in memory: no database file is created
+    (bundle / "checkpoints.parquet").unlink()  # optional: the entries still verify, with no checkpoint
+    assert verify_bundle(bundle) == VerifyReport(True, 4, None, None, 0)
+    for name in ("journal.vkey", "entries.parquet"):
+        (bundle / name).unlink()
+        with pytest.raises(NotFound) as missing:
+            verify_bundle(bundle)
+        assert missing.value.message == f"{bundle} is not an audit bundle: {name} is missing"
