@@ -922,6 +922,7 @@ def _worker_notes(report, how, chunks):
     import re
 
     pids = [int(re.match(r"a signature worker \(pid (\d+)\)", note).group(1)) for note in report.notes]
+    assert len(pids) == len(chunks), report.notes
     assert report.notes == tuple(f"a signature worker (pid {pid}) {how}; the {n} chunk(s) of signatures it did not "
                                  "check were checked in this process" for pid, n in zip(pids, chunks))
     return pids
@@ -1089,3 +1090,26 @@ def test_a_bundle_in_a_folder_with_a_quote_verifies_and_leaves_no_file_behind(ho
         with pytest.raises(NotFound) as missing:
             verify_bundle(bundle)
         assert missing.value.message == f"{bundle} is not an audit bundle: {name} is missing"
+
+
+def test_a_worker_runs_this_tree_first_then_the_callers_python_path(key, tmp_path, monkeypatch):
+    # Another apollia_nb on the caller's PYTHONPATH is not the one a worker runs: this process's is.
+    other = tmp_path / "other"
+    (other / "apollia_nb" / "journal").mkdir(parents=True)
+    for name in ("apollia_nb/__init__.py", "apollia_nb/journal/__init__.py"):
+        (other / name).write_text("")
+    (other / "apollia_nb" / "journal" / "verify.py").write_text("raise SystemExit(3)\n")
+    rows = make_rows(300, key, bad_signature_at=120)
+    monkeypatch.chdir(tmp_path)  # not a folder holding this tree: `python -m` looks there first
+    monkeypatch.setenv("PYTHONPATH", str(other))
+    report = check(rows, key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.notes) == (False, 120, ())
+    # What else the caller's PYTHONPATH holds reaches the worker, after this tree: here a PyNaCl that
+    # cannot be imported, so each worker fails, and its chunks are checked here.
+    broken = tmp_path / "broken"
+    (broken / "nacl").mkdir(parents=True)
+    (broken / "nacl" / "__init__.py").write_text("raise ImportError('not this one')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken))
+    report = check(rows, key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq) == (False, 120)
+    _worker_notes(report, "exited with status 1", [2, 1])
