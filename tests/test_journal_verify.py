@@ -737,6 +737,9 @@ def test_a_verification_that_fails_mid_read_leaves_no_worker_behind(key, monkeyp
             os.waitpid(worker.proc.pid, os.WNOHANG)  # no child left, not even a zombie
         assert worker.proc.stdout.closed and worker.proc.stdin.closed
         assert not worker._feeder.is_alive() and not worker._reader.is_alive()
+        # named where a thread dump shows them, and never what keeps an interpreter from exiting
+        assert [(t.name, t.daemon) for t in (worker._feeder, worker._reader)] == [
+            ("journal-verify-feeder", True), ("journal-verify-reader", True)]
 
 
 def test_a_journal_key_that_is_not_32_bytes_is_refused_with_what_it_must_be(key):
