@@ -209,7 +209,8 @@ def test_damage_before_the_end_refuses_the_open_and_changes_nothing(home):
     assert log.read_bytes() == bytes(data)
     assert _db_seqs(home) == []  # nothing was copied
     report = verify_home(home)
-    assert not report.ok and "damaged" in report.problem
+    assert (report.ok, report.entries, report.first_bad_seq, report.checked_checkpoints) == (False, 0, None, 0)
+    assert "damaged at byte 0" in report.problem and report.summary() == f"FAILED: {report.problem}"
     data[45] ^= 0x01
     data[0:4] = b"XXXX"  # a header that is not a record's
     log.write_bytes(bytes(data))

@@ -93,7 +93,7 @@ def test_a_structural_failure_and_a_later_bad_signature(key):
     del rows[99]  # seq 100 missing
     report = check(rows, key, workers=2, parallel_min=1)
     assert (report.first_bad_seq, report.entries) == (100, 99)
-    assert "entry 100 is missing" in report.problem
+    assert report.problem == "entry 100 is missing (the next entry has seq 101)"  # the later chunks are not read
 
 
 def test_malformed_rows_fail_cleanly(key):
@@ -484,10 +484,8 @@ def test_workers_report_the_first_bad_signature_of_a_chunk_at_any_place(key, bad
     assert pooled.notes == ()
 
 
-@pytest.mark.parametrize("bad", [None, 50, 150])
-def test_a_worker_that_cannot_start_leaves_its_share_to_this_process(key, bad, monkeypatch):
-    # The second worker cannot start: the first checks every other chunk's signatures and this
-    # process the rest (seq 50 is in the worker's share, 150 in this process's), and the report says so.
+def second_worker_cannot_start(monkeypatch) -> list:
+    """Only the first signature worker of a verification starts (returned); the next raises OSError."""
     from apollia_nb.journal import verify as verify_module
 
     started = []
@@ -500,6 +498,14 @@ def test_a_worker_that_cannot_start_leaves_its_share_to_this_process(key, bad, m
         real(self, public_key)
 
     monkeypatch.setattr(verify_module._Worker, "__init__", second_fails)
+    return started
+
+
+@pytest.mark.parametrize("bad", [None, 50, 150])
+def test_a_worker_that_cannot_start_leaves_its_share_to_this_process(key, bad, monkeypatch):
+    # The second worker cannot start: the first checks every other chunk's signatures and this
+    # process the rest (seq 50 is in the worker's share, 150 in this process's), and the report says so.
+    started = second_worker_cannot_start(monkeypatch)
     report = check(make_rows(300, key, bad_signature_at=bad), key, workers=2, parallel_min=1)
     assert len(started) == 1
     if bad is None:
@@ -659,3 +665,454 @@ def test_no_loadable_libsodium_leaves_pynacls(monkeypatch):
             assert verify_module._system_verify() is None
         finally:
             verify_module._system_verify.cache_clear()
+
+
+# --- signature workers that die, or are ended, while the verification runs ----------------------
+
+
+def record_workers(monkeypatch) -> list:
+    """The signature workers the verifications of this test start, in order."""
+    from apollia_nb.journal import verify as verify_module
+
+    started = []
+    real = verify_module._Worker.__init__
+
+    def recorded(self, public_key):
+        real(self, public_key)
+        started.append(self)
+
+    monkeypatch.setattr(verify_module._Worker, "__init__", recorded)
+    return started
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad", [None, 185, 195], ids=["clean", "in the dead worker's tenth chunk",
+                                                     "in the live worker's tenth chunk"])
+def test_a_worker_killed_mid_run_leaves_all_its_later_chunks_to_this_process(key, bad, monkeypatch):
+    # 10-row chunks alternate between the two workers (seqs 181..190 are worker 0's tenth chunk, 191..200
+    # worker 1's). Worker 0 is killed once the verification has started it and before it is handed a
+    # chunk: each of its ten chunks, more than a worker may hold unanswered, is checked in this process.
+    started = record_workers(monkeypatch)
+    rows = make_rows(200, key, bad_signature_at=bad)
+
+    def chunks():
+        dead = started[0]
+        dead.proc.kill()
+        dead._reader.join()  # its death is seen: nothing more is handed to it
+        for i in range(0, 200, 10):
+            yield rows[i:i + 10]
+
+    report = verify_rows(chunks(), public_key=bytes(key.verify_key), origin=ORIGIN, total=200,
+                         workers=2, parallel_min=1)
+    if bad is None:
+        assert (report.ok, report.entries, report.first_bad_seq) == (True, 200, None)
+    else:
+        assert (report.ok, report.entries, report.first_bad_seq) == (False, bad - 1, bad)
+        assert report.problem == f"entry {bad}: signature does not verify under the journal key"
+    assert report.notes == (f"a signature worker (pid {started[0].proc.pid}) was killed by signal 9; the 10 "
+                            "chunk(s) of signatures it did not check were checked in this process",)
+
+
+def test_a_verification_that_fails_mid_read_leaves_no_worker_behind(key, monkeypatch):
+    # The rows cannot be read to the end: the error reaches the caller, and each worker, alive and
+    # waiting for its next chunk, is ended and reaped, its pipes and threads closed.
+    import os
+    import signal
+
+    started = record_workers(monkeypatch)
+    rows = make_rows(300, key)
+
+    def chunks():
+        yield rows[:100]
+        yield rows[100:200]
+        raise duckdb.IOException("the disk went away")
+
+    with pytest.raises(duckdb.IOException, match="the disk went away"):
+        verify_rows(chunks(), public_key=bytes(key.verify_key), origin=ORIGIN, total=300,
+                    workers=2, parallel_min=1)
+    assert len(started) == 2
+    for worker in started:
+        assert worker.proc.returncode == -signal.SIGKILL
+        with pytest.raises(ChildProcessError):
+            os.waitpid(worker.proc.pid, os.WNOHANG)  # no child left, not even a zombie
+        assert worker.proc.stdout.closed and worker.proc.stdin.closed
+        assert not worker._feeder.is_alive() and not worker._reader.is_alive()
+        # named where a thread dump shows them, and never what keeps an interpreter from exiting
+        assert [(t.name, t.daemon) for t in (worker._feeder, worker._reader)] == [
+            ("journal-verify-feeder", True), ("journal-verify-reader", True)]
+
+
+def test_a_journal_key_that_is_not_32_bytes_is_refused_with_what_it_must_be(key):
+    pk = bytes(key.verify_key)
+    for bad in (b"short", pk + b"\x00", bytearray(pk), pk.hex()[:32], None):
+        with pytest.raises(BadInput) as refused:
+            verify_rows([make_rows(1, key)], public_key=bad, origin=ORIGIN)
+        assert (refused.value.code, refused.value.message) == ("BAD_INPUT", "the journal public key must be 32 bytes")
+
+
+# --- what each kind of tampering reports: the first bad seq, the entries before it, the exact problem -----
+
+
+def _replace(rows, seq, column, value):
+    row = list(rows[seq - 1])
+    row[column] = value
+    rows[seq - 1] = tuple(row)
+
+
+def _rehashed(rows, seq, **columns):
+    """Entry ``seq`` with other column values and a hash and signature recomputed over them."""
+    names = ("seq", "ts", "run_id", "agent", "kind", "payload", "prev_hash")
+    return {**dict(zip(names, rows[seq - 1])), **columns}
+
+
+def _tamper_duplicate(rows, key):
+    rows.insert(4, rows[3])  # seq 4 twice
+
+
+def _tamper_gap(rows, key):
+    del rows[4]
+
+
+def _tamper_null_seq(rows, key):
+    _replace(rows, 5, 0, None)
+
+
+def _tamper_short_row(rows, key):
+    rows[2] = rows[2][:9]
+
+
+def _tamper_long_row(rows, key):
+    rows[2] = rows[2] + ("extra",)
+
+
+def _tamper_genesis(rows, key):
+    _replace(rows, 1, 6, b"\x01" * 32)
+
+
+def _tamper_link(rows, key):
+    _replace(rows, 5, 6, rows[2][7])  # entry 5 links to entry 3
+
+
+def _tamper_type(rows, key):
+    _replace(rows, 4, 3, ["clerk"])  # the agent is neither text nor NULL
+
+
+def _tamper_payload(rows, key):
+    _replace(rows, 7, 5, canonical_json({"n": "forged"}))
+
+
+def _tamper_key_id(rows, key):
+    _replace(rows, 6, 9, "0123456789abcdef")
+
+
+def _tamper_signature(rows, key):
+    _replace(rows, 8, 8, SigningKey.generate().sign(rows[7][7]).signature)
+
+
+def _tamper_link_and_later_payload(rows, key):
+    _replace(rows, 9, 5, canonical_json({"n": "forged"}))
+    _replace(rows, 3, 6, bytes(32))
+
+
+KID = key_id(bytes(SigningKey(bytes(range(32))).verify_key))
+
+
+@pytest.mark.parametrize("tamper, seq, entries, problem", [
+    (_tamper_duplicate, 4, 3, "entry 4 appears more than once"),
+    (_tamper_gap, 5, 4, "entry 5 is missing (the next entry has seq 6)"),
+    (_tamper_null_seq, 5, 4, "entry 5 is missing (the next entry has no sequence number)"),
+    (_tamper_short_row, 3, 2, "entry 3 is malformed (not the ten journal columns)"),
+    (_tamper_long_row, 3, 2, "entry 3 is malformed (not the ten journal columns)"),
+    (_tamper_genesis, 1, 0, "entry 1: prev_hash is not the genesis value (32 zero bytes)"),
+    (_tamper_link, 5, 4, "entry 5: prev_hash does not match the hash of entry 4"),
+    (_tamper_type, 4, 3, "entry 4 has a column of the wrong type"),
+    (_tamper_payload, 7, 6, "entry 7: hash does not match its contents"),
+    (_tamper_key_id, 6, 5, f"entry 6: key id '0123456789abcdef' is not the journal key {KID}"),
+    (_tamper_signature, 8, 7, "entry 8: signature does not verify under the journal key"),
+    (_tamper_link_and_later_payload, 3, 2, "entry 3: prev_hash does not match the hash of entry 2"),
+], ids=lambda value: value.__name__[len("_tamper_"):] if callable(value) else None)
+def test_each_kind_of_tampering_fails_at_its_entry_with_what_was_wrong(key, tamper, seq, entries, problem):
+    rows = make_rows(10, key)
+    tamper(rows, key)
+    for workers, parallel_min in ((1, 8_000), (2, 1)):
+        report = check(rows, key, workers=workers, parallel_min=parallel_min)
+        assert report == VerifyReport(False, entries, seq, problem, 0)
+        assert report.summary() == f"FAILED at seq {seq}: {problem}"
+        assert report.to_dict() == {"ok": False, "entries": entries, "first_bad_seq": seq, "problem": problem,
+                                    "checked_checkpoints": 0}
+
+
+def _stored(key, rows, size, *, root_of=None):
+    note = note_for(key, rows, size)
+    return (size, root([leaf_hash(r[7]) for r in rows[:size]]) if root_of is None else root_of, note)
+
+
+def test_each_kind_of_bad_checkpoint_fails_with_what_was_wrong(key):
+    rows = make_rows(10, key)
+    longer = make_rows(15, key)
+    other = SigningKey(bytes(range(1, 33)))
+
+    def fails(**kw):
+        report = check(rows, key, **kw)
+        return report.ok, report.entries, report.first_bad_seq, report.problem, report.checked_checkpoints
+
+    # The entries were cut after 10: a checkpoint of 15 says where.
+    assert fails(external=note_for(key, longer, 15)) == (
+        False, 10, 11, "entry 11 is missing: the given checkpoint (size 15) covers 15 entries, the journal holds 10", 0)
+    assert fails(checkpoints=[_stored(key, rows, 4), _stored(key, longer, 15)]) == (
+        False, 10, 11, "entry 11 is missing: stored checkpoint of size 15 covers 15 entries, the journal holds 10", 1)
+    # A stored row whose size or root is not its note's.
+    size4 = _stored(key, rows, 4)
+    assert fails(checkpoints=[(5, size4[1], size4[2])]) == (
+        False, 10, None, "stored checkpoint of size 5: the checkpoints row does not match its signed note", 0)
+    assert fails(checkpoints=[_stored(key, rows, 4, root_of=b"\x00" * 32)]) == (
+        False, 10, None, "stored checkpoint of size 4: the checkpoints row does not match its signed note", 0)
+    # A cut journal is named by the seq it lacks, before a failure that points at no entry.
+    assert fails(external=note_for(key, longer, 15), checkpoints=[(5, size4[1], size4[2])]) == (
+        False, 10, 11, "entry 11 is missing: the given checkpoint (size 15) covers 15 entries, the journal holds 10", 0)
+    # Signed by another key, or over another history, or a size 0 that is not the empty tree.
+    foreign = NoteSigner(ORIGIN, other).sign(Checkpoint(ORIGIN, 4, root([leaf_hash(r[7]) for r in rows[:4]])).body())
+    ok, entries, seq, problem, checked = fails(external=foreign)
+    assert (ok, entries, seq, checked) == (False, 10, None, 0) and problem.startswith("the given checkpoint: ")
+    rewritten = NoteSigner(ORIGIN, key).sign(Checkpoint(ORIGIN, 10, root([b"\x07" * 32] * 10)).body())
+    assert fails(external=rewritten) == (
+        False, 10, None, "the given checkpoint (size 10): the first 10 entries do not have its Merkle root (history "
+        "was rewritten within seqs 1..10; `apollia-os audit consistency` with more kept checkpoints or a kept "
+        "bundle narrows it down)", 0)
+    not_empty = NoteSigner(ORIGIN, key).sign(Checkpoint(ORIGIN, 0, b"\x07" * 32).body())
+    assert fails(external=not_empty) == (
+        False, 10, None, "the given checkpoint (size 0): its root is not the root of the empty tree", 0)
+    # An entry's failure is named before any checkpoint's; a checkpoint's root past it is not judged.
+    _replace(rows, 6, 5, canonical_json({"n": "forged"}))
+    assert fails(external=rewritten, checkpoints=[_stored(key, longer, 15)]) == (
+        False, 5, 6, "entry 6: hash does not match its contents", 0)
+    assert fails(external=foreign) == (False, 5, 6, "entry 6: hash does not match its contents", 0)
+
+
+def test_verify_file_names_a_missing_journal(tmp_path):
+    from apollia_nb.journal.verify import verify_file
+
+    with pytest.raises(NotFound) as missing:
+        verify_file(tmp_path / "nothing.db", public_key=bytes(32))
+    assert missing.value.message == f"no journal at {tmp_path / 'nothing.db'}"
+
+
+@pytest.mark.parametrize("said, marked", [
+    ({"first_bad_seq": "9", "problem": "p"}, (0, None, "p")),  # hand-edited: the seq points at no entry
+    ({"first_bad_seq": 9.0, "problem": "p"}, (0, None, "p")),
+    ({"first_bad_seq": True, "problem": "p"}, (0, None, "p")),
+    ({"first_bad_seq": 30, "problem": "p"}, (20, 30, "p")),
+    ({"first_bad_seq": 0}, (0, 0, "None")),
+    ({"problem": "p"}, (0, None, "p")),
+    (True, (0, None, "None")),
+    (["entry 3"], (0, None, "None")),
+])
+def test_a_bundle_marked_invalid_fails_whatever_its_meta_json_holds(said, marked):
+    from apollia_nb.journal.verify import _marked
+
+    entries, seq, problem = marked
+    note = f"the bundle was exported marked invalid (meta.json): the journal failed verification: {problem}"
+    assert _marked(VerifyReport(True, 20, None, None, 1), said) == VerifyReport(False, entries, seq, note, 1)
+    failed = VerifyReport(False, 4, 5, "entry 5: hash does not match its contents", 0, ("a note",))
+    assert _marked(failed, said) == VerifyReport(False, 4, 5, f"entry 5: hash does not match its contents; {note}",
+                                                 0, ("a note",))
+    for nothing in (None, {}, False, ""):
+        assert _marked(failed, nothing) is failed
+
+
+def _worker_notes(report, how, chunks):
+    """The pids the notes name, checked against the notes expected of workers that ended ``how``."""
+    import re
+
+    pids = [int(re.match(r"a signature worker \(pid (\d+)\)", note).group(1)) for note in report.notes]
+    assert len(pids) == len(chunks), report.notes
+    assert report.notes == tuple(f"a signature worker (pid {pid}) {how}; the {n} chunk(s) of signatures it did not "
+                                 "check were checked in this process" for pid, n in zip(pids, chunks))
+    return pids
+
+
+def test_a_worker_that_fails_as_it_starts_is_named_with_its_exit_status(key, monkeypatch):
+    # The fault raises in each worker: the interpreter exits with status 1, not by a signal.
+    monkeypatch.setenv("APOLLIA_FAULT", "verify.signature_worker:raise")
+    report = check(make_rows(300, key, bad_signature_at=150), key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 150, 149)
+    _worker_notes(report, "exited with status 1", [2, 1])
+
+
+def test_workers_start_from_the_size_given_and_one_given_no_chunk_is_still_named(key, monkeypatch):
+    # Every worker started is killed as it starts, so the notes tell which verifications started them.
+    monkeypatch.setenv("APOLLIA_FAULT", "verify.signature_worker:kill")
+    rows = make_rows(100, key)  # one chunk: the second worker is handed nothing
+    assert check(rows, key, workers=2, parallel_min=101) == VerifyReport(True, 100, None, None, 0)
+    assert check(rows, key, workers=1, parallel_min=1) == VerifyReport(True, 100, None, None, 0)
+    report = check(rows, key, workers=2, parallel_min=100)
+    assert (report.ok, report.entries) == (True, 100)
+    assert len(set(_worker_notes(report, "was killed by signal 9", [1, 0]))) == 2
+    assert check(rows, key, workers=3, parallel_min=100).notes[2].endswith(
+        "the 0 chunk(s) of signatures it did not check were checked in this process")
+    unknown = verify_rows([rows], public_key=bytes(key.verify_key), origin=ORIGIN, workers=2, parallel_min=1)
+    assert unknown == VerifyReport(True, 100, None, None, 0)  # no total given: checked here
+
+
+def test_a_worker_whose_interpreter_exits_at_once_is_named_with_status_0(key, monkeypatch):
+    # An interpreter that exits 0 without reading a byte checked nothing: its chunks are checked here.
+    import shutil
+    import sys
+
+    monkeypatch.setattr(sys, "executable", shutil.which("true"))
+    report = check(make_rows(300, key, bad_signature_at=250), key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 250, 249)
+    _worker_notes(report, "exited with status 0", [2, 1])
+
+
+def test_the_one_worker_that_started_takes_every_other_chunk(key, monkeypatch):
+    # The second worker cannot start and the first is killed as it starts: the first's share, chunks
+    # 1, 3 and 5 of five, is checked here and counted in its note.
+    started = second_worker_cannot_start(monkeypatch)
+    monkeypatch.setenv("APOLLIA_FAULT", "verify.signature_worker:kill")
+    report = check(make_rows(500, key, bad_signature_at=420), key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.entries) == (False, 420, 419)
+    assert report.notes[0] == ("1 signature worker(s) could not start (no interpreter); "
+                               "their signatures were checked in this process")
+    assert report.notes[1:] == (f"a signature worker (pid {started[0].proc.pid}) was killed by signal 9; the 3 "
+                                "chunk(s) of signatures it did not check were checked in this process",)
+
+
+# --- the checkpoints and witness cosignatures `audit verify --witness` reads -------------------------
+
+
+def test_cosigned_rows_of_a_file_and_of_its_bundle(home, tmp_path):
+    from apollia_nb.journal.verify import cosigned_rows_of_bundle, cosigned_rows_of_file
+
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(5))
+        journal.checkpoint()
+        journal.append("plan", {"i": 5})
+        journal.checkpoint()
+        sizes = [size for size, _root, _note in journal.checkpoints()]
+        for size, witness in ((sizes[1], "w2"), (sizes[0], "w1"), (sizes[1], "w1")):  # kept by size
+            journal.add_cosignature(size, witness, 1_700_000_000 + size, f"— {witness} line of {size}")
+        checkpoints = journal.checkpoints()
+    assert sizes == [5, 6] and [type(v) for v in checkpoints[0]] == [int, bytes, str]
+    cosignatures = [(5, "— w1 line of 5"), (6, "— w1 line of 6"), (6, "— w2 line of 6")]
+    found = cosigned_rows_of_file(home.journal_db)
+    assert (found[0], sorted(found[1])) == (checkpoints, cosignatures)
+    assert [size for size, _line in found[1]] == [5, 6, 6]
+    export_home(home, tmp_path / "bundle")
+    found = cosigned_rows_of_bundle(tmp_path / "bundle")
+    assert (found[0], sorted(found[1])) == (checkpoints, cosignatures)
+    assert [type(v) for v in found[0][0]] == [int, bytes, str] and [size for size, _line in found[1]] == [5, 6, 6]
+
+    # A journal written before cosignatures were kept, and a bundle without them or without checkpoints.
+    con = duckdb.connect(str(home.journal_db))
+    con.execute("DROP TABLE checkpoint_cosignatures")
+    con.close()
+    assert cosigned_rows_of_file(home.journal_db) == (checkpoints, [])
+    (tmp_path / "bundle" / "cosignatures.parquet").unlink()
+    assert cosigned_rows_of_bundle(tmp_path / "bundle") == (checkpoints, [])
+    (tmp_path / "bundle" / "checkpoints.parquet").unlink()
+    assert cosigned_rows_of_bundle(tmp_path / "bundle") == ([], [])
+
+
+def test_cosigned_rows_of_a_missing_file_create_nothing(tmp_path):
+    from apollia_nb.journal.verify import cosigned_rows_of_file
+
+    with pytest.raises(duckdb.Error):
+        cosigned_rows_of_file(tmp_path / "journal.db")
+    assert list(tmp_path.iterdir()) == []  # opened read-only: no database is created
+
+
+# --- the signature worker's wire protocol, and the seq ranges rows are read in -------------------------
+
+
+def test_the_signature_worker_answers_each_chunk_and_only_with_its_flag(key):
+    import os
+    import struct
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import apollia_nb
+    from apollia_nb.journal.verify import _batch
+
+    rows = make_rows(6, key, bad_signature_at=5)
+    good, bad = _batch(rows[:3]), _batch(rows[3:])  # the second's item 1 (seq 5) does not verify
+    chunk = [struct.pack(">I", 3) + b.body for b in (good, bad)]
+    root = str(Path(apollia_nb.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": root}
+    env.pop("APOLLIA_FAULT", None)
+
+    def worker(data, *flag):
+        done = subprocess.run([sys.executable, "-m", "apollia_nb.journal.verify", *flag], input=data,
+                              capture_output=True, timeout=60, env=env)
+        return done.returncode, done.stdout
+
+    pk = bytes(key.verify_key)
+    assert worker(pk + chunk[0] + chunk[1], "--signature-worker") == (0, struct.pack(">qq", -1, 1))
+    assert worker(pk + chunk[1] + chunk[0][:-1], "--signature-worker") == (0, struct.pack(">q", 1))  # cut: unanswered
+    assert worker(pk + chunk[0][:3], "--signature-worker") == (0, b"")
+    assert worker(pk[:31], "--signature-worker") == (0, b"")
+    assert worker(pk + chunk[0]) == (0, b"")  # without the flag the module does nothing
+    assert worker(pk + chunk[0], "--signature-worker", "x") == (0, b"")
+
+
+def test_rows_are_read_in_seq_ranges_to_the_last_one(home, monkeypatch):
+    # The last range may hold one seq: ranges of 3 over 7 entries, and one entry in a range of 50,000.
+    from apollia_nb.journal import verify as verify_module
+
+    with Journal.open(home) as journal:
+        journal.append("plan", {})
+        assert verify_journal(journal) == VerifyReport(True, 1, None, None, 0)
+    assert (verify_home(home).ok, verify_home(home).entries) == (True, 1)
+    monkeypatch.setattr(verify_module, "RANGE", 3)
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(6))
+        assert verify_journal(journal).entries == 7
+    assert (verify_home(home).ok, verify_home(home).entries) == (True, 7)
+
+
+def test_a_bundle_in_a_folder_with_a_quote_verifies_and_leaves_no_file_behind(home, tmp_path, monkeypatch):
+    from apollia_nb.journal.verify import cosigned_rows_of_bundle, cosigned_rows_of_file
+
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(4))
+    checkpoints, _ = cosigned_rows_of_file(home.journal_db)  # the one the close made
+    assert len(checkpoints) == 1
+    bundle = tmp_path / "it's here"
+    export_home(home, bundle)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert verify_bundle(bundle) == VerifyReport(True, 4, None, None, 1)
+    assert cosigned_rows_of_bundle(bundle) == (checkpoints, [])
+    assert list(cwd.iterdir()) == []  # read in memory: no database file is created
+    (bundle / "checkpoints.parquet").unlink()  # optional: the entries still verify, with no checkpoint
+    assert verify_bundle(bundle) == VerifyReport(True, 4, None, None, 0)
+    for name in ("journal.vkey", "entries.parquet"):
+        (bundle / name).unlink()
+        with pytest.raises(NotFound) as missing:
+            verify_bundle(bundle)
+        assert missing.value.message == f"{bundle} is not an audit bundle: {name} is missing"
+
+
+def test_a_worker_runs_this_tree_first_then_the_callers_python_path(key, tmp_path, monkeypatch):
+    # Another apollia_nb on the caller's PYTHONPATH is not the one a worker runs: this process's is.
+    other = tmp_path / "other"
+    (other / "apollia_nb" / "journal").mkdir(parents=True)
+    for name in ("apollia_nb/__init__.py", "apollia_nb/journal/__init__.py"):
+        (other / name).write_text("")
+    (other / "apollia_nb" / "journal" / "verify.py").write_text("raise SystemExit(3)\n")
+    rows = make_rows(300, key, bad_signature_at=120)
+    monkeypatch.chdir(tmp_path)  # not a folder holding this tree: `python -m` looks there first
+    monkeypatch.setenv("PYTHONPATH", str(other))
+    report = check(rows, key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq, report.notes) == (False, 120, ())
+    # What else the caller's PYTHONPATH holds reaches the worker, after this tree: here a PyNaCl that
+    # cannot be imported, so each worker fails, and its chunks are checked here.
+    broken = tmp_path / "broken"
+    (broken / "nacl").mkdir(parents=True)
+    (broken / "nacl" / "__init__.py").write_text("raise ImportError('not this one')\n")
+    monkeypatch.setenv("PYTHONPATH", str(broken))
+    report = check(rows, key, workers=2, parallel_min=1)
+    assert (report.ok, report.first_bad_seq) == (False, 120)
+    _worker_notes(report, "exited with status 1", [2, 1])

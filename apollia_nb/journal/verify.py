@@ -341,6 +341,8 @@ class _Worker:
                 self._pending.append(batch)
                 self._queue.put(_COUNT.pack(len(batch.seqs)) + batch.body)
                 return
+        # Checked here, so it holds no room: a dead worker's later chunks never wait for any.
+        self._room.release()
         self._inline += 1
         seq = _first_bad_signature(self.public_key, batch)
         if seq is not None:
@@ -375,10 +377,8 @@ class _Worker:
             self.proc.kill()
             self.proc.wait()
         self._queue.put(None)
-        if self._feeder.is_alive():
-            self._feeder.join()
-        if self._reader.is_alive():
-            self._reader.join()
+        self._feeder.join()
+        self._reader.join()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
 
@@ -533,13 +533,13 @@ def verify_rows(
                 notes.append(f"{workers - len(pool)} signature worker(s) could not start ({exc}); "
                              "their signatures were checked in this process")
         # The workers check the signatures in turn (each waits only while it holds INFLIGHT
-        # chunks) while this process checks hashes, links and roots; with one worker this
-        # process takes every other chunk's signatures too.
+        # chunks) while this process checks hashes, links and roots: chunk i goes to worker
+        # i % shares, and a share past the pool is this process's (with one worker this
+        # process takes every other chunk's signatures too; with none, every chunk's).
         shares = len(pool) + 1 if len(pool) == 1 else len(pool)
         for i, chunk in enumerate(chunks):
             batch = _batch(chunk)
-            share = i % shares if pool else 0
-            if share < len(pool):
+            if pool and (share := i % shares) < len(pool):
                 pool[share].submit(batch)
             else:
                 bad = _first_bad_signature(public_key, batch)
@@ -740,12 +740,13 @@ def _marked(report: VerifyReport, invalid: object) -> VerifyReport:
     if not invalid:
         return report
     seq = invalid.get("first_bad_seq") if isinstance(invalid, dict) else None
+    seq = seq if type(seq) is int else None  # anything else (a hand-edited meta.json) points at no entry
     said = invalid.get("problem") if isinstance(invalid, dict) else None
     note = f"the bundle was exported marked invalid (meta.json): the journal failed verification: {said}"
     if not report.ok:
         return replace(report, problem=f"{report.problem}; {note}")
     return replace(report, ok=False, entries=0 if seq is None else min(report.entries, max(seq - 1, 0)),
-                   first_bad_seq=seq if isinstance(seq, int) else None, problem=note)
+                   first_bad_seq=seq, problem=note)
 
 
 # --- witness cosignatures (audit verify --witness) -----------------------------------------
