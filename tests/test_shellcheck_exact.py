@@ -255,3 +255,37 @@ def test_an_internal_failure_reads_as_no_allow_match_and_every_deny_match(monkey
     monkeypatch.setattr(shellcheck, "simple_words", failing)
     assert allow_prefix_matches("git", "git status") is False
     assert deny_prefix_matches("rm", "git status") is True
+
+
+@pytest.mark.parametrize("folder", ["/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin",
+                                    "/opt/homebrew/bin"])
+def test_always_is_offered_for_a_program_named_by_its_path_in_each_system_folder(folder: str) -> None:
+    assert shellcheck.no_always_reason((f"{folder}/mytool", "x")) is None
+    assert shellcheck.no_always_reason((f"{folder}x/mytool", "x")) == (
+        f"'{folder}x/mytool' is a file outside the system's program folders: what it runs may change")
+
+
+@pytest.mark.parametrize(
+    ("words", "reason"),
+    [
+        (("./build.sh",), "'./build.sh' is a file outside the system's program folders: what it runs may change"),
+        (("/usr/bin/../x",), "'/usr/bin/../x' is a file outside the system's program folders: what it runs may change"),
+        (("/usr/bin/env", "x"), "'env' runs other programs, commands or program text"),  # by its basename
+        (("pip3", "x"), "'pip3' runs other programs, commands or program text"),  # with its version dropped
+        (("rm", "-rf"), "'rm' writes, deletes or sends where its arguments say"),
+        (("python.",), "'python.' runs other programs, commands or program text"),  # an interpreter's odd version
+        (("python..3",), "'python..3' runs other programs, commands or program text"),
+        ((None,), "the command cannot be read"),  # never None: a failure gives a reason
+        ((7,), "the command cannot be read"),
+        ((), "the command cannot be read"),
+    ],
+    ids=repr,
+)
+def test_the_reason_always_is_not_offered_is_exact(words: tuple, reason: str) -> None:
+    assert shellcheck.no_always_reason(words) == reason
+
+
+def test_evaluating_builtin_reads_no_command_with_a_control_character() -> None:
+    assert evaluating_builtin("eval x") == "eval" and evaluating_builtin("eval ' x'") == "eval"  # a space is text
+    assert evaluating_builtin("eval '\x7f'") is None  # DEL is not
+    assert evaluating_builtin("eval '\x1f'") is None
