@@ -39,8 +39,8 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "shellcheck": (
         "apollia_nb/governance/shellcheck.py",
-        ("tests/test_shellcheck.py", "tests/test_shellcheck_exact.py", "tests/test_shellcheck_globs.py",
-         "tests/test_decision.py", "tests/test_governance_attacks.py"),
+        ("tests/test_shellcheck_tables.py", "tests/test_shellcheck.py", "tests/test_shellcheck_exact.py",
+         "tests/test_shellcheck_globs.py", "tests/test_decision.py", "tests/test_governance_attacks.py"),
     ),
     "merkle": ("apollia_nb/journal/merkle.py", ("tests/test_merkle.py", "tests/test_journal_verify.py")),
     "verify": (
