@@ -39,8 +39,8 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "shellcheck": (
         "apollia_nb/governance/shellcheck.py",
-        ("tests/test_shellcheck.py", "tests/test_shellcheck_exact.py", "tests/test_shellcheck_globs.py",
-         "tests/test_decision.py", "tests/test_governance_attacks.py"),
+        ("tests/test_shellcheck_tables.py", "tests/test_shellcheck.py", "tests/test_shellcheck_exact.py",
+         "tests/test_shellcheck_globs.py", "tests/test_decision.py", "tests/test_governance_attacks.py"),
     ),
     "merkle": ("apollia_nb/journal/merkle.py", ("tests/test_merkle.py", "tests/test_journal_verify.py")),
     "verify": (
@@ -335,15 +335,31 @@ def _map_main(name: str, out: Path) -> int:
     data = cov.get_data()
     by_line = {line: set(contexts) for line, contexts in data.contexts_by_lineno(target).items()}
     at_import = sorted(line for line, contexts in by_line.items() if "" in contexts)
+    subs = []
     for path in sub_dir.glob("cov.*"):
         sub = coverage.CoverageData(basename=str(path))
         sub.read()
-        for line, contexts in sub.contexts_by_lineno(target).items():
-            by_line.setdefault(line, set()).update(contexts)
-    lines = {str(line): sorted(c for c in contexts if c) for line, contexts in by_line.items()}
+        subs.append(sub.contexts_by_lineno(target))
+    lines = {str(line): tests for line, tests in _tests_by_line(by_line, subs).items()}
     out.write_text(json.dumps({"exit": int(code), "total": total, "durations": durations, "lines": lines,
                                "at_import": at_import}))
     return 0
+
+
+def _tests_by_line(main: dict[int, set[str]], subprocesses: list[dict[int, list[str]]]) -> dict[int, list[str]]:
+    """Per line of the module, the tests that reach it: in the tests' own process (``main``, where the context
+    ``""`` is import and collection) or in a Python process a test started (its context is that test).
+
+    A line the tests' process executed only at import (a module constant, a ``def`` line) maps to no test, even
+    when a subprocess imported the module under some test: every test reads what importing it built, so only
+    the whole test files can tell a mutant of it."""
+    by_line = {line: set(contexts) for line, contexts in main.items()}
+    only_at_import = {line for line, contexts in by_line.items() if contexts <= {""}}
+    for sub in subprocesses:
+        for line, contexts in sub.items():
+            if line not in only_at_import:
+                by_line.setdefault(line, set()).update(contexts)
+    return {line: sorted(c for c in contexts if c) for line, contexts in by_line.items()}
 
 
 @dataclass

@@ -69,6 +69,20 @@ def test_the_tests_for_a_mutant_are_those_reaching_its_lines_fastest_first():
     assert cmap.tests_for(by_ident["toy:14:const:False->True"]) is None
 
 
+def test_a_line_run_only_at_import_maps_to_no_test_though_a_subprocess_imports_the_module():
+    runner = _runner()
+    main = {6: {""}, 10: {""}, 12: {"", "t::a"}, 13: {"t::a"}}
+    # A test that starts Python (the CLI, an import under -W error) imports the module there too.
+    sub = {6: ["t::cli"], 10: ["t::cli"], 12: ["t::cli"], 13: ["t::cli"], 20: ["t::cli"]}
+    lines = runner._tests_by_line(main, [sub])
+    assert lines[6] == [] and lines[10] == []  # constants, def lines: the whole test files decide
+    assert lines[12] == ["t::a", "t::cli"] and lines[13] == ["t::a", "t::cli"]
+    assert lines[20] == ["t::cli"]  # run only in the subprocess: its test reaches it
+    by_ident = {s.ident("toy"): s for s in runner.sites(SOURCE)}
+    cmap = runner.CoverageMap(total=1.0, durations={}, lines=lines, at_import=frozenset({6, 10, 12}))
+    assert cmap.tests_for(by_ident["toy:6:const:8->9"]) is None
+
+
 def test_an_if_is_reached_through_its_test():
     runner = _runner()
     site = next(s for s in runner.sites(SOURCE) if s.ident("toy") == "toy:12:if:test->not")

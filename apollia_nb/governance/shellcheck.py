@@ -489,7 +489,7 @@ _OPENER = re.compile(
 )
 
 
-#: Nesting deeper than this many expansions is not unpicked: the deny rule matches.
+#: Expansions nested this many deep, or deeper, are not unpicked: the deny rule matches.
 _MAX_EXPANSION_PASSES = 32
 
 
