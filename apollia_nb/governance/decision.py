@@ -791,7 +791,7 @@ def _command(call: Call) -> str | None:
     return None
 
 
-def _deny_matches(prefix: str, family: Family | None, text: str, resolved: bool = False) -> bool:
+def _deny_matches(prefix: str, family: Family | None, text: str, resolved: bool) -> bool:
     if family in _COMMAND_FAMILIES and shellcheck.deny_prefix_matches(prefix, text):
         return True
     if family is Family.EXECUTE:
