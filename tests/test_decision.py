@@ -571,6 +571,12 @@ PATH_PREFIXES = [
     ("/", "/ws/a", True),
     ("/", "a", False),
     ("..", "secrets/k", False),
+    ("..", "..foo", False),  # ".." names a folder: not a file whose name starts with ".."
+    ("secrets/.", "secretsX/k", False),  # so does a prefix ending in "/." or "/.."
+    ("z/b/..", "z/k", True),
+    ("z/b/..", "zX/k", False),
+    ("/ws/", "//Xws/k", False),  # two leading slashes are one: the name is /Xws/k
+    ("//Xws/", "/Xws/k", True),
 ]
 
 

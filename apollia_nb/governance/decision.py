@@ -266,7 +266,7 @@ def _path_form(path: str) -> str:
 def _path_prefix(prefix: str) -> tuple[str, bool]:
     """The prefix's form and whether it names a directory (matched at a component boundary)."""
     form = _path_form(prefix)
-    directory = prefix.endswith(("/", "/.", "/..")) or prefix in (".", "..") or form in (".", "/")
+    directory = prefix.endswith(("/", "/.", "/..")) or prefix in (".", "..")  # (the only forms "." and "/" come from)
     if directory and not form.endswith("/"):
         form += "/"
     return form, directory
