@@ -469,3 +469,20 @@ def test_accumulator_errors_say_exactly_what_is_wrong():
     with pytest.raises(BadInput) as info:
         MerkleAccumulator().append(b"short")
     assert info.value.message == "leaf hash is not 32 bytes"
+
+
+@pytest.mark.parametrize(
+    ("leaves", "message"),
+    [
+        ([b"\x00" * 32, "a" * 32], "leaf hash 1 is not 32 bytes"),  # 32 characters, but not bytes
+        ([b"\x00" * 32, bytearray(32)], "leaf hash 1 is not 32 bytes"),
+        ([b"\x00" * 32, b"\x00" * 32, b"\x00" * 31], "leaf hash 2 is not 32 bytes"),  # named: the first bad one
+        (["a" * 32, b"\x00" * 5], "leaf hash 0 is not 32 bytes"),
+    ],
+    ids=["str", "bytearray", "short-third", "both-bad"],
+)
+def test_a_root_of_a_bad_leaf_names_the_first_one_exactly(leaves: list, message: str) -> None:
+    for build in (root, lambda ls: inclusion_proof(0, ls), lambda ls: consistency_proof(1, len(ls), ls)):
+        with pytest.raises(BadInput) as err:
+            build(leaves)
+        assert err.value.message == message and err.value.code == "BAD_INPUT"
