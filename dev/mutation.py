@@ -774,7 +774,8 @@ def _reap(running: dict[int, tuple[Any, Path, float, float]], outcome_of: Callab
           free: list[Path], rel: str, original: str) -> Iterator[tuple[Any, Path, str]]:
     """``(job, scratch, outcome)`` of each child in ``running`` (``pid: (job, scratch, started, bound)``)
     that has ended (``outcome_of`` its wait status) or overrun its bound: killed, ``"spun"`` when it
-    used a core for most of that time (a mutant looping: detected, no second try), else ``"timeout"``
+    used a core for most of that time (a mutant looping: detected, no second try) or overran it while the
+    machine had a core to spare (waiting on itself: the same), else ``"timeout"``
     (perhaps only a busy machine: the caller may give it a longer bound). Each leaves ``running`` with
     whatever it started, and its scratch copy goes back to ``free`` holding ``original`` again."""
     for pid, (job, scratch, started, bound) in list(running.items()):
@@ -788,6 +789,9 @@ def _reap(running: dict[int, tuple[Any, Path, float, float]], outcome_of: Callab
                 pass
             _, _, usage = os.wait4(pid, 0)
             spun = usage.ru_utime + usage.ru_stime > 0.5 * (time.monotonic() - started)
+            # Stuck with a core to spare (the load under the number of cores): waiting on itself, not on
+            # the machine, so a longer bound would only wait longer.
+            spun = spun or os.getloadavg()[0] < (os.cpu_count() or 1) - 0.5
             outcome = "spun" if spun else "timeout"
         else:
             continue
