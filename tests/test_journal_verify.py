@@ -135,8 +135,9 @@ def test_verify_an_open_journal_and_its_home(home):
 
 
 def test_verify_home_needs_a_journal(home):
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound) as missing:
         verify_home(home)
+    assert missing.value.message == f"no journal at {home.journal_db}"
 
 
 def test_verify_without_a_key_fails(home):
@@ -1116,3 +1117,22 @@ def test_a_worker_runs_this_tree_first_then_the_callers_python_path(key, tmp_pat
     report = check(rows, key, workers=2, parallel_min=1)
     assert (report.ok, report.first_bad_seq) == (False, 120)
     _worker_notes(report, "exited with status 1", [2, 1])
+
+
+def test_a_changed_prev_hash_of_entry_2_names_entry_1(key):
+    rows = make_rows(5, key)
+    rows[1] = rows[1][:6] + (b"\x01" * 32,) + rows[1][7:]
+    report = check(rows, key)
+    assert (report.first_bad_seq, report.problem) == (2, "entry 2: prev_hash does not match the hash of entry 1")
+
+
+def test_ranged_reads_give_every_row_once_in_order_across_ranges(monkeypatch):
+    import apollia_nb.journal.verify as verify_module
+
+    con = duckdb.connect(":memory:")
+    con.execute("CREATE TABLE t (seq BIGINT, v INT)")
+    con.execute("INSERT INTO t SELECT range, range FROM range(1, 11)")
+    con.execute("INSERT INTO t VALUES (0, -1), (NULL, -2)")
+    monkeypatch.setattr(verify_module, "_COLUMNS", "seq, v")
+    rows = [r for chunk in verify_module._ranged_chunks(con, "t", 10, size=2, span=3) for r in chunk]
+    assert rows == [(0, -1)] + [(i, i) for i in range(1, 11)] + [(None, -2)]
