@@ -1136,3 +1136,20 @@ def test_ranged_reads_give_every_row_once_in_order_across_ranges(monkeypatch):
     monkeypatch.setattr(verify_module, "_COLUMNS", "seq, v")
     rows = [r for chunk in verify_module._ranged_chunks(con, "t", 10, size=2, span=3) for r in chunk]
     assert rows == [(0, -1)] + [(i, i) for i in range(1, 11)] + [(None, -2)]
+
+
+def test_a_report_is_a_value_that_cannot_be_changed(key):
+    import dataclasses
+
+    report = check(make_rows(3, key), key)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.ok = False  # type: ignore[misc]
+    assert hash(report) == hash(check(make_rows(3, key), key)) and report == check(make_rows(3, key), key)
+
+
+def test_workers_that_find_every_signature_good_leave_no_note(key):
+    from apollia_nb.journal.verify import PARALLEL_MIN
+
+    rows = make_rows(PARALLEL_MIN + 500, key)
+    report = check(rows, key, workers=2)
+    assert report.ok and report.entries == len(rows) and report.notes == ()
