@@ -567,8 +567,12 @@ class _Server:
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
-            # Subprocesses the tests start import the mutant from this copy.
+            # Subprocesses the tests start import the mutant from this copy, also those that put the
+            # package's own folder first (the journal's signature workers): it is this copy's now.
             os.environ["PYTHONPATH"] = str(scratch)
+            package = sys.modules.get("apollia_nb")
+            if package is not None:
+                package.__file__ = str(scratch / "apollia_nb" / "__init__.py")
             os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
             if factory is not None and hasattr(factory, "_given_basetemp"):
                 factory._given_basetemp = scratch / ".mutation-tmp"
