@@ -1153,3 +1153,18 @@ def test_workers_that_find_every_signature_good_leave_no_note(key):
     rows = make_rows(PARALLEL_MIN + 500, key)
     report = check(rows, key, workers=2)
     assert report.ok and report.entries == len(rows) and report.notes == ()
+
+
+def test_verify_bundle_reads_the_invalid_mark_of_its_meta_json(home, tmp_path):
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(5))
+    bundle = tmp_path / "bundle"
+    export_home(home, bundle)
+    assert verify_bundle(bundle).ok  # its files are sound
+    meta = json.loads((bundle / "meta.json").read_text())
+    meta["invalid"] = {"first_bad_seq": 3, "problem": "entry 3: bad hash"}
+    (bundle / "meta.json").write_text(json.dumps(meta))
+    report = verify_bundle(bundle)
+    assert (report.ok, report.entries, report.first_bad_seq) == (False, 2, 3)
+    assert report.problem == ("the bundle was exported marked invalid (meta.json): the journal failed "
+                              "verification: entry 3: bad hash")
