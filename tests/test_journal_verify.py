@@ -1168,3 +1168,26 @@ def test_verify_bundle_reads_the_invalid_mark_of_its_meta_json(home, tmp_path):
     assert (report.ok, report.entries, report.first_bad_seq) == (False, 2, 3)
     assert report.problem == ("the bundle was exported marked invalid (meta.json): the journal failed "
                               "verification: entry 3: bad hash")
+
+
+def test_verify_file_opens_the_journal_read_only_beside_another_process_reading_it(home):
+    import subprocess
+    import sys
+
+    from apollia_nb.journal.keys import load_public_key
+    from apollia_nb.journal.verify import verify_file
+
+    with Journal.open(home) as journal:
+        journal.append_many(Draft("plan", {"i": i}) for i in range(5))
+    # An auditor's own read-only look, held open by another process: a read-only open shares the
+    # file with it, a read-write one could not take the file's lock.
+    code = ("import duckdb, sys; con = duckdb.connect(sys.argv[1], read_only=True); "
+            "print('open', flush=True); sys.stdin.read()")
+    reader = subprocess.Popen([sys.executable, "-c", code, str(home.journal_db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "open"
+        assert verify_file(home.journal_db, public_key=load_public_key(home)).ok
+    finally:
+        reader.stdin.close()
+        reader.wait(10)
