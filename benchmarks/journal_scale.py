@@ -366,6 +366,10 @@ def measure(home: Path, *, full: bool = True, runtime: bool | None = None,
     # What 2 idle cores allow: the command's CPU seconds (workers included) spread over both.
     out["verify_entries_per_s_2cores"] = out["entries"] / (verify["cpu_s"] / 2) \
         if verify["rc"] == 0 and verify["cpu_s"] else 0.0
+    # The same command checking signatures with libsodium only: the baseline of the same run.
+    strict = timed_command(["env", "APOLLIA_ED25519=libsodium", *cli, "audit", "verify", "--home", str(home)])
+    out["verify_libsodium"] = strict
+    out["verify_libsodium_entries_per_s"] = out["entries"] / strict["seconds"] if strict["rc"] == 0 else 0.0
     if export:
         with tempfile.TemporaryDirectory(prefix="scale-export-", dir=home.parent) as tmp:
             out["export"] = timed_command([*cli, "audit", "export", "--home", str(home),
@@ -407,6 +411,10 @@ def table(names: list[str], results: list[dict[str, Any]]) -> str:
         ("audit verify CPU (s, workers included)", [fmt(r["verify"]["cpu_s"]) for r in results]),
         ("  → entries/s its CPU allows on 2 idle cores", [fmt(r["verify_entries_per_s_2cores"]) for r in results]),
         ("audit verify peak RSS (MB)", [fmt(r["verify"]["peak_rss_mb"]) for r in results]),
+        ("audit verify, libsodium only (entries/s)", [fmt(r["verify_libsodium_entries_per_s"]) for r in results]),
+        ("audit verify, libsodium only, CPU (s)", [fmt(r["verify_libsodium"]["cpu_s"]) for r in results]),
+        ("  → verify speed / libsodium only", [fmt(r["verify_entries_per_s"] / r["verify_libsodium_entries_per_s"])
+                                               if r["verify_libsodium_entries_per_s"] else "-" for r in results]),
     ]
     if "export" in results[0]:
         rows += [

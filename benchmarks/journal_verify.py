@@ -83,6 +83,14 @@ def raw_rates(n: int) -> dict[str, float]:
         for m, s in zip(msgs, sigs):
             system(s, m, 32, public)
         rates["system libsodium crypto_sign_verify_detached"] = n / (time.process_time() - t)
+    from apollia_nb.journal.verify import _zebra_verify
+
+    zebra = _zebra_verify()
+    if zebra is not None:
+        t = time.process_time()
+        for m, s in zip(msgs, sigs):
+            zebra(s, m, public)
+        rates["ed25519-zebra ed_verify"] = n / (time.process_time() - t)
     try:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
     except ImportError:

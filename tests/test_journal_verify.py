@@ -453,21 +453,46 @@ def test_one_odd_column_in_a_chunk_of_bytes_fails_alone(key, column, value):
     assert verifies == [True, True, isinstance(row[column], bytearray), True]
 
 
-@pytest.fixture(params=["system", "pynacl"])
+def require_zebra():
+    """ed25519-zebra's verify, a dependency of the package: fail in CI, skip locally where it is missing."""
+    import os
+
+    from apollia_nb.journal.verify import _zebra_verify
+
+    found = _zebra_verify()
+    if found is not None:
+        return found
+    message = "ed25519-zebra is not installed (py-ed25519-zebra-bindings, a dependency of the package)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def clear_checkers(verify_module) -> None:
+    verify_module._system_verify.cache_clear()
+    verify_module._zebra_verify.cache_clear()
+
+
+@pytest.fixture(params=["zebra", "system", "pynacl"])
 def libsodium(request, monkeypatch):
-    """Signatures checked with the system's libsodium, or with PyNaCl's own (``APOLLIA_LIBSODIUM=pynacl``),
+    """Signatures checked with ed25519-zebra behind libsodium's checks (the default where installed),
+    the system's libsodium (``APOLLIA_ED25519=libsodium``) or PyNaCl's own (``APOLLIA_LIBSODIUM=pynacl``),
     here and in the workers (they inherit the environment)."""
     from apollia_nb.journal import verify as verify_module
 
+    monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
+    monkeypatch.delenv(verify_module.CHECKER_ENV, raising=False)
     if request.param == "pynacl":
         monkeypatch.setenv(verify_module.LIBSODIUM_ENV, "pynacl")
-    else:
-        monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
-    verify_module._system_verify.cache_clear()
+    elif request.param == "system":
+        monkeypatch.setenv(verify_module.CHECKER_ENV, "libsodium")
+    clear_checkers(verify_module)
     if request.param == "system":
         require_system_libsodium()
+    elif request.param == "zebra":
+        require_zebra()
     yield request.param
-    verify_module._system_verify.cache_clear()
+    clear_checkers(verify_module)
 
 
 @pytest.mark.parametrize("bad", [[101], [200], [130, 170], [30, 60]])
@@ -580,25 +605,28 @@ def _tricky_items(key) -> list[bytes]:
     ]
 
 
-def test_the_system_libsodium_and_pynacls_agree_on_every_item(key, monkeypatch):
+def test_zebra_the_system_libsodium_and_pynacls_agree_on_every_item(key, monkeypatch):
     from apollia_nb.journal import verify as verify_module
 
     monkeypatch.delenv(verify_module.LIBSODIUM_ENV, raising=False)
-    verify_module._system_verify.cache_clear()
-    system = require_system_libsodium()
+    monkeypatch.delenv(verify_module.CHECKER_ENV, raising=False)
+    clear_checkers(verify_module)
+    system, zebra = require_system_libsodium(), require_zebra()
     pk = bytes(key.verify_key)
     items = _tricky_items(key)
     results = {}
-    for name, found in (("system", lambda: system), ("pynacl", lambda: None)):
+    for name, found, fast in (("zebra", lambda: system, lambda: zebra), ("system", lambda: system, lambda: None),
+                              ("pynacl", lambda: None, lambda: None)):
         monkeypatch.setattr(verify_module, "_system_verify", found)
+        monkeypatch.setattr(verify_module, "_zebra_verify", fast)
         results[name] = [verify_module._first_bad_index(pk, item) for item in items]
         body = b"".join(items)
         results[name + " whole"] = (verify_module._first_bad_index(pk, body),
                                     verify_module._first_bad_index(pk, items[0] + items[-1]),
                                     verify_module._first_bad_index(pk, items[0] + items[-1][:95]),
                                     verify_module._first_bad_index(pk, b""))
-    assert results["system"] == results["pynacl"] == [None, 0, 0, 0, 0, 0, 0, 0, None]
-    assert results["system whole"] == results["pynacl whole"] == (1, None, 1, None)
+    assert results["zebra"] == results["system"] == results["pynacl"] == [None, 0, 0, 0, 0, 0, 0, 0, None]
+    assert results["zebra whole"] == results["system whole"] == results["pynacl whole"] == (1, None, 1, None)
 
 
 def test_a_libsodium_that_fails_the_self_test_is_not_used(key):
@@ -646,11 +674,185 @@ def test_apollia_libsodium_pynacl_keeps_to_pynacls_libsodium(monkeypatch):
     from apollia_nb.journal import verify as verify_module
 
     monkeypatch.setenv("APOLLIA_LIBSODIUM", "pynacl")
-    verify_module._system_verify.cache_clear()
+    clear_checkers(verify_module)
     try:
-        assert verify_module._system_verify() is None
+        assert verify_module._system_verify() is None and verify_module._zebra_verify() is None
     finally:
-        verify_module._system_verify.cache_clear()
+        clear_checkers(verify_module)
+
+
+def test_apollia_ed25519_libsodium_leaves_zebra_out_and_keeps_the_system_libsodium(monkeypatch):
+    from apollia_nb.journal import verify as verify_module
+
+    monkeypatch.delenv("APOLLIA_LIBSODIUM", raising=False)
+    monkeypatch.setenv("APOLLIA_ED25519", "libsodium")
+    clear_checkers(verify_module)
+    try:
+        assert verify_module._zebra_verify() is None
+        require_system_libsodium()
+    finally:
+        clear_checkers(verify_module)
+
+
+def test_zebra_is_used_by_default_and_not_when_missing_or_failing_its_self_test(monkeypatch):
+    import sys
+    import types
+
+    from apollia_nb.journal import verify as verify_module
+
+    monkeypatch.delenv("APOLLIA_LIBSODIUM", raising=False)
+    monkeypatch.delenv("APOLLIA_ED25519", raising=False)
+    clear_checkers(verify_module)
+    try:
+        import ed25519_zebra
+
+        assert require_zebra() is ed25519_zebra.ed_verify
+        for fake in (lambda s, m, k: True, lambda s, m, k: False, lambda s, m, k: 1,  # all, none, not a bool
+                     lambda s, m, k: ed25519_zebra.ed_verify(s[:32] + s[32:], bytes(range(32, 64)), k)):
+            monkeypatch.setitem(sys.modules, "ed25519_zebra", types.SimpleNamespace(ed_verify=fake))
+            clear_checkers(verify_module)
+            assert verify_module._zebra_verify() is None
+        monkeypatch.setitem(sys.modules, "ed25519_zebra", None)  # not installed: the import fails
+        clear_checkers(verify_module)
+        assert verify_module._zebra_verify() is None
+    finally:
+        clear_checkers(verify_module)
+
+
+def _checked_by(verify_module, checker, pk, body):
+    """``_first_bad_index`` with only ``checker`` (zebra, the system's libsodium or PyNaCl's) available."""
+    found_system, found_zebra = verify_module._system_verify, verify_module._zebra_verify
+    system, zebra = found_system(), found_zebra()
+    verify_module._zebra_verify = lambda: zebra if checker == "zebra" else None
+    verify_module._system_verify = lambda: system if checker != "pynacl" else None
+    try:
+        return verify_module._first_bad_index(pk, body)
+    finally:
+        verify_module._system_verify, verify_module._zebra_verify = found_system, found_zebra
+
+
+_P = 2**255 - 19
+#: y of an Ed25519 point of order 8 (its encoding with the sign bit clear).
+_ORDER8_Y = 2707385501144840649318225287225658788936804267575313519463743609750303402022
+
+
+def _set_y(encoded: bytes, y: int) -> bytes:
+    """``encoded`` with its 255 bits of y replaced by ``y`` (the sign bit kept)."""
+    return ((int.from_bytes(encoded, "little") & (1 << 255)) | y).to_bytes(32, "little")
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_zebra_behind_libsodiums_checks_agrees_with_libsodium_on_changed_items(data):
+    # Signatures changed the ways an attacker without the key could: any byte, S at and past L, R or the key
+    # of small order (any sign bit) or not canonical, a message changed. Zebra's answer must be libsodium's.
+    import pytest as _pytest
+
+    from apollia_nb.journal import verify as verify_module
+
+    with _pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.delenv("APOLLIA_LIBSODIUM", raising=False)
+        monkeypatch.delenv("APOLLIA_ED25519", raising=False)
+        clear_checkers(verify_module)
+        require_system_libsodium(), require_zebra()
+        signer = SigningKey(data.draw(st.binary(min_size=32, max_size=32), label="seed"))
+        pk = bytes(signer.verify_key)
+        message = data.draw(st.binary(min_size=32, max_size=32), label="message")
+        signature = bytearray(signer.sign(message).signature)
+        small = [0, 1, _P - 1, _P, _P + 1, _ORDER8_Y, _P - _ORDER8_Y]
+        how = data.draw(st.sampled_from(["byte", "s", "r small", "r y", "key small", "key y", "message", "none"]))
+        if how == "byte":
+            at = data.draw(st.integers(0, 63))
+            signature[at] ^= data.draw(st.integers(1, 255))
+        elif how == "s":
+            s = int.from_bytes(signature[32:], "little") + data.draw(st.sampled_from([ED25519_L, 2 * ED25519_L]))
+            s = data.draw(st.sampled_from([s, ED25519_L, ED25519_L - 1, 2**252, 2**253 - 1]))
+            signature[32:] = (s % 2**256).to_bytes(32, "little")
+        elif how == "r small":
+            signature[:32] = _set_y(bytes(signature[:32]), data.draw(st.sampled_from(small)))
+            signature[31] |= data.draw(st.sampled_from([0, 0x80]))
+        elif how == "r y":
+            signature[:32] = _set_y(bytes(signature[:32]), data.draw(st.integers(_P - 20, 2**255 - 1)))
+        elif how == "key small":
+            pk = _set_y(pk, data.draw(st.sampled_from(small))) if data.draw(st.booleans()) else \
+                bytes([pk[0]]) + pk[1:31] + bytes([pk[31] ^ 0x80])
+        elif how == "key y":
+            pk = _set_y(pk, data.draw(st.integers(_P - 20, 2**255 - 1)))
+        elif how == "message":
+            message = bytes([message[0] ^ 1]) + message[1:]
+        body = bytes(signature) + message
+        answers = {checker: _checked_by(verify_module, checker, pk, body + body)
+                   for checker in ("zebra", "system", "pynacl")}
+        clear_checkers(verify_module)
+    assert answers["zebra"] == answers["system"] == answers["pynacl"], (how, answers)
+    if how == "none":
+        assert answers["zebra"] is None
+
+
+def _secret_scalar(key) -> int:
+    """The Ed25519 secret scalar a of ``key`` (RFC 8032: the clamped first half of SHA-512 of the seed)."""
+    import hashlib
+
+    a = bytearray(hashlib.sha512(bytes(key)).digest()[:32])
+    a[0] &= 248
+    a[31] &= 127
+    a[31] |= 64
+    return int.from_bytes(a, "little")
+
+
+def test_signatures_made_with_the_key_that_libsodium_refuses_before_its_equation_are_refused(key):
+    # With the private key one can make signatures ZIP-215's equation accepts and libsodium's checks
+    # refuse: R of small order (any of its encodings, sign bit set or not) with S = H(R, A, M)·a, and a
+    # key of small order with R = the identity and S = 0 or R = rB and S = r. The checks before zebra refuse
+    # every one.
+    import hashlib
+
+    from nacl import bindings
+
+    from apollia_nb.journal import verify as verify_module
+
+    system, zebra = require_system_libsodium(), require_zebra()
+    pk, message, a = bytes(key.verify_key), bytes(range(32)), _secret_scalar(key)
+    made = []
+    for y in (0, 1, _P - 1, _P, _P + 1, _ORDER8_Y, _P - _ORDER8_Y):
+        for sign in (0, 1 << 255):
+            big_r = (y | sign).to_bytes(32, "little")
+            k = int.from_bytes(hashlib.sha512(big_r + pk + message).digest(), "little")
+            made.append((big_r + (k * a % ED25519_L).to_bytes(32, "little"), pk))
+    identity = (1).to_bytes(32, "little")
+    made.append((identity + bytes(32), identity))
+    r = (12345).to_bytes(32, "little")  # a key of order 8: R = rB and S = r leave only S·B - R - k·A = -k·A
+    made.append((bindings.crypto_scalarmult_ed25519_base_noclamp(r) + r, _ORDER8_Y.to_bytes(32, "little")))
+    zebra_alone = [zebra(signature, message, public) for signature, public in made]
+    assert zebra_alone.count(True) >= 9 and zebra_alone[-1] is True  # what the checks are there for
+    for signature, public in made:
+        assert system(signature, message, 32, public) != 0
+        assert verify_module._first_bad_index(public, signature + message) == 0
+
+
+def test_zebra_accepts_an_r_with_a_small_order_part_that_only_the_key_holder_can_make(key):
+    # The one documented difference: the holder of the private key can sign with R = rB + T (T of order 8)
+    # and S = r + H(R, A, M)·a; ZIP-215's cofactored equation accepts it, libsodium's does not.
+    import hashlib
+
+    from nacl import bindings
+
+    from apollia_nb.journal import verify as verify_module
+
+    require_system_libsodium(), require_zebra()
+    a_int = _secret_scalar(key)
+    pk, message = bytes(key.verify_key), bytes(range(32))
+    r = (12345).to_bytes(32, "little")
+    t8 = _ORDER8_Y.to_bytes(32, "little")
+    big_r = bindings.crypto_core_ed25519_add(bindings.crypto_scalarmult_ed25519_base_noclamp(r), t8)
+    k = int.from_bytes(hashlib.sha512(big_r + pk + message).digest(), "little")
+    s = (12345 + k * a_int) % ED25519_L
+    item = big_r + s.to_bytes(32, "little") + message
+    assert verify_module._zebra_verify()(item[:64], message, pk) is True
+    assert verify_module._first_bad_index(pk, item) is None  # zebra, the default
+    assert verify_module._system_verify()(item[:64], message, 32, pk) != 0  # libsodium refuses it
+    proper = key.sign(message).signature
+    assert verify_module._first_bad_index(pk, proper + message) is None
 
 
 def test_no_loadable_libsodium_leaves_pynacls(monkeypatch):
