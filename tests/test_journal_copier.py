@@ -252,6 +252,30 @@ def test_closing_while_a_handed_out_cursor_runs_a_query_interrupts_it_and_closes
         assert again.head()[0] == last.seq and verify_journal(again).ok
 
 
+def test_reopening_while_a_handed_out_cursor_runs_a_query_interrupts_it_and_the_journal_goes_on(home):
+    # DuckDB invalidates journal.db when a write it could not finish fails (a full disk); the copier then
+    # opens it again. A query still running on a cursor handed out by cursor() (an auditor's, a verify's)
+    # kept the old connection open, so the reopen failed and every later copy, read and close failed with it.
+    journal = Journal.open(home)
+    first = journal.append("plan", {"n": 1})
+    cursor = journal.cursor()
+    thread, outcome = _running_query(cursor)
+    try:
+        journal._reopen()  # what the copier runs after an invalidating failure
+    finally:
+        with contextlib.suppress(duckdb.Error):
+            cursor.interrupt()
+    thread.join(10)
+    assert not thread.is_alive() and isinstance(outcome[0], duckdb.InterruptException)
+    second = journal.append("plan", {"n": 2})
+    assert journal.sql("SELECT seq FROM entries ORDER BY seq") == [(first.seq,), (second.seq,)]
+    with journal.cursor() as fresh:
+        assert fresh.execute("SELECT count(*) FROM entries").fetchone() == (2,)
+    journal.close()
+    with Journal.open(home) as again:
+        assert again.head()[0] == second.seq and verify_journal(again).ok
+
+
 def test_closing_during_a_verify_stops_the_verify_not_the_close(home, monkeypatch):
     from apollia_nb.journal import verify as verify_module
 

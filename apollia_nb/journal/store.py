@@ -399,6 +399,29 @@ _OPEN_LOCK = threading.Lock()
 CLOSE_WAIT_SECONDS = 10.0
 
 
+
+def _close_interrupting(connection: duckdb.DuckDBPyConnection, handed: Sequence[duckdb.DuckDBPyConnection]) -> None:
+    """Close ``connection``, first interrupting the query each of its ``handed`` cursors may run.
+
+    DuckDB refuses to close a connection while one of its cursors runs a query in another
+    thread (a verify or an export still reading): the query raises once interrupted, and the
+    next one its cursor starts meets a closed connection. Waits at most ``CLOSE_WAIT_SECONDS``
+    for a running query to stop, then raises DuckDB's ``ResourceInUseException``."""
+    deadline = time.monotonic() + CLOSE_WAIT_SECONDS
+    while True:
+        for cursor in handed:
+            try:
+                cursor.interrupt()
+            except duckdb.Error:  # closed already
+                pass
+        try:
+            connection.close()
+            return
+        except duckdb.ResourceInUseException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)
+
 class Journal:
     """The home's journal. ``Journal.open(home)``; ``close()`` when done (or use ``with``)."""
 
@@ -1108,9 +1131,13 @@ class Journal:
         """
         with self._read_lock:
             if self._reader is not None:
+                handed = list(self._cursors)
+                self._cursors.clear()
                 for old in (self._reader, self._con):
                     try:
-                        old.close()
+                        _close_interrupting(old, handed)  # a query on a handed-out cursor would keep it open
+                    except duckdb.ResourceInUseException:
+                        raise  # still busy after CLOSE_WAIT_SECONDS: the next copy tries again
                     except Exception:  # noqa: BLE001 - an invalidated database may refuse even this
                         pass
                 self._reader = None
@@ -1455,33 +1482,13 @@ class Journal:
 
     # ------------------------------------------------------------------ closing
     def _close_reader(self) -> None:
-        """Close the reader cursor and every cursor ``cursor()`` handed out.
-
-        DuckDB refuses to close a connection while one of its cursors runs a
-        query in another thread (a verify or an export still reading), so each
-        handed-out cursor is interrupted first: its query raises, and the next
-        one it starts meets a closed connection. Waits at most
-        ``CLOSE_WAIT_SECONDS`` for a running query to stop.
-        """
+        """Close the reader cursor and every cursor ``cursor()`` handed out, interrupting a query
+        still running on one (``_close_interrupting``)."""
         with self._read_lock:  # a read through _read holds it: it finishes first
             reader, self._reader = self._reader, None
             handed = list(self._cursors)
-        if reader is None:
-            return
-        deadline = time.monotonic() + CLOSE_WAIT_SECONDS
-        while True:
-            for cursor in handed:
-                try:
-                    cursor.interrupt()
-                except duckdb.Error:  # closed already
-                    pass
-            try:
-                reader.close()
-                return
-            except duckdb.ResourceInUseException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.002)
+        if reader is not None:
+            _close_interrupting(reader, handed)
 
     def close(self) -> None:
         """Commit what is queued, write a checkpoint if entries were added since the last, close."""
