@@ -224,35 +224,23 @@ _SMALL_ORDER_Y = frozenset((
 
 
 def _of_small_order(encoded: bytes) -> bool:
-    """Is ``encoded`` one of the encodings libsodium refuses as an R or a key for being of small
-    order (or not 32 bytes)?
+    """Is ``encoded`` (32 bytes) one of the encodings libsodium refuses as an R or a key for being
+    of small order?
 
     libsodium also refuses a key that is not canonical (y ≥ p) and an R that is not the canonical
     encoding of the point its equation finds; ZIP-215 reads those modulo p. The only ones a
     signer could make pass an equation are those of points whose discrete log is known — the
     small-order points, whose non-canonical encodings (p, p + 1) are in the blocklist."""
-    return len(encoded) != 32 or int.from_bytes(encoded, "little") & _Y in _SMALL_ORDER_Y
-
-
-def _libsodium_refuses_form(signature: bytes) -> bool:
-    """Does libsodium refuse ``signature`` before its equation: not 64 bytes, S not below L, or R of
-    small order (:func:`_of_small_order`)?"""
-    return (len(signature) != 64 or int.from_bytes(signature[32:], "little") >= _ORDER
-            or _of_small_order(signature[:32]))
-
-
-#: The first 31 bytes of every encoding :func:`_of_small_order` refuses: an R whose head is not
-#: one of these and whose S is below 2**252 (last byte below 0x10) passes libsodium's checks
-#: without more work.
-_SMALL_ORDER_HEADS = frozenset(y.to_bytes(32, "little")[:31] for y in _SMALL_ORDER_Y)
+    return int.from_bytes(encoded, "little") & _Y in _SMALL_ORDER_Y
 
 
 def _zebra_with_libsodiums_checks(ed_verify: Any) -> Any:
-    """ed25519-zebra's verify behind the checks libsodium makes before its equation, called as
-    libsodium's ``crypto_sign_verify_detached`` (for :func:`_self_test`)."""
+    """ed25519-zebra's verify behind the check libsodium makes and ZIP-215 does not (R not of small
+    order), called as libsodium's ``crypto_sign_verify_detached`` (for :func:`_self_test`). ZIP-215
+    itself refuses an S that is not below L, as libsodium does."""
 
     def verify(signature: bytes, message: bytes, size: int, public: bytes) -> int:
-        if _libsodium_refuses_form(signature):
+        if _of_small_order(signature[:32]):
             return -1
         return 0 if ed_verify(signature, message[:size], public) is True else -1
 
@@ -263,7 +251,7 @@ def _zebra_with_libsodiums_checks(ed_verify: Any) -> Any:
 def _zebra_verify() -> Any | None:
     """ed25519-zebra's Ed25519 verify (``ed_verify(signature, message, key) -> bool``), or None: it is
     not installed, ``APOLLIA_ED25519`` is ``libsodium``, ``APOLLIA_LIBSODIUM`` is ``pynacl``, or,
-    behind libsodium's checks, it fails the self-test of :func:`_self_test`.
+    behind libsodium's small-order check, it fails the self-test of :func:`_self_test`.
 
     About 1.35× libsodium's speed here (curve25519-dalek's arithmetic). Its equation is ZIP-215's
     cofactored one: it also accepts a signature whose R has a small-order component, which only the
@@ -286,12 +274,9 @@ def _first_bad_index(public_key: bytes, body: bytes) -> int | None:
     if zebra is not None:
         if _of_small_order(public_key):
             return 0 if body else None
-        heads = _SMALL_ORDER_HEADS
         for i, at in enumerate(range(0, whole * _SIGNED, _SIGNED)):
-            signature = body[at:at + 64]
-            if (signature[63] >= 0x10 or signature[:31] in heads) and _libsodium_refuses_form(signature):
-                return i
-            if zebra(signature, body[at + 64:at + _SIGNED], public_key) is not True:
+            if _of_small_order(body[at:at + 32]) or zebra(body[at:at + 64], body[at + 64:at + _SIGNED],
+                                                          public_key) is not True:
                 return i
         return whole if len(body) % _SIGNED else None
 
