@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # An import name -> the distribution that provides it, where the two differ.
-DISTRIBUTION = {"nacl": "pynacl", "IPython": "ipython", "yaml": "pyyaml"}
+DISTRIBUTION = {"nacl": "pynacl", "IPython": "ipython", "yaml": "pyyaml", "ed25519_zebra": "py-ed25519-zebra-bindings"}
 PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp", "comm": "ipykernel"}  # installed with (and pinned by) another dependency
 # An import name -> the optional extra (not `test`) that installs it: imported only where that feature runs.
 EXTRA = {"distributed": "dask", "dask": "dask"}
