@@ -399,7 +399,6 @@ _OPEN_LOCK = threading.Lock()
 CLOSE_WAIT_SECONDS = 10.0
 
 
-
 def _close_interrupting(connection: duckdb.DuckDBPyConnection, handed: Sequence[duckdb.DuckDBPyConnection]) -> None:
     """Close ``connection``, first interrupting the query each of its ``handed`` cursors may run.
 
@@ -421,6 +420,7 @@ def _close_interrupting(connection: duckdb.DuckDBPyConnection, handed: Sequence[
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.002)
+
 
 class Journal:
     """The home's journal. ``Journal.open(home)``; ``close()`` when done (or use ``with``)."""
