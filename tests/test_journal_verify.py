@@ -416,23 +416,28 @@ def test_signature_items_are_the_signed_message_layout_and_bad_columns_never_ver
     assert _batch([]) == ([], b"")
 
 
-def require_system_libsodium():
-    """The system libsodium's verify, installed by dev/install-test-libsodium.sh: fail in CI, skip locally."""
+def _required(found, installed: bool, not_taken: str, missing: str):
+    """``found`` (a signature checker), else: fail when the library is installed (it must be taken),
+    fail in CI, skip locally."""
     import os
+
+    if found is not None:
+        return found
+    assert not installed, not_taken  # only where there is none may the test be skipped
+    if os.environ.get("CI") == "true":
+        pytest.fail(missing)
+    pytest.skip(missing)
+
+
+def require_system_libsodium():
+    """The system libsodium's verify, installed by dev/install-test-libsodium.sh."""
+    import ctypes.util
 
     from apollia_nb.journal.verify import _system_verify
 
-    found = _system_verify()
-    if found is not None:
-        return found
-    import ctypes.util
-
-    # A libsodium the system has must be used; only where there is none may the test be skipped.
-    assert ctypes.util.find_library("sodium") is None, "the system's libsodium was not taken"
-    message = "no system libsodium: run `bash dev/install-test-libsodium.sh` (Debian's libsodium23)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+    return _required(_system_verify(), ctypes.util.find_library("sodium") is not None,
+                     "the system's libsodium was not taken",
+                     "no system libsodium: run `bash dev/install-test-libsodium.sh` (Debian's libsodium23)")
 
 
 @pytest.mark.parametrize("column, value", [(8, lambda sig: sig[:63]), (7, lambda digest: digest + b"\x00"),
@@ -454,22 +459,14 @@ def test_one_odd_column_in_a_chunk_of_bytes_fails_alone(key, column, value):
 
 
 def require_zebra():
-    """ed25519-zebra's verify, a dependency of the package: fail in CI, skip locally where it is missing."""
-    import os
+    """ed25519-zebra's verify, a dependency of the package."""
+    import importlib.util
 
     from apollia_nb.journal.verify import _zebra_verify
 
-    found = _zebra_verify()
-    if found is not None:
-        return found
-    import importlib.util
-
-    # A zebra that is installed must be used; only where there is none may the test be skipped.
-    assert importlib.util.find_spec("ed25519_zebra") is None, "ed25519-zebra is installed and was not taken"
-    message = "ed25519-zebra is not installed (py-ed25519-zebra-bindings, a dependency of the package)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+    return _required(_zebra_verify(), importlib.util.find_spec("ed25519_zebra") is not None,
+                     "ed25519-zebra is installed and was not taken",
+                     "ed25519-zebra is not installed (py-ed25519-zebra-bindings, a dependency of the package)")
 
 
 def clear_checkers(verify_module) -> None:
