@@ -234,18 +234,24 @@ def _running_query(cursor):
     return thread, outcome
 
 
-def test_closing_while_a_handed_out_cursor_runs_a_query_interrupts_it_and_closes(home):
-    journal = Journal.open(home)
-    last = journal.append("plan", {"n": 1})
+def _beside_a_running_query(journal, action) -> None:
+    """Run ``action`` while a query runs on a cursor ``journal.cursor()`` handed out; the query must
+    end interrupted (DuckDB's ``InterruptException``)."""
     cursor = journal.cursor()
     thread, outcome = _running_query(cursor)
     try:
-        journal.close()  # DuckDB refuses to close a busy connection: close interrupts the query
+        action()
     finally:
-        with contextlib.suppress(duckdb.Error):  # (a failing close must not leave the query running)
+        with contextlib.suppress(duckdb.Error):  # (a failing action must not leave the query running)
             cursor.interrupt()
     thread.join(10)
     assert not thread.is_alive() and isinstance(outcome[0], duckdb.InterruptException)
+
+
+def test_closing_while_a_handed_out_cursor_runs_a_query_interrupts_it_and_closes(home):
+    journal = Journal.open(home)
+    last = journal.append("plan", {"n": 1})
+    _beside_a_running_query(journal, journal.close)  # DuckDB refuses to close a busy connection: close interrupts
     with pytest.raises(Exception, match="journal .* is closed"):
         journal.cursor()
     with Journal.open(home) as again:  # closed for real: it opens again, nothing lost
@@ -258,15 +264,7 @@ def test_reopening_while_a_handed_out_cursor_runs_a_query_interrupts_it_and_the_
     # kept the old connection open, so the reopen failed and every later copy, read and close failed with it.
     journal = Journal.open(home)
     first = journal.append("plan", {"n": 1})
-    cursor = journal.cursor()
-    thread, outcome = _running_query(cursor)
-    try:
-        journal._reopen()  # what the copier runs after an invalidating failure
-    finally:
-        with contextlib.suppress(duckdb.Error):
-            cursor.interrupt()
-    thread.join(10)
-    assert not thread.is_alive() and isinstance(outcome[0], duckdb.InterruptException)
+    _beside_a_running_query(journal, journal._reopen)  # what the copier runs after an invalidating failure
     second = journal.append("plan", {"n": 2})
     assert journal.sql("SELECT seq FROM entries ORDER BY seq") == [(first.seq,), (second.seq,)]
     with journal.cursor() as fresh:

@@ -1132,7 +1132,6 @@ class Journal:
         with self._read_lock:
             if self._reader is not None:
                 handed = list(self._cursors)
-                self._cursors.clear()
                 for old in (self._reader, self._con):
                     try:
                         _close_interrupting(old, handed)  # a query on a handed-out cursor would keep it open
@@ -1141,6 +1140,7 @@ class Journal:
                     except Exception:  # noqa: BLE001 - an invalidated database may refuse even this
                         pass
                 self._reader = None
+                self._cursors.clear()  # closed with their connection
             con = connect_locked(self.path)
             try:
                 lock_down(con, "SET threads = 1", f"SET memory_limit = '{MEMORY_LIMIT}'")  # as on open: SQL here reads the journal and nothing else

@@ -195,7 +195,7 @@ def _system_verify() -> Any | None:
 
 
 def _self_test(verify: Any) -> bool:
-    """Does ``verify`` (libsodium's detached verify) accept a good signature and refuse a changed one,
+    """Does ``verify`` (called as libsodium's detached verify) accept a good signature and refuse a changed one,
     a non-canonical S (S + L), a small-order R and a changed message, as PyNaCl's does?"""
     from nacl.signing import SigningKey
 
