@@ -931,6 +931,19 @@ def many_with_rm(scope: str) -> tuple[list[Rule], GovernanceView]:
     return rules, view(rules=rules, developer_mode=True)
 
 
+def prefixes_asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The prefixes the deny matcher is asked about from now on, in order."""
+    asked: list[str] = []
+    real = shellcheck.deny_prefix_matches
+
+    def counting(prefix: str, text: str) -> bool:
+        asked.append(prefix)
+        return real(prefix, text)
+
+    monkeypatch.setattr(shellcheck, "deny_prefix_matches", counting)
+    return asked
+
+
 @pytest.mark.parametrize(
     "command", ["git status ~/src/*.py", "ls -la $HOME/x", "cat ${X:-notes}.md", "ls [ab]*.txt", "echo {a,b}c",
                 "tar -q 'a b' \"$PWD\"/*", "ls ./*/../x?"],
@@ -943,16 +956,55 @@ def test_a_glob_or_an_expansion_is_matched_against_few_of_many_rules(
     v = many_with_rm("nobody")[1]
     c = run(command, agent="agent1")
     expected = scan(c, list(v.rules))
-    asked: list[str] = []
-    real = shellcheck.deny_prefix_matches
-
-    def counting(prefix: str, text: str) -> bool:
-        asked.append(prefix)
-        return real(prefix, text)
-
-    monkeypatch.setattr(shellcheck, "deny_prefix_matches", counting)
+    asked = prefixes_asked(monkeypatch)
     assert decide(c, v).rule_id == expected
     assert len(asked) <= 50, len(asked)
+
+
+# Every character a program's name may sit beside in a command, written in each place
+# a shell (or the deny matcher) reads a program from.
+BESIDE = [chr(c) for c in range(1, 128)] + ["\x85", "\xa0", "\u2003", "\u3000", "\u200b", "\ufeff", "ｘ", "é"]
+AROUND_RM = [
+    "{c}rm -rf /", "x{c}rm -rf /", "rm{c} -rf /", "rm{c}x -rf /", "ls; x{c}rm -rf /", "sudo x{c}rm -rf /",
+    "sudo ls x{c}rm{c}x", "bash -c 'x{c}rm -rf /'", "echo $(x{c}rm{c}x)", "x{c}rm$(true) -rf /", "env A{c}rm -rf /",
+    "eval 'x{c}rm -rf /'", "x=1{c}rm -rf /", "ls | x{c}rm{c}",
+]
+
+
+@pytest.mark.parametrize("shape", AROUND_RM, ids=repr)
+def test_a_program_beside_any_character_is_found_as_a_scan_finds_it(shape: str) -> None:
+    """The index walks only from where a word may start and keeps only hits where one may
+    end: whatever the neighbouring character, it refuses what a scan of every rule refuses."""
+    rules = [*DECOYS, Rule(BASH, "deny", "rm", id="rm"), Rule(BASH, "deny", "/bin/rm -rf", id="bin rm")]
+    v = view(rules=rules, developer_mode=True)
+    refused = 0
+    for c in BESIDE:
+        command = shape.format(c=c)
+        for family in ("execute", None):
+            one = call(family, tool=BASH, args={"command": command})
+            expected = scan(one, rules)
+            refused += expected is not None
+            assert decide(one, v).rule_id == expected, (command, family)
+    assert refused > 0
+
+
+@pytest.mark.parametrize(
+    "command", ["terraform apply", "scp a b", "cargo build", "x-rm -rf /", "ls farm.rm", "rm.sh x", "rm-rf x",
+                "ls a+rm", "echo rm_x"],
+    ids=repr,
+)
+def test_a_program_inside_another_word_is_not_checked_against_its_rules(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``terraform`` holds ``rm``, ``scp`` holds ``cp``: the deny matcher does not run on their rules."""
+    rules = [*MANY[:200], *(Rule(BASH, "deny", f"{p} {i}", id=f"{p}{i}") for p in ("rm", "cp", "go") for i in range(50)),
+             Rule(BASH, "deny", "rm", id="rm")]
+    v = view(rules=rules, developer_mode=True)
+    c = run(command)
+    assert scan(c, rules) is None
+    asked = prefixes_asked(monkeypatch)
+    assert decide(c, v).rule_id is None
+    assert not [p for p in asked if p.split()[0] in ("rm", "cp", "go")], asked
 
 
 def test_a_command_too_long_to_read_matches_every_deny_rule() -> None:

@@ -330,8 +330,11 @@ def path_prefix_matches(prefix: str, path: str) -> bool:
 #   also refuses ``rm``) is a substring of ``shellcheck.deny_search_text(command)``,
 #   every text the matcher reads words from (a simple command's words, command
 #   strings after a wrapper, the readings of any other command: quotes removed,
-#   expansions taken as empty or as spaces, Unicode folded). A trie over the first
-#   words' basenames finds the rules whose first word occurs there;
+#   expansions taken as empty or as spaces, Unicode folded), and the first word (or
+#   its basename) occurs there at a word's edges: not after a character of
+#   ``shellcheck.WORD_INSIDE``, not before one of them or ``/``. A trie over the
+#   first words' basenames, walked from the positions that may start a word, finds
+#   the rules whose first word occurs there (``terraform`` does not name ``rm``);
 # - through a glob word (``/bin/r?``, ``[r]m``, ``{r,}m``, ``*``) that may expand to
 #   its first word. Every string such a word matches ends with the word's literal
 #   tail, so only first words that end with the tail (or that the tail ends with)
@@ -380,14 +383,17 @@ def _searchable(command: str) -> _Search | None:
 
 
 def _trie_hits(trie: _Trie, text: str) -> Iterator[list[_KeyedDeny]]:
-    """The entries of every first word that occurs anywhere in ``text``."""
+    """The entries of every first word that occurs in ``text`` at a word's edges."""
+    inside = shellcheck.WORD_INSIDE
     n = len(text)
     for i in range(n):
+        if i and text[i - 1] in inside:
+            continue
         node = trie.get(text[i])
         j = i + 1
         while node is not None:
             hit = node.get(_END)
-            if hit is not None:
+            if hit is not None and (j == n or (text[j] not in inside and text[j] != "/")):
                 yield hit
             if j == n:
                 break

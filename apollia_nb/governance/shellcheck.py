@@ -530,6 +530,9 @@ def _text_variants(text: str) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(variants))
 
 
+#: A word is mentioned in a text only where the character before it is not one of
+#: these, and the character after it not one of these or ``/``.
+WORD_INSIDE = frozenset(string.ascii_letters + string.digits + "_.+-")
 _LEFT_EDGE = r"(?<![A-Za-z0-9_.+-])"
 _RIGHT_EDGE = r"(?![A-Za-z0-9_.+/-])"
 
@@ -597,8 +600,12 @@ def deny_search_text(command: str) -> str | None:
     match through its words only if each of them — the first one possibly as its
     basename — is a substring of this text: the words of a simple command (after a
     wrapper, also of each command string, recursively), and the readings of any other
-    command. The rule index in ``decision.py`` relies on that; a glob word's match is
-    found with :func:`glob_words` instead.
+    command. The first word (or its basename) occurs at a word's edges, too: the
+    character before it, if any, is not in :data:`WORD_INSIDE`, and the one after it,
+    if any, is neither in it nor ``/``. A program word starts a line or follows a
+    blank or ``/`` and ends before a blank or the line's end; a mention has those
+    edges by definition. The rule index in ``decision.py`` relies on that; a glob
+    word's match is found with :func:`glob_words` instead.
     """
     try:
         command = _exact_text(command)
