@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apollia_nb.governance import Call, Family, GovernanceView, Policy, Rule, decide, shellcheck
+from apollia_nb.governance import decision
 from apollia_nb.governance.decision import READ_ONLY_FAMILIES, rule_matches
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -454,3 +455,17 @@ def test_a_glob_word_names_only_programs_that_fit_its_literal_tail_and_head(word
             assert program.endswith(glob.tail) or glob.tail.endswith(program), (word, glob.tail, program)
             assert any(s.startswith(glob.head) for s in (program, "/" + program, "x/" + program)) or (
                 glob.last_head is not None and program.startswith(glob.last_head)), (word, glob.head, glob.last_head)
+
+
+# The index checks every rule when the matcher may match whatever the prefix is. It tells
+# that from the search text and the glob words; asking the matcher about a word that
+# occurs in no command must give the same answer.
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(commands, glob_cases().map(lambda case: case[1]), st.sampled_from(BAD_GLOBS),
+                 st.lists(st.sampled_from(BAD_GLOBS + PROGRAM_WORDS), min_size=1, max_size=4).map(" ".join),
+                 st.just("ls " + "{" * 5000 + "a" + "}" * 5000)))  # too deep for the regex parser
+def test_the_index_checks_every_rule_exactly_when_the_matcher_may_match_any_prefix(command: str) -> None:
+    absent = decision._ABSENT
+    text = shellcheck.deny_search_text(command)
+    anything = text is None or absent in text or shellcheck.deny_prefix_matches(absent, command)
+    assert (decision._searchable(command) is None) is anything

@@ -53,7 +53,7 @@ from __future__ import annotations
 import enum
 import posixpath
 import string
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -332,9 +332,12 @@ def path_prefix_matches(prefix: str, path: str) -> bool:
 #   strings after a wrapper, the readings of any other command: quotes removed,
 #   expansions taken as empty or as spaces, Unicode folded), and the first word (or
 #   its basename) occurs there at a word's edges: not after a character of
-#   ``shellcheck.WORD_INSIDE``, not before one of them or ``/``. A trie over the
-#   first words' basenames, walked from the positions that may start a word, finds
-#   the rules whose first word occurs there (``terraform`` does not name ``rm``);
+#   ``shellcheck.WORD_INSIDE``, not before one of them or ``/``. A first word (or
+#   basename) made only of those characters is then one of the text's
+#   ``shellcheck.WORD_RUNS``, the runs of them between such edges: a table from
+#   those words to their rules finds the rules whose first word occurs there
+#   (``terraform`` does not name ``rm``). Rules whose first word holds another
+#   character (``user@host``, ``a=b``, ``dir/``) are always checked;
 # - through a glob word (``/bin/r?``, ``[r]m``, ``{r,}m``, ``*``) that may expand to
 #   its first word. Every string such a word matches ends with the word's literal
 #   tail, so only first words that end with the tail (or that the tail ends with)
@@ -346,8 +349,12 @@ def path_prefix_matches(prefix: str, path: str) -> bool:
 #   decides, since a named program is a match whatever the other words are.
 #
 # The matcher also matches whatever the prefix is when it cannot read the command
-# (too long, nested too deep, an internal failure). A word that occurs in no command
-# (``_ABSENT``) detects those cases: when it matches, every rule is checked.
+# (too long, nested too deep, an internal failure: ``deny_search_text`` is None then)
+# and when a glob word may name any program (``*``, ``{a/,b}x``). A word that occurs
+# in no command (``_ABSENT``) detects the second case: when a glob word may name it,
+# or the text holds it, every rule is checked. (Asking the matcher itself about
+# ``_ABSENT`` gives the same answer, at the cost of reading the command once more;
+# a property test holds the two together.)
 # The candidates are then checked with the matcher itself, in view order.
 # ``tests/test_decision_properties.py`` compares decide() with a plain scan over
 # ``rule_matches`` to hold this.
@@ -356,10 +363,7 @@ _WORD_CHARS = string.ascii_letters + string.digits + "_./:@%+,=-"
 _PLAIN_PREFIX = frozenset(_WORD_CHARS + " \t")
 _ABSENT = "zq0absent0qz"
 _SCAN_AT_MOST = 4  # this few rules are checked one by one: searching costs more
-_END = ""  # the trie key that holds the rules ending at a node (never a character)
 
-# A trie over the first words of deny prefixes: node -> {char: node, _END: entries}.
-_Trie = dict[str, Any]
 # (position, prefix, the prefix's other words)
 _KeyedDeny = tuple[int, str, tuple[str, ...]]
 # (position of the first rule with this first word, the word, that rule's prefix)
@@ -368,37 +372,26 @@ _Program = tuple[int, str, str]
 
 @dataclass(frozen=True, slots=True)
 class _Search:
-    """A command as the index reads it: its search text and its glob words."""
+    """A command as the index reads it: its search text, the words it holds at a word's
+    edges (``shellcheck.WORD_RUNS``) and its glob words."""
 
     text: str
+    words: frozenset[str]
     globs: tuple[shellcheck.GlobWord, ...]
 
 
 def _searchable(command: str) -> _Search | None:
     """The command as deny matching reads it, or None when it must check every rule."""
     text = shellcheck.deny_search_text(command)
-    if text is None or _ABSENT in text or shellcheck.deny_prefix_matches(_ABSENT, command):
+    if text is None or _ABSENT in text:
         return None
-    return _Search(text, shellcheck.glob_words(command))
-
-
-def _trie_hits(trie: _Trie, text: str) -> Iterator[list[_KeyedDeny]]:
-    """The entries of every first word that occurs in ``text`` at a word's edges."""
-    inside = shellcheck.WORD_INSIDE
-    n = len(text)
-    for i in range(n):
-        if i and text[i - 1] in inside:
-            continue
-        node = trie.get(text[i])
-        j = i + 1
-        while node is not None:
-            hit = node.get(_END)
-            if hit is not None and (j == n or (text[j] not in inside and text[j] != "/")):
-                yield hit
-            if j == n:
-                break
-            node = node.get(text[j])
-            j += 1
+    try:
+        globs = shellcheck.glob_words(command)
+        if any(word.may_name(_ABSENT) for word in globs):
+            return None
+    except Exception:  # a glob the matcher cannot read either (nested too deep): it matches
+        return None
+    return _Search(text, frozenset(shellcheck.WORD_RUNS.findall(text)), globs)
 
 
 def _prefix_hit(table: Mapping[str, int], lengths: tuple[int, ...], text: str) -> int | None:
@@ -436,7 +429,7 @@ class _Rules:
     deny_file_dir: Mapping[str, int]  # path form of a directory prefix (ending in /) -> first position
     deny_file_dir_lengths: tuple[int, ...]
     deny_commands: tuple[tuple[int, str], ...]  # every prefixed deny rule, in view order
-    deny_trie: _Trie  # those with a plain prefix, by first word
+    deny_keyed: Mapping[str, list[_KeyedDeny]]  # those with a plain prefix, by first word (its basename)
     deny_unkeyed: tuple[tuple[int, str], ...]  # those without: always checked
     deny_programs: tuple[_Program, ...]  # the keyed rules' first words, in view order
     deny_programs_by_end: Mapping[str, tuple[_Program, ...]]  # the same by their last character
@@ -473,8 +466,11 @@ class _Rules:
         else:
             text = search.text
             found = list(self.deny_unkeyed)
-            for entries in _trie_hits(self.deny_trie, text):
-                found.extend((pos, prefix) for pos, prefix, rest in entries if all(w in text for w in rest))
+            keyed = self.deny_keyed
+            for word in search.words:
+                entries = keyed.get(word)
+                if entries is not None:
+                    found.extend((pos, prefix) for pos, prefix, rest in entries if all(w in text for w in rest))
             limit = before
             for word in search.globs:
                 named = self._first_named(word, limit)
@@ -563,20 +559,19 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
             form, directory = _path_prefix(prefix)
             (file_dir if directory else file_text).setdefault(form, pos)
             commands.setdefault(prefix, pos)
-    trie: _Trie = {}
+    keyed: dict[str, list[_KeyedDeny]] = {}
     unkeyed: list[tuple[int, str]] = []
     programs: dict[str, _Program] = {}
     for prefix, pos in commands.items():
         words = prefix.split()
-        if len(commands) <= _SCAN_AT_MOST or not words or not _PLAIN_PREFIX.issuperset(prefix):
+        key = posixpath.basename(words[0]) if words else ""
+        if (len(commands) <= _SCAN_AT_MOST or not _PLAIN_PREFIX.issuperset(prefix)
+                or not key or not shellcheck.WORD_INSIDE.issuperset(key)):
             unkeyed.append((pos, prefix))
             continue
         if words[0] not in programs or pos < programs[words[0]][0]:
             programs[words[0]] = (pos, words[0], prefix)
-        node = trie
-        for ch in posixpath.basename(words[0]) or words[0]:
-            node = node.setdefault(ch, {})
-        node.setdefault(_END, []).append((pos, prefix, tuple(words[1:])))
+        keyed.setdefault(key, []).append((pos, prefix, tuple(words[1:])))
     return _Rules(
         deny_all=deny_all,
         deny_text=text,
@@ -588,7 +583,7 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
         deny_file_dir=file_dir,
         deny_file_dir_lengths=tuple(sorted({len(k) for k in file_dir})),
         deny_commands=tuple(sorted((pos, prefix) for prefix, pos in commands.items())),
-        deny_trie=trie,
+        deny_keyed=keyed,
         deny_unkeyed=tuple(sorted(unkeyed)),
         deny_programs=tuple(sorted(programs.values())),
         deny_programs_by_end=_by_character(sorted(programs.values()), -1),
@@ -866,7 +861,7 @@ def decide(call: Call, view: GovernanceView) -> Decision:
         if texts is not None and call.aliases:
             texts = (*texts, *call.aliases)
         plain: tuple[_Search | None, ...] = ()
-        if texts and family in _COMMAND_FAMILIES and any(r.deny_trie for r in denying):
+        if texts and family in _COMMAND_FAMILIES and any(r.deny_keyed for r in denying):
             plain = tuple(_searchable(t) for t in texts)
         elif texts:
             plain = (None,) * len(texts)

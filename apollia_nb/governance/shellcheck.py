@@ -535,6 +535,8 @@ def _text_variants(text: str) -> tuple[str, ...] | None:
 WORD_INSIDE = frozenset(string.ascii_letters + string.digits + "_.+-")
 _LEFT_EDGE = r"(?<![A-Za-z0-9_.+-])"
 _RIGHT_EDGE = r"(?![A-Za-z0-9_.+/-])"
+#: The words made only of :data:`WORD_INSIDE` characters that a text holds at a word's edges.
+WORD_RUNS = re.compile(_LEFT_EDGE + "[A-Za-z0-9_.+-]+" + _RIGHT_EDGE)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -697,7 +699,8 @@ def _glob_parts(word: str) -> "tuple[re.Pattern[str], str, str]":
     except re.error:
         return re.compile(".*", re.DOTALL), "", ""  # an unreadable pattern may name anything
     # The part after the last "/" read alone (with no "/", the whole text, which compiled above):
-    if not _compiles(text[text.rfind("/") + 1:]):
+    cut = text.rfind("/")
+    if cut != -1 and not _compiles(text[cut + 1:]):
         return pattern, "", ""  # GlobWord.may_name names every program then
     return pattern, "" if depth else "".join(tail), "".join(head)
 
@@ -739,12 +742,11 @@ def _literal_head(regex: str) -> str:
 class GlobWord:
     """A word with ``* ? [ {`` as deny matching reads it: what it may expand to, compiled once."""
 
-    __slots__ = ("pattern", "tail", "head", "last_head", "_nested", "_last_part")
+    __slots__ = ("pattern", "tail", "head", "last_head", "_last_part")
 
     def __init__(self, pattern: "re.Pattern[str]", tail: str, head: str = "") -> None:
         self.pattern = pattern
         self.tail = tail  # every string the pattern matches ends with it (see ``_glob_parts``)
-        self._nested = re.compile(f"(?:{pattern.pattern})")
         text = pattern.pattern
         cut = text.rfind("/")
         last: "re.Pattern[str] | bool | None" = None  # None: no "/"; True: unreadable, names anything
@@ -765,7 +767,7 @@ class GlobWord:
         last = self._last_part
         return bool(
             self.pattern.fullmatch(program) or self.pattern.fullmatch("/" + program)
-            or self._nested.fullmatch("x/" + program)
+            or self.pattern.fullmatch("x/" + program)
             or (last is True or (last is not None and last.fullmatch(program) is not None))  # type: ignore[union-attr]
         )
 
