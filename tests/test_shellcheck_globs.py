@@ -89,6 +89,15 @@ def test_last_head_is_what_every_program_the_last_part_matches_starts_with(
     assert not any(glob.may_name(p) for p in not_named)
 
 
+@pytest.mark.parametrize("word", ["{a/}x", "{a/}rm", "x{a/}b", "{a/,b/}c"], ids=repr)
+def test_a_brace_that_closes_after_a_slash_names_every_program_and_claims_no_tail(word: str) -> None:
+    # The part after the last "/" (")x") cannot be read alone: the word may name any
+    # program, so it may claim no literal tail or head that the index would filter on.
+    (glob,) = glob_words(f"{word} -rf /")
+    assert (glob.tail, glob.head) == ("", "")
+    assert glob.may_name("rm") and glob.may_name("zq0absent0qz")
+
+
 def test_a_regex_without_a_slash_has_no_last_part() -> None:
     glob = GlobWord(re.compile("ab|cd"), "", "")
     assert glob.last_head is None
