@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -455,6 +456,47 @@ def test_a_glob_word_names_only_programs_that_fit_its_literal_tail_and_head(word
             assert program.endswith(glob.tail) or glob.tail.endswith(program), (word, glob.tail, program)
             assert any(s.startswith(glob.head) for s in (program, "/" + program, "x/" + program)) or (
                 glob.last_head is not None and program.startswith(glob.last_head)), (word, glob.head, glob.last_head)
+
+
+# And the length: a program named through the pattern (``w``, ``/w`` or ``x/w`` matches it)
+# has a length in ``lengths``; one named through the part after the last "/" a length in
+# ``last_lengths`` (the index skips the others without asking the regex). Programs drawn
+# from the word's own regex, so that most of them are named.
+def lengths_hold(glob: shellcheck.GlobWord, program: str) -> bool:
+    size = len(program)
+    if any(glob.pattern.fullmatch(s) for s in (program, "/" + program, "x/" + program)):
+        low, high = glob.lengths
+        if not low <= size <= high:
+            return False
+    last = glob.last_part
+    if last is True or (last is not None and last.fullmatch(program)):
+        assert glob.last_lengths is not None
+        low, high = glob.last_lengths
+        if not low <= size <= high:
+            return False
+    return True
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(
+    st.one_of(
+        st.text(alphabet="rmx/*?[]{},!^:.-a", min_size=1, max_size=10),
+        st.sampled_from(BAD_GLOBS),
+        st.builds(lambda s, w: GLOB_STYLES[s](w), st.sampled_from(list(GLOB_STYLES)), st.sampled_from(PROGRAM_WORDS)),
+    ),
+    st.data(),
+)
+def test_a_glob_word_names_only_programs_whose_length_it_fits(word: str, data: st.DataObject) -> None:
+    for glob in shellcheck.glob_words(word):
+        drawn = data.draw(st.one_of(st.from_regex(glob.pattern, fullmatch=True), st.text(alphabet="rmxa/.-", max_size=12)))
+        for program in {drawn, drawn[1:], drawn[2:], drawn.rpartition("/")[2], drawn + "x", drawn[:-1]}:
+            assert lengths_hold(glob, program), (word, program, glob.lengths, glob.last_lengths)
+
+
+@pytest.mark.parametrize("word", ["??rm", "[!a]?rm", "?/rm", "/bin/r?", "x{a/}rm", "*", "{a,}rm", "/b?n/rm"], ids=repr)
+def test_a_glob_word_fits_rm_when_it_names_it_as_x_slash_rm_or_slash_rm_or_itself(word: str) -> None:
+    (glob,) = shellcheck.glob_words(word)
+    assert glob.may_name("rm") and lengths_hold(glob, "rm")
 
 
 # The index checks every rule when the matcher may match whatever the prefix is. It tells

@@ -363,6 +363,7 @@ _WORD_CHARS = string.ascii_letters + string.digits + "_./:@%+,=-"
 _PLAIN_PREFIX = frozenset(_WORD_CHARS + " \t")
 _ABSENT = "zq0absent0qz"
 _SCAN_AT_MOST = 4  # this few rules are checked one by one: searching costs more
+_FEW_LENGTHS = 16  # a glob word's part after its last "/" this few lengths apart: programs found by length
 
 # (position, prefix, the prefix's other words)
 _KeyedDeny = tuple[int, str, tuple[str, ...]]
@@ -434,6 +435,7 @@ class _Rules:
     deny_programs: tuple[_Program, ...]  # the keyed rules' first words, in view order
     deny_programs_by_end: Mapping[str, tuple[_Program, ...]]  # the same by their last character
     deny_programs_by_start: Mapping[str, tuple[_Program, ...]]  # and by their first
+    deny_programs_by_start_and_length: Mapping[tuple[str, int], tuple[_Program, ...]]  # and by both
     allow: Mapping[str, tuple[tuple[int, tuple[str, ...]], ...]]  # first word -> (pos, words)
 
     def first_deny(
@@ -489,10 +491,11 @@ class _Rules:
     def _first_named(self, word: shellcheck.GlobWord, before: int | None) -> tuple[int, str] | None:
         """The first keyed rule (before ``before``) whose first word the glob word may name."""
         tail, head, last = word.tail, word.head, word.last_head
+        shortest, longest = word.lengths
         if tail:
             programs = self.deny_programs_by_end.get(tail[-1], ())
         elif head and last != "":
-            programs = self._starting(head, last)
+            programs = self._starting(head, last, word.last_lengths)
         else:
             programs = self.deny_programs
         for pos, program, prefix in programs:
@@ -500,26 +503,41 @@ class _Rules:
                 return None
             if tail and not (program.endswith(tail) or tail.endswith(program)):
                 continue
-            if head and not (program.startswith(head) or ("/" + program).startswith(head)
-                             or ("x/" + program).startswith(head)) and (last is None or not program.startswith(last)):
-                continue
+            size = len(program)
+            # Named through the pattern (``w``, ``/w`` or ``x/w`` starts with its head, at a length
+            # it fits) or through the part after its last "/" (``w`` starts with that part's head).
+            if not (shortest <= size <= longest and (not head or program.startswith(head)
+                                                     or ("/" + program).startswith(head)
+                                                     or ("x/" + program).startswith(head))):
+                if last is None or not program.startswith(last):
+                    continue
+                low, high = word.last_lengths  # type: ignore[misc]  # set whenever last_head is
+                if not low <= size <= high:
+                    continue
             if word.may_name(program):
                 return pos, prefix
         return None
 
-    def _starting(self, head: str, last: str | None) -> tuple[_Program, ...]:
+    def _starting(self, head: str, last: str | None,
+                  last_lengths: tuple[int, float] | None) -> tuple[_Program, ...]:
         """The first words ``w`` for which ``w``, ``/w`` or ``x/w`` may start with ``head``, or
-        ``w`` with ``last`` (None: no such choice), in view order."""
+        ``w`` with ``last`` (None: no such choice) at a length in ``last_lengths``, in view order."""
         firsts = {head[0]}
         for lead in ("/", "x/"):
             if head.startswith(lead) or lead.startswith(head):
                 if len(head) <= len(lead):
                     return self.deny_programs
                 firsts.add(head[len(lead)])
-        if last is not None:
-            firsts.add(last[0])
         by_start = self.deny_programs_by_start
-        return tuple(sorted(p for c in firsts for p in by_start.get(c, ())))
+        found = [p for c in firsts for p in by_start.get(c, ())]
+        if last is not None and last[0] not in firsts:
+            low, high = last_lengths  # type: ignore[misc]  # set whenever last_head is
+            if high - low <= _FEW_LENGTHS:
+                by_length = self.deny_programs_by_start_and_length
+                found += (p for n in range(low, int(high) + 1) for p in by_length.get((last[0], n), ()))
+            else:
+                found += by_start.get(last[0], ())
+        return tuple(sorted(found))
 
     def first_allow(self, words: tuple[str, ...]) -> int | None:
         best: int | None = None
@@ -588,8 +606,16 @@ def _arrange(rules: Iterable[tuple[int, Rule]]) -> _Rules:
         deny_programs=tuple(sorted(programs.values())),
         deny_programs_by_end=_by_character(sorted(programs.values()), -1),
         deny_programs_by_start=_by_character(sorted(programs.values()), 0),
+        deny_programs_by_start_and_length=_by_start_and_length(sorted(programs.values())),
         allow={k: tuple(v) for k, v in allow.items()},
     )
+
+
+def _by_start_and_length(programs: list[_Program]) -> dict[tuple[str, int], tuple[_Program, ...]]:
+    grouped: dict[tuple[str, int], list[_Program]] = {}
+    for entry in programs:
+        grouped.setdefault((entry[1][0], len(entry[1])), []).append(entry)
+    return {k: tuple(v) for k, v in grouped.items()}
 
 
 def _by_character(programs: list[_Program], at: int) -> dict[str, tuple[_Program, ...]]:

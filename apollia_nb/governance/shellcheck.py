@@ -32,6 +32,7 @@ match" and "deny matches". ``docs/simple-commands.md`` states the exact rules.
 from __future__ import annotations
 
 import functools
+import math
 import posixpath
 import re
 import string
@@ -705,6 +706,16 @@ def _glob_parts(word: str) -> "tuple[re.Pattern[str], str, str]":
     return pattern, "" if depth else "".join(tail), "".join(head)
 
 
+def _widths(regex: str) -> tuple[int, float]:
+    """The shortest and longest strings ``regex`` (which compiles) matches, as the regex
+    parser measures them; ``(0, inf)`` when it cannot tell."""
+    try:
+        shortest, longest = re._parser.parse(regex, re.DOTALL).getwidth()  # type: ignore[attr-defined]
+        return int(shortest), float(longest)
+    except Exception:
+        return 0, math.inf
+
+
 def _compiles(text: str) -> bool:
     try:
         re.compile(text, re.DOTALL)
@@ -742,7 +753,7 @@ def _literal_head(regex: str) -> str:
 class GlobWord:
     """A word with ``* ? [ {`` as deny matching reads it: what it may expand to, compiled once."""
 
-    __slots__ = ("pattern", "tail", "head", "last_head", "_last_part")
+    __slots__ = ("pattern", "tail", "head", "last_head", "lengths", "last_lengths", "last_part")
 
     def __init__(self, pattern: "re.Pattern[str]", tail: str, head: str = "") -> None:
         self.pattern = pattern
@@ -755,16 +766,21 @@ class GlobWord:
                 last = re.compile(text[cut + 1:], re.DOTALL)
             except re.error:
                 last = True
-        self._last_part = last
+        self.last_part = last
         # Every string the pattern matches starts with ``head``. With a "/" in the pattern a
         # program may also match the part after it alone: such a program starts with
         # ``last_head`` (None: no such part; "": it may start with anything).
         self.head = head
         self.last_head = None if last is None else "" if last is True else _literal_head(text[cut + 1:])
+        # The lengths of the programs it may name: through the pattern (``program``, ``/program``
+        # or ``x/program`` matches it), and through the part after the last "/" (None: no such part).
+        shortest, longest = _widths(text)
+        self.lengths = (shortest - 2, longest)
+        self.last_lengths = None if last is None else (0, math.inf) if last is True else _widths(text[cut + 1:])
 
     def may_name(self, program: str) -> bool:
         """Whether the word may expand to ``program`` or a path ending in it (``/usr/bin/r?``)."""
-        last = self._last_part
+        last = self.last_part
         return bool(
             self.pattern.fullmatch(program) or self.pattern.fullmatch("/" + program)
             or self.pattern.fullmatch("x/" + program)
@@ -780,10 +796,15 @@ def glob_words(command: str) -> "tuple[GlobWord, ...]":
     if not _GLOB_CHARS.intersection(command):
         return ()
     return tuple(
-        GlobWord(*_glob_parts(token))
+        _glob_word(token)
         for token in _TOKEN_SPLIT.split(_dequote(command))
         if token and _GLOB_CHARS.intersection(token)
     )
+
+
+@functools.lru_cache(maxsize=1024)  # the same words (``*.py``, ``/bin/r?``) come back in many commands
+def _glob_word(token: str) -> GlobWord:
+    return GlobWord(*_glob_parts(token))
 
 
 def glob_may_name(word: GlobWord, program: str) -> bool:
