@@ -961,6 +961,21 @@ def test_a_glob_or_an_expansion_is_matched_against_few_of_many_rules(
     assert len(asked) <= 50, len(asked)
 
 
+@pytest.mark.parametrize(
+    "command", ["/bin/r? -rf /", "/usr/bin/[r]m -rf /", "/b?n/rm -rf /", "x/r? -rf /", "{r,}m -rf /", "/bin/r[a-z] -rf /"],
+    ids=repr,
+)
+@pytest.mark.parametrize("prefix", ["rm -rf", "  rm -rf"], ids=repr)
+def test_a_glob_names_a_program_whose_rule_has_more_words_among_many(command: str, prefix: str) -> None:
+    # The index finds the programs a glob's last part may name by their first character and
+    # length: the program's, not the rule's (which may also start with blanks).
+    rules = [*MANY[:1_000], Rule(BASH, "deny", prefix, id="rm -rf"), *MANY[1_000:]]
+    c = run(command)
+    assert scan(c, rules) == "rm -rf"
+    d = decide(c, view(rules=rules))
+    assert (d.outcome, d.line, d.rule_id) == ("refuse", 2, "rm -rf")
+
+
 # Every character a program's name may sit beside in a command, written in each place
 # a shell (or the deny matcher) reads a program from.
 BESIDE = [chr(c) for c in range(1, 128)] + ["\x85", "\xa0", "\u2003", "\u3000", "\u200b", "\ufeff", "ｘ", "é"]

@@ -707,13 +707,10 @@ def _glob_parts(word: str) -> "tuple[re.Pattern[str], str, str]":
 
 
 def _widths(regex: str) -> tuple[int, float]:
-    """The shortest and longest strings ``regex`` (which compiles) matches, as the regex
-    parser measures them; ``(0, inf)`` when it cannot tell."""
-    try:
-        shortest, longest = re._parser.parse(regex, re.DOTALL).getwidth()  # type: ignore[attr-defined]
-        return int(shortest), float(longest)
-    except Exception:
-        return 0, math.inf
+    """The lengths of the shortest and longest strings ``regex`` (which compiled) matches, as
+    the regex parser measures them (for ``*``, a longest beyond any program's length)."""
+    shortest, longest = re._parser.parse(regex, re.DOTALL).getwidth()  # type: ignore[attr-defined]
+    return int(shortest), float(longest)
 
 
 def _compiles(text: str) -> bool:
