@@ -344,9 +344,11 @@ def path_prefix_matches(prefix: str, path: str) -> bool:
 #   are tried; a word without a tail but with a literal head (``gitx?``, ``${x:-rm}``)
 #   names only first words ``w`` where ``w``, ``/w`` or ``x/w`` starts with the head,
 #   or (a word with a ``/``: ``/bin/r?``) ``w`` starts with the literal head of the part
-#   after the last ``/``. They are tried in view order, with
-#   ``shellcheck.glob_may_name``: the first one named
-#   decides, since a named program is a match whatever the other words are.
+#   after the last ``/``; and each way has the lengths it may name
+#   (``GlobWord.lengths``, ``last_lengths``: ``/bin/r?`` names a 2-letter ``w`` through
+#   its last part), so such first words are also found by first character and length.
+#   They are tried in view order, with ``shellcheck.glob_may_name``: the first one
+#   named decides, since a named program is a match whatever the other words are.
 #
 # The matcher also matches whatever the prefix is when it cannot read the command
 # (too long, nested too deep, an internal failure: ``deny_search_text`` is None then)
