@@ -61,7 +61,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
-import queue
 import threading
 import time
 import weakref
@@ -352,12 +351,13 @@ class _Request:
 
     ``soon``: nobody waits on it (``append_soon``); if it fails, its runs are marked failed."""
 
-    __slots__ = ("items", "job", "future", "soon")
+    __slots__ = ("items", "job", "future", "soon", "at")
 
     def __init__(self, items: list[_Item] | None, job: Callable[[], Any] | None = None, soon: bool = False) -> None:
         self.items = items
         self.job = job
         self.soon = soon
+        self.at = time.monotonic() if soon else 0.0
         self.future: Future[Any] = Future()
 
 
@@ -376,6 +376,9 @@ class _Group:
 _STOP = object()
 #: Most entries one group commit takes (a bound on one transaction's size and latency).
 MAX_GROUP = 1024
+#: How long the writer leaves ``append_soon`` entries queued for an appender to commit with its own
+#: (a tool's result goes with the next call's decision: one sync, not two) before committing them itself.
+SOON_WAIT_SECS = 0.002
 #: Entries the log holds before the copier copies them into ``journal.db``. A copy's cost is
 #: mostly per statement (measured: 512 entries 230 µs each, 2,048 entries 75 µs each), and the
 #: copier makes it while the writer goes on committing, so batches are large.
@@ -442,8 +445,11 @@ class Journal:
         self._origin = origin
         self._signer = NoteSigner(origin, key.signing_key)
         self._clock = clock
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._submit_lock = threading.Lock()
+        # Requests in order, on ``_queue_cond``; whoever holds ``_commit_lock`` (the writer thread, or an
+        # appender that found it free: ``append``/``append_many``) takes them from the front and commits.
+        self._queue: deque[Any] = deque()
+        self._queue_cond = threading.Condition(threading.Lock())
+        self._commit_lock = threading.Lock()
         self._closed = False
         self._state_lock = threading.Lock()
         self._head: tuple[int, bytes] = (0, GENESIS_HASH)
@@ -746,14 +752,30 @@ class Journal:
         agent: str | None = None,
     ) -> Entry:
         """Append one entry; it is committed when this returns. Thread-safe."""
-        return self._submit([_item(kind, payload, run_id, agent)]).result()[0]
+        return self._append_here([_item(kind, payload, run_id, agent)])[0]
 
     def append_many(self, drafts: Iterable[Draft | tuple[Any, ...]]) -> list[Entry]:
         """Append entries atomically (consecutive seqs, one transaction); committed on return."""
         items = [_item(*Draft(*d)) for d in drafts]
         if not items:
             return []
-        return self._submit(items).result()
+        return self._append_here(items)
+
+    def _append_here(self, items: list[_Item]) -> list[Entry]:
+        """A blocking append: commit in this thread when nobody commits now (no hand-off to the
+        writer and back), else hand it to whoever does. Either way in queue order, after every
+        request submitted before it (``append_soon`` entries included), and in one group with them."""
+        if not self._commit_lock.acquire(blocking=False):
+            return self._submit(items).result()
+        try:
+            request = self._submit(items, notify=False)
+            self._take(until=request)
+        finally:
+            self._commit_lock.release()
+        with self._queue_cond:
+            if self._queue:  # submitted meanwhile, behind this one: the writer takes them
+                self._queue_cond.notify()
+        return request.future.result()
 
     async def append_async(
         self,
@@ -799,47 +821,79 @@ class Journal:
         return self._submit([_item(kind, payload, run_id, agent)], soon=True)
 
     def _submit(self, items: list[_Item] | None, job: Callable[[], Any] | None = None,
-                soon: bool = False) -> Future[Any]:
+                soon: bool = False, notify: bool = True) -> Any:
+        """Queue a request; its future (``notify=False``: the request, which the caller takes itself)."""
         request = _Request(items, job, soon)
-        with self._submit_lock:
+        with self._queue_cond:
             if self._closed:
                 raise Conflict(f"the journal {self.path} is closed")
-            self._queue.put(request)
-        return request.future
+            self._queue.append(request)
+            if notify:
+                self._queue_cond.notify()
+        return request.future if notify else request
 
     # ------------------------------------------------------------------ the writer
     def _run_writer(self) -> None:
-        """Take requests in order: a job runs alone; appends form a group, committed at once.
+        """The writer thread: whenever requests are queued and nobody else commits, take them.
+
+        ``append_soon`` requests alone in the queue wait ``SOON_WAIT_SECS`` for a
+        blocking appender to take them with its own (``_append_here``); any other
+        request is taken at once.
+        """
+        cond = self._queue_cond
+        while True:
+            with cond:
+                while True:
+                    if not self._queue:
+                        cond.wait()
+                        continue
+                    oldest = self._queue[0]
+                    if oldest is _STOP or not all(r is not _STOP and r.soon for r in self._queue):
+                        break
+                    left = oldest.at + SOON_WAIT_SECS - time.monotonic()
+                    if left <= 0:
+                        break
+                    cond.wait(left)
+            with self._commit_lock:
+                if self._take():
+                    break
+        self._finish()
+
+    def _take(self, until: _Request | None = None) -> bool:
+        """With ``_commit_lock`` held: take queued requests in order, a job alone, appends in groups
+        committed at once. Returns True at ``_STOP``; with ``until``, once that request is done.
 
         While a group is being sequenced and signed, appenders released by the
         previous commit queue again; the group takes them too (up to
         ``MAX_GROUP`` entries) before it commits, so one transaction serves
         every appender that was waiting. Nothing waits for more to come.
         """
-        backlog: deque[Any] = deque()
+        cond, queued = self._queue_cond, self._queue
         while True:
-            request = backlog.popleft() if backlog else self._queue.get()
+            with cond:
+                if not queued:
+                    return False
+                request = queued.popleft()
             if request is _STOP:
-                break
+                return True
             if request.job is not None:
                 self._run_job(request)
+                if request is until:
+                    return False
                 continue
             group = _Group(*self._head)
             self._sequence(group, request)
+            done = request is until
             while len(group.rows) < MAX_GROUP:
-                if backlog:
-                    nxt = backlog.popleft()
-                else:
-                    try:
-                        nxt = self._queue.get_nowait()
-                    except queue.Empty:
+                with cond:
+                    if not queued or queued[0] is _STOP or queued[0].job is not None:
                         break
-                if nxt is _STOP or nxt.job is not None:
-                    backlog.appendleft(nxt)
-                    break
+                    nxt = queued.popleft()
                 self._sequence(group, nxt)
+                done = done or nxt is until
             self._commit(group)
-        self._finish()
+            if done:
+                return False
 
     def _run_job(self, request: _Request) -> None:
         if not request.future.set_running_or_notify_cancel():
@@ -930,6 +984,9 @@ class Journal:
                     counts.pop(row[2], None)
                     self._run_base.pop(row[2], None)
                 else:
+                    if row[4] == "run_open" and row[2] not in counts:
+                        # A run's first entry, committed since open: journal.db held none of it then.
+                        self._run_base.setdefault(row[2], 0)
                     counts[row[2]] = counts.get(row[2], 0) + 1
         for request, entries in group.requests:
             request.future.set_result(entries)
@@ -1492,11 +1549,12 @@ class Journal:
 
     def close(self) -> None:
         """Commit what is queued, write a checkpoint if entries were added since the last, close."""
-        with self._submit_lock:
+        with self._queue_cond:
             if self._closed:
                 return
             self._closed = True
-            self._queue.put(_STOP)
+            self._queue.append(_STOP)
+            self._queue_cond.notify()
         atexit.unregister(self.close)
         try:
             if self._thread.is_alive():

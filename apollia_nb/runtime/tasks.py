@@ -155,6 +155,12 @@ class TaskRun:
     async def _journal(self, kind: str, payload: dict[str, Any]) -> None:
         await self.rt.journal.append_async(kind, payload, run_id=self.r["run_id"], agent=self.agent.name)
 
+    def _journal_soon(self, kind: str, payload: dict[str, Any]) -> None:
+        """Hand an entry that records what happened (a model's answer, the plan, a verdict) to the
+        journal's writer without waiting: it is committed before anything later of the run, so
+        before any call it leads to and before the run's seal (``Journal.append_soon``)."""
+        self.rt.journal.append_soon(kind, payload, run_id=self.r["run_id"], agent=self.agent.name)
+
     def _spend(self) -> None:
         budget = self.r["budget"]
         if budget["used"] >= budget["ceiling"]:
@@ -171,9 +177,12 @@ class TaskRun:
         suspended = False
         try:
             if self.r["status"] == TaskStatus.PENDING.value:
-                await self._journal("run_open", {"run_kind": "task", "goal": self.r["goal"], "task_id": self.id})
+                # One commit for both: the run is open and running in the journal before its record says so.
+                await self.rt.journal.append_many_async([
+                    (kind, payload, self.r["run_id"], self.agent.name) for kind, payload in (
+                        ("run_open", {"run_kind": "task", "goal": self.r["goal"], "task_id": self.id}),
+                        ("task_status", {"task_id": self.id, "status": "running"}))])
                 self._set_status(TaskStatus.RUNNING)
-                await self._status_entry("running")
             await self._drive()
         except _Suspend:
             suspended = True  # no await until _active is false: an answer arriving now must resume it
@@ -288,7 +297,7 @@ class TaskRun:
         self.r["step_index"] = 0
         self.r["messages"] = []
         self.r["queued_calls"] = []
-        await self._journal("plan", {"task_id": self.id, "steps": steps, "attempt": self.r["attempt"]})
+        self._journal_soon("plan", {"task_id": self.id, "steps": steps, "attempt": self.r["attempt"]})
         self.r["phase"] = "approve" if self.r["approve_plan"] else "execute"
         # Not saved here: a running task is saved at its status changes and when it
         # suspends; one its process loses mid-run is failed at the next start (the
@@ -480,7 +489,7 @@ class TaskRun:
         response = await self._model("critic", messages, [VERDICT_TOOL])
         verdict, reasons = parse_verdict(response)
         self.r["verdict"] = {"verdict": verdict, "reasons": list(reasons)}
-        await self._journal("verdict", {"task_id": self.id, "verdict": verdict, "reasons": list(reasons),
+        self._journal_soon("verdict", {"task_id": self.id, "verdict": verdict, "reasons": list(reasons),
                                         "attempt": self.r["attempt"]})
         if verdict == "pass":
             await self._finish(TaskStatus.COMPLETED, error=None, result=self.r["result"])
@@ -515,7 +524,7 @@ class TaskRun:
             # Committed together with the first call's decision, before anything it asked for runs.
             self._turn_entry = ("model_response", payload)
         else:
-            await self._journal("model_response", payload)
+            self._journal_soon("model_response", payload)
         return response
 
 
