@@ -14,12 +14,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from datetime import datetime
 
 import duckdb
 import pytest
 
-from apollia_nb.errors import IntegrityError, StorageError, StorageFull
+from apollia_nb.errors import Conflict, IntegrityError, StorageError, StorageFull
 from apollia_nb.journal import Journal, verify_journal
 from apollia_nb.journal import tail as tail_module
 from apollia_nb.journal.export import export_home
@@ -409,3 +411,185 @@ def test_any_damage_gives_a_refusal_or_a_prefix_of_the_true_entries(tmp_path, st
     except IntegrityError:
         return
     assert read.rows == VALID_ROWS[: len(read.rows)]
+
+
+# --------------------------------------------------------------------------- who commits
+
+
+def _committing_threads(journal: Journal) -> list[str]:
+    """The names of the threads that sequence each entry from now on (the clock is read there)."""
+    seen: list[str] = []
+    real = journal._clock
+
+    def clock() -> datetime:
+        seen.append(threading.current_thread().name)
+        return real()
+
+    journal._clock = clock
+    return seen
+
+
+def test_a_blocking_append_commits_in_its_own_thread_with_the_soon_entries_before_it(home):
+    """Nobody else commits: the appender sequences and commits itself, taking the run's handed-over
+    result with it in one transaction (one sync), in the order they were handed over."""
+    with Journal.open(home) as journal:
+        journal.append("run_open", {"run_kind": "task"}, run_id="r1")
+        seen = _committing_threads(journal)
+        before = journal.stats["transactions"]
+        results = []
+
+        def call() -> None:
+            soon = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
+            results.append(journal.append_many([("decision", {"call_id": "c2"}, "r1"), ("tool_call", {"call_id": "c2"}, "r1")]))
+            results.append(soon.result(timeout=0))  # done: committed with the append that returned
+
+        worker = threading.Thread(target=call, name="tool-worker")
+        worker.start()
+        worker.join()
+        assert seen == ["tool-worker"] * 3
+        assert journal.stats["transactions"] == before + 1
+        assert [e.kind for e in journal.entries(run_id="r1")] == ["run_open", "tool_result", "decision", "tool_call"]
+        assert [e.seq for e in results[1] + results[0]] == [2, 3, 4]
+        assert verify_journal(journal).ok
+
+
+def test_a_lone_soon_entry_is_committed_by_the_writer_after_a_short_wait(home):
+    """Nothing follows it: the writer commits it itself, no earlier than SOON_WAIT_SECS after it was
+    handed over (an appender could have taken it until then) and without anyone asking."""
+    from apollia_nb.journal.store import SOON_WAIT_SECS
+
+    with Journal.open(home) as journal:
+        seen = _committing_threads(journal)
+        handed = time.monotonic()
+        future = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
+        [entry] = future.result(timeout=10)
+        assert time.monotonic() - handed >= SOON_WAIT_SECS
+        assert entry.seq == 1 and seen == [journal._thread.name]
+    with Journal.open(home) as journal:
+        assert [e.kind for e in journal.entries()] == ["tool_result"]
+
+
+def test_an_append_waits_for_whoever_commits_and_keeps_the_order_of_a_job_before_it(home):
+    """The writer is busy (a checkpoint job it runs is held): an append from another thread does not
+    commit past it; the checkpoint describes the entries before the append, the append follows."""
+    held, release = threading.Event(), threading.Event()
+    with Journal.open(home) as journal:
+        journal.append("plan", {"n": 1})
+        sign = journal._sign_checkpoint
+
+        def slow_sign():
+            held.set()
+            assert release.wait(timeout=30)
+            return sign()
+
+        journal._sign_checkpoint = slow_sign
+        notes: list[str] = []
+        checkpointer = threading.Thread(target=lambda: notes.append(journal.checkpoint()))
+        checkpointer.start()
+        assert held.wait(timeout=30)
+        appended: list = []
+        appender = threading.Thread(target=lambda: appended.append(journal.append("plan", {"n": 2})))
+        appender.start()
+        appender.join(timeout=0.2)
+        assert appender.is_alive() and not appended  # it waits for the writer's job to end
+        release.set()
+        checkpointer.join(timeout=30)
+        appender.join(timeout=30)
+        assert appended[0].seq == 2
+        assert journal.checkpoints()[-1][0] == 1 and parse_size(notes[0]) == 1
+        assert verify_journal(journal).ok
+
+
+def parse_size(note: str) -> int:
+    return int(note.splitlines()[1])
+
+
+def test_appends_soon_appends_and_checkpoints_from_many_threads_form_one_valid_chain(home):
+    """Blocking appends lead commits or hand over, soon entries ride along, checkpoints come
+    between: every entry once, each thread's in the order it made them, every checkpoint a prefix."""
+    threads, rounds = 8, 30
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads)
+    with Journal.open(home) as journal:
+
+        def work(n: int) -> None:
+            try:
+                barrier.wait()
+                for i in range(rounds):
+                    soon = journal.append_soon("tool_result", {"n": n, "i": i, "soon": True}, run_id=f"r{n}")
+                    journal.append_many([("decision", {"n": n, "i": i}, f"r{n}"), ("tool_call", {"n": n, "i": i}, f"r{n}")])
+                    assert soon.done()
+                    if i % 10 == 9:
+                        journal.checkpoint()
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert not errors
+        assert journal.head()[0] == threads * rounds * 3
+        for n in range(threads):
+            kinds = [(e.kind, e.data()["i"]) for e in journal.entries(run_id=f"r{n}")]
+            assert kinds == [(k, i) for i in range(rounds) for k in ("tool_result", "decision", "tool_call")]
+        report = verify_journal(journal)
+        assert report.ok and report.entries == threads * rounds * 3
+        assert journal.stats["transactions"] < threads * rounds * 2  # soon entries shared commits
+
+
+def test_a_commit_that_fails_in_the_appenders_thread_fails_it_and_the_soon_entry_it_took(home, monkeypatch):
+    real_pwrite = os.pwrite
+    with Journal.open(home) as journal:
+        journal.append("run_open", {"run_kind": "task"}, run_id="r1")
+
+        def no_space(fd, data, offset):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        soon = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
+        monkeypatch.setattr(tail_module.os, "pwrite", no_space)
+        with pytest.raises(StorageFull):
+            journal.append("decision", {"call_id": "c2"}, run_id="r2")
+        with pytest.raises(StorageFull):
+            soon.result(timeout=0)
+        monkeypatch.setattr(tail_module.os, "pwrite", real_pwrite)
+        with pytest.raises(StorageFull, match="run r1 cannot go on"):
+            journal.append("tool_call", {"call_id": "c3"}, run_id="r1")
+        assert journal.append("decision", {"call_id": "c4"}, run_id="r2").seq == 2
+    with Journal.open(home) as journal:
+        assert [(e.kind, e.run_id) for e in journal.entries()] == [("run_open", "r1"), ("decision", "r2")]
+        assert verify_journal(journal).ok
+
+
+def test_an_append_led_while_the_journal_closes_is_committed_before_it_closes(home):
+    """close() comes while an appender commits in its own thread: the entry it returned is kept."""
+    entered, go_on = threading.Event(), threading.Event()
+    with Journal.open(home) as journal:
+        journal.append("plan", {"n": 1})
+        real = journal._clock
+
+        def clock():
+            if threading.current_thread().name == "appender":
+                entered.set()
+                assert go_on.wait(timeout=30)
+            return real()
+
+        journal._clock = clock
+        done: list = []
+        appender = threading.Thread(target=lambda: done.append(journal.append("plan", {"n": 2})), name="appender")
+        appender.start()
+        assert entered.wait(timeout=30)
+        closer = threading.Thread(target=journal.close)
+        closer.start()
+        closer.join(timeout=0.2)
+        assert closer.is_alive()  # close waits for the commit in progress
+        go_on.set()
+        appender.join(timeout=30)
+        closer.join(timeout=30)
+        assert done[0].seq == 2
+        with pytest.raises(Conflict):
+            journal.append("plan", {"n": 3})
+    with Journal.open(home) as journal:
+        assert [e.data()["n"] for e in journal.entries()] == [1, 2]
+        assert verify_journal(journal).ok

@@ -763,19 +763,45 @@ class Journal:
 
     def _append_here(self, items: list[_Item]) -> list[Entry]:
         """A blocking append: commit in this thread when nobody commits now (no hand-off to the
-        writer and back), else hand it to whoever does. Either way in queue order, after every
-        request submitted before it (``append_soon`` entries included), and in one group with them."""
+        writer and back), else hand it to whoever does. Either way after every request submitted
+        before it (``append_soon`` entries included), and in one group with them when they fit."""
         if not self._commit_lock.acquire(blocking=False):
             return self._submit(items).result()
+        request = _Request(items)
         try:
-            request = self._submit(items, notify=False)
-            self._take(until=request)
+            with self._queue_cond:
+                if self._closed:
+                    raise Conflict(f"the journal {self.path} is closed")
+                led = not any(r is _STOP or r.job is not None for r in self._queue)
+            if led:
+                self._lead(request)
         finally:
             self._commit_lock.release()
         with self._queue_cond:
-            if self._queue:  # submitted meanwhile, behind this one: the writer takes them
+            if not led:  # a job is queued before it: the writer takes them in order
+                self._queue.append(request)
+            if self._queue:
                 self._queue_cond.notify()
         return request.future.result()
+
+    def _lead(self, request: _Request) -> None:
+        """With ``_commit_lock`` held: commit the appends queued before ``request`` and ``request``
+        itself, in one group when they fit (``MAX_GROUP``). Stops taking at a job or ``_STOP``
+        queued meanwhile: they come after ``request``."""
+        cond, queued = self._queue_cond, self._queue
+        while True:
+            group = _Group(*self._head)
+            while len(group.rows) < MAX_GROUP:
+                with cond:
+                    if not queued or queued[0] is _STOP or queued[0].job is not None:
+                        break
+                    nxt = queued.popleft()
+                self._sequence(group, nxt)
+            if len(group.rows) < MAX_GROUP:
+                self._sequence(group, request)
+                self._commit(group)
+                return
+            self._commit(group)
 
     async def append_async(
         self,
@@ -821,16 +847,14 @@ class Journal:
         return self._submit([_item(kind, payload, run_id, agent)], soon=True)
 
     def _submit(self, items: list[_Item] | None, job: Callable[[], Any] | None = None,
-                soon: bool = False, notify: bool = True) -> Any:
-        """Queue a request; its future (``notify=False``: the request, which the caller takes itself)."""
+                soon: bool = False) -> Future[Any]:
         request = _Request(items, job, soon)
         with self._queue_cond:
             if self._closed:
                 raise Conflict(f"the journal {self.path} is closed")
             self._queue.append(request)
-            if notify:
-                self._queue_cond.notify()
-        return request.future if notify else request
+            self._queue_cond.notify()
+        return request.future
 
     # ------------------------------------------------------------------ the writer
     def _run_writer(self) -> None:
@@ -859,9 +883,9 @@ class Journal:
                     break
         self._finish()
 
-    def _take(self, until: _Request | None = None) -> bool:
+    def _take(self) -> bool:
         """With ``_commit_lock`` held: take queued requests in order, a job alone, appends in groups
-        committed at once. Returns True at ``_STOP``; with ``until``, once that request is done.
+        committed at once. Returns True at ``_STOP``.
 
         While a group is being sequenced and signed, appenders released by the
         previous commit queue again; the group takes them too (up to
@@ -878,22 +902,16 @@ class Journal:
                 return True
             if request.job is not None:
                 self._run_job(request)
-                if request is until:
-                    return False
                 continue
             group = _Group(*self._head)
             self._sequence(group, request)
-            done = request is until
             while len(group.rows) < MAX_GROUP:
                 with cond:
                     if not queued or queued[0] is _STOP or queued[0].job is not None:
                         break
                     nxt = queued.popleft()
                 self._sequence(group, nxt)
-                done = done or nxt is until
             self._commit(group)
-            if done:
-                return False
 
     def _run_job(self, request: _Request) -> None:
         if not request.future.set_running_or_notify_cancel():
