@@ -1,12 +1,16 @@
 """The journal in ``journal.db``: durable, signed, hash-chained appends with group commit.
 
-One writer thread owns every commit. Callers hand it requests through a queue and
-wait on a future; the writer takes every request waiting (including those that
+Commits are made one at a time, in the order requests were made. Callers queue
+requests and wait on a future; whoever holds the commit lock — the writer thread,
+or a blocking ``append``/``append_many`` that found nobody committing and only
+appends queued before it — takes every request waiting (including those that
 queue while it works), sequences, hashes and signs their entries, makes them
 durable as one record of ``journal.log`` (one ``pwrite`` into preallocated
 space, one ``fdatasync``: see ``tail.py``), and only then resolves the futures. So an ``append`` that returned
 is committed (a governed effect may follow), concurrent appenders share one
-commit (group commit), and nothing is ever held unflushed.
+commit (group commit), and nothing is ever held unflushed. An ``append_soon``
+entry waits up to ``SOON_WAIT_SECS`` in the queue for the next append to take it
+into its commit, then the writer commits it.
 
 A second thread, the copier, copies committed entries from the log into
 ``journal.db`` while the writer goes on committing: in batches (``IMPORT_BATCH``
