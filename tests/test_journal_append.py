@@ -15,6 +15,8 @@ from datetime import datetime, timedelta, timezone
 
 import duckdb
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError, NotFound, StorageFull
 from apollia_nb.journal import Draft, Journal, verify_journal
@@ -424,3 +426,14 @@ def test_second_process_gets_home_locked_naming_the_pid(home):
     assert out.stdout.startswith("HOME_LOCKED"), out.stderr
     assert f"process {os.getpid()}" in out.stdout
     assert "apollia-os serve" in out.stdout
+
+
+@settings(max_examples=500, deadline=None)
+@given(moment=st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30),
+                           timezones=st.builds(lambda m: timezone(timedelta(minutes=m)), st.integers(-1439, 1439))))
+def test_a_timestamp_is_written_as_strftime_writes_it_in_utc(moment):
+    """The timestamp is hashed: its text must not depend on which way it was formatted."""
+    from apollia_nb.journal.entry import format_ts
+
+    assert format_ts(moment) == moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    assert format_ts(moment.astimezone(timezone.utc)) == format_ts(moment)
