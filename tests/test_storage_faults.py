@@ -578,11 +578,21 @@ async def test_a_run_whose_closing_checkpoint_the_disk_refuses_keeps_its_outcome
     async with Runtime(home) as rt:
         await rt.register_agent(manifest())
         warnings = []
-        rt.subscribe(lambda kind, data: warnings.append(data) if kind == "warning" else None)
+        told = anyio.Event()
+
+        def listen(kind, data):
+            if kind == "warning":
+                warnings.append(data)
+                if "closing checkpoint was not stored" in str(data):
+                    told.set()
+
+        rt.subscribe(listen)
         monkeypatch.setenv(FAULT_ENV, "journal.db:ENOSPC")  # journal.log takes the entries; journal.db nothing
         task = await (await rt.submit("clerk", "Finish while journal.db refuses"))
-        assert task.status == "completed", task.error
-        assert any("closing checkpoint was not stored" in str(w) for w in warnings), warnings
+        assert task.status == "completed", task.error  # the run ends once its checkpoint is signed
+        with anyio.fail_after(30):  # the store is refused after that, and said so
+            await told.wait()
+        assert rt.journal.latest_checkpoint() is None, "a checkpoint journal.db refused is not read back"
         with pytest.raises(StorageFull):
             rt.journal.entries(run_id=task.run_id)
         monkeypatch.delenv(FAULT_ENV)
@@ -667,3 +677,39 @@ def test_a_refused_submit_that_duckdb_committed_after_all_is_undone(home, monkey
     finally:
         records.close()
     assert _rows(home.runtime_db, "SELECT id FROM tasks") == []
+
+
+async def test_a_run_ends_once_its_checkpoint_is_signed_and_readers_wait_for_its_store(home):
+    """journal.db is slow to store the closing checkpoint: the run's outcome does not wait for it,
+    whoever reads checkpoints does (nobody reads one that is not stored), and the witnesses would be
+    told only once it is stored."""
+    import threading
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest())
+        journal = rt.journal
+        held, release = threading.Event(), threading.Event()
+        store = journal._store_checkpoint
+
+        def slow_store(cp, note):
+            held.set()
+            assert release.wait(timeout=30)
+            return store(cp, note)
+
+        journal._store_checkpoint = slow_store
+        task = await (await rt.submit("clerk", "Finish while journal.db is slow"))
+        assert task.status == "completed", task.error
+        task_head = journal.head()[0]
+        assert not release.is_set()  # returned while the store cannot have finished
+        assert await anyio.to_thread.run_sync(held.wait, 30)  # the copier is storing it
+        read: list = []
+        reader = threading.Thread(target=lambda: read.append(journal.latest_checkpoint()))
+        reader.start()
+        reader.join(timeout=0.2)
+        assert reader.is_alive() and not read  # the reader waits for the store
+        release.set()
+        await anyio.to_thread.run_sync(reader.join, 30)
+        size = int(read[0].splitlines()[1])
+        assert size == task_head  # covers the run, its seal included
+        assert journal.checkpoints()[-1][2] == read[0]
+        assert rt.verify().ok

@@ -459,6 +459,10 @@ class Journal:
         self._head: tuple[int, bytes] = (0, GENESIS_HASH)
         self._acc = MerkleAccumulator()
         self._latest: tuple[int, str] | None = None
+        # The last checkpoint handed to the copier to store, and its size: readers of checkpoints wait
+        # for it (``_stored``), the run that asked for it does not (``checkpoint_signed_async``).
+        self._storing: Future[str] | None = None
+        self._storing_size = -1
         self._transactions = 0
         self._largest_batch = 0
         self._close_error: BaseException | None = None
@@ -1338,6 +1342,15 @@ class Journal:
         stored = await asyncio.wrap_future(self._submit(None, self._sign_checkpoint))
         return await asyncio.wrap_future(stored)
 
+    async def checkpoint_signed_async(self) -> Future[str]:
+        """Sign a checkpoint of every committed entry; returns once signed, with the future of its
+        store in ``journal.db`` (its note, or the store's ``STORAGE_*`` error).
+
+        For a run's closing checkpoint: the run's outcome does not wait for ``journal.db``.
+        Whoever reads checkpoints meanwhile (``latest_checkpoint``, ``checkpoints``, the
+        proofs) waits for the store, so nobody reads a checkpoint that is not stored."""
+        return await asyncio.wrap_future(self._submit(None, self._sign_checkpoint))
+
     def checkpoint(self) -> str:
         """Sign and store a C2SP checkpoint of every committed entry; returns the note.
 
@@ -1351,6 +1364,9 @@ class Journal:
         # The entries it covers may still be in journal.log only: they are committed,
         # and whoever reads journal.db after a crash reads the log too.
         size = self._acc.size
+        storing = self._storing
+        if storing is not None and self._storing_size == size and not (storing.done() and storing.exception()):
+            return storing  # the same checkpoint, stored or on its way
         latest = self._latest
         if latest is not None and latest[0] == size:
             done: Future[str] = Future()
@@ -1358,7 +1374,20 @@ class Journal:
             return done
         cp = Checkpoint(self._origin, size, self._acc.root())
         note = self._signer.sign(cp.body())
-        return self._on_copier(lambda: self._store_checkpoint(cp, note))
+        storing = self._on_copier(lambda: self._store_checkpoint(cp, note))
+        self._storing, self._storing_size = storing, size
+        return storing
+
+    def _stored(self) -> None:
+        """Wait for the checkpoint being stored, if any (at most ``CLOSE_WAIT_SECONDS``; its
+        failure was told to whoever asked for it): what is read next includes it."""
+        storing = self._storing
+        if storing is None or storing.done() or threading.current_thread() is self._copier:
+            return
+        try:
+            storing.result(timeout=CLOSE_WAIT_SECONDS)
+        except Exception:  # noqa: BLE001 - a refused store: the checkpoints read are those stored
+            pass
 
     def _store_checkpoint(self, cp: Checkpoint, note: str) -> str:
         """On the copier: store a signed checkpoint; returns its note."""
@@ -1384,6 +1413,7 @@ class Journal:
 
     def latest_checkpoint(self) -> str | None:
         """The latest stored checkpoint note, or None."""
+        self._stored()
         latest = self._latest
         return latest[1] if latest else None
 
@@ -1436,6 +1466,7 @@ class Journal:
         written first when it does not cover ``seq``). The proof is verified before return.
 
         The hashes are read from ``journal.db`` range by range (``_subtree``), not held."""
+        self._stored()
         return prove_inclusion(
             seq, checkpoint, head=self.head()[0], latest=self._latest, write_checkpoint=self.checkpoint,
             verifier=self.verifier(), origin=self._origin, hashes=None,
@@ -1477,6 +1508,7 @@ class Journal:
             except Conflict:
                 pass
         self._drain()
+        self._stored()  # and the checkpoint being stored, if any
 
     def _unreadable(self) -> BaseException:
         if self._closed:

@@ -446,6 +446,15 @@ class RemoteJournal:
     async def checkpoint_async(self) -> str:
         return await anyio.to_thread.run_sync(self.checkpoint)
 
+    async def checkpoint_signed_async(self) -> "Future[str]":
+        """As ``Journal.checkpoint_signed_async``: the server stores the checkpoint before it answers."""
+        stored: Future[str] = Future()
+        try:
+            stored.set_result(await self.checkpoint_async())
+        except Exception as exc:  # noqa: BLE001 - told through the future, as a local store's failure is
+            stored.set_exception(exc)
+        return stored
+
     def checkpoint(self) -> str:
         """Have the server sign and store a checkpoint of every committed entry; returns the note."""
         return self._call("POST", "/internal/journal/checkpoint", what="no checkpoint could be written")["note"]

@@ -502,17 +502,33 @@ class Runtime:
             event.set()
 
     async def _after_run(self, run_id: str) -> None:
-        """A signed checkpoint at the end of every run.
+        """A signed checkpoint at the end of every run: the run ends once it is signed, while
+        ``journal.db`` stores it (whoever reads checkpoints waits for that store).
 
         The run's entries, its seal included, are committed before this: when the
         disk refuses the checkpoint (``STORAGE_*``), the run keeps its outcome, a
-        warning says so, and the next checkpoint covers its entries."""
+        warning says so, and the next checkpoint covers its entries. The witnesses
+        are told once it is stored."""
         try:
-            await self.journal.checkpoint_async()
+            stored = await self.journal.checkpoint_signed_async()
         except StorageError as exc:
             self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {exc}")
             return
-        if self.witnesses is not None:
+        loop = asyncio.get_running_loop()
+
+        def landed(future: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(self._checkpoint_stored, run_id, future)
+            except RuntimeError:  # the loop closed first: nobody is left to tell
+                pass
+
+        stored.add_done_callback(landed)
+
+    def _checkpoint_stored(self, run_id: str, stored: Any) -> None:
+        error = stored.exception()
+        if error is not None:
+            self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {error}")
+        elif self.witnesses is not None:
             self.witnesses.notify()
 
     async def run_entry_count(self, run_id: str) -> int:
