@@ -593,3 +593,20 @@ def test_an_append_led_while_the_journal_closes_is_committed_before_it_closes(ho
     with Journal.open(home) as journal:
         assert [e.data()["n"] for e in journal.entries()] == [1, 2]
         assert verify_journal(journal).ok
+
+
+def test_a_soon_entry_handed_over_while_the_writer_waits_on_an_earlier_ones_time_is_still_committed(home):
+    """The writer is not woken for a soon entry while it waits for an earlier one's time: it looks at
+    the queue again when that time comes, and commits the later one at its own time."""
+    from apollia_nb.journal.store import SOON_WAIT_SECS
+
+    with Journal.open(home) as journal:
+        seen = _committing_threads(journal)
+        first = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
+        journal.append("decision", {"call_id": "c2"}, run_id="r1")  # takes the first with it
+        assert first.done() and seen == [threading.current_thread().name] * 2
+        handed = time.monotonic()
+        second = journal.append_soon("tool_result", {"call_id": "c2"}, run_id="r1")
+        [entry] = second.result(timeout=10)
+        assert time.monotonic() - handed >= SOON_WAIT_SECS
+        assert entry.seq == 3 and seen[2:] == [journal._thread.name]

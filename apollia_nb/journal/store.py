@@ -454,6 +454,7 @@ class Journal:
         self._queue: deque[Any] = deque()
         self._queue_cond = threading.Condition(threading.Lock())
         self._commit_lock = threading.Lock()
+        self._soon_timer = False  # the writer waits for queued append_soon entries' time to come (on _queue_cond)
         self._closed = False
         self._state_lock = threading.Lock()
         self._head: tuple[int, bytes] = (0, GENESIS_HASH)
@@ -861,7 +862,8 @@ class Journal:
             if self._closed:
                 raise Conflict(f"the journal {self.path} is closed")
             self._queue.append(request)
-            self._queue_cond.notify()
+            if not (soon and self._soon_timer):  # a writer waiting on a timer looks again when it ends
+                self._queue_cond.notify()
         return request.future
 
     # ------------------------------------------------------------------ the writer
@@ -885,7 +887,11 @@ class Journal:
                     left = oldest.at + SOON_WAIT_SECS - time.monotonic()
                     if left <= 0:
                         break
-                    cond.wait(left)
+                    self._soon_timer = True
+                    try:
+                        cond.wait(left)
+                    finally:
+                        self._soon_timer = False
             with self._commit_lock:
                 if self._take():
                     break
