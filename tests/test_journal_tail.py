@@ -610,3 +610,40 @@ def test_a_soon_entry_handed_over_while_the_writer_waits_on_an_earlier_ones_time
         [entry] = second.result(timeout=10)
         assert time.monotonic() - handed >= SOON_WAIT_SECS
         assert entry.seq == 3 and seen[2:] == [journal._thread.name]
+
+
+def test_appenders_that_waited_together_leave_their_next_commits_to_the_writer(home):
+    """After a commit that served several waiting appenders, a blocking append queues for the writer
+    (one group for all who wait) instead of leading a small commit of its own; once commits serve
+    one appender again, it leads again."""
+    gate, entered = threading.Event(), threading.Event()
+    with Journal.open(home) as journal:
+        seen = _committing_threads(journal)
+        real = journal._clock
+
+        def clock():
+            if threading.current_thread().name == "A" and not gate.is_set():
+                entered.set()
+                assert gate.wait(timeout=30)
+            return real()
+
+        journal._clock = clock
+        threads = [threading.Thread(target=journal.append, args=("plan", {"who": name}), name=name)
+                   for name in ("A", "B", "C")]
+        threads[0].start()  # A leads, and is held while it holds the commit
+        assert entered.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        for thread in threads[1:]:
+            thread.start()
+        while len(journal._queue) < 2 and time.monotonic() < deadline:  # B and C wait in line
+            time.sleep(0.001)
+        gate.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        writer = journal._thread.name
+        assert seen[-2:] == [writer, writer] and journal.stats["largest_batch"] == 2
+        journal.append("plan", {"who": "main"})  # the last commit served two: it queues
+        assert seen[-1] == writer
+        journal.append("plan", {"who": "main again"})  # the last served one: it leads
+        assert seen[-1] == threading.current_thread().name
+        assert [e.data()["who"] for e in journal.entries()][-2:] == ["main", "main again"]

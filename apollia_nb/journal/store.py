@@ -455,6 +455,7 @@ class Journal:
         self._queue_cond = threading.Condition(threading.Lock())
         self._commit_lock = threading.Lock()
         self._soon_timer = False  # the writer waits for queued append_soon entries' time to come (on _queue_cond)
+        self._crowded = False  # the last commit served more than one waiting appender
         self._closed = False
         self._state_lock = threading.Lock()
         self._head: tuple[int, bytes] = (0, GENESIS_HASH)
@@ -774,7 +775,7 @@ class Journal:
         """A blocking append: commit in this thread when nobody commits now (no hand-off to the
         writer and back), else hand it to whoever does. Either way after every request submitted
         before it (``append_soon`` entries included), and in one group with them when they fit."""
-        if not self._commit_lock.acquire(blocking=False):
+        if self._crowded or not self._commit_lock.acquire(blocking=False):
             return self._submit(items).result()
         request = _Request(items)
         try:
@@ -970,6 +971,9 @@ class Journal:
         """Insert and commit the group, then release every waiter (or fail them all)."""
         if not group.rows:
             return
+        # Appenders waited together for this commit: while they do, they queue for the writer to
+        # commit them in one group rather than each leading a commit of its own.
+        self._crowded = sum(not request.soon for request, _ in group.requests) > 1
         try:
             if self._broken is not None:
                 raise self._broken
