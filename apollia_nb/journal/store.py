@@ -775,7 +775,9 @@ class Journal:
         """A blocking append: commit in this thread when nobody commits now (no hand-off to the
         writer and back), else hand it to whoever does. Either way after every request submitted
         before it (``append_soon`` entries included), and in one group with them when they fit."""
-        if self._crowded or not self._commit_lock.acquire(blocking=False):
+        # (Never on the copier's thread: a commit may have to wait for the copier when the log is full.)
+        if (self._crowded or threading.current_thread() is self._copier
+                or not self._commit_lock.acquire(blocking=False)):
             return self._submit(items).result()
         request = _Request(items)
         try:
@@ -787,10 +789,10 @@ class Journal:
                 self._lead(request)
         finally:
             self._commit_lock.release()
+        if not led:  # a job is queued before it: the writer takes them in order
+            return self._submit(items).result()
         with self._queue_cond:
-            if not led:  # a job is queued before it: the writer takes them in order
-                self._queue.append(request)
-            if self._queue:
+            if self._queue:  # queued meanwhile: the writer takes them
                 self._queue_cond.notify()
         return request.future.result()
 
