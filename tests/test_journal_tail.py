@@ -302,15 +302,16 @@ def test_append_soon_commits_in_order_before_anything_later(home):
         assert journal.run_size("r1") == 2
 
 
+def _no_space(fd, data, offset):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 def test_a_failed_append_soon_stops_its_run_and_only_its_run(home, monkeypatch):
     real_pwrite = os.pwrite
     with Journal.open(home) as journal:
         journal.append("run_open", {"run_kind": "task"}, run_id="r1")
 
-        def no_space(fd, data, offset):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(tail_module.os, "pwrite", no_space)
+        monkeypatch.setattr(tail_module.os, "pwrite", _no_space)
         future = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
         with pytest.raises(StorageFull):
             future.result(timeout=10)
@@ -544,11 +545,8 @@ def test_a_commit_that_fails_in_the_appenders_thread_fails_it_and_the_soon_entry
     with Journal.open(home) as journal:
         journal.append("run_open", {"run_kind": "task"}, run_id="r1")
 
-        def no_space(fd, data, offset):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
         soon = journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
-        monkeypatch.setattr(tail_module.os, "pwrite", no_space)
+        monkeypatch.setattr(tail_module.os, "pwrite", _no_space)
         with pytest.raises(StorageFull):
             journal.append("decision", {"call_id": "c2"}, run_id="r2")
         with pytest.raises(StorageFull):

@@ -800,20 +800,25 @@ class Journal:
         """With ``_commit_lock`` held: commit the appends queued before ``request`` and ``request``
         itself, in one group when they fit (``MAX_GROUP``). Stops taking at a job or ``_STOP``
         queued meanwhile: they come after ``request``."""
-        cond, queued = self._queue_cond, self._queue
         while True:
-            group = _Group(*self._head)
-            while len(group.rows) < MAX_GROUP:
-                with cond:
-                    if not queued or queued[0] is _STOP or queued[0].job is not None:
-                        break
-                    nxt = queued.popleft()
-                self._sequence(group, nxt)
+            group = self._fill(_Group(*self._head))
             if len(group.rows) < MAX_GROUP:
                 self._sequence(group, request)
                 self._commit(group)
                 return
             self._commit(group)
+
+    def _fill(self, group: _Group) -> _Group:
+        """Sequence the appends queued at the front onto ``group``, up to ``MAX_GROUP`` entries;
+        stops at a job or ``_STOP`` (they run alone, after the group)."""
+        cond, queued = self._queue_cond, self._queue
+        while len(group.rows) < MAX_GROUP:
+            with cond:
+                if not queued or queued[0] is _STOP or queued[0].job is not None:
+                    break
+                nxt = queued.popleft()
+            self._sequence(group, nxt)
+        return group
 
     async def append_async(
         self,
@@ -922,13 +927,7 @@ class Journal:
                 continue
             group = _Group(*self._head)
             self._sequence(group, request)
-            while len(group.rows) < MAX_GROUP:
-                with cond:
-                    if not queued or queued[0] is _STOP or queued[0].job is not None:
-                        break
-                    nxt = queued.popleft()
-                self._sequence(group, nxt)
-            self._commit(group)
+            self._commit(self._fill(group))
 
     def _run_job(self, request: _Request) -> None:
         if not request.future.set_running_or_notify_cancel():
@@ -1351,8 +1350,7 @@ class Journal:
 
     async def checkpoint_async(self) -> str:
         """``checkpoint`` for asyncio callers: the writer signs it while the loop goes on."""
-        stored = await asyncio.wrap_future(self._submit(None, self._sign_checkpoint))
-        return await asyncio.wrap_future(stored)
+        return await asyncio.wrap_future(await self.checkpoint_signed_async())
 
     async def checkpoint_signed_async(self) -> Future[str]:
         """Sign a checkpoint of every committed entry; returns once signed, with the future of its
