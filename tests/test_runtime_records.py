@@ -90,3 +90,131 @@ def test_writes_do_not_wait_for_the_database(home):
     finally:
         release.set()
         records.close()
+
+
+def _counting_runs(records: RuntimeRecords, monkeypatch) -> tuple[list[float], threading.Event]:
+    """Every write the writer commits, as the moment it ran (``time.monotonic``); the event is set at each."""
+    import time
+
+    ran: list[float] = []
+    each = threading.Event()
+    real = records._run
+
+    def counted(run) -> None:
+        real(run)
+        ran.append(time.monotonic())
+        each.set()
+
+    monkeypatch.setattr(records, "_run", counted)
+    return ran, each
+
+
+def test_a_write_nobody_waits_for_is_held_and_a_later_snapshot_of_its_row_replaces_it(home, monkeypatch):
+    """A task that starts and ends within DEFER_SECS costs one row write: its last snapshot."""
+    import time
+
+    import apollia_nb.runtime.records as records_module
+
+    monkeypatch.setattr(records_module, "DEFER_SECS", 0.3)
+    home.ensure()
+    records = RuntimeRecords(home.runtime_db)
+    try:
+        ran, each = _counting_runs(records, monkeypatch)
+        t0 = time.monotonic()
+        records.save_task(_record("t1", "running"), "2026-11-30T00:00:00Z")
+        records.save_task(_record("t1", "completed"), "2026-11-30T00:00:01Z")
+        records.memory_set("clerk", "k", 1)  # another row: held too, after t1
+        assert each.wait(10)
+        assert ran[0] - t0 >= 0.3  # held, not committed at once
+        deadline = time.monotonic() + 10
+        while len(ran) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        assert len(ran) == 2  # t1 once (its last snapshot), then the memory row
+        assert records.task("t1")["status"] == "completed"
+        assert records.memory_get("clerk") == {"k": 1}
+    finally:
+        records.close()
+
+
+def test_a_read_a_flush_and_the_close_commit_held_writes_at_once(home, monkeypatch):
+    import time
+
+    import apollia_nb.runtime.records as records_module
+
+    monkeypatch.setattr(records_module, "DEFER_SECS", 60.0)
+    home.ensure()
+    records = RuntimeRecords(home.runtime_db)
+    try:
+        t0 = time.monotonic()
+        records.save_task(_record("t1", "running"), "2026-11-30T00:00:00Z")
+        assert records.task("t1")["status"] == "running"  # the read committed it first
+        records.save_task(_record("t1", "completed"), "2026-11-30T00:00:01Z")
+        records.flush()
+        records.memory_set("clerk", "k", 2)
+        assert time.monotonic() - t0 < 30
+    finally:
+        records.close()  # commits the memory row
+    assert time.monotonic() - t0 < 30
+    con = duckdb.connect(str(home.runtime_db), read_only=True)
+    try:
+        assert con.execute("SELECT status FROM tasks WHERE id = 't1'").fetchone() == ("completed",)
+        assert con.execute("SELECT value FROM memory WHERE agent = 'clerk' AND key = 'k'").fetchone() == ("2",)
+    finally:
+        con.close()
+
+
+def test_an_acknowledged_write_commits_the_held_writes_queued_before_it_first(home, monkeypatch):
+    import apollia_nb.runtime.records as records_module
+
+    monkeypatch.setattr(records_module, "DEFER_SECS", 60.0)
+    home.ensure()
+    records = RuntimeRecords(home.runtime_db)
+    try:
+        order: list[str] = []
+        real = records._upsert_now
+
+        def seen(table, keys, values, **kw):
+            real(table, keys, values, **kw)
+            order.append(f"{table}:{'/'.join(map(str, keys.values()))}")
+
+        monkeypatch.setattr(records, "_upsert_now", seen)
+        records.save_task(_record("t1", "running"), "2026-11-30T00:00:00Z")
+        records.memory_set("clerk", "k", 1)
+        records.save_task(_record("t2"), "2026-11-30T00:00:01Z", acknowledged=True).result(timeout=30)
+        assert order == ["tasks:t1", "memory:clerk/k", "tasks:t2"]
+    finally:
+        records.close()
+
+
+def test_submitting_a_task_whose_row_exists_is_a_conflict_and_keeps_the_row(home):
+    """A new task's row is inserted, never written over an existing one (an id reused across sessions)."""
+    home.ensure()
+    records = RuntimeRecords(home.runtime_db)
+    try:
+        records.save_task(_record("t1", "completed", result="the first"), "2026-11-30T00:00:00Z",
+                          acknowledged=True).result(timeout=30)
+        again = records.save_task(_record("t1", "pending"), "2026-11-30T00:00:01Z", acknowledged=True)
+        with pytest.raises(Conflict, match="task t1 exists already"):
+            again.result(timeout=30)
+        assert records.task("t1") == _record("t1", "completed", result="the first")
+        records.save_task(_record("t1", "running"), "2026-11-30T00:00:02Z")  # an update of a row: fine
+        assert records.task("t1")["status"] == "running"
+    finally:
+        records.close()
+
+
+@pytest.mark.anyio
+async def test_a_task_id_taken_in_an_earlier_session_cannot_be_submitted_again(home):
+    from apollia_nb.runtime import Runtime
+    from runtime_helpers import manifest
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest())
+        first = await (await rt.submit("clerk", "the first", task_id="task-kept"))
+        assert first.status == "completed"
+    async with Runtime(home) as rt:  # a new session: the finished task is only in runtime.db
+        with pytest.raises(Conflict, match="task task-kept exists already"):
+            await rt.submit("clerk", "another", task_id="task-kept")
+        kept = rt.records.task("task-kept")
+        assert (kept["goal"], kept["status"]) == ("the first", "completed")

@@ -662,8 +662,8 @@ def test_a_refused_submit_that_duckdb_committed_after_all_is_undone(home, monkey
     try:
         real = records._upsert_now
 
-        def committed_then_invalidated(table, keys, values):
-            real(table, keys, values)
+        def committed_then_invalidated(table, keys, values, **kw):
+            real(table, keys, values, **kw)
             raise duckdb.FatalException('FATAL Error: Failed to create checkpoint because of error: Could not '
                                         f'write file "{home.runtime_db}": No space left on device')
 
