@@ -351,6 +351,55 @@ def test_without_fdatasync_pwrite_or_fallocate_the_log_still_commits(home, monke
     assert not _log(home).exists()
 
 
+def test_the_log_writes_its_zeros_ahead_once_a_piece_and_the_records_read_back(tmp_path, monkeypatch):
+    """Preallocated space is written (zeros) a ``ZERO_AHEAD`` piece at a time, with the record that
+    reaches the piece, so later records are overwrites; what the file holds is unchanged."""
+    from apollia_nb.journal.tail import TailLog
+
+    monkeypatch.setattr(tail_module, "PREALLOCATE", 64 * 1024)
+    monkeypatch.setattr(tail_module, "ZERO_AHEAD", 16 * 1024)
+    writes: list[tuple[int, int, bool]] = []  # (offset, length, all zeros)
+    real_pwrite = os.pwrite
+
+    def seen(fd, data, offset):
+        writes.append((offset, len(data), not any(data)))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(tail_module.os, "pwrite", seen)
+    log = TailLog(tmp_path / "journal.log")
+    rows = [(i, "2026-12-04T00:00:00.000000Z", "r1", "a", "plan", b"x" * 1000, b"\0" * 32, b"\1" * 32,
+             b"\2" * 64, "k") for i in range(1, 31)]  # about 51 KB of records
+    for row in rows:
+        log.append([row])
+    log.close()
+    zeros = [(offset, length) for offset, length, blank in writes if blank]
+    ends = [offset + length for offset, length in zeros]
+    assert ends == [16384, 32768, 49152, 65536]  # each piece once, up to the preallocated end
+    assert all(offset % 16384 for offset, _ in zeros)  # each right after the record that reached it
+    assert len(writes) == 30 + 4
+    read = read_tail(tmp_path / "journal.log")
+    assert [r[0] for r in read.rows] == list(range(1, 31)) and not read.torn
+    assert (tmp_path / "journal.log").stat().st_size == 64 * 1024
+
+
+def test_zeros_the_disk_refuses_ahead_do_not_fail_the_commit(tmp_path, monkeypatch):
+    from apollia_nb.journal.tail import TailLog
+
+    real_pwrite = os.pwrite
+
+    def no_room_for_zeros(fd, data, offset):
+        if not any(data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(tail_module.os, "pwrite", no_room_for_zeros)
+    log = TailLog(tmp_path / "journal.log")
+    log.append([(1, "2026-12-04T00:00:00.000000Z", None, None, "plan", b"{}", b"\0" * 32, b"\1" * 32,
+                 b"\2" * 64, "k")])
+    log.close()
+    assert [r[0] for r in read_tail(tmp_path / "journal.log").rows] == [1]
+
+
 # --- the parser against arbitrary damage ------------------------------------------------------
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -147,6 +147,12 @@ def read_tail(path: Path) -> TailRead:
 #: Space the log takes ahead of its records, so a commit's sync writes data, not the file's size.
 PREALLOCATE = 4 * 1024 * 1024
 
+#: Zeros written ahead of the records, a piece at a time. Preallocated space is "unwritten" until
+#: written (ext4, XFS): the first write into it makes ``fdatasync`` also commit the file system's
+#: journal. Writing the zeros once, with the record that reaches a new piece, leaves the
+#: records after it plain overwrites (measured here: 0.11-0.14 ms a commit against 0.16-0.19 ms).
+ZERO_AHEAD = 256 * 1024
+
 
 class TailLog:
     """The writer's handle on the tail file: write a durable record; start over when copied.
@@ -165,6 +171,7 @@ class TailLog:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
         self._length = 0
         self._allocated = 0
+        self._zeroed = 0  # bytes from the start written (records, then zeros) since the file started over
         try:
             self.reset()
         except OSError:  # a full disk: nothing is allocated yet, and the first commit tries again
@@ -193,6 +200,7 @@ class TailLog:
         allocated, so the next commit calls this again first."""
         self._length = 0
         self._allocated = 0
+        self._zeroed = 0
         os.ftruncate(self._fd, 0)
         size = max(PREALLOCATE, at_least)
         try:
@@ -225,6 +233,7 @@ class TailLog:
             while view:
                 written = _pwrite(self._fd, view, at + len(record) - len(view))
                 view = view[written:]
+            self._zero_ahead(at + len(record))
             _datasync(self._fd)
         except OSError as exc:
             try:
@@ -235,6 +244,21 @@ class TailLog:
             raise
         self._length = at + len(record)
         self._allocated = max(self._allocated, self._length)
+
+    def _zero_ahead(self, end: int) -> None:
+        """Write zeros from ``end`` to the end of its ``ZERO_AHEAD`` piece (within the preallocated
+        space), once per piece, before the record's sync. What is there reads as zeros already, so
+        this changes no byte; if it fails, the record's commit goes on (only later syncs cost more)."""
+        if end <= self._zeroed or self._allocated == 0:
+            return
+        stop = min(self._allocated, (end // ZERO_AHEAD + 1) * ZERO_AHEAD)
+        try:
+            at = end
+            while at < stop:
+                at += _pwrite(self._fd, bytes(stop - at), at)
+        except OSError:
+            return
+        self._zeroed = stop
 
     def append(self, rows: list[tuple[Any, ...]]) -> None:
         """``write`` the record of these rows."""
