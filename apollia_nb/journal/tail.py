@@ -216,6 +216,7 @@ class TailLog:
             if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 os.ftruncate(self._fd, 0)
                 raise
+        self._zero_ahead(0, size)  # the first piece now, synced with the preallocation, not by a commit
         os.fsync(self._fd)
         self._allocated = size
 
@@ -233,7 +234,7 @@ class TailLog:
             while view:
                 written = _pwrite(self._fd, view, at + len(record) - len(view))
                 view = view[written:]
-            self._zero_ahead(at + len(record))
+            self._zero_ahead(at + len(record), self._allocated)
             _datasync(self._fd)
         except OSError as exc:
             try:
@@ -245,13 +246,13 @@ class TailLog:
         self._length = at + len(record)
         self._allocated = max(self._allocated, self._length)
 
-    def _zero_ahead(self, end: int) -> None:
-        """Write zeros from ``end`` to the end of its ``ZERO_AHEAD`` piece (within the preallocated
-        space), once per piece, before the record's sync. What is there reads as zeros already, so
-        this changes no byte; if it fails, the record's commit goes on (only later syncs cost more)."""
-        if end <= self._zeroed or self._allocated == 0:
+    def _zero_ahead(self, end: int, allocated: int) -> None:
+        """Write zeros from ``end`` to the end of its ``ZERO_AHEAD`` piece (within the ``allocated``
+        space), once per piece, before the next sync. What is there reads as zeros already, so
+        this changes no byte; if it fails, the commit goes on (only later syncs cost more)."""
+        if end < self._zeroed or end >= allocated:
             return
-        stop = min(self._allocated, (end // ZERO_AHEAD + 1) * ZERO_AHEAD)
+        stop = min(allocated, (end // ZERO_AHEAD + 1) * ZERO_AHEAD)
         try:
             at = end
             while at < stop:
