@@ -521,6 +521,34 @@ def test_a_lone_soon_entry_is_committed_by_the_writer_after_a_short_wait(home):
         assert [e.kind for e in journal.entries()] == ["tool_result"]
 
 
+def test_while_commits_keep_coming_append_soon_does_not_wake_the_writer_and_is_still_committed(home):
+    """After a commit the writer looks at the queue by itself every SOON_WAIT_SECS (for
+    WRITER_POLL_SECS): a tool's result handed over then wakes nobody, and a lone one is still
+    committed by the writer, no earlier than SOON_WAIT_SECS after it was handed over."""
+    from apollia_nb.journal.store import SOON_WAIT_SECS, WRITER_POLL_SECS
+
+    assert WRITER_POLL_SECS > 0.01
+    with Journal.open(home) as journal:
+        journal.append("run_open", {"run_kind": "task"}, run_id="r1")
+        woken: list[int] = []
+        real = journal._queue_cond.notify
+        journal._queue_cond.notify = lambda n=1: (woken.append(n), real(n))[1]
+        try:
+            for i in range(40):  # as a run does: a result handed over, then the next call's commit
+                journal.append_soon("tool_result", {"call_id": f"c{i}"}, run_id="r1")
+                journal.append("tool_call", {"call_id": f"c{i + 1}"}, run_id="r1")
+                time.sleep(0.003)  # longer than a soon entry waits: a writer woken for it would sleep again
+            assert len(woken) <= 4  # (a writer between two of its own waits may be woken; 40 before)
+            handed = time.monotonic()
+            [lone] = journal.append_soon("tool_result", {"call_id": "last"}, run_id="r1").result(timeout=10)
+            waited = time.monotonic() - handed
+        finally:
+            del journal._queue_cond.notify
+        assert SOON_WAIT_SECS <= waited < 5
+        assert lone.seq == 82
+        assert verify_journal(journal).ok
+
+
 def test_an_append_waits_for_whoever_commits_and_keeps_the_order_of_a_job_before_it(home):
     """The writer is busy (a checkpoint job it runs is held): an append from another thread does not
     commit past it; the checkpoint describes the entries before the append, the append follows."""

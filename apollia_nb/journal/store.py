@@ -383,6 +383,11 @@ MAX_GROUP = 1024
 #: How long the writer leaves ``append_soon`` entries queued for an appender to commit with its own
 #: (a tool's result goes with the next call's decision: one sync, not two) before committing them itself.
 SOON_WAIT_SECS = 0.002
+#: For this long after a commit the writer, with nothing queued, looks at the queue again every
+#: ``SOON_WAIT_SECS`` by itself, so an ``append_soon`` need not wake it (a wake-up per governed
+#: call, and the interpreter lock taken from the run at its busiest); idle longer, it sleeps until
+#: a request wakes it.
+WRITER_POLL_SECS = 0.1
 #: Entries the log holds before the copier copies them into ``journal.db``. A copy's cost is
 #: mostly per statement (measured: 512 entries 230 µs each, 2,048 entries 75 µs each), and the
 #: copier makes it while the writer goes on committing, so batches are large.
@@ -454,7 +459,7 @@ class Journal:
         self._queue: deque[Any] = deque()
         self._queue_cond = threading.Condition(threading.Lock())
         self._commit_lock = threading.Lock()
-        self._soon_timer = False  # the writer waits for queued append_soon entries' time to come (on _queue_cond)
+        self._writer_looks = False  # the writer waits with a timeout: it looks at the queue again by itself
         self._crowded = False  # the last commit served more than one waiting appender
         self._closed = False
         self._state_lock = threading.Lock()
@@ -870,7 +875,7 @@ class Journal:
             if self._closed:
                 raise Conflict(f"the journal {self.path} is closed")
             self._queue.append(request)
-            if not (soon and self._soon_timer):  # a writer waiting on a timer looks again when it ends
+            if not (soon and self._writer_looks):  # it looks again within SOON_WAIT_SECS by itself
                 self._queue_cond.notify()
         return request.future
 
@@ -880,14 +885,20 @@ class Journal:
 
         ``append_soon`` requests alone in the queue wait ``SOON_WAIT_SECS`` for a
         blocking appender to take them with its own (``_append_here``); any other
-        request is taken at once.
+        request is taken at once. While commits keep coming (``WRITER_POLL_SECS``)
+        the writer is not woken for an ``append_soon``: it looks again every
+        ``SOON_WAIT_SECS`` by itself and finds a lone entry in time to commit it
+        ``SOON_WAIT_SECS`` after it was handed over, as when woken.
         """
         cond = self._queue_cond
         while True:
             with cond:
                 while True:
                     if not self._queue:
-                        cond.wait()
+                        if time.monotonic() - self._last_commit < WRITER_POLL_SECS:
+                            self._wait_looking(SOON_WAIT_SECS)
+                        else:
+                            cond.wait()
                         continue
                     oldest = self._queue[0]
                     if oldest is _STOP or not all(r is not _STOP and r.soon for r in self._queue):
@@ -895,15 +906,19 @@ class Journal:
                     left = oldest.at + SOON_WAIT_SECS - time.monotonic()
                     if left <= 0:
                         break
-                    self._soon_timer = True
-                    try:
-                        cond.wait(left)
-                    finally:
-                        self._soon_timer = False
+                    self._wait_looking(left)
             with self._commit_lock:
                 if self._take():
                     break
         self._finish()
+
+    def _wait_looking(self, timeout: float) -> None:
+        """With ``_queue_cond`` held: wait at most ``timeout``; ``append_soon`` does not wake it meanwhile."""
+        self._writer_looks = True
+        try:
+            self._queue_cond.wait(timeout)
+        finally:
+            self._writer_looks = False
 
     def _take(self) -> bool:
         """With ``_commit_lock`` held: take queued requests in order, a job alone, appends in groups
