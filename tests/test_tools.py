@@ -361,6 +361,35 @@ async def test_arguments_that_do_not_bind_are_bad_argument_and_the_body_never_ru
     assert breakers.get("mismatch").consecutive_failures == 0
 
 
+def _kw(x, y=1): ...
+def _posonly(x, /, y): ...
+def _posonly_default(x=0, /, *, k): ...
+def _kwonly(*, k): ...
+def _varkw(a, **kw): ...
+def _varargs(x, *args): ...
+
+
+@pytest.mark.parametrize("fn", [_kw, _posonly, _posonly_default, _kwonly, _varkw, _varargs])
+@pytest.mark.parametrize("arguments", [{}, {"x": 1}, {"y": 2}, {"x": 1, "y": 2}, {"x": 1, "z": 3}, {"k": 1},
+                                       {"a": 1, "q": 2}, {"args": 1}, {"x": 1, "args": 2}, {"kw": 1}])
+def test_whether_arguments_bind_is_what_signature_bind_says(fn, arguments) -> None:
+    """The fast check of a call's arguments against its body agrees with ``inspect.Signature.bind``."""
+    import inspect
+
+    from apollia_nb.runtime.tools import _check_binds
+
+    try:
+        inspect.signature(fn).bind(**arguments)
+        binds = True
+    except TypeError:
+        binds = False
+    if binds:
+        _check_binds(fn, arguments)
+    else:
+        with pytest.raises(errors.BadArgument):
+            _check_binds(fn, arguments)
+
+
 @pytest.mark.anyio
 async def test_results_are_made_json() -> None:
     class Thing:

@@ -152,7 +152,8 @@ async def governed_call(
                               prefix=[*prefix, decided])
     if decision.outcome is Outcome.ALLOW:
         return await run_approved_call(rt, agent, run_id=run_id, call_id=call_id, name=name,
-                                       arguments=ordered, decision=decision, prefix=[*prefix, decided])
+                                       arguments=ordered, decision=decision, prefix=[*prefix, decided],
+                                       checked=True)
     await _commit(rt, run_id, agent, [*prefix, decided])
 
     card = rt._open_card(
@@ -306,10 +307,13 @@ async def _refused(rt: "GovernedHost", agent: "Agent", run_id: str, call_id: str
 async def run_approved_call(
     rt: "GovernedHost", agent: "Agent", *, run_id: str, call_id: str, name: str,
     arguments: dict[str, Any], decision: Decision | None = None,
-    prefix: Sequence[tuple[str, dict[str, Any]]] = (),
+    prefix: Sequence[tuple[str, dict[str, Any]]] = (), checked: bool = False,
 ) -> CallResult:
     """Journal ``tool_call`` (durable, with ``prefix``), run the tool under its breaker and timeout,
-    journal the result (``append_soon``: committed before anything later of the run)."""
+    journal the result (``append_soon``: committed before anything later of the run).
+
+    ``checked``: ``arguments`` are what ``order_arguments`` made of the model's for this
+    tool in this very call (not a card's, which may have outlived a change of the tool)."""
     from apollia_nb.runtime.outputs import redacted_outcome, secret_values
     from apollia_nb.runtime.tools import invoke, is_async_body
 
@@ -324,7 +328,7 @@ async def run_approved_call(
         before = _committer(rt, run_id, agent, drafts)
     scope = current_call.set(CallScope(rt, agent, run_id, call_id, name))
     try:
-        outcome = await invoke(tooldef, arguments, breakers=rt.breakers, before=before)
+        outcome = await invoke(tooldef, arguments, breakers=rt.breakers, before=before, checked=checked)
     finally:
         current_call.reset(scope)
     invoked = outcome

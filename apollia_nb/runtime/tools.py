@@ -516,7 +516,32 @@ def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _keywords(fn: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str]] | None:
+    """The names ``fn`` takes by keyword and those it requires, when that is all binding asks
+    (no ``**kwargs``, no positional-only parameter without a default); else None."""
+    signature = _signature(fn)
+    if signature is None:
+        return None
+    names: set[str] = set()
+    required: set[str] = set()
+    for p in signature.parameters.values():
+        if p.kind is p.VAR_KEYWORD or (p.kind is p.POSITIONAL_ONLY and p.default is p.empty):
+            return None
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            names.add(p.name)
+            if p.default is p.empty:
+                required.add(p.name)
+    return frozenset(names), frozenset(required)
+
+
 def _check_binds(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> None:
+    try:
+        keywords = _keywords(fn)
+    except TypeError:  # an unhashable callable
+        keywords = None
+    if keywords is not None and keywords[1] <= arguments.keys() and arguments.keys() <= keywords[0]:
+        return  # binds (what ``Signature.bind`` would find, without its cost)
     try:
         signature = _signature(fn)
     except TypeError:  # an unhashable callable
@@ -686,6 +711,7 @@ async def invoke(
     breakers: Breakers,
     timeout_secs: float | None = None,
     before: Callable[[], Any] | None = None,
+    checked: bool = False,
 ) -> ToolOutcome:
     """Run one approved call: check arguments, pass the breaker, run under the timeout.
 
@@ -701,10 +727,12 @@ async def invoke(
     failure is raised as it is (``workers.BeforeFailed`` unwrapped), the body never
     runs and the breaker is told nothing; the tool's timeout counts from the body's
     start. Cancelled while ``before`` runs, it runs to its end and the body never starts.
+
+    ``checked``: ``arguments`` are ``order_arguments(tooldef, ...)`` already, made for this call.
     """
     started = time.perf_counter()
     try:
-        ordered = order_arguments(tooldef, arguments)
+        ordered = arguments if checked and type(arguments) is dict else order_arguments(tooldef, arguments)
         _check_binds(tooldef.fn, ordered)
     except BadArgument as exc:
         if before is not None:
