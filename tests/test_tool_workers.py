@@ -99,3 +99,14 @@ async def test_no_more_than_the_limit_run_at_once(monkeypatch: pytest.MonkeyPatc
 async def test_the_workers_never_keep_the_process_from_exiting() -> None:
     await workers.run_sync(lambda: None, timeout=5)
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("apollia-tool-"))
+
+
+async def test_calls_one_after_another_reuse_one_thread(monkeypatch) -> None:
+    """A worker waits for its next job before its caller hears back: the caller's next call finds it
+    idle instead of starting another thread (which costs about a millisecond on the call's path)."""
+    pool = workers._Pool(workers.MAX_WORKERS)
+    monkeypatch.setattr(workers, "_pool", pool)
+    seen: set[str] = set()
+    for _ in range(500):
+        await workers.run_sync(lambda: seen.add(threading.current_thread().name), timeout=5)
+    assert pool._threads == 1 and len(seen) == 1
