@@ -66,6 +66,7 @@ class _Pool:
                 del loop, future, body
                 self._idle.release()
                 continue
+            setter: Callable[..., None]
             try:
                 result = body()
             except BaseException as exc:  # handed to the caller, never lost (unless it stopped waiting)
