@@ -140,6 +140,31 @@ async def test_checkpoints_cover_what_is_committed(open_home) -> None:
         assert rt.verify().ok
 
 
+async def test_a_run_is_sealed_in_one_go_counting_what_was_handed_over_before(open_home) -> None:
+    """``seal_async``: the run's last entries and its seal, after everything handed over before (a
+    result given with ``append_soon`` included), the seal counting the entries before it; then a
+    signed checkpoint that covers the seal."""
+    async with open_home() as rt:
+        run = run_id()
+        rt.journal.append("run_open", {"run_kind": "task"}, run_id=run, agent="clerk")
+        rt.journal.append_soon("tool_result", {"call_id": "c1"}, run_id=run, agent="clerk")
+        with pytest.raises(BadInput):
+            await rt.journal.seal_async(run, "clerk", [], {"status": "completed", "entries": 99})
+        with pytest.raises(BadInput):
+            await rt.journal.seal_async(run, "clerk", [("Not A Kind", {})], {"status": "completed"})
+        written, stored = await rt.journal.seal_async(
+            run, "clerk", [("task_status", {"status": "completed"})], {"status": "completed"})
+        assert [e.kind for e in written] == ["task_status", "run_seal"]
+        assert [e.kind for e in rt.journal.entries(run_id=run)] == ["run_open", "tool_result", "task_status",
+                                                                    "run_seal"]
+        assert written[1].data() == {"status": "completed", "entries": 3}
+        assert written[1].seq == written[0].seq + 1
+        note = stored.result(timeout=30)
+        size, _root, latest = rt.journal.checkpoints()[-1]
+        assert latest == note and size >= written[1].seq
+        assert not [m for m in rt.replay(run).missing if "seal" in m]  # replay finds the count right
+
+
 async def test_a_full_disk_is_storage_full_and_nothing_is_recorded(which, tmp_path, monkeypatch) -> None:
     """``$APOLLIA_STORAGE_FAULT`` makes the owner's ``journal.log`` refuse writes (ENOSPC): in the
     runtime's own process for the owner, in the server's for a client."""

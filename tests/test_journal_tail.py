@@ -322,6 +322,37 @@ def test_a_failed_append_soon_stops_its_run_and_only_its_run(home, monkeypatch):
         assert [e.run_id for e in journal.entries()] == ["r1", "r2"]
 
 
+def test_a_run_whose_handed_over_entry_failed_cannot_be_sealed_and_nothing_is_written(home, monkeypatch):
+    import asyncio
+
+    real_pwrite = os.pwrite
+    with Journal.open(home) as journal:
+        journal.append("run_open", {"run_kind": "task"}, run_id="r1")
+        monkeypatch.setattr(tail_module.os, "pwrite", _no_space)
+        with pytest.raises(StorageFull):
+            journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1").result(timeout=10)
+        monkeypatch.setattr(tail_module.os, "pwrite", real_pwrite)
+        head = journal.head()
+        with pytest.raises(StorageFull, match="run r1 cannot go on"):
+            asyncio.run(journal.seal_async("r1", None, [("task_status", {"status": "failed"})],
+                                           {"status": "failed"}))
+        assert journal.head() == head
+
+
+def test_a_seal_counts_the_entries_a_run_had_before_the_journal_was_opened_again(home):
+    import asyncio
+
+    with Journal.open(home) as journal:
+        journal.append_many([("run_open", {"run_kind": "task"}, "r1"), ("plan", {"n": 1}, "r1"),
+                             ("plan", {"n": 2}, "r2")])
+    with Journal.open(home) as journal:
+        journal.append_soon("tool_result", {"call_id": "c1"}, run_id="r1")
+        written, stored = asyncio.run(journal.seal_async("r1", None, [], {"status": "completed"}))
+        assert [e.kind for e in written] == ["run_seal"] and written[0].data()["entries"] == 3
+        stored.result(timeout=30)
+        assert verify_journal(journal).ok
+
+
 def test_without_fdatasync_pwrite_or_fallocate_the_log_still_commits(home, monkeypatch):
     """As on macOS (no fdatasync, no posix_fallocate) or Windows (no pwrite): the nearest call stands in."""
     script = textwrap.dedent(

@@ -1376,6 +1376,39 @@ class Journal:
         proofs) waits for the store, so nobody reads a checkpoint that is not stored."""
         return await asyncio.wrap_future(self._submit(None, self._sign_checkpoint))
 
+    async def seal_async(self, run_id: str, agent: str | None, before: Sequence[tuple[str, dict[str, Any]]],
+                         seal: dict[str, Any]) -> tuple[list[Entry], Future[str]]:
+        """End a run: ``before`` (its last entries) and its ``run_seal`` (``seal`` with ``entries``, how
+        many entries the run has before the seal) in one commit, after everything handed over before
+        (``append_soon`` entries included); then sign a checkpoint of every committed entry.
+
+        Returns the entries written and the future of the checkpoint's store in ``journal.db``
+        (as ``checkpoint_signed_async``): one pass of the writer for what took three. Durable
+        when this returns; fails as an append does (``STORAGE_*``, a run that cannot go on)."""
+        if not run_id:
+            raise BadInput("seal_async needs the run it ends")
+        if "entries" in seal:
+            raise BadInput("the seal's entries are counted by the journal")
+        items = [_item(kind, payload, run_id, agent) for kind, payload in before]
+        _item("run_seal", {**seal, "entries": 0}, run_id, agent)  # bad input raises here, not on the writer
+
+        def job() -> tuple[list[Entry], Future[str]]:
+            # On the writer: every request queued before this one is committed.
+            count = self.run_size(run_id) + len(items)
+            request = _Request([*items, _item("run_seal", {**seal, "entries": count}, run_id, agent)])
+            group = _Group(*self._head)
+            self._sequence(group, request)
+            self._commit(group)
+            entries: list[Entry] = request.future.result()  # what the commit (or the run's earlier entry) raised
+            try:
+                stored = self._sign_checkpoint()
+            except BaseException as exc:  # handed over as the store's failure: the run's entries stand
+                stored = Future()
+                stored.set_exception(exc)
+            return entries, stored
+
+        return await asyncio.wrap_future(self._submit(None, job))
+
     def checkpoint(self) -> str:
         """Sign and store a C2SP checkpoint of every committed entry; returns the note.
 

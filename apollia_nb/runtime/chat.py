@@ -220,12 +220,10 @@ class Session:
             self._sessions.rt.answer(card.id, "refuse", by="close", reason="the session was closed")
         self._move(SessionState.CLOSED)
         rt = self._sessions.rt
-        await rt.journal.append_async("session_status", {"session_id": self.id, "status": "closed"},
-                                      run_id=self.r["run_id"], agent=self.agent.name)
-        entries = await rt.run_entry_count(self.r["run_id"])
-        await rt.journal.append_async("run_seal", {"status": "closed", "entries": entries},
-                                      run_id=self.r["run_id"], agent=self.agent.name)
-        await rt._after_run(self.r["run_id"])
+        _, stored = await rt.journal.seal_async(
+            self.r["run_id"], self.agent.name,
+            [("session_status", {"session_id": self.id, "status": "closed"})], {"status": "closed"})
+        rt._closing_checkpoint(self.r["run_id"], stored)
 
     def approve_plan(self, steps: list[str] | None = None) -> Exchange:
         """Run the proposed plan (optionally edited)."""

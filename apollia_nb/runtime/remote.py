@@ -446,6 +446,18 @@ class RemoteJournal:
     async def checkpoint_async(self) -> str:
         return await anyio.to_thread.run_sync(self.checkpoint)
 
+    async def seal_async(self, run_id: str, agent: str | None, before: Sequence[tuple[str, dict[str, Any]]],
+                         seal: dict[str, Any]) -> tuple[list["Entry"], "Future[str]"]:
+        """As ``Journal.seal_async``, in the server's order: ``before``, the count, the seal, a checkpoint."""
+        if not run_id:
+            raise BadInput("seal_async needs the run it ends")
+        if "entries" in seal:
+            raise BadInput("the seal's entries are counted by the journal")
+        written = await self.append_many_async([(kind, payload, run_id, agent) for kind, payload in before])
+        count = await anyio.to_thread.run_sync(self.run_size, run_id)
+        written.append(await self.append_async("run_seal", {**seal, "entries": count}, run_id=run_id, agent=agent))
+        return written, await self.checkpoint_signed_async()
+
     async def checkpoint_signed_async(self) -> "Future[str]":
         """As ``Journal.checkpoint_signed_async``: the server stores the checkpoint before it answers."""
         stored: Future[str] = Future()

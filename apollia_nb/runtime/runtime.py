@@ -52,6 +52,8 @@ from apollia_nb.runtime.states import ProcessState, TaskStatus
 from apollia_nb.runtime.tasks import TaskRun, new_task_record, recovery, task_json
 
 if TYPE_CHECKING:  # pragma: no cover
+    from concurrent.futures import Future
+
     from apollia_nb.governance.contract import GovernanceFace
     from apollia_nb.governance.store import GovernanceStore
     from apollia_nb.journal.contract import JournalFace
@@ -501,19 +503,10 @@ class Runtime:
         if event is not None:
             event.set()
 
-    async def _after_run(self, run_id: str) -> None:
-        """A signed checkpoint at the end of every run: the run ends once it is signed, while
-        ``journal.db`` stores it (whoever reads checkpoints waits for that store).
-
-        The run's entries, its seal included, are committed before this: when the
-        disk refuses the checkpoint (``STORAGE_*``), the run keeps its outcome, a
-        warning says so, and the next checkpoint covers its entries. The witnesses
-        are told once it is stored."""
-        try:
-            stored = await self.journal.checkpoint_signed_async()
-        except StorageError as exc:
-            self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {exc}")
-            return
+    def _closing_checkpoint(self, run_id: str, stored: "Future[str]") -> None:
+        """A run's closing checkpoint is signed (``journal.seal_async``): once ``journal.db`` has
+        stored it, the witnesses are told; a store the disk refuses (``STORAGE_*``) is a warning
+        (the run keeps its outcome; the next checkpoint covers its entries)."""
         loop = asyncio.get_running_loop()
 
         def landed(future: Any) -> None:
@@ -530,9 +523,6 @@ class Runtime:
             self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {error}")
         elif self.witnesses is not None:
             self.witnesses.notify()
-
-    async def run_entry_count(self, run_id: str) -> int:
-        return self.journal.run_size(run_id)
 
     # ------------------------------------------------------------------ agents
     async def register_agent(

@@ -246,17 +246,16 @@ class TaskRun:
             self.rt._emit("warning", f"task {self.id}: {exc}")
 
     async def _seal(self, status: TaskStatus, *, error: ApolliaError | None, result: Any) -> None:
+        last: list[tuple[str, dict[str, Any]]] = []  # the run's last entries, committed with its seal
         if self._turn_entry is not None:  # the ceiling stopped the run before the turn's first call
-            await self._journal(*self._turn_entry)
-            self._turn_entry = None
+            last.append(self._turn_entry)
         for queued in self.r["queued_calls"]:
             # Calls the model asked for that will never run: say so, so the trace stays complete.
-            await self._journal("tool_result", {
+            last.append(("tool_result", {
                 "call_id": queued["call_id"], "tool": queued["name"], "status": "skipped",
                 "error_code": error.code if error is not None else "CANCELLED", "output": None,
                 "output_digest": NULL_DIGEST,
-            })
-        self.r["queued_calls"] = []
+            }))
         self.r["error"] = error.to_dict() if error is not None else None
         if result is not None:
             self.r["result"] = result
@@ -267,15 +266,18 @@ class TaskRun:
         payload: dict[str, Any] = {"task_id": self.id, "status": status.value}
         if error is not None:
             payload["error"] = error.to_dict()
-        await self._journal("task_status", payload)
-        entries = await self.rt.run_entry_count(self.r["run_id"])
-        seal: dict[str, Any] = {"status": status.value, "entries": entries}
+        last.append(("task_status", payload))
+        seal: dict[str, Any] = {"status": status.value}
         if error is not None:
             seal["error"] = error.to_dict()
-        await self._journal("run_seal", seal)
+        # One commit for the last entries and the seal (which counts the entries before it), then the
+        # closing checkpoint signed: the run ends once it is signed, while journal.db stores it.
+        _, stored = await self.rt.journal.seal_async(self.r["run_id"], self.agent.name, last, seal)
+        self._turn_entry = None
+        self.r["queued_calls"] = []
         faults.point("run.after_seal")
         self._set_status(status)
-        await self.rt._after_run(self.r["run_id"])
+        self.rt._closing_checkpoint(self.r["run_id"], stored)
 
     # ---------------------------------------------------------------- phases
     async def _plan(self) -> None:
