@@ -123,18 +123,45 @@ def test_a_write_nobody_waits_for_is_held_and_a_later_snapshot_of_its_row_replac
         t0 = time.monotonic()
         records.save_task(_record("t1", "running"), "2026-11-30T00:00:00Z")
         records.save_task(_record("t1", "completed"), "2026-11-30T00:00:01Z")
-        records.memory_set("clerk", "k", 1)  # another row: held too, after t1
+        records.save_task(_record("t2", "running"), "2026-11-30T00:00:02Z")  # another row: held too, after t1
         assert each.wait(10)
         assert ran[0] - t0 >= 0.3  # held, not committed at once
         deadline = time.monotonic() + 10
         while len(ran) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.05)
-        assert len(ran) == 2  # t1 once (its last snapshot), then the memory row
-        assert records.task("t1")["status"] == "completed"
-        assert records.memory_get("clerk") == {"k": 1}
+        assert len(ran) == 2  # t1 once (its last snapshot), then t2
+        assert [t["status"] for t in records.tasks()] == ["completed", "running"]
     finally:
         records.close()
+
+
+def test_an_agents_memory_is_written_at_once_after_the_held_writes_before_it(home, monkeypatch):
+    """What a tool saved (``memory_save``) is not held: it is committed at once, in order."""
+    import time
+
+    import apollia_nb.runtime.records as records_module
+
+    monkeypatch.setattr(records_module, "DEFER_SECS", 60.0)
+    home.ensure()
+    records = RuntimeRecords(home.runtime_db)
+    try:
+        ran, each = _counting_runs(records, monkeypatch)
+        t0 = time.monotonic()
+        records.save_task(_record("t1", "running"), "2026-11-30T00:00:00Z")
+        records.memory_set("clerk", "k", 1)
+        deadline = time.monotonic() + 10
+        while len(ran) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(ran) == 2 and ran[-1] - t0 < 10  # both, long before DEFER_SECS
+    finally:
+        records.close()
+    con = duckdb.connect(str(home.runtime_db), read_only=True)
+    try:
+        assert con.execute("SELECT value FROM memory").fetchall() == [("1",)]
+        assert con.execute("SELECT status FROM tasks").fetchall() == [("running",)]
+    finally:
+        con.close()
 
 
 def test_a_read_a_flush_and_the_close_commit_held_writes_at_once(home, monkeypatch):

@@ -7,11 +7,12 @@ that are not scalars are stored as JSON text.
 
 Writes do not block the caller (the runtime's event loop): each is serialised at
 once (a snapshot of the record as it is now) and handed, in order, to one
-writer thread. A write nobody waits for is committed within ``DEFER_SECS``
-rather than at once, and a later snapshot of the same row replaces it
-meanwhile: a task that starts and ends within that time costs one row write,
-not one per state, and the writes stay out of the way of the run's own
-commits. Reads wait for the writes queued before them, so a read sees every
+writer thread. A task's or a session's state written as it runs (nobody
+waits for it) is committed within ``DEFER_SECS`` rather than at once, and a
+later snapshot of the same row replaces it meanwhile: a task that starts and
+ends within that time costs one row write, not one per state, and the writes
+stay out of the way of the run's own commits. Other writes (an agent's memory,
+a batch) are committed at once, with the held ones before them. Reads wait for the writes queued before them, so a read sees every
 earlier write. ``flush()`` / ``await flush_async()`` wait until
 everything queued is committed: the runtime does so where a row must be
 durable before anyone is told (a run suspended). A write whose caller must
@@ -52,8 +53,8 @@ __all__ = ["RuntimeRecords", "RETRY_SECS", "open_records"]
 #: How often the writer tries again a write the disk refused, while nothing else asks it to.
 RETRY_SECS = 0.5
 
-#: How long a write nobody waits for may stay queued before it is committed (a flush, a read, an
-#: acknowledged write or the close commits it at once). A row's later snapshot replaces it meanwhile.
+#: How long a task's or a session's state written as it runs may stay queued before it is committed
+#: (a flush, a read, any other write or the close commits it at once). A later snapshot replaces it.
 DEFER_SECS = 0.25
 
 
@@ -68,6 +69,7 @@ class _Write(NamedTuple):
     done: Future[None] | None = None
     acknowledged: bool = False
     undo: Callable[[], None] | None = None
+    defer: bool = False  # a state snapshot that may wait DEFER_SECS (a later one replaces it)
 
 
 _STOP = _Write(None)
@@ -210,7 +212,7 @@ class RuntimeRecords:
                 if self._kept:
                     self._retry()
                 continue
-            if item.run is not None and not item.acknowledged:
+            if item.defer and not item.acknowledged:
                 self._defer(item)
                 continue
             self._commit_deferred()  # everything queued before, in order, first
@@ -220,9 +222,13 @@ class RuntimeRecords:
             if item.run is None:  # a flush
                 self._retry()
                 self._settle(item.done)
-            else:
+            elif item.acknowledged:
                 self._retry()
                 self._run_acknowledged(item)
+            elif self._kept:  # behind what the disk refused: in order, tried with it
+                self._keep(item)
+            else:
+                self._attempt(item)
 
     def _defer(self, item: _Write) -> None:
         """Hold a write nobody waits for until ``DEFER_SECS`` after the oldest held one (see the
@@ -351,14 +357,15 @@ class RuntimeRecords:
             done.set_result(None)
 
     def _write(self, write: Callable[[], None], key: Hashable | None = None, *, whole: bool = True,
-               acknowledged: bool = False, undo: Callable[[], None] | None = None) -> Future[None] | None:
+               acknowledged: bool = False, undo: Callable[[], None] | None = None,
+               defer: bool = False) -> Future[None] | None:
         done: Future[None] | None = Future() if acknowledged else None
         with self._submit_lock:
             if self._closed:
                 from apollia_nb.errors import Conflict
 
                 raise Conflict(f"{self.path} is closed")
-            self._writes.put(_Write(write, key, whole, done, acknowledged, undo))
+            self._writes.put(_Write(write, key, whole, done, acknowledged, undo, defer))
         return done
 
     def _flush_future(self) -> Future[None]:
@@ -393,14 +400,16 @@ class RuntimeRecords:
                 return []
 
     def _upsert(self, table: str, keys: dict[str, Any], values: dict[str, Any], *,
-                acknowledged: bool = False, new_row: bool = False, insert: bool = False) -> Future[None] | None:
+                acknowledged: bool = False, new_row: bool = False, insert: bool = False,
+                defer: bool = False) -> Future[None] | None:
         """Queue: update the row with these keys, or insert it (one transaction).
 
         An ``UPDATE`` costs about a quarter of DuckDB's ``INSERT OR REPLACE``
         (measured 0.5 ms against 1.7-2.2 ms), and rows are mostly rewritten.
         ``new_row``: nothing had these keys, so a refused acknowledged write is undone by a delete.
         ``insert``: only insert (half the cost of a missed ``UPDATE`` and an ``INSERT``); a row
-        with these keys already there is ``CONFLICT`` and stays as it was.
+        with these keys already there is ``CONFLICT`` and stays as it was. ``defer``: a state
+        snapshot that may wait ``DEFER_SECS`` (see the module).
         """
         def undo() -> None:
             with self._lock:
@@ -408,7 +417,7 @@ class RuntimeRecords:
                                   list(keys.values()))
 
         return self._write(lambda: self._upsert_now(table, keys, values, insert=insert), (table, *keys.values()),
-                           acknowledged=acknowledged, undo=undo if new_row else None)
+                           acknowledged=acknowledged, undo=undo if new_row else None, defer=defer)
 
     def _upsert_now(self, table: str, keys: dict[str, Any], values: dict[str, Any], *, insert: bool = False) -> None:
         import duckdb
@@ -479,7 +488,8 @@ class RuntimeRecords:
         return self._upsert("tasks", {"id": record["id"]},
                             {"agent": record["agent"], "status": record["status"],
                              "record": json.dumps(record, default=str), "updated_at": at},
-                            acknowledged=acknowledged, new_row=acknowledged, insert=acknowledged)
+                            acknowledged=acknowledged, new_row=acknowledged, insert=acknowledged,
+                            defer=not acknowledged)
 
     def tasks(self, status: str | None = None, *, unfinished: bool = False) -> list[dict[str, Any]]:
         """Task records, oldest update first; ``unfinished``: only those not completed, failed or
@@ -501,7 +511,7 @@ class RuntimeRecords:
     def save_session(self, record: dict[str, Any], at: str) -> None:
         self._upsert("sessions", {"id": record["id"]},
                      {"agent": record["agent"], "state": record["state"], "parent_id": record.get("parent_id"),
-                      "record": json.dumps(record, default=str), "updated_at": at})
+                      "record": json.dumps(record, default=str), "updated_at": at}, defer=True)
 
     def sessions(self) -> list[dict[str, Any]]:
         return [json.loads(r[0]) for r in self._exec("SELECT record FROM sessions ORDER BY updated_at")]
