@@ -336,7 +336,32 @@ def test_a_run_whose_handed_over_entry_failed_cannot_be_sealed_and_nothing_is_wr
         with pytest.raises(StorageFull, match="run r1 cannot go on"):
             asyncio.run(journal.seal_async("r1", None, [("task_status", {"status": "failed"})],
                                            {"status": "failed"}))
+        with pytest.raises(StorageFull, match="run r1 cannot go on"):  # nothing but the seal: refused too
+            asyncio.run(journal.seal_async("r1", None, [], {"status": "failed"}))
         assert journal.head() == head
+
+
+def test_a_seal_takes_the_entries_handed_over_before_it_into_its_own_commit(home, monkeypatch):
+    """What the run handed over (``append_soon``) and its end are one commit, one sync; the seal
+    counts them, and the closing checkpoint covers the seal."""
+    import asyncio
+
+    from apollia_nb.journal import store as store_module
+
+    monkeypatch.setattr(store_module, "SOON_WAIT_SECS", 5.0)  # however slow this thread, nobody commits them first
+    with Journal.open(home) as journal:
+        journal.append("run_open", {"run_kind": "task"}, run_id="r1")
+        before = journal.stats["transactions"]
+        journal.append_soon("model_response", {"text": "done"}, run_id="r1")
+        journal.append_soon("verdict", {"verdict": "pass"}, run_id="r1")
+        written, stored = asyncio.run(journal.seal_async("r1", "clerk", [("task_status", {"status": "completed"})],
+                                                         {"status": "completed"}))
+        assert journal.stats["transactions"] == before + 1
+        assert [e.kind for e in journal.entries(run_id="r1")] == ["run_open", "model_response", "verdict",
+                                                                  "task_status", "run_seal"]
+        assert written[-1].data() == {"status": "completed", "entries": 4}
+        note = stored.result(timeout=30)
+        assert journal.checkpoints()[-1][0] == written[-1].seq and journal.latest_checkpoint() == note
 
 
 def test_a_seal_counts_the_entries_a_run_had_before_the_journal_was_opened_again(home):

@@ -353,16 +353,22 @@ class _Item(NamedTuple):
 class _Request:
     """Entries to append atomically, or (``job``) a function the writer runs between batches.
 
-    ``soon``: nobody waits on it (``append_soon``); if it fails, its runs are marked failed."""
+    ``soon``: nobody waits on it (``append_soon``); if it fails, its runs are marked failed.
+    ``seal``: ``(payload, run_id, agent)`` of a ``run_seal`` to append after ``items``, its
+    ``entries`` counted as it is sequenced; a checkpoint is signed once it is committed
+    (its store's future in ``stored``)."""
 
-    __slots__ = ("items", "job", "future", "soon", "at")
+    __slots__ = ("items", "job", "future", "soon", "at", "seal", "stored")
 
-    def __init__(self, items: list[_Item] | None, job: Callable[[], Any] | None = None, soon: bool = False) -> None:
+    def __init__(self, items: list[_Item] | None, job: Callable[[], Any] | None = None, soon: bool = False,
+                 seal: tuple[dict[str, Any], str, str | None] | None = None) -> None:
         self.items = items
         self.job = job
         self.soon = soon
         self.at = time.monotonic() if soon else 0.0
         self.future: Future[Any] = Future()
+        self.seal = seal
+        self.stored: Future[str] | None = None
 
 
 class _Group:
@@ -870,7 +876,10 @@ class Journal:
 
     def _submit(self, items: list[_Item] | None, job: Callable[[], Any] | None = None,
                 soon: bool = False) -> Future[Any]:
-        request = _Request(items, job, soon)
+        return self._enqueue(_Request(items, job, soon))
+
+    def _enqueue(self, request: _Request) -> Future[Any]:
+        soon = request.soon
         with self._queue_cond:
             if self._closed:
                 raise Conflict(f"the journal {self.path} is closed")
@@ -957,19 +966,27 @@ class Journal:
         if not request.future.set_running_or_notify_cancel():
             return
         if self._failed_runs:
-            for item in request.items:  # type: ignore[union-attr]
-                failed = self._failed_runs.get(item.run_id) if item.run_id is not None else None
+            runs = [item.run_id for item in request.items or ()]  # type: ignore[union-attr]
+            if request.seal is not None:
+                runs.append(request.seal[1])
+            for run_id in runs:
+                failed = self._failed_runs.get(run_id) if run_id is not None else None
                 if failed is not None:
                     cls = type(failed) if isinstance(failed, StorageError) else IntegrityError
                     request.future.set_exception(cls(
-                        f"run {item.run_id} cannot go on: an entry it handed over earlier was not written "
+                        f"run {run_id} cannot go on: an entry it handed over earlier was not written "
                         f"({failed})"))
                     return
         try:
+            items = request.items
+            if request.seal is not None:  # the run's entries before its seal: committed, then in this group
+                fields, sealed, agent = request.seal
+                count = self.run_size(sealed) + sum(row[2] == sealed for row in group.rows) + len(items or ())
+                items = [*(items or ()), _item("run_seal", {**fields, "entries": count}, sealed, agent)]
             seq, prev = group.seq, group.prev
             key_id, sign, clock = self._key.key_id, self._key.sign, self._clock
             entries = []
-            for kind, payload, run_id, agent in request.items:  # type: ignore[union-attr]
+            for kind, payload, run_id, agent in items:  # type: ignore[union-attr]
                 seq += 1
                 ts = format_ts(clock())
                 h = entry_hash(seq, ts, run_id, agent, kind, payload, prev)
@@ -1041,6 +1058,12 @@ class Journal:
                         self._run_base.setdefault(row[2], 0)
                     counts[row[2]] = counts.get(row[2], 0) + 1
         for request, entries in group.requests:
+            if request.seal is not None:  # a run's end: the closing checkpoint, signed now
+                try:
+                    request.stored = self._sign_checkpoint()
+                except BaseException as exc:  # handed over as the store's failure: the run's entries stand
+                    request.stored = Future()
+                    request.stored.set_exception(exc)
             request.future.set_result(entries)
 
     def _mark_failed(self, request: _Request, error: BaseException) -> None:
@@ -1380,34 +1403,23 @@ class Journal:
                          seal: dict[str, Any]) -> tuple[list[Entry], Future[str]]:
         """End a run: ``before`` (its last entries) and its ``run_seal`` (``seal`` with ``entries``, how
         many entries the run has before the seal) in one commit, after everything handed over before
-        (``append_soon`` entries included); then sign a checkpoint of every committed entry.
+        (``append_soon`` entries included, in the same commit when they fit); then sign a
+        checkpoint of every committed entry.
 
         Returns the entries written and the future of the checkpoint's store in ``journal.db``
-        (as ``checkpoint_signed_async``): one pass of the writer for what took three. Durable
-        when this returns; fails as an append does (``STORAGE_*``, a run that cannot go on)."""
+        (as ``checkpoint_signed_async``): one commit and one pass of the writer for what took
+        three of each. Durable when this returns; fails as an append does (``STORAGE_*``, a run
+        that cannot go on)."""
         if not run_id:
             raise BadInput("seal_async needs the run it ends")
         if "entries" in seal:
             raise BadInput("the seal's entries are counted by the journal")
         items = [_item(kind, payload, run_id, agent) for kind, payload in before]
-        _item("run_seal", {**seal, "entries": 0}, run_id, agent)  # bad input raises here, not on the writer
-
-        def job() -> tuple[list[Entry], Future[str]]:
-            # On the writer: every request queued before this one is committed.
-            count = self.run_size(run_id) + len(items)
-            request = _Request([*items, _item("run_seal", {**seal, "entries": count}, run_id, agent)])
-            group = _Group(*self._head)
-            self._sequence(group, request)
-            self._commit(group)
-            entries: list[Entry] = request.future.result()  # what the commit (or the run's earlier entry) raised
-            try:
-                stored = self._sign_checkpoint()
-            except BaseException as exc:  # handed over as the store's failure: the run's entries stand
-                stored = Future()
-                stored.set_exception(exc)
-            return entries, stored
-
-        return await asyncio.wrap_future(self._submit(None, job))
+        _item("run_seal", {**seal, "entries": 0}, run_id, agent)  # bad input raises here, not when sequenced
+        request = _Request(items, seal=(dict(seal), run_id, agent))
+        entries = await asyncio.wrap_future(self._enqueue(request))
+        assert request.stored is not None
+        return entries, request.stored
 
     def checkpoint(self) -> str:
         """Sign and store a C2SP checkpoint of every committed entry; returns the note.
