@@ -12,9 +12,10 @@ waits for it) is committed within ``DEFER_SECS`` rather than at once, and a
 later snapshot of the same row replaces it meanwhile: a task that starts and
 ends within that time costs one row write, not one per state, and the writes
 stay out of the way of the run's own commits. Other writes (an agent's memory,
-a batch) are committed at once, with the held ones before them. Reads wait for the writes queued before them, so a read sees every
-earlier write. ``flush()`` / ``await flush_async()`` wait until
-everything queued is committed: the runtime does so where a row must be
+a batch) are committed at once, with the held ones before them. Reads wait for
+the writes queued before them, so a read sees every earlier write. ``flush()``
+/ ``await flush_async()`` wait until everything queued is committed: the
+runtime does so where a row must be
 durable before anyone is told (a run suspended). A write whose caller must
 know it is committed before answering (a task submitted, an agent registered)
 is ``acknowledged``: it returns a future of its own commit, and a failure
