@@ -92,6 +92,24 @@ def test_writes_do_not_wait_for_the_database(home):
         records.close()
 
 
+def _holding(home, monkeypatch, secs: float) -> RuntimeRecords:
+    """Records of ``home`` whose running task and session states are held ``secs`` (``DEFER_SECS``)."""
+    import apollia_nb.runtime.records as records_module
+
+    monkeypatch.setattr(records_module, "DEFER_SECS", secs)
+    home.ensure()
+    return RuntimeRecords(home.runtime_db)
+
+
+def _rows(home, query: str) -> list[tuple]:
+    """``query`` over ``runtime.db`` once its records are closed, read-only."""
+    con = duckdb.connect(str(home.runtime_db), read_only=True)
+    try:
+        return con.execute(query).fetchall()
+    finally:
+        con.close()
+
+
 def _counting_runs(records: RuntimeRecords, monkeypatch) -> tuple[list[float], threading.Event]:
     """Every write the writer commits, as the moment it ran (``time.monotonic``); the event is set at each."""
     import time
@@ -113,11 +131,7 @@ def test_a_write_nobody_waits_for_is_held_and_a_later_snapshot_of_its_row_replac
     """A task that starts and ends within DEFER_SECS costs one row write: its last snapshot."""
     import time
 
-    import apollia_nb.runtime.records as records_module
-
-    monkeypatch.setattr(records_module, "DEFER_SECS", 0.3)
-    home.ensure()
-    records = RuntimeRecords(home.runtime_db)
+    records = _holding(home, monkeypatch, 0.3)
     try:
         ran, each = _counting_runs(records, monkeypatch)
         t0 = time.monotonic()
@@ -140,11 +154,7 @@ def test_an_agents_memory_is_written_at_once_after_the_held_writes_before_it(hom
     """What a tool saved (``memory_save``) is not held: it is committed at once, in order."""
     import time
 
-    import apollia_nb.runtime.records as records_module
-
-    monkeypatch.setattr(records_module, "DEFER_SECS", 60.0)
-    home.ensure()
-    records = RuntimeRecords(home.runtime_db)
+    records = _holding(home, monkeypatch, 60.0)
     try:
         ran, each = _counting_runs(records, monkeypatch)
         t0 = time.monotonic()
@@ -156,22 +166,14 @@ def test_an_agents_memory_is_written_at_once_after_the_held_writes_before_it(hom
         assert len(ran) == 2 and ran[-1] - t0 < 10  # both, long before DEFER_SECS
     finally:
         records.close()
-    con = duckdb.connect(str(home.runtime_db), read_only=True)
-    try:
-        assert con.execute("SELECT value FROM memory").fetchall() == [("1",)]
-        assert con.execute("SELECT status FROM tasks").fetchall() == [("running",)]
-    finally:
-        con.close()
+    assert _rows(home, "SELECT value FROM memory") == [("1",)]
+    assert _rows(home, "SELECT status FROM tasks") == [("running",)]
 
 
 def test_a_read_a_flush_and_the_close_commit_held_writes_at_once(home, monkeypatch):
     import time
 
-    import apollia_nb.runtime.records as records_module
-
-    monkeypatch.setattr(records_module, "DEFER_SECS", 60.0)
-    home.ensure()
-    records = RuntimeRecords(home.runtime_db)
+    records = _holding(home, monkeypatch, 60.0)
     try:
         t0 = time.monotonic()
         records.save_task(_record("t1", "running"), "2026-11-30T00:00:00Z")
@@ -183,20 +185,12 @@ def test_a_read_a_flush_and_the_close_commit_held_writes_at_once(home, monkeypat
     finally:
         records.close()  # commits the memory row
     assert time.monotonic() - t0 < 30
-    con = duckdb.connect(str(home.runtime_db), read_only=True)
-    try:
-        assert con.execute("SELECT status FROM tasks WHERE id = 't1'").fetchone() == ("completed",)
-        assert con.execute("SELECT value FROM memory WHERE agent = 'clerk' AND key = 'k'").fetchone() == ("2",)
-    finally:
-        con.close()
+    assert _rows(home, "SELECT status FROM tasks WHERE id = 't1'") == [("completed",)]
+    assert _rows(home, "SELECT value FROM memory WHERE agent = 'clerk' AND key = 'k'") == [("2",)]
 
 
 def test_an_acknowledged_write_commits_the_held_writes_queued_before_it_first(home, monkeypatch):
-    import apollia_nb.runtime.records as records_module
-
-    monkeypatch.setattr(records_module, "DEFER_SECS", 60.0)
-    home.ensure()
-    records = RuntimeRecords(home.runtime_db)
+    records = _holding(home, monkeypatch, 60.0)
     try:
         order: list[str] = []
         real = records._upsert_now

@@ -75,6 +75,19 @@ class _Write(NamedTuple):
 
 _STOP = _Write(None)
 
+
+def _hold(held: OrderedDict[Hashable, _Write], item: _Write) -> None:
+    """Add a write to ``held`` (kept or deferred writes, in order): a whole row replaces the write
+    held for its row, in its place; any other write runs after it."""
+    key = item.key if item.key is not None else object()
+    earlier = held.get(key)
+    if earlier is None or item.whole:
+        held[key] = item
+    else:
+        first, then = earlier.run, item.run
+        assert first is not None and then is not None
+        held[key] = earlier._replace(run=lambda: (first(), then()))
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS home_facts (
     id INTEGER PRIMARY KEY,
@@ -168,7 +181,7 @@ class RuntimeRecords:
         self._submit_lock = threading.Lock()
         self._closed = False
         self._error: BaseException | None = None  # a failure that is not the disk's, for the next flush
-        self._kept: OrderedDict[Hashable, Callable[[], None]] = OrderedDict()  # refused by the disk, in order
+        self._kept: OrderedDict[Hashable, _Write] = OrderedDict()  # refused by the disk, in order
         self._kept_error: StorageError | None = None  # why the first kept write was refused
         self._deferred: OrderedDict[Hashable, _Write] = OrderedDict()  # queued, not yet due, in order
         self._deferred_since = 0.0  # when the oldest deferred write was queued (monotonic)
@@ -226,33 +239,27 @@ class RuntimeRecords:
             elif item.acknowledged:
                 self._retry()
                 self._run_acknowledged(item)
-            elif self._kept:  # behind what the disk refused: in order, tried with it
-                self._keep(item)
             else:
-                self._attempt(item)
+                self._now(item)
 
     def _defer(self, item: _Write) -> None:
         """Hold a write nobody waits for until ``DEFER_SECS`` after the oldest held one (see the
         module); a whole snapshot of a row replaces what is held for that row, in its place."""
         if not self._deferred:
             self._deferred_since = time.monotonic()
-        key = item.key if item.key is not None else object()
-        earlier = self._deferred.get(key)
-        if earlier is None or item.whole:
-            self._deferred[key] = item
-        else:
-            first, then = earlier.run, item.run
-            assert first is not None and then is not None
-            self._deferred[key] = item._replace(run=lambda: (first(), then()))
+        _hold(self._deferred, item)
 
     def _commit_deferred(self) -> None:
         """Commit the held writes, in order (behind what the disk refused, if anything is kept)."""
         while self._deferred:
-            _, item = self._deferred.popitem(last=False)
-            if self._kept:  # behind what the disk refused: in order, tried with it
-                self._keep(item)
-            else:
-                self._attempt(item)
+            self._now(self._deferred.popitem(last=False)[1])
+
+    def _now(self, item: _Write) -> None:
+        """A write nobody waits for, now: behind what the disk refused (in order, tried with it), else tried."""
+        if self._kept:
+            self._keep(item)
+        else:
+            self._attempt(item)
 
     def _attempt(self, item: _Write) -> None:
         try:
@@ -287,13 +294,7 @@ class RuntimeRecords:
         item.done.set_result(None)
 
     def _keep(self, item: _Write) -> None:
-        key = item.key if item.key is not None else object()
-        earlier = self._kept.get(key)
-        if earlier is None or item.whole:
-            self._kept[key] = item.run  # a whole row replaces the earlier snapshot, in its place
-        else:
-            later = item.run
-            self._kept[key] = lambda: (earlier(), later())
+        _hold(self._kept, item)
 
     def _retry(self) -> None:
         """Try the kept writes again in order; stop at the first the disk still refuses."""
@@ -303,9 +304,10 @@ class RuntimeRecords:
             except Exception:  # noqa: BLE001 - tried again at the next flush; readers are told meanwhile
                 pass
         while self._kept:
-            key, run = next(iter(self._kept.items()))
+            key, kept = next(iter(self._kept.items()))
+            assert kept.run is not None
             try:
-                self._run(run)
+                self._run(kept.run)
             except BaseException as exc:
                 error = storage_error(exc, f"{self.path.name} could not record {len(self._kept)} change(s) "
                                            "(kept and tried again until the disk takes them)")
