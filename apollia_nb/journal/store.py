@@ -984,11 +984,11 @@ class Journal:
                 count = self.run_size(sealed) + sum(row[2] == sealed for row in group.rows) + len(items or ())
                 items = [*(items or ()), _item("run_seal", {**fields, "entries": count}, sealed, agent)]
             seq, prev = group.seq, group.prev
-            key_id, sign, clock = self._key.key_id, self._key.sign, self._clock
+            key_id, sign = self._key.key_id, self._key.sign
+            ts = format_ts(self._clock())  # the request's moment: its entries are committed together
             entries = []
             for kind, payload, run_id, agent in items:  # type: ignore[union-attr]
                 seq += 1
-                ts = format_ts(clock())
                 h = entry_hash(seq, ts, run_id, agent, kind, payload, prev)
                 entries.append(Entry(seq, ts, run_id, agent, kind, payload, prev, h, sign(h), key_id))
                 prev = h
