@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
 
 import duckdb
@@ -362,6 +363,53 @@ def test_a_seal_takes_the_entries_handed_over_before_it_into_its_own_commit(home
         assert written[-1].data() == {"status": "completed", "entries": 4}
         note = stored.result(timeout=30)
         assert journal.checkpoints()[-1][0] == written[-1].seq and journal.latest_checkpoint() == note
+
+
+def _sealed_run(journal):
+    import asyncio
+
+    journal.append("run_open", {"run_kind": "task"}, run_id="r1")
+    written, stored = asyncio.run(journal.seal_async("r1", None, [], {"status": "completed"}))
+    return written[-1], stored
+
+
+def test_a_runs_closing_checkpoint_is_stored_once_the_journal_is_idle_not_as_the_run_ends(home, monkeypatch):
+    """Its DuckDB write would hold the interpreter lock while the run that just ended finishes: the
+    copier stores it once no commit came for ``IMPORT_IDLE_SECS``, nobody asking meanwhile."""
+    from apollia_nb.journal import store as store_module
+
+    monkeypatch.setattr(store_module, "IMPORT_IDLE_SECS", 30.0)
+    with Journal.open(home) as journal:
+        seal, stored = _sealed_run(journal)
+        with pytest.raises(FutureTimeout):
+            stored.result(timeout=0.3)  # held back: the journal was committed to just now
+    monkeypatch.setattr(store_module, "IMPORT_IDLE_SECS", 0.05)
+    with Journal.open(home) as journal:
+        seal, stored = _sealed_run(journal)
+        note = stored.result(timeout=30)  # idle: stored without anyone asking
+        assert journal.latest_checkpoint() == note and journal.checkpoints()[-1][0] == seal.seq
+
+
+@pytest.mark.parametrize("ask", ["latest_checkpoint", "checkpoint", "checkpoints", "inclusion_proof", "close"])
+def test_whoever_needs_a_held_back_closing_checkpoint_has_it_stored_at_once(home, monkeypatch, ask):
+    from apollia_nb.journal import store as store_module
+
+    monkeypatch.setattr(store_module, "IMPORT_IDLE_SECS", 30.0)  # it would wait that long otherwise
+    journal = Journal.open(home)
+    seal, stored = _sealed_run(journal)
+    started = time.monotonic()
+    if ask == "close":
+        journal.close()
+    else:
+        if ask == "inclusion_proof":
+            assert journal.inclusion_proof(seal.seq).tree_size == seal.seq
+        else:
+            getattr(journal, ask)()
+        assert journal.checkpoints()[-1][0] == seal.seq
+        journal.close()
+    assert stored.result(timeout=0) and time.monotonic() - started < 10
+    with Journal.open(home) as again:
+        assert again.checkpoints()[-1][0] == seal.seq and verify_journal(again).ok
 
 
 def test_a_seal_counts_the_entries_a_run_had_before_the_journal_was_opened_again(home):

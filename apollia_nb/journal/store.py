@@ -497,6 +497,9 @@ class Journal:
         # ``_copy_cond`` (on ``_state_lock``).
         self._copy_cond = threading.Condition(self._state_lock)
         self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # writes the copier makes
+        # Jobs held back (a run's closing checkpoint): run with the next copy, once the journal is
+        # idle or as soon as somebody waits for one of them (``_hurry``); any other job runs at once.
+        self._lazy = 0  # how many of ``_jobs``, from the front, are held back
         self._copied = 0  # the highest seq journal.db holds
         self._copy_acc = self._acc  # the frontier the rows being copied end at (the copier's)
         self._stored_acc = self._acc  # the frontier journal.db holds (the copier's)
@@ -1060,7 +1063,7 @@ class Journal:
         for request, entries in group.requests:
             if request.seal is not None:  # a run's end: the closing checkpoint, signed now
                 try:
-                    request.stored = self._sign_checkpoint()
+                    request.stored = self._sign_checkpoint(lazy=True)
                 except BaseException as exc:  # handed over as the store's failure: the run's entries stand
                     request.stored = Future()
                     request.stored.set_exception(exc)
@@ -1099,7 +1102,7 @@ class Journal:
         cond = self._copy_cond
         while True:
             with cond:
-                while not self._copier_stop and not self._jobs and not self._copy_due():
+                while not self._copier_stop and not self._jobs_due() and not self._copy_due():
                     cond.wait(self._copy_wait())
                 if self._copier_stop:
                     self._copier_done = True
@@ -1110,6 +1113,7 @@ class Journal:
                             future.set_exception(Conflict(f"the journal {self.path} is closed"))
                     return
                 job = self._jobs.popleft() if self._jobs else None
+                self._lazy = max(0, self._lazy - 1)
                 if job is None:
                     rows = list(self._pending)
                     acc = self._acc.copy()  # ends at rows[-1]: the writer extends both under this lock
@@ -1138,6 +1142,20 @@ class Journal:
                 self._copy_error = None
                 cond.notify_all()
 
+    def _jobs_due(self) -> bool:
+        """Whether the copier runs its jobs now (called holding ``_copy_cond``): at once, unless all are
+        held back and the journal was committed to within ``IMPORT_IDLE_SECS``."""
+        if not self._jobs:
+            return False
+        return len(self._jobs) > self._lazy or time.monotonic() - self._last_commit >= IMPORT_IDLE_SECS
+
+    def _hurry(self) -> None:
+        """Have the copier run the jobs it holds back now (somebody waits for one of them)."""
+        with self._copy_cond:
+            if self._lazy:
+                self._lazy = 0
+                self._copy_cond.notify_all()
+
     def _copy_due(self) -> bool:
         """Whether the copier copies now (called holding ``_copy_cond``)."""
         if self._broken is not None or not self._pending:
@@ -1151,6 +1169,8 @@ class Journal:
 
     def _copy_wait(self) -> float | None:
         """How long the copier sleeps before looking again (None: until notified)."""
+        if self._jobs:  # held back: they run once the journal is idle
+            return max(0.001, self._last_commit + IMPORT_IDLE_SECS - time.monotonic())
         if self._broken is not None or not self._pending:
             return None
         due = max(self._retry_at, self._last_commit + IMPORT_IDLE_SECS)
@@ -1198,6 +1218,9 @@ class Journal:
             return
         cond = self._copy_cond
         with cond:
+            if self._lazy:  # a copy runs the jobs queued before it: none is held back now
+                self._lazy = 0
+                cond.notify_all()
             target = self._head[0]
             ticket = self._attempts
             while self._copied < target:
@@ -1214,12 +1237,18 @@ class Journal:
             if self._broken is not None:
                 raise self._broken
 
-    def _on_copier(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Have the copier run ``fn`` (a write to ``journal.db``) before its next copy; its future."""
+    def _on_copier(self, fn: Callable[[], Any], *, lazy: bool = False) -> Future[Any]:
+        """Have the copier run ``fn`` (a write to ``journal.db``) before its next copy; its future.
+
+        ``lazy``: not at once, but with the next copy, once no commit came for ``IMPORT_IDLE_SECS``,
+        or once somebody waits for it (``_hurry``): a DuckDB write holds the interpreter lock for a
+        millisecond or more, which the run that just ended needs to finish."""
         future: Future[Any] = Future()
         with self._copy_cond:
             if self._copier_done:
                 raise Conflict(f"the journal {self.path} is closed")
+            if lazy and len(self._jobs) == self._lazy:  # held back only behind held-back jobs
+                self._lazy += 1
             self._jobs.append((fn, future))
             self._copy_cond.notify_all()
         return future
@@ -1388,7 +1417,9 @@ class Journal:
 
     async def checkpoint_async(self) -> str:
         """``checkpoint`` for asyncio callers: the writer signs it while the loop goes on."""
-        return await asyncio.wrap_future(await self.checkpoint_signed_async())
+        storing = await self.checkpoint_signed_async()
+        self._hurry()  # the closing checkpoint of a run, held back, may be this one
+        return await asyncio.wrap_future(storing)
 
     async def checkpoint_signed_async(self) -> Future[str]:
         """Sign a checkpoint of every committed entry; returns once signed, with the future of its
@@ -1426,11 +1457,14 @@ class Journal:
 
         When the latest stored checkpoint already covers every entry, returns it.
         """
-        return self._submit(None, self._sign_checkpoint).result().result()
+        storing = self._submit(None, self._sign_checkpoint).result()
+        self._hurry()  # the closing checkpoint of a run, held back, may be this one
+        return storing.result()
 
-    def _sign_checkpoint(self) -> Future[str]:
+    def _sign_checkpoint(self, *, lazy: bool = False) -> Future[str]:
         """On the writer: sign the checkpoint of every committed entry and hand it to the copier
-        to store; the future of the stored note (the writer goes on committing meanwhile)."""
+        to store; the future of the stored note (the writer goes on committing meanwhile).
+        ``lazy``: a run's closing checkpoint, stored once the journal is idle (``_on_copier``)."""
         # The entries it covers may still be in journal.log only: they are committed,
         # and whoever reads journal.db after a crash reads the log too.
         size = self._acc.size
@@ -1444,7 +1478,7 @@ class Journal:
             return done
         cp = Checkpoint(self._origin, size, self._acc.root())
         note = self._signer.sign(cp.body())
-        storing = self._on_copier(lambda: self._store_checkpoint(cp, note))
+        storing = self._on_copier(lambda: self._store_checkpoint(cp, note), lazy=lazy)
         self._storing, self._storing_size = storing, size
         return storing
 
@@ -1454,6 +1488,7 @@ class Journal:
         storing = self._storing
         if storing is None or storing.done() or threading.current_thread() is self._copier:
             return
+        self._hurry()
         try:
             storing.result(timeout=CLOSE_WAIT_SECONDS)
         except Exception:  # noqa: BLE001 - a refused store: the checkpoints read are those stored
