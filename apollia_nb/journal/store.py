@@ -1152,9 +1152,13 @@ class Journal:
     def _hurry(self) -> None:
         """Have the copier run the jobs it holds back now (somebody waits for one of them)."""
         with self._copy_cond:
-            if self._lazy:
-                self._lazy = 0
-                self._copy_cond.notify_all()
+            self._hold_none()
+
+    def _hold_none(self) -> None:
+        """``_hurry``, holding ``_copy_cond``."""
+        if self._lazy:
+            self._lazy = 0
+            self._copy_cond.notify_all()
 
     def _copy_due(self) -> bool:
         """Whether the copier copies now (called holding ``_copy_cond``)."""
@@ -1218,9 +1222,7 @@ class Journal:
             return
         cond = self._copy_cond
         with cond:
-            if self._lazy:  # a copy runs the jobs queued before it: none is held back now
-                self._lazy = 0
-                cond.notify_all()
+            self._hold_none()  # a copy runs the jobs queued before it
             target = self._head[0]
             ticket = self._attempts
             while self._copied < target:
@@ -1417,9 +1419,7 @@ class Journal:
 
     async def checkpoint_async(self) -> str:
         """``checkpoint`` for asyncio callers: the writer signs it while the loop goes on."""
-        storing = await self.checkpoint_signed_async()
-        self._hurry()  # the closing checkpoint of a run, held back, may be this one
-        return await asyncio.wrap_future(storing)
+        return await asyncio.wrap_future(await self.checkpoint_signed_async())
 
     async def checkpoint_signed_async(self) -> Future[str]:
         """Sign a checkpoint of every committed entry; returns once signed, with the future of its
@@ -1457,9 +1457,7 @@ class Journal:
 
         When the latest stored checkpoint already covers every entry, returns it.
         """
-        storing = self._submit(None, self._sign_checkpoint).result()
-        self._hurry()  # the closing checkpoint of a run, held back, may be this one
-        return storing.result()
+        return self._submit(None, self._sign_checkpoint).result().result()
 
     def _sign_checkpoint(self, *, lazy: bool = False) -> Future[str]:
         """On the writer: sign the checkpoint of every committed entry and hand it to the copier
@@ -1470,6 +1468,8 @@ class Journal:
         size = self._acc.size
         storing = self._storing
         if storing is not None and self._storing_size == size and not (storing.done() and storing.exception()):
+            if not lazy:  # somebody asks for it: a closing checkpoint held back is stored now
+                self._hurry()
             return storing  # the same checkpoint, stored or on its way
         latest = self._latest
         if latest is not None and latest[0] == size:
