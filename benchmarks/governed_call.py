@@ -1,7 +1,7 @@
 """Cost per governed tool call, beside pydantic-ai calling a plain tool in the same process.
 
 Run: ``.venv/bin/python benchmarks/governed_call.py [--sizes 50 400] [--repeats 5] [--profile]
-[--home-root DIR]``
+[--floor] [--home-root DIR]``
 
 Ours: the real ``Runtime`` on a fresh temporary home per repetition. A
 scripted agent plans one step, makes N turns of one call each to a tool of
@@ -39,6 +39,13 @@ cumulative time) and times the journal's writer thread (sequencing and
 signing, the log's write and sync, any wait for a copy when the log is full)
 and its copier thread (the batched copies into ``journal.db``, made while the
 writer goes on committing), which cProfile does not see.
+
+``--floor`` shows what the journal's two fixed costs take of a call: ours at
+the first size, alternating four ways in one process — as it is; with the
+log's ``fdatasync`` skipped; with every Ed25519 signature replaced by 64 zero
+bytes; with both. The last three write journals nobody could trust (they are
+thrown away with their temporary homes); they only measure. What is left when
+both are skipped is the runtime's own work and its thread hand-offs.
 """
 
 from __future__ import annotations
@@ -360,12 +367,51 @@ async def profile(n: int, top: int) -> None:
               f"  ({total / n * 1000:.3f} ms per governed call)")
 
 
+FLOOR_WAYS = ("as it is", "no fdatasync", "no signatures", "neither")
+
+
+async def floor(n: int, repeats: int) -> None:
+    """Ours at N calls, four ways in turn (see the module): what the sync and the signatures cost."""
+    from apollia_nb.journal import tail
+    from apollia_nb.journal.keys import JournalKey
+
+    datasync, sign = tail._datasync, JournalKey.sign
+
+    def unsigned(self: JournalKey, message: bytes) -> bytes:
+        return bytes(64)
+
+    def unsynced(fd: int) -> None:
+        return None
+
+    runs: dict[str, list[float]] = {way: [] for way in FLOOR_WAYS}
+    try:
+        for i in range(repeats + 1):  # the first round warms up
+            for way in FLOOR_WAYS:
+                tail._datasync = unsynced if way in ("no fdatasync", "neither") else datasync  # type: ignore[assignment]
+                JournalKey.sign = unsigned if way in ("no signatures", "neither") else sign  # type: ignore[method-assign]
+                elapsed = await ours_once(n)
+                if i:
+                    runs[way].append(elapsed / n * 1000)
+    finally:
+        tail._datasync, JournalKey.sign = datasync, sign  # type: ignore[assignment, method-assign]
+    m = {way: statistics.median(r) for way, r in runs.items()}
+    print(f"\nfloor, ours at N={n}, median of {repeats} runs each way, ms per call "
+          "(the last three ways write journals nobody could trust; they only measure):")
+    for way in FLOOR_WAYS:
+        print(f"  {way:<14} {m[way]:.3f}   runs: " + " ".join(f"{x:.3f}" for x in runs[way]))
+    print(f"  the log's fdatasync: {m['as it is'] - m['no fdatasync']:.3f} ms a call; the signatures: "
+          f"{m['as it is'] - m['no signatures']:.3f} ms; everything else (the runtime's own work, "
+          f"two thread hand-offs, the task's fixed cost spread over its calls): {m['neither']:.3f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 400], help="calls per task (default 50 400)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per size (median taken)")
     parser.add_argument("--profile", action="store_true", help="also profile ours at the largest size")
     parser.add_argument("--top", type=int, default=25, help="profile lines to print")
+    parser.add_argument("--floor", action="store_true",
+                        help="also show what the log's sync and the signatures cost a call (first size)")
     parser.add_argument("--home-root", default=None,
                         help="directory for the temporary homes (default: the system temp directory; "
                              "/dev/shm takes the disk's fsync out of the figures)")
@@ -378,6 +424,8 @@ def main() -> None:
 
     async def run() -> None:
         await measure(sizes, args.repeats)
+        if args.floor:
+            await floor(sizes[0], args.repeats)
         if args.profile:
             await profile(sizes[-1], args.top)
 
