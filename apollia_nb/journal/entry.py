@@ -245,24 +245,28 @@ def _not_json(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def _canonical_encoder() -> Callable[[Any], str] | None:
-    """``json.dumps`` with the canonical options, made once: its C encoder, called directly.
+def compact_json_encoder(*, sort_keys: bool, ensure_ascii: bool, allow_nan: bool) -> Callable[[Any], str] | None:
+    """``json.dumps(value, separators=(",", ":"), sort_keys=..., ensure_ascii=..., allow_nan=...)``
+    made once: its C encoder, called directly (None on a Python without it).
 
     ``json.dumps`` builds an encoder for every call (most of its cost for a small
-    payload); this one is built once and gives the very same text. It keeps no
-    record of the containers it is inside (no cycle check): a value reaches it only
-    after ``_plain_json``/``_check_json`` walked it, which a cycle never passes."""
+    value); this one is built once and gives the very same text. It keeps no record
+    of the containers it is inside (no cycle check): give it only values that cannot
+    hold a cycle (walked already, or built of plain rows)."""
     try:
-        from json.encoder import c_make_encoder, encode_basestring
+        from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii
     except ImportError:  # pragma: no cover - a Python without the C accelerator
         return None
     if c_make_encoder is None:  # pragma: no cover
         return None
-    encode = c_make_encoder(None, _not_json, encode_basestring, None, ":", ",", True, False, False)
+    strings = encode_basestring_ascii if ensure_ascii else encode_basestring
+    encode = c_make_encoder(None, _not_json, strings, None, ":", ",", sort_keys, False, allow_nan)
     return lambda value: "".join(encode(value, 0))
 
 
-_encode_canonical = _canonical_encoder()
+#: The canonical options. A value reaches it only after ``_plain_json``/``_check_json``
+#: walked it, which a cycle never passes.
+_encode_canonical = compact_json_encoder(sort_keys=True, ensure_ascii=False, allow_nan=False)
 
 
 def canonical_json(value: Any) -> bytes:

@@ -43,6 +43,7 @@ from typing import Any
 
 from apollia_nb.dbutil import fault_point
 from apollia_nb.errors import IntegrityError
+from apollia_nb.journal.entry import compact_json_encoder
 
 __all__ = ["TailLog", "TailRead", "read_tail", "tail_path"]
 
@@ -57,25 +58,11 @@ def tail_path(db_path: Path) -> Path:
     return Path(db_path).with_suffix(".log")
 
 
-def _body_encoder() -> Any:
-    """``json.dumps(value, separators=(",", ":"), ensure_ascii=True)`` made once (``json.dumps``
-    builds its encoder on every call: a third of a small record's cost); the same text."""
-    try:
-        from json.encoder import c_make_encoder, encode_basestring_ascii
-    except ImportError:  # pragma: no cover - a Python without the C accelerator
-        c_make_encoder = None
-    if c_make_encoder is None:  # pragma: no cover
-        return lambda value: json.dumps(value, separators=(",", ":"), ensure_ascii=True)
-
-    def not_json(value: Any) -> Any:
-        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-    # No cycle check: a record's rows are lists of text, integers and None.
-    encode = c_make_encoder(None, not_json, encode_basestring_ascii, None, ":", ",", False, False, True)
-    return lambda value: "".join(encode(value, 0))
-
-
-_encode_body = _body_encoder()
+#: ``json.dumps(value, separators=(",", ":"), ensure_ascii=True)``, its encoder made once (built
+#: on every call, it is a third of a small record's cost); the same text. A record's rows are
+#: lists of text, integers and None: no cycle to check for.
+_encode_body = compact_json_encoder(sort_keys=False, ensure_ascii=True, allow_nan=True) or (
+    lambda value: json.dumps(value, separators=(",", ":"), ensure_ascii=True))
 
 
 def encode_rows(rows: list[tuple[Any, ...]]) -> bytes:
