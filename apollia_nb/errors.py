@@ -44,7 +44,8 @@ Messages are for people and may change; codes may not.
     ├── HomeDamaged                   HOME_DAMAGED: a file the home had is missing or unusable
     │   ├── HomeFileMissing           HOME_FILE_MISSING: names the file and how to recover
     │   ├── HomeFileCorrupt           HOME_FILE_CORRUPT: names the file and how to recover
-    │   └── HomeKeyMismatch           HOME_KEY_MISMATCH: the signing key is not the journal's
+    │   ├── HomeKeyMismatch           HOME_KEY_MISMATCH: the signing key is not the journal's
+    │   └── JournalTruncated          JOURNAL_TRUNCATED: the journal holds less than it acknowledged
     ├── StorageError                  STORAGE_ERROR: the disk refused a write (503); nothing was recorded
     │   └── StorageFull               STORAGE_FULL: no space left (507); nothing was recorded
     ├── ModelError                    MODEL_ERROR: a model provider failed
@@ -105,6 +106,7 @@ __all__ = [
     "HomeFileMissing",
     "HomeFileCorrupt",
     "HomeKeyMismatch",
+    "JournalTruncated",
     "StorageError",
     "StorageFull",
     "ModelError",
@@ -316,6 +318,13 @@ class HomeFileCorrupt(HomeDamaged):
 
 class HomeKeyMismatch(HomeDamaged):
     code = "HOME_KEY_MISMATCH"
+
+
+class JournalTruncated(HomeDamaged):
+    """The journal's files hold fewer entries than it acknowledged (``journal.log`` cut, or a stored
+    checkpoint larger than what is left): the home refuses to start rather than reuse a seq."""
+
+    code = "JOURNAL_TRUNCATED"
 
 
 class StorageError(ApolliaError):
