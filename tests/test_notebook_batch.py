@@ -29,8 +29,10 @@ def test_the_magic_runs_a_batch_over_a_variable_and_answers_a_group(ip):  # noqa
     assert "write_file (write) × 6" in repr(batch)
     batch.widget.refresh()
     [row] = batch.widget.groups.children
-    assert [b.description for b in row.children[1:]] == ["once × 6", "always", "refuse × 6"]
-    row.children[2].click()  # "always": the whole group is released
+    heading, arguments = row.children
+    assert "out.txt" in arguments.value  # the arguments the answer applies to are shown
+    assert [b.description for b in heading.children[1:]] == ["once × 6", "always", "refuse × 6"]
+    heading.children[2].click()  # "always": the whole group is released
     batch.join(timeout=30)
     results = batch.results()
     assert batch.status == "completed" and list(results["status"]) == ["completed"] * 6

@@ -2,10 +2,13 @@
 
 The cell is the goal template, filled from each item of ``VAR`` (a DataFrame,
 a list of dicts). The handle shows a progress bar (done / waiting / failed /
-running) and the waiting cards grouped by tool and family, each group with
-the answers on offer: one click answers the whole group (``always`` answers
-the first card ``always`` and the others ``once``). ``await batch`` waits for
-the end; ``batch.results()`` is a DataFrame.
+running) and the waiting cards grouped by the question they ask (agent, tool,
+family, line, the answers on offer and the arguments, shown in full), each
+group with its answers: one click answers the cards of the group as the row
+showed them (``always`` answers the first card ``always`` and the others
+``once``); when the group changed meanwhile, nothing is answered and the row
+is drawn again. ``await batch`` waits for the end; ``batch.results()`` is a
+DataFrame.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def batch_magic(magics: Any, args: list[str], cell: str | None) -> NotebookBatch
 
 class NotebookBatch(Displayable):
     """A batch in this kernel: ``await batch``, ``.counts()``, ``.results()``, ``.pending_groups()``,
-    ``.answer_group(tool, family, answer)``, ``.cancel()``."""
+    ``.answer_group(group, answer)``, ``.cancel()``."""
 
     def __init__(self, bridge: KernelRuntime, handle: Any) -> None:
         self._bridge = bridge
@@ -71,20 +74,23 @@ class NotebookBatch(Displayable):
         return self._bridge.call(self._handle.results)
 
     def pending_groups(self) -> list[dict[str, Any]]:
-        """The waiting cards by tool and family: ``{"tool", "family", "count", "answers", "ids"}``."""
+        """The waiting cards by question: ``{"key", "digest", "agent", "tool", "family", "line", "answers",
+        "arguments", "path", "count", "ids"}`` (``runtime/batch.py``, ``group_cards``)."""
         def read() -> list[dict[str, Any]]:
-            return [{"tool": g["tool"], "family": g["family"], "count": len(g["cards"]),
-                     "answers": list(g["cards"][0].answers), "ids": [c.id for c in g["cards"]]}
-                    for g in self._handle.pending_groups()]
+            return [{**{k: v for k, v in g.items() if k != "cards"}, "count": len(g["cards"]),
+                     "ids": [c.id for c in g["cards"]]} for g in self._handle.pending_groups()]
 
         return self._bridge.call(read)
 
-    def answer_group(self, tool: str, family: str | None, answer: str) -> list[str]:
-        """Answer every waiting card of the group (as this kernel's user)."""
-        ids = self._bridge.call(self._handle.answer_group, tool, family, answer, by=self._bridge.user)
-        if self._view is not None:
-            self._view.refresh()
-        return ids
+    def answer_group(self, group: dict[str, Any] | str, answer: str) -> list[str]:
+        """Answer the cards of a group as :meth:`pending_groups` showed it (or its ``digest``), as this
+        kernel's user: ``CONFLICT`` and nothing answered when the group changed since."""
+        digest = group.get("digest") if isinstance(group, dict) else group
+        try:
+            return self._bridge.call(self._handle.answer_group, digest, answer, by=self._bridge.user)
+        finally:
+            if self._view is not None:
+                self._view.refresh()
 
     def _refresh(self) -> None:
         if self._view is not None:
@@ -120,16 +126,24 @@ class NotebookBatch(Displayable):
         data, groups = self._summary()
         c = data["counts"]
         lines = [f"Batch {self.id} ({data['agent']}): {data['status']} · {_progress_words(c, data['total'])}"]
-        lines += [f"  waiting: {g['tool']} ({g['family'] or 'no family'}) × {g['count']}" for g in groups]
+        lines += [f"  waiting: {g['tool']} ({g['family'] or 'no family'}) × {g['count']} {_arguments_text(g)}"
+                  for g in groups]
         return "\n".join(lines)
 
     def _html(self) -> str:
         data, groups = self._summary()
         rows = "".join(f"<li><code>{html.escape(g['tool'])}</code> ({html.escape(g['family'] or 'no family')}) "
-                       f"× {g['count']}</li>" for g in groups)
+                       f"× {g['count']} {html.escape(_arguments_text(g))}</li>" for g in groups)
         return (f"<div><b>Batch {html.escape(self.id)}</b> ({html.escape(data['agent'])}): "
                 f"{html.escape(data['status'])} · {html.escape(_progress_words(data['counts'], data['total']))}"
                 + (f"<ul>{rows}</ul>" if rows else "") + "</div>")
+
+
+def _arguments_text(group: dict[str, Any]) -> str:
+    """A group's arguments in one line of text (in full: the answer applies to exactly these)."""
+    import json
+
+    return json.dumps(group["arguments"], ensure_ascii=False, sort_keys=True, default=str)
 
 
 def _progress_words(c: dict[str, int], total: int) -> str:
@@ -149,8 +163,10 @@ class BatchView:
         self.bar = w.IntProgress(value=0, min=0, max=1, description="done", bar_style="info")
         self.counts = w.HTML()
         self.groups = w.VBox()
-        self.box = w.VBox([w.HTML(f"<b>Batch {html.escape(batch.id)}</b>"), self.bar, self.counts, self.groups])
-        self._shown_groups: list[tuple[str, str | None, int, tuple[str, ...]]] = []
+        self.message = w.HTML()  # why the last click answered nothing
+        self.box = w.VBox([w.HTML(f"<b>Batch {html.escape(batch.id)}</b>"), self.bar, self.counts, self.groups,
+                           self.message])
+        self._shown_groups: list[str] = []  # the digests of the groups drawn
         self._stop = None
         self.refresh()
         if self._running and batch._bridge.ui_loop is not None:  # in a kernel: redrawn on its loop
@@ -165,7 +181,7 @@ class BatchView:
         self.bar.bar_style = ("success" if data["status"] == "completed" and not c["failed"] else
                               "warning" if c["waiting"] or c["failed"] else "info")
         self.counts.value = html.escape(_progress_words(c, data["total"]))
-        shown = [(g["tool"], g["family"], g["count"], tuple(g["answers"])) for g in groups]
+        shown = [g["digest"] for g in groups]
         if shown != self._shown_groups:
             self._shown_groups = shown
             self.groups.children = tuple(self._group_row(g) for g in groups)
@@ -177,13 +193,29 @@ class BatchView:
                 self.on_final()
 
     def _group_row(self, group: dict[str, Any]) -> Any:
+        """One group: who asks for what, its arguments in full, and one button per answer on offer; a click
+        answers the cards of the group as drawn here (its digest), or nothing when the group changed."""
+        from apollia_nb.errors import ApolliaError
+        from apollia_nb.notebook.render import arguments_html
+
         w = self._w
-        label = w.HTML(f"<code>{html.escape(group['tool'])}</code> ({html.escape(group['family'] or 'no family')})"
-                       f" · {group['count']} waiting")
+        label = w.HTML(f"<b>{html.escape(group['agent'])}</b> · <code>{html.escape(group['tool'])}</code> "
+                       f"({html.escape(group['family'] or 'no family')}) · {group['count']} waiting"
+                       + (f" · resolves to <code>{html.escape(group['path'])}</code>" if group.get("path") else ""))
+        arguments = w.HTML(arguments_html(group["arguments"] or {}))
         buttons = []
         for answer in group["answers"]:
             button = w.Button(description=f"{answer} × {group['count']}" if answer != "always" else "always",
                               button_style="danger" if answer == "refuse" else "")
-            button.on_click(lambda _b, a=answer: self.batch.answer_group(group["tool"], group["family"], a))
+
+            def click(_b: Any, a: str = answer) -> None:
+                self.message.value = ""
+                try:
+                    self.batch.answer_group(group["digest"], a)
+                except ApolliaError as exc:  # the group changed since it was drawn: nothing was answered
+                    self.message.value = (f"<span style='color:#cf222e'>{html.escape(exc.code)}: "
+                                          f"{html.escape(exc.message)}</span>")
+
+            button.on_click(click)
             buttons.append(button)
-        return w.HBox([label, *buttons])
+        return w.VBox([w.HBox([label, *buttons]), arguments])

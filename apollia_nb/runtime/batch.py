@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from apollia_nb.errors import ApolliaError, BadInput, Conflict, UnknownBatch
+from apollia_nb.errors import ApolliaError, BadAnswer, BadInput, Conflict, UnknownBatch
 from apollia_nb.runtime.states import Machine, transition
 from apollia_nb.runtime.tasks import task_summary
 
@@ -49,9 +50,11 @@ __all__ = [
     "BatchHandle",
     "BatchStatus",
     "DaskBatch",
+    "card_question",
     "counts",
     "fill_goals",
     "find_batch",
+    "group_cards",
     "item_status",
     "normalise_items",
     "restore_batches",
@@ -81,6 +84,9 @@ BATCH: Machine[BatchStatus] = Machine("batch", BatchStatus, BATCH_TRANSITIONS, B
 ITEM_STATUSES = ("pending", "running", "waiting", "completed", "failed", "cancelled")
 _FINISHED = frozenset({"completed", "failed", "cancelled"})
 _ACTIVE = frozenset({"pending", "running"})
+
+#: A group's digest (SHA-256, lowercase hex).
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 #: The most items one batch takes.
 MAX_ITEMS = 100_000
@@ -193,6 +199,34 @@ def fill_goals(goal: str | Callable[[dict[str, Any]], str], items: list[tuple[An
             raise BadInput(f"the goal of item {position} (key {item_key!r}) is empty")
         goals.append(text)
     return goals
+
+
+def card_question(card: Any) -> dict[str, Any]:
+    """What decides what an answer to a card means: who asks, for which tool and family, on which line,
+    with which answers on offer, with which arguments (and the path they resolve to)."""
+    return {"agent": card.agent, "tool": card.tool, "family": card.family, "line": card.line,
+            "answers": list(card.answers), "arguments": card.arguments, "path": card.path}
+
+
+def group_cards(cards: Iterable[Any]) -> list[dict[str, Any]]:
+    """Waiting cards grouped by their question (:func:`card_question`), largest group first.
+
+    A group's ``key`` is the digest of its question; its ``digest`` also covers which cards it holds,
+    so an answer given to a group as shown (``BatchHandle.answer_group``) never reaches a card that
+    joined it later."""
+    from apollia_nb.runtime.tools import canonical_json, text_digest
+
+    groups: dict[str, dict[str, Any]] = {}
+    for card in cards:
+        question = card_question(card)
+        key = text_digest(canonical_json(question))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = {"key": key, **question, "cards": []}
+        group["cards"].append(card)
+    for group in groups.values():
+        group["digest"] = text_digest(canonical_json([group["key"], sorted(c.id for c in group["cards"])]))
+    return sorted(groups.values(), key=lambda g: (-len(g["cards"]), g["tool"], g["family"] or "", g["key"]))
 
 
 # ---------------------------------------------------------------------- the runner
@@ -465,20 +499,29 @@ class BatchHandle:
         return [c for c in self._batch.rt.pending if c.task_id in ids]
 
     def pending_groups(self) -> list[dict[str, Any]]:
-        """The waiting cards grouped by tool and family: ``{"tool", "family", "cards"}``, largest group first."""
-        groups: dict[tuple[str, str | None], list[Any]] = {}
-        for card in self.pending:
-            groups.setdefault((card.tool, card.family), []).append(card)
-        return [{"tool": t, "family": f, "cards": cards}
-                for (t, f), cards in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0][0], kv[0][1] or ""))]
+        """The waiting cards grouped by what an answer to them means (:func:`group_cards`), largest group first:
+        ``{"key", "digest", "agent", "tool", "family", "line", "answers", "arguments", "path", "cards"}``."""
+        return group_cards(self.pending)
 
-    def answer_group(self, tool: str, family: str | None, answer: str, *, by: str = "user") -> list[str]:
-        """Answer every waiting card of this batch for ``tool``/``family``.
+    def answer_group(self, group: Mapping[str, Any] | str, answer: str, *, by: str = "user") -> list[str]:
+        """Answer every card of a group as it was shown: ``group`` is a group of :meth:`pending_groups` (or
+        its ``digest``), read when the person looked.
 
-        ``always`` answers the first card ``always`` (the standing consent or rule) and
-        the others ``once``: each decision is answered in the journal, and from then on
-        that family no longer asks. Returns the ids answered."""
-        cards = [c for c in self.pending if c.tool == tool and c.family == family]
+        All or nothing: when the waiting cards no longer make that group (a card arrived with the same
+        question, or one was answered elsewhere) it is ``CONFLICT``; an answer the group does not offer
+        is ``BAD_ANSWER``; either way no card is answered. ``always`` answers the first card ``always``
+        (the standing consent, or the rule for the command) and the others ``once``. Returns the ids
+        answered."""
+        digest = group.get("digest") if isinstance(group, Mapping) else group
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+            raise BadInput("answer_group needs a group of pending_groups() (or its digest): the cards as shown")
+        current = next((g for g in self.pending_groups() if g["digest"] == digest), None)
+        if current is None:
+            raise Conflict("the group is not waiting as it was shown (a card joined it or one was answered "
+                           "meanwhile): nothing was answered; read pending_groups() again")
+        if answer not in current["answers"]:
+            raise BadAnswer(f"{answer!r} is not on offer for this group; answers: {', '.join(current['answers'])}")
+        cards = current["cards"]
         answered = []
         for n, card in enumerate(cards):
             given = answer if answer != "always" or n == 0 else "once"
