@@ -54,6 +54,7 @@ Messages are for people and may change; codes may not.
     └── ToolError                     TOOL_ERROR: a tool failed
         ├── TransientToolError        TOOL_TRANSIENT: worth retrying later; counted by the breaker
         ├── PermanentToolError        TOOL_PERMANENT: retrying will not help
+        │   └── ToolNameRefused       TOOL_NAME_REFUSED: an MCP server's tool whose name could pass for another
         ├── ToolTimeout               TOOL_TIMEOUT: transient
         ├── CircuitOpen               CIRCUIT_OPEN: failing fast while the breaker is open
         ├── PathEscape                PATH_ESCAPE: a path leaves the workspace (permanent)
@@ -115,6 +116,7 @@ __all__ = [
     "ToolError",
     "TransientToolError",
     "PermanentToolError",
+    "ToolNameRefused",
     "ToolTimeout",
     "CircuitOpen",
     "PathEscape",
@@ -367,6 +369,13 @@ class TransientToolError(ToolError):
 
 class PermanentToolError(ToolError):
     code = "TOOL_PERMANENT"
+
+
+class ToolNameRefused(PermanentToolError):
+    """A tool an MCP server lists under a name that could pass for another (the host's own requests,
+    another namespace, a path, a name Unicode normalisation changes): it is not offered."""
+
+    code = "TOOL_NAME_REFUSED"
 
 
 class ToolTimeout(TransientToolError):

@@ -48,7 +48,9 @@ import datetime as _dt
 import functools
 import math
 import os
+import re
 import time
+import unicodedata
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -57,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from apollia_nb.errors import ApolliaError, PermanentToolError, ToolTimeout, TransientToolError
+from apollia_nb.errors import ApolliaError, PermanentToolError, ToolNameRefused, ToolTimeout, TransientToolError
 from apollia_nb.federation.config import McpServerConfig
 from apollia_nb.federation.mcp_requests import (
     ELICITATION, SAMPLING, elicitation_action, redact_form_values, sampling_arguments,
@@ -67,7 +69,8 @@ from apollia_nb.federation.sources import check_connection_allowed, named_tools
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.tools import ToolDef
 
-__all__ = ["McpSource", "tool_output", "tool_hints", "CLOSE_WAIT_SECS"]
+__all__ = ["McpSource", "tool_output", "tool_hints", "tool_name_problem", "screen_tools", "CLOSE_WAIT_SECS", "SERVER_TOOLS",
+           "RESERVED_NAMES"]
 
 #: How long ``aclose()`` waits for connections to shut down (a stdio server gets
 #: its stdin closed, then SIGTERM, then SIGKILL within about 4 s).
@@ -81,8 +84,16 @@ _POLL_MIN, _POLL_MAX = 0.2, 5.0
 _TASK_TTL_MS = 3_600_000
 #: The backstop of a federated call: the call bounds itself (start, answer, a person's answer, a task).
 _BACKSTOP_SECS = 86_400.0
-#: The host's own tools on a server's connection (MCP tool names cannot hold "/": no clash).
+#: The host's own requests on a server's connection, offered to agents as ``mcp:<server>/<request>``.
 SERVER_TOOLS = ("resources/list", "resources/read", "prompts/list", "prompts/get")
+#: Names no tool of a server may take, in any case or Unicode form: the host's own requests, and what the
+#: server asks of the host (its questions and model calls are shown under these names).
+RESERVED_NAMES = (*SERVER_TOOLS, ELICITATION, SAMPLING, "roots/list")
+_RESERVED = {n.casefold(): n for n in RESERVED_NAMES}
+#: The tool names this client accepts: the MCP revision 2025-11-25's rule (a SHOULD there, a MUST here).
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+#: The prefixes of the tool namespaces (``mcp:<server>/…``, ``rest:<host>/…``).
+_NAMESPACES = ("mcp:", "rest:")
 _HINT_KEYS = ("title", "readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
 
 
@@ -100,6 +111,59 @@ def tool_hints(tool: Any) -> dict[str, Any] | None:
     if title and "title" not in hints:
         hints["title"] = title
     return hints or None
+
+
+def tool_name_problem(name: Any) -> str | None:
+    """Why a server's tool may not be offered under ``name``, or None when it may.
+
+    A name is 1 to 128 characters of ``A-Z a-z 0-9 _ . -`` (the MCP revision
+    2025-11-25's rule). Named first, for the log and the warning: a name that
+    could pass for something else — one of the host's own requests or the
+    server's requests to the host (in any case, after NFKC normalisation),
+    another tool namespace, a path or a path component — then one that Unicode
+    normalisation changes, then empty, control characters and white space.
+    """
+    if not isinstance(name, str) or not name:
+        return "an empty name"
+    folded = unicodedata.normalize("NFKC", name).casefold()
+    reserved = _RESERVED.get(folded)
+    if reserved is not None:
+        return f"it could pass for the host's request {reserved!r}"
+    if folded.startswith(_NAMESPACES):
+        return "it names another tool namespace"
+    if any(unicodedata.category(c)[0] in "CZ" for c in name) or any(c.isspace() for c in name):
+        return "it holds a control character or white space"
+    if "/" in name or "\\" in name or "/" in folded or "\\" in folded:
+        return "it is a path"
+    if set(name) == {"."}:
+        return "it is a path component"
+    if unicodedata.normalize("NFKC", name) != name:
+        return "Unicode normalisation (NFKC) changes it: it could pass for another name"
+    if not _TOOL_NAME.fullmatch(name):
+        return "it is not 1 to 128 characters of A-Z, a-z, 0-9, '_', '.' and '-'"
+    return None
+
+
+def screen_tools(tools: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    """A listing's tools split into those that may be offered and those refused (name: why).
+
+    A name listed more than once is refused every time: which of its schemas would run is not the
+    person's to guess."""
+    counts: dict[Any, int] = {}
+    for tool in tools:
+        counts[getattr(tool, "name", None)] = counts.get(getattr(tool, "name", None), 0) + 1
+    kept: list[Any] = []
+    refused: dict[str, str] = {}
+    for tool in tools:
+        name = getattr(tool, "name", None)
+        why = tool_name_problem(name)
+        if why is None and counts[name] > 1:
+            why = "the server lists it more than once"
+        if why is None:
+            kept.append(tool)
+        else:
+            refused[str(name)] = why
+    return kept, refused
 
 
 def _block(block: Any) -> Any:
@@ -365,6 +429,8 @@ class McpSource:
         self._inflight: dict[str, _Inflight] = {}
         self._log: Any = None
         self._rooted: str | None = None  # the workspace last offered as the roots
+        #: The server's tools not offered, by the name it listed them under: why (``tool_name_problem``).
+        self.refused: dict[str, str] = {}
         #: How many times the tool list was read (once per connection, again on every ``list_changed``).
         self.listings = 0
 
@@ -380,8 +446,16 @@ class McpSource:
             live = await self._connection()
             self._listing = list(live.tools)
         by_name = {f"{self.name}/{t.name}": t for t in self._listing}
-        own = {f"{self.name}/{n}": n for n in SERVER_TOOLS}
-        return [self._tooldef(by_name[name]) if name in by_name else self._server_tooldef(own[name])
+        own = {f"{self.name}/{n}": n for n in SERVER_TOOLS}  # the host's requests: never a server's tool
+        refused = {name: self.refused[name[len(self.name) + 1:]] for name in wanted
+                   if name not in own and name not in by_name and name[len(self.name) + 1:] in self.refused}
+        required = [name for name in refused if name in getattr(manifest, "tools_required", ())]
+        said = {name: f"{name} is not offered ({ToolNameRefused.code}): {why}" for name, why in refused.items()}
+        if required:
+            raise ToolNameRefused("; ".join(said[name] for name in required))
+        for name in refused:
+            self._rt._emit("warning", f"agent {getattr(manifest, 'name', '?')}: {said[name]}")
+        return [self._server_tooldef(own[name]) if name in own else self._tooldef(by_name[name])
                 for name in wanted if name in by_name or name in own]
 
     async def aclose(self) -> None:
@@ -746,6 +820,7 @@ class McpSource:
         configuration names them); a known tool's schema and hints are updated on its ToolDef, and its
         next card says it changed."""
         self.listings += 1
+        tools = self._screen(tools)
         live.tools = list(tools)
         self._listing = list(tools)
         for tool in tools:
@@ -760,6 +835,18 @@ class McpSource:
                 tooldef.parameters.clear()
                 tooldef.parameters.update(schema)
                 self._log_line(f"{tool.name}: its schema or annotations changed")
+
+    def _screen(self, tools: list[Any]) -> list[Any]:
+        """The listed tools that may be offered; each name refused is logged and warned about once
+        (``TOOL_NAME_REFUSED``), and stays in ``refused`` while the server lists it."""
+        kept, refused = screen_tools(tools)
+        for name, why in refused.items():
+            if self.refused.get(name) != why:
+                text = f"{ToolNameRefused.code}: the tool {name!r} is not offered: {why}"
+                self._log_line(text)
+                self._rt._emit("warning", f"{self.name}: {text}")
+        self.refused = refused
+        return kept
 
     def _log_hint(self) -> str:
         return f" (see {self.log_path})" if self.config.transport == "stdio" else ""
@@ -828,7 +915,7 @@ class McpSource:
                 message_handler=functools.partial(self._on_message, live),
             )
             async with client:
-                live.tools = await _list_tools(client)
+                live.tools = self._screen(await _list_tools(client))
                 self.listings += 1
                 self._rooted = None  # a new connection has heard no roots yet
                 live.client = client
