@@ -750,7 +750,8 @@ def test_strings_and_enums_compare_equal() -> None:
 
 def test_the_public_face() -> None:
     names = lambda cls: [f.name for f in dataclasses.fields(cls)]  # noqa: E731
-    assert names(Call) == ["agent", "tool", "family", "arguments", "connection", "run_grants", "paths", "shell", "aliases"]
+    assert names(Call) == ["agent", "tool", "family", "arguments", "connection", "run_grants", "paths", "shell", "aliases",
+                           "code_places"]
     assert names(Rule) == ["tool", "effect", "prefix", "agent", "id"]  # no session, no project
     assert names(Policy) == ["refuse_tools", "refuse_connections", "refuse_families"]
     assert names(Decision)[:4] == ["outcome", "line", "answers", "reason"]

@@ -17,8 +17,12 @@ the first that applies decides:
    always asked ``once``/``refuse``
 5. family ``profile`` → ask (``once``/``refuse``); so does a ``write`` call of a
    file tool whose path is in a ``.git`` directory (git runs programs its files
-   name: an allowed ``git status`` would run them); any other classified call →
-   allow on a standing consent of the agent for the family, or a run grant
+   name: an allowed ``git status`` would run them), and one whose path lands
+   where the process running the tools imports or runs code (``Call.code_places``:
+   a module on its import path, a ``.pth`` file, ``__pycache__``, site-packages,
+   the IPython and Jupyter folders, ``PATH`` — see ``code_places``); any other
+   classified call → allow on a standing consent of the agent for the family,
+   or a run grant
 6. anything left → ask (``once``/``always``/``refuse``; unclassified:
    ``once``/``refuse``)
 
@@ -58,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apollia_nb.governance import shellcheck
+from apollia_nb.governance.code_places import CodePlaces, code_place_reason
 
 __all__ = [
     "Family",
@@ -165,6 +170,11 @@ class Call:
     HTTP client reads it (``HTTPS://u@API.example.com.:443/x`` and
     ``https://example.org\\@api.example.com/`` both go to ``https://api.example.com``).
     Deny prefixes are matched against each as text, like the first argument.
+
+    ``code_places`` are where the process that runs the tool imports or runs code
+    (worked out at the edge with ``paths``: ``apollia_nb.runtime.paths.code_places``).
+    A ``write`` call whose absolute ``paths`` land in one is asked every time
+    (line 5); ``None``: not given, nothing is compared.
     """
 
     agent: str
@@ -176,6 +186,7 @@ class Call:
     paths: tuple[str, ...] | None = None
     shell: bool = True
     aliases: tuple[str, ...] = ()
+    code_places: CodePlaces | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "agent", _text("agent", self.agent))
@@ -198,6 +209,8 @@ class Call:
         if isinstance(self.aliases, str):
             raise TypeError("aliases must be a sequence of strings, not a string")
         object.__setattr__(self, "aliases", tuple(_text("alias", a) for a in (self.aliases or ())))
+        if self.code_places is not None and not isinstance(self.code_places, CodePlaces):
+            raise TypeError(f"code_places must be CodePlaces or None, not {type(self.code_places).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -961,6 +974,10 @@ def decide(call: Call, view: GovernanceView) -> Decision:
             reason="writes inside a .git directory, whose files make git run programs (hooks, core.fsmonitor,"
             " filters): asked every time",
         )
+    if family is Family.WRITE and call.paths and call.code_places is not None:
+        code = code_place_reason(call.paths, call.code_places)
+        if code is not None:
+            return Decision(Outcome.ASK, 5, _ONCE_REFUSE, reason=code)
     if family is not None:
         if (call.agent, family) in view.consents:
             return Decision(

@@ -9,7 +9,8 @@ error result the model can read; they never reach the tool.
 A file tool's path is resolved here, by the tool's own resolver, before anything
 is decided: the deny rules see the file the tool would act on (``Call.paths``),
 and the decision records the path as asked (in ``arguments``) and as resolved
-(``path``). A path the tool would refuse (outside the workspace, into the home,
+(``path``). A ``write`` call also carries where this process imports or runs code
+(``Call.code_places``, ``paths.code_places``): a write there is asked every time. A path the tool would refuse (outside the workspace, into the home,
 empty) ends the call at once with the tool's error, like a bad argument;
 whatever cannot be resolved is never allowed.
 """
@@ -26,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from apollia_nb.errors import ApolliaError, Conflict
-from apollia_nb.governance.decision import Call, Decision, Outcome, decide
+from apollia_nb.governance.decision import Call, Decision, Family, Outcome, decide
+from apollia_nb.runtime.paths import code_places
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.agents import Agent
@@ -134,6 +136,7 @@ async def governed_call(
         agent=agent.name, tool=name, family=tooldef.family, arguments=ordered,
         connection=tooldef.connection, run_grants=frozenset(grants),
         paths=path.names if path is not None else None, shell=tooldef.shell, aliases=aliases,
+        code_places=code_places() if path is not None and tooldef.family is Family.WRITE else None,
     )
     decision = decide(call, rt.governance.view())
     decided = (
@@ -361,18 +364,18 @@ async def run_approved_call(
 async def governed_request(
     rt: "GovernedHost", scope: CallScope, *, tool: str, family: Any, arguments: dict[str, Any],
     connection: str | None, hints: dict[str, Any] | None = None, decided: Decision | None = None,
-    timeout_secs: float | None = None,
+    timeout_secs: float | None = None, request: str | None = None,
 ) -> tuple[str, Decision, "Card | None"]:
     """Decide a request a tool's connection makes during a call (a server's model call, its question).
 
     Journals the ``decision`` (durable), then asks when governance says so: a card
     of the run, waited on by the request (the call that caused it is still in
     flight, whatever the mode). ``decided``: a decision made already (a question to a
-    person is always asked). Returns the request's own call id, the decision and
+    person is always asked). ``request``: what the server asks (``cards.QUESTION``,
+    ``cards.MODEL_CALL``), marked on the card. Returns the request's own call id, the decision and
     the card; the decision's outcome is ``refuse`` when refused or answered
     ``refuse`` (the card says by whom), ``allow`` otherwise. Nothing is run here.
     """
-    from apollia_nb.governance.decision import Family
 
     agent = scope.agent
     call_id = new_id("req")
@@ -393,7 +396,7 @@ async def governed_request(
     task_id = getattr(run, "id", None) if session_id is None else None
     card = rt._open_card(agent=agent, run_id=scope.run_id, call_id=call_id, tool=tool,
                          family=fam.value if fam else None, arguments=arguments, decision=decision,
-                         task_id=task_id, session_id=session_id, hints=hints)
+                         task_id=task_id, session_id=session_id, hints=hints, request=request)
     shown = _show_waiting(run)
     try:
         from apollia_nb.runtime.cards import CHAT_CARD_TIMEOUT_SECS

@@ -39,10 +39,14 @@ import os
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from apollia_nb.errors import BadArgument, PathEscape, PathInHome, WorkspaceOverlapsHome
 
-__all__ = ["ToolPath", "resolve_tool_path", "inside", "check_workspace_apart_from_home", "FILE_TOOLS"]
+if TYPE_CHECKING:  # pragma: no cover
+    from apollia_nb.governance.code_places import CodePlaces
+
+__all__ = ["ToolPath", "resolve_tool_path", "inside", "check_workspace_apart_from_home", "FILE_TOOLS", "code_places"]
 
 FILE_TOOLS = frozenset({"read_file", "list_dir", "write_file", "delete_file"})
 """The built-in tools whose first argument is a path in the workspace."""
@@ -169,3 +173,168 @@ def check_workspace_apart_from_home(workspace: str | os.PathLike[str], home: str
             "nor lies inside the home (a project folder beside it is fine), or keep the home elsewhere "
             "with --home or APOLLIA_HOME."
         )
+
+
+# --- where this process imports or runs code --------------------------------------------
+#
+# decide() asks every time about a write that lands where the process running the
+# tools (or the person's next Python) imports or runs code. It compares strings only;
+# the places are worked out here, from this process's sys.path, working folder,
+# imported modules and environment, every time any of them changes (a later
+# ``sys.path.insert`` counts from the next call on).
+
+#: Environment variables that move a code place.
+_PLACE_VARIABLES = ("HOME", "PATH", "PYTHONSTARTUP", "PYTHONUSERBASE", "IPYTHONDIR", "XDG_CONFIG_HOME",
+                    "XDG_DATA_HOME", "JUPYTER_CONFIG_DIR", "JUPYTER_CONFIG_PATH", "JUPYTER_DATA_DIR",
+                    "JUPYTER_PATH", "JUPYTER_PREFER_ENV_PATH", "JUPYTER_PLATFORM_DIRS", "JUPYTER_NO_CONFIG")
+
+_places_cache: tuple[object, object] | None = None
+
+
+def code_places() -> "CodePlaces":
+    """The places where this process imports or runs code (``Call.code_places``), cached.
+
+    Worked out again whenever ``sys.path``, the working folder, the number of
+    imported modules or one of the variables that move a place changes. Anything
+    that fails makes a value whose ``unknown`` says why: every write of a file
+    tool is then asked (fail closed).
+    """
+    import sys
+
+    from apollia_nb.governance.code_places import CodePlaces
+
+    global _places_cache
+    try:
+        key: object = (tuple(sys.path), os.getcwd(), len(sys.modules),
+                       tuple(os.environ.get(v) for v in _PLACE_VARIABLES))
+    except Exception as exc:  # a deleted working folder, an unhashable sys.path entry
+        return CodePlaces(unknown=f"{type(exc).__name__}: {exc}")
+    cached = _places_cache
+    if cached is not None and cached[0] == key:
+        return cached[1]  # type: ignore[return-value]
+    try:
+        places = CodePlaces.of(_collect_places())
+    except Exception as exc:
+        return CodePlaces(unknown=f"{type(exc).__name__}: {exc}")
+    _places_cache = (key, places)
+    return places
+
+
+def _forms(path: str, cwd: str) -> list[str]:
+    """A place as written (made absolute) and with its symbolic links followed."""
+    written = os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+    return list(dict.fromkeys((written, os.path.realpath(written))))
+
+
+def _collect_places() -> list[tuple[str, str, str]]:
+    import site
+    import sys
+    import sysconfig
+
+    cwd = os.getcwd()
+    found: list[tuple[str, str, str]] = []
+
+    def add(path: object, kind: str, why: str) -> None:
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not isinstance(path, str):
+            return  # importlib skips what is not a path too
+        for form in _forms(path or cwd, cwd):
+            found.append((form, kind, why))
+
+    # The Python installation: every file of these folders is imported or run.
+    installed = {p for p in (*site.getsitepackages(), site.getusersitepackages()) if p}
+    paths = sysconfig.get_paths()
+    installed |= {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    for path in sorted(installed):
+        add(path, "code", "the Python installation's module folder")
+    for scheme in (None, f"{os.name}_user"):
+        try:
+            scripts = sysconfig.get_path("scripts", scheme) if scheme else paths.get("scripts")
+        except KeyError:
+            continue
+        if scripts:
+            add(scripts, "code", "the Python installation's scripts folder")
+    for prefix in {sys.prefix, sys.exec_prefix}:
+        add(os.path.join(prefix, "pyvenv.cfg"), "file", "the virtual environment's configuration")
+
+    # The import path, as it is now, and the working folder a kernel imports from first.
+    add(cwd, "import", "the working folder")
+    installed_forms = {f for p in installed for f in _forms(p, cwd)}
+    for entry in list(sys.path):
+        if isinstance(entry, (str, bytes)):
+            text = os.fsdecode(entry)
+            forms = _forms(text or cwd, cwd)
+            if any(f in installed_forms or os.path.basename(f) in ("site-packages", "dist-packages") for f in forms):
+                add(text, "code", "the sys.path entry")
+            else:
+                add(text, "import", "the sys.path entry")
+    # Where the modules this process imported came from (an editable install's finder may map a
+    # package's folder without putting it on sys.path).
+    for name, module in list(sys.modules.items()):
+        if "." in name or module is None:
+            continue
+        where = getattr(module, "__path__", None)
+        folders = [os.path.dirname(p) for p in where if isinstance(p, str)] if where is not None else []
+        file = getattr(module, "__file__", None)
+        if not folders and isinstance(file, str):
+            folders = [os.path.dirname(file)]
+        for folder in folders:
+            if folder:
+                add(folder, "import", f"the folder the module {name!r} came from")
+
+    home = os.path.expanduser("~")
+    # IPython: profiles, their startup files and configuration.
+    ipython: list[object] = [os.environ.get("IPYTHONDIR"), os.path.join(home, ".ipython"),
+                             os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "ipython")]
+    shell = _running_ipython()
+    if shell is not None:
+        ipython += [getattr(shell, "ipython_dir", None), getattr(getattr(shell, "profile_dir", None), "location", None)]
+    for place in ipython:
+        if place:
+            add(place, "code", "the IPython folder")
+
+    # Jupyter: configuration (jupyter_*_config.py/json) and data (kernel specs, extensions).
+    config, data = _jupyter_folders(home)
+    for path in config:
+        add(path, "code", "a Jupyter configuration folder")
+    for path in data:
+        add(path, "code", "a Jupyter data folder")
+
+    startup = os.environ.get("PYTHONSTARTUP")
+    if startup:
+        add(startup, "file", "the PYTHONSTARTUP file")
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        add(folder, "code", "the PATH folder")
+    return found
+
+
+def _running_ipython() -> object | None:
+    """The IPython shell of this process, when there is one (IPython is never imported for it)."""
+    import sys
+
+    getipython = sys.modules.get("IPython.core.getipython")
+    if getipython is None:
+        return None
+    return getipython.get_ipython()
+
+
+def _jupyter_folders(home: str) -> tuple[list[str], list[str]]:
+    """Jupyter's configuration and data folders: ``jupyter --paths``, and the defaults beside them."""
+    import sys
+
+    env = os.environ
+    config = [env.get("JUPYTER_CONFIG_DIR") or os.path.join(home, ".jupyter"),
+              os.path.join(sys.prefix, "etc", "jupyter"), "/usr/local/etc/jupyter", "/etc/jupyter",
+              *(p for p in env.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep) if p)]
+    data = [env.get("JUPYTER_DATA_DIR")
+            or os.path.join(env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share"), "jupyter"),
+            os.path.join(sys.prefix, "share", "jupyter"), "/usr/local/share/jupyter", "/usr/share/jupyter",
+            *(p for p in env.get("JUPYTER_PATH", "").split(os.pathsep) if p)]
+    try:
+        from jupyter_core import paths as jupyter
+    except ImportError:
+        return config, data
+    config += [jupyter.jupyter_config_dir(), *jupyter.jupyter_config_path()]
+    data += [jupyter.jupyter_data_dir(), *jupyter.jupyter_path()]
+    return config, data
