@@ -5,6 +5,11 @@ Resolution: ``--home DIR``, else ``$APOLLIA_HOME``, else ``~/.apollia``.
 DuckDB lets one process hold a database file, so a home has one owner process.
 Ownership is an advisory ``flock`` on ``owner.lock``; the holder writes its pid
 and command line into the file so a second process can say who holds it.
+
+A database file of the home that DuckDB cannot read as it was written (a damaged
+header or block, a file cut short, an empty file) is ``HOME_FILE_CORRUPT`` naming the
+file and what to do (``damaged_file``), wherever it is found: when the file is
+opened (``check_whole``, ``check_length``) or by a later read (``damage_error``).
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from apollia_nb.errors import HomeLocked
+from typing import Any
 
-__all__ = ["Home", "resolve_home", "OwnerLock"]
+from apollia_nb.errors import HomeFileCorrupt, HomeLocked
+
+__all__ = ["Home", "resolve_home", "OwnerLock", "DATABASE_FILES", "is_damage", "damaged_file", "damage_error",
+           "check_length", "check_whole"]
 
 
 def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -170,3 +178,129 @@ class OwnerLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+# --- damaged database files ---------------------------------------------------------------------
+
+#: The home's DuckDB files and the repair that replaces each on purpose when there is no backup.
+DATABASE_FILES = {
+    "journal.db": "--archive-journal",
+    "runtime.db": "--new-runtime-db",
+    "governance.db": "--new-governance-db",
+}
+#: What each file's loss costs when it is replaced (said with the repair).
+_LOSS = {
+    "journal.db": "the journal and its key are archived and a new chain starts, naming the old one",
+    "runtime.db": "registered agents, tasks and sessions are lost",
+    "governance.db": "fine rules, standing consents, developer mode and pending decisions are lost",
+}
+#: DuckDB's words for a file it cannot read as it was written.
+_DAMAGE_WORDS = (
+    "not a valid duckdb database file", "corrupt database file", "could not read enough bytes",
+    "checksum", "failed to deserialize", "serialization error",
+)
+#: DuckDB's words for other troubles (a lock, the disk refusing a write): never called damage.
+_NOT_DAMAGE_WORDS = ("could not set lock", "conflicting lock", "no space left", "read-only file system",
+                     "disk quota", "permission denied")
+
+
+def is_damage(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is DuckDB reporting a database file it cannot read as it
+    was written: a bad header or checksum, a block past the end of a file cut short, a structure that
+    does not deserialize. A lock conflict or the disk refusing a write is not damage."""
+    seen: set[int] = set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if type(err).__module__.split(".")[0] in ("duckdb", "_duckdb"):
+            text = " ".join(str(err).split()).lower()
+            if any(word in text for word in _NOT_DAMAGE_WORDS):
+                return False
+            if type(err).__name__ in ("SerializationException", "InternalException") or any(
+                    word in text for word in _DAMAGE_WORDS):
+                return True
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+    return False
+
+
+def damaged_file(path: Path, problem: str, *, home: Path | None = None) -> HomeFileCorrupt:
+    """``HOME_FILE_CORRUPT`` for one of the home's database files: which file, what DuckDB said, that
+    nothing was changed, and what to do (restore it from a backup, else the repair that replaces it)."""
+    home = home if home is not None else path.parent
+    name = path.name
+    repair = DATABASE_FILES.get(name)
+    problem = " ".join(problem.split())[:300]
+    step = f"restore {name} (and its .wal, if the backup has one) from a backup"
+    if repair is not None:
+        step += (f", or replace it on purpose with `apollia-os home repair {repair} --home {home}` "
+                 f"({_LOSS[name]}; the damaged file is moved aside, journaled)")
+    return HomeFileCorrupt(f"{path} is damaged ({problem}); nothing was changed; {step}")
+
+
+def damage_error(exc: BaseException, path: Path, *, home: Path | None = None) -> HomeFileCorrupt | None:
+    """``damaged_file`` for ``exc`` when it is damage (``is_damage``), else None. ``path``: the file it
+    was read from; a home file named in DuckDB's message wins over it."""
+    if isinstance(exc, HomeFileCorrupt):
+        return exc
+    if not is_damage(exc):
+        return None
+    text = str(exc)
+    named = path
+    for name in DATABASE_FILES:
+        if f"/{name}\"" in text or f"/{name}'" in text:
+            named = path.with_name(name)
+            break
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return damaged_file(named, first, home=home)
+
+
+def check_length(con: Any, path: Path) -> None:
+    """``HOME_FILE_CORRUPT`` when the file behind ``con`` is shorter than the blocks its header counts
+    (cut short: DuckDB would find out only when it reads a missing block). A constant amount of work."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return
+    row = con.execute("SELECT block_size, total_blocks FROM pragma_database_size() "
+                      "WHERE database_name = current_database()").fetchone()
+    if row is None:
+        return
+    block_size, blocks = int(row[0]), int(row[1])
+    wanted = _HEADER_BYTES + block_size * blocks
+    if blocks and size < wanted:
+        raise damaged_file(path, f"the file holds {size} bytes, its header counts {blocks} blocks of "
+                                 f"{block_size} bytes ({wanted} bytes): it was cut short")
+
+
+#: A DuckDB file's headers before its first block (one main header, two database headers).
+_HEADER_BYTES = 3 * 4096
+
+
+def check_whole(con: Any, path: Path) -> None:
+    """Read every block of the database behind ``con`` that holds a table's rows or a key's index
+    (DuckDB checks each block's checksum as it reads it, and reads most of them only when a query
+    needs them): ``HOME_FILE_CORRUPT`` naming ``path`` when one does not read, or the file was cut
+    short. The time it takes grows with the data (measured: about 5 ms a megabyte on one core)."""
+    check_length(con, path)
+    tables = con.execute("SELECT schema_name, table_name FROM duckdb_tables() "
+                         "WHERE database_name = current_database() AND NOT temporary").fetchall()
+    keys = con.execute("SELECT schema_name, table_name, constraint_column_names FROM duckdb_constraints() "
+                       "WHERE database_name = current_database() "
+                       "AND constraint_type IN ('PRIMARY KEY', 'UNIQUE')").fetchall()
+    reads = [f"SELECT bit_xor(hash(COLUMNS(*))) FROM {_quoted(schema, table)}" for schema, table in tables]
+    for schema, table, columns in keys:  # every key looked up through its index: the index read whole
+        cols = ", ".join(_quoted(c) for c in columns)
+        reads.append(f"SELECT count(*) FROM {_quoted(schema, table)} "
+                     f"WHERE ({cols}) IN (SELECT ({cols}) FROM {_quoted(schema, table)})")
+    for sql in reads:
+        try:
+            con.execute(sql).fetchall()
+        except Exception as exc:
+            error = damage_error(exc, path)
+            if error is None:
+                raise
+            raise error from None
+
+
+def _quoted(*parts: str) -> str:
+    return ".".join('"' + part.replace('"', '""') + '"' for part in parts)
