@@ -61,7 +61,7 @@ ALG_ED25519 = 0x01
 MAX_SIGNATURES = 100
 _SIG_PREFIX = "\u2014 "  # EM DASH, SPACE
 _MAX_SIZE = (1 << 64) - 1
-_SIZE_RE = re.compile(r"0|[1-9][0-9]*")
+_SIZE_RE = re.compile(r"0|[1-9][0-9]{0,19}")  # 2^64 - 1 has 20 digits; no longer run becomes an int
 _KEY_ID_RE = re.compile(r"[0-9a-fA-F]{8}")
 _CONTROL_RE = re.compile(r"[\x00-\x09\x0b-\x1f]")
 
@@ -166,7 +166,8 @@ def parse_checkpoint(body: str) -> Checkpoint:
     if not origin:
         raise CheckpointError("checkpoint origin is empty")
     if not _SIZE_RE.fullmatch(size_text):
-        raise CheckpointError(f"checkpoint size {size_text!r} is not a decimal without leading zeros")
+        raise CheckpointError(f"checkpoint size {size_text[:40]!r} is not a decimal of at most 20 digits "
+                              "without leading zeros")
     size = int(size_text)
     if size > _MAX_SIZE:
         raise CheckpointError("checkpoint size does not fit in 64 bits")

@@ -17,8 +17,10 @@ signature is over ::
     <checkpoint body, final newline included>
 
 A witness verifier key is ``<name>+<8 hex key id>+<base64(0x04 || public key)>``.
+The signed message does not hold the witness's name: two keys with one public key are
+one witness, however they are named, and count once toward a quorum.
 
-add-checkpoint request (c2sp.org/tlog-witness) ::
+add-checkpoint request (c2sp.org/tlog-witness, as revised in July 2026) ::
 
     old <size>\\n
     <base64 consistency proof hash>\\n   (zero to 63 lines)
@@ -53,11 +55,17 @@ from apollia_nb.journal.checkpoint import (
     parse_note,
     verify_note,
 )
-from apollia_nb.journal.merkle import HASH_SIZE, ProofError, verify_consistency
+from apollia_nb.journal.merkle import (
+    EMPTY_ROOT,
+    HASH_SIZE,
+    ProofError,
+    verify_consistency,
+)
 
 __all__ = [
     "ALG_COSIGNATURE_V1",
     "MAX_PROOF_LINES",
+    "MAX_WITNESSED_SIZE",
     "AddCheckpoint",
     "Cosignature",
     "CosignatureVerifier",
@@ -76,7 +84,11 @@ __all__ = [
 ALG_COSIGNATURE_V1 = 0x04
 MAX_PROOF_LINES = 63
 _SIG_PREFIX = "\u2014 "
-_OLD_RE = re.compile(r"old (0|[1-9][0-9]*)")
+#: At most 20 digits: 2^64 - 1 has 20 (and a longer run of digits is never turned into an int).
+_OLD_RE = re.compile(r"old (0|[1-9][0-9]{0,19})")
+_MAX_U64 = (1 << 64) - 1
+#: The largest tree size a witness records (its database keeps signed 64-bit integers).
+MAX_WITNESSED_SIZE = (1 << 63) - 1
 _KEY_ID_RE = re.compile(r"[0-9a-fA-F]{8}")
 _MAX_TIME = (1 << 63) - 1
 
@@ -124,8 +136,9 @@ class Cosigner:
         return self.verifier.key()
 
     def cosign(self, body: str, timestamp: int) -> Cosignature:
-        if not isinstance(timestamp, int) or not 0 <= timestamp <= _MAX_TIME:
-            raise BadInput(f"a cosignature time is a POSIX timestamp below 2^63, got {timestamp!r}")
+        # tlog-witness: the timestamp of an add-checkpoint cosignature must not be zero.
+        if not isinstance(timestamp, int) or not 1 <= timestamp <= _MAX_TIME:
+            raise BadInput(f"a cosignature time is a POSIX timestamp from 1 to 2^63 - 1, got {timestamp!r}")
         sig = self._signing_key.sign(cosigned_message(body, timestamp)).signature
         return Cosignature(self.name, self.verifier.key_id, timestamp, sig)
 
@@ -225,7 +238,13 @@ def parse_add_checkpoint(data: bytes) -> AddCheckpoint:
     lines = head.split("\n")
     match = _OLD_RE.fullmatch(lines[0])
     if match is None:
-        raise BadInput("the request must start with 'old <size>'")
+        raise BadInput("the request must start with 'old <size>': a decimal of at most 20 digits, "
+                       "without leading zeros or a sign")
+    old = int(match.group(1))
+    if old > _MAX_U64:
+        raise BadInput("the old size does not fit in 64 bits")
+    if len(lines) - 1 > MAX_PROOF_LINES:
+        raise BadInput(f"more than {MAX_PROOF_LINES} consistency proof lines")
     proof = []
     for line in lines[1:]:
         try:
@@ -235,9 +254,7 @@ def parse_add_checkpoint(data: bytes) -> AddCheckpoint:
         if len(h) != HASH_SIZE or base64.b64encode(h).decode("ascii") != line:
             raise BadInput(f"a consistency proof line is not the base64 of {HASH_SIZE} bytes")
         proof.append(h)
-    if len(proof) > MAX_PROOF_LINES:
-        raise BadInput(f"more than {MAX_PROOF_LINES} consistency proof lines")
-    return AddCheckpoint(int(match.group(1)), tuple(proof), note)
+    return AddCheckpoint(old, tuple(proof), note)
 
 
 # --- the witness's decision -------------------------------------------------------------
@@ -290,19 +307,25 @@ def witness_decide(
         return WitnessAnswer(403, f"the checkpoint is not signed by a key trusted for {cp.origin}: {exc.message}\n")
     if req.old_size > cp.size:
         return WitnessAnswer(400, f"old size {req.old_size} is larger than the checkpoint size {cp.size}\n")
+    if cp.size > MAX_WITNESSED_SIZE:
+        return WitnessAnswer(400, f"this witness records tree sizes up to 2^63 - 1, not {cp.size}\n")
     record = lookup(cp.origin) if lookup is not None else (held or {}).get(cp.origin)
     current = record.size if record is not None else 0
     if req.old_size != current:
         return WitnessAnswer(409, f"{current}\n", "text/x.tlog.size")
-    if record is not None and req.old_size == cp.size:
-        if record.root != cp.root:
-            return WitnessAnswer(409, f"{current}\n", "text/x.tlog.size")
-        if req.proof:
-            return WitnessAnswer(422, "equal sizes need an empty consistency proof\n")
-    elif record is None:
+    if cp.size == 0 and cp.root != EMPTY_ROOT:
+        return WitnessAnswer(422, "a checkpoint of size 0 must have the empty tree's root hash\n")
+    if req.old_size == 0:
         if req.proof:
             return WitnessAnswer(422, "a proof from size 0 must be empty\n")
+    elif req.old_size == cp.size:
+        assert record is not None  # current == old_size > 0
+        if record.root != cp.root:
+            return WitnessAnswer(422, f"the witness holds another root hash for size {cp.size}: a fork\n")
+        if req.proof:
+            return WitnessAnswer(422, "equal sizes need an empty consistency proof\n")
     else:
+        assert record is not None
         try:
             verify_consistency(record.size, cp.size, record.root, cp.root, list(req.proof))
         except ProofError as exc:
@@ -351,13 +374,26 @@ def check_cosigned(
     stored ``(size, line)`` rows, ``witnesses`` the auditor's witness verifier keys.
     The newest checkpoint must cover all ``entries`` (nothing after it is witnessed)
     and carry valid cosignatures from at least ``quorum`` (default: all) witnesses.
-    Each witness's newest valid cosigned size is reported beside."""
-    verifiers = [CosignatureVerifier.from_key(w) for w in witnesses]
+    Each witness's newest valid cosigned size is reported beside.
+
+    Witnesses are told apart by public key, not by their place in ``witnesses`` nor by
+    name (a cosignature signs no name): a key given twice, under one name or two, is
+    one witness and counts once, and ``quorum`` may not exceed the distinct ones."""
+    verifiers: list[CosignatureVerifier] = []
+    named: dict[bytes, int] = {}
+    for w in witnesses:
+        v = CosignatureVerifier.from_key(w)
+        named[v.public_key] = named.get(v.public_key, 0) + 1
+        if named[v.public_key] == 1:
+            verifiers.append(v)
     if not verifiers:
         raise BadInput("name at least one witness key")
     need = len(verifiers) if quorum is None else quorum
-    if not isinstance(need, int) or not 1 <= need <= len(verifiers):
-        raise BadInput(f"--quorum must be between 1 and the {len(verifiers)} witness key(s) given, got {quorum!r}")
+    if type(need) is not int or not 1 <= need <= len(verifiers):
+        twice = [f"{v.name} ({named[v.public_key]} times)" for v in verifiers if named[v.public_key] > 1]
+        told = f"; the same witness key was given more than once: {', '.join(twice)}" if twice else ""
+        raise BadInput(f"--quorum must be between 1 and the {len(verifiers)} distinct witness key(s) given, "
+                       f"got {quorum!r}{told}")
     bodies: dict[int, str] = {}
     for size, _root, note in checkpoints:
         try:

@@ -63,6 +63,7 @@ def parse_witnesses(raw: Mapping[str, Any], where: str = "apollia.toml") -> list
     if not isinstance(items, list):
         raise BadInput(f"{where}: journal.witnesses must be an array of tables ([[journal.witnesses]])")
     out: list[WitnessConfig] = []
+    seen: dict[bytes, int] = {}
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("url"), str) or not isinstance(item.get("key"), str):
             raise BadInput(f"{where}: [[journal.witnesses]] #{i + 1} needs url and key strings")
@@ -73,6 +74,10 @@ def parse_witnesses(raw: Mapping[str, Any], where: str = "apollia.toml") -> list
             verifier = CosignatureVerifier.from_key(item["key"])
         except BadInput as exc:
             raise BadInput(f"{where}: [[journal.witnesses]] #{i + 1}: {exc.message}") from None
+        if verifier.public_key in seen:  # one witness, whatever the name: its cosignature signs no name
+            raise BadInput(f"{where}: [[journal.witnesses]] #{i + 1} names the witness key of "
+                           f"#{seen[verifier.public_key]} again: list each witness once")
+        seen[verifier.public_key] = i + 1
         out.append(WitnessConfig(url, verifier))
     return out
 
@@ -200,13 +205,17 @@ class CosignSender:
                     except ValueError:
                         error = f"409 with a malformed size {text[:80]!r}"
                         break
-                    if held == old:  # same size, other root: a fork
+                    if held == old:  # same size, other root: a fork (as witnesses said before July 2026)
                         error = (f"409: the witness holds another checkpoint of size {held}: this journal's "
                                  "history differs from the one it cosigned")
                         break
                     st.held_size = old = held
                     continue
-                detail = {422: " (this journal's history does not extend the one it cosigned)",
+                if response.status_code == 422 and old == size:  # same size, other root: a fork
+                    error = (f"422: the witness holds another checkpoint of size {size}: this journal's "
+                             "history differs from the one it cosigned")
+                    break
+                detail = {422: " (this journal's history differs from the one it cosigned: it does not extend it)",
                           403: " (it does not trust this journal's key)",
                           404: " (it does not know this journal's origin: add its verifier key to the witness)"}
                 error = f"{response.status_code}: {text[:200]}{detail.get(response.status_code, '')}"

@@ -7,12 +7,22 @@ State, all in the witness's folder (``--home-dir``):
                       ``logs(origin PRIMARY KEY, size, root, note, updated_at)``, the latest
                       checkpoint cosigned per origin
 ``trusted_keys``      the journal verifier keys it trusts, one a line (``#`` comments);
-                      ``--trust`` adds keys to it
+                      ``--trust`` adds keys to it. One key per origin: the witness keeps one
+                      record per origin, so a second key for an origin would let its holder
+                      advance (or fork) the other key's log and lock it out. A file naming two
+                      keys for one origin is refused at start (``BAD_INPUT``, naming both);
+                      edited so while serving, the keys trusted before the edit stay in force
 
 ``POST /add-checkpoint`` is decided by :func:`~apollia_nb.journal.witness.witness_decide`
 under one lock; on success the new record is committed (SQLite, synchronous) before
 the 200 carrying the cosignature, so a restart never forgets what it cosigned and
 two racing requests cannot roll a log back. ``GET /`` answers the name and verifier key.
+
+Every request the witness cannot read is answered, never dropped: 400 for a malformed
+body or ``Content-Length`` (not ASCII decimal digits, given twice, or a ``Transfer-Encoding``
+instead), 411 without a length, 413 over ``MAX_REQUEST_BYTES`` (a body of at most ``DRAIN_BYTES``
+is read and dropped first, so the client reads the answer), 408 when the body does not
+arrive within ``REQUEST_TIMEOUT`` seconds, 503 when the record cannot be stored.
 """
 
 from __future__ import annotations
@@ -34,9 +44,13 @@ from apollia_nb.errors import BadInput, IntegrityError
 from apollia_nb.journal.checkpoint import NoteVerifier
 from apollia_nb.journal.witness import Cosigner, WitnessRecord, witness_decide
 
-__all__ = ["MAX_REQUEST_BYTES", "WitnessState", "serve"]
+__all__ = ["DRAIN_BYTES", "MAX_REQUEST_BYTES", "REQUEST_TIMEOUT", "WitnessState", "serve", "trust_map"]
 
 MAX_REQUEST_BYTES = 64 * 1024
+#: How much of a body over the limit is read (and dropped) so the 413 reaches the client.
+DRAIN_BYTES = 16 * 1024 * 1024
+#: Seconds a connection may stay silent while the witness waits for a request or its body.
+REQUEST_TIMEOUT = 30.0
 KEY_FILE = "witness.key"
 DB_FILE = "witness.db"
 TRUST_FILE = "trusted_keys"
@@ -45,6 +59,26 @@ TRUST_FILE = "trusted_keys"
 def _default_name() -> str:
     host = "".join(ch for ch in socket.gethostname() if ch.isalnum() or ch in "-.") or "localhost"
     return f"{host}/apollia-witness"
+
+
+def trust_map(lines: Iterable[str], where: str = TRUST_FILE) -> dict[str, list[NoteVerifier]]:
+    """The trusted journal keys by origin: one key per origin (a key given twice counts once);
+    ``BAD_INPUT`` naming the lines for a malformed key or a second key for one origin."""
+    trusted: dict[str, list[NoteVerifier]] = {}
+    first: dict[str, str] = {}
+    for line in lines:
+        try:
+            v = NoteVerifier.from_key(line)
+        except BadInput as exc:
+            raise BadInput(f"{where}: {exc.message}") from None
+        held = trusted.get(v.name)
+        if held is None:
+            trusted[v.name], first[v.name] = [v], line
+        elif held[0] != v:
+            raise BadInput(f"{where}: two keys for the origin {v.name!r} ({first[v.name]} and {line}); a witness "
+                           "trusts one key per origin (the holder of either could lock the other's log out): keep "
+                           "one, or give the other journal an origin of its own")
+    return trusted
 
 
 class WitnessState:
@@ -86,6 +120,7 @@ class WitnessState:
         self._add_trust(list(trust))
         self.trusted = self._read_trust()
         self._trust_mtime = self._trust_stamp()
+        self._refused_stamp: float | None = None
 
     def _trust_stamp(self) -> float | None:
         try:
@@ -100,7 +135,11 @@ class WitnessState:
         if stamp != self._trust_mtime:
             try:
                 self.trusted = self._read_trust()
-            except BadInput:
+            except BadInput as exc:
+                if stamp != self._refused_stamp:  # said once per edit
+                    self._refused_stamp = stamp
+                    print(f"apollia-os witness serve: the edit is not used, the keys trusted before it stay: "
+                          f"{exc.message}", file=sys.stderr, flush=True)
                 return
             self._trust_mtime = stamp
 
@@ -112,31 +151,26 @@ class WitnessState:
         return self.cosigner.verifier_key()
 
     def _add_trust(self, keys: list[str]) -> None:
-        for key in keys:
-            NoteVerifier.from_key(key)  # BAD_INPUT before anything is written
-        path = self.directory / TRUST_FILE
-        known = set(self._trust_lines())
-        fresh = [k for k in keys if k not in known]
+        known = self._trust_lines()
+        fresh = [k for k in dict.fromkeys(k.strip() for k in keys) if k not in set(known)]
+        trust_map([*known, *fresh], f"{self.directory / TRUST_FILE} with --trust")  # BAD_INPUT before any write
         if fresh:
-            with path.open("a", encoding="utf-8") as f:
+            with (self.directory / TRUST_FILE).open("a", encoding="utf-8") as f:
                 f.writelines(k + "\n" for k in fresh)
 
     def _trust_lines(self) -> list[str]:
         path = self.directory / TRUST_FILE
         if not path.exists():
             return []
-        lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BadInput(f"cannot read {path}: {exc}") from None
+        lines = (line.strip() for line in text.splitlines())
         return [line for line in lines if line and not line.startswith("#")]
 
     def _read_trust(self) -> dict[str, list[NoteVerifier]]:
-        trusted: dict[str, list[NoteVerifier]] = {}
-        for line in self._trust_lines():
-            try:
-                v = NoteVerifier.from_key(line)
-            except BadInput as exc:
-                raise BadInput(f"{self.directory / TRUST_FILE}: {exc.message}") from None
-            trusted.setdefault(v.name, []).append(v)
-        return trusted
+        return trust_map(self._trust_lines(), str(self.directory / TRUST_FILE))
 
     def record(self, origin: str) -> WitnessRecord | None:
         row = self._db.execute("SELECT size, root, note FROM logs WHERE origin = ?", [origin]).fetchone()
@@ -180,14 +214,24 @@ def _handler(state: WitnessState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "apollia-witness"
+        timeout = REQUEST_TIMEOUT  # a request or body that never comes ends the connection, not a thread
 
-        def _reply(self, status: int, content_type: str, body: str) -> None:
+        def _reply(self, status: int, content_type: str, body: str, *, close: bool = False) -> None:
             data = body.encode("utf-8")
+            if close:
+                self.close_connection = True
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
+            if close:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
+
+        def _refuse(self, status: int, message: str) -> None:
+            """A request whose body cannot be read as one: answered, and the connection closed
+            (where its body ends is unknown)."""
+            self._reply(status, "text/plain; charset=utf-8", message + "\n", close=True)
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") == "":
@@ -195,20 +239,62 @@ def _handler(state: WitnessState) -> type[BaseHTTPRequestHandler]:
             else:
                 self._reply(404, "text/plain; charset=utf-8", "not found\n")
 
+        def _body_length(self) -> int | None:
+            """The body's length, or None once a refusal was sent."""
+            if self.headers.get_all("Transfer-Encoding"):
+                self._refuse(400, "send the body with Content-Length, not Transfer-Encoding")
+                return None
+            given = self.headers.get_all("Content-Length") or []
+            if not given:
+                self._refuse(411, "Content-Length is required")
+                return None
+            if len(given) > 1:
+                self._refuse(400, "Content-Length is given more than once")
+                return None
+            text = given[0].strip()
+            if not text or not text.isascii() or not text.isdigit():
+                self._refuse(400, "Content-Length must be a decimal number of bytes")
+                return None
+            if len(text) > 20 or int(text) > MAX_REQUEST_BYTES:
+                if len(text) <= 20 and int(text) <= DRAIN_BYTES:
+                    self._drain(int(text))
+                self._refuse(413, f"at most {MAX_REQUEST_BYTES} bytes")
+                return None
+            return int(text)
+
+        def _drain(self, length: int) -> None:
+            """Read and drop a body refused for its size (one of at most ``DRAIN_BYTES``), so that
+            closing the connection does not reset it before the client reads the answer."""
+            left = length
+            try:
+                while left > 0:
+                    chunk = self.rfile.read(min(left, 65536))
+                    if not chunk:
+                        return
+                    left -= len(chunk)
+            except OSError:
+                return
+
         def do_POST(self) -> None:
+            length = self._body_length()
+            if length is None:
+                return
+            try:
+                request = self.rfile.read(length)
+            except TimeoutError:
+                self._refuse(408, f"the body did not arrive within {REQUEST_TIMEOUT:g} s")
+                return
+            if len(request) < length:  # the client closed before sending it all: nobody to answer
+                self.close_connection = True
+                return
             if self.path != "/add-checkpoint":
                 self._reply(404, "text/plain; charset=utf-8", "not found\n")
                 return
             try:
-                length = int(self.headers.get("Content-Length", ""))
-            except ValueError:
-                self._reply(411, "text/plain; charset=utf-8", "Content-Length is required\n")
+                status, content_type, body = state.add_checkpoint(request)
+            except Exception as exc:  # noqa: BLE001 - the record could not be stored: nothing was cosigned
+                self._refuse(503, f"the witness could not record the checkpoint: {type(exc).__name__}")
                 return
-            if not 0 <= length <= MAX_REQUEST_BYTES:
-                self.close_connection = True
-                self._reply(413, "text/plain; charset=utf-8", f"at most {MAX_REQUEST_BYTES} bytes\n")
-                return
-            status, content_type, body = state.add_checkpoint(self.rfile.read(length))
             self._reply(status, content_type, body)
 
         def log_message(self, format: str, *args: object) -> None:
