@@ -48,6 +48,7 @@ Messages are for people and may change; codes may not.
     │   └── JournalTruncated          JOURNAL_TRUNCATED: the journal holds less than it acknowledged
     ├── StorageError                  STORAGE_ERROR: the disk refused a write (503); nothing was recorded
     │   └── StorageFull               STORAGE_FULL: no space left (507); nothing was recorded
+    ├── OutcomeUnknown                OUTCOME_UNKNOWN: carried out, not all of it recorded (503); retry with the same key
     ├── ModelError                    MODEL_ERROR: a model provider failed
     │   ├── ModelTransient            MODEL_TRANSIENT: 429, 5xx, connection or timeout
     │   └── ModelPermanent            MODEL_PERMANENT: 4xx other than 429, bad response
@@ -110,6 +111,7 @@ __all__ = [
     "JournalTruncated",
     "StorageError",
     "StorageFull",
+    "OutcomeUnknown",
     "ModelError",
     "ModelTransient",
     "ModelPermanent",
@@ -339,6 +341,15 @@ class StorageError(ApolliaError):
 class StorageFull(StorageError):
     code = "STORAGE_FULL"
     http_status = 507
+
+
+class OutcomeUnknown(ApolliaError):
+    """A request was carried out (or may have been), but not all of it could be recorded: its answer is
+    not known durably. Not a refusal: send it again with the same ``Idempotency-Key``, which answers
+    with the first outcome once it is recorded and never does it twice."""
+
+    code = "OUTCOME_UNKNOWN"
+    http_status = 503
 
 
 class ModelError(ApolliaError):

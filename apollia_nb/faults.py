@@ -9,12 +9,14 @@ starts::
 
 ``NAME:kill`` sends the process SIGKILL at that point (no cleanup, no flush:
 what is committed is all the next process finds); ``NAME:raise`` raises
-``FaultInjected`` there. Several points are separated by commas. The variable
+``FaultInjected`` there; ``NAME:full`` raises the ``OSError`` of a full disk
+(``ENOSPC``) there, as the write that follows the point would. Several points
+are separated by commas. The variable
 is read once, at import: an unset variable costs one dictionary test per point.
 
 The points (see docs/runtime.md):
 
-* ``answer.after_journal`` — an answer is journaled, governance.db not yet written;
+* ``answer.after_journal`` — an answer is journaled, governance.db not yet written (``full``: it refuses it);
 * ``answer.after_commit`` — the answer is stored, its ``always`` consent or rule not yet;
 * ``answer.before_resume`` — the answer is fully recorded, its run not yet resumed;
 * ``decide.after_commit`` — ``POST /pending-decisions/decide``: recorded, the 200 not yet sent;
@@ -30,19 +32,24 @@ The points (see docs/runtime.md):
   entries (and whatever the writer committed meanwhile), and the copy is not yet counted as done.
 * ``journal.after_piece`` — a copy into journal.db larger than one piece committed a piece (its entries and
   the frontier of that prefix); the later pieces are only in the log.
+* ``route.before_settle`` — a writing REST route carried out its request; the rows it changed in runtime.db
+  are not yet confirmed committed (``full``: runtime.db refuses them), its key's answer not yet recorded;
+* ``idempotency.before_finish`` — a writing REST route's request is carried out and durable, the answer of
+  its ``Idempotency-Key`` not yet recorded (``full``: runtime.db refuses that answer);
 * ``verify.signature_worker`` — a journal verification's signature worker has started, checked nothing yet
   (the verification checks its signatures in process and says so in the report's notes).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
 __all__ = ["ENV", "FaultInjected", "point", "parse"]
 
 ENV = "APOLLIA_FAULT"
-_ACTIONS = ("kill", "raise")
+_ACTIONS = ("kill", "raise", "full")
 
 
 class FaultInjected(RuntimeError):
@@ -76,3 +83,5 @@ def point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "raise":
         raise FaultInjected(f"fault point {name}")
+    elif action == "full":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"fault point {name}")

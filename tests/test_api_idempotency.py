@@ -15,7 +15,7 @@ import anyio
 import httpx
 import pytest
 
-from apollia_nb.api.idempotency import Idempotency, fingerprint, parse_key, scope_of
+from apollia_nb.api.idempotency import Claim, Idempotency, fingerprint, parse_key, scope_of
 from apollia_nb.api.server import ServerThread
 from apollia_nb.errors import BadInput, Conflict, IdempotencyInProgress, IdempotencyKeyReused
 from apollia_nb.runtime import Runtime
@@ -82,11 +82,12 @@ async def test_keys_are_remembered_across_a_reopen_for_24_hours_and_at_most_max_
     path = tmp_path / "runtime.db"
     records = RuntimeRecords(path)
     keys = Idempotency(records, clock=lambda: now[0], max_keys=3)
-    assert await keys.begin("s", "k1", "fp") is None
+    assert await keys.begin("s", "k1", "fp") == Claim()
     with pytest.raises(IdempotencyInProgress):
         await keys.begin("s", "k1", "fp")
-    await keys.finish("s", "k1", "fp", 202, {"headers": {}, "body": "{}"})
-    assert await keys.begin("s", "cut-off", "fp") is None  # taken, and the server stops before it answers
+    assert await keys.finish("s", "k1", "fp", 202, {"headers": {}, "body": "{}"})
+    # taken with the reference of its effect, and the server stops before it answers
+    assert await keys.begin("s", "cut-off", "fp", {"task_id": "task-1"}) == Claim(ref={"task_id": "task-1"})
     records.close()
 
     records = RuntimeRecords(path)
@@ -94,10 +95,15 @@ async def test_keys_are_remembered_across_a_reopen_for_24_hours_and_at_most_max_
     assert await keys.begin("s", "k1", "fp") == (202, {"headers": {}, "body": "{}"})
     with pytest.raises(IdempotencyKeyReused):
         await keys.begin("s", "k1", "other")
-    assert await keys.begin("other scope", "k1", "other") is None  # another route or token: another key
+    assert await keys.begin("other scope", "k1", "other") == Claim()  # another route or token: another key
     keys.release("other scope", "k1")
-    with pytest.raises(Conflict, match="unknown"):  # it may or may not have been done: not done twice
+    # it may or may not have been done: the route gets the reference to look for it, and the key is held
+    assert await keys.begin("s", "cut-off", "fp") == Claim(ref={"task_id": "task-1"}, left=True)
+    with pytest.raises(IdempotencyInProgress):
         await keys.begin("s", "cut-off", "fp")
+    keys.abandon("s", "cut-off", "fp")  # still unknown: left as it was
+    assert await keys.begin("s", "cut-off", "fp") == Claim(ref={"task_id": "task-1"}, left=True)
+    keys.abandon("s", "cut-off", "fp")
     with pytest.raises(IdempotencyKeyReused):
         await keys.begin("s", "cut-off", "other")
     records.forget_responses([("s", "cut-off")])
@@ -108,7 +114,7 @@ async def test_keys_are_remembered_across_a_reopen_for_24_hours_and_at_most_max_
         await keys.begin("s", f"k{i}", "fp")
         await keys.finish("s", f"k{i}", "fp", 201, {"headers": {}, "body": str(i)})
     assert [k for _, k, _, _, _ in records.remembered_keys()] == ["k2", "k3", "k4"]
-    assert await keys.begin("s", "k1", "other") is None  # forgotten: a new request
+    assert await keys.begin("s", "k1", "other") == Claim()  # forgotten: a new request
     keys.release("s", "k1")
 
     now[0] += 24 * 3600 - 1.5  # k2 (3 s before now) is now over 24 hours old; k3 and k4 are not yet
@@ -160,13 +166,15 @@ async def test_a_key_whose_answer_the_disk_refuses_stays_taken_and_one_it_could_
     with pytest.raises(StorageFull):  # not taken: nothing is done, the key is free
         await keys.begin("s", "not-taken", "fp")
     records.remember_response = remember
-    assert await keys.begin("s", "not-taken", "fp") is None
+    assert await keys.begin("s", "not-taken", "fp") == Claim()
     records.remember_response = refused
-    with pytest.raises(StorageFull):  # done, but its answer is not recorded
-        await keys.finish("s", "not-taken", "fp", 202, {"headers": {}, "body": "{}"})
+    answer = {"headers": {}, "body": "{}"}
+    assert not await keys.finish("s", "not-taken", "fp", 202, answer)  # done, but its answer is not recorded
     records.remember_response = remember
-    with pytest.raises(Conflict, match="unknown"):  # never done a second time
-        await keys.begin("s", "not-taken", "fp")
+    # never done a second time: the retry is answered from the answer this process holds, which it records
+    assert await keys.begin("s", "not-taken", "fp") == Claim(left=True, answer=(202, answer, True))
+    assert await keys.finish("s", "not-taken", "fp", 202, answer)
+    assert await keys.begin("s", "not-taken", "fp") == (202, answer)
     records.close()
 
 
@@ -257,19 +265,18 @@ def test_a_second_request_while_the_first_is_processed_is_409_in_progress(api, g
     assert len(api.get("/tasks").json()) == 1
 
 
-def test_a_submit_that_fails_after_its_task_was_recorded_is_not_done_again(server, api, monkeypatch):
+def test_a_submit_that_fails_after_its_task_was_recorded_is_found_by_its_retry_not_done_again(server, api,
+                                                                                             monkeypatch):
     from apollia_nb import faults
 
     monkeypatch.setitem(faults._ARMED, "submit.after_commit", "raise")  # recorded, then an internal error
-    try:  # a 500, or the connection closed after it: either way no answer the client can use
-        failed = httpx.post(f"{server.url}/api/v1/tasks", json=TASK, headers={**AUTH, **keyed("half-done")})
-        assert failed.status_code == 500, failed.text
-    except httpx.TransportError:
-        pass
+    failed = httpx.post(f"{server.url}/api/v1/tasks", json=TASK, headers={**AUTH, **keyed("half-done")})
+    assert error_code(failed, 503) == "OUTCOME_UNKNOWN"  # not a refusal: it may have been done
     monkeypatch.delitem(faults._ARMED, "submit.after_commit")
     [task] = api.get("/tasks").json()
     again = api.post("/tasks", json=TASK, headers=keyed("half-done"))
-    assert error_code(again, 409) == "CONFLICT" and "unknown" in again.json()["message"]
+    assert again.status_code == 202 and again.json()["id"] == task["id"], again.text
+    assert again.headers["Location"].endswith(f"/tasks/{task['id']}")
     assert [t["id"] for t in api.get("/tasks").json()] == [task["id"]]
 
 
@@ -297,7 +304,7 @@ def test_an_answered_submit_survives_kill_9_and_a_restart(tmp_path):
         assert stop(proc) == 0
 
 
-def test_a_submit_cut_off_between_its_task_and_its_answer_is_not_done_twice(tmp_path):
+def test_a_submit_cut_off_between_its_task_and_its_answer_is_found_by_its_retry_not_done_twice(tmp_path):
     from test_api_serve import start, stop
 
     home = tmp_path / "home"
@@ -314,9 +321,11 @@ def test_a_submit_cut_off_between_its_task_and_its_answer_is_not_done_twice(tmp_
     try:
         with httpx.Client(base_url=proc_url(home) + "/api/v1", headers=AUTH, timeout=30) as api:
             [task] = api.get("/tasks").json()  # the submit took effect before the crash
-            again = api.post("/tasks", json=TASK, headers=keyed("cut-off"))
-            assert error_code(again, 409) == "CONFLICT" and "unknown" in again.json()["message"]
+            again = api.post("/tasks", json=TASK, headers=keyed("cut-off"))  # found by the id its key holds
+            assert again.status_code == 202 and again.headers["Idempotent-Replayed"] == "true", again.text
+            assert (again.json()["id"], again.json()["run_id"]) == (task["id"], task["run_id"])
             assert [t["id"] for t in api.get("/tasks").json()] == [task["id"]]  # not done a second time
+            assert api.post("/tasks", json=TASK, headers=keyed("cut-off")).json() == again.json()  # recorded now
             fresh = api.post("/tasks", json=TASK, headers=keyed("after-looking"))
             assert fresh.status_code == 202
     finally:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
@@ -54,8 +55,11 @@ from apollia_nb.api.idempotency import (
     KEY_HEADER,
     KEY_PATTERN,
     REPLAYED_HEADER,
+    Effect,
+    Found,
     Idempotency,
     IdempotentRoute,
+    effect_ref,
 )
 from apollia_nb.api.server import is_loopback
 from apollia_nb.dbutil import storage_error
@@ -87,7 +91,9 @@ _STATUS_WORDS = {
     413: "the request body is over the server's limit (`PAYLOAD_TOO_LARGE`)",
     422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`, or "
          "`IDEMPOTENCY_KEY_REUSED` for an `Idempotency-Key` sent before with another body)",
-    503: "the disk refused the write (`STORAGE_ERROR`: read-only, I/O error); nothing was recorded, retry later",
+    503: "the disk refused the write (`STORAGE_ERROR`: read-only, I/O error); nothing was recorded, retry later. "
+         "Or `OUTCOME_UNKNOWN`: the request was carried out, or may have been, but not all of it is recorded; "
+         "send it again with the same `Idempotency-Key` to get its outcome (it is never carried out twice)",
     507: "no space left on the home's disk (`STORAGE_FULL`); nothing was recorded, retry once space is freed",
 }
 #: Routes that write may meet a storage fault, and so may reads that wait for pending writes first
@@ -494,30 +500,36 @@ async def _committed(request: Request) -> AsyncIterator[None]:
     Acknowledged means durable (a session opened, a message injected, a task cancelled): the
     answer is sent only once the rows are committed; a write that fails fails the request."""
     yield  # an error of the route itself goes on as it is
+    await _commit(request)
+
+
+async def _commit(request: Request) -> None:
     runtime = request.app.state.runtime
     if runtime is not None:
         await runtime.committed()
 
 
 def _route(method: str, path: str, status: int = 200, *, storage: bool | None = None, records: bool = False,
-           idempotent: bool | None = None, **kw: Any) -> Any:
+           idempotent: bool | None = None, effect: Effect | None = None, **kw: Any) -> Any:
     """A JSON route of ``router``.
 
     ``storage`` (default: every method but GET) documents 503/507 storage faults; a POST (unless
-    ``idempotent=False``) honours ``Idempotency-Key``. ``records``: the route changes rows of
-    runtime.db without waiting for them (sessions, a cancel): it answers only once they are
-    committed. The other write routes commit what they change before they return (the journal,
+    ``idempotent=False``) honours ``Idempotency-Key`` (``effect``: how a retry finds what a request
+    whose answer was not recorded did). ``records``: the route changes rows of runtime.db without
+    waiting for them (sessions, a cancel): it answers only once they are committed, and
+    ``OUTCOME_UNKNOWN`` when they could not be (the change is made; its rows are written once the disk
+    takes them). The other write routes commit what they change before they return (the journal,
     governance.db, a submitted task, an agent).
     """
     if storage if storage is not None else method != "GET":
         kw["responses"] = {**kw.get("responses", {}), **_errors(*_STORAGE_STATUSES)}
     extra: dict[str, Any] = {}
-    if records:
-        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_committed, scope="function")]
     if method == "POST" if idempotent is None else idempotent:
-        extra["route_class_override"] = IdempotentRoute
+        extra["route_class_override"] = IdempotentRoute.using(effect, _commit if records else None)
         kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_idempotency_key)]
         kw["responses"] = {**_errors(409), **kw.get("responses", {})}
+    elif records:
+        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_committed, scope="function")]
 
     def decorator(fn: Any) -> Any:
         router.add_api_route(path, fn, methods=[method], status_code=status, **kw, **extra)
@@ -541,8 +553,25 @@ async def list_agents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
     return [a.to_dict() for a in rt.agents()]
 
 
+async def _find_agent(request: Request, ref: dict[str, Any] | None) -> Found | None:
+    """The agent a keyed registration registered, if it did: registered and not stopped, from this manifest."""
+    from apollia_nb.runtime.manifest import parse_manifest
+
+    rt = request.app.state.runtime
+    try:
+        text = (await request.json())["manifest"]
+        name = parse_manifest(text).name
+    except (ApolliaError, ValueError, KeyError, TypeError):
+        return None
+    row = next((r for r in rt.records.agents() if r["name"] == name), None)
+    if row is None or row["manifest"] != text or row["state"] == "stopped":
+        return None
+    return 201, rt.agent(name).to_dict(), f"{API_PREFIX}/agents/{name}"
+
+
 @_route("POST", "/agents", 201, response_model=s.Agent, operation_id="registerAgent", tags=["agents"],
         summary="Register an agent from its TOML manifest", responses=_errors(409, 413, 422),
+        effect=Effect(find=_find_agent),
         description="Ends `active`, or `degraded` when optional tools do not resolve. A name already registered "
                     "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key; a workspace "
                     "that contains the home or lies inside it 422 `WORKSPACE_OVERLAPS_HOME`.")
@@ -575,18 +604,37 @@ async def stop_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
 # tasks
 
+def _submission(task: dict[str, Any]) -> Found:
+    return 202, {k: task[k] for k in ("id", "run_id", "status", "warnings")}, f"{API_PREFIX}/tasks/{task['id']}"
+
+
+async def _find_task(request: Request, ref: dict[str, Any] | None) -> Found | None:
+    """The task a keyed submission named before it was recorded, if it was."""
+    task_id = (ref or {}).get("task_id")
+    if not isinstance(task_id, str):
+        return None
+    try:
+        return _submission(_task_dict(request.app.state.runtime, task_id))
+    except UnknownTask:
+        return None
+
+
+_TASK_EFFECT = Effect(find=_find_task, name=lambda: {"task_id": f"task-{uuid.uuid4().hex[:12]}"})
+
+
 @_route("POST", "/tasks", 202, response_model=s.Submission, operation_id="submitTask", tags=["tasks"],
-        summary="Submit a task", responses=_errors(404, 409, 413, 422),
+        summary="Submit a task", responses=_errors(404, 409, 413, 422), effect=_TASK_EFFECT,
         description="Returns at once; the run continues in the background. `watched` defaults to false over the "
                     "API: the first call that would ask suspends the run (`waiting`) and lists the decision in "
                     "`GET /pending-decisions`. 409 `AGENT_UNAVAILABLE` when the agent is initializing, stopping "
                     "or stopped; a degraded agent accepts the task with a warning.")
-async def submit_task(response: Response, body: s.TaskIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+async def submit_task(request: Request, response: Response, body: s.TaskIn,
+                      rt: Any = Depends(_runtime)) -> dict[str, Any]:
     handle = await rt.submit(body.agent, body.goal, max_steps=body.max_steps, watched=body.watched,
-                             grants=list(body.grants), approve_plan=body.approve_plan)
-    response.headers["Location"] = f"{API_PREFIX}/tasks/{handle.id}"
-    task = handle.to_dict()
-    return {"id": task["id"], "run_id": task["run_id"], "status": task["status"], "warnings": task["warnings"]}
+                             grants=list(body.grants), approve_plan=body.approve_plan,
+                             task_id=effect_ref(request, "task_id"))  # named before it is recorded: a retry finds it
+    _, answer, response.headers["Location"] = _submission(handle.to_dict())
+    return answer
 
 
 @_route("GET", "/tasks", storage=True, response_model=list[s.Task], operation_id="listTasks", tags=["tasks"],
@@ -839,9 +887,26 @@ async def list_pending(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
     return rt.pending_decisions()
 
 
+async def _find_answer(request: Request, ref: dict[str, Any] | None) -> Found | None:
+    """The decision as answered, when it holds the answer a keyed request gave (else it is answered again:
+    an answer the journal holds already is stored, never journaled twice)."""
+    rt = request.app.state.runtime
+    try:
+        body = await request.json()
+        decision = rt.governance.get_pending(body["id"])
+    except (ApolliaError, ValueError, KeyError, TypeError):
+        return None
+    answered = decision.to_dict()
+    if answered.get("answer") != body.get("answer"):
+        return None
+    cards = rt.cards_of(decision.task_id) if decision.task_id else []
+    card = next((c for c in cards if c.id == decision.id), None)
+    return 200, {**answered, "hints": card.hints if card is not None else None}, None
+
+
 @_route("POST", "/pending-decisions/decide", response_model=s.PendingDecision, operation_id="decide",
         tags=["pending decisions"], summary="Answer a waiting decision; its run resumes",
-        responses=_errors(404, 409, 413, 422),
+        responses=_errors(404, 409, 413, 422), effect=Effect(find=_find_answer),
         description="Validated, journaled, then applied: `once`/`always` let the call run (`always` also records "
                     "the standing consent, or the allow rule for a simple command in developer mode), `refuse` "
                     "refuses it and fails its step. 422 `BAD_ANSWER` for an answer not on offer, 404 "
@@ -866,8 +931,22 @@ async def list_rules(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
     return [r.to_dict() for r in rt.governance.rules()]
 
 
+async def _find_rule(request: Request, ref: dict[str, Any] | None) -> Found | None:
+    """The rule a keyed request added, if it is stored (else it is added again: the same rule, once)."""
+    try:
+        body = s.RuleIn.model_validate(await request.json())
+    except ValueError:
+        return None
+    for rule in request.app.state.runtime.governance.rules():
+        seen = rule.to_dict()
+        if (seen["tool"], seen["effect"], seen["prefix"] or None, seen["agent"]) == (
+                body.tool, body.effect, body.prefix or None, body.agent):
+            return 201, seen, f"{API_PREFIX}/governance/rules/{seen['id']}"
+    return None
+
+
 @_route("POST", "/governance/rules", 201, response_model=s.Rule, operation_id="addRule", tags=["governance"],
-        summary="Add a fine rule", responses=_errors(413, 422),
+        summary="Add a fine rule", responses=_errors(413, 422), effect=Effect(find=_find_rule),
         description="An identical rule already stored is returned as it is.")
 async def add_rule(response: Response, body: s.RuleIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     rule = rt.governance.add_rule(body.tool, body.effect, prefix=body.prefix, agent=body.agent,

@@ -15,19 +15,31 @@ With an ``Idempotency-Key`` it may simply send the same request again:
 Keys are scoped per route (method and path, path parameters included) and per
 token. A key is the draft's structured-field string (``"…"``, in quotes), or
 the bare text; both name the same key. Only a success (2xx) is remembered: after
-an error the same request may be sent again with the same key and is then
-processed anew.
+a refusal (an error with a stable code: nothing was done) the same request may
+be sent again with the same key and is then processed anew.
 
-**Durability.** A key is taken in ``runtime.db`` (committed) before its
-request is processed, by the same ordered writer that records the tasks,
-agents and sessions; a success becomes that row's answer, committed before it
-is sent; a failure deletes the row. So an answered request survives a
-``kill -9`` and a restart: retried with the same key it gets the first answer,
-not a second task. A request cut off by a crash while it was processed (its
-key taken, its answer not yet written), or cut off by anything but an error
-with a stable code, may or may not have taken effect: a retry of it is refused
-with 409 ``CONFLICT`` saying so, rather than done a second time; look, then
-send it with a new key.
+**A refusal means nothing happened; a success means it is durable.** A key is
+taken in ``runtime.db`` (committed) before its request is processed, by the
+same ordered writer that records the tasks, agents and sessions, together with
+the reference of what the request will create (the id a new task will have); a
+success becomes that row's answer, committed before it is sent; a refusal
+deletes the row. A request that was carried out is never answered with a
+refusal:
+
+* its answer could not be recorded (the disk refused it) → the success is sent
+  all the same (what it did is committed); this process keeps the answer, and
+  a retry with the key gets it and records it;
+* what it changed in runtime.db is not committed yet (the disk refused the
+  rows; they are written once it takes them), or it was cut off by an internal
+  error → 503 ``OUTCOME_UNKNOWN``: send it again with the same key, which
+  answers with the first outcome once it is recorded;
+* the server stopped (a crash, ``kill -9``) after the request took effect and
+  before its answer was recorded → a retry with the key finds what it did (a
+  task by the id its key holds, an agent by its manifest, a decision by its
+  answer, a rule by its fields) and answers that, or, when it is not there,
+  carries the request out under the same reference. A route that cannot look
+  its effect up refuses such a retry with 409 ``CONFLICT`` saying so, rather
+  than doing it twice: look, then send it with a new key.
 
 **Retention.** A key is remembered for 24 hours and the newest 10,000 keys
 are kept; older ones are forgotten, and a request with a forgotten key is a new
@@ -44,20 +56,31 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from apollia_nb.errors import ApolliaError, BadInput, Conflict, IdempotencyInProgress, IdempotencyKeyReused
+from apollia_nb import faults
+from apollia_nb.errors import (
+    ApolliaError,
+    BadInput,
+    Conflict,
+    IdempotencyInProgress,
+    IdempotencyKeyReused,
+    OutcomeUnknown,
+)
 
 __all__ = [
     "KEY_HEADER", "KEY_PATTERN", "REPLAYED_HEADER", "MAX_KEY_LENGTH", "RETENTION_SECONDS", "MAX_KEYS",
-    "parse_key", "fingerprint", "scope_of", "Idempotency", "IdempotentRoute",
+    "parse_key", "fingerprint", "scope_of", "Claim", "Effect", "effect_ref", "Idempotency", "IdempotentRoute",
 ]
 
 KEY_HEADER = "Idempotency-Key"
@@ -129,14 +152,35 @@ def scope_of(token: bytes, method: str, path: str) -> str:
 # --- the keys -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A key this request now holds (in flight until ``finish``, ``hold``, ``abandon`` or ``release``).
+
+    ``ref`` names the request's effect before it is carried out (the id a new task will have), recorded
+    with the key; ``left``: an earlier request with this key was carried out, or may have been, and its
+    answer is not recorded; ``answer``: that request's ``(status, response, settled)`` when this process
+    still holds it (``settled``: what it changed is committed)."""
+
+    ref: dict[str, Any] | None = None
+    left: bool = False
+    answer: tuple[int, dict[str, Any], bool] | None = None
+
+
+_UNREAD: dict[str, Any] = {}  # a left key's reference, not read from runtime.db yet
+
+
 class Idempotency:
     """The keys in flight (this process) and the remembered ones (``runtime.db``).
 
     A key is taken durably before its request is processed (a row with status
-    0, committed first), and that row becomes the answer once it succeeds; a
-    failure deletes it. A row still at status 0 when the index is read was
-    left by a server that stopped while processing it: its request may or may
-    not have taken effect, so a retry is refused rather than done twice.
+    0 holding the reference of the request's effect, committed first), and that
+    row becomes the answer once it succeeds; a refusal deletes it. A row still
+    at status 0 is a *left* key: its request was carried out, or may have been,
+    without its answer recorded (the server stopped, the disk refused the
+    answer). A retry of a left key is handed to the route with the reference,
+    so the route can look the effect up, answer it and complete the row, or
+    carry the request out again under the same reference; an answer this
+    process still holds is answered again from memory.
 
     The index of remembered keys is read once; a replayed answer is read from
     ``runtime.db`` when asked for. ``clock`` gives seconds (``time.time``).
@@ -150,15 +194,19 @@ class Idempotency:
         self.max_keys = max_keys
         self._inflight: set[tuple[str, str]] = set()
         self._known: dict[tuple[str, str], tuple[str, float]] = {}
-        self._interrupted: set[tuple[str, str]] = set()
+        self._left: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self._held: dict[tuple[str, str], tuple[int, dict[str, Any], bool]] = {}
         for scope, key, fp, status, at in records.remembered_keys():
             self._known[(scope, key)] = (fp, at)
             if status == _TAKEN:
-                self._interrupted.add((scope, key))
+                self._left[(scope, key)] = _UNREAD
         self._expire()
 
-    async def begin(self, scope: str, key: str, fp: str) -> tuple[int, dict[str, Any]] | None:
-        """The remembered ``(status, response)`` to replay, or ``None`` once the key is taken (committed)."""
+    async def begin(self, scope: str, key: str, fp: str,
+                    ref: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | Claim:
+        """The remembered ``(status, response)`` to replay, or a ``Claim`` once the key is held (taken, committed).
+
+        ``ref``: the reference of the effect a new request will have (recorded with the key)."""
         self._expire()
         slot = (scope, key)
         if slot in self._inflight:
@@ -169,53 +217,81 @@ class Idempotency:
             if known[0] != fp:
                 raise IdempotencyKeyReused("this Idempotency-Key was used for a request with another body: "
                                            "use a new key for a new request")
-            if slot in self._interrupted:
-                raise Conflict("the request first sent with this Idempotency-Key was being processed when the "
-                               "server stopped, so whether it took effect is unknown: look (for instance at "
-                               "GET /tasks) before sending it again with a new key")
+            if slot in self._held or slot in self._left:
+                left = self._left.get(slot)
+                if left is _UNREAD:
+                    remembered = self.records.remembered_response(scope, key)
+                    left = (remembered[1].get("ref") if remembered is not None else None) or None
+                    self._left[slot] = left
+                self._inflight.add(slot)
+                return Claim(ref=left, left=True, answer=self._held.get(slot))
             remembered = self.records.remembered_response(scope, key)
             if remembered is not None:
                 return remembered
             del self._known[slot]  # forgotten meanwhile: a new request
         self._inflight.add(slot)
         try:
-            taken = self.records.remember_response(scope, key, fp, _TAKEN, {}, self.clock(), new_row=True)
+            taken = self.records.remember_response(scope, key, fp, _TAKEN, {"ref": ref} if ref else {},
+                                                   self.clock(), new_row=True)
             with anyio.CancelScope(shield=True):  # taken before anything is done
                 await asyncio.wrap_future(taken)
         except BaseException:  # not taken (a refused write leaves no row): nothing was done
             self._inflight.discard(slot)
             raise
-        return None
+        return Claim(ref=ref)
 
-    async def finish(self, scope: str, key: str, fp: str, status: int, response: dict[str, Any]) -> None:
-        """Remember a success durably (committed when this returns), and release the key."""
+    async def finish(self, scope: str, key: str, fp: str, status: int, response: dict[str, Any]) -> bool:
+        """Remember a success durably (committed when this returns ``True``), and release the key.
+
+        When the disk refuses the answer (``False``) the key stays left and this process holds the
+        answer: a retry with the key is answered from it, and records it then."""
         at = self.clock()
         slot = (scope, key)
         self._known[slot] = (fp, at)
         try:
+            faults.point("idempotency.before_finish")
             answered = self.records.remember_response(scope, key, fp, status, response, at)
             with anyio.CancelScope(shield=True):  # a client that hangs up does not make the row unknown
                 await asyncio.wrap_future(answered)
-        except BaseException:
-            # Done, but its answer is not recorded: the key stays taken, and a retry is refused as one
-            # whose outcome is unknown, never done again.
-            self._interrupted.add(slot)
-            raise
-        finally:
+        except BaseException as exc:
+            self._held[slot] = (status, response, True)
+            self._left.setdefault(slot, None)
             self._inflight.discard(slot)
+            if not isinstance(exc, Exception):
+                raise
+            return False
+        self._inflight.discard(slot)
+        self._held.pop(slot, None)
+        self._left.pop(slot, None)
         self._expire()
+        return True
 
-    def abandon(self, scope: str, key: str, fp: str) -> None:
-        """The request was cut off: it may have taken effect, so its key stays taken and a retry is refused."""
+    def hold(self, scope: str, key: str, fp: str, status: int, response: dict[str, Any],
+             ref: dict[str, Any] | None = None) -> None:
+        """The request was carried out, but what it changed is not committed yet: keep its answer here,
+        unsettled, for a retry with the key to settle and answer."""
         slot = (scope, key)
         self._inflight.discard(slot)
         self._known[slot] = (fp, self.clock())
-        self._interrupted.add(slot)
+        self._held[slot] = (status, response, False)
+        self._left.setdefault(slot, ref)
+
+    def abandon(self, scope: str, key: str, fp: str, ref: dict[str, Any] | None = None) -> None:
+        """The request was cut off: it may have taken effect, so its key stays taken (left, with ``ref``)."""
+        slot = (scope, key)
+        self._inflight.discard(slot)
+        self._known[slot] = (fp, self.clock())
+        if self._left.get(slot) is None:
+            self._left[slot] = ref
 
     def release(self, scope: str, key: str) -> None:
-        """The request failed: nothing to remember, the key may be used again."""
-        self._inflight.discard((scope, key))
-        self.records.forget_responses([(scope, key)])
+        """The request was refused and nothing was done: nothing to remember, the key may be used again."""
+        slot = (scope, key)
+        self._inflight.discard(slot)
+        self._known.pop(slot, None)
+        self._left.pop(slot, None)
+        self._held.pop(slot, None)
+        self.records.forget_responses([slot])
 
     def _expire(self) -> None:
         """Forget keys older than the retention, and the oldest beyond ``max_keys``.
@@ -232,13 +308,41 @@ class Idempotency:
         if old:
             for slot in old:
                 del self._known[slot]
-                self._interrupted.discard(slot)
+                self._left.pop(slot, None)
+                self._held.pop(slot, None)
             self.records.forget_responses(old)
 
 
 #: Errors that mean the request was refused and nothing was done: a stable code (the runtime refuses
 #: before it acts, and a write the disk refuses leaves nothing), or the request did not parse.
 _NOTHING_DONE = (ApolliaError, RequestValidationError, StarletteHTTPException)
+
+#: What a route's effect answers when it is found again: ``(status, JSON data, Location or None)``.
+Found = tuple[int, Any, "str | None"]
+
+
+@dataclass(frozen=True)
+class Effect:
+    """How a creating route's effect is named before it is carried out, and found again after.
+
+    ``name()`` gives the reference recorded with the key before the request is
+    carried out (the id the new thing will have); the route reads it with
+    ``effect_ref(request)``. ``find(request, ref)`` answers the effect as it now
+    stands, or ``None`` when it is not there. ``redo``: a request whose effect is
+    not found is carried out again under the same reference (its effect is named
+    by the reference, or the route is idempotent by itself); without it, a left
+    key whose effect is not found is refused as unknown.
+    """
+
+    find: Callable[[Request, dict[str, Any] | None], Awaitable[Found | None]] | None = None
+    name: Callable[[], dict[str, Any]] | None = None
+    redo: bool = True
+
+
+def effect_ref(request: Request, name: str) -> Any:
+    """The value ``name`` of the reference recorded with the request's key (``None`` without a key)."""
+    ref = getattr(request.state, "effect_ref", None)
+    return ref.get(name) if isinstance(ref, dict) else None
 
 
 def _stored(response: Response) -> dict[str, Any]:
@@ -252,43 +356,123 @@ def _replayed(status: int, stored: dict[str, Any]) -> Response:
     return Response(stored["body"].encode("utf-8"), status_code=status, headers=headers)
 
 
+def _unknown(what: str) -> OutcomeUnknown:
+    return OutcomeUnknown(f"{what}: send the request again with the same Idempotency-Key, which answers with "
+                          "its outcome once it is recorded and never carries it out twice (without a key: "
+                          "look before sending it again)")
+
+
 class IdempotentRoute(APIRoute):
-    """A route that honours ``Idempotency-Key``.
+    """A route that honours ``Idempotency-Key``, and never refuses a request it carried out.
 
     ``request.app.state.idempotency_for(request)`` gives ``(Idempotency, token)``
     for a request with a valid token, or ``None`` (the route then runs as
-    usual, and refuses the request itself).
+    usual, and refuses the request itself). ``effect`` (an ``Effect``) lets a
+    retry find what an unanswered request did; ``settle(request)`` is awaited
+    after the route's work and before its answer (runtime.db's rows committed):
+    when it fails the request is answered ``OUTCOME_UNKNOWN``, never as refused.
+    Make a route class with both by ``IdempotentRoute.using(effect, settle)``.
     """
+
+    effect: Effect | None = None
+    settle: Callable[[Request], Awaitable[None]] | None = None
+
+    @classmethod
+    def using(cls, effect: Effect | None = None,
+              settle: Callable[[Request], Awaitable[None]] | None = None) -> type["IdempotentRoute"]:
+        return type(cls.__name__, (cls,), {"effect": effect, "settle": staticmethod(settle) if settle else None})
+
+    async def _settled(self, request: Request) -> bool:
+        """Whether what the route changed is committed (``settle``); ``False`` when that failed."""
+        if self.settle is None:
+            return True
+        try:
+            faults.point("route.before_settle")
+            await self.settle(request)
+        except Exception:
+            return False
+        return True
+
+    async def _found(self, request: Request, ref: dict[str, Any] | None) -> Response | None:
+        """The left request's effect, answered as the route answers it (``None``: not there)."""
+        if self.effect is None or self.effect.find is None:
+            return None
+        found = await self.effect.find(request, ref)
+        if found is None:
+            return None
+        status, data, location = found
+        if self.response_model is not None:
+            adapter: TypeAdapter[Any] = TypeAdapter(self.response_model)
+            data = adapter.dump_python(adapter.validate_python(data), mode="json", by_alias=True)
+        return JSONResponse(data, status_code=status, headers={"location": location} if location else None)
 
     def get_route_handler(self) -> Callable[[Request], Any]:
         handler = super().get_route_handler()
 
+        async def unkeyed(request: Request) -> Response:
+            response = await handler(request)
+            if 200 <= response.status_code < 300 and not await self._settled(request):
+                raise _unknown("the request was carried out, but runtime.db has not recorded all of it yet")
+            return response
+
         async def route(request: Request) -> Response:
             values = request.headers.getlist(KEY_HEADER)
-            if not values:
-                return await handler(request)
-            found = request.app.state.idempotency_for(request)
-            if found is None:  # no valid token: the route refuses it
-                return await handler(request)
+            found = request.app.state.idempotency_for(request) if values else None
+            if found is None:  # no key, or no valid token (the route then refuses it)
+                return await unkeyed(request)
             keys, token = found
             key = parse_key(values)
             scope = scope_of(token, request.method, request.url.path)
             fp = fingerprint(request.url.query, await request.body())
-            remembered = await keys.begin(scope, key, fp)
-            if remembered is not None:
-                return _replayed(*remembered)
-            try:
-                response = await handler(request)
-            except _NOTHING_DONE:  # refused with a stable code, or before the route ran: the key is free
+            effect = self.effect
+            claim = await keys.begin(scope, key, fp, effect.name() if effect and effect.name else None)
+            if isinstance(claim, tuple):
+                return _replayed(*claim)
+            if claim.ref is not None:
+                request.state.effect_ref = claim.ref
+            response: Response | None = None
+            settled = replayed = False
+            if claim.answer is not None:  # carried out by this process; its answer not recorded yet
+                status, stored, settled = claim.answer
+                response, replayed = _replayed(status, stored), True
+            elif claim.left:  # carried out before, or maybe: find what it did
+                try:
+                    response = await self._found(request, claim.ref)
+                except BaseException:
+                    keys.abandon(scope, key, fp, claim.ref)
+                    raise
+                if response is not None:
+                    settled = replayed = True  # found in what is stored
+                elif effect is None or not effect.redo:
+                    keys.abandon(scope, key, fp, claim.ref)
+                    raise Conflict("the request first sent with this Idempotency-Key was being processed when "
+                                   "the server stopped, so whether it took effect is unknown: look (for instance "
+                                   "at GET /tasks) before sending it again with a new key")
+            if response is None:
+                try:
+                    response = await handler(request)
+                except OutcomeUnknown:
+                    keys.abandon(scope, key, fp, claim.ref)
+                    raise
+                except _NOTHING_DONE:  # refused with a stable code, or before the route ran: the key is free
+                    keys.release(scope, key)
+                    raise
+                except Exception as exc:  # cut off by an internal error: what it did is unknown
+                    keys.abandon(scope, key, fp, claim.ref)
+                    raise _unknown(f"the request was cut off by an internal error ({type(exc).__name__}), "
+                                   "so whether it took effect is unknown") from exc
+                except BaseException:  # cancelled
+                    keys.abandon(scope, key, fp, claim.ref)
+                    raise
+            if not (200 <= response.status_code < 300 and hasattr(response, "body")):
                 keys.release(scope, key)
-                raise
-            except BaseException:  # cut off (cancelled, an internal error): what it did is unknown
-                keys.abandon(scope, key, fp)
-                raise
-            if 200 <= response.status_code < 300 and hasattr(response, "body"):
-                await keys.finish(scope, key, fp, response.status_code, _stored(response))
-            else:
-                keys.release(scope, key)
-            return response
+                return response
+            stored = claim.answer[1] if claim.answer is not None else _stored(response)
+            status = response.status_code
+            if not settled and not await self._settled(request):
+                keys.hold(scope, key, fp, status, stored, claim.ref)
+                raise _unknown("the request was carried out, but runtime.db has not recorded all of it yet")
+            await keys.finish(scope, key, fp, status, stored)  # a refused answer is held, not an error
+            return _replayed(status, stored) if replayed else response
 
         return route

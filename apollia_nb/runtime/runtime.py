@@ -40,6 +40,7 @@ from apollia_nb.errors import (
     GovernanceUnreadable,
     HomeLocked,
     Interrupted,
+    OutcomeUnknown,
     StorageError,
     UnknownAgent,
     UnknownDecision,
@@ -240,6 +241,9 @@ class Runtime:
         self._runs: dict[str, TaskRun] = {}  # tasks not finished (running, waiting, suspended)
         self._finished: OrderedDict[str, TaskRun] = OrderedDict()  # the last FINISHED_KEPT finished
         self._cards: dict[str, Card] = {}
+        #: Answers journaled that governance.db did not store (a storage fault between the two), by decision:
+        #: the journal is the record, so answering one again stores it and never journals a second answer.
+        self._unstored_answers: dict[str, dict[str, Any]] = {}
         self._batches: dict[str, Any] = {}  # runtime/batch.py: this process's batches
         self._events: dict[str, anyio.Event] = {}
         self._recovered: list[TaskRun] = []  # runs a restart started or resumed (drained on close)
@@ -966,7 +970,14 @@ class Runtime:
             return self._remote.governance.record_answer(decision_id, answer, by=by, reason=reason)
         pending = self.governance.get_pending(decision_id)
         if pending.status != "pending":
+            self._unstored_answers.pop(decision_id, None)
             raise Conflict(f"decision {decision_id} was already answered ({pending.answer} by {pending.answered_by})")
+        journaled = self._unstored_answers.get(decision_id)
+        if journaled is not None:  # answered once already (in the journal): stored now, never journaled again
+            if answer != journaled["answer"]:
+                raise Conflict(f"decision {decision_id} was already answered ({journaled['answer']} by "
+                               f"{journaled['answered_by']}); that answer is journaled, not yet stored")
+            return self._store_answer(pending, journaled)
         if answer not in [a.value for a in pending.answers]:
             offered = ", ".join(a.value for a in pending.answers)
             raise BadAnswer(f"{answer!r} is not on offer for {decision_id}; answers: {offered}")
@@ -976,14 +987,25 @@ class Runtime:
             shown = {"values": redact_form_values(pending.arguments, values)} if values is not None else {}
         elif values is not None:
             raise BadAnswer(f"values answer a server's question; {decision_id} asks about {pending.tool}")
-        self.journal.append(
-            "answer",
-            {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer, "answered_by": by,
-             **({"reason": reason} if reason else {}), **shown},
-            run_id=pending.run_id, agent=pending.agent,
-        )
-        faults.point("answer.after_journal")
-        answered = self._owned().answer_pending(decision_id, answer, by=by, reason=reason)
+        payload = {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer, "answered_by": by,
+                   **({"reason": reason} if reason else {}), **shown}
+        self.journal.append("answer", payload, run_id=pending.run_id, agent=pending.agent)
+        self._unstored_answers[decision_id] = payload
+        return self._store_answer(pending, payload)
+
+    def _store_answer(self, pending: Any, journaled: dict[str, Any]) -> dict[str, Any]:
+        """Store a journaled answer in governance.db and apply ``always``. When governance.db refuses it the
+        answer stands (journaled; a restart stores it): ``OUTCOME_UNKNOWN``, and answering again stores it."""
+        answer, by, reason = journaled["answer"], journaled["answered_by"], journaled.get("reason")
+        try:
+            faults.point("answer.after_journal")
+            answered = self._owned().answer_pending(pending.id, answer, by=by, reason=reason)
+        except Exception as exc:
+            raise OutcomeUnknown(
+                f"the answer {answer} to {pending.id} is journaled, but governance.db did not store it "
+                f"({exc}): answer it again the same way (or send the request again with the same "
+                "Idempotency-Key) to store it; it is not journaled twice") from exc
+        self._unstored_answers.pop(pending.id, None)
         faults.point("answer.after_commit")
         if answer == "always":
             self._apply_always(pending, by=by)

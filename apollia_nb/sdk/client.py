@@ -20,12 +20,18 @@ failures to reach the server stay httpx's ``httpx.TransportError``.
 ``Idempotency-Key`` (a fresh UUID per call, or the caller's
 ``idempotency_key=``), so the client sends it again, with the same key, when
 the answer is lost: a connection error, a read timeout, or a 502/503/504 from
-something between (or ``STORAGE_ERROR``, or ``IDEMPOTENCY_IN_PROGRESS`` while the
-first attempt is still being processed). The server answers a repeat with the
-first answer and does nothing twice. Reads (GET) and ``PUT`` are retried the
-same way; a DELETE and an event stream are not. ``retries`` (default 3) bounds
-the attempts after the first, with ``backoff`` seconds doubled each time
-(0.25, 0.5, 1); when they are spent the last error is raised.
+something between; when the server's disk refused a write (``STORAGE_FULL``,
+``STORAGE_ERROR``: nothing was done); when the request was carried out but not
+all of it is recorded yet (``OUTCOME_UNKNOWN``: the same key gets its outcome);
+or ``IDEMPOTENCY_IN_PROGRESS`` while the first attempt is still being processed.
+The server answers a repeat with the first answer and does nothing twice. Reads
+(GET) and ``PUT`` are retried the same way; a DELETE and an event stream are not.
+``retries`` (default 3) bounds the attempts after the first, with ``backoff``
+seconds doubled each time (0.25, 0.5, 1), and ``retry_for`` (default 60) the
+seconds from the first attempt after which no retry starts; when either is spent
+the last error is raised (a retried request that keeps meeting
+``OUTCOME_UNKNOWN`` raises ``errors.OutcomeUnknown``: send it again later with
+the same ``idempotency_key=``).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ __all__ = ["Client", "AsyncClient", "Event", "SSEDecoder", "raise_for_error", "s
 API_PREFIX = "/api/v1"
 KEY_HEADER = "Idempotency-Key"
 #: Codes of an answer that a retry may get past.
-_TRANSIENT_CODES = frozenset({"STORAGE_ERROR", "IDEMPOTENCY_IN_PROGRESS"})
+_TRANSIENT_CODES = frozenset({"STORAGE_ERROR", "STORAGE_FULL", "OUTCOME_UNKNOWN", "IDEMPOTENCY_IN_PROGRESS"})
 Answer = Literal["once", "always", "refuse"]
 Until = Literal["settled", "finished"]
 
@@ -159,26 +165,35 @@ class _Retry:
 
     retries: int = 3
     backoff: float = 0.25
+    retry_for: float | None = 60.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.retries, int) or self.retries < 0:
             raise ValueError("retries must be a non-negative integer")
         if not self.backoff >= 0:
             raise ValueError("backoff must be a non-negative number of seconds")
+        if self.retry_for is not None and not self.retry_for >= 0:
+            raise ValueError("retry_for must be a non-negative number of seconds, or None")
 
-    def delay(self, req: _Req, attempt: int, response: httpx.Response | None) -> float | None:
-        """Seconds to wait before attempt ``attempt + 1``; ``None``: keep this answer (or raise this failure)."""
+    def delay(self, req: _Req, attempt: int, response: httpx.Response | None,
+              elapsed: float = 0.0) -> float | None:
+        """Seconds to wait before attempt ``attempt + 1``; ``None``: keep this answer (or raise this failure).
+
+        ``elapsed``: seconds since the first attempt; no retry starts after ``retry_for``."""
         if attempt >= self.retries or not req.retryable:
             return None
         if response is not None and not _transient(response):
             return None
-        return self.backoff * 2 ** attempt
+        wait = self.backoff * 2 ** attempt
+        if self.retry_for is not None and elapsed + wait > self.retry_for:
+            return None
+        return wait
 
 
 def _transient(response: httpx.Response) -> bool:
     """An answer a retry may get past: a gateway's 502/503/504, or a stable code that says so."""
     status = response.status_code
-    if status not in (409, 502, 503, 504):
+    if status not in (409, 502, 503, 504, 507):
         return False
     try:
         code = response.json().get("code")
@@ -316,10 +331,11 @@ class Client:
     """The REST API, synchronously. ``with Client(url, token) as api: api.tasks()``."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float | None = 30.0,
-                 transport: httpx.BaseTransport | None = None, retries: int = 3, backoff: float = 0.25) -> None:
+                 transport: httpx.BaseTransport | None = None, retries: int = 3, backoff: float = 0.25,
+                 retry_for: float | None = 60.0) -> None:
         self.base_url = _base(base_url)
         self.timeout = timeout
-        self._retry = _Retry(retries, backoff)
+        self._retry = _Retry(retries, backoff, retry_for)
         self._http = httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {token}"},
                                   timeout=timeout, transport=transport)
 
@@ -340,16 +356,16 @@ class Client:
 
     def _do(self, req: _Req, idempotency_key: str | None = None) -> Any:
         kwargs = req.kwargs(idempotency_key)  # one key for every attempt
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             try:
                 response = self._http.request(req.method, req.path, **kwargs)
             except httpx.TransportError:
-                delay = self._retry.delay(req, attempt, None)
+                delay = self._retry.delay(req, attempt, None, time.monotonic() - started)
                 if delay is None:
                     raise
             else:
-                delay = self._retry.delay(req, attempt, response)
+                delay = self._retry.delay(req, attempt, response, time.monotonic() - started)
                 if delay is None:
                     return req.parse(response)
             time.sleep(delay)
@@ -560,10 +576,11 @@ class AsyncClient:
     """The REST API for asyncio code: the same methods as ``Client``, awaited; events with ``async for``."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float | None = 30.0,
-                 transport: httpx.AsyncBaseTransport | None = None, retries: int = 3, backoff: float = 0.25) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, retries: int = 3, backoff: float = 0.25,
+                 retry_for: float | None = 60.0) -> None:
         self.base_url = _base(base_url)
         self.timeout = timeout
-        self._retry = _Retry(retries, backoff)
+        self._retry = _Retry(retries, backoff, retry_for)
         self._http = httpx.AsyncClient(base_url=self.base_url, headers={"Authorization": f"Bearer {token}"},
                                        timeout=timeout, transport=transport)
 
@@ -585,16 +602,16 @@ class AsyncClient:
         import asyncio
 
         kwargs = req.kwargs(idempotency_key)  # one key for every attempt
-        attempt = 0
+        attempt, started = 0, time.monotonic()
         while True:
             try:
                 response = await self._http.request(req.method, req.path, **kwargs)
             except httpx.TransportError:
-                delay = self._retry.delay(req, attempt, None)
+                delay = self._retry.delay(req, attempt, None, time.monotonic() - started)
                 if delay is None:
                     raise
             else:
-                delay = self._retry.delay(req, attempt, response)
+                delay = self._retry.delay(req, attempt, response, time.monotonic() - started)
                 if delay is None:
                     return req.parse(response)
             await asyncio.sleep(delay)
