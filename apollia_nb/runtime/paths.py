@@ -35,6 +35,7 @@ A workspace must neither contain the home nor lie inside it
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 from dataclasses import dataclass
@@ -227,34 +228,26 @@ def _forms(path: str, cwd: str) -> list[str]:
 
 
 def _collect_places() -> list[tuple[str, str, str]]:
-    import site
     import sys
-    import sysconfig
+    import types
 
     cwd = os.getcwd()
-    found: list[tuple[str, str, str]] = []
+    wanted: dict[tuple[str, str], str] = {}  # (path as written, kind) -> why: each is resolved once
 
     def add(path: object, kind: str, why: str) -> None:
         if isinstance(path, bytes):
             path = os.fsdecode(path)
         if not isinstance(path, str):
             return  # importlib skips what is not a path too
-        for form in _forms(path or cwd, cwd):
-            found.append((form, kind, why))
+        wanted.setdefault((path or cwd, kind), why)
 
     # The Python installation: every file of these folders is imported or run.
-    installed = {p for p in (*site.getsitepackages(), site.getusersitepackages()) if p}
-    paths = sysconfig.get_paths()
-    installed |= {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
-    for path in sorted(installed):
+    installed, scripts = _installation(sys.prefix, sys.exec_prefix, os.environ.get("PYTHONUSERBASE"),
+                                       os.path.expanduser("~"))
+    for path in installed:
         add(path, "code", "the Python installation's module folder")
-    for scheme in (None, f"{os.name}_user"):
-        try:
-            scripts = sysconfig.get_path("scripts", scheme) if scheme else paths.get("scripts")
-        except KeyError:
-            continue
-        if scripts:
-            add(scripts, "code", "the Python installation's scripts folder")
+    for path in scripts:
+        add(path, "code", "the Python installation's scripts folder")
     for prefix in {sys.prefix, sys.exec_prefix}:
         add(os.path.join(prefix, "pyvenv.cfg"), "file", "the virtual environment's configuration")
 
@@ -272,11 +265,12 @@ def _collect_places() -> list[tuple[str, str, str]]:
     # Where the modules this process imported came from (an editable install's finder may map a
     # package's folder without putting it on sys.path).
     for name, module in list(sys.modules.items()):
-        if "." in name or module is None:
+        if "." in name or not isinstance(module, types.ModuleType):
             continue
-        where = getattr(module, "__path__", None)
-        folders = [os.path.dirname(p) for p in where if isinstance(p, str)] if where is not None else []
-        file = getattr(module, "__file__", None)
+        attributes = module.__dict__  # never getattr: a module's __getattr__ may import or run anything
+        where = attributes.get("__path__")
+        folders = [os.path.dirname(p) for p in list(where) if isinstance(p, str)] if where is not None else []
+        file = attributes.get("__file__")
         if not folders and isinstance(file, str):
             folders = [os.path.dirname(file)]
         for folder in folders:
@@ -306,7 +300,27 @@ def _collect_places() -> list[tuple[str, str, str]]:
         add(startup, "file", "the PYTHONSTARTUP file")
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         add(folder, "code", "the PATH folder")
-    return found
+    return [(form, kind, why) for (path, kind), why in wanted.items() for form in _forms(path, cwd)]
+
+
+@functools.lru_cache(maxsize=4)
+def _installation(prefix: str, exec_prefix: str, userbase: str | None, home: str) -> tuple[list[str], list[str]]:
+    """The installation's module folders and scripts folders (what ``site`` and ``sysconfig`` say)."""
+    import site
+    import sysconfig
+
+    installed = {p for p in (*site.getsitepackages(), site.getusersitepackages()) if p}
+    paths = sysconfig.get_paths()
+    installed |= {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    scripts: list[str] = []
+    for scheme in (None, f"{os.name}_user"):
+        try:
+            found = sysconfig.get_path("scripts", scheme) if scheme else paths.get("scripts")
+        except KeyError:
+            continue
+        if found:
+            scripts.append(found)
+    return sorted(installed), scripts
 
 
 def _running_ipython() -> object | None:
