@@ -298,6 +298,24 @@ async def test_answered_once_it_is_written_and_plain_files_keep_the_consent(home
 
 
 @pytest.mark.anyio
+async def test_a_workspace_registered_from_its_working_folder_stays_an_import_folder_elsewhere(
+        home, tmp_path, monkeypatch):
+    async with Runtime(home) as rt:
+        rt.governance.grant_consent("clerk", "write", by="test")
+        await rt.register_agent(manifest(actor=[
+            {"tool_calls": [call("write_file", path="colorsys.py", content="X = 1\n")]},
+            {"text": "done"}]))  # [workspace] root = ".": the notebook's folder
+        workspace = rt.agent("clerk").workspace
+        (tmp_path / "other").mkdir()
+        monkeypatch.chdir(tmp_path / "other")  # the tools now run in a process working elsewhere
+        handle = await rt.submit("clerk", "Write")
+        await handle.settled()
+        [card] = handle.pending
+        assert "(the folder the agent was registered from " in card.reason
+        assert not (workspace / "colorsys.py").exists()
+
+
+@pytest.mark.anyio
 async def test_a_module_in_a_workspace_away_from_the_import_path_keeps_the_consent(home, tmp_path):
     async with Runtime(home) as rt:
         rt.governance.grant_consent("clerk", "write", by="test")

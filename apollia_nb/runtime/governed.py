@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import posixpath
 import uuid
 from dataclasses import dataclass, field
 from collections.abc import Sequence
@@ -136,7 +137,7 @@ async def governed_call(
         agent=agent.name, tool=name, family=tooldef.family, arguments=ordered,
         connection=tooldef.connection, run_grants=frozenset(grants),
         paths=path.names if path is not None else None, shell=tooldef.shell, aliases=aliases,
-        code_places=code_places() if path is not None and tooldef.family is Family.WRITE else None,
+        code_places=_code_places(agent) if path is not None and tooldef.family is Family.WRITE else None,
     )
     decision = decide(call, rt.governance.view())
     decided = (
@@ -185,6 +186,15 @@ async def governed_call(
         if card.waiting:  # released unanswered: the run stops watching and suspends, the card stays pending
             return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=ordered)
     return await continue_after_answer(rt, agent, card, decision=decision)
+
+
+def _code_places(agent: "Agent") -> Any:
+    """Where this process imports or runs code, and the agent's workspace when it was registered
+    from its working folder (``[workspace] root = "."``: a notebook's folder, which its kernel imports from)."""
+    manifest = getattr(agent, "manifest", None)
+    root = getattr(manifest, "workspace_root", None)
+    own = agent.workspace if isinstance(root, str) and posixpath.normpath(root) == "." else None
+    return code_places(own)
 
 
 def resolved_path(tooldef: Any, ordered: dict[str, Any]) -> Any:

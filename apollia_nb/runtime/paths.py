@@ -189,11 +189,16 @@ _PLACE_VARIABLES = ("HOME", "PATH", "PYTHONSTARTUP", "PYTHONUSERBASE", "IPYTHOND
                     "XDG_DATA_HOME", "JUPYTER_CONFIG_DIR", "JUPYTER_CONFIG_PATH", "JUPYTER_DATA_DIR",
                     "JUPYTER_PATH", "JUPYTER_PREFER_ENV_PATH", "JUPYTER_PLATFORM_DIRS", "JUPYTER_NO_CONFIG")
 
-_places_cache: tuple[object, object] | None = None
+_places_cache: dict[object, "CodePlaces"] = {}
 
 
-def code_places() -> "CodePlaces":
+def code_places(registered_from: str | os.PathLike[str] | None = None) -> "CodePlaces":
     """The places where this process imports or runs code (``Call.code_places``), cached.
+
+    ``registered_from``: an agent's workspace that was the working folder of the
+    process that registered it (``[workspace] root = "."``: a notebook's folder),
+    which a kernel there imports from even when the tools run in another process
+    (``apollia-os run`` started elsewhere).
 
     Worked out again whenever ``sys.path``, the working folder, the number of
     imported modules or one of the variables that move a place changes. Anything
@@ -204,20 +209,26 @@ def code_places() -> "CodePlaces":
 
     from apollia_nb.governance.code_places import CodePlaces
 
-    global _places_cache
     try:
+        extra = os.fspath(registered_from) if registered_from is not None else None
         key: object = (tuple(sys.path), os.getcwd(), len(sys.modules),
-                       tuple(os.environ.get(v) for v in _PLACE_VARIABLES))
+                       tuple(os.environ.get(v) for v in _PLACE_VARIABLES), extra)
+        cached = _places_cache.get(key)
     except Exception as exc:  # a deleted working folder, an unhashable sys.path entry
         return CodePlaces(unknown=f"{type(exc).__name__}: {exc}")
-    cached = _places_cache
-    if cached is not None and cached[0] == key:
-        return cached[1]  # type: ignore[return-value]
+    if cached is not None:
+        return cached
     try:
-        places = CodePlaces.of(_collect_places())
+        found = _collect_places()
+        if extra is not None:
+            cwd = os.getcwd()
+            found += [(form, "import", "the folder the agent was registered from") for form in _forms(extra, cwd)]
+        places = CodePlaces.of(found)
     except Exception as exc:
         return CodePlaces(unknown=f"{type(exc).__name__}: {exc}")
-    _places_cache = (key, places)
+    if len(_places_cache) >= 32:  # sys.path or the modules changed: the old keys will not come back
+        _places_cache.clear()
+    _places_cache[key] = places
     return places
 
 
