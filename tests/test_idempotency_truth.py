@@ -119,19 +119,41 @@ CREATING = {"tasks": _tasks, "agents": _agents, "rules": _rules, "batches": _bat
 # --- the key's answer refused after the request took effect -------------------------------------------
 
 
+@pytest.fixture
+def refused_answers(monkeypatch):
+    """While on, runtime.db refuses (ENOSPC, its storage fault point) every write made while a key's answer
+    is recorded: the request is carried out and durable, then the disk refuses its answer."""
+    from apollia_nb.api.idempotency import Idempotency
+
+    on = [False]
+    original = Idempotency.finish
+
+    async def finish(self, *args, **kwargs):
+        if not on[0]:
+            return await original(self, *args, **kwargs)
+        monkeypatch.setenv(FAULT_ENV, "runtime.db:ENOSPC")
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            monkeypatch.delenv(FAULT_ENV)
+
+    monkeypatch.setattr(Idempotency, "finish", finish)
+    return on
+
+
 @pytest.mark.parametrize("route", sorted(CREATING))
 def test_a_request_whose_keys_answer_the_disk_refuses_is_answered_and_its_retry_gets_the_first_answer(
-        api, armed, route):
+        api, refused_answers, route):
     path, body, effects = CREATING[route](api)
     before = effects()
-    armed("idempotency.before_finish", "full")  # carried out and durable; the key's answer refused
+    refused_answers[0] = True  # carried out and durable; the key's answer refused
     first = api.post(path, json=body, headers=keyed(f"full-{route}"))
     assert 200 <= first.status_code < 300, first.text  # done: never a refusal
     assert effects() == before + 1
     again = api.post(path, json=body, headers=keyed(f"full-{route}"))  # the disk still refuses the answer
     assert (again.status_code, again.json()) == (first.status_code, first.json())
     assert again.headers["Idempotent-Replayed"] == "true"
-    armed.disarm("idempotency.before_finish")
+    refused_answers[0] = False
     recorded = api.post(path, json=body, headers=keyed(f"full-{route}"))  # now recorded as well
     assert (recorded.status_code, recorded.json()) == (first.status_code, first.json())
     assert recorded.headers.get("Location") == first.headers.get("Location")
