@@ -344,3 +344,18 @@ def test_in_a_kernel_the_next_import_does_not_run_what_an_agent_wrote(ip, tmp_pa
     ip.run_cell("import colorsys")
     assert not os.path.exists("MARKER")
     assert not sys.modules["colorsys"].__file__.startswith(os.getcwd())
+
+
+def test_the_example_in_the_docs_runs_as_written():
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "governance.md").read_text(encoding="utf-8")
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "CodePlaces" in b]
+    scope: dict = {"Call": Call, "GovernanceView": GovernanceView, "decide": decide}
+    exec(block.replace("decide(call, GovernanceView", "d = decide(call, GovernanceView"), scope)
+    d = scope["d"]
+    assert (d.outcome.value, d.line, tuple(a.value for a in d.answers)) == ("ask", 5, ("once", "refuse"))
+    assert "the working folder /home/me/analysis" in d.reason
+    docs = (pathlib.Path(__file__).parent.parent / "docs" / "agents-and-tools.md").read_text(encoding="utf-8")
+    assert d.reason in " ".join(docs.split())  # the card's words, as the guide quotes them
