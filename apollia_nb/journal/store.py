@@ -81,7 +81,7 @@ import duckdb
 from apollia_nb import faults
 from apollia_nb.dbutil import MEMORY_LIMIT, fault_point, limit_memory, lock_down, needs_reopen, raise_if_locked, storage_error
 from apollia_nb.errors import BadInput, Conflict, HomeFileCorrupt, HomeLocked, IntegrityError, NotFound, StorageError
-from apollia_nb.home import Home
+from apollia_nb.home import Home, damage_error, damaged_file
 from apollia_nb.journal import accounting as _accounting
 from apollia_nb.journal import keys as _keys
 from apollia_nb.journal.checkpoint import (
@@ -563,10 +563,11 @@ class Journal:
                 if journal is not None and journal._tail is not None:
                     journal._tail.close()
                 con.close()
-                storage = storage_error(exc, f"{path.name} could not be opened")  # e.g. a full disk
-                if storage is None or storage is exc:
+                # The disk refusing a write (e.g. a full disk), or a block of journal.db that does not read.
+                error = storage_error(exc, f"{path.name} could not be opened") or damage_error(exc, path, home=home.path)
+                if error is None or error is exc:
                     raise
-                raise storage from exc
+                raise error from exc
             _OPEN[resolved] = journal
         journal._copier.start()
         journal._thread.start()
@@ -1768,7 +1769,8 @@ def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: 
 
 
 def _connect_journal(home: Home) -> duckdb.DuckDBPyConnection:
-    """``connect_locked`` on ``journal.db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``."""
+    """``connect_locked`` on ``journal.db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``
+    (``home.damaged_file``: the file and its repair)."""
     path = home.journal_db
     try:
         return connect_locked(path)
@@ -1776,10 +1778,7 @@ def _connect_journal(home: Home) -> duckdb.DuckDBPyConnection:
         raise
     except duckdb.Error as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise HomeFileCorrupt(
-            f"{path} cannot be opened ({first}); nothing was changed; restore it from a backup, or archive "
-            f"it and start a new chain with `apollia-os home repair --archive-journal --home {home.path}`"
-        ) from None
+        raise damaged_file(path, f"it cannot be opened: {first}", home=home.path) from None
 
 
 def _prepare(con: duckdb.DuckDBPyConnection) -> str:
