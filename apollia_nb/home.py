@@ -9,7 +9,7 @@ and command line into the file so a second process can say who holds it.
 A database file of the home that DuckDB cannot read as it was written (a damaged
 header or block, a file cut short, an empty file) is ``HOME_FILE_CORRUPT`` naming the
 file and what to do (``damaged_file``), wherever it is found: when the file is
-opened (``check_whole``, ``check_length``) or by a later read (``damage_error``).
+opened (``check_whole``) or by a later read (``damage_error``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 from apollia_nb.errors import HomeFileCorrupt, HomeLocked
 
 __all__ = ["Home", "resolve_home", "OwnerLock", "DATABASE_FILES", "is_damage", "damaged_file", "damage_error",
-           "check_length", "check_whole"]
+           "check_whole"]
 
 
 def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -254,34 +254,11 @@ def damage_error(exc: BaseException, path: Path, *, home: Path | None = None) ->
     return damaged_file(named, first, home=home)
 
 
-def check_length(con: Any, path: Path) -> None:
-    """``HOME_FILE_CORRUPT`` when the file behind ``con`` is shorter than the blocks its header counts
-    (cut short: DuckDB would find out only when it reads a missing block). A constant amount of work."""
-    try:
-        size = path.stat().st_size
-    except OSError:
-        return
-    row = con.execute("SELECT block_size, total_blocks FROM pragma_database_size() "
-                      "WHERE database_name = current_database()").fetchone()
-    if row is None:
-        return
-    block_size, blocks = int(row[0]), int(row[1])
-    wanted = _HEADER_BYTES + block_size * blocks
-    if blocks and size < wanted:
-        raise damaged_file(path, f"the file holds {size} bytes, its header counts {blocks} blocks of "
-                                 f"{block_size} bytes ({wanted} bytes): it was cut short")
-
-
-#: A DuckDB file's headers before its first block (one main header, two database headers).
-_HEADER_BYTES = 3 * 4096
-
-
 def check_whole(con: Any, path: Path) -> None:
     """Read every block of the database behind ``con`` that holds a table's rows or a key's index
     (DuckDB checks each block's checksum as it reads it, and reads most of them only when a query
-    needs them): ``HOME_FILE_CORRUPT`` naming ``path`` when one does not read, or the file was cut
-    short. The time it takes grows with the data (measured: about 5 ms a megabyte on one core)."""
-    check_length(con, path)
+    needs them; a block past the end of a file cut short does not read either): ``HOME_FILE_CORRUPT``
+    naming ``path`` when one does not read. The time it takes grows with the data (measured: about 5 ms a megabyte on one core)."""
     tables = con.execute("SELECT schema_name, table_name FROM duckdb_tables() "
                          "WHERE database_name = current_database() AND NOT temporary").fetchall()
     keys = con.execute("SELECT schema_name, table_name, constraint_column_names FROM duckdb_constraints() "
