@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 from apollia_nb.dbutil import fault_point, limit_memory, needs_reopen, storage_error
 from apollia_nb.errors import StorageError
+from apollia_nb.home import check_whole, damage_error, damaged_file
 
 __all__ = ["RuntimeRecords", "RETRY_SECS", "open_records"]
 
@@ -330,6 +331,9 @@ class RuntimeRecords:
         except BaseException as exc:
             if needs_reopen(exc):
                 self._reopen_needed = True
+            damaged = damage_error(exc, self.path)  # a block that does not read: named, never a traceback
+            if damaged is not None:
+                raise damaged from None
             raise
 
     def _reopen(self) -> None:
@@ -396,10 +400,19 @@ class RuntimeRecords:
             if self._reopen_needed:
                 raise StorageError(f"{self.path.name} could not be opened again after a failed write; "
                                    "the writer tries again at its next write")
-            cur = self._con.execute(sql, params)
+            try:
+                cur = self._con.execute(sql, params)
+            except Exception as exc:
+                damaged = damage_error(exc, self.path)  # a block that does not read: named, never a traceback
+                if damaged is not None:
+                    raise damaged from None
+                raise
             try:
                 return cur.fetchall()
-            except Exception:  # statements without a result set
+            except Exception as exc:  # statements without a result set
+                damaged = damage_error(exc, self.path)
+                if damaged is not None:
+                    raise damaged from None
                 return []
 
     def _upsert(self, table: str, keys: dict[str, Any], values: dict[str, Any], *,
@@ -626,18 +639,20 @@ class RuntimeRecords:
 
 
 def open_records(home: Any) -> RuntimeRecords:
-    """``RuntimeRecords`` on ``home.runtime_db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``
-    (named, with the command that recovers), never a traceback."""
+    """``RuntimeRecords`` on ``home.runtime_db``, every block of it read once (``home.check_whole``): a
+    file DuckDB cannot open or read whole is ``HOME_FILE_CORRUPT`` (named, with the command that
+    recovers), never a traceback, and nothing was changed."""
     import duckdb
 
-    from apollia_nb.errors import HomeFileCorrupt
-    from apollia_nb.journal.accounting import repair_hint
-
     try:
-        return RuntimeRecords(home.runtime_db)
+        records = RuntimeRecords(home.runtime_db)
     except duckdb.Error as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise HomeFileCorrupt(
-            f"{home.runtime_db} cannot be opened ({first}); nothing was changed; "
-            f"{repair_hint(home, '--new-runtime-db')} (the damaged file is moved aside, not deleted)"
-        ) from None
+        raise damaged_file(home.runtime_db, f"it cannot be opened: {first}", home=home.path) from None
+    try:
+        with records._lock:
+            check_whole(records._con, home.runtime_db)
+    except BaseException:
+        records.close()
+        raise
+    return records
