@@ -67,9 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from apollia_nb.dbutil import storage_error
 
             storage = storage_error(exc, "the command could not finish")
-            if storage is None:
+            if storage is not None:
+                raise storage from exc
+            damaged = damaged_home_file(exc, getattr(args, "home", None))  # a block that does not read
+            if damaged is None:
                 raise
-            raise storage from exc
+            raise damaged from exc
     except ApolliaError as exc:
         if getattr(args, "json", False):
             print(json.dumps(exc.to_dict()), file=sys.stderr)
@@ -78,6 +81,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+
+
+def damaged_home_file(exc: BaseException, home: str | None) -> ApolliaError | None:
+    """``HOME_FILE_CORRUPT`` for DuckDB finding a home file damaged where nothing named the file, else
+    None. The file is the one DuckDB's message names, else the first of the home's database files
+    that does not read whole (each opened read-only, nothing written)."""
+    from pathlib import Path
+
+    from apollia_nb.errors import HomeFileCorrupt
+    from apollia_nb.home import DATABASE_FILES, Home, check_whole, damage_error, is_damage
+
+    if not is_damage(exc):
+        return None
+    where = Home.at(home, create=False)
+    named = damage_error(exc, where.journal_db, home=where.path)
+    if named is not None and any(f"/{name}" in str(exc) for name in DATABASE_FILES):
+        return named
+    import duckdb
+
+    for name in DATABASE_FILES:
+        path: Path = where.path / name
+        if not path.is_file():
+            continue
+        try:
+            con = duckdb.connect(str(path), read_only=True)
+        except duckdb.Error as opened:
+            found = damage_error(opened, path, home=where.path)
+            if found is not None:
+                return found
+            continue  # held by another process, or open in this one: not the file found damaged here
+        try:
+            check_whole(con, path)
+        except ApolliaError as found:
+            return found
+        except duckdb.Error:
+            continue
+        finally:
+            con.close()
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return HomeFileCorrupt(
+        f"a database file of the home {where.path} does not read ({first}); nothing was changed; run "
+        f"`apollia-os audit verify --home {where.path}` to check the journal, and restore the damaged file "
+        "from a backup (or replace it on purpose with `apollia-os home repair`)")
 
 
 def emit(args: argparse.Namespace, data: object, text: str) -> None:
