@@ -41,6 +41,7 @@ Messages are for people and may change; codes may not.
     ├── GovernanceUnreadable          GOVERNANCE_UNREADABLE: fail closed
     ├── PolicyRefused                 POLICY_REFUSED: organisation policy not accepted
     ├── IntegrityError                INTEGRITY_FAILURE: the journal does not verify
+    │   └── BundleFileAltered         BUNDLE_FILE_ALTERED: a bundle file is not what this install writes (names it)
     ├── HomeDamaged                   HOME_DAMAGED: a file the home had is missing or unusable
     │   ├── HomeFileMissing           HOME_FILE_MISSING: names the file and how to recover
     │   ├── HomeFileCorrupt           HOME_FILE_CORRUPT: names the file and how to recover
@@ -104,6 +105,7 @@ __all__ = [
     "GovernanceUnreadable",
     "PolicyRefused",
     "IntegrityError",
+    "BundleFileAltered",
     "HomeDamaged",
     "HomeFileMissing",
     "HomeFileCorrupt",
@@ -305,6 +307,18 @@ class PolicyRefused(ApolliaError):
 class IntegrityError(ApolliaError):
     code = "INTEGRITY_FAILURE"
     http_status = 500
+
+
+class BundleFileAltered(IntegrityError):
+    """A file of an audit bundle that an auditor is told to run or read (``views.sql``, ``README.md``,
+    ``meta.json``, ...) is not what this install writes for that bundle, or is not a plain file.
+    ``file`` names it."""
+
+    code = "BUNDLE_FILE_ALTERED"
+
+    def __init__(self, message: str, file: str = "") -> None:
+        super().__init__(message)
+        self.file = file
 
 
 class HomeDamaged(ApolliaError):

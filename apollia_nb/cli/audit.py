@@ -4,7 +4,10 @@
 exported bundle) and create nothing. ``checkpoint`` and ``prove`` may write a
 checkpoint, so they own the home for their duration (``OwnerLock``; another
 owner is ``HOME_LOCKED``, naming it). ``verify`` exits 1 on any integrity
-failure, printing the first bad sequence number and what was wrong.
+failure, printing the first bad sequence number and what was wrong. ``verify
+--bundle`` first checks the files a bundle's README tells the auditor to run or read
+(``BUNDLE_FILE_ALTERED`` naming the file, exit 1); ``views`` prints the bundle views
+from this install, so that querying a bundle runs nothing the bundle brought.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ EXIT_INTEGRITY = 1
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add ``audit verify|verifier-key|consistency|checkpoint|prove|replay|export``."""
+    """Add ``audit verify|verifier-key|views|consistency|checkpoint|prove|replay|export``."""
     audit = sub.add_parser("audit", help="verify, checkpoint, prove, replay and export the journal")
     asub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
@@ -44,8 +47,19 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="require the newest checkpoint, covering every entry, to be cosigned by this witness "
                         "(its cosignature/v1 verifier key; repeatable)")
     p.add_argument("--quorum", type=int, default=None, metavar="N",
-                   help="with --witness: cosignatures from at least N of them suffice (default: all)")
+                   help="with --witness: cosignatures from at least N of them suffice (default: all); "
+                        "witnesses count by key, so one given twice is one")
     p.set_defaults(handler=_verify)
+
+    p = asub.add_parser("views", parents=[common],
+                        help="print this install's SQL views for an exported bundle (for duckdb -cmd)",
+                        description="Print the SQL that maps a bundle's Parquet files and creates the views "
+                        "journal, decisions, tool_calls and runs, from this install (never from the bundle): "
+                        "duckdb -cmd \"$(apollia-os audit views --bundle DIR)\". Exit 0; 3 DIR is not a bundle. "
+                        "JSON: sql.")
+    p.add_argument("--bundle", type=Path, default=None, metavar="DIR",
+                   help="name the bundle's files by their absolute paths in DIR (default: relative, run it there)")
+    p.set_defaults(handler=_views)
 
     p = asub.add_parser("verifier-key", parents=[common],
                         help="print the log's verifier key (<origin>+<key id>+<key>) to pin with --key",
@@ -189,6 +203,13 @@ def _verify(args: argparse.Namespace) -> int:
         check_cosigned(entries=0, checkpoints=(), cosignatures=(), witnesses=args.witness, quorum=args.quorum)
     cosigned = None
     if args.bundle is not None:
+        from apollia_nb.errors import BundleFileAltered
+        from apollia_nb.journal.export import check_bundle_files
+
+        try:  # before anything else reads it: a file that is not what this install writes fails here
+            check_bundle_files(args.bundle)
+        except BundleFileAltered as exc:
+            return _altered(args, exc)
         report = verify_bundle(args.bundle, external=external)
         if args.witness:
             cosigned = _cosigned(args, report, *cosigned_rows_of_bundle(args.bundle))
@@ -218,6 +239,33 @@ def _verify(args: argparse.Namespace) -> int:
         line = f"witnesses: FAILED: {cosigned.problem}"
     emit(args, data, f"{report.summary()}\n{line}")
     return 0 if data["ok"] else EXIT_INTEGRITY
+
+
+def _altered(args: argparse.Namespace, exc: Any) -> int:
+    """``verify --bundle`` on a bundle whose README, views or other small file was altered: an
+    integrity failure naming the file (exit 1); its entries are not looked at."""
+    data = {"ok": False, "entries": 0, "first_bad_seq": None, "problem": exc.message, "checked_checkpoints": 0,
+            "code": exc.code, "file": exc.file}
+    emit(args, data, f"FAILED: {exc.code}: {exc.message}")
+    return EXIT_INTEGRITY
+
+
+def _views(args: argparse.Namespace) -> int:
+    from apollia_nb.errors import BadInput, NotFound
+    from apollia_nb.journal.export import BUNDLE_FILES
+    from apollia_nb.journal.views import bundle_sql
+
+    if args.bundle is not None:
+        if any(ord(ch) < 0x20 or ch == "\x7f" for ch in str(args.bundle.resolve())):
+            raise BadInput(f"{str(args.bundle)!r}: a bundle path with control characters cannot be named in SQL")
+        if not (args.bundle / BUNDLE_FILES["entries"]).is_file():
+            raise NotFound(f"{args.bundle} is not an audit bundle: {BUNDLE_FILES['entries']} is missing")
+    sql = bundle_sql(args.bundle)
+    if getattr(args, "json", False):
+        emit(args, {"sql": sql}, sql)
+    else:
+        print(sql, end="")
+    return 0
 
 
 def _cosigned(args: argparse.Namespace, report: Any, checkpoints: Any, cosignatures: Any) -> Any:

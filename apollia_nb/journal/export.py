@@ -12,6 +12,16 @@ A bundle is a folder an auditor can take away and check without the home:
 ``views.sql``            the SQL views over the Parquet files, for the ``duckdb`` CLI
 ``README.md``            how to verify and query the bundle
 
+Nothing in a bundle is trusted to run on the auditor's machine. The documented way to
+query takes the views from the auditor's own install (``apollia-os audit views``, the
+same SQL as :func:`~apollia_nb.journal.views.bundle_sql`), and ``audit verify --bundle``
+runs :func:`check_bundle_files` first: every file the README tells the auditor to run or
+read (``views.sql``, ``README.md`` itself, ``meta.json``, ``checkpoint.txt``,
+``journal.pub``, ``journal.vkey``) must be byte for byte what this install writes for the
+bundle's verified contents, and every bundle file a plain file (not a link, a folder or a
+pipe); anything else is ``BUNDLE_FILE_ALTERED`` naming the file. ``views.sql`` and the
+README are conveniences: a bundle without them verifies.
+
 DuckDB writes Parquet itself (``COPY ... (FORMAT parquet)``); no other library
 is needed. Everything is read in one transaction, so the files agree. An open
 journal's database is locked to itself (it opens no file), so its rows are
@@ -29,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from apollia_nb.dbutil import limit_memory
-from apollia_nb.errors import BadInput, IntegrityError, NotFound
+from apollia_nb.errors import BadInput, BundleFileAltered, IntegrityError, NotFound
 from apollia_nb.journal.checkpoint import NoteVerifier
 from apollia_nb.journal.verify import _COLUMNS as _ENTRY_COLUMNS
 from apollia_nb.journal.verify import _ranged_chunks
@@ -39,8 +49,8 @@ if TYPE_CHECKING:
     from apollia_nb.home import Home
     from apollia_nb.journal.store import Journal
 
-__all__ = ["BUNDLE_FILES", "ExportResult", "export_home", "export_journal", "export_streamed", "read_bundle_key",
-           "read_bundle_meta", "bundle_hashes"]
+__all__ = ["BUNDLE_FILES", "BundleFacts", "ExportResult", "bundle_hashes", "bundle_readme", "check_bundle_files",
+           "export_home", "export_journal", "export_streamed", "read_bundle_key", "read_bundle_meta"]
 
 BUNDLE_FILES = {
     "entries": "entries.parquet",
@@ -92,8 +102,10 @@ with `f(NULL) = 0x00` and `f(x) = 0x01 || u32be(len(x)) || x` (text as UTF-8);
 
 ## Query
 
+Take the SQL views from your own apollia-os, not from this folder:
+
 ```sh
-duckdb -init views.sql          # any DuckDB from 1.4 on, e.g. pip install duckdb-cli
+duckdb -cmd "$(apollia-os audit views --bundle .)"   # any DuckDB from 1.4 on, e.g. pip install duckdb-cli
 ```
 
 ```sql
@@ -101,6 +113,13 @@ SELECT kind, count(*) FROM journal GROUP BY kind ORDER BY 2 DESC;
 SELECT * FROM decisions WHERE outcome = 'ask' AND answer IS NULL;
 SELECT * FROM runs ORDER BY started_at;
 ```
+
+`views.sql` holds the same SQL. `duckdb -init views.sql` runs whatever that file
+holds, DuckDB's dot-commands (`.shell`, `.read`, `.output`) included: run it only
+after `apollia-os audit verify --bundle .` passed, which checks that `views.sql`,
+this README, `meta.json`, `checkpoint.txt`, `journal.pub` and `journal.vkey` are
+byte for byte what apollia-os writes for these entries. Without apollia-os, read
+`views.sql` before you run it.
 """
 
 
@@ -278,34 +297,171 @@ def _finish(directory: Path, *, verifier: NoteVerifier, key_id: str, entries: in
     if cosigned:
         files.append(BUNDLE_FILES["cosignatures"])
     if latest is not None:
-        (directory / BUNDLE_FILES["checkpoint"]).write_text(latest)
+        (directory / BUNDLE_FILES["checkpoint"]).write_text(latest, encoding="utf-8")
         files.append(BUNDLE_FILES["checkpoint"])
-    head_hex = head.hex() if head else "0" * 64
-    texts = {
-        "pub": base64.b64encode(verifier.public_key).decode() + "\n",
-        "vkey": verifier.key() + "\n",
-        "meta": json.dumps(
-            {
-                "origin": verifier.name,
-                "format": FORMAT_VERSION,
-                "entries": entries,
-                "head_hash": head_hex,
-                "key_id": key_id,
-                "checkpoints": checkpoints,
-                "verified": invalid is None,
-                "invalid": invalid,
-            },
-            indent=2,
-        ) + "\n",
-        "views": bundle_sql(),
-        "readme": _README.format(
-            origin=verifier.name, entries=entries, head=head_hex, key_id=key_id, vkey=verifier.key()
-        ),
-    }
+    facts = BundleFacts(verifier, key_id, entries, head.hex() if head else "0" * 64, checkpoints)
+    texts = {**_key_texts(verifier), "meta": json.dumps(
+        {**_meta_facts(facts), "format": FORMAT_VERSION, "verified": invalid is None, "invalid": invalid},
+        indent=2,
+    ) + "\n", "views": bundle_sql(), "readme": bundle_readme(facts)}
     for name, text in texts.items():
-        (directory / BUNDLE_FILES[name]).write_text(text)
+        (directory / BUNDLE_FILES[name]).write_text(text, encoding="utf-8")
         files.append(BUNDLE_FILES[name])
     return ExportResult(directory, entries, checkpoints, tuple(files))
+
+
+# --- what verify checks of the files beside the entries ------------------------------------
+
+
+@dataclass(frozen=True)
+class BundleFacts:
+    """What a bundle's small files are written from: its key, entry count, head hash, checkpoints."""
+
+    verifier: NoteVerifier
+    key_id: str
+    entries: int
+    head_hex: str
+    checkpoints: int
+
+
+def bundle_readme(facts: BundleFacts) -> str:
+    """The README this install writes for a bundle with these facts."""
+    return _README.format(origin=facts.verifier.name, entries=facts.entries, head=facts.head_hex,
+                          key_id=facts.key_id, vkey=facts.verifier.key())
+
+
+def _key_texts(verifier: NoteVerifier) -> dict[str, str]:
+    return {"pub": base64.b64encode(verifier.public_key).decode() + "\n", "vkey": verifier.key() + "\n"}
+
+
+def _meta_facts(facts: BundleFacts) -> dict[str, Any]:
+    """The keys of ``meta.json`` that follow from the entries (in the order they are written)."""
+    return {"origin": facts.verifier.name, "entries": facts.entries, "head_hash": facts.head_hex,
+            "key_id": facts.key_id, "checkpoints": facts.checkpoints}
+
+
+def _plain_files(directory: Path) -> None:
+    """Every bundle file present is a plain file: a link, a folder or a pipe is refused before
+    anything reads it (a pipe would hold the reader forever, a link read another file)."""
+    import stat
+
+    for name in BUNDLE_FILES.values():
+        path = directory / name
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise BundleFileAltered(f"{name}: cannot be read ({exc.strerror})", name) from None
+        if stat.S_ISLNK(mode):
+            raise BundleFileAltered(f"{name} is a symbolic link; a bundle holds plain files only", name)
+        if not stat.S_ISREG(mode):
+            raise BundleFileAltered(f"{name} is not a plain file; a bundle holds plain files only", name)
+
+
+#: More than any key, meta.json or checkpoint note apollia-os writes: such a file is not read whole.
+_SMALL_FILE = 1 << 20
+
+
+def _read_at_most(directory: Path, name: str, limit: int) -> bytes | None:
+    """The file's bytes (None when absent), reading at most ``limit`` + 1 of them: a file longer
+    than what it must equal differs, however long it is."""
+    try:
+        with (directory / name).open("rb") as f:
+            return f.read(limit + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BundleFileAltered(f"{name}: cannot be read ({exc.strerror})", name) from None
+
+
+def _must_equal(directory: Path, name: str, expected: str, why: str) -> None:
+    want = expected.encode("utf-8")
+    got = _read_at_most(directory, name, len(want))
+    if got is not None and got != want:
+        raise BundleFileAltered(f"{name} is not the file apollia-os writes for this bundle ({why}); "
+                                "do not run or trust it", name)
+
+
+def _bundle_rows(directory: Path) -> tuple[int, str, int, str | None]:
+    """Entry count, head hash (hex), checkpoint count and the largest checkpoint's note, read from
+    the Parquet files (verified separately by ``verify_bundle``)."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET enable_progress_bar = false")
+        name = BUNDLE_FILES["entries"]
+        try:
+            [(count, head)] = con.execute(
+                "SELECT count(*), arg_max(hash, seq) FROM read_parquet(?)", [str(directory / name)]).fetchall()
+            name = BUNDLE_FILES["checkpoints"]
+            cps, latest = 0, None
+            if (directory / name).exists():
+                [(cps, latest)] = con.execute("SELECT count(*), arg_max(note, size) FROM read_parquet(?)",
+                                              [str(directory / name)]).fetchall()
+        except duckdb.Error as exc:
+            raise BundleFileAltered(f"{name} cannot be read as the bundle's Parquet file: "
+                                    f"{str(exc).splitlines()[0]}", name) from None
+    finally:
+        con.close()
+    head_hex = bytes(head).hex() if count and head is not None else "0" * 64
+    return int(count), head_hex, int(cps), latest
+
+
+def check_bundle_files(directory: Path) -> BundleFacts:
+    """Check the files beside a bundle's entries against what this install writes for them.
+
+    Every bundle file present must be a plain file; ``journal.vkey`` and ``journal.pub`` must be
+    the key's exact text; ``meta.json`` must name the origin, entry count, head hash, key id and
+    checkpoint count the Parquet files hold; ``checkpoint.txt`` must be the largest stored
+    checkpoint's note; ``views.sql`` and ``README.md``, when present, must be byte for byte what
+    this install writes for those facts. Raises ``BUNDLE_FILE_ALTERED`` naming the first file
+    that is not (``NOT_FOUND`` when the folder is not a bundle). Reads nothing but the bundle's
+    own files, each no further than the length it must have."""
+    from apollia_nb.journal.keys import key_id
+
+    directory = Path(directory)
+    for name in (BUNDLE_FILES["entries"], BUNDLE_FILES["vkey"]):
+        if not (directory / name).exists() and not (directory / name).is_symlink():
+            raise NotFound(f"{directory} is not an audit bundle: {name} is missing")
+    _plain_files(directory)
+    for name in (BUNDLE_FILES["vkey"], BUNDLE_FILES["pub"], BUNDLE_FILES["meta"]):
+        if (directory / name).exists() and (directory / name).stat().st_size > _SMALL_FILE:
+            raise BundleFileAltered(f"{name} holds {(directory / name).stat().st_size} bytes; apollia-os writes "
+                                    f"it in under {_SMALL_FILE}", name)
+    try:
+        verifier = read_bundle_key(directory)
+    except (BadInput, IntegrityError) as exc:
+        raise BundleFileAltered(f"{BUNDLE_FILES['vkey']}/{BUNDLE_FILES['pub']}: {exc.message}",
+                                BUNDLE_FILES["vkey"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BundleFileAltered(f"{BUNDLE_FILES['vkey']} cannot be read: {exc}", BUNDLE_FILES["vkey"]) from None
+    for part, text in _key_texts(verifier).items():
+        _must_equal(directory, BUNDLE_FILES[part], text, "the key's exact text, one line")
+    entries, head_hex, checkpoints, latest = _bundle_rows(directory)
+    facts = BundleFacts(verifier, key_id(verifier.public_key), entries, head_hex, checkpoints)
+    name = BUNDLE_FILES["meta"]
+    if (directory / name).exists():
+        try:
+            meta = read_bundle_meta(directory)
+        except IntegrityError as exc:
+            raise BundleFileAltered(exc.message, name) from None
+        for key, value in _meta_facts(facts).items():
+            if meta.get(key) != value or type(meta.get(key)) is not type(value):
+                raise BundleFileAltered(f"{name} says {key} {meta.get(key)!r}; the bundle's files hold "
+                                        f"{value!r}", name)
+    name = BUNDLE_FILES["checkpoint"]
+    if latest is None:
+        if (directory / name).exists():
+            raise BundleFileAltered(f"{name} is present, but {BUNDLE_FILES['checkpoints']} holds no checkpoint",
+                                    name)
+    else:
+        _must_equal(directory, name, latest, f"the note of the largest checkpoint in {BUNDLE_FILES['checkpoints']}")
+    _must_equal(directory, BUNDLE_FILES["views"], bundle_sql(),
+                "the views this install makes; `apollia-os audit views` prints them")
+    _must_equal(directory, BUNDLE_FILES["readme"], bundle_readme(facts), "its instructions, for these entries")
+    return facts
 
 
 def export_home(home: Home, directory: Path, *, invalid: dict[str, Any] | None = None) -> ExportResult:

@@ -4,7 +4,8 @@ Created (``CREATE OR REPLACE``) when the journal opens and finds them missing or
 made from other SQL than this module's (``meta.views`` names the SQL they were
 made from, so an open of an unchanged journal makes none), and written into an
 exported bundle as ``views.sql`` over ``entries.parquet``, so the same queries
-work on a live ``journal.db`` and on an offline bundle. Views only read; the raw
+work on a live ``journal.db`` and on an offline bundle (``apollia-os audit views``
+prints the same script from the auditor's own install). Views only read; the raw
 hashed bytes stay in ``entries``.
 
 The payload fields the views expose are kept typed in ``entry_fields`` (one row
@@ -263,12 +264,23 @@ def list_runs(journal: Any) -> list[dict[str, Any]]:
     return [{k: _utc(v) for k, v in zip(_RUN_COLUMNS, row, strict=True)} for row in rows]
 
 
-def bundle_sql() -> str:
-    """A script for the ``duckdb`` CLI that maps a bundle's Parquet files and adds the views."""
+def bundle_sql(directory: Any = None) -> str:
+    """A script for the ``duckdb`` CLI that maps a bundle's Parquet files and adds the views.
+
+    The Parquet files are named relative to the bundle (run it there), or by their absolute path
+    inside ``directory`` when one is given (``apollia-os audit views --bundle DIR``). The script
+    is SQL only: no dot-command, nothing that writes, attaches or installs."""
+    def parquet(name: str) -> str:
+        if directory is None:
+            return f"'{name}'"
+        from pathlib import Path
+
+        return "'" + str(Path(directory).resolve() / name).replace("'", "''") + "'"
+
     head = (
-        "-- Run inside an exported audit bundle:  duckdb -init views.sql\n"
-        "CREATE OR REPLACE VIEW entries AS SELECT * FROM read_parquet('entries.parquet');\n"
-        "CREATE OR REPLACE VIEW checkpoints AS SELECT * FROM read_parquet('checkpoints.parquet');\n"
+        "-- The audit bundle's views, from apollia-os:  duckdb -cmd \"$(apollia-os audit views --bundle .)\"\n"
+        f"CREATE OR REPLACE VIEW entries AS SELECT * FROM read_parquet({parquet('entries.parquet')});\n"
+        f"CREATE OR REPLACE VIEW checkpoints AS SELECT * FROM read_parquet({parquet('checkpoints.parquet')});\n"
         "-- The payload fields the views read (journal.db keeps them as a table):\n"
         "CREATE OR REPLACE VIEW entry_fields AS" + _FIELDS_SELECT.replace("{where}", "").rstrip() + ";\n"
         "-- One row per call (journal.db keeps it as a table):\n"
