@@ -92,11 +92,14 @@ def test_replay_and_verify_words():
 
 
 def test_a_servers_question_says_how_to_answer_it_with_values():
-    question = {**CARD, "tool": "mcp:notes/elicitation/create", "hints": None,
+    question = {**CARD, "tool": "mcp:notes/elicitation/create", "hints": None, "request": "elicitation/create",
                 "arguments": {"mode": "form", "message": "Which notebook?", "requestedSchema": {"type": "object"}}}
     assert 'card.answer("once", values={...})' in render.card_text(question)
     assert "values={...}" in render.card_html(question)
     assert "values=" not in render.card_text(CARD)  # a tool call's card: no form to fill in
+    lookalike = {**question, "request": None}  # a tool call named like a question is not one
+    assert "question from the server" not in render.card_text(lookalike)
+    assert "question from the server" not in render.card_html(lookalike)
     url = {**question, "arguments": {"mode": "url", "message": "Sign in", "url": "https://example.test/"}}
     assert "values=" not in render.card_text(url)
     assert "values=" not in render.card_text({**question, "answer": "once", "answered_by": "ada"})

@@ -62,9 +62,10 @@ import anyio
 from apollia_nb.errors import ApolliaError, PermanentToolError, ToolNameRefused, ToolTimeout, TransientToolError
 from apollia_nb.federation.config import McpServerConfig
 from apollia_nb.federation.mcp_requests import (
-    ELICITATION, SAMPLING, elicitation_action, redact_form_values, sampling_arguments,
+    ELICITATION, SAMPLING, elicitation_action, sampling_arguments, shown_request,
 )
 from apollia_nb.federation.sources import check_connection_allowed, named_tools
+from apollia_nb.runtime.outputs import secret_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.tools import ToolDef
@@ -668,6 +669,7 @@ class McpSource:
 
     async def _on_elicit(self, context: Any, params: Any) -> Any:
         import mcp_types as t
+        from pydantic import ValidationError
         from apollia_nb.governance.decision import Answer, Decision, Outcome
         from apollia_nb.runtime.governed import governed_request
 
@@ -680,19 +682,28 @@ class McpSource:
         for key in ("requestedSchema", "url", "elicitationId"):
             if key in shown:
                 arguments[key] = shown[key]
+        # Captured as shown from here on (decision, card, pending decision, journal): a sensitive
+        # field's default and the configured tokens redacted.
+        arguments = shown_request(arguments, secret_values(self._rt.config))
         asked = Decision(Outcome.ASK, 0, (Answer.ONCE, Answer.REFUSE),
                          reason=f"{self.name} asks the person, during {owner.tool}: {arguments['message']}")
         with owner.held():
             call_id, _, card = await governed_request(
                 self._rt, owner.scope, tool=f"{self.name}/{ELICITATION}", family=None, arguments=arguments,
-                connection=self.server, decided=asked, timeout_secs=self.config.input_timeout_secs)
+                connection=self.server, decided=asked, timeout_secs=self.config.input_timeout_secs,
+                request=ELICITATION)
         assert card is not None
         action = elicitation_action(card.answer_value, card.answered_by)
-        content = card.values if action == "accept" else None
+        content = card.delivered_values if action == "accept" else None  # in clear to the server that asked
+        try:
+            result = t.ElicitResult(action=action, content=content)
+        except ValidationError:  # not sent, and its values not repeated in any message
+            self._log_line("an answer the protocol cannot carry was not sent: the question is cancelled")
+            action, content = "cancel", None
+            result = t.ElicitResult(action=action)
         self._journal_result(owner, call_id, f"{self.name}/{ELICITATION}",
-                             {"action": action, **({"content": redact_form_values(arguments, content)}
-                                                   if content is not None else {})})
-        return t.ElicitResult(action=action, content=content)
+                             {"action": action, **({"content": card.values} if content is not None else {})})
+        return result
 
     async def _on_sample(self, context: Any, params: Any) -> Any:
         import mcp_types as t
@@ -706,11 +717,12 @@ class McpSource:
             self._log_line("refused a model call that no single call of this connection asked for")
             return t.ErrorData(code=-1, message="the host cannot tell which call asks for this model call")
         scope = owner.scope
-        arguments = sampling_arguments(params.model_dump(by_alias=True, exclude_none=True, mode="json"))
+        arguments = shown_request(sampling_arguments(params.model_dump(by_alias=True, exclude_none=True,
+                                                                      mode="json")), secret_values(self._rt.config))
         with owner.held():
             call_id, decision, _ = await governed_request(
                 self._rt, scope, tool=tool, family=self.config.families.get(SAMPLING), arguments=arguments,
-                connection=self.server, timeout_secs=self.config.input_timeout_secs)
+                connection=self.server, timeout_secs=self.config.input_timeout_secs, request=SAMPLING)
         if decision.outcome is Outcome.REFUSE:
             self._journal_result(owner, call_id, tool, None, status="refused", error_code="REFUSED")
             return t.ErrorData(code=-1, message=f"the user refused the model call: {decision.reason}")

@@ -12,8 +12,11 @@ An elicitation card's ``arguments`` are::
 A form is answered ``once`` with its values (checked here against the form:
 required fields, types, enums, bounds) or ``refuse``. The journal keeps the
 values given, except a field the form marks sensitive — ``"writeOnly": true``
-or ``"format": "password"`` in its schema — whose value is journaled as
-``"[redacted]"``.
+or ``"format": "password"`` in its schema, at any depth — whose value is
+journaled as ``"[redacted]"`` (the rule is the card's: ``runtime.cards``); an
+answer refused as off the form never repeats a sensitive field's value. What a
+form offers as a sensitive field's value (its ``default``) is shown redacted
+from the moment the request arrives (``shown_request``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from apollia_nb.errors import BadAnswer
+from apollia_nb.runtime.cards import MODEL_CALL, QUESTION, REDACTED, redact_schema, redact_sensitive, sensitive
 
 __all__ = [
     "ELICITATION",
@@ -30,14 +34,14 @@ __all__ = [
     "is_elicitation",
     "check_form_values",
     "redact_form_values",
+    "shown_request",
     "elicitation_action",
     "sampling_arguments",
 ]
 
 #: The request names under which a server's requests are decided and shown: ``mcp:<server>/<name>``.
-ELICITATION = "elicitation/create"
-SAMPLING = "sampling/createMessage"
-REDACTED = "[redacted]"
+ELICITATION = QUESTION
+SAMPLING = MODEL_CALL
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,), "boolean": (bool,), "integer": (int,), "number": (int, float), "array": (list,),
@@ -65,26 +69,31 @@ def _allowed(field: Mapping[str, Any]) -> list[Any] | None:
 
 def _check_value(name: str, field: Mapping[str, Any], value: Any) -> None:
     kind = field.get("type")
+    hidden = sensitive(field) or sensitive(field.get("items"))
+
+    def shown(v: Any) -> str:  # a refusal never repeats a sensitive value
+        return REDACTED if hidden else repr(v)
+
     expected = _TYPES.get(kind) if isinstance(kind, str) else None
     if expected is not None and (not isinstance(value, expected) or (kind != "boolean" and isinstance(value, bool))):
-        raise BadAnswer(f"the form's field {name!r} takes a {kind}, not {value!r}")
+        raise BadAnswer(f"the form's field {name!r} takes a {kind}, not {shown(value)}")
     allowed = _allowed(field)
     if allowed is not None and not isinstance(value, list) and value not in allowed:
-        raise BadAnswer(f"the form's field {name!r} takes one of {allowed}, not {value!r}")
+        raise BadAnswer(f"the form's field {name!r} takes one of {allowed}, not {shown(value)}")
     if kind == "array":
         items = field.get("items") if isinstance(field.get("items"), Mapping) else {}
         choices = _allowed(items)
         for item in value:
             if choices is not None and item not in choices:
-                raise BadAnswer(f"the form's field {name!r} takes items among {choices}, not {item!r}")
+                raise BadAnswer(f"the form's field {name!r} takes items among {choices}, not {shown(item)}")
         for bound, ok in (("minItems", lambda b: len(value) >= b), ("maxItems", lambda b: len(value) <= b)):
             if isinstance(field.get(bound), int) and not ok(field[bound]):
                 raise BadAnswer(f"the form's field {name!r} takes {bound} {field[bound]}, got {len(value)} items")
     if kind in ("integer", "number"):
         if isinstance(field.get("minimum"), (int, float)) and value < field["minimum"]:
-            raise BadAnswer(f"the form's field {name!r} takes at least {field['minimum']}, not {value!r}")
+            raise BadAnswer(f"the form's field {name!r} takes at least {field['minimum']}, not {shown(value)}")
         if isinstance(field.get("maximum"), (int, float)) and value > field["maximum"]:
-            raise BadAnswer(f"the form's field {name!r} takes at most {field['maximum']}, not {value!r}")
+            raise BadAnswer(f"the form's field {name!r} takes at most {field['maximum']}, not {shown(value)}")
 
 
 def check_form_values(arguments: Mapping[str, Any], values: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -111,21 +120,36 @@ def check_form_values(arguments: Mapping[str, Any], values: Mapping[str, Any] | 
         raise BadAnswer(f"the form requires {', '.join(repr(m) for m in missing)}")
     for name, value in given.items():
         field = fields[name] if isinstance(fields[name], Mapping) else {}
+        if not _carried(value):
+            raise BadAnswer(f"the form's field {name!r} takes a string, number, boolean or list of strings, "
+                            f"not {'an object' if isinstance(value, Mapping) else type(value).__name__}")
         _check_value(name, field, value)
     return given
 
 
-def _sensitive(field: Any) -> bool:
-    return isinstance(field, Mapping) and (field.get("writeOnly") is True or field.get("format") == "password")
+def _carried(value: Any) -> bool:
+    """A value the protocol's answer carries: a string, number, boolean or list of strings (or null)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
 def redact_form_values(arguments: Mapping[str, Any], values: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The values as journaled: a field the form marks sensitive reads ``"[redacted]"``."""
+    """The values as journaled: a field the form marks sensitive, at any depth, reads ``"[redacted]"``."""
     if values is None:
         return None
-    schema = arguments.get("requestedSchema")
-    fields = _fields(schema if isinstance(schema, Mapping) else None)
-    return {k: (REDACTED if _sensitive(fields.get(k)) else v) for k, v in values.items()}
+    return dict(redact_sensitive(arguments.get("requestedSchema"), dict(values)))
+
+
+def shown_request(arguments: Mapping[str, Any], secrets: Mapping[str, str]) -> dict[str, Any]:
+    """A server's request as decided, shown and journaled: what its form offers as a sensitive value
+    (``default``, ``examples``) redacted, and every configured token (``{value: VAR}``) too."""
+    from apollia_nb.runtime.outputs import redact
+
+    out = dict(arguments)
+    if "requestedSchema" in out:
+        out["requestedSchema"] = redact_schema(out["requestedSchema"])
+    return dict(redact(out, secrets))
 
 
 def elicitation_action(answer: str | None, answered_by: str | None) -> str:

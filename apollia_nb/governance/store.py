@@ -88,6 +88,9 @@ __all__ = [
     "PendingDecision",
     "SCHEMA_VERSION",
     "validate_agent",
+    "identity_digest",
+    "identity_difference",
+    "without_consents",
 ]
 
 SCHEMA_VERSION = 1
@@ -250,6 +253,101 @@ def validate_agent(agent: str, *, allow_all: bool = False) -> str:
     return agent
 
 
+# --- what standing consents are given for ---------------------------------------------
+
+
+_IDENTITY_KEYS = ("tools", "workspace", "model")
+
+
+def _identity(identity: Any) -> dict[str, Any]:
+    """An agent's identity checked: ``{"tools": [names] | ["*"], "workspace": absolute path, "model": {...}}``."""
+    if not isinstance(identity, Mapping) or set(identity) != set(_IDENTITY_KEYS):
+        raise BadInput(f"an agent's identity has exactly the keys {', '.join(_IDENTITY_KEYS)}")
+    tools, workspace, model = identity["tools"], identity["workspace"], identity["model"]
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(t, str) and t for t in tools):
+        raise BadInput("an agent's identity names its tools as a list of names")
+    if not isinstance(workspace, str) or not os.path.isabs(workspace):
+        raise BadInput(f"an agent's identity names its workspace as an absolute path, not {workspace!r}")
+    if not isinstance(model, Mapping):
+        raise BadInput("an agent's identity names its model as a table")
+    return {"tools": sorted(set(tools)), "workspace": os.path.normpath(workspace), "model": dict(model)}
+
+
+def identity_digest(identity: Mapping[str, Any]) -> str:
+    """SHA-256 of the identity's canonical JSON (sorted keys, no spaces)."""
+    import hashlib
+
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def identity_difference(before: Mapping[str, Any], after: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """What changed between two identities of one agent, and whether the change widens it.
+
+    ``{"tools"|"workspace"|"model": {"before", "after"}}`` for each key that differs. It widens when
+    the tools are not a subset of those before (``["*"]`` is every tool), or the workspace or the
+    model is another: a consent given for one folder says nothing of another, its parent or a
+    link's target. Fewer tools alone narrows: nothing the consents covered is added."""
+    difference = {key: {"before": before.get(key), "after": after.get(key)}
+                  for key in _IDENTITY_KEYS if before.get(key) != after.get(key)}
+    old, new = set(before.get("tools") or ()), set(after.get("tools") or ())
+    narrower_tools = "*" in old or ("*" not in new and new <= old)
+    widens = bool(set(difference) - {"tools"}) or ("tools" in difference and not narrower_tools)
+    return difference, widens
+
+
+def _read_whole(path: Path) -> tuple[Any, str] | None:
+    """``(inode, problem)`` when a block of ``governance.db`` does not read (``home.check_whole``: every
+    row and key, read-only), else None. Opened by nobody else yet: the store's open reads it once."""
+    from apollia_nb.home import check_whole, damage_error
+
+    duckdb = _duckdb()
+    if not path.is_file():
+        return None
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error as exc:
+        found = damage_error(exc, path)
+        return (_inode(path), found.message) if found is not None else None
+    try:
+        check_whole(con, path)
+    except HomeFileCorrupt as exc:
+        return _inode(path), exc.message
+    except duckdb.Error:
+        return None  # not damage (read again, and reported, where it is used)
+    finally:
+        con.close()
+    return None
+
+
+def _read_identity(text: Any, digest: Any) -> dict[str, Any] | None:
+    """A recorded identity, or None when it does not read (malformed, or not what its digest says)."""
+    try:
+        identity = _identity(json.loads(text))
+    except (ValueError, TypeError, BadInput):
+        return None
+    return identity if identity_digest(identity) == digest else None
+
+
+def _unreadable_identities(con: "duckdb.DuckDBPyConnection") -> set[str]:
+    """The agents whose recorded identity does not read (their standing consents do not apply)."""
+    if "agent_identities" not in GovernanceStore._tables(con):
+        return set()
+    return {agent for agent, text, digest in con.execute("SELECT agent, identity, digest FROM agent_identities")
+            .fetchall() if _read_identity(text, digest) is None}
+
+
+def _without(consents: frozenset[tuple[str, Family]], agents: frozenset[str]) -> frozenset[tuple[str, Family]]:
+    """``consents`` but those of ``agents``."""
+    return frozenset(c for c in consents if c[0] not in agents) if agents else consents
+
+
+def without_consents(view: GovernanceView, agents: frozenset[str]) -> GovernanceView:
+    """``view`` with none of the standing consents of ``agents`` (the same view when none is held)."""
+    kept = _without(view.consents, agents)
+    return view if len(kept) == len(view.consents) else replace(view, consents=kept)
+
+
 def _validate_by(by: str) -> str:
     if not isinstance(by, str) or not by.strip():
         raise BadInput("'by' must name who makes the change")
@@ -376,12 +474,19 @@ class _Change:
     agent: str | None
     apply: Callable[["duckdb.DuckDBPyConnection"], None]
     result: Any = None
+    then: tuple[tuple[str, dict[str, Any]], ...] = ()  # more entries (kind, payload), journaled after it
 
 
 @dataclass(frozen=True)
 class _NoChange:
     result: Any = None
 
+
+# What each agent's standing consents are given for (``bind_identity``). Not in ``_TABLES``: a
+# database from before it has none, and gets it with the first registration that binds one.
+_IDENTITIES = """CREATE TABLE IF NOT EXISTS agent_identities (
+        agent VARCHAR PRIMARY KEY, identity VARCHAR NOT NULL, digest VARCHAR NOT NULL,
+        bound_at TIMESTAMP NOT NULL)"""
 
 _SCHEMA = [
     "CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
@@ -399,6 +504,7 @@ _SCHEMA = [
         reason VARCHAR NOT NULL, line INTEGER NOT NULL, call_id VARCHAR, created_at TIMESTAMP NOT NULL,
         status VARCHAR NOT NULL, answer VARCHAR, answered_by VARCHAR, answered_at TIMESTAMP,
         answer_reason VARCHAR)""",
+    _IDENTITIES,
 ]
 _TABLES = frozenset({"meta", "rules", "consents", "developer_mode", "pending_decisions"})
 _PENDING_COLUMNS = (
@@ -493,6 +599,7 @@ class GovernanceStore:
         self._expect_policy = expect_policy
         self._journaled_damage: str | None = None
         self._writes = 0  # committed writes since the last checkpoint (see CHECKPOINT_EVERY)
+        self._held_back: frozenset[str] = frozenset()  # agents whose consents do not apply here
 
     @classmethod
     def open(cls, home: Home, journal: Any, *, record: Any = None, **kwargs: Any) -> "GovernanceStore":
@@ -510,6 +617,7 @@ class GovernanceStore:
         record = record if record is not None else read_home_record(journal)
         store = cls(home, journal=journal, expect_db=record.governance_db, expect_db_id=record.governance_id,
                     expect_policy=record.policy, **kwargs)
+        store._open_problem = _read_whole(store.path)  # a damaged block: fail closed from the start
         if "governance.db" not in record.recorded and store.path.exists():
             store_id = store._adopt_id()
             if store_id is not None:
@@ -555,6 +663,9 @@ class GovernanceStore:
         ``con`` None: the file is missing. Otherwise a connection to it; an
         empty database where one was expected is a problem too.
         """
+        damaged = getattr(self, "_open_problem", None)
+        if con is not None and damaged is not None and damaged[0] == _inode(self.path):
+            return damaged[1]
         if not self._expect_db:
             return None
         if con is not None and self._keeper_ino is not None and _inode(self.path) != self._keeper_ino:
@@ -758,8 +869,18 @@ class GovernanceStore:
                 policy=policy, readable=False, unreadable_reason="; ".join(reasons),
             )
         return GovernanceView(
-            rules=db.rules, consents=db.consents, developer_mode=db.developer_mode, policy=policy
+            rules=db.rules, consents=_without(db.consents, self._held_back), developer_mode=db.developer_mode,
+            policy=policy,
         )
+
+    def hold_back_consents(self, agent: str, held: bool) -> None:
+        """In this process, apply none of ``agent``'s standing consents (``held``) or apply them again:
+        an agent registered while what its consents were given for could not be checked."""
+        with self._lock:
+            now = self._held_back | {agent} if held else self._held_back - {agent}
+            if now != self._held_back:
+                self._held_back = frozenset(now)
+                self._cached = None
 
     def _load_db(self, sig: tuple[_Stat, ...], now: int) -> _DbState:
         recheck = _racy(_newest(sig), now)
@@ -793,6 +914,9 @@ class GovernanceStore:
                 (agent, Family(family))
                 for agent, family in con.execute("SELECT agent, family FROM consents").fetchall()
             )
+            unbound = _unreadable_identities(con)
+            if unbound:  # what those consents were given for cannot be read: they do not apply
+                consents = frozenset(c for c in consents if c[0] not in unbound)
             row = con.execute("SELECT enabled FROM developer_mode").fetchone()
         except (duckdb.Error, ValueError) as exc:
             self._forget_invalidated(exc)

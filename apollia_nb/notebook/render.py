@@ -217,9 +217,9 @@ _QUESTION_HELP = ("A question from the server: answer once with the form's value
 
 
 def _is_question(snap: Mapping[str, Any]) -> bool:
-    tool = str(snap.get("tool") or "")
-    return tool.startswith("mcp:") and tool.endswith("/elicitation/create") and \
-        (snap.get("arguments") or {}).get("mode") != "url"
+    """A server's question in form mode: only a card the server's connection opened says so
+    (``request``), never a tool call whose name looks like one."""
+    return snap.get("request") == "elicitation/create" and (snap.get("arguments") or {}).get("mode") != "url"
 
 
 def card_html(snap: Mapping[str, Any], *, now: float | None = None, timeout: float | None = None) -> str:

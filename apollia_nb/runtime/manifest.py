@@ -22,6 +22,7 @@ arrays of inline tables. TOML syntax errors reuse tomllib's line and column.
 from __future__ import annotations
 
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from typing import Any
 
 from apollia_nb.errors import ManifestInvalid
 
-__all__ = ["Manifest", "parse_manifest", "load_manifest", "APPROVAL_KEYS", "DEFAULT_MAX_STEPS"]
+__all__ = ["Manifest", "parse_manifest", "load_manifest", "agent_identity", "APPROVAL_KEYS", "DEFAULT_MAX_STEPS"]
 
 DEFAULT_MAX_STEPS = 20
 DEFAULT_MODEL: dict[str, Any] = {"provider": "scripted"}
@@ -85,10 +86,15 @@ class Manifest:
     source_text: str = field(default="", repr=False, compare=False)
     source: str = field(default="<manifest>", compare=False)
 
-    def workspace_path(self, cwd: Path | None = None) -> Path:
-        """The workspace root as a path, relative to ``cwd`` (default: the current directory)."""
-        base = Path.cwd() if cwd is None else cwd
-        return base / self.workspace_root
+    def workspace_path(self, cwd: Path | None = None, *, resolve: bool = True) -> Path:
+        """The workspace root as an absolute path, relative to ``cwd`` (default: the current directory).
+
+        Resolved (``resolve``, the default): ``..`` and every symbolic link followed, so one folder has
+        one spelling. The runtime resolves it once, when the agent is registered, and keeps that path
+        (``agent_identity``); ``resolve=False`` gives the path as written, made absolute."""
+        base = Path.cwd() if cwd is None else Path(cwd)
+        written = Path(os.path.abspath(base / self.workspace_root))
+        return Path(os.path.realpath(written)) if resolve else written
 
 
 def load_manifest(path: Path) -> Manifest:
@@ -156,21 +162,19 @@ def _show(value: Any) -> str:
     return f"{value!r} ({_type_name(value)})"
 
 
-def manifest_difference(before: "Manifest", after: "Manifest", *, workspace_before: Any = None,
-                        workspace_after: Any = None) -> dict[str, dict[str, Any]]:
-    """What changed between two manifests of one agent in what standing consents were given for:
-    ``{"tools"|"workspace"|"model": {"before", "after"}}`` (a model's script is not its identity)."""
-    def model(m: "Manifest") -> dict[str, Any]:
-        return {k: v for k, v in m.model.items() if k != "script"}
+def agent_identity(manifest: "Manifest", workspace: str | os.PathLike[str],
+                   custom_tools: Any = ()) -> dict[str, Any]:
+    """What standing consents of an agent are given for: its tools, its workspace and its model.
 
-    pairs = {
-        "tools": ({"required": list(before.tools_required), "optional": list(before.tools_optional)},
-                  {"required": list(after.tools_required), "optional": list(after.tools_optional)}),
-        "workspace": (str(workspace_before if workspace_before is not None else before.workspace_root),
-                      str(workspace_after if workspace_after is not None else after.workspace_root)),
-        "model": (model(before), model(after)),
-    }
-    return {key: {"before": old, "after": new} for key, (old, new) in pairs.items() if old != new}
+    ``tools``: the names it is offered, sorted (their order is not its identity), with the Python
+    functions given at registration (``custom_tools``); ``["*"]`` when the manifest names none (every
+    tool the runtime has). ``workspace``: the resolved absolute folder (``Manifest.workspace_path``).
+    ``model``: the ``[model]`` table without its script (a scripted model's turns are not its identity).
+    Compared by ``apollia_nb.governance.store.identity_difference``."""
+    declared = [*manifest.tools_required, *manifest.tools_optional]
+    tools = sorted({*declared, *custom_tools}) if declared else ["*"]
+    model = {key: value for key, value in manifest.model.items() if key != "script"}
+    return {"tools": tools, "workspace": os.fspath(workspace), "model": model}
 
 
 def requirement_problem(entry: str) -> str | None:

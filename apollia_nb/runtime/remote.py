@@ -710,6 +710,7 @@ class RemoteGovernance:
         self._lock = threading.Lock()
         self._held: tuple[str, "GovernanceView", "PolicyState"] | None = None  # (etag, view, policy state)
         self._deny: tuple[Any, ...] = ()
+        self._held_back: frozenset[str] = frozenset()  # agents whose consents do not apply in this process
 
     def _call(self, method: str, path: str, *, what: str, **kwargs: Any) -> Any:
         response = self._remote.call(method, path, unreachable=GovernanceUnreadable, what=what, **kwargs)
@@ -718,6 +719,22 @@ class RemoteGovernance:
     # the snapshot --------------------------------------------------------------------------------
     def view(self) -> "GovernanceView":
         """The current snapshot for ``decide()``: every change committed before this call."""
+        from apollia_nb.governance.store import without_consents
+
+        return without_consents(self._view(), self._held_back)
+
+    def hold_back_consents(self, agent: str, held: bool) -> None:
+        """In this process, apply none of ``agent``'s standing consents (``held``), or apply them again."""
+        with self._lock:
+            self._held_back = self._held_back | {agent} if held else self._held_back - {agent}
+
+    def bind_identity(self, agent: str, identity: dict[str, Any], *, keep: bool | None = None) -> dict[str, Any]:
+        """The server's review of what ``agent``'s standing consents are given for (``Runtime.review_identity``)."""
+        return self._call("POST", "/internal/agents/identity",
+                          json={"agent": agent, "identity": identity, "keep_consents": keep},
+                          what="the agent's registration cannot be reviewed")
+
+    def _view(self) -> "GovernanceView":
         import httpx
 
         from apollia_nb.governance.decision import Effect

@@ -48,7 +48,7 @@ from apollia_nb.errors import (
 )
 from apollia_nb.home import Home, OwnerLock
 from apollia_nb.runtime.agents import Agent, custom_tools, install_packages, new_state, startup_failure
-from apollia_nb.runtime.cards import Card
+from apollia_nb.runtime.cards import QUESTION, Card
 from apollia_nb.runtime.states import ProcessState, TaskStatus
 from apollia_nb.runtime.tasks import TaskRun, new_task_record, recovery, task_json
 
@@ -901,7 +901,7 @@ class Runtime:
     # ------------------------------------------------------------------ cards and pending decisions
     def _open_card(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
                    arguments: dict[str, Any], decision: Any, task_id: str | None, session_id: str | None,
-                   hints: dict[str, Any] | None) -> Card:
+                   hints: dict[str, Any] | None, request: str | None = None) -> Card:
         pending = self.governance.add_pending(
             run_id=run_id, task_id=task_id or session_id, agent=agent.name, tool=tool, family=family,
             arguments=arguments, answers=[a.value for a in decision.answers], reason=decision.reason,
@@ -911,7 +911,7 @@ class Runtime:
             id=pending.id, run_id=run_id, agent=agent.name, tool=tool, family=family, arguments=arguments,
             answers=tuple(a.value for a in decision.answers), reason=decision.reason, line=decision.line,
             call_id=call_id, created_at=pending.to_dict()["created_at"], task_id=task_id, session_id=session_id,
-            hints=hints, _runtime=self,
+            hints=hints, request=request, _runtime=self,
         )
         self._cards[card.id] = card
         self._emit("card", card)
@@ -962,7 +962,7 @@ class Runtime:
     def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None,
                        values: dict[str, Any] | None = None) -> dict[str, Any]:
         """Validate, journal (before the effect), store, and apply ``always``."""
-        from apollia_nb.federation.mcp_requests import check_form_values, is_elicitation, redact_form_values
+        from apollia_nb.federation.mcp_requests import check_form_values
 
         if self.mode == "client":  # the server records it, in one step (docs/shared-home.md)
             if values is not None:
@@ -982,9 +982,10 @@ class Runtime:
             offered = ", ".join(a.value for a in pending.answers)
             raise BadAnswer(f"{answer!r} is not on offer for {decision_id}; answers: {offered}")
         shown: dict[str, Any] = {}
-        if is_elicitation(pending.tool) and answer == "once":
-            values = check_form_values(pending.arguments, values)
-            shown = {"values": redact_form_values(pending.arguments, values)} if values is not None else {}
+        card = self._cards.get(decision_id)
+        if card is not None and card.request == QUESTION and answer == "once":  # a server's question, as asked
+            values = check_form_values(card.arguments, values)
+            shown = {"values": card.shown_values(values)} if values is not None else {}
         elif values is not None:
             raise BadAnswer(f"values answer a server's question; {decision_id} asks about {pending.tool}")
         payload = {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer, "answered_by": by,
