@@ -359,3 +359,24 @@ def test_the_example_in_the_docs_runs_as_written():
     assert "the working folder /home/me/analysis" in d.reason
     docs = (pathlib.Path(__file__).parent.parent / "docs" / "agents-and-tools.md").read_text(encoding="utf-8")
     assert d.reason in " ".join(docs.split())  # the card's words, as the guide quotes them
+
+
+@pytest.mark.anyio
+async def test_apollia_os_run_asks_for_a_module_in_its_own_working_folder(home, tmp_path):
+    import subprocess
+
+    async with Runtime(home) as rt:
+        rt.governance.grant_consent("clerk", "write", by="test")
+        await rt.register_agent(manifest(actor=[
+            {"tool_calls": [call("write_file", path="colorsys.py", content="X = 1\n")]}, {"text": "done"}]))
+    work = os.getcwd()
+    env = {**os.environ, "APOLLIA_HOME": str(home.path)}
+    done = subprocess.run([sys.executable, "-m", "apollia_nb", "run", "clerk", "Write", "--unattended"],
+                          capture_output=True, text=True, timeout=120, cwd=work, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "once|refuse" in done.stdout and "always" not in done.stdout
+    assert not os.path.exists(os.path.join(work, "colorsys.py"))
+    listed = subprocess.run([sys.executable, "-m", "apollia_nb", "pending", "list", "--json"],
+                            capture_output=True, text=True, timeout=120, cwd=work, env=env)
+    [pending] = json.loads(listed.stdout)
+    assert (pending["tool"], pending["answers"]) == ("write_file", ["once", "refuse"])
