@@ -3,10 +3,13 @@
 One ``McpSource`` per ``[mcp.servers.NAME]``. Nothing starts at boot: the
 server is started (stdio) or connected (HTTP) the first time an agent that
 names one of its tools registers, and its tool list is cached. Each tool
-becomes a ``ToolDef`` whose family comes **only** from the operator's
-``families`` table (a tool left out is unclassified: asked every time, never
-with ``always``); the server's MCP annotations (``readOnlyHint`` …) are kept
-as hints for the consent card and never read by governance.
+becomes a ``ToolDef`` — unless its name could pass for something else (the
+host's own requests, another namespace, a path: ``tool_name_problem``), when it
+is not offered, logged and warned about (``TOOL_NAME_REFUSED``) — whose family
+comes **only** from the operator's ``families`` table (a tool left out is
+unclassified: asked every time, never with ``always``); the server's MCP
+annotations (``readOnlyHint`` …) are kept as hints for the consent card and
+never read by governance.
 
 The connection lives in a background task started in the runtime's task
 group (``_serve``): it enters the SDK's ``Client`` — which owns the
@@ -118,11 +121,11 @@ def tool_name_problem(name: Any) -> str | None:
     """Why a server's tool may not be offered under ``name``, or None when it may.
 
     A name is 1 to 128 characters of ``A-Z a-z 0-9 _ . -`` (the MCP revision
-    2025-11-25's rule). Named first, for the log and the warning: a name that
-    could pass for something else — one of the host's own requests or the
-    server's requests to the host (in any case, after NFKC normalisation),
-    another tool namespace, a path or a path component — then one that Unicode
-    normalisation changes, then empty, control characters and white space.
+    2025-11-25's rule). The reason names what the name could pass for, first:
+    one of the host's own requests or the server's requests to the host (in any
+    case, after NFKC normalisation), another tool namespace; then control
+    characters and white space, a path, a path component, a name Unicode
+    normalisation changes, and any other character or length off the rule.
     """
     if not isinstance(name, str) or not name:
         return "an empty name"
