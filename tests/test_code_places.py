@@ -380,3 +380,25 @@ async def test_apollia_os_run_asks_for_a_module_in_its_own_working_folder(home, 
                             capture_output=True, text=True, timeout=120, cwd=work, env=env)
     [pending] = json.loads(listed.stdout)
     assert (pending["tool"], pending["answers"]) == ("write_file", ["once", "refuse"])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("swapped_to", ["colorsys.py", "pkg/__init__.py", ".git/config"])
+async def test_a_link_swapped_while_the_card_waits_does_not_carry_the_answer_to_a_code_place(home, swapped_to):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(actor=[
+            {"tool_calls": [call("write_file", path="notes.txt", content="X = 1\n")]}, {"text": "done"}]))
+        workspace = rt.agent("clerk").workspace
+        handle = await rt.submit("clerk", "Write notes")
+        await handle.settled()
+        [card] = handle.pending
+        assert (card.line, card.answers) == (6, ("once", "always", "refuse"))  # no consent: a plain file
+        target = workspace / swapped_to
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (workspace / "notes.txt").symlink_to(target)  # now names a file where code runs
+        card.answer("once")
+        task = await handle
+        assert task.status == "failed" and task.error["code"] == "REFUSED"
+        assert not target.exists()
+        results = [json.loads(e.payload) for e in rt.journal.entries(run_id=task.run_id) if e.kind == "tool_result"]
+        assert [r["status"] for r in results] == ["refused"]

@@ -254,7 +254,8 @@ async def continue_after_answer(
     A file tool's path is resolved again first: the answer was given for the file it
     named then. When it now names another file (a link changed while the card
     waited, or the card outlived a restart), an organisation policy or a deny rule
-    that refuses the new file refuses the call.
+    that refuses the new file refuses the call, and so does a new file that is asked
+    about every time (where code runs, in ``.git``): the answer did not cover it.
     """
     if card.answer_value == "refuse":
         why = f"refused by {card.answered_by}"
@@ -266,10 +267,16 @@ async def continue_after_answer(
         return await _stopped_short(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, exc)
     if path is not None and path.relative != card.path:
         again = decide(Call(agent=agent.name, tool=card.tool, family=tooldef.family, arguments=card.arguments,
-                            connection=tooldef.connection, paths=path.names, shell=tooldef.shell),
+                            connection=tooldef.connection, paths=path.names, shell=tooldef.shell,
+                            code_places=_code_places(agent) if tooldef.family is Family.WRITE else None),
                        rt.governance.view())
-        if again.outcome is Outcome.REFUSE and again.line in (1, 2):
+        # Refused by policy or a deny rule; or a file asked about every time (where code runs, .git),
+        # which the answer, given for another file, does not cover.
+        if (again.outcome is Outcome.REFUSE and again.line in (1, 2)) or (
+                again.outcome is Outcome.ASK and again.line == 5):
             why = f"the path now resolves to {path.relative!r}: {again.reason}"
+            if again.outcome is Outcome.ASK:
+                why += f"; the answer was given for {card.path!r}"
             return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, again)
     return await run_approved_call(rt, agent, run_id=card.run_id, call_id=card.call_id, name=card.tool,
                                    arguments=card.arguments, decision=decision)
