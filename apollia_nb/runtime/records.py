@@ -101,6 +101,7 @@ CREATE TABLE IF NOT EXISTS agents (
     warnings VARCHAR NOT NULL,
     registered_at VARCHAR NOT NULL
 );
+ALTER TABLE agents ADD COLUMN IF NOT EXISTS workspace VARCHAR;
 CREATE TABLE IF NOT EXISTS tasks (
     id VARCHAR PRIMARY KEY,
     agent VARCHAR NOT NULL,
@@ -475,11 +476,12 @@ class RuntimeRecords:
 
     # agents -------------------------------------------------------------
     def save_agent(self, name: str, manifest: str, state: str, warnings: list[str], at: str, *,
-                   acknowledged: bool = False) -> Future[None] | None:
-        """Queue the agent's row; ``acknowledged``: returns the future of its commit (see the module)."""
+                   acknowledged: bool = False, workspace: str | None = None) -> Future[None] | None:
+        """Queue the agent's row; ``acknowledged``: returns the future of its commit (see the module).
+        ``workspace``: the folder resolved when it was registered (a restart keeps it)."""
         return self._upsert("agents", {"name": name},
                             {"manifest": manifest, "state": state, "warnings": json.dumps(warnings),
-                             "registered_at": at}, acknowledged=acknowledged)
+                             "registered_at": at, "workspace": workspace}, acknowledged=acknowledged)
 
     def set_agent_state(self, name: str, state: str) -> None:
         def write() -> None:
@@ -489,9 +491,10 @@ class RuntimeRecords:
         self._write(write, ("agents", name), whole=False)
 
     def agents(self) -> list[dict[str, Any]]:
-        rows = self._exec("SELECT name, manifest, state, warnings, registered_at FROM agents ORDER BY name")
+        rows = self._exec("SELECT name, manifest, state, warnings, registered_at, workspace FROM agents ORDER BY name")
         return [
-            {"name": r[0], "manifest": r[1], "state": r[2], "warnings": json.loads(r[3]), "registered_at": r[4]}
+            {"name": r[0], "manifest": r[1], "state": r[2], "warnings": json.loads(r[3]), "registered_at": r[4],
+             "workspace": r[5]}
             for r in rows
         ]
 

@@ -238,6 +238,7 @@ class Runtime:
         self.chat_card_timeout = chat_card_timeout  # None: the fixed five minutes
         self._lock = OwnerLock(self.home)
         self._agents: dict[str, Agent] = {}
+        self._identities: dict[str, dict[str, Any]] = {}  # what each agent here was registered as (review_identity)
         self._runs: dict[str, TaskRun] = {}  # tasks not finished (running, waiting, suspended)
         self._finished: OrderedDict[str, TaskRun] = OrderedDict()  # the last FINISHED_KEPT finished
         self._cards: dict[str, Card] = {}
@@ -535,10 +536,13 @@ class Runtime:
     ) -> Agent:
         """Register (or re-register a stopped) agent from a manifest text, path or ``Manifest``.
 
-        Re-registering a stopped agent whose tools, workspace or model changed while it holds
-        standing consents needs the operator's choice: ``keep_consents=True`` keeps them,
-        ``False`` revokes them; without one it is ``CONSENTS_TO_REVIEW`` showing the difference.
-        The choice is journaled (``consents_review``)."""
+        Its workspace is resolved here, once (``cwd``, default the current directory; ``..`` and
+        symbolic links followed), and kept with the agent: a later process restores it there.
+        Every registration — here, through REST, the SDK, a notebook cell, the CLI, or a client of
+        ``apollia-os serve`` — goes through ``review_identity``: tools, workspace or model that widen
+        what the agent's standing consents were given for need the operator's choice
+        (``keep_consents=True`` keeps them, ``False`` revokes them; without one it is
+        ``CONSENTS_TO_REVIEW`` showing the difference). The choice is journaled (``consents_review``)."""
         from apollia_nb.runtime.manifest import Manifest, load_manifest, parse_manifest
 
         if isinstance(manifest, Manifest):
@@ -550,50 +554,72 @@ class Runtime:
         existing = self._agents.get(parsed.name)
         if existing is not None and existing.state.state != ProcessState.STOPPED:
             raise Conflict(f"agent {parsed.name!r} is already registered ({existing.state.state.value})")
-        await self._review_consents(existing, parsed, cwd, keep_consents)
-        agent = await self._start_agent(parsed, tools=tools, model=model, cwd=cwd,
-                                        cell=existing.state if existing else None)
+        return await self._register(parsed, tools=tools, model=model, workspace=parsed.workspace_path(cwd),
+                                    written=parsed.workspace_path(cwd, resolve=False), keep=keep_consents,
+                                    cell=existing.state if existing else None)
+
+    async def _register(self, manifest: Any, *, tools: Sequence[Any], model: Any, workspace: Path,
+                        written: Path | None = None, keep: bool | None = None, cell: Any = None,
+                        identity: dict[str, Any] | None = None) -> Agent:
+        """Review what the agent's consents are given for, then start it (registration, restore, restart)."""
+        from apollia_nb.runtime.manifest import agent_identity
+        from apollia_nb.runtime.tools import ToolDef
+
+        if identity is None:
+            names = [t.name if isinstance(t, ToolDef) else ToolDef.from_function(t).name for t in tools]
+            identity = agent_identity(manifest, workspace, names)
+        try:
+            self.review_identity(manifest.name, identity, keep=keep)
+            self._consents_store().hold_back_consents(manifest.name, False)
+        except GovernanceUnreadable as exc:
+            # What its consents were given for cannot be checked: none applies to it in this process
+            # until it is registered again with governance readable (they do not apply meanwhile anyway).
+            self._consents_store().hold_back_consents(manifest.name, True)
+            self._emit("warning", f"agent {manifest.name}: its standing consents are held back until it is "
+                                  f"registered again: {exc.message}")
+        agent = await self._start_agent(manifest, tools=tools, model=model, workspace=workspace,
+                                        written=written, cell=cell)
+        self._identities[manifest.name] = identity
         return agent
 
-    async def _review_consents(self, existing: Agent | None, parsed: Any, cwd: Path | None,
-                               keep: bool | None) -> None:
-        """A stopped agent (in memory, or recorded by an earlier process) registered again."""
-        from apollia_nb.errors import ConsentsToReview
-        from apollia_nb.runtime.manifest import manifest_difference, parse_manifest
+    def _consents_store(self) -> Any:
+        return self._remote.governance if self.mode == "client" else self._owned()
 
-        if existing is not None:
-            before, workspace = existing.manifest, existing.workspace
-        else:
-            row = next((r for r in self.records.agents() if r["name"] == parsed.name), None)
-            if row is None:
-                return
-            try:
-                before = parse_manifest(row["manifest"])
-            except ApolliaError:  # what the consents were given for cannot be read: the operator chooses
-                before = None
-            workspace = before.workspace_path(cwd) if before is not None else None  # type: ignore[assignment]
-        consents = sorted(c.family.value for c in self.governance.consents() if c.agent == parsed.name)
-        difference = (manifest_difference(before, parsed, workspace_before=workspace,
-                                          workspace_after=parsed.workspace_path(cwd)) if before is not None
-                      else {"manifest": {"before": "the recorded manifest no longer reads", "after": parsed.name}})
-        if not consents or not difference:
-            return
-        if keep is None:
-            shown = "; ".join(f"{key}: {json.dumps(d['before'])} -> {json.dumps(d['after'])}"
-                              for key, d in difference.items())
-            raise ConsentsToReview(
-                f"agent {parsed.name!r} changed ({shown}) and holds standing consents for "
-                f"{', '.join(consents)}: keep them (--keep-consents, keep_consents=true) or drop them "
-                "(--drop-consents, keep_consents=false)")
-        if not keep:
-            for family in consents:
-                self.governance.revoke_consent(parsed.name, family, by="re-registration")
-        await self.journal.append_async(
-            "consents_review", {"agent": parsed.name, "difference": difference, "consents": consents,
-                                "choice": "kept" if keep else "dropped"}, agent=parsed.name)
+    def review_identity(self, agent: str, identity: dict[str, Any], *, keep: bool | None = None) -> dict[str, Any]:
+        """The one review of what an agent's standing consents are given for (its tools, resolved
+        workspace and model), for every registration path. A client asks its server, whose
+        ``Runtime`` runs this. ``GovernanceStore.bind_identity`` compares and records; an agent of that
+        name running in the owner with another identity is ``CONFLICT`` (stop it there first)."""
+        from apollia_nb.governance.store import identity_digest
 
-    async def _start_agent(self, manifest: Any, *, tools: Sequence[Any], model: Any, cwd: Path | None,
-                           cell: Any = None) -> Agent:
+        if self.mode == "client":
+            return self._remote.governance.bind_identity(agent, identity, keep=keep)
+        own = self._agents.get(agent)
+        fallback = self._identities.get(agent)
+        if (own is not None and own.state.state != ProcessState.STOPPED and fallback is not None
+                and identity_digest(fallback) != identity_digest(identity)):
+            raise Conflict(f"agent {agent!r} is registered ({own.state.state.value}) in the process that owns "
+                           "the home with other tools, workspace or model: stop it there first")
+        if fallback is None:
+            fallback = self._recorded_identity(agent)
+        return self._owned().bind_identity(agent, identity, keep=keep, fallback=fallback)
+
+    def _recorded_identity(self, agent: str) -> dict[str, Any] | None:
+        """An agent recorded in ``runtime.db`` by a version that did not record identities: what its
+        manifest says (its workspace as recorded, else resolved here, as that version did)."""
+        from apollia_nb.runtime.manifest import agent_identity, parse_manifest
+
+        row = next((r for r in self.records.agents() if r["name"] == agent), None)
+        if row is None:
+            return None
+        try:
+            before = parse_manifest(row["manifest"])
+        except ApolliaError:
+            return None
+        return agent_identity(before, row.get("workspace") or before.workspace_path())
+
+    async def _start_agent(self, manifest: Any, *, tools: Sequence[Any], model: Any, workspace: Path,
+                           written: Path | None = None, cell: Any = None) -> Agent:
         from apollia_nb.runtime.builtins import builtin_tools
         from apollia_nb.runtime.models import build_model
         from apollia_nb.runtime.paths import check_workspace_apart_from_home
@@ -604,9 +630,9 @@ class Runtime:
         else:
             cell.move(ProcessState.INITIALIZING)
         warnings: list[str] = []
-        workspace = manifest.workspace_path(cwd)
         try:
-            check_workspace_apart_from_home(workspace, self.home.path, agent=f"agent {manifest.name!r}")
+            for place in {workspace, written or workspace}:  # as resolved, and as written (a link inside the home)
+                check_workspace_apart_from_home(place, self.home.path, agent=f"agent {manifest.name!r}")
             memory = self.records.memory_get(manifest.name)  # raises STORAGE_* while runtime.db refuses writes
             workspace.mkdir(parents=True, exist_ok=True)
             registry = ToolRegistry()
@@ -660,7 +686,7 @@ class Runtime:
         previous = self._agents.get(manifest.name)
         self._agents[manifest.name] = agent
         recorded = self.records.save_agent(manifest.name, manifest.source_text, cell.state.value, warnings,
-                                           self.now_iso(), acknowledged=True)
+                                           self.now_iso(), acknowledged=True, workspace=str(workspace))
         try:
             await asyncio.wrap_future(recorded)  # type: ignore[arg-type]  # registered means recorded: refused (507/503) otherwise
         except ApolliaError as exc:
@@ -715,9 +741,9 @@ class Runtime:
         agent = self.agent(name)
         if agent.state.state != ProcessState.STOPPED:
             raise Conflict(f"agent {name!r} is {agent.state.state.value}; only a stopped agent can be started")
-        return await self._start_agent(agent.manifest, tools=custom_tools(agent),
-                                       model=agent.model if agent.custom_model else None, cwd=None,
-                                       cell=agent.state)
+        return await self._register(agent.manifest, tools=custom_tools(agent),
+                                    model=agent.model if agent.custom_model else None, workspace=agent.workspace,
+                                    cell=agent.state, identity=self._identities.get(name))
 
     # ------------------------------------------------------------------ tasks
     async def submit(
@@ -1054,7 +1080,10 @@ class Runtime:
             if row["state"] == ProcessState.STOPPED.value:
                 continue
             try:
-                await self._start_agent(parse_manifest(row["manifest"]), tools=(), model=None, cwd=None)
+                manifest = parse_manifest(row["manifest"])
+                # The workspace resolved when it was registered, not from this process's directory.
+                workspace = Path(row["workspace"]) if row.get("workspace") else manifest.workspace_path()
+                await self._register(manifest, tools=(), model=None, workspace=workspace)
             except ApolliaError as exc:
                 self.records.set_agent_state(row["name"], ProcessState.STOPPED.value)
                 self._emit("warning", f"agent {row['name']} did not start: {exc}")
