@@ -181,6 +181,7 @@ async def serve(
         hosts = (*allowed_hosts, *(() if host in ("0.0.0.0", "::", "") else (host,)))
         app = create_app(rt, token=the_token, cors_origins=cors_origins, allowed_hosts=hosts,
                          max_body_bytes=max_body_bytes)
+        _answer_damage(app, the_home)
 
         def listening(real_port: int) -> None:
             info = ServerInfo(url=_url(host, real_port), token=the_token, pid=os.getpid())
@@ -213,6 +214,26 @@ async def serve(
             await rt.aclose()
         finally:
             _remove_if_ours(server_json)
+
+
+def _answer_damage(app: Any, home: Home) -> None:
+    """A request that finds a block of the home's journal unreadable (a damaged file found after the
+    start) is answered 503 ``HOME_FILE_CORRUPT`` naming the file and its repair, not 500. (runtime.db
+    and governance.db name themselves where they are read: ``HOME_FILE_CORRUPT``, ``GOVERNANCE_UNREADABLE``.)"""
+    import duckdb
+    from fastapi.responses import JSONResponse
+
+    from apollia_nb.dbutil import storage_error
+    from apollia_nb.home import damage_error
+
+    async def damaged(request: Any, exc: Exception) -> Any:
+        error: ApolliaError | None = storage_error(exc, "the request could not be carried out")
+        error = error or damage_error(exc, home.journal_db, home=home.path)
+        if error is None:
+            error = ApolliaError(f"internal error: {type(exc).__name__}")  # as every other unexpected error
+        return JSONResponse(error.to_dict(), status_code=error.http_status)
+
+    app.add_exception_handler(duckdb.Error, damaged)
 
 
 def run(home: Home | str | Path | None = None, **kwargs: Any) -> None:
