@@ -21,8 +21,11 @@ and change of governance goes through the server's store. These routes, under
 * **Governance changes** the public routes do not carry with their author:
   granting and revoking a standing consent, removing a rule.
 
-The token grants all of it: an append is signed with the home's key like any
-entry, so keep the token as you keep the home.
+The server's token grants all of it: an append is signed with the home's key
+like any entry, so keep the token as you keep the home. A worker credential
+(``api/worker_tokens.py``: what a Dask batch's items carry, issued and revoked
+here by the server's token) opens only the routes one of its batch's items
+uses, for that batch's agent and tasks.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from apollia_nb.api import schemas as s
-from apollia_nb.api.app import _authorize, _errors, _runtime
+from apollia_nb.api.app import _errors, _runtime
 from apollia_nb.api.schemas import _In, _Out
+from apollia_nb.api.worker_tokens import authorize_internal, scope_of, tokens_of
 
 __all__ = ["router", "require_owner", "ANSWER_TICK_SECS", "MAX_PAGE"]
 
@@ -59,7 +63,7 @@ def require_owner(runtime: Any) -> None:
         )
 
 
-router = APIRouter(prefix="/internal", dependencies=[Depends(_authorize)], responses=_errors(401, 422),
+router = APIRouter(prefix="/internal", dependencies=[Depends(authorize_internal)], responses=_errors(401, 422),
                    tags=["internal"])
 
 
@@ -224,34 +228,6 @@ class RevokeIn(_In):
     agent: s.AgentName
     family: s.FamilyName
     by: s.Who
-
-
-class AgentIdentity(_In):
-    tools: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
-        max_length=10_000, description='the tools it is offered, sorted (`["*"]`: every tool)')
-    workspace: Annotated[str, Field(min_length=1, max_length=4096)] = Field(
-        description="its workspace, an absolute path resolved when it was registered")
-    model: dict[str, Any] = Field(description="its `[model]` table without the script")
-
-
-class IdentityIn(_In):
-    agent: s.AgentName
-    identity: AgentIdentity
-    keep_consents: bool | None = Field(None, description="the operator's choice when its standing consents "
-                                                         "are to be reviewed (null: not given)")
-
-
-class IdentityReview(_Out):
-    difference: dict[str, Any]
-    consents: list[str]
-    choice: Literal["kept", "dropped"]
-
-
-class IdentityOut(_Out):
-    agent: str
-    identity: dict[str, Any]
-    digest: Hex
-    review: IdentityReview | None
 
 
 class RuleRemoveIn(_In):
@@ -424,15 +400,21 @@ async def add_pending(body: PendingIn, rt: Any = Depends(_runtime)) -> dict[str,
     return pending.to_dict()
 
 
+async def _worker_scope(request: Request) -> Any:
+    return scope_of(request)
+
+
 @router.get("/pending-decisions", response_model=list[s.PendingDecision], operation_id="internalListPending",
             summary="Decisions by status (and run), oldest first")
 async def list_pending(
     status: Literal["pending", "answered", "expired", "all"] = Query("pending"),
     run_id: str | None = Query(None, max_length=200, description="only this run's decisions"),
     rt: Any = Depends(_runtime),
+    scope: Any = Depends(_worker_scope),
 ) -> list[dict[str, Any]]:
-    chosen = None if status == "all" else status
-    return [p.to_dict() for p in rt.governance.pending(chosen, run_id=run_id)]
+    chosen = None if status == "all" else status  # a worker credential: its batch's decisions only
+    return [p.to_dict() for p in rt.governance.pending(chosen, run_id=run_id)
+            if scope is None or (p.agent == scope.agent and scope.owns_task(p.task_id))]  # a worker's: its batch's
 
 
 @router.get("/pending-decisions/{decision_id}", response_model=s.PendingDecision,
@@ -493,19 +475,6 @@ async def await_answers(
     return []
 
 
-# --- an agent registered in a client --------------------------------------------------------------
-
-
-@router.post("/agents/identity", response_model=IdentityOut, operation_id="internalReviewAgentIdentity",
-             summary="Review what an agent's standing consents are given for", responses=_errors(409, 413, 503),
-             description="A client registering an agent: the server's review of its tools, resolved workspace "
-                         "and model against what its standing consents were given for (409 `CONSENTS_TO_REVIEW` "
-                         "when they widen it and `keep_consents` is null; 409 `CONFLICT` when the server runs "
-                         "an agent of that name with another identity). The identity is recorded and journaled.")
-async def review_agent_identity(body: IdentityIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    return rt.review_identity(body.agent, body.identity.model_dump(), keep=body.keep_consents)
-
-
 # --- governance changes with their author ---------------------------------------------------------
 
 
@@ -526,3 +495,41 @@ async def revoke_consent(body: RevokeIn, rt: Any = Depends(_runtime)) -> dict[st
              summary="Remove a fine rule", responses=_errors(404, 413, 422))
 async def remove_rule(body: RuleRemoveIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return rt.governance.remove_rule(body.id, by=body.by).to_dict()
+
+
+# --- worker credentials ---------------------------------------------------------------------------
+
+
+class WorkerTokenIn(_In):
+    agent: s.AgentName
+    batch_id: Annotated[str, Field(pattern=r"^batch-[0-9a-f]{1,64}$")]
+    tasks: Annotated[int, BeforeValidator(_not_bool)] = Field(ge=0, le=1_000_000,
+                                                             description="how many items the batch has")
+
+
+class WorkerTokenOut(_Out):
+    token: str = Field(description="the credential; it opens only what the batch's items need")
+    agent: str
+    batch_id: str
+    tasks: int
+
+
+class WorkerTokenRevokeIn(_In):
+    token: Annotated[str, Field(min_length=1, max_length=200)]
+
+
+@router.post("/worker-tokens", status_code=201, response_model=WorkerTokenOut, operation_id="internalWorkerToken",
+             summary="A credential for the items of one Dask batch",
+             description="Opens only the internal routes a batch's item uses, for its agent and the tasks "
+                         "`task-<the batch's hex>-<index>`; every other route answers 401 `UNAUTHORIZED` to "
+                         "it. Held in memory: revoked when the batch ends, or when the server stops.")
+async def issue_worker_token(body: WorkerTokenIn, request: Request) -> dict[str, Any]:
+    token, scope = tokens_of(request).issue(body.agent, body.batch_id, body.tasks)
+    return {"token": token, **scope.to_dict()}
+
+
+@router.post("/worker-tokens/revoke", status_code=204, operation_id="internalRevokeWorkerToken",
+             summary="End a batch's worker credential (done or not: 204)")
+async def revoke_worker_token(body: WorkerTokenRevokeIn, request: Request) -> Response:
+    tokens_of(request).revoke(body.token)
+    return Response(status_code=204)

@@ -24,6 +24,7 @@ as it was.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import uuid
@@ -301,8 +302,10 @@ class Batch:
         try:
             while self.status == BatchStatus.RUNNING:
                 self._changed = anyio.Event()
-                for _ in range(room(self.r["concurrency"], self.active(), len(self._queue))):
-                    await self._start(self._queue.popleft())
+                places = room(self.r["concurrency"], self.active(), len(self._queue))
+                while places and self._queue:
+                    if await self._start(self._queue.popleft()):  # an item that failed to start holds no place
+                        places -= 1
                     if self.status != BatchStatus.RUNNING:
                         return
                 if not self._queue:
@@ -316,20 +319,26 @@ class Batch:
                 self._unsubscribe()
                 self._unsubscribe = None
 
-    async def _start(self, index: int) -> None:
+    async def _start(self, index: int) -> bool:
+        """Start item ``index``; False when it could not start (it failed with the code, the others go on)."""
         item = self.items[index]
         try:
             await self.rt.submit(self.r["agent"], item["goal"], max_steps=self.r["max_steps"], watched=False,
                                  task_id=item["task_id"])
         except ApolliaError as exc:  # e.g. AGENT_UNAVAILABLE: the item fails with the code; the others go on
-            item["error"] = {"code": exc.code, "message": exc.message}
-            self.rt.records.set_batch_item_error(self.id, index, item["error"])
-            self.rt._emit("batch", self)
-            return
+            self._fail_item(index, exc)
+            return False
         self._started.add(index)
         self.rt._emit("batch", self)
         if self.status == BatchStatus.CANCELLED:  # cancelled while this one was being submitted
             await self._cancel_task(item["task_id"])
+        return True
+
+    def _fail_item(self, index: int, exc: ApolliaError) -> None:
+        """An item that could not start: failed with the error's code, recorded; the batch goes on."""
+        self.items[index]["error"] = {"code": exc.code, "message": exc.message}
+        self.rt.records.set_batch_item_error(self.id, index, self.items[index]["error"])
+        self.rt._emit("batch", self)
 
     async def _move(self, status: BatchStatus, *, acknowledged: bool = False) -> None:
         self.r["status"] = transition(BATCH, self.status, status).value
@@ -368,9 +377,10 @@ class DaskBatch(Batch):
     code). An item waiting on a person on its worker holds its place."""
 
     def __init__(self, rt: BatchHost, record: dict[str, Any], items: list[dict[str, Any]], *,
-                 spec: Any, client: Any, owned: bool) -> None:
+                 spec: Any, client: Any, owned: bool, server: Any) -> None:
         super().__init__(rt, record, items, started=set())
         self.spec = spec
+        self._server = server  # the driver's address of the server: where the batch's credential is revoked
         self.client = client
         self._owned = owned
         self._futures: dict[int, Any] = {}
@@ -400,24 +410,29 @@ class DaskBatch(Batch):
         self._changed.set()
         self.rt._emit("batch", self)
 
-    async def _start(self, index: int) -> None:
-        from apollia_nb.runtime.dask_engine import run_item
+    async def _start(self, index: int) -> bool:
+        from apollia_nb.runtime.dask_engine import send_item
 
         item = self.items[index]
-        future = self.client.submit(run_item, self.spec, item["task_id"], item["goal"],
-                                    key=f"apollia-item-{item['task_id']}", pure=False)
+        try:
+            future = send_item(self.client, self.spec, item["task_id"], item["goal"])
+        except ApolliaError as exc:  # it cannot be sent (pickled): this item fails, the others go on
+            self._fail_item(index, exc)
+            return False
         self._futures[index] = future
         self._started.add(index)
         future.add_done_callback(lambda f, i=index: self._settled(i, f))
         self.rt._emit("batch", self)
+        return True
 
     async def drive(self) -> None:
         try:
             await super().drive()
         finally:
-            if self._owned:
-                with anyio.CancelScope(shield=True):  # also when the runtime closes under the batch
+            with anyio.CancelScope(shield=True):  # also when the runtime closes under the batch
+                if self._owned:
                     await anyio.to_thread.run_sync(self.client.close)
+                await _revoke(self._server, self.spec.token)  # the batch is over: so is its credential
 
     async def cancel(self) -> None:
         """Cancel the batch: items not started never start, the futures of unfinished ones are cancelled
@@ -432,6 +447,16 @@ class DaskBatch(Batch):
                                            "run_id": None, "steps_used": 0})
         await self._move(BatchStatus.CANCELLED, acknowledged=True)
         self._changed.set()
+
+
+async def _revoke(server: Any, credential: str) -> None:
+    """End a Dask batch's worker credential; a server that cannot be told ends it when it stops."""
+    from apollia_nb.runtime.dask_engine import revoke_credential
+
+    try:
+        await anyio.to_thread.run_sync(revoke_credential, server, credential)
+    except ApolliaError:
+        pass
 
 
 class BatchHandle:
@@ -571,22 +596,30 @@ async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Call
     record = {"id": batch_id, "agent": agent, "status": BatchStatus.RUNNING.value,
               "goal": goal if isinstance(goal, str) else f"<function {getattr(goal, '__name__', 'goal')}>",
               "concurrency": concurrency, "max_steps": max_steps, "created_at": now, "updated_at": now}
-    rows = [{"index": n, "task_id": f"task-{uuid.uuid4().hex[:12]}", "key": k, "item": item, "goal": g,
-             "error": None} for n, ((k, item), g) in enumerate(zip(pairs, goals))]
+    task_id: Callable[[int], str] = lambda n: f"task-{uuid.uuid4().hex[:12]}"  # noqa: E731
     spec = client = None
     if engine == "dask":
-        from apollia_nb.runtime.dask_engine import make_spec, open_client
+        from apollia_nb.runtime.dask_engine import issue_credential, item_task_id, make_spec, open_client
 
+        task_id = lambda n: item_task_id(batch_id, n)  # noqa: E731 - what the batch's credential covers
         spec = make_spec(rt, agent, max_steps, server_url, batch_id)
-        client, owned = await anyio.to_thread.run_sync(open_client, scheduler)
+        credential = await anyio.to_thread.run_sync(issue_credential, rt.server, agent, batch_id, len(pairs))
+        spec = dataclasses.replace(spec, token=credential)
+    rows = [{"index": n, "task_id": task_id(n), "key": k, "item": item, "goal": g,
+             "error": None} for n, ((k, item), g) in enumerate(zip(pairs, goals))]
     try:
+        if spec is not None:
+            client, owned = await anyio.to_thread.run_sync(open_client, scheduler)
         await asyncio.wrap_future(rt.records.save_batch(record, rows, now))  # created means recorded
     except BaseException:
-        if client is not None and owned:
-            await anyio.to_thread.run_sync(client.close)
+        with anyio.CancelScope(shield=True):
+            if client is not None and owned:
+                await anyio.to_thread.run_sync(client.close)
+            if spec is not None:
+                await _revoke(rt.server, spec.token)
         raise
     batch = (Batch(rt, record, rows, started=set()) if client is None
-             else DaskBatch(rt, record, rows, spec=spec, client=client, owned=owned))
+             else DaskBatch(rt, record, rows, spec=spec, client=client, owned=owned, server=rt.server))
     rt._batches[batch_id] = batch
     rt._tg.start_soon(batch.drive)
     rt._emit("batch", batch)

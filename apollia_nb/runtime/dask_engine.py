@@ -1,10 +1,15 @@
 """A batch's items on a ``dask.distributed`` cluster (``Runtime.batch(..., engine="dask")``).
 
 The process that runs the batch (the driver) must be a client of the home's
-``apollia-os serve``. It sends each item to the cluster as one Dask task
-carrying a :class:`WorkerSpec`: the server's URL and token, the home's journal
-public key, and the agent (its manifest, its Python tools and model). Each
-worker process keeps one client ``Runtime`` of that server (:func:`run_item`):
+``apollia-os serve``. It asks the server, with the server's token, for a
+worker credential of the batch (:func:`issue_credential`; ``api/worker_tokens.py``
+says what it opens: the internal routes one item uses, for the batch's agent and
+tasks, nothing else) and revokes it when the batch ends. It sends each item to
+the cluster as one Dask task carrying a :class:`WorkerSpec`: the server's URL
+and that credential (never the server's token), the home's journal public key,
+and the agent (its manifest, its Python tools and model). An item that cannot
+be sent (pickled) fails alone, ``BAD_INPUT`` (:func:`send_item`). Each worker
+process keeps one client ``Runtime`` of that server per batch (:func:`run_item`):
 the item's model calls and tools run on the worker, every decision is the
 server's governance and every entry goes into the server's one chain, so
 decisions, the inbox and the chain stay one.
@@ -33,7 +38,8 @@ from typing import Any
 
 from apollia_nb.errors import ApolliaError, BadInput
 
-__all__ = ["WorkerSpec", "make_spec", "open_client", "outcome", "run_item"]
+__all__ = ["WorkerSpec", "issue_credential", "item_task_id", "item_task_prefix", "make_spec", "open_client",
+           "outcome", "revoke_credential", "run_item", "send_item"]
 
 #: The error code of an item whose workers all died under it.
 WORKER_LOST = "INTERRUPTED"
@@ -44,7 +50,7 @@ class WorkerSpec:
     """What a worker needs to run the items of one batch."""
 
     url: str
-    token: str
+    token: str  # the batch's worker credential (never the server's token)
     public_key: bytes  # the contents of the home's keys/journal.pub
     manifest: Any  # a Manifest
     tools: tuple[Any, ...] = ()
@@ -54,6 +60,42 @@ class WorkerSpec:
     # How a worker opens its client runtime: the driver's ``Runtime.open``, pickled by reference (so this
     # module never imports the composition root).
     opener: Callable[..., Any] | None = None
+
+
+def item_task_prefix(batch_id: str) -> str:
+    """What the task ids of a Dask batch's items start with: ``task-<the batch's hex>-``."""
+    return f"task-{batch_id.removeprefix('batch-')}-"
+
+
+def item_task_id(batch_id: str, index: int) -> str:
+    """The task id of item ``index`` of a Dask batch (its worker credential covers exactly these)."""
+    return f"{item_task_prefix(batch_id)}{index}"
+
+
+def issue_credential(address: Any, agent: str, batch_id: str, tasks: int) -> str:
+    """A worker credential of the batch from the server (``POST /internal/worker-tokens`` with its token)."""
+    return str(_server_call(address, "/internal/worker-tokens",
+                            {"agent": agent, "batch_id": batch_id, "tasks": tasks}, "issue")["token"])
+
+
+def revoke_credential(address: Any, credential: str) -> None:
+    """End a batch's worker credential (``POST /internal/worker-tokens/revoke``)."""
+    _server_call(address, "/internal/worker-tokens/revoke", {"token": credential}, "revoke")
+
+
+def _server_call(address: Any, path: str, body: dict[str, Any], what: str) -> Any:
+    import httpx
+
+    from apollia_nb.runtime.remote import API, _error, _unanswered
+
+    try:
+        response = httpx.post(address.url + API + path, json=body, timeout=30.0,
+                              headers={"Authorization": f"Bearer {address.token}"})
+    except httpx.HTTPError as exc:
+        raise ApolliaError(f"the batch's worker credential cannot {what}: {_unanswered(address.url, exc)}") from None
+    if response.status_code >= 400:
+        raise _error(response)
+    return response.json() if response.content else None
 
 
 def make_spec(rt: Any, agent: str, max_steps: int | None, server_url: str | None, batch_id: str) -> WorkerSpec:
@@ -90,6 +132,25 @@ def open_client(scheduler: Any) -> tuple[Any, bool]:
         return Client(scheduler, timeout="10s"), True
     except (OSError, TimeoutError) as exc:
         raise BadInput(f"the Dask scheduler at {scheduler} does not answer: {exc}") from None
+
+
+def send_item(client: Any, spec: WorkerSpec, task_id: str, goal: str) -> Any:
+    """Submit one item to the cluster: its Dask future.
+
+    Dask pickles the task as it is submitted; what cannot be pickled (a tool or a model holding a lock, an
+    open file, a connection) is ``BAD_INPUT`` for this item, which never reaches the cluster. Any other
+    refusal of the client (closed, its scheduler gone) is raised with its words, as ``ApolliaError``."""
+    import pickle
+
+    try:
+        return client.submit(run_item, spec, task_id, goal, key=f"apollia-item-{task_id}", pure=False)
+    except (TypeError, AttributeError, pickle.PicklingError, RecursionError) as exc:
+        cause = exc.__cause__ or exc
+        raise BadInput(f"the item cannot be sent to the Dask cluster: {type(cause).__name__}: {cause} (the agent's "
+                       "tools and model are pickled with each item: give them no locks, open files or "
+                       "connections, or create those inside the tool)") from None
+    except Exception as exc:  # noqa: BLE001 - the item fails with the client's words; the driver goes on
+        raise ApolliaError(f"the Dask client refused the item: {type(exc).__name__}: {exc}") from None
 
 
 def outcome(future: Any) -> dict[str, Any]:
@@ -130,12 +191,21 @@ class _WorkerRuntime:
         self.address = ServerAddress(url=spec.url, token=spec.token, pid=0)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="apollia-worker", daemon=True).start()
+        self.busy = 0  # items running here now (under _WORKERS_LOCK)
         self.rt = self.call(self._open, spec.opener)
         self._agent_lock = asyncio.Lock()
         self._batch_of: dict[str, str] = {}  # agent name -> the batch whose manifest, tools and model it has
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(fn(*args), self.loop).result()
+
+    def close(self) -> None:
+        """Close the runtime (its batch is over here: its credential may be revoked) and stop its loop."""
+        try:
+            self.call(self.rt.aclose)
+        except Exception:  # noqa: BLE001 - a revoked credential may refuse the closing checkpoint
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
     async def _open(self, opener: Callable[..., Any] | None) -> Any:
         if opener is None:
@@ -163,15 +233,21 @@ class _WorkerRuntime:
         return task_summary(handle.record)
 
 
-_WORKERS: dict[tuple[str, bytes], _WorkerRuntime] = {}
+_WORKERS: dict[tuple[str, bytes, str], _WorkerRuntime] = {}
 _WORKERS_LOCK = threading.Lock()
+_MADE = [0]  # how many worker runtimes this process made (each its own directory)
 
 
 def _worker_runtime(spec: WorkerSpec) -> _WorkerRuntime:
+    """This process's client runtime for the spec's batch (its credential); runtimes of batches whose
+    credential is another and that run no item here any more are closed."""
     with _WORKERS_LOCK:
-        key = (spec.url, spec.public_key)
+        key = (spec.url, spec.public_key, spec.token)
         found = _WORKERS.get(key)
         if found is None:
+            for other, idle in [(k, w) for k, w in _WORKERS.items() if not w.busy]:
+                del _WORKERS[other]
+                idle.close()
             try:
                 from distributed import get_worker
 
@@ -180,11 +256,17 @@ def _worker_runtime(spec: WorkerSpec) -> _WorkerRuntime:
                 import tempfile
 
                 local = Path(tempfile.mkdtemp(prefix="apollia-worker-"))
-            found = _WORKERS[key] = _WorkerRuntime(spec, local / "apollia" / f"server-{len(_WORKERS)}")
+            found = _WORKERS[key] = _WorkerRuntime(spec, local / "apollia" / f"server-{_MADE[0]}")
+            _MADE[0] += 1
+        found.busy += 1
         return found
 
 
 def run_item(spec: WorkerSpec, task_id: str, goal: str) -> dict[str, Any]:
     """The Dask task of one item: run it on this worker's client runtime until it is finished; its summary."""
     worker = _worker_runtime(spec)
-    return worker.call(worker.item, spec, task_id, goal)
+    try:
+        return worker.call(worker.item, spec, task_id, goal)
+    finally:
+        with _WORKERS_LOCK:
+            worker.busy -= 1
