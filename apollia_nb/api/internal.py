@@ -230,6 +230,34 @@ class RevokeIn(_In):
     by: s.Who
 
 
+class AgentIdentity(_In):
+    tools: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(
+        max_length=10_000, description='the tools it is offered, sorted (`["*"]`: every tool)')
+    workspace: Annotated[str, Field(min_length=1, max_length=4096)] = Field(
+        description="its workspace, an absolute path resolved when it was registered")
+    model: dict[str, Any] = Field(description="its `[model]` table without the script")
+
+
+class IdentityIn(_In):
+    agent: s.AgentName
+    identity: AgentIdentity
+    keep_consents: bool | None = Field(None, description="the operator's choice when its standing consents "
+                                                         "are to be reviewed (null: not given)")
+
+
+class IdentityReview(_Out):
+    difference: dict[str, Any]
+    consents: list[str]
+    choice: Literal["kept", "dropped"]
+
+
+class IdentityOut(_Out):
+    agent: str
+    identity: dict[str, Any]
+    digest: Hex
+    review: IdentityReview | None
+
+
 class RuleRemoveIn(_In):
     id: Annotated[str, Field(min_length=1, max_length=200)]
     by: s.Who
@@ -473,6 +501,19 @@ async def await_answers(
                 if done:
                     return done
     return []
+
+
+# --- an agent registered in a client --------------------------------------------------------------
+
+
+@router.post("/agents/identity", response_model=IdentityOut, operation_id="internalReviewAgentIdentity",
+             summary="Review what an agent's standing consents are given for", responses=_errors(409, 413, 503),
+             description="A client registering an agent: the server's review of its tools, resolved workspace "
+                         "and model against what its standing consents were given for (409 `CONSENTS_TO_REVIEW` "
+                         "when they widen it and `keep_consents` is null; 409 `CONFLICT` when the server runs "
+                         "an agent of that name with another identity). The identity is recorded and journaled.")
+async def review_agent_identity(body: IdentityIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.review_identity(body.agent, body.identity.model_dump(), keep=body.keep_consents)
 
 
 # --- governance changes with their author ---------------------------------------------------------
