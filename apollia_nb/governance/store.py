@@ -1140,6 +1140,8 @@ class GovernanceStore:
                     return change.result
                 if change.kind is not None and self.journal is not None:
                     self.journal.append(change.kind, change.payload, agent=change.agent)
+                    for kind, payload in change.then:
+                        self.journal.append(kind, payload, agent=change.agent)
                 try:
                     change.apply(con)
                     con.execute("COMMIT")
@@ -1348,6 +1350,100 @@ class GovernanceStore:
             ],
             [],
         )
+
+    # --- what standing consents are given for ---------------------------------------
+
+    def agent_identity(self, agent: str) -> dict[str, Any] | None:
+        """The identity ``agent``'s standing consents are given for (None: none is recorded).
+        ``GovernanceUnreadable`` when it is recorded but does not read."""
+        agent = validate_agent(agent)
+
+        def read(con: "duckdb.DuckDBPyConnection") -> dict[str, Any] | None:
+            if "agent_identities" not in self._tables(con):
+                return None
+            row = con.execute("SELECT identity, digest FROM agent_identities WHERE agent = ?", [agent]).fetchone()
+            if row is None:
+                return None
+            identity = _read_identity(*row)
+            if identity is None:
+                raise GovernanceUnreadable(f"the recorded identity of agent {agent!r} does not read")
+            return identity
+
+        return self._read(read, None)
+
+    def bind_identity(self, agent: str, identity: Mapping[str, Any], *, keep: bool | None = None,
+                      fallback: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Record ``identity`` (tools, resolved workspace, model) as what ``agent``'s standing consents are
+        given for: the review every registration of an agent goes through, in the owner or through its
+        server (``Runtime.review_identity``).
+
+        The same identity changes nothing. One that widens what is recorded (``identity_difference``)
+        while the agent holds standing consents is ``ConsentsToReview`` showing the difference, unless
+        ``keep`` says what to do: ``True`` keeps them, ``False`` revokes them (journaled
+        ``consents_review``, and ``consent_revoked`` for each dropped). A recorded identity that does
+        not read counts as another one. Otherwise (no consents, or fewer tools only) the new identity
+        is recorded. Each new identity is journaled (``agent_identity``). ``fallback``: what to compare
+        with when nothing is recorded yet (an agent registered before identities were recorded).
+        Returns ``{"agent", "identity", "digest", "review"}`` (``review`` None, or the difference,
+        the consents and the choice)."""
+        agent = validate_agent(agent)
+        identity = _identity(identity)
+        digest = identity_digest(identity)
+        now = self._now()
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change | _NoChange:
+            from apollia_nb.errors import ConsentsToReview
+
+            con.execute(_IDENTITIES)
+            row = con.execute("SELECT identity, digest FROM agent_identities WHERE agent = ?", [agent]).fetchone()
+            result = {"agent": agent, "identity": identity, "digest": digest, "review": None}
+            if row is not None and row[1] == digest and _read_identity(*row) is not None:
+                return _NoChange(result)
+            held = sorted(f for (f,) in con.execute(
+                "SELECT family FROM consents WHERE agent = ? ORDER BY family", [agent]).fetchall())
+            before = _read_identity(*row) if row is not None else (
+                _identity(fallback) if fallback is not None else None)
+            if before is None and row is not None:
+                difference: dict[str, Any] = {"identity": {
+                    "before": "the recorded identity does not read", "after": identity}}
+                widens = True
+            elif before is None:
+                difference, widens = {}, False
+            else:
+                difference, widens = identity_difference(before, identity)
+            review: dict[str, Any] | None = None
+            if widens and held:
+                if keep is None:
+                    shown = "; ".join(f"{key}: {json.dumps(d['before'])} -> {json.dumps(d['after'])}"
+                                      for key, d in difference.items())
+                    raise ConsentsToReview(
+                        f"agent {agent!r} changed ({shown}) and holds standing consents for "
+                        f"{', '.join(held)}: keep them (--keep-consents, keep_consents=true) or drop them "
+                        "(--drop-consents, keep_consents=false)")
+                review = {"difference": difference, "consents": held, "choice": "kept" if keep else "dropped"}
+            result["review"] = review
+            entries: list[tuple[str, dict[str, Any]]] = []
+            if review is not None and not keep:
+                entries += [("consent_revoked", {"agent": agent, "family": family, "by": "re-registration"})
+                            for family in held]
+            entries.append(("agent_identity", {
+                "agent": agent, "identity": identity, "digest": digest,
+                **({"difference": difference} if difference else {})}))
+
+            def apply(c: "duckdb.DuckDBPyConnection") -> None:
+                if review is not None and not keep:
+                    c.execute("DELETE FROM consents WHERE agent = ?", [agent])
+                c.execute("DELETE FROM agent_identities WHERE agent = ?", [agent])
+                c.execute("INSERT INTO agent_identities VALUES (?, ?, ?, ?)",
+                          [agent, json.dumps(identity, sort_keys=True), digest, _naive(now)])
+
+            if review is not None:
+                first, payload = "consents_review", {"agent": agent, **review}
+            else:
+                (first, payload), entries = entries[0], entries[1:]
+            return _Change(first, payload, agent, apply, result, then=tuple(entries))
+
+        return self._write(prepare)
 
     # --- developer mode -------------------------------------------------------------
 
