@@ -16,6 +16,14 @@ none, one of these makes the loss explicit and records it in the journal:
     chain starts with a new key, its first entry naming the archived chain's
     head. This is the only way to a new key: a new key is never put on an old
     chain, because entries it signed could not be told from forged ones.
+``--lost-entries``
+    the journal holds fewer entries than it acknowledged (``JOURNAL_TRUNCATED``:
+    ``journal.log`` cut, or a stored checkpoint larger than what is left). Alone
+    it only says what is lost (which seqs, which runs) and changes nothing; with
+    ``--yes`` it records the loss in the journal — one signed ``entry_lost``
+    entry for each seq known lost, then a ``home_repaired`` entry naming the
+    range, the cut and the checkpoints that covered lost entries — so no seq is
+    ever given twice and ``audit verify`` shows the loss, then the home starts.
 
 A damaged file is moved aside (``<name>.damaged-<time>``), never deleted or
 overwritten. Every repair owns the home (``HOME_LOCKED`` while another
@@ -47,6 +55,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                       help="start an empty governance.db (rules, consents, developer mode, pending decisions are lost)")
     what.add_argument("--archive-journal", action="store_true",
                       help="move the journal and its key to archive/ and start a new chain with a new key")
+    what.add_argument("--lost-entries", action="store_true",
+                      help="the journal holds fewer entries than it acknowledged: say what is lost; "
+                           "with --yes, record the loss in the journal so the home starts again")
+    p.add_argument("--yes", action="store_true",
+                   help="with --lost-entries: record the loss (without it, nothing is changed)")
     p.add_argument("--by", default=None, help="who makes the repair (default: the user name)")
     p.set_defaults(handler=_repair)
 
@@ -78,8 +91,14 @@ def _repair(args: argparse.Namespace) -> int:
         from apollia_nb.errors import NotFound
 
         raise NotFound(f"no home at {home.path}")
+    if args.yes and not args.lost_entries:
+        from apollia_nb.errors import BadInput
+
+        raise BadInput("--yes confirms --lost-entries; the other repairs need no confirmation")
     with OwnerLock(home):
-        if args.archive_journal:
+        if args.lost_entries:
+            data = _lost_entries(home, _who(args), confirmed=args.yes)
+        elif args.archive_journal:
             data = _archive_journal(home, _who(args))
         elif args.new_runtime_db:
             data = _new_runtime_db(home, _who(args))
@@ -222,3 +241,88 @@ def _archive_journal(home: Any, by: str) -> dict[str, Any]:
     return {"archived_to": str(dest), "files": [p.name for p in present], "key_id": key_id, **head,
             "text": f"archived {', '.join(p.name for p in present)} to {dest}; a new journal starts with key "
                     f"{key_id} (its first entry names the archived chain)"}
+
+
+def _runs_of_runtime_db(home: Any) -> dict[str, dict[str, str]]:
+    """The runs ``runtime.db`` records (tasks and chat sessions), by run id, read without writing;
+    empty when it is missing or cannot be read (it is a witness here, not needed)."""
+    import json
+
+    import duckdb
+
+    if not home.runtime_db.exists():
+        return {}
+    runs: dict[str, dict[str, str]] = {}
+    try:
+        con = duckdb.connect(str(home.runtime_db), read_only=True)
+    except duckdb.Error:
+        return {}
+    try:
+        for table, what in (("tasks", "task"), ("sessions", "session")):
+            try:
+                rows = con.execute(f"SELECT id, record FROM {table}").fetchall()
+            except duckdb.Error:
+                continue
+            for ident, record in rows:
+                try:
+                    run_id = json.loads(record).get("run_id")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(run_id, str):
+                    runs[run_id] = {"run_id": run_id, what: str(ident)}
+    finally:
+        con.close()
+    return runs
+
+
+def _lost_entries(home: Any, by: str, *, confirmed: bool) -> dict[str, Any]:
+    """Say what the journal lost (which seqs, which runs); with ``confirmed``, record it and let the home start."""
+    from apollia_nb.errors import BadInput, NotFound
+    from apollia_nb.journal import Journal
+    from apollia_nb.journal.store import examine_loss
+
+    if not home.journal_db.exists():
+        raise NotFound(f"no journal at {home.journal_db}")
+    loss = examine_loss(home.journal_db)
+    if not loss["problems"]:
+        raise BadInput(f"the journal in {home.path} holds every entry it acknowledged: nothing to repair")
+    recorded = _runs_of_runtime_db(home)
+    kept = set(loss["kept_runs"])
+    runs = sorted(
+        [{"run_id": r, "lost": "its end (no run_seal kept)"} for r in loss["open_runs"]]
+        + [{**info, "lost": "all of it (runtime.db records it, the journal keeps none of its entries)"}
+           for r, info in recorded.items() if r not in kept],
+        key=lambda run: run["run_id"])
+    lost = loss["lost"]
+    said = [f"the journal keeps entries 1..{loss['kept']}"]
+    if lost:
+        witnesses = []
+        if loss["checkpoints"]:
+            witnesses.append(f"stored checkpoint(s) of size {', '.join(map(str, loss['checkpoints']))} covered them")
+        if loss["cut_seen"]:
+            witnesses.append(f"the cut record of journal.log still shows entry {loss['cut_seen']}")
+        said.append(f"entries {lost[0]}..{lost[1]} were acknowledged and are gone ({'; '.join(witnesses)})")
+    if loss["cut"]:
+        said.append(f"journal.log was cut after entry {loss['cut_after']}: entries committed after the cut, "
+                    "beyond those, left no trace and cannot be counted")
+    if runs:
+        said.append("runs that lost entries: " + "; ".join(f"{r['run_id']} ({r['lost']})" for r in runs))
+    data: dict[str, Any] = {"action": "lost_entries", "kept": loss["kept"], "lost": lost, "cut": loss["cut"],
+                            "cut_after": loss["cut_after"], "checkpoints": loss["checkpoints"], "runs": runs,
+                            "problems": loss["problems"], "recorded": False}
+    if not confirmed:
+        data["text"] = ("\n".join(said) + "\nnothing was changed; to record this loss in the journal and start the "
+                        f"home again, run `apollia-os home repair --lost-entries --yes --home {home.path}`")
+        return data
+    journal = Journal.open(home, record_loss={"by": by, "runs": runs})
+    try:
+        journal.checkpoint()
+        head = journal.head()[0]
+    finally:
+        journal.close()
+    markers = lost[1] - lost[0] + 1 if lost else 0
+    data.update(recorded=True, record_seq=head,
+                text="\n".join(said) + f"\nrecorded: {markers} `entry_lost` entr{'y' if markers == 1 else 'ies'} "
+                     f"and the repair record at seq {head}; no seq is given twice, and `apollia-os audit verify` "
+                     "shows the loss")
+    return data

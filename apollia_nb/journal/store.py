@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import os
 import threading
 import time
@@ -80,7 +81,16 @@ import duckdb
 
 from apollia_nb import faults
 from apollia_nb.dbutil import MEMORY_LIMIT, fault_point, limit_memory, lock_down, needs_reopen, raise_if_locked, storage_error
-from apollia_nb.errors import BadInput, Conflict, HomeFileCorrupt, HomeLocked, IntegrityError, NotFound, StorageError
+from apollia_nb.errors import (
+    BadInput,
+    Conflict,
+    HomeFileCorrupt,
+    HomeLocked,
+    IntegrityError,
+    JournalTruncated,
+    NotFound,
+    StorageError,
+)
 from apollia_nb.home import Home, damage_error, damaged_file
 from apollia_nb.journal import accounting as _accounting
 from apollia_nb.journal import keys as _keys
@@ -108,7 +118,7 @@ from apollia_nb.journal.merkle import (
     verify_consistency,
     verify_inclusion,
 )
-from apollia_nb.journal.tail import TailLog, encode_rows, read_tail, tail_path
+from apollia_nb.journal.tail import TailLog, TailRead, encode_rows, read_tail, tail_path
 from apollia_nb.journal.views import CALLS_DDL, ENTRY_FIELDS_DDL, copy_entry_fields, create_views, rebuild_calls
 
 __all__ = [
@@ -120,6 +130,11 @@ __all__ = [
     "connect_locked",
     "STORAGE_VERSION",
     "entries_with_tail",
+    "read_with_tail",
+    "TailEntries",
+    "truncation_problems",
+    "ENTRY_LOST",
+    "examine_loss",
 ]
 
 FORMAT_VERSION = "1"
@@ -191,6 +206,18 @@ def connect_locked(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyCon
     return con
 
 
+class TailEntries(NamedTuple):
+    """What an offline reader of a journal nobody holds sees (``read_with_tail``)."""
+
+    #: the journal's entries as a SQL table expression (``entries``, or its union with the log's)
+    expression: str
+    #: the highest seq ``journal.db`` and ``journal.log`` hold together
+    head: int
+    #: what the log itself says of entries missing after ``head`` (``truncation_problems``: it was
+    #: cut), or None; a stored checkpoint larger than ``head`` is for the verifier to report
+    cut: str | None
+
+
 def entries_with_tail(con: duckdb.DuckDBPyConnection, db_path: Path) -> str:
     """For a read-only connection to a journal nobody holds: its entries as a SQL table expression.
 
@@ -201,9 +228,15 @@ def entries_with_tail(con: duckdb.DuckDBPyConnection, db_path: Path) -> str:
     writing anything. Raises ``IntegrityError`` when the log is damaged before
     its end, or holds a different entry where ``journal.db`` already has one.
     """
+    return read_with_tail(con, db_path).expression
+
+
+def read_with_tail(con: duckdb.DuckDBPyConnection, db_path: Path) -> TailEntries:
+    """``entries_with_tail``, with the head it ends at and what says entries are missing after it.
+
+    A log that holds nothing ``journal.db`` lacks (a crash after the last copy) adds nothing:
+    the expression is ``entries``."""
     read = read_tail(tail_path(db_path))
-    if not read.rows:
-        return "entries"
     (max_seq,) = con.execute("SELECT coalesce(max(seq), 0) FROM entries").fetchall()[0]
     copied = [row for row in read.rows if row[0] <= max_seq]
     stored = _stored_rows(con, copied)
@@ -212,10 +245,91 @@ def entries_with_tail(con: duckdb.DuckDBPyConnection, db_path: Path) -> str:
             raise IntegrityError(
                 f"{tail_path(db_path)}: entry {row[0]} is not the entry {Path(db_path).name} holds at that place"
             )
-    con.execute(f"CREATE OR REPLACE TEMP TABLE tail_entries AS SELECT {_COLUMNS} FROM main.entries LIMIT 0")
-    con.executemany(f"INSERT INTO temp.tail_entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [row for row in read.rows if row[0] > max_seq])
-    return f"(SELECT {_COLUMNS} FROM main.entries UNION ALL SELECT {_COLUMNS} FROM temp.tail_entries)"
+    fresh = [row for row in read.rows if row[0] > max_seq]
+    expression = "entries"
+    if fresh:  # nothing to add when journal.db holds everything the log has
+        con.execute(f"CREATE OR REPLACE TEMP TABLE tail_entries AS SELECT {_COLUMNS} FROM main.entries LIMIT 0")
+        con.executemany(f"INSERT INTO temp.tail_entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", fresh)
+        expression = f"(SELECT {_COLUMNS} FROM main.entries UNION ALL SELECT {_COLUMNS} FROM temp.tail_entries)"
+    if fresh:
+        head, recorded = int(fresh[-1][0]), is_loss_record(fresh[-1][4], fresh[-1][5])
+    else:
+        last = con.execute("SELECT seq, kind, payload FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
+        head, recorded = (int(last[0]), is_loss_record(last[1], last[2])) if last else (0, False)
+    problems = truncation_problems(head, recorded, read, None, tail_path(db_path))
+    return TailEntries(expression, head, problems[0] if problems else None)
+
+
+def examine_loss(db_path: Path) -> dict[str, Any]:
+    """What a repair of lost entries would record, read from a ``journal.db`` nobody holds (read-only).
+
+    ``kept``: the entries ``journal.db`` and ``journal.log`` hold together; ``problems``: why more
+    were acknowledged (empty: nothing to repair); ``lost``: the seq range known lost (up to the
+    newest stored checkpoint) or None; ``cut`` and ``cut_after``: whether the log was cut and after
+    which entry; ``checkpoints``: the stored checkpoints that covered lost entries; ``open_runs``:
+    runs with a ``run_open`` kept and no ``run_seal`` (their later entries may be among the lost)."""
+    con = connect_locked(Path(db_path), read_only=True)
+    try:
+        tail = read_with_tail(con, Path(db_path))
+        read = read_tail(tail_path(db_path))
+        latest = con.execute("SELECT max(size) FROM checkpoints").fetchone()
+        size = int(latest[0]) if latest and latest[0] is not None else None
+        last = con.execute(f"SELECT kind, payload FROM {tail.expression} WHERE seq = ?", [tail.head]).fetchone()
+        problems = truncation_problems(tail.head, last is not None and is_loss_record(last[0], last[1]), read,
+                                       size, tail_path(db_path))
+        checkpoints = [int(s) for (s,) in con.execute(
+            "SELECT size FROM checkpoints WHERE size > ? ORDER BY size", [tail.head]).fetchall()]
+        open_runs = [r for (r,) in con.execute(
+            f"SELECT run_id FROM {tail.expression} WHERE kind = 'run_open' AND run_id IS NOT NULL "
+            f"EXCEPT SELECT run_id FROM {tail.expression} WHERE kind = 'run_seal' ORDER BY 1").fetchall()]
+        kept_runs = {r for (r,) in con.execute(
+            f"SELECT DISTINCT run_id FROM {tail.expression} WHERE run_id IS NOT NULL").fetchall()}
+    finally:
+        con.close()
+    lost_to = max([tail.head, *checkpoints, read.cut_seen or 0])
+    return {"kept": tail.head, "problems": problems,
+            "lost": [tail.head + 1, lost_to] if lost_to > tail.head else None,
+            "cut": bool(read.cut), "cut_after": (read.rows[-1][0] if read.rows else 0) if read.cut else None,
+            "cut_seen": read.cut_seen, "checkpoints": checkpoints, "open_runs": open_runs,
+            "kept_runs": sorted(kept_runs)}
+
+
+#: The kinds a repair of lost entries writes (``Journal.open(record_loss=...)``): one ``entry_lost`` per seq
+#: known to be lost, then the ``home_repaired`` entry with ``action`` ``record_lost_entries``.
+ENTRY_LOST = "entry_lost"
+LOSS_ACTION = "record_lost_entries"
+
+
+def is_loss_record(kind: str, payload: bytes) -> bool:
+    """Whether an entry is the record of a repair of lost entries."""
+    if kind != "home_repaired":
+        return False
+    try:
+        return json.loads(bytes(payload)).get("action") == LOSS_ACTION
+    except (ValueError, AttributeError):
+        return False
+
+
+def truncation_problems(head: int, head_is_loss: bool, read: TailRead, checkpoint_size: int | None,
+                        log: Path) -> list[str]:
+    """Why the journal acknowledged more than the ``head`` entries it holds (pure; empty when nothing says so).
+
+    The durable witnesses: the newest stored checkpoint (signed once its entries were
+    committed: it may be larger than ``journal.db`` but never than what was acknowledged),
+    and ``journal.log`` itself (a log the end of the file cuts: its writer always leaves a zero
+    after the last record, so records after the cut may be gone). A head that is a recorded
+    loss (``home_repaired``, written in the same copy as its ``entry_lost`` entries) is a cut
+    already accounted for: the repair starts the log over next."""
+    problems = []
+    if checkpoint_size is not None and int(checkpoint_size) > head:
+        problems.append(f"the newest stored checkpoint covers {int(checkpoint_size)} entries, "
+                        f"the journal holds {head}")
+    if read.cut and not head_is_loss:
+        last = read.rows[-1][0] if read.rows else None
+        after = f"after entry {last}" if last is not None else "before its first record"
+        problems.append(f"{log.name} was cut {after} (it ends at byte {read.size} without the zero its writer "
+                        "leaves after the last record): entries committed after the cut may be gone")
+    return problems
 
 
 def _stored_rows(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> dict[int, Entry]:
@@ -484,6 +598,7 @@ class Journal:
         self._pending: list[tuple[Any, ...]] = []  # in the log, not yet in journal.db (writer's)
         self._imports = 0
         self._broken: BaseException | None = None  # journal.db refused a copy for a reason other than the disk
+        self._refusing: IntegrityError | None = None  # its verification failed: appends refused, reads go on
         self._copy_error: StorageError | None = None  # why the last copy into journal.db failed
         self._retry_at = 0.0  # monotonic time before which the writer does not retry a failed copy
         self._reopen_needed = False  # DuckDB invalidated journal.db after a failed write
@@ -521,6 +636,7 @@ class Journal:
         *,
         create: bool = True,
         clock: Callable[[], datetime] | None = None,
+        record_loss: dict[str, Any] | None = None,
     ) -> Journal:
         """Open (or create) ``home.journal_db``; keys are created on first use.
 
@@ -532,7 +648,12 @@ class Journal:
         process) holds the file, ``NotFound`` when ``create`` is false and there
         is no journal, ``IntegrityError`` when the stored sequence has a gap or
         ``journal.log`` holds entries that cannot be taken (damaged, not this
-        journal's, not continuing it).
+        journal's, not continuing it), and ``JournalTruncated`` when it holds fewer entries
+        than it acknowledged (``truncation_problems``): it never takes a seq again.
+
+        ``record_loss`` (``apollia-os home repair --lost-entries --yes``): open such a journal
+        anyway, recording the loss first (``_record_loss``; the dict's items go into the
+        record's payload, e.g. ``by``); ``BadInput`` when nothing is lost.
         """
         path = home.journal_db
         if not create and not path.exists():
@@ -558,7 +679,7 @@ class Journal:
                 # nothing else: no files, URLs or extensions, no setting changed back.
                 lock_down(con)
                 journal = cls(path, con, key, origin, clock or _utcnow)
-                journal._recover_tail(journal._load())
+                journal._recover_tail(journal._load(), record_loss)
             except BaseException as exc:
                 if journal is not None and journal._tail is not None:
                     journal._tail.close()
@@ -668,7 +789,7 @@ class Journal:
         if updated is None or updated[0] == 0:
             con.execute("INSERT INTO frontier VALUES (1, ?, ?, ?, ?)", values)
 
-    def _recover_tail(self, loaded: tuple[int, str | None]) -> None:
+    def _recover_tail(self, loaded: tuple[int, str | None], record_loss: dict[str, Any] | None = None) -> None:
         """Copy into ``journal.db`` what a previous owner left in ``journal.log``; open the log.
 
         Entries already in ``journal.db`` (a crash between a copy and the log's
@@ -718,6 +839,19 @@ class Journal:
                 ) from exc
             fresh.append(entry)
             seq, prev = entry.seq, entry.hash
+        last = fresh[-1].as_row() if fresh else self._con.execute(
+            f"SELECT {_COLUMNS} FROM entries WHERE seq = ?", [seq]).fetchone()
+        problems = truncation_problems(seq, last is not None and is_loss_record(last[4], last[5]), read,
+                                       self._latest[0] if self._latest else None, path)
+        if problems and record_loss is None:
+            raise JournalTruncated(
+                f"{self.path.parent}: the journal holds {seq} entries but acknowledged more: {'; '.join(problems)}. "
+                "Nothing was changed and it takes no entry until this is settled (a seq is never given twice). "
+                f"Restore the home from a backup, or see what is lost with `apollia-os home repair --lost-entries "
+                f"--home {self.path.parent}` and record the loss with `--yes`"
+            )
+        if record_loss is not None and not problems:
+            raise BadInput(f"the journal in {self.path.parent} holds every entry it acknowledged: nothing to repair")
         if fresh:
             before = self._acc.copy()
             for entry in fresh:
@@ -729,8 +863,53 @@ class Journal:
                 self._acc = before
                 raise
             self._head = (seq, prev)
+        if record_loss is not None:
+            self._record_loss(problems, read, record_loss)
         self._tail = TailLog(path)  # starts the file over: everything in it is in journal.db now
         self._opened_at = self._copied = self._head[0]
+
+    def _record_loss(self, problems: list[str], read: TailRead, extra: dict[str, Any]) -> None:
+        """Record in ``journal.db`` that acknowledged entries are gone, without giving their seqs again.
+
+        Every seq known to be lost (up to the newest stored checkpoint, or the highest seq the cut
+        record of the log still shows) gets a signed ``entry_lost``
+        entry naming the lost range, and a ``home_repaired`` entry (``action``
+        ``record_lost_entries``) follows them: what was kept, the range, whether ``journal.log``
+        was cut (what followed the cut, beyond the witnessed range, left no trace), the stored
+        checkpoints that covered lost entries (they no longer verify; ``audit verify`` shows them
+        as superseded by this record) and ``extra``. One transaction, before the log starts over:
+        a crash before it leaves everything as it was, after it the cut is accounted for."""
+        head, prev = self._head
+        lost_to = max(head, self._latest[0] if self._latest else 0, read.cut_seen or 0)
+        lost = [head + 1, lost_to] if lost_to > head else None
+        superseded = [{"size": int(size), "root": bytes(root).hex()} for size, root in self._con.execute(
+            "SELECT size, root FROM checkpoints WHERE size > ? ORDER BY size", [head]).fetchall()]
+        payload = {
+            **extra, "file": "journal.log", "action": LOSS_ACTION, "problem": "; ".join(problems),
+            "kept": head, "lost": lost, "cut": bool(read.cut),
+            "cut_after": (read.rows[-1][0] if read.rows else 0) if read.cut else None,
+            "checkpoints": superseded,
+        }
+        items = [_item(ENTRY_LOST, {"lost": lost}) for _ in range(lost_to - head)]
+        items.append(_item("home_repaired", payload))
+        ts = format_ts(self._clock())
+        rows, seq = [], head
+        for kind, data, run_id, agent in items:
+            seq += 1
+            h = entry_hash(seq, ts, run_id, agent, kind, data, prev)
+            rows.append(Entry(seq, ts, run_id, agent, kind, data, prev, h, self._key.sign(h), self._key.key_id).as_row())
+            prev = h
+        before = self._acc.copy()
+        for row in rows:
+            self._acc.append(leaf_hash(bytes(row[7])))
+        try:
+            self._copy_acc = self._acc
+            self._insert_piece(rows, self._acc.copy())
+            self._stored_acc = self._acc.copy()
+        except BaseException:
+            self._acc = before
+            raise
+        self._head = (seq, prev)
 
     def __enter__(self) -> Journal:
         return self
@@ -766,6 +945,18 @@ class Journal:
         with self._state_lock:
             return {"transactions": self._transactions, "largest_batch": self._largest_batch,
                     "imports": self._imports}
+
+    def refuse_appends(self, error: IntegrityError) -> None:
+        """From now on refuse every append with ``error`` (its verification failed: the chain
+        or a stored checkpoint does not hold); reads go on. The first reason stays."""
+        with self._state_lock:
+            if self._refusing is None:
+                self._refusing = error
+
+    @property
+    def refusing(self) -> IntegrityError | None:
+        """Why the journal refuses appends (``refuse_appends``), or None."""
+        return self._refusing
 
     # ------------------------------------------------------------------ appending
     def append(
@@ -1014,6 +1205,8 @@ class Journal:
         try:
             if self._broken is not None:
                 raise self._broken
+            if self._refusing is not None:
+                raise self._refusing
             tail = self._tail
             assert tail is not None
             record = encode_rows(group.rows)

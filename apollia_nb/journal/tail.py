@@ -23,7 +23,12 @@ follow the last. Reading stops at a record that is cut short or fails its
 checksum when nothing but zeros follows it: it was being written when the
 process died and nobody was told it was written, so it is dropped. A bad
 record with more records after it is damage, not a torn write, and reading
-refuses (``IntegrityError``): nothing is dropped or rewritten then. Records
+refuses (``IntegrityError``): nothing is dropped or rewritten then. The writer
+always leaves at least one zero byte after its last record (it writes one with
+each record, and the file has room for it), so a file that ends inside a
+record or right at a record's end was cut (``TailRead.cut``): records after the
+cut, acknowledged, may be gone, and whoever reads the log must not take its
+end for the journal's. Records
 already copied into ``journal.db`` stay until the file starts over; whoever
 reads the log skips them after checking they are the very entries
 ``journal.db`` holds. The entries themselves are checked by whoever takes them
@@ -37,6 +42,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -51,6 +57,10 @@ MAGIC = b"AJT1"
 _HEADER = struct.Struct(">4sI32s")
 #: No group is near this; a larger length is damage, not data.
 MAX_BODY = 256 * 1024 * 1024
+
+
+#: Where a row starts in a record's body (``[[seq,`` first, ``],[seq,`` after): to read the seqs a cut left.
+_ROW_START = re.compile(rb"(?:^\[|\],)\[(\d{1,18}),")
 
 
 def tail_path(db_path: Path) -> Path:
@@ -87,15 +97,23 @@ def _decode_body(body: bytes) -> list[tuple[Any, ...]]:
 
 
 class TailRead:
-    """What a tail file holds: its rows in order, where its valid records end, and
-    whether a torn last write was dropped after them."""
+    """What a tail file holds: its rows in order, where its valid records end, whether a
+    torn last write was dropped after them, and whether the file was cut (``cut``: it
+    ends inside a record or right at the end of one, without the zero the writer always
+    leaves after its last record; ``size`` is the file's length)."""
 
-    __slots__ = ("rows", "valid_length", "torn")
+    __slots__ = ("rows", "valid_length", "torn", "cut", "size", "cut_seen")
 
-    def __init__(self, rows: list[tuple[Any, ...]], valid_length: int, torn: bool) -> None:
+    def __init__(self, rows: list[tuple[Any, ...]], valid_length: int, torn: bool,
+                 cut: bool = False, size: int = 0, cut_seen: int | None = None) -> None:
         self.rows = rows
         self.valid_length = valid_length
         self.torn = torn
+        self.cut = cut
+        self.size = size
+        #: the highest seq the part of a record the cut left still shows (its body is rows that
+        #: start ``[seq,``): entries up to it were committed and are gone; None when none shows
+        self.cut_seen = cut_seen
 
 
 def read_tail(path: Path) -> TailRead:
@@ -104,7 +122,9 @@ def read_tail(path: Path) -> TailRead:
     The file is preallocated: zeros follow the last record. A record that is
     cut short, has no valid header or fails its checksum is the write a crash
     interrupted when nothing but zeros follows it (for a bad header: when no
-    other record's magic follows it); otherwise it is damage.
+    other record's magic follows it); otherwise it is damage. A file whose last
+    byte is not a zero, or whose last record reaches its end, was cut
+    (``TailRead.cut``): the writer never leaves one so.
     """
     try:
         data = Path(path).read_bytes()
@@ -113,14 +133,18 @@ def read_tail(path: Path) -> TailRead:
     except OSError as exc:
         raise IntegrityError(f"{path} cannot be read: {exc}") from exc
     end_of_data = len(data.rstrip(b"\0"))
+    # The writer leaves a zero after its last record: a file ending without one was cut.
+    cut = 0 < end_of_data == len(data)
+    cut_seen: int | None = None
     rows: list[tuple[Any, ...]] = []
     offset = 0
     record = 0
     while offset < end_of_data:
         record += 1
         header_end = offset + _HEADER.size
-        if header_end > len(data):
-            break  # a header cut short: the last write, never acknowledged
+        if header_end >= len(data):
+            cut = True  # a header the end of the file cuts: the file is shorter than its writer left it
+            break
         magic, length, digest = _HEADER.unpack_from(data, offset)
         if magic != MAGIC or length > MAX_BODY:
             if data.find(MAGIC, offset + 1) < 0:
@@ -130,8 +154,12 @@ def read_tail(path: Path) -> TailRead:
                 "nothing was changed"
             )
         end = header_end + length
-        if end > len(data):
-            break  # a body cut short: the last write
+        if end >= len(data):
+            cut = True  # a body the end of the file cuts, or that ends the file: it was cut
+            if end > len(data):
+                seen = [int(m) for m in _ROW_START.findall(data[header_end:])]
+                cut_seen = max(seen) if magic == MAGIC and seen else None
+                break
         body = data[header_end:end]
         if hashlib.sha256(body).digest() != digest:
             if end >= end_of_data:
@@ -145,7 +173,7 @@ def read_tail(path: Path) -> TailRead:
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             raise IntegrityError(f"{path}: record {record} at byte {offset} does not parse: {exc}") from exc
         offset = end
-    return TailRead(rows, offset, offset < end_of_data)
+    return TailRead(rows, offset, offset < end_of_data, cut, len(data), cut_seen)
 
 
 #: Space the log takes ahead of its records, so a commit's sync writes data, not the file's size.
@@ -194,7 +222,8 @@ class TailLog:
         return self._allocated
 
     def fits(self, size: int) -> bool:
-        return self._length + size <= self._allocated
+        """Whether a record of ``size`` bytes fits with the zero written after it."""
+        return self._length + size < self._allocated
 
     def reset(self, at_least: int = 0) -> None:
         """Start over: cut the file to nothing and preallocate it again, durably.
@@ -206,15 +235,16 @@ class TailLog:
         self._allocated = 0
         self._zeroed = 0
         os.ftruncate(self._fd, 0)
-        size = max(PREALLOCATE, at_least)
+        need = at_least + 1 if at_least else 0  # the record and the zero after it
+        size = max(PREALLOCATE, need)
         try:
             fault_point("journal.log")
             try:
                 _preallocate(self._fd, size)
             except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not 0 < at_least < size:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not 0 < need < size:
                     raise
-                size = at_least  # a nearly full disk: room for the next record is enough for now
+                size = need  # a nearly full disk: room for the next record is enough for now
                 _preallocate(self._fd, size)
         except OSError as exc:  # a file system without fallocate: the records grow the file instead
             if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
@@ -232,6 +262,7 @@ class TailLog:
         file is left for the next open to judge and the error says so.
         """
         at = self._length
+        record = bytes(record) + b"\0"  # the zero that says the file ends here, not cut (the next record overwrites it)
         try:
             fault_point("journal.log")
             view = memoryview(record)
@@ -247,8 +278,8 @@ class TailLog:
             except OSError as again:
                 raise OSError(f"{exc}; and {self.path} could not be cleared after it: {again}") from exc
             raise
-        self._length = at + len(record)
-        self._allocated = max(self._allocated, self._length)
+        self._length = at + len(record) - 1
+        self._allocated = max(self._allocated, self._length + 1)
 
     def _zero_ahead(self, end: int, allocated: int) -> None:
         """Write zeros from ``end`` to the end of its ``ZERO_AHEAD`` piece (within the ``allocated``

@@ -83,7 +83,13 @@ class VerifyReport:
     failed, which does not say where); ``problem``: what was wrong;
     ``checked_checkpoints``: stored and given checkpoints that verified;
     ``notes``: what did not go as planned without changing the outcome (a
-    signature worker that failed, whose signatures this process checked).
+    signature worker that failed, whose signatures this process checked);
+    ``losses``: the losses of acknowledged entries a repair recorded in the
+    journal (``apollia-os home repair --lost-entries``), each the record's
+    ``seq``, the entries ``kept`` before it, the ``lost`` seq range (its
+    ``entry_lost`` entries; None when only a cut log said so), whether
+    ``journal.log`` was ``cut``, and the stored ``superseded`` checkpoints that
+    covered lost entries (not verified against the new entries, by design).
     """
 
     ok: bool
@@ -92,6 +98,7 @@ class VerifyReport:
     problem: str | None
     checked_checkpoints: int
     notes: tuple[str, ...] = ()
+    losses: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -103,10 +110,13 @@ class VerifyReport:
         }
         if self.notes:  # only when something went wrong on the way
             data["notes"] = list(self.notes)
+        if self.losses:  # only when a repair recorded a loss
+            data["losses"] = [dict(loss) for loss in self.losses]
         return data
 
     def summary(self) -> str:
-        return self._outcome() + "".join(f"\nnote: {note}" for note in self.notes)
+        return (self._outcome() + "".join(f"\nnote: {note}" for note in self.notes)
+                + "".join(f"\nloss: {_loss_text(loss)}" for loss in self.losses))
 
     def _outcome(self) -> str:
         if self.ok:
@@ -117,6 +127,22 @@ class VerifyReport:
         if self.first_bad_seq is None:  # a checkpoint or key failed without pointing at one entry
             return f"FAILED: {self.problem}"
         return f"FAILED at seq {self.first_bad_seq}: {self.problem}"
+
+
+def _loss_text(loss: dict[str, Any]) -> str:
+    lost = loss.get("lost")
+    text = f"entry {loss.get('seq')} records that acknowledged entries were lost after entry {loss.get('kept')}"
+    if lost:
+        text += f": entries {lost[0]}..{lost[1]} are `entry_lost` placeholders"
+    if loss.get("cut"):
+        text += "; journal.log had been cut, and what followed the cut left no trace"
+    if loss.get("superseded"):
+        text += f"; stored checkpoint(s) of size {', '.join(map(str, loss['superseded']))} covered lost entries"
+    return text
+
+
+#: A repair's record of lost entries: a ``home_repaired`` entry with this ``action`` (store.LOSS_ACTION).
+_LOSS_ACTION = "record_lost_entries"
 
 
 # --- signatures (checked in worker processes for large journals) ----------------------
@@ -486,6 +512,7 @@ class _Scan:
     acc: MerkleAccumulator | None = None
     failure: _Failure | None = None
     bad_signature_seqs: list[int] = field(default_factory=list)
+    losses: list[dict[str, Any]] = field(default_factory=list)
 
     def fail(self, seq: int | None, problem: str) -> None:
         self.failure = _Failure(seq, problem)
@@ -517,10 +544,30 @@ class _Scan:
             return self.fail(seq, f"entry {seq}: key id {kid!r} is not the journal key {self.key_id}")
         self.count = seq
         self.prev = digest
+        if kind == "home_repaired":
+            self._loss(seq, payload)
         if self.acc is not None:
             self.acc.append(leaf_hash(digest))
             for target in self.targets.get(seq, ()):
                 self._check_root(target)
+
+    def _loss(self, seq: int, payload: Any) -> None:
+        """Keep a repair's record of lost entries (its hash was checked; its signature is checked with the rest)."""
+        import json
+
+        try:
+            data = json.loads(_as_bytes(payload))
+        except ValueError:
+            return
+        if not isinstance(data, dict) or data.get("action") != _LOSS_ACTION:
+            return
+        lost = data.get("lost")
+        self.losses.append({
+            "seq": seq, "kept": data.get("kept"), "lost": lost if isinstance(lost, list) else None,
+            "cut": bool(data.get("cut")),
+            "checkpoints": [(c["size"], c["root"]) for c in data.get("checkpoints") or ()
+                            if isinstance(c, dict) and type(c.get("size")) is int and isinstance(c.get("root"), str)],
+        })
 
     def _check_root(self, target: _Target) -> None:
         root = self.acc.root() if self.acc is not None else EMPTY_ROOT
@@ -630,9 +677,17 @@ def verify_rows(
         if isinstance(seq, int):
             failures.append(_Failure(seq, f"entry {seq}: signature does not verify under the journal key"))
     entry_failed = any(f.seq is not None for f in failures)
+    # Stored checkpoints a recorded loss names (size and root) covered entries that are gone: they are
+    # superseded by that record, not checked against the placeholders.
+    superseded = {(size, root): loss["seq"] for loss in scan.losses for size, root in loss["checkpoints"]}
+    superseded_sizes: dict[int, list[int]] = {}
     if not entry_failed:
         n = scan.count
         for t in targets:
+            excused = superseded.get((t.checkpoint.size, t.checkpoint.root.hex()))
+            if excused is not None and t.label.startswith("stored") and t.checkpoint.size <= n:
+                superseded_sizes.setdefault(excused, []).append(t.checkpoint.size)
+                continue
             size = t.checkpoint.size
             if size > n:
                 failures.append(_Failure(
@@ -648,11 +703,13 @@ def verify_rows(
                     f"{t.label}: its root is not the root of the empty tree",
                 ))
     checked = sum(1 for t in targets if t.verified)
+    losses = tuple({"seq": loss["seq"], "kept": loss["kept"], "lost": loss["lost"], "cut": loss["cut"],
+                    "superseded": sorted(superseded_sizes.get(loss["seq"], []))} for loss in scan.losses)
     if failures:
         first = min(failures, key=_Failure.key)
         good = scan.count if first.seq is None else min(scan.count, first.seq - 1)
-        return VerifyReport(False, good, first.seq, first.problem, checked, tuple(notes))
-    return VerifyReport(True, scan.count, None, None, checked, tuple(notes))
+        return VerifyReport(False, good, first.seq, first.problem, checked, tuple(notes), losses)
+    return VerifyReport(True, scan.count, None, None, checked, tuple(notes), losses)
 
 
 # --- readers -----------------------------------------------------------------------
@@ -724,7 +781,7 @@ def verify_file(
 
     Entries its last owner committed to ``journal.log`` but had not copied yet
     (a crash) are verified with the others."""
-    from apollia_nb.journal.store import connect_locked, entries_with_tail
+    from apollia_nb.journal.store import connect_locked, read_with_tail
 
     if not Path(path).exists():
         raise NotFound(f"no journal at {path}")
@@ -735,13 +792,19 @@ def verify_file(
         if row is None:
             return VerifyReport(False, 0, None, "the journal has no origin in its meta table", 0)
         try:
-            entries = entries_with_tail(con, Path(path))
+            tail = read_with_tail(con, Path(path))
         except IntegrityError as exc:
             return VerifyReport(False, 0, None, exc.message, 0)
-        return _verify_connection(
-            con, entries=entries, checkpoints="checkpoints", public_key=public_key,
+        report = _verify_connection(
+            con, entries=tail.expression, checkpoints="checkpoints", public_key=public_key,
             origin=row[0], external=external, workers=workers,
         )
+        if tail.cut is None:
+            return report
+        if report.ok:  # every entry there verifies, but the log says entries after them are gone
+            return replace(report, ok=False, first_bad_seq=tail.head + 1,
+                           problem=f"entry {tail.head + 1} and later may be missing: {tail.cut}")
+        return replace(report, problem=f"{report.problem}; and {tail.cut}")
     finally:
         con.close()
 
@@ -757,15 +820,26 @@ def verify_home(home: Home, *, external: str | None = None, workers: int = 2) ->
 
 def verify_journal(journal: JournalFace, checkpoint: str | None = None, *, workers: int = 2) -> VerifyReport:
     """Verify an open journal from one consistent snapshot of its rows, read in seq ranges
-    through a cursor of its own (memory does not grow with the journal)."""
+    through a cursor of its own (memory does not grow with the journal).
+
+    A journal whose own entries and stored checkpoints do not verify (no ``checkpoint``
+    given) is told so (``Journal.refuse_appends``): from then on it refuses every append
+    with ``INTEGRITY_FAILURE``, so nothing governed runs on a broken chain; reads go on."""
     cursor = journal.cursor()
     try:
-        return _verify_connection(
+        report = _verify_connection(
             cursor, entries="entries", checkpoints="checkpoints", public_key=journal.public_key(),
             origin=journal.origin, external=checkpoint, workers=workers,
         )
     finally:
         cursor.close()
+    refuse = getattr(journal, "refuse_appends", None)
+    if not report.ok and checkpoint is None and refuse is not None:
+        # Its own entries and stored checkpoints do not verify: it takes no more (fail closed).
+        refuse(IntegrityError(
+            f"the journal does not verify ({report.summary()}); it takes no more entries, so nothing governed "
+            "runs. Stop the process and run `apollia-os audit verify`"))
+    return report
 
 
 def verify_bundle(directory: Path, *, external: str | None = None, workers: int = 2) -> VerifyReport:
