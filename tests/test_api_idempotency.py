@@ -17,7 +17,7 @@ import pytest
 
 from apollia_nb.api.idempotency import Claim, Idempotency, fingerprint, parse_key, scope_of
 from apollia_nb.api.server import ServerThread
-from apollia_nb.errors import BadInput, Conflict, IdempotencyInProgress, IdempotencyKeyReused
+from apollia_nb.errors import BadInput, IdempotencyInProgress, IdempotencyKeyReused
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.records import RuntimeRecords
 from apollia_nb.sdk import AsyncClient, Client

@@ -633,8 +633,8 @@ async def submit_task(request: Request, response: Response, body: s.TaskIn,
     handle = await rt.submit(body.agent, body.goal, max_steps=body.max_steps, watched=body.watched,
                              grants=list(body.grants), approve_plan=body.approve_plan,
                              task_id=effect_ref(request, "task_id"))  # named before it is recorded: a retry finds it
-    _, answer, response.headers["Location"] = _submission(handle.to_dict())
-    return answer
+    response.headers["Location"] = f"{API_PREFIX}/tasks/{handle.id}"
+    return _submission(handle.to_dict())[1]
 
 
 @_route("GET", "/tasks", storage=True, response_model=list[s.Task], operation_id="listTasks", tags=["tasks"],
