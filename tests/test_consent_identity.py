@@ -244,3 +244,29 @@ async def test_an_identity_that_does_not_read_applies_no_consent_and_is_reviewed
         assert "does not read" in info.value.message
         await rt.register_agent(writer(str(a)), keep_consents=True)
         assert ("clerk", Family.WRITE) in rt.governance.view().consents
+
+
+async def test_an_agent_registered_while_governance_cannot_be_read_gets_no_consent_until_registered_again(
+        home, folders):
+    from apollia_nb.governance.decision import Family
+
+    a, b = folders
+    async with Runtime(home) as rt:
+        await rt.register_agent(writer(str(a)))
+        rt.governance.grant_consent("clerk", "write", by="test")
+        await rt.stop_agent("clerk")
+        aside = home.governance_db.with_name("governance.db.aside")
+        home.governance_db.rename(aside)  # governance cannot be read: the review cannot run
+        warnings = []
+        rt.subscribe(lambda kind, obj: warnings.append(obj) if kind == "warning" else None)
+        await rt.register_agent(deleter(str(b)))  # reading goes on; its consents are held back
+        assert any("held back" in w for w in warnings)
+        aside.rename(home.governance_db)
+        view = rt.governance.view()
+        assert view.readable and ("clerk", Family.WRITE) not in view.consents
+        assert consents(rt) == ["write"]  # still recorded, for the identity it was given for
+        await rt.stop_agent("clerk")
+        with pytest.raises(ConsentsToReview):
+            await rt.register_agent(deleter(str(b)))
+        await rt.register_agent(writer(str(a)))  # what the consent was given for: it applies again
+        assert ("clerk", Family.WRITE) in rt.governance.view().consents
