@@ -32,7 +32,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -596,16 +596,22 @@ async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Call
     record = {"id": batch_id, "agent": agent, "status": BatchStatus.RUNNING.value,
               "goal": goal if isinstance(goal, str) else f"<function {getattr(goal, '__name__', 'goal')}>",
               "concurrency": concurrency, "max_steps": max_steps, "created_at": now, "updated_at": now}
-    task_id: Callable[[int], str] = lambda n: f"task-{uuid.uuid4().hex[:12]}"  # noqa: E731
-    spec = client = None
+    task_ids = [f"task-{uuid.uuid4().hex[:12]}" for _ in pairs]
+    spec = client = server = None
     if engine == "dask":
-        from apollia_nb.runtime.dask_engine import issue_credential, item_task_id, make_spec, open_client
+        from apollia_nb.runtime.dask_engine import (
+            issue_credential,
+            item_task_id,
+            make_spec,
+            open_client,
+        )
 
-        task_id = lambda n: item_task_id(batch_id, n)  # noqa: E731 - what the batch's credential covers
-        spec = make_spec(rt, agent, max_steps, server_url, batch_id)
-        credential = await anyio.to_thread.run_sync(issue_credential, rt.server, agent, batch_id, len(pairs))
+        task_ids = [item_task_id(batch_id, n) for n in range(len(pairs))]  # what the batch's credential covers
+        spec = make_spec(rt, agent, max_steps, server_url, batch_id)  # BAD_INPUT unless a served home's client
+        server = cast(Any, rt).server  # the driver's address of the server, with the server's token
+        credential = await anyio.to_thread.run_sync(issue_credential, server, agent, batch_id, len(pairs))
         spec = dataclasses.replace(spec, token=credential)
-    rows = [{"index": n, "task_id": task_id(n), "key": k, "item": item, "goal": g,
+    rows = [{"index": n, "task_id": task_ids[n], "key": k, "item": item, "goal": g,
              "error": None} for n, ((k, item), g) in enumerate(zip(pairs, goals))]
     try:
         if spec is not None:
@@ -616,10 +622,10 @@ async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Call
             if client is not None and owned:
                 await anyio.to_thread.run_sync(client.close)
             if spec is not None:
-                await _revoke(rt.server, spec.token)
+                await _revoke(server, spec.token)
         raise
     batch = (Batch(rt, record, rows, started=set()) if client is None
-             else DaskBatch(rt, record, rows, spec=spec, client=client, owned=owned, server=rt.server))
+             else DaskBatch(rt, record, rows, spec=spec, client=client, owned=owned, server=server))
     rt._batches[batch_id] = batch
     rt._tg.start_soon(batch.drive)
     rt._emit("batch", batch)

@@ -29,6 +29,7 @@ item with its code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -201,10 +202,8 @@ class _WorkerRuntime:
 
     def close(self) -> None:
         """Close the runtime (its batch is over here: its credential may be revoked) and stop its loop."""
-        try:
+        with contextlib.suppress(Exception):  # a revoked credential may refuse the closing checkpoint
             self.call(self.rt.aclose)
-        except Exception:  # noqa: BLE001 - a revoked credential may refuse the closing checkpoint
-            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
 
     async def _open(self, opener: Callable[..., Any] | None) -> Any:
