@@ -159,3 +159,39 @@ def test_the_core_is_pure_values():
     with pytest.raises(InvalidTransition):
         settle("nonsense", tally)
     assert BATCH.table[BATCH.initial] == {"completed", "cancelled"}
+
+
+async def test_items_that_cannot_start_hold_no_place_and_the_batch_still_ends(home):
+    """At concurrency 1, the agent stopping while the first item runs: the two items after it cannot be
+    submitted (AGENT_UNAVAILABLE); each fails at once without holding the one place, and the batch ends."""
+    from apollia_nb.runtime.models.scripted import ScriptedModel
+
+    gate = anyio.Event()
+
+    async def actor(role, messages, tools):
+        if role != "actor":
+            return None
+        text = " ".join(m.content for m in messages if m.content)
+        if "after gate" in text:
+            await gate.wait()
+        return {"text": "noted"}
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(AGENT, model=ScriptedModel.from_function(actor))
+        batch = await rt.batch("summariser", [{"n": 0, "after": "gate"}, {"n": 1, "after": "none"},
+                                              {"n": 2, "after": "none"}], goal="Note {n} after {after}",
+                               concurrency=1)
+        with anyio.fail_after(30):
+            while batch.counts()["running"] < 1:
+                await anyio.sleep(0.01)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rt.stop_agent, "summariser")  # stopping at once; it drains the running item
+            with anyio.fail_after(30):
+                while rt.agent("summariser").state.state.value != "stopping":
+                    await anyio.sleep(0.01)
+            gate.set()
+            with anyio.fail_after(30):
+                await batch
+        assert batch.status == "completed"
+        assert [(r["status"], r["error_code"]) for r in batch.rows()] == [
+            ("completed", None), ("failed", "AGENT_UNAVAILABLE"), ("failed", "AGENT_UNAVAILABLE")]
