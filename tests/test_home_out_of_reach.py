@@ -416,9 +416,29 @@ def test_one_resolver_names_the_file_for_the_tool_and_for_governance(tmp_path):
 
 
 @pytest.mark.anyio
-async def test_an_agent_restored_where_its_workspace_would_fall_inside_the_home_is_stopped(home, monkeypatch):
+async def test_an_agent_restored_elsewhere_keeps_the_workspace_resolved_when_it_was_registered(home, monkeypatch):
     async with Runtime(home) as rt:
-        await rt.register_agent(manifest(workspace="desk"))  # relative: to the folder the runtime opens in
+        await rt.register_agent(manifest(workspace="desk"))  # relative: resolved once, where it is registered
+        registered = rt.agent("clerk").workspace
+    inside_home = home.path / "logs"
+    inside_home.mkdir(exist_ok=True)
+    monkeypatch.chdir(inside_home)  # opened again from inside the home: "desk" is not read again here
+    async with Runtime(home) as rt:
+        assert [a.name for a in rt.agents()] == ["clerk"]
+        assert rt.agent("clerk").workspace == registered
+    assert not (inside_home / "desk").exists()
+
+
+@pytest.mark.anyio
+async def test_an_agent_restored_where_its_workspace_would_fall_inside_the_home_is_stopped(home, monkeypatch):
+    import duckdb
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(workspace="desk"))
+    # A record from before workspaces were recorded: its relative workspace is resolved where the home opens.
+    con = duckdb.connect(str(home.path / "runtime.db"))
+    con.execute("UPDATE agents SET workspace = NULL")
+    con.close()
     inside_home = home.path / "logs"
     inside_home.mkdir(exist_ok=True)
     monkeypatch.chdir(inside_home)  # opened again from inside the home: "desk" would be home/logs/desk
