@@ -45,7 +45,9 @@ def refused(response: httpx.Response) -> bool:
 def test_a_worker_credential_opens_only_what_an_item_of_its_batch_needs(served):  # noqa: F811
     url, token = server_of(served)
     owner = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    issued = owner.post("/internal/worker-tokens", json={"agent": "summariser", "batch_id": BATCH, "tasks": 2})
+    pinned = {"tools": ["*"], "model": {"provider": "scripted"}}
+    issued = owner.post("/internal/worker-tokens", json={"agent": "summariser", "batch_id": BATCH, "tasks": 2,
+                                                          "identity": pinned})
     assert issued.status_code == 201, issued.text
     credential = issued.json()["token"]
     assert credential != token
@@ -78,6 +80,9 @@ def test_a_worker_credential_opens_only_what_an_item_of_its_batch_needs(served):
     assert [d["id"] for d in listed.json()] == [decision]  # only its batch's, never the others'
     assert worker.get("/internal/answers", params={"ids": [decision], "timeout": 0}).json() == []
     assert worker.post("/internal/journal/checkpoint").status_code == 200
+    review = worker.post("/internal/agents/identity", json={"agent": "summariser", "identity": {
+        **pinned, "workspace": "/tmp/worker-0/workspace"}, "keep_consents": True})  # its own workspace
+    assert review.status_code == 200, review.text
 
     # what it does not need is refused, and changes nothing
     forbidden = [
@@ -114,16 +119,18 @@ def test_a_worker_credential_opens_only_what_an_item_of_its_batch_needs(served):
         worker.get("/pending-decisions"),
         worker.get("/audit/entries"),
     ]
-    document = httpx.get(url + "/openapi.json").json()
-    if "/api/v1/internal/agents/identity" in document["paths"]:  # the review of another agent's identity
-        forbidden.append(worker.post("/internal/agents/identity", json={"agent": "clerk", "identity": {
-            "tools": ["*"], "workspace": "/tmp", "model": {}}, "keep_consents": True}))
+    for agent, identity in (("clerk", pinned),  # another agent
+                            ("summariser", {**pinned, "tools": ["bash_executor"]}),  # other tools
+                            ("summariser", {**pinned, "model": {"provider": "openai"}})):  # another model
+        forbidden.append(worker.post("/internal/agents/identity", json={"agent": agent, "identity": {
+            **identity, "workspace": "/tmp"}, "keep_consents": True}))
     assert [r.status_code for r in forbidden if not refused(r)] == []
     assert owner.get(f"/internal/pending-decisions/{decision}").json()["status"] == "pending"
     assert owner.get("/governance/consents").json() == [] and owner.get("/governance/rules").json() == []
     assert owner.get("/governance/developer-mode").json()["enabled"] is False
 
     # every public route of the document refuses it
+    document = httpx.get(url + "/openapi.json").json()
     public = [(m.upper(), p) for p, ops in document["paths"].items() for m in ops
               if not p.startswith("/api/v1/internal") and p != "/api/v1/health"]
     assert len(public) > 30

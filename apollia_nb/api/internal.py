@@ -541,11 +541,19 @@ async def remove_rule(body: RuleRemoveIn, rt: Any = Depends(_runtime)) -> dict[s
 # --- worker credentials ---------------------------------------------------------------------------
 
 
+class WorkerIdentity(_In):
+    tools: list[Annotated[str, Field(min_length=1, max_length=300)]] = Field(max_length=10_000)
+    model: dict[str, Any]
+
+
 class WorkerTokenIn(_In):
     agent: s.AgentName
     batch_id: Annotated[str, Field(pattern=r"^batch-[0-9a-f]{1,64}$")]
     tasks: Annotated[int, BeforeValidator(_not_bool)] = Field(ge=0, le=1_000_000,
                                                              description="how many items the batch has")
+    identity: WorkerIdentity | None = Field(
+        None, description="the agent's tools and model on the workers: the only identity the credential may "
+                          "have the server review (null: none)")
 
 
 class WorkerTokenOut(_Out):
@@ -565,7 +573,8 @@ class WorkerTokenRevokeIn(_In):
                          "`task-<the batch's hex>-<index>`; every other route answers 401 `UNAUTHORIZED` to "
                          "it. Held in memory: revoked when the batch ends, or when the server stops.")
 async def issue_worker_token(body: WorkerTokenIn, request: Request) -> dict[str, Any]:
-    token, scope = tokens_of(request).issue(body.agent, body.batch_id, body.tasks)
+    identity = body.identity.model_dump() if body.identity is not None else None
+    token, scope = tokens_of(request).issue(body.agent, body.batch_id, body.tasks, identity)
     return {"token": token, **scope.to_dict()}
 
 

@@ -20,7 +20,8 @@ and only for the batch's agent and its tasks (:data:`WORKER_ROUTES`):
 * reading the entries of the runs it opened;
 * listing, reading and waiting for answers to the pending decisions of the
   batch's tasks, and listing a new one for them;
-* the server's review of the agent's identity, for the batch's agent only.
+* the server's review of the agent's identity, for the batch's agent with the tools and model the
+  driver gave when it asked for the credential (the workspace is each worker's own).
 
 Anything else — every public route (answering, rules, consents, developer
 mode, agents, tasks, batches, audit), the rest of ``/internal`` (granting or
@@ -65,6 +66,7 @@ class WorkerScope:
     agent: str
     batch_id: str
     tasks: int
+    identity: dict[str, Any] | None = None  # the tools and model its workers may have reviewed
     runs: set[str] = field(default_factory=set)
 
     def owns_task(self, task_id: Any) -> bool:
@@ -92,9 +94,10 @@ class WorkerTokens:
     def _key(token: str) -> bytes:
         return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
-    def issue(self, agent: str, batch_id: str, tasks: int) -> tuple[str, WorkerScope]:
+    def issue(self, agent: str, batch_id: str, tasks: int,
+              identity: dict[str, Any] | None = None) -> tuple[str, WorkerScope]:
         token = "wk-" + secrets.token_urlsafe(32)
-        scope = WorkerScope(agent=agent, batch_id=batch_id, tasks=tasks)
+        scope = WorkerScope(agent=agent, batch_id=batch_id, tasks=tasks, identity=identity)
         with self._lock:
             self._scopes[self._key(token)] = scope
         return token, scope
@@ -212,8 +215,15 @@ async def _answers(scope: WorkerScope, request: Request) -> None:
 
 async def _identity(scope: WorkerScope, request: Request) -> None:
     body = await _json_body(request)
-    if isinstance(body, dict) and body.get("agent") != scope.agent:
+    if not isinstance(body, dict):
+        return
+    if body.get("agent") != scope.agent:
         raise _refuse(scope, f"it registers only agent {scope.agent}")
+    identity = body.get("identity")
+    pinned = scope.identity
+    if (pinned is None or not isinstance(identity, dict) or identity.get("tools") != pinned["tools"]
+            or identity.get("model") != pinned["model"]):
+        raise _refuse(scope, "it has only the tools and model the batch was started with reviewed")
 
 
 async def _nothing(scope: WorkerScope, request: Request) -> None:

@@ -609,7 +609,7 @@ async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Call
         task_ids = [item_task_id(batch_id, n) for n in range(len(pairs))]  # what the batch's credential covers
         spec = make_spec(rt, agent, max_steps, server_url, batch_id)  # BAD_INPUT unless a served home's client
         server = cast(Any, rt).server  # the driver's address of the server, with the server's token
-        credential = await anyio.to_thread.run_sync(issue_credential, server, agent, batch_id, len(pairs))
+        credential = await anyio.to_thread.run_sync(issue_credential, server, spec, len(pairs))
         spec = dataclasses.replace(spec, token=credential)
     rows = [{"index": n, "task_id": task_ids[n], "key": k, "item": item, "goal": g,
              "error": None} for n, ((k, item), g) in enumerate(zip(pairs, goals))]

@@ -40,7 +40,7 @@ from typing import Any
 from apollia_nb.errors import ApolliaError, BadInput
 
 __all__ = ["WorkerSpec", "issue_credential", "item_task_id", "item_task_prefix", "make_spec", "open_client",
-           "outcome", "revoke_credential", "run_item", "send_item"]
+           "outcome", "revoke_credential", "run_item", "send_item", "worker_identity"]
 
 #: The error code of an item whose workers all died under it.
 WORKER_LOST = "INTERRUPTED"
@@ -73,10 +73,22 @@ def item_task_id(batch_id: str, index: int) -> str:
     return f"{item_task_prefix(batch_id)}{index}"
 
 
-def issue_credential(address: Any, agent: str, batch_id: str, tasks: int) -> str:
+def worker_identity(spec: WorkerSpec) -> dict[str, Any]:
+    """The identity (tools and model) the batch's agent has on every worker; its workspace is each worker's own.
+    The batch's credential lets a worker have the server review exactly this identity, nothing wider."""
+    from apollia_nb.runtime.manifest import agent_identity
+    from apollia_nb.runtime.tools import ToolDef
+
+    names = [t.name if isinstance(t, ToolDef) else ToolDef.from_function(t).name for t in spec.tools]
+    identity = agent_identity(spec.manifest, "", names)
+    return {"tools": identity["tools"], "model": identity["model"]}
+
+
+def issue_credential(address: Any, spec: WorkerSpec, tasks: int) -> str:
     """A worker credential of the batch from the server (``POST /internal/worker-tokens`` with its token)."""
-    return str(_server_call(address, "/internal/worker-tokens",
-                            {"agent": agent, "batch_id": batch_id, "tasks": tasks}, "issue")["token"])
+    body = {"agent": spec.manifest.name, "batch_id": spec.batch_id, "tasks": tasks,
+            "identity": worker_identity(spec)}
+    return str(_server_call(address, "/internal/worker-tokens", body, "issue")["token"])
 
 
 def revoke_credential(address: Any, credential: str) -> None:
