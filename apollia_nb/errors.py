@@ -7,6 +7,7 @@ Messages are for people and may change; codes may not.
     ApolliaError                      base; ``.code`` and ``.message``
     ├── BadInput                      BAD_INPUT: malformed argument or body (4xx)
     │   ├── ManifestInvalid           MANIFEST_INVALID: names the key and line
+    │   │   └── ModelKeyMissing       MODEL_KEY_MISSING: the model's key variable is not set (names it)
     │   ├── BadAnswer                 BAD_ANSWER: an answer not on offer
     │   ├── BadArgument               BAD_ARGUMENT: a tool called with bad arguments
     │   ├── PayloadTooLarge           PAYLOAD_TOO_LARGE: a request body over the server's limit (413)
@@ -71,6 +72,7 @@ __all__ = [
     "ApolliaError",
     "BadInput",
     "ManifestInvalid",
+    "ModelKeyMissing",
     "BadAnswer",
     "BadArgument",
     "PayloadTooLarge",
@@ -153,6 +155,12 @@ class BadInput(ApolliaError):
 
 class ManifestInvalid(BadInput):
     code = "MANIFEST_INVALID"
+
+
+class ModelKeyMissing(ManifestInvalid):
+    """The environment variable a model's ``api_key_env`` names (or its default) is not set."""
+
+    code = "MODEL_KEY_MISSING"
 
 
 class BadAnswer(BadInput):

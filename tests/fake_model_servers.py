@@ -39,6 +39,11 @@ __all__ = [
     "anthropic_text_events",
     "anthropic_tool_events",
     "anthropic_message",
+    "anthropic_blocks_events",
+    "thinking_block",
+    "redacted_block",
+    "text_block",
+    "tool_block",
 ]
 
 HANG_LIMIT_SECS = 10.0  # a hanging reply gives up by itself after this, whatever happens
@@ -308,14 +313,14 @@ def _message_start(input_tokens: int = 10) -> tuple[str, dict]:
     )
 
 
-def _message_end(stop_reason: str, output_tokens: int = 5) -> list[tuple[str, dict]]:
+def _message_end(stop_reason: str, output_tokens: int = 5, usage: dict | None = None) -> list[tuple[str, dict]]:
     return [
         (
             "message_delta",
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                "usage": {"output_tokens": output_tokens},
+                "usage": usage if usage is not None else {"output_tokens": output_tokens},
             },
         ),
         ("message_stop", {"type": "message_stop"}),
@@ -384,3 +389,54 @@ def anthropic_message(content: Sequence[dict[str, Any]], stop_reason: str = "end
         "usage": {"input_tokens": 3, "output_tokens": 4},
     }
     return Reply(headers={"content-type": "application/json"}, body=json.dumps(body).encode())
+
+
+# Content blocks as the Messages API streams them (extended thinking, redacted thinking,
+# text, tool use): each builder takes the block's index and gives its events.
+
+
+def thinking_block(pieces: Sequence[str], signature: str) -> Any:
+    """A ``thinking`` block: ``thinking_delta`` pieces, then its ``signature_delta``."""
+
+    def events(index: int) -> list[tuple[str, dict]]:
+        start = {"type": "content_block_start", "index": index,
+                 "content_block": {"type": "thinking", "thinking": "", "signature": ""}}
+        out: list[tuple[str, dict]] = [("content_block_start", start)]
+        out += [("content_block_delta", {"type": "content_block_delta", "index": index,
+                                         "delta": {"type": "thinking_delta", "thinking": p}}) for p in pieces]
+        out.append(("content_block_delta", {"type": "content_block_delta", "index": index,
+                                            "delta": {"type": "signature_delta", "signature": signature}}))
+        out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        return out
+
+    return events
+
+
+def redacted_block(data: str) -> Any:
+    """A ``redacted_thinking`` block: its encrypted ``data`` whole at the start, no deltas."""
+
+    def events(index: int) -> list[tuple[str, dict]]:
+        start = {"type": "content_block_start", "index": index,
+                 "content_block": {"type": "redacted_thinking", "data": data}}
+        return [("content_block_start", start), ("content_block_stop", {"type": "content_block_stop", "index": index})]
+
+    return events
+
+
+def text_block(pieces: Sequence[str]) -> Any:
+    return lambda index: _text_block(index, pieces)
+
+
+def tool_block(call_id: str, name: str, fragments: Sequence[str]) -> Any:
+    return lambda index: _tool_block(index, call_id, name, fragments)
+
+
+def anthropic_blocks_events(
+    blocks: Sequence[Any], stop_reason: str, *, input_tokens: int = 10, end_usage: dict | None = None
+) -> list[tuple[str, Any]]:
+    """A whole streamed message of the given blocks (built by the block builders above)."""
+    events: list[tuple[str, Any]] = [_message_start(input_tokens)]
+    for index, block in enumerate(blocks):
+        events += block(index)
+    events += _message_end(stop_reason, usage=end_usage)
+    return events

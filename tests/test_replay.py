@@ -392,9 +392,11 @@ def test_one_edit_per_kind_yields_exactly_the_kinds_the_module_names():
     t.payload("model_response", nth=3)["tool_calls"] = [tool_call("c4-1", "read_file", path="x")]  # missing_output
     t.add("tool_result", {"call_id": "c9-9", "tool": "x", "status": "ok", "output": 1,
                           "output_digest": digest(1)})                           # extra_output
+    t.payload("model_response", nth=3).update(reasoning=[{"source": "thinking", "text": "changed"}],
+                                              reasoning_digest=digest([]))      # reasoning_digest
     result = replay(t.entries())
     assert [d.kind for d in result.divergences] == [
-        "output_digest", "arguments_mismatch", "order", "missing_output", "extra_output"]
+        "output_digest", "arguments_mismatch", "order", "reasoning_digest", "missing_output", "extra_output"]
     assert sorted(DIVERGENCE_KINDS) == sorted(d.kind for d in result.divergences)
 
 

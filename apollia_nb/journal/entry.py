@@ -162,6 +162,10 @@ class ModelResponse(TypedDict):
     turn: int
     text: str
     tool_calls: list[ModelToolCall]
+    structured: NotRequired[list[ModelToolCall]]  # the planner's and critic's answers
+    usage: NotRequired[dict[str, Any]]  # the provider's token counts for the turn
+    reasoning: NotRequired[Any]  # [{source, text, signature?, redacted?, detail?}], or cut like an output
+    reasoning_digest: NotRequired[str]  # of the whole reasoning
 
 
 #: Kinds the SQL views derive from, with their payload types.

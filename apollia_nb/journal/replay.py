@@ -14,7 +14,8 @@ answer is
   order they were asked for, a tool started before its decision or before the
   answer it was waiting on, a result before its start, an output after the next
   model response), ``output_digest`` (a result's output does not hash to its
-  recorded digest);
+  recorded digest), ``reasoning_digest`` (a model response's reasoning is not
+  a list of parts, or does not hash to its recorded digest);
 - ``incomplete``: the trace lacks its start (``run_open``), its end
   (``run_seal``), entries its seal counts, or an output a call needed (a tool
   that started has no result). Divergences found on the way are still listed.
@@ -46,7 +47,8 @@ from typing import Any, Literal
 
 __all__ = ["Divergence", "ReplayResult", "replay_entries", "DIVERGENCE_KINDS"]
 
-DIVERGENCE_KINDS = ("missing_output", "extra_output", "arguments_mismatch", "order", "output_digest")
+DIVERGENCE_KINDS = ("missing_output", "extra_output", "arguments_mismatch", "order", "output_digest",
+                    "reasoning_digest")
 
 #: Kinds that carry nothing a call is checked against.
 _CONTEXT_KINDS = frozenset({"run_open", "run_seal", "task_status", "session_status", "plan", "verdict",
@@ -193,8 +195,30 @@ def replay_entries(run_id: str, entries: list[Any]) -> ReplayResult:
                         len(state.requested), len(entries))
 
 
+def _reasoning(state: _State, seq: int, p: dict[str, Any]) -> None:
+    """A response's reasoning: a list of parts (text, and opaque signature or redacted data, as
+    strings) that hashes to its ``reasoning_digest``; one cut in the journal is not rehashed.
+    Reasoning without its digest, or a digest without reasoning, is a divergence too."""
+    if "reasoning" not in p and "reasoning_digest" not in p:
+        return
+    reasoning, recorded = p.get("reasoning"), p.get("reasoning_digest")
+    if isinstance(reasoning, dict) and reasoning.get("truncated") is True:
+        if not isinstance(recorded, str):
+            state.add(seq, "reasoning_digest", None, "the digest of the whole reasoning", recorded)
+        return
+    well_formed = isinstance(reasoning, list) and all(
+        isinstance(part, dict) and isinstance(part.get("text", ""), str)
+        and all(isinstance(part.get(k), str) for k in ("signature", "redacted") if k in part)
+        for part in reasoning)
+    if not well_formed:
+        state.add(seq, "reasoning_digest", None, "a list of reasoning parts", reasoning)
+    elif recorded != _digest(reasoning):
+        state.add(seq, "reasoning_digest", None, recorded, _digest(reasoning))
+
+
 def _response(state: _State, seq: int, p: dict[str, Any]) -> None:
     """A new response: the previous one's calls are superseded; this one's are asked, in order."""
+    _reasoning(state, seq, p)
     for call_id in state.order:
         call = state.requested[call_id]
         if call.superseded_at is None:

@@ -275,6 +275,14 @@ def task_text(snap: Mapping[str, Any], decisions: Sequence[Mapping[str, Any]] = 
     return "\n".join(lines)
 
 
+def reasoning_html(text: str) -> str:
+    """A model's reasoning, folded: shown on a click, never mixed into its answer."""
+    if not text:
+        return ""
+    return (f"<details style='color:#57606a'><summary>reasoning ({len(text)} characters)</summary>"
+            f"<pre style='white-space:pre-wrap;margin:0'>{_e(text)}</pre></details>")
+
+
 def timeline_html(snap: Mapping[str, Any], waiting: Sequence[Mapping[str, Any]] = ()) -> str:
     """Plan steps, each with its tool calls; the running step also lists the cards it waits on."""
     items = []
@@ -287,7 +295,8 @@ def timeline_html(snap: Mapping[str, Any], waiting: Sequence[Mapping[str, Any]] 
             for card in waiting:
                 calls.append(f"<li><code>{_e(card['tool'])}</code> {badge('waiting')} on card {_e(card['id'])}</li>")
         sub = f"<ul style='margin:0'>{''.join(calls)}</ul>" if calls else ""
-        items.append(f"<li>{badge(step['status'])} {_e(step['description'])}{sub}</li>")
+        thought = reasoning_html("\n\n".join(step.get("reasoning") or ()))
+        items.append(f"<li>{badge(step['status'])} {_e(step['description'])}{thought}{sub}</li>")
     if not items:
         return "<div style='color:#57606a'>planning…</div>" if snap.get("status") in ("pending", "running") else ""
     return f"<ol style='margin:2px 0'>{''.join(items)}</ol>"
@@ -426,6 +435,7 @@ def exchange_text(session: Mapping[str, Any], message: str, events: Sequence[Map
 def exchange_body_html(agent: str, message: str, events: Sequence[Mapping[str, Any]], *, cards: bool = True) -> str:
     """The user's message, tool results, (cards,) the proposed plan and the streamed reply so far."""
     parts = [f"<div><b>you:</b> {_e(message)}</div>"]
+    parts.append(reasoning_html("".join(e["text"] for e in events if e["type"] == "reasoning")))
     for event in events:
         if event["type"] == "tool_result":
             code = f" <code>{_e(event['error_code'])}</code>" if event.get("error_code") else ""

@@ -315,13 +315,14 @@ class Session:
         return True
 
     def _messages(self, role: str) -> list[Any]:
-        from apollia_nb.runtime.models.base import Message, ToolCallRequest
+        from apollia_nb.runtime.models.base import Message, ReasoningPart, ToolCallRequest
 
         out = [Message(role="system", content=self.agent.system_prompt(role))]
         for m in self.r["history"]:
             calls = tuple(ToolCallRequest(**tc) for tc in m.get("tool_calls") or ())
+            reasoning = tuple(ReasoningPart.from_json(p) for p in m.get("reasoning") or ())
             out.append(Message(role=m["role"], content=m.get("content") or "", tool_calls=calls,
-                               tool_call_id=m.get("tool_call_id"), name=m.get("name")))
+                               tool_call_id=m.get("tool_call_id"), name=m.get("name"), reasoning=reasoning))
         return out
 
     def _tools(self, planning: bool) -> list[Any]:
@@ -335,7 +336,8 @@ class Session:
 
     async def _run_exchange(self, exchange: Exchange, planning: bool) -> None:
         from apollia_nb.runtime.governed import NULL_DIGEST, governed_call
-        from apollia_nb.runtime.models.base import Completed, TextDelta, ToolCallStarted, parse_plan
+        from apollia_nb.runtime.models.base import Completed, ReasoningDelta, TextDelta, ToolCallStarted, parse_plan
+        from apollia_nb.runtime.tasks import turn_extras
 
         rt = self._sessions.rt
         while True:
@@ -347,6 +349,8 @@ class Session:
             async for event in self.model.stream(role, self._messages(role), self._tools(planning)):
                 if isinstance(event, TextDelta):
                     exchange._push({"type": "text", "text": event.text})
+                elif isinstance(event, ReasoningDelta):
+                    exchange._push({"type": "reasoning", "text": event.text})
                 elif isinstance(event, ToolCallStarted):
                     exchange._push({"type": "tool_call_started", "name": event.name})
                 elif isinstance(event, Completed):
@@ -365,6 +369,7 @@ class Session:
                 "role": role, "turn": turn, "text": response.text,
                 "tool_calls": [{"call_id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls
                                if c["name"] != "submit_plan"],
+                **turn_extras(response),
             }, run_id=self.r["run_id"], agent=self.agent.name)
             plan_call = next((c for c in calls if c["name"] == "submit_plan"), None)
             if planning and plan_call is not None:
@@ -378,7 +383,10 @@ class Session:
                 self._finish_exchange(exchange, "done")
                 return
             tool_calls = [c for c in calls if c["name"] != "submit_plan"]
-            self._append({"role": "assistant", "content": response.text, "tool_calls": tool_calls})
+            said: dict[str, Any] = {"role": "assistant", "content": response.text, "tool_calls": tool_calls}
+            if response.reasoning:  # goes back to the provider with the next turn (signed thinking)
+                said["reasoning"] = [part.to_json() for part in response.reasoning]
+            self._append(said)
             if not tool_calls:
                 exchange.reply = response.text
                 self._finish_exchange(exchange, "done")

@@ -355,7 +355,7 @@ class TaskRun:
 
     async def _execute(self) -> bool:
         """Run the remaining steps. False when a step failed (the task is then failed)."""
-        from apollia_nb.runtime.models.base import Message
+        from apollia_nb.runtime.models.base import Message, reasoning_text
 
         while self.r["step_index"] < len(self.r["plan"]):
             index = self.r["step_index"]
@@ -378,7 +378,10 @@ class TaskRun:
                     continue
                 self._spend()
                 response = await self._model("actor", list(self._messages()), self.agent.tool_specs())
-                self._push(Message(role="assistant", content=response.text, tool_calls=response.tool_calls))
+                self._push(Message(role="assistant", content=response.text, tool_calls=response.tool_calls,
+                                   reasoning=response.reasoning))
+                if response.reasoning:
+                    step.setdefault("reasoning", []).append(reasoning_text(response.reasoning))
                 if response.tool_calls:
                     self.r["queued_calls"] = [
                         {"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments), "counted": False}
@@ -522,6 +525,7 @@ class TaskRun:
         if role != "actor":
             # The planner's and critic's calls are structured answers (submit_plan, submit_verdict), not tools.
             payload = {"role": role, "turn": turn, "text": response.text, "tool_calls": [], "structured": listed}
+        payload.update(turn_extras(response))
         if role == "actor" and calls:
             # Committed together with the first call's decision, before anything it asked for runs.
             self._turn_entry = ("model_response", payload)
@@ -530,9 +534,25 @@ class TaskRun:
         return response
 
 
+def turn_extras(response: Any) -> dict[str, Any]:
+    """What a model turn's journal entry carries beside its text and calls, when there is any:
+    ``usage`` (the provider's token counts) and ``reasoning`` (its parts, never the answer;
+    signatures and redacted data as the provider sent them) with ``reasoning_digest``, the digest
+    of the whole; past the output cap the reasoning is cut like an output, the digest still the whole's."""
+    from apollia_nb.runtime.governed import _capped
+
+    extras: dict[str, Any] = {}
+    if response.usage:
+        extras["usage"] = _json_copy(dict(response.usage))
+    if response.reasoning:
+        parts = [part.to_json() for part in response.reasoning]
+        extras["reasoning"], extras["reasoning_digest"], _ = _capped(parts)
+    return extras
+
+
 def _msg(message: Any) -> dict[str, Any]:
     """A ``Message`` as the plain dict stored in the task's record (``_unmsg`` reads it back)."""
-    return {
+    out = {
         "role": message.role,
         "content": message.content,
         "tool_calls": [{"id": tc.id, "name": tc.name, "arguments": _json_copy(tc.arguments)}
@@ -540,6 +560,9 @@ def _msg(message: Any) -> dict[str, Any]:
         "tool_call_id": message.tool_call_id,
         "name": message.name,
     }
+    if message.reasoning:  # sent back to the provider with the turn after a resume too
+        out["reasoning"] = [part.to_json() for part in message.reasoning]
+    return out
 
 
 def _json_copy(value: Any) -> Any:
@@ -556,11 +579,12 @@ def _json_copy(value: Any) -> Any:
 
 
 def _unmsg(data: dict[str, Any]) -> Any:
-    from apollia_nb.runtime.models.base import Message, ToolCallRequest
+    from apollia_nb.runtime.models.base import Message, ReasoningPart, ToolCallRequest
 
     calls = tuple(ToolCallRequest(**tc) for tc in data.get("tool_calls") or ())
+    reasoning = tuple(ReasoningPart.from_json(p) for p in data.get("reasoning") or ())
     return Message(role=data["role"], content=data.get("content") or "", tool_calls=calls,
-                   tool_call_id=data.get("tool_call_id"), name=data.get("name"))
+                   tool_call_id=data.get("tool_call_id"), name=data.get("name"), reasoning=reasoning)
 
 
 def dumps(record: dict[str, Any]) -> str:

@@ -39,7 +39,10 @@ __all__ = [
     "ToolCallRequest",
     "Message",
     "ModelResponse",
+    "ReasoningPart",
     "TextDelta",
+    "ReasoningDelta",
+    "reasoning_text",
     "ToolCallStarted",
     "ToolCallArgumentsDelta",
     "Completed",
@@ -85,12 +88,81 @@ class ToolCallRequest:
             raise BadInput(f"tool call {self.id!r}: arguments must be an object, not {type(self.arguments).__name__}")
 
 
+#: Where a reasoning part came from: its wire field, which decides how it goes back.
+ReasoningSource = Literal[
+    "thinking", "redacted_thinking", "reasoning_content", "reasoning", "reasoning_details", "content"
+]
+_REASONING_SOURCES = frozenset(
+    {"thinking", "redacted_thinking", "reasoning_content", "reasoning", "reasoning_details", "content"}
+)
+
+
+@dataclass(frozen=True)
+class ReasoningPart:
+    """One part of a model's reasoning: never the answer, kept beside it.
+
+    ``text`` is what the model thought, as far as the provider shows it.
+    ``signature`` (Anthropic's thinking signature, OpenRouter's) and ``redacted``
+    (Anthropic's ``redacted_thinking`` data, OpenRouter's encrypted reasoning) are
+    opaque: kept byte for byte and sent back as they came. ``source`` names the wire
+    field the part arrived in (``thinking``, ``redacted_thinking``,
+    ``reasoning_content``, ``reasoning``, ``reasoning_details``, or ``content`` for
+    thinking parts and ``<think>`` tags inside the content); ``detail`` is an
+    OpenRouter ``reasoning_details`` object as the server sent it.
+    """
+
+    text: str = ""
+    signature: str | None = None
+    redacted: str | None = None
+    source: ReasoningSource = "thinking"
+    detail: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise BadInput(f"a reasoning part's text must be a string, not {type(self.text).__name__}")
+        for name in ("signature", "redacted"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise BadInput(f"a reasoning part's {name} must be a string, not {type(value).__name__}")
+        if self.source not in _REASONING_SOURCES:
+            raise BadInput(f"a reasoning part's source {self.source!r} is not one this version knows")
+        if self.detail is not None and not isinstance(self.detail, dict):
+            raise BadInput("a reasoning part's detail must be an object")
+
+    def to_json(self) -> dict[str, Any]:
+        """The part as a JSON object (only the fields it has), as journaled and saved with a run."""
+        out: dict[str, Any] = {"source": self.source, "text": self.text}
+        if self.signature is not None:
+            out["signature"] = self.signature
+        if self.redacted is not None:
+            out["redacted"] = self.redacted
+        if self.detail is not None:
+            out["detail"] = self.detail
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ReasoningPart:
+        if not isinstance(data, Mapping):
+            raise BadInput("a reasoning part must be an object")
+        return cls(text=data.get("text", ""), signature=data.get("signature"), redacted=data.get("redacted"),
+                   source=data.get("source", "thinking"), detail=data.get("detail"))
+
+
+def reasoning_text(parts: Sequence[ReasoningPart]) -> str:
+    """The readable reasoning of a turn: its parts' texts, a blank line between them."""
+    return "\n\n".join(p.text for p in parts if p.text)
+
+
 @dataclass(frozen=True)
 class Message:
     """One message of a conversation, in provider-neutral form.
 
     ``tool_calls`` only on ``assistant`` messages; ``tool_call_id`` (required) and
     ``name`` (the tool's name) on ``tool`` messages, whose ``content`` is the result.
+    ``reasoning`` only on ``assistant`` messages: the reasoning of that turn, sent
+    back where the provider requires it (Anthropic's signed thinking blocks before
+    the tool calls they led to; DeepSeek's ``reasoning_content`` and OpenRouter's
+    ``reasoning_details`` of a turn that called tools).
     """
 
     role: MessageRole
@@ -98,21 +170,27 @@ class Message:
     tool_calls: tuple[ToolCallRequest, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    reasoning: tuple[ReasoningPart, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in _MESSAGE_ROLES:
             raise BadInput(f"message role {self.role!r} is not one of system, user, assistant, tool")
         if not isinstance(self.tool_calls, tuple):
             object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        if not isinstance(self.reasoning, tuple):
+            object.__setattr__(self, "reasoning", tuple(self.reasoning))
         if self.tool_calls and self.role != "assistant":
             raise BadInput(f"a {self.role} message cannot carry tool calls")
+        if self.reasoning and self.role != "assistant":
+            raise BadInput(f"a {self.role} message cannot carry reasoning")
         if self.role == "tool" and not self.tool_call_id:
             raise BadInput("a tool message needs the tool_call_id it answers")
 
 
 @dataclass(frozen=True)
 class ModelResponse:
-    """One model turn: its text, the tool calls it asks for, why it stopped, token usage.
+    """One model turn: its text, the tool calls it asks for, why it stopped, token usage,
+    and its reasoning (never part of ``text``).
 
     ``stop_reason`` is the provider's own word (``"stop"``/``"tool_calls"`` for
     openai and scripted, ``"end_turn"``/``"tool_use"``/``"max_tokens"`` for anthropic).
@@ -122,6 +200,11 @@ class ModelResponse:
     tool_calls: tuple[ToolCallRequest, ...] = ()
     stop_reason: str | None = None
     usage: dict[str, Any] | None = None
+    reasoning: tuple[ReasoningPart, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reasoning, tuple):
+            object.__setattr__(self, "reasoning", tuple(self.reasoning))
 
 
 # --------------------------------------------------------------------------- stream events
@@ -130,6 +213,13 @@ class ModelResponse:
 @dataclass(frozen=True)
 class TextDelta:
     """A piece of the reply's text; the pieces concatenate to ``ModelResponse.text``."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """A piece of the model's reasoning as it streams (never part of the text)."""
 
     text: str
 
@@ -157,7 +247,7 @@ class Completed:
     response: ModelResponse
 
 
-StreamEvent = TextDelta | ToolCallStarted | ToolCallArgumentsDelta | Completed
+StreamEvent = TextDelta | ReasoningDelta | ToolCallStarted | ToolCallArgumentsDelta | Completed
 
 
 @runtime_checkable
@@ -200,8 +290,10 @@ _WORD = re.compile(r"\s*\S+\s*|\s+")
 def response_events(response: ModelResponse) -> list[StreamEvent]:
     """The events that stream a finished response: its text word by word (each
     word with its trailing whitespace), each tool call with its arguments as one
-    JSON fragment, then :class:`Completed`. Deterministic."""
-    events: list[StreamEvent] = [TextDelta(m.group(0)) for m in _WORD.finditer(response.text)]
+    JSON fragment, then :class:`Completed`; reasoning, when there is any, first, one
+    delta per part. Deterministic."""
+    events: list[StreamEvent] = [ReasoningDelta(p.text) for p in response.reasoning if p.text]
+    events += [TextDelta(m.group(0)) for m in _WORD.finditer(response.text)]
     for call in response.tool_calls:
         events.append(ToolCallStarted(call.id, call.name))
         events.append(ToolCallArgumentsDelta(call.id, json.dumps(call.arguments, ensure_ascii=False)))

@@ -2,11 +2,20 @@
 
 OpenAI itself, Ollama (``http://127.0.0.1:11434/v1``), vLLM and the llama.cpp
 server all speak the same wire format: ``POST {base_url}/chat/completions``
-with ``stream: true``, answered by server-sent events whose ``data:`` lines are
-JSON chunks (``choices[0].delta``) and end with ``data: [DONE]``. Tool call
+with ``stream: true`` (and ``stream_options.include_usage``, so the last chunk
+carries the token usage), answered by server-sent events whose ``data:`` lines
+are JSON chunks (``choices[0].delta``) and end with ``data: [DONE]``. Tool call
 fragments are keyed by ``index``: the first carries the call's ``id`` and
 ``function.name``, the later ones append to ``function.arguments``. A server
 that answers with one JSON document instead of a stream is read as well.
+
+Content comes as a string or as a list of parts (Mistral's reasoning models:
+``{"type": "thinking", ...}`` and ``{"type": "text", ...}``), in a stream's
+deltas and in a JSON reply alike; text parts are the answer, thinking parts
+reasoning. Reasoning also comes in ``reasoning_content`` (DeepSeek, older
+vLLM), ``reasoning`` (vLLM, Groq, Ollama, OpenRouter) and ``reasoning_details``
+(OpenRouter), and as ``<think>…</think>`` at the start of the content (models
+served without a reasoning parser). It is kept apart from the answer.
 
 The translation in both directions is pure (:func:`to_openai_messages`,
 :class:`OpenAIStreamParser`); the HTTP edge, error classification and retries
@@ -20,12 +29,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apollia_nb.errors import ManifestInvalid, ModelPermanent, ModelTransient
+from apollia_nb.errors import ManifestInvalid, ModelKeyMissing, ModelPermanent, ModelTransient
 
 from .base import (
     HttpProvider,
     Message,
     ModelResponse,
+    ReasoningDelta,
+    ReasoningPart,
     RetryPolicy,
     StreamEvent,
     TextDelta,
@@ -39,9 +50,20 @@ from .base import (
     loads_json,
 )
 
-__all__ = ["OpenAIModel", "OpenAIStreamParser", "to_openai_messages", "to_openai_tools", "DEFAULT_BASE_URL"]
+__all__ = [
+    "OpenAIModel",
+    "OpenAIStreamParser",
+    "ThinkSplitter",
+    "to_openai_messages",
+    "to_openai_tools",
+    "DEFAULT_BASE_URL",
+    "DEFAULT_KEY_ENV",
+    "REASONING_EFFORTS",
+]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+REASONING_EFFORTS = ("low", "medium", "high")
 PROVIDER = "openai"
 _TABLE_KEYS = (
     "provider",
@@ -53,8 +75,25 @@ _TABLE_KEYS = (
     "max_tokens",
     "max_retries",
     "force_tools",
+    "stream_usage",
+    "reasoning_effort",
 )
 _TRANSIENT_ERROR_WORDS = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable")
+
+
+def _reasoning_back(parts: Sequence[ReasoningPart]) -> dict[str, Any]:
+    """What of a tool-calling turn's reasoning goes back: DeepSeek refuses the next request
+    without the turn's ``reasoning_content``; OpenRouter keeps a model's reasoning across
+    tool calls from its ``reasoning_details`` (signatures and encrypted data included).
+    Reasoning that came in other fields is not sent (some servers refuse unknown fields)."""
+    out: dict[str, Any] = {}
+    content = [p.text for p in parts if p.source == "reasoning_content"]
+    if content:
+        out["reasoning_content"] = "".join(content)
+    details = [p.detail for p in parts if p.source == "reasoning_details" and p.detail is not None]
+    if details:
+        out["reasoning_details"] = details
+    return out
 
 
 def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -68,6 +107,7 @@ def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
                 {
                     "role": "assistant",
                     "content": m.content or None,
+                    **_reasoning_back(m.reasoning),
                     "tool_calls": [
                         {
                             "id": c.id,
@@ -102,6 +142,102 @@ def _stream_error(error: Any) -> Exception:
     return ModelPermanent(f"{PROVIDER}: the server reported an error: {message}")
 
 
+_OPEN_THINK, _CLOSE_THINK = "<think>", "</think>"
+
+
+class ThinkSplitter:
+    """``<think>…</think>`` at the start of a reply's content, split from the answer. Sans-IO.
+
+    Feed the content's pieces as they stream; each call returns ``(kind, text)``
+    pairs, ``kind`` ``"reasoning"`` or ``"text"``. A tag cut across pieces is held
+    back until it is whole. Only a reply that *begins* with ``<think>`` (after
+    whitespace) is split: a tag later in an answer is the answer's own text.
+    """
+
+    def __init__(self) -> None:
+        self._held = ""
+        self._state = "start"  # start → thinking → after → answer, or start → answer
+
+    def feed(self, piece: str) -> list[tuple[str, str]]:
+        buf = self._held + piece
+        self._held = ""
+        out: list[tuple[str, str]] = []
+        if self._state == "start":
+            stripped = buf.lstrip()
+            if _OPEN_THINK.startswith(stripped):  # nothing yet, or the tag still cut
+                self._held = buf
+                return out
+            if stripped.startswith(_OPEN_THINK):
+                self._state = "thinking"
+                buf = stripped[len(_OPEN_THINK):]
+            else:
+                self._state = "answer"
+        if self._state == "thinking":
+            end = buf.find(_CLOSE_THINK)
+            if end < 0:
+                keep = _partial_suffix(buf, _CLOSE_THINK)
+                if keep:
+                    self._held, buf = buf[-keep:], buf[:-keep]
+                if buf:
+                    out.append(("reasoning", buf))
+                return out
+            if end:
+                out.append(("reasoning", buf[:end]))
+            buf = buf[end + len(_CLOSE_THINK):]
+            self._state = "after"
+        if self._state == "after":  # the blank lines between the reasoning and the answer
+            buf = buf.lstrip("\r\n")
+            if not buf:
+                return out
+            self._state = "answer"
+        if buf:
+            out.append(("text", buf))
+        return out
+
+    def finish(self) -> list[tuple[str, str]]:
+        """What is held back when the content ends (a tag cut short, or whitespace alone)."""
+        held, self._held = self._held, ""
+        if not held:
+            return []
+        return [("reasoning" if self._state == "thinking" else "text", held)]
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that begins ``tag``."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+def _thinking_text(part: dict[str, Any]) -> str:
+    """The text of a Mistral thinking part: a list of text chunks, or a string."""
+    thinking = part.get("thinking")
+    if isinstance(thinking, str):
+        return thinking
+    if not isinstance(thinking, list):
+        raise ModelPermanent(f"{PROVIDER}: a thinking part's thinking is neither text nor a list: {thinking!r}")
+    pieces = []
+    for chunk in thinking:
+        if isinstance(chunk, str):
+            pieces.append(chunk)
+        elif isinstance(chunk, dict) and isinstance(chunk.get("text"), str):
+            pieces.append(chunk["text"])
+        else:
+            raise ModelPermanent(f"{PROVIDER}: a thinking chunk is not text: {chunk!r}")
+    return "".join(pieces)
+
+
+def _merge_detail(into: dict[str, Any], piece: dict[str, Any]) -> None:
+    """One streamed piece of an OpenRouter reasoning detail, appended to the detail of its index."""
+    for key, value in piece.items():
+        if key in ("text", "summary", "data", "signature") and isinstance(value, str) \
+                and isinstance(into.get(key), str):
+            into[key] += value
+        elif value is not None or key not in into:
+            into[key] = value
+
+
 @dataclass
 class _PartialCall:
     id: str
@@ -119,11 +255,16 @@ class OpenAIStreamParser:
         self._calls: dict[int, _PartialCall] = {}
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
+        self._think = ThinkSplitter()
+        self._said: list[str] = []  # reasoning_content / reasoning text
+        self._said_in: str | None = None  # the field it came in first
+        self._details: dict[Any, dict[str, Any]] = {}  # OpenRouter reasoning_details by index
+        self._in_content: list[str] = []  # thinking parts, <think> text
 
     def feed_sse(self, event: str | None, data: str) -> list[StreamEvent]:
         if data.strip() == "[DONE]":
             self.done = True
-            return []
+            return self._flush()
         chunk = loads_json(data, PROVIDER)
         if not isinstance(chunk, dict):
             raise ModelPermanent(f"{PROVIDER}: a stream chunk is not a JSON object: {data[:200]!r}")
@@ -144,15 +285,114 @@ class OpenAIStreamParser:
             delta = choice.get("delta") or {}
             if not isinstance(delta, dict):
                 raise ModelPermanent(f"{PROVIDER}: delta is not an object")
-            content = delta.get("content")
-            if isinstance(content, str) and content:
-                self._text.append(content)
-                events.append(TextDelta(content))
+            events.extend(self._feed_reasoning(delta))
+            events.extend(self._feed_content(delta.get("content")))
             for position, fragment in enumerate(delta.get("tool_calls") or []):
                 events.extend(self._feed_call(position, fragment))
             if choice.get("finish_reason"):
                 self._finish_reason = choice["finish_reason"]
+                events += self._flush()
         return events
+
+    def _flush(self) -> list[StreamEvent]:
+        """The content the ``<think>`` splitter held back, once the reply's content has ended."""
+        events: list[StreamEvent] = []
+        for kind, text in self._think.finish():
+            events += self._thought(text) if kind == "reasoning" else self._answer(text)
+        return events
+
+    def _answer(self, text: str) -> list[StreamEvent]:
+        if not text:
+            return []
+        self._text.append(text)
+        return [TextDelta(text)]
+
+    def _thought(self, text: str) -> list[StreamEvent]:
+        if not text:
+            return []
+        self._in_content.append(text)
+        return [ReasoningDelta(text)]
+
+    def _feed_content(self, content: Any) -> list[StreamEvent]:
+        """``content``: a string (``<think>`` split off its start), a list of parts, or nothing."""
+        if content is None:
+            return []
+        events: list[StreamEvent] = []
+        if isinstance(content, str):
+            for kind, text in self._think.feed(content):
+                events += self._thought(text) if kind == "reasoning" else self._answer(text)
+            return events
+        if not isinstance(content, list):
+            raise ModelPermanent(f"{PROVIDER}: content is neither text nor a list of parts: {content!r}"[:300])
+        for part in content:
+            if isinstance(part, str):
+                events += self._answer(part)
+                continue
+            if not isinstance(part, dict):
+                raise ModelPermanent(f"{PROVIDER}: a content part is not an object: {part!r}"[:300])
+            part_type = part.get("type")
+            if part_type == "text":
+                said = part.get("text")
+                if not isinstance(said, str):
+                    raise ModelPermanent(f"{PROVIDER}: a text part without text: {part!r}"[:300])
+                events += self._answer(said)
+            elif part_type == "thinking":
+                events += self._thought(_thinking_text(part))
+            # other parts (references, images) are not part of the answer
+        return events
+
+    def _feed_reasoning(self, delta: dict[str, Any]) -> list[StreamEvent]:
+        """``reasoning_content`` / ``reasoning`` (one of them: some servers send both, the same
+        text) and OpenRouter's ``reasoning_details`` (whose text is the same text again when a
+        string field came along; kept whole to be sent back)."""
+        events: list[StreamEvent] = []
+        said = False
+        for name in ("reasoning_content", "reasoning"):
+            value = delta.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise ModelPermanent(f"{PROVIDER}: {name} is not text: {value!r}"[:300])
+            if not said and value:
+                said = True
+                self._said_in = self._said_in or name
+                self._said.append(value)
+                events.append(ReasoningDelta(value))
+        details = delta.get("reasoning_details")
+        if details is None:
+            return events
+        if not isinstance(details, list):
+            raise ModelPermanent(f"{PROVIDER}: reasoning_details is not a list")
+        for position, piece in enumerate(details):
+            if not isinstance(piece, dict):
+                raise ModelPermanent(f"{PROVIDER}: a reasoning detail is not an object: {piece!r}"[:300])
+            key = piece.get("index", f"at-{len(self._details)}-{position}")
+            if key in self._details:
+                _merge_detail(self._details[key], piece)
+            else:
+                self._details[key] = dict(piece)
+            text = piece.get("text") if piece.get("text") is not None else piece.get("summary")
+            if not said and isinstance(text, str) and text:
+                events.append(ReasoningDelta(text))
+        return events
+
+    def _reasoning(self) -> tuple[ReasoningPart, ...]:
+        parts: list[ReasoningPart] = []
+        if self._details:
+            for detail in self._details.values():
+                text = detail.get("text") if isinstance(detail.get("text"), str) else detail.get("summary")
+                data = detail.get("data")
+                signature = detail.get("signature")
+                parts.append(ReasoningPart(
+                    text=text if isinstance(text, str) else "",
+                    signature=signature if isinstance(signature, str) else None,
+                    redacted=data if isinstance(data, str) else None,
+                    source="reasoning_details", detail=detail))
+        elif self._said:
+            parts.append(ReasoningPart(text="".join(self._said), source=self._said_in or "reasoning"))  # type: ignore[arg-type]
+        if self._in_content:
+            parts.append(ReasoningPart(text="".join(self._in_content), source="content"))
+        return tuple(parts)
 
     def _feed_call(self, position: int, fragment: Any) -> list[StreamEvent]:
         if not isinstance(fragment, dict):
@@ -199,6 +439,9 @@ class OpenAIStreamParser:
             "content": message.get("content"),
             "tool_calls": [dict(c, index=i) if isinstance(c, dict) else c for i, c in enumerate(calls)],
         }
+        for name in ("reasoning_content", "reasoning", "reasoning_details"):
+            if name in message:
+                delta[name] = message[name]
         chunk = {"choices": [{"index": 0, "delta": delta, "finish_reason": choices[0].get("finish_reason")}]}
         if "usage" in body:
             chunk["usage"] = body["usage"]
@@ -209,6 +452,7 @@ class OpenAIStreamParser:
     def finish(self) -> ModelResponse:
         if not self.done and self._finish_reason is None:
             raise ModelTransient(f"{PROVIDER}: the stream ended before the reply was complete")
+        self._flush()
         calls = []
         for index in sorted(self._calls):
             partial = self._calls[index]
@@ -217,7 +461,8 @@ class OpenAIStreamParser:
             arguments = decode_arguments("".join(partial.fragments), PROVIDER, partial.name)
             calls.append(ToolCallRequest(partial.id, partial.name, arguments))
         return ModelResponse(
-            text="".join(self._text), tool_calls=tuple(calls), stop_reason=self._finish_reason, usage=self._usage
+            text="".join(self._text), tool_calls=tuple(calls), stop_reason=self._finish_reason, usage=self._usage,
+            reasoning=self._reasoning(),
         )
 
 
@@ -243,6 +488,8 @@ class OpenAIModel(HttpProvider):
         temperature: float | None = None,
         max_tokens: int | None = None,
         force_tools: bool = True,
+        stream_usage: bool = True,
+        reasoning_effort: str | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
         self.model = model
@@ -252,6 +499,8 @@ class OpenAIModel(HttpProvider):
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.force_tools = force_tools
+        self.stream_usage = stream_usage
+        self.reasoning_effort = reasoning_effort
         self.retry = retry or RetryPolicy()
         self.name = f"{PROVIDER}:{model}"
 
@@ -262,12 +511,10 @@ class OpenAIModel(HttpProvider):
         """Build from a manifest's ``[model]`` table (``provider = "openai"``)."""
         check_keys(table, _TABLE_KEYS, where)
         model = field_value(table, "model", "str", where)
-        key_env = field_value(table, "api_key_env", "str", where, None)
-        api_key = None
-        if key_env is not None:
-            api_key = env.get(key_env)
-            if not api_key:
-                raise ManifestInvalid(f"{where}.api_key_env: environment variable {key_env} is not set")
+        base_url = field_value(table, "base_url", "str", where, DEFAULT_BASE_URL)
+        effort = field_value(table, "reasoning_effort", "str", where, None)
+        if effort is not None and effort not in REASONING_EFFORTS:
+            raise ManifestInvalid(f"{where}.reasoning_effort: must be one of low, medium, high, got {effort!r}")
         timeout = field_value(table, "timeout_secs", "number", where, 60.0)
         if timeout <= 0:
             raise ManifestInvalid(f"{where}.timeout_secs: must be positive, got {timeout!r}")
@@ -277,20 +524,39 @@ class OpenAIModel(HttpProvider):
         max_retries = field_value(table, "max_retries", "int", where, RetryPolicy.max_retries)
         if max_retries < 0:
             raise ManifestInvalid(f"{where}.max_retries: must not be negative, got {max_retries!r}")
+        # OpenAI's own endpoint always needs a key: OPENAI_API_KEY unless another is named.
+        # Any other server (Ollama, vLLM, llama.cpp) gets one only when api_key_env names it.
+        own = base_url.rstrip("/") == DEFAULT_BASE_URL
+        key_env = field_value(table, "api_key_env", "str", where, DEFAULT_KEY_ENV if own else None)
+        api_key = None
+        if key_env is not None:
+            api_key = env.get(key_env)
+            if not api_key:
+                raise ModelKeyMissing(
+                    f"{where}.api_key_env: environment variable {key_env} is not set"
+                    + ("" if "api_key_env" in table else " (the key of OpenAI's API is read from it)")
+                    + "; set it in the environment the kernel or server starts from"
+                )
         base = retry or RetryPolicy()
         return cls(
             model=model,
-            base_url=field_value(table, "base_url", "str", where, DEFAULT_BASE_URL),
+            base_url=base_url,
             api_key=api_key,
             timeout_secs=float(timeout),
             temperature=field_value(table, "temperature", "number", where, None),
             max_tokens=max_tokens,
             force_tools=field_value(table, "force_tools", "bool", where, True),
+            stream_usage=field_value(table, "stream_usage", "bool", where, True),
+            reasoning_effort=effort,
             retry=RetryPolicy(max_retries, base.backoff_base_secs, base.max_delay_secs, base.sleep),
         )
 
     def request_body(self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(messages), "stream": True}
+        if self.stream_usage:
+            body["stream_options"] = {"include_usage": True}
+        if self.reasoning_effort is not None:
+            body["reasoning_effort"] = self.reasoning_effort
         if tools:
             body["tools"] = to_openai_tools(tools)
             if self.force_tools and role in ("planner", "critic") and len(tools) == 1:
