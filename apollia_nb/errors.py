@@ -32,6 +32,7 @@ Messages are for people and may change; codes may not.
     │   ├── SessionBusy               SESSION_BUSY: a message while processing
     │   ├── SessionClosed             SESSION_CLOSED
     │   ├── HomeLocked                HOME_LOCKED: another process owns the home
+    │   │   └── ServerNotRunning      SERVER_NOT_RUNNING: server.json names a server that does not answer
     │   ├── IdempotencyInProgress     IDEMPOTENCY_IN_PROGRESS: the first request with this key has not finished
     │   └── ConsentsToReview          CONSENTS_TO_REVIEW: a changed manifest for an agent with standing consents
     ├── Refused                       REFUSED: governance refused a call
@@ -97,6 +98,7 @@ __all__ = [
     "SessionBusy",
     "SessionClosed",
     "HomeLocked",
+    "ServerNotRunning",
     "IdempotencyInProgress",
     "ConsentsToReview",
     "Refused",
@@ -264,6 +266,24 @@ class SessionClosed(Conflict):
 
 class HomeLocked(Conflict):
     code = "HOME_LOCKED"
+
+
+class ServerNotRunning(HomeLocked):
+    """The home's ``server.json`` advertises an ``apollia-os serve`` that does not answer (stopped, or
+    gone without removing it): start the server again, or remove the stale file."""
+
+    code = "SERVER_NOT_RUNNING"
+
+    @classmethod
+    def advertised(cls, server_json: object, url: str, pid: object, why: str, holder: str | None = None,
+                   ) -> "ServerNotRunning":
+        """The error for ``server_json`` advertising ``url`` (process ``pid``), which ``why`` (e.g. "refuses
+        connections"); ``holder`` names another process found owning the home, if any."""
+        owner = (f" The home is owned by {holder}: stop it before starting the server."
+                 if holder else "")
+        return cls(f"the server is not running: {server_json} advertises {url} (process {pid}), which {why}.{owner} "
+                   f"Start `apollia-os serve` for the home (or remove the stale server.json {server_json} if no "
+                   "server should run for it)")
 
 
 class IdempotencyInProgress(Conflict):

@@ -57,15 +57,26 @@ def _home(args: argparse.Namespace) -> Any:
 
 
 def served(args: argparse.Namespace) -> Any:
-    """The address of the ``apollia-os serve`` that owns the home, or None when none does."""
-    from apollia_nb.runtime.remote import find_server
+    """The address of the ``apollia-os serve`` that owns the home, or None when none does.
+
+    A ``server.json`` left by a server that stopped is ``SERVER_NOT_RUNNING`` when another live
+    process holds the home (the command could not own it either); when nothing holds it, the
+    command runs as the owner."""
+    from apollia_nb.errors import ServerNotRunning
+    from apollia_nb.runtime.remote import _alive, _read_json, find_server
 
     home = _home(args)
     if not home.server_json.exists():
         return None
     try:
         return find_server(home, HomeLocked("no server"))
-    except HomeLocked:  # not advertised, or not answering: the command runs as an owner and says who holds it
+    except ServerNotRunning:
+        holder = _read_json(home.owner_lock_path) or {}
+        pid = holder.get("pid")
+        if isinstance(pid, int) and _alive(pid) and kernel_owner(home) is None:  # a kernel's: says which, and how
+            raise
+        return None
+    except HomeLocked:  # not advertised: the command runs as an owner and says who holds it
         return None
 
 
@@ -98,7 +109,7 @@ def refuse_served(args: argparse.Namespace, what: str) -> None:
 def _with_api(fn: Callable[[argparse.Namespace, _Api], int]) -> Callable[[argparse.Namespace, Any], int]:
     @functools.wraps(fn)
     def run(args: argparse.Namespace, address: Any) -> int:
-        api = _Api(address, timeout=WAIT_SECS + 30)
+        api = _Api(address, timeout=WAIT_SECS + 30, home=_home(args))
         try:
             return fn(args, api)
         finally:

@@ -46,6 +46,7 @@ from apollia_nb.errors import (
     GovernanceUnreadable,
     HomeLocked,
     IntegrityError,
+    ServerNotRunning,
     UnknownDecision,
 )
 from apollia_nb.home import Home
@@ -113,6 +114,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _holder_alive(holder: dict[str, Any]) -> bool:
+    pid = holder.get("pid")
+    return isinstance(pid, int) and _alive(pid)
+
+
 def _holder_words(holder: dict[str, Any] | None) -> str:
     if not holder:
         return "another process"
@@ -123,8 +129,10 @@ def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
     """The ``apollia-os serve`` that owns ``home``, or raise ``HOME_LOCKED`` saying who holds it.
 
     ``locked`` is the error the owner lock raised: raised as it is when no
-    server is advertised, replaced by one naming the advertised server when
-    it does not answer.
+    server is advertised. When ``server.json`` advertises a server that has
+    stopped, does not own the home or does not answer ``/health``, the error
+    is ``SERVER_NOT_RUNNING`` (a ``HOME_LOCKED``): start the server, or remove
+    the stale file.
     """
     import httpx
 
@@ -137,20 +145,25 @@ def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
     except (KeyError, TypeError, ValueError):
         raise locked from None
     holder = _read_json(home.owner_lock_path)
-    stale = HomeLocked(
-        f"the home {home.path} is owned by {_holder_words(holder)}; its server.json advertises {address.url} "
-        f"(process {address.pid}), which does not answer for it. Stop that process, or run `apollia-os serve` "
-        "in its place so several processes can share the home, or use another --home."
-    )
-    if (holder is not None and holder.get("pid") != address.pid) or not _alive(address.pid):
-        raise stale
+    other = holder is not None and holder.get("pid") != address.pid  # the home's owner is not that server
+
+    def not_running(why: str) -> ServerNotRunning:
+        named = _holder_words(holder) if other and holder is not None and _holder_alive(holder) else None
+        return ServerNotRunning.advertised(home.server_json, address.url, address.pid, why, named)
+
+    if not _alive(address.pid):
+        raise not_running("has stopped")
+    if other:
+        raise not_running("does not own the home")
     try:
         health = httpx.get(address.url + API + "/health", timeout=HEALTH_TIMEOUT_SECS)
         ok = health.status_code == 200 and health.json().get("status") == "ok"
-    except (httpx.HTTPError, ValueError):
-        ok = False
+    except httpx.ConnectError:
+        raise not_running("refuses connections") from None
+    except (httpx.HTTPError, ValueError) as exc:
+        raise not_running(f"does not answer ({type(exc).__name__})") from None
     if not ok:
-        raise stale
+        raise not_running(f"does not answer for it (HTTP {health.status_code} at /health)")
     return address
 
 
@@ -210,24 +223,36 @@ class RemoteHome:
 
         try:
             response = self.http.request(method, path, **kwargs)
+        except httpx.ConnectError:  # nothing was sent: the server has stopped
+            raise self.not_running(what) from None
         except httpx.HTTPError as exc:
             raise unreachable(f"{what}: {_unanswered(self.url, exc)}") from None
         if response.status_code >= 400:
             raise _error(response)
         return response
 
+    def not_running(self, what: str) -> ServerNotRunning:
+        """``SERVER_NOT_RUNNING``: the server refused the connection, so ``what`` was not done."""
+        return _refused(self.home, self.address, what)
+
     def close(self) -> None:
         self.http.close()
+
+
+def _refused(home: Home, address: ServerAddress, what: str) -> ServerNotRunning:
+    error = ServerNotRunning.advertised(home.server_json, address.url, address.pid, "refuses connections")
+    return ServerNotRunning(f"{what} (nothing was sent): {error.message}")
 
 
 class ServerApi:
     """The server's public REST API through the SDK's routes, answering the JSON the server sends
     (the dictionaries ``to_dict()`` gives in the owner process): ``api("task", task_id)``."""
 
-    def __init__(self, address: ServerAddress, *, timeout: float = 60.0) -> None:
+    def __init__(self, address: ServerAddress, *, timeout: float = 60.0, home: Home | None = None) -> None:
         from apollia_nb.sdk.client import Client
 
         self.url = address.url
+        self.address, self.home = address, home
         self.sdk = Client(address.url, address.token, timeout=timeout)
 
     def __call__(self, route: str, *args: Any) -> Any:
@@ -242,6 +267,10 @@ class ServerApi:
             req = dataclasses.replace(req, model=Any)  # the JSON as sent
         try:
             return self.sdk._do(req)
+        except httpx.ConnectError:
+            if self.home is None:
+                raise HomeLocked(f"the server at {self.url} refuses connections: it is not running") from None
+            raise _refused(self.home, self.address, f"`{route}` could not be asked") from None
         except httpx.HTTPError as exc:
             raise HomeLocked(_unanswered(self.url, exc)) from None
 

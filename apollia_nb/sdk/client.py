@@ -301,8 +301,11 @@ class _Routes:
         model=s.EntriesPage))
 
 
-def server_info(home: str | Path | None = None) -> tuple[str, str]:
-    """``(url, token)`` from ``<home>/server.json`` (``--home``, else ``$APOLLIA_HOME``, else ``~/.apollia``)."""
+def server_info(home: str | Path | None = None, *, running: bool = False) -> tuple[str, str]:
+    """``(url, token)`` from ``<home>/server.json`` (``--home``, else ``$APOLLIA_HOME``, else ``~/.apollia``).
+
+    ``running``: first check that the advertised process lives and accepts a connection
+    (``SERVER_NOT_RUNNING`` when it does not: the file is stale)."""
     from apollia_nb.api.server import read_server_json
     from apollia_nb.home import resolve_home
 
@@ -310,7 +313,28 @@ def server_info(home: str | Path | None = None) -> tuple[str, str]:
     info = read_server_json(path)
     if info is None:
         raise NotFound(f"no server is advertised in {path}: start one with `apollia-os serve`")
+    if running:
+        _check_running(path, info.url, info.pid)
     return info.url, info.token
+
+
+def _check_running(server_json: Path, url: str, pid: int) -> None:
+    import os
+
+    from apollia_nb.errors import ServerNotRunning
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise ServerNotRunning.advertised(server_json, url, pid, "has stopped") from None
+    except PermissionError:  # another user's process: it exists
+        pass
+    try:
+        httpx.get(_base(url) + "/health", timeout=3.0)
+    except httpx.ConnectError:
+        raise ServerNotRunning.advertised(server_json, url, pid, "refuses connections") from None
+    except httpx.HTTPError:
+        pass  # it accepts connections: what it answers is for the calls to tell
 
 
 def _base(base_url: str) -> str:
@@ -341,8 +365,9 @@ class Client:
 
     @classmethod
     def from_home(cls, home: str | Path | None = None, **kwargs: Any) -> "Client":
-        """A client of the server advertised in the home's ``server.json``."""
-        url, token = server_info(home)
+        """A client of the server advertised in the home's ``server.json``; ``SERVER_NOT_RUNNING`` when
+        that server has stopped (the file is stale)."""
+        url, token = server_info(home, running=True)
         return cls(url, token, **kwargs)
 
     def close(self) -> None:
@@ -586,7 +611,8 @@ class AsyncClient:
 
     @classmethod
     def from_home(cls, home: str | Path | None = None, **kwargs: Any) -> "AsyncClient":
-        url, token = server_info(home)
+        """As ``Client.from_home``."""
+        url, token = server_info(home, running=True)
         return cls(url, token, **kwargs)
 
     async def aclose(self) -> None:
