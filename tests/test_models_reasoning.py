@@ -497,3 +497,27 @@ async def test_a_chat_turn_streams_reasoning_apart_and_sends_the_thinking_back(h
         assert "Look first." in exchange_body_html("thinker", "What is in the folder?", exchange.events)
         second = fake_model_server.requests[1].json()["messages"]
         assert second[1]["content"][0] == {"type": "thinking", "thinking": "Look first.", "signature": SIGNATURE}
+
+
+def test_reasoning_past_the_output_cap_is_cut_in_the_journal_with_the_whole_ones_digest():
+    from apollia_nb.runtime.governed import OUTPUT_CAP
+    from apollia_nb.runtime.models import ModelResponse
+    from apollia_nb.runtime.tasks import turn_extras
+    from apollia_nb.runtime.tools import output_digest
+
+    long = ReasoningPart("x" * (OUTPUT_CAP + 10), signature=SIGNATURE, source="thinking")
+    extras = turn_extras(ModelResponse("4", reasoning=(long,), usage={"output_tokens": 5000}))
+    assert extras["reasoning"]["truncated"] is True and extras["reasoning"]["size"] > OUTPUT_CAP
+    assert extras["reasoning_digest"] == output_digest([long.to_json()])
+    assert extras["usage"] == {"output_tokens": 5000}
+    assert turn_extras(ModelResponse("4")) == {}
+
+    def entry(seq, kind, payload):
+        return type("E", (), {"seq": seq, "kind": kind, "payload": payload})()
+
+    trace = [entry(1, "run_open", {"run_kind": "task"}),
+             entry(2, "model_response", {"role": "actor", "turn": 1, "text": "4", "tool_calls": [], **extras}),
+             entry(3, "run_seal", {"status": "completed", "entries": 2})]
+    assert replay_entries("r", trace).verdict == "identical"
+    del trace[1].payload["reasoning_digest"]  # reasoning cut without the digest of the whole
+    assert [d.kind for d in replay_entries("r", trace).divergences] == ["reasoning_digest"]
