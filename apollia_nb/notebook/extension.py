@@ -42,6 +42,12 @@ def open_runtime(magics: Any) -> Any:
     if runtime is None or runtime.closed:
         from apollia_nb.errors import Conflict
 
+        failed = getattr(magics, "open_error", None)
+        if failed is not None and runtime is None:  # the home did not open: say why, not what failed
+            from apollia_nb.home import Home
+            from apollia_nb.notebook.panel import kernel_error
+
+            raise kernel_error(failed, Home.at(magics.home or None, create=False))
         raise Conflict("no home is open in this kernel: `%load_ext apollia_nb` or `%apollia` opens it")
     return runtime
 

@@ -145,6 +145,7 @@ class ApolliaMagics(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         self.runtime: KernelRuntime | None = None  # before the config loads: its observers read it
+        self.open_error: ApolliaError | None = None  # why the home last failed to open
         super().__init__(shell=shell, **kwargs)
         self._commands: dict[str, Callable[[list[str], str | None], Any]] = {
             "agent": self._agent, "task": self._task, "chat": self._chat, "sql": self._sql,
@@ -175,7 +176,9 @@ class ApolliaMagics(Magics):
                 self.runtime = KernelRuntime(self.home or None, ui_loop=_running_loop(), user=self.user or None,
                                              show_widgets=self.show_widgets, namespace=lambda: shell.user_ns)
         except ApolliaError as exc:
+            self.open_error = exc  # what the side panel says instead of "no home is open"
             raise ApolliaMagicError.from_error(exc) from None
+        self.open_error = None
         if announce:
             print(status_line(self.runtime.status()))
         return self.runtime

@@ -7,6 +7,8 @@ heavy); the panel opens a comm to it and talks in requests and replies::
                      {"id": "r2", "op": "answer", "card_id": "…", "answer": "once"}
                      {"id": "r3", "op": "entries", "run_id": "…", "limit": 50}
                      {"id": "r4", "op": "verify"}
+                     {"id": "r5", "op": "approve_plan", "task_id": "…", "steps": ["…"]}   (steps: as edited, or absent)
+                     {"id": "r6", "op": "reject_plan", "task_id": "…", "reason": "…"}
     kernel → front   {"id": "r1", "ok": true, "data": …}
                      {"id": "r2", "ok": false, "error": {"code": "CONFLICT", "message": …, "answered": {…}}}
                      {"event": "changed", "version": 7}      (pushed; at most ``1 / PUSH_INTERVAL`` a second,
@@ -22,8 +24,16 @@ to no request, so ipykernel keeps routing each of the panel's messages to the
 subshell it names). Nothing here waits on the kernel's main thread, so a cell
 that is busy, even one that blocks its thread, does not hold the panel.
 
+A snapshot's inbox holds the waiting cards and the plans waiting for approval
+(``plan_item``); each card carries its task's or chat's goal (``with_goals``)
+so cards of several runs are told apart. The journal's verification follows
+the journal: when entries arrive after a verification, another one starts,
+at most one at a time and spaced by a few times the last one's duration, and
+until it is done the snapshot says how many of the entries were checked.
+
 The pure parts (``parse_request``, ``run_summary``, ``inbox_item``,
-``error_reply``) take and return plain values; ``PanelHome`` and ``PanelComm``
+``plan_item``, ``with_goals``, ``error_reply``, ``home_locked_words``) take and
+return plain values; ``PanelHome`` and ``PanelComm``
 are the shells.
 """
 
@@ -40,14 +50,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "TARGET", "OPS", "PUSH_INTERVAL", "LATEST_ENTRIES", "MAX_ENTRIES",
     "Request", "OkReply", "ErrorReply", "ChangedEvent",
-    "parse_request", "error_reply", "run_summary", "inbox_item",
+    "parse_request", "error_reply", "run_summary", "inbox_item", "plan_item", "with_goals", "home_locked_words",
     "PanelHome", "PanelComm", "publish", "register", "announce", "unregister",
 ]
 
 #: The comm target the panel opens.
 TARGET = "apollia.panel"
-Op = Literal["snapshot", "answer", "entries", "verify"]
-OPS: tuple[str, ...] = ("snapshot", "answer", "entries", "verify")
+Op = Literal["snapshot", "answer", "entries", "verify", "approve_plan", "reject_plan"]
+OPS: tuple[str, ...] = ("snapshot", "answer", "entries", "verify", "approve_plan", "reject_plan")
 #: The shortest time between two ``changed`` pushes (changes in between are coalesced into one).
 PUSH_INTERVAL = 0.25
 #: How many of the journal's newest entries a snapshot carries.
@@ -57,6 +67,14 @@ MAX_ENTRIES = 500
 DEFAULT_ENTRIES = 50
 #: How often, in served mode, the server's inbox and runs are looked at for changes made elsewhere.
 SERVED_POLL_SECS = 2.0
+#: A verification that follows new entries starts at least this long after the last one ended,
+#: and at least ``REVERIFY_FACTOR`` times as long as the last one took (a big journal is not
+#: verified over and over).
+REVERIFY_MIN_SECS = 1.0
+REVERIFY_FACTOR = 4.0
+#: The most steps an edited plan may have, and the longest step or reason.
+MAX_STEPS = 200
+_MAX_TEXT = 10_000
 _FINISHED = ("completed", "failed", "cancelled")
 _MAX_ID = 200
 
@@ -72,6 +90,8 @@ class Request(TypedDict, total=False):
     reason: str
     run_id: str
     limit: int
+    task_id: str
+    steps: list[str]
 
 
 class OkReply(TypedDict):
@@ -128,11 +148,18 @@ def parse_request(data: Any) -> Request:
         if not isinstance(answer, str) or not answer:
             raise BadAnswer("`answer` must be one of the answers the card offers")
         request["answer"] = answer
-        reason = data.get("reason")
-        if reason is not None:
-            if not isinstance(reason, str) or len(reason) > 10_000:
-                raise BadInput("`reason` must be a string of at most 10000 characters")
-            request["reason"] = reason
+        _reason(data, request)
+    elif op in ("approve_plan", "reject_plan"):
+        request["task_id"] = _text(data, "task_id")  # type: ignore[typeddict-item]
+        if op == "reject_plan":
+            _reason(data, request)
+        elif data.get("steps") is not None:
+            steps = data["steps"]
+            if (not isinstance(steps, list) or not 1 <= len(steps) <= MAX_STEPS
+                    or not all(isinstance(x, str) and x.strip() and len(x) <= _MAX_TEXT for x in steps)):
+                raise BadInput(f"`steps` must be a list of 1 to {MAX_STEPS} non-empty strings "
+                               f"of at most {_MAX_TEXT} characters (a plan needs at least one step)")
+            request["steps"] = [x.strip() for x in steps]
     elif op == "entries":
         request["run_id"] = _text(data, "run_id")  # type: ignore[typeddict-item]
         limit = data.get("limit", DEFAULT_ENTRIES)
@@ -140,6 +167,16 @@ def parse_request(data: Any) -> Request:
             raise BadInput(f"`limit` must be an integer from 1 to {MAX_ENTRIES}")
         request["limit"] = limit
     return request
+
+
+def _reason(data: dict[str, Any], request: Request) -> None:
+    from apollia_nb.errors import BadInput
+
+    reason = data.get("reason")
+    if reason is not None:
+        if not isinstance(reason, str) or len(reason) > _MAX_TEXT:
+            raise BadInput(f"`reason` must be a string of at most {_MAX_TEXT} characters")
+        request["reason"] = reason
 
 
 def request_id(data: Any) -> str | None:
@@ -232,6 +269,63 @@ def inbox_item(decision: dict[str, Any], card: dict[str, Any] | None = None, *, 
     return item
 
 
+def plan_item(task: dict[str, Any], *, runs: str = "kernel") -> dict[str, Any]:
+    """One inbox row for a task waiting for its plan to be approved (the REST API's ``Task``)."""
+    return {
+        "kind": "plan", "id": task["id"], "task_id": task["id"], "run_id": task["run_id"], "agent": task["agent"],
+        "goal": task.get("goal", ""), "steps": list(task.get("plan") or ()), "asked_at": task.get("updated_at"),
+        "status": "pending", "runs": runs,
+    }
+
+
+def with_goals(inbox: list[dict[str, Any]], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each card with the goal of the task (or the first message of the chat) it belongs to, and
+    ``owner``: ``task`` or ``chat`` (``None`` when the run is not listed, its goal then ``None``)."""
+    titles = {(r["kind"], r["id"]): r.get("title") for r in runs}
+    out = []
+    for item in inbox:
+        task_id, session_id = item.get("task_id"), item.get("session_id")
+        owner = "chat" if session_id else "task" if task_id else None
+        key = (owner, session_id or task_id)
+        out.append({**item, "kind": "card", "owner": owner, "goal": titles.get(key)})
+    return out
+
+
+def home_locked_words(message: str, notebook: str | None) -> str:
+    """What a kernel whose home another process owns says: the reason, and what to do in a notebook."""
+    holder = f"the notebook {notebook}" if notebook else "the other kernel or process"
+    return (f"{message} In a notebook: shut down the kernel of {holder} (Kernel › Shut Down Kernel there), "
+            "then run `%apollia status` here; or give this kernel a home of its own: "
+            "`%config ApolliaMagics.home = \"/path/to/another/home\"`, then `%apollia status`.")
+
+
+def _holder_notebook(lock: Any) -> str | None:
+    """The notebook whose kernel holds the home (``JPY_SESSION_NAME`` of the holder, where the
+    system lets us read it), or None."""
+    import json
+
+    try:
+        pid = int(json.loads(lock.read_text())["pid"])
+        environ = open(f"/proc/{pid}/environ", "rb").read()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for item in environ.split(b"\0"):
+        if item.startswith(b"JPY_SESSION_NAME="):
+            name = item.split(b"=", 1)[1].decode("utf-8", "replace").strip()
+            return name[:_MAX_ID] or None
+    return None
+
+
+def kernel_error(exc: Any, home: Any) -> Any:
+    """The error that kept this kernel's home from opening, as the panel shows it: ``HOME_LOCKED``
+    names the notebook that holds the home when it can, and says how to free it or use another."""
+    from apollia_nb.errors import HomeLocked
+
+    if not isinstance(exc, HomeLocked):
+        return exc
+    return HomeLocked(home_locked_words(exc.message, _holder_notebook(home.owner_lock_path)))
+
+
 def _entry_json(row: tuple[Any, ...]) -> dict[str, Any]:
     from apollia_nb.journal.entry import Entry
 
@@ -256,6 +350,8 @@ class PanelHome:
         self.verification: dict[str, Any] = {"state": "unknown", "checked_size": None, "first_bad_seq": None,
                                              "problem": None, "checked_at": None}
         self._verifying: Any = None  # the running verification's future (runtime's loop)
+        self._reverify: Any = None  # a verification that follows new entries, scheduled (runtime's loop)
+        self._next_verify_at = 0.0  # (monotonic) not before then
         self._lock = threading.Lock()
         self._last_push = 0.0
         self._timer: Any = None
@@ -346,9 +442,12 @@ class PanelHome:
         with self._lock:
             timer, self._timer = self._timer, None
             poller, self._poller = self._poller, None
+            reverify, self._reverify = self._reverify, None
             panels, self.panels = list(self.panels), []
         if poller is not None:
             poller.cancel()
+        if reverify is not None:
+            reverify.cancel()
         if timer is not None:
             timer.cancel()
         for panel in panels:  # told to ask again: the next request finds the home as it is then
@@ -373,6 +472,10 @@ class PanelHome:
             return self.answer(request["card_id"], request["answer"], request.get("reason"))
         if op == "entries":
             return await self.entries(request["run_id"], request["limit"])
+        if op == "approve_plan":
+            return await self.answer_plan(request["task_id"], "approve", request.get("steps"), None)
+        if op == "reject_plan":
+            return await self.answer_plan(request["task_id"], "reject", None, request.get("reason"))
         return await self.verify()
 
     async def snapshot(self) -> dict[str, Any]:
@@ -393,8 +496,10 @@ class PanelHome:
                 owner = card.get("task_id") or card.get("session_id") or ""
                 waiting_by_run[owner] = waiting_by_run.get(owner, 0) + 1
         agents = [{**a.to_dict(), "runs": "kernel"} for a in rt.agents()]
-        runs = [run_summary(h.to_dict(), waiting_cards=waiting_by_run.get(h.id, 0)) for h in rt.tasks()]
+        tasks = [h.to_dict() for h in rt.tasks()]
+        runs = [run_summary(t, waiting_cards=waiting_by_run.get(t["id"], 0)) for t in tasks]
         runs += [chat_summary(s.to_dict(), waiting_cards=waiting_by_run.get(s.id, 0)) for s in rt.sessions.all()]
+        plans = [plan_item(t) for t in tasks if t.get("awaiting_plan_approval")]
         waiting: list[dict[str, Any]] = []
         url: str | None = None
         try:
@@ -404,7 +509,9 @@ class PanelHome:
                 server = await anyio.to_thread.run_sync(_served_state, api)
                 agents += [{**a, "runs": "server"} for a in server["agents"]]
                 local = {r["id"] for r in runs}
-                runs += [run_summary(t, runs="server") for t in server["tasks"] if t["id"] not in local]
+                remote = [t for t in server["tasks"] if t["id"] not in local]
+                runs += [run_summary(t, runs="server") for t in remote]
+                plans += [plan_item(t, runs="server") for t in remote if t.get("awaiting_plan_approval")]
                 waiting = server["pending"]
             else:
                 waiting = rt.pending_decisions()
@@ -417,6 +524,7 @@ class PanelHome:
         answered = sorted((c for c in cards.values() if c.get("answer") is not None and c["id"] not in listed),
                           key=lambda c: c.get("answered_at") or "", reverse=True)[:LATEST_ENTRIES]
         inbox += [inbox_item(c, c) for c in answered]
+        inbox = with_goals(inbox, runs) + plans
         runs.sort(key=lambda r: (r["finished_at"] is not None, r.get("created_at") or "", r["id"]))
         try:
             journal = await anyio.to_thread.run_sync(self._journal_head)
@@ -425,6 +533,8 @@ class PanelHome:
             journal = {"size": None, "head": None, "root": None, "last_checkpoint": None, "latest": []}
         if self.verification["state"] == "unknown":
             self.start_verify()
+        elif self._behind(journal["size"]):
+            self._verify_soon()
         journal["verify"] = dict(self.verification)
         return {
             "mode": "served" if served else "owner", "home": str(rt.home.path), "server": url,
@@ -457,6 +567,37 @@ class PanelHome:
             raise _AlreadyAnswered(exc, self._answered(card_id)) from None
         return inbox_item(answered)
 
+    async def answer_plan(self, task_id: str, verdict: str, steps: list[str] | None,
+                          reason: str | None) -> dict[str, Any]:
+        """Approve (as proposed, or as edited) or reject a plan: a task of this kernel through the
+        runtime, as the cell's plan widget does; a task of the server through its REST API."""
+        import anyio
+
+        from apollia_nb.errors import UnknownTask
+
+        rt = self.bridge.rt
+        reason = (reason or "").strip() or None
+        try:
+            rt.task(task_id)
+        except UnknownTask:
+            if not self.served:
+                raise
+            api = self._api()
+            if verdict == "approve":
+                task = await anyio.to_thread.run_sync(api, "approve_plan", task_id, steps)
+            else:
+                task = await anyio.to_thread.run_sync(api, "reject_plan", task_id, reason or "no reason given")
+        else:
+            if verdict == "approve":
+                rt.approve_plan(task_id, steps)
+            else:
+                rt.reject_plan(task_id, reason or "no reason given")
+            task = rt.task(task_id).to_dict()
+        self.changed()
+        words = ("approved (edited)" if steps is not None else "approved") if verdict == "approve" \
+            else f"rejected: {reason or 'no reason given'}"
+        return {"task_id": task_id, "decided": words, "by": self.bridge.user, "status": task["status"]}
+
     def _answered(self, card_id: str) -> dict[str, Any] | None:
         try:
             stored = self.bridge.rt.governance.get_pending(card_id).to_dict()
@@ -480,6 +621,28 @@ class PanelHome:
             raise UnknownRun(f"the journal holds no entry of run {run_id!r}")
         return {"run_id": run_id, "entries": [_entry_json(r) for r in rows[:limit]], "more": len(rows) > limit}
 
+    def _behind(self, size: Any) -> bool:
+        """The journal has entries the last (good) verification did not check."""
+        v = self.verification
+        checked = v.get("checked_size")
+        return (v["state"] == "ok" and isinstance(size, int) and isinstance(checked, int) and size > checked)
+
+    def _verify_soon(self) -> None:  # on the runtime's loop
+        """Verify again once the spacing after the last verification has passed (once: coalesced)."""
+        with self._lock:
+            if self._reverify is not None or (self._verifying is not None and not self._verifying.done()):
+                return
+            delay = max(0.0, self._next_verify_at - time.monotonic())
+            self._reverify = self.bridge.loop.loop.call_later(delay, self._verify_now)
+
+    def _verify_now(self) -> None:  # on the runtime's loop
+        with self._lock:
+            self._reverify = None
+        try:
+            self.start_verify()
+        except Exception:  # the home is closing: nothing to verify any more
+            pass
+
     def start_verify(self) -> Any:
         """Start a verification unless one runs; the future of the one that runs."""
         with self._lock:
@@ -498,6 +661,7 @@ class PanelHome:
         import anyio
 
         rt = self.bridge.rt
+        started = time.monotonic()
         try:
             if self.served:
                 report = await anyio.to_thread.run_sync(self._api(), "verify")
@@ -510,6 +674,8 @@ class PanelHome:
             state = {"state": "ok" if report["ok"] else "failed", "checked_size": report["entries"],
                      "first_bad_seq": report["first_bad_seq"], "problem": report["problem"]}
         self.verification = {**state, "checked_at": rt.now_iso()}
+        ended = time.monotonic()
+        self._next_verify_at = ended + max(REVERIFY_MIN_SECS, REVERIFY_FACTOR * (ended - started))
         self.changed()
 
 

@@ -250,6 +250,8 @@ class RunView:
                 on_reject=lambda reason: self.bridge.call(rt.reject_plan, task_id, reason),
             )
             self.plan_box.children = (self.plan_view.box,)
+        elif self.plan_view is not None and self.plan_view.decided is None and not snap.get("awaiting_plan_approval"):
+            self.plan_view._decide("approved elsewhere" if snap["status"] != "failed" else "answered elsewhere")
         if snap["status"] in _TERMINAL and self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
