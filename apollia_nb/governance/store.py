@@ -299,30 +299,6 @@ def identity_difference(before: Mapping[str, Any], after: Mapping[str, Any]) -> 
 def _read_whole(path: Path) -> tuple[Any, str] | None:
     """``(inode, problem)`` when a block of ``governance.db`` does not read (``home.check_whole``: every
     row and key, read-only), else None. Opened by nobody else yet: the store's open reads it once."""
-    from apollia_nb.home import check_whole, damage_error
-
-    duckdb = _duckdb()
-    if not path.is_file():
-        return None
-    try:
-        con = duckdb.connect(str(path), read_only=True)
-    except duckdb.Error as exc:
-        found = damage_error(exc, path)
-        return (_inode(path), found.message) if found is not None else None
-    try:
-        check_whole(con, path)
-    except HomeFileCorrupt as exc:
-        return _inode(path), exc.message
-    except duckdb.Error:
-        return None  # not damage (read again, and reported, where it is used)
-    finally:
-        con.close()
-    return None
-
-
-def _read_whole(path: Path) -> tuple[Any, str] | None:
-    """``(inode, problem)`` when a block of ``governance.db`` does not read (``home.check_whole``: every
-    row and key, read-only), else None. Opened by nobody else yet: the store's open reads it once."""
     from apollia_nb.errors import HomeFileCorrupt
     from apollia_nb.home import check_whole, damage_error
 
@@ -646,7 +622,6 @@ class GovernanceStore:
         store = cls(home, journal=journal, expect_db=record.governance_db, expect_db_id=record.governance_id,
                     expect_policy=record.policy, **kwargs)
         store._open_problem = _read_whole(store.path)  # a damaged block: fail closed from the start
-        store._open_problem = _read_whole(store.path)  # a damaged block: fail closed from the start
         if "governance.db" not in record.recorded and store.path.exists():
             store_id = store._adopt_id()
             if store_id is not None:
@@ -692,9 +667,6 @@ class GovernanceStore:
         ``con`` None: the file is missing. Otherwise a connection to it; an
         empty database where one was expected is a problem too.
         """
-        damaged = self._open_problem
-        if con is not None and damaged is not None and damaged[0] == _inode(self.path):
-            return damaged[1]
         damaged = self._open_problem
         if con is not None and damaged is not None and damaged[0] == _inode(self.path):
             return damaged[1]
