@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from apollia_nb.api.server import ServerThread
-from apollia_nb.errors import BadAnswer, BadInput, Conflict, HomeLocked, IntegrityError, UnknownDecision
+from apollia_nb.errors import BadAnswer, BadInput, Conflict, HomeLocked, ServerNotRunning, UnknownDecision
 from apollia_nb.governance.decision import Call, Family, decide
 from apollia_nb.home import OwnerLock
 from apollia_nb.runtime import Runtime
@@ -213,7 +213,7 @@ async def test_without_the_server_governance_fails_closed_and_nothing_is_journal
         assert view.readable is False and "did not answer" in view.unreadable_reason
         assert decide(Call(agent="clerk", tool="write_file", family=Family.WRITE), view).outcome.value == "refuse"
         assert decide(Call(agent="clerk", tool="read_file", family=Family.READ), view).outcome.value == "allow"
-        with pytest.raises(IntegrityError, match="may or may not be recorded"):
+        with pytest.raises(ServerNotRunning, match="nothing was sent.*the server is not running"):
             rt.journal.append("note", {"x": 1})
     finally:
         await rt.aclose()

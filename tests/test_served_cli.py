@@ -183,3 +183,163 @@ def test_a_client_runtime_whose_server_stops_is_told_the_server_is_not_running(t
     finally:
         stop_server(server)
     assert Home.at(home).server_json.exists()  # left behind by the killed server: the stale file
+
+
+# --- every command, on an owned home and on a served one ----------------------------------------------
+
+from runtime_helpers import call, manifest  # noqa: E402
+from test_cli_client import User  # noqa: E402  (the same normalisation of ids, times, hashes and paths)
+
+CLERK = manifest(actor=[{"tool_calls": [call("write_file", path="out.txt", content="hi")]}, {"text": "Wrote it."}] * 3)
+LISTER = manifest("lister", planner=[{"steps": ["look", "report"]}] * 2, actor=[{"text": "Reported."}] * 4)
+
+
+class Pair:
+    """The same user on two homes: one the commands own, one a real `apollia-os serve` owns."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.users = {}
+        for which in ("owned", "served"):
+            (tmp / which / "work").mkdir(parents=True)
+            user = User(tmp / which / "home", tmp / which / "work")
+            (user.work / "clerk.toml").write_text(CLERK)
+            (user.work / "lister.toml").write_text(LISTER)
+            (user.work / "items.jsonl").write_text('{"topic": "a"}\n{"topic": "b"}\n')
+            self.users[which] = user
+        self.users["owned"]("agents", "list")
+        self.users["served"]("agents", "list")
+        elsewhere = tmp / "served" / "server-cwd"
+        elsewhere.mkdir()
+        self.server = start_server(self.users["served"].home, elsewhere)
+
+    def __call__(self, *args: str, numbers: bool = False, stdin: str = "",
+                 same_stdout: bool = True) -> dict[str, subprocess.CompletedProcess[str]]:
+        """Run the command on both homes (``{which}`` in an argument: that home's folder); assert both
+        print the same and exit the same."""
+        outs = {}
+        for which, user in self.users.items():
+            given = [a.replace("{dir}", str(self.tmp / which)) for a in args]
+            outs[which] = user(*given, stdin=stdin, numbers=numbers)
+        owned, served = (self.users[w].seen[-1] for w in ("owned", "served"))
+        served_text = tuple(_norm(t, self.tmp / "served") for t in served[2:])
+        owned_text = tuple(_norm(t, self.tmp / "owned") for t in owned[2:])
+        assert served[1] == owned[1], (args, served, owned)
+        assert "Traceback" not in served[3], served[3]
+        if same_stdout:
+            assert served_text == owned_text, (args, served_text, owned_text)
+        return outs
+
+    def close(self) -> None:
+        stop_server(self.server)
+        assert not (self.users["served"].home / "server.json").exists()
+
+
+def _norm(text: str, where: Path) -> str:
+    import re
+
+    return re.sub(r"\bbatch-[0-9a-f]{6,}\b", "batch-<ID>", text.replace(str(where), "<T>"))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    both = Pair(tmp_path_factory.mktemp("pair"))
+    try:
+        both("agents", "register", "clerk.toml")
+        both("agents", "register", "lister.toml")
+        both("run", "clerk", "Write out.txt", "--unattended")  # a run that waits on a person
+        both("run", "lister", "Look and report")  # a run that completes
+        yield both
+    finally:
+        both.close()
+
+
+@pytest.mark.parametrize("args", [
+    ["runs", "list"], ["agents", "list"], ["pending", "list"], ["consents", "list"], ["rules", "list"],
+    ["devmode"], ["policy", "check"], ["audit", "views"],
+])
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_reading_commands_print_the_same_on_a_served_home(pair, args, json_out):
+    outs = pair(*args, *(["--json"] if json_out else []), numbers=args[0] in ("runs",))
+    assert outs["served"].returncode == 0, outs["served"].stderr
+
+
+def test_runs_list_on_a_served_home_lists_the_journal_runs(pair):
+    outs = pair("runs", "list", "--json", numbers=True)
+    runs = json.loads(outs["served"].stdout)
+    assert {r["agent"] for r in runs} >= {"clerk", "lister"}
+    assert "HOME_LOCKED" not in outs["served"].stderr
+
+
+def test_governance_changes_work_the_same_through_the_server(pair):
+    rule = pair("rules", "add", "bash_executor", "--effect", "deny", "--prefix", "rm", "--by", "alice", "--json")
+    rule_id = json.loads(rule["served"].stdout)["id"]
+    owned_id = json.loads(rule["owned"].stdout)["id"]
+    pair("rules", "remove", "r-nope", "--by", "alice")
+    pair("devmode", "on", "--by", "alice")
+    pair("devmode", "off", "--by", "alice")
+    pair("consents", "revoke", "clerk", "write", "--by", "alice")
+    for which, rid in (("served", rule_id), ("owned", owned_id)):
+        assert pair.users[which]("rules", "remove", rid, "--by", "alice").returncode == 0
+
+
+def test_pending_decide_resumes_the_run_the_same_way(pair):
+    pair("run", "clerk", "Write out.txt", "--unattended")
+    ids = {w: json.loads(pair.users[w]("pending", "list", "--json").stdout)[0]["id"] for w in pair.users}
+    pair.users["owned"].seen.pop()
+    pair.users["served"].seen.pop()
+    pair("pending", "decide", "pd-nope", "once")
+    for which, decision in ids.items():
+        out = pair.users[which]("pending", "decide", decision, "once", "--by", "alice")
+        assert out.returncode == 0, out.stderr
+    assert pair.users["served"].seen[-1][1:] == pair.users["owned"].seen[-1][1:]
+
+
+def test_run_and_batch_work_the_same_through_the_server(pair):
+    pair("run", "lister", "Look and report", "--approve-plan", stdin="y\n")
+    pair("run", "ghost", "boo")
+    out = pair("batch", "lister", "items.jsonl", "--goal", "look at {topic}", "--out", "{dir}/results.jsonl")
+    assert out["served"].returncode == 0, out["served"].stderr
+    rows = [json.loads(line) for line in (pair.tmp / "served" / "results.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in rows] == ["completed", "completed"]
+
+
+@pytest.mark.parametrize("args", [
+    ["audit", "verify"], ["audit", "verifier-key"], ["audit", "checkpoint", "--out", "{dir}/cp.txt"],
+    ["audit", "prove", "2"], ["audit", "prove", "99999"], ["audit", "prove", "2", "--format", "tlog-proof"],
+    ["audit", "replay", "run-nope"],
+])
+def test_audit_commands_print_the_same_on_a_served_home(pair, args):
+    pair(*args, numbers=True)
+
+
+def test_audit_proofs_against_kept_checkpoints_and_replays_through_the_server(pair):
+    pair("audit", "checkpoint", "--out", "{dir}/kept.txt", numbers=True)
+    pair("run", "lister", "Look and report", numbers=True)  # the journal grows past the kept tree
+    pair("audit", "consistency", "--from", "{dir}/kept.txt", numbers=True)
+    pair("audit", "consistency", "--from", "{dir}/kept.txt", "--json", numbers=True)
+    pair("audit", "prove", "2", "--against", "{dir}/kept.txt", numbers=True)
+    pair("audit", "verify", "--checkpoint", "{dir}/kept.txt", numbers=True)
+    runs = {w: json.loads(u("runs", "list", "--json").stdout) for w, u in pair.users.items()}
+    for user in pair.users.values():
+        user.seen.pop()
+    for which, user in pair.users.items():
+        run_id = next(r["run_id"] for r in runs[which] if r["agent"] == "lister")
+        out = user("audit", "replay", run_id)
+        assert out.returncode == 0 and out.stdout.startswith("identical"), out.stdout + out.stderr
+    assert pair.users["served"].seen[-1] == pair.users["owned"].seen[-1]
+
+
+def test_audit_export_through_the_server_is_the_owners_bundle(pair):
+    out = pair("audit", "export", "{dir}/bundle", numbers=True)
+    assert out["served"].returncode == 0, out["served"].stderr
+    pair("audit", "verify", "--bundle", "{dir}/bundle", numbers=True)
+
+
+def test_commands_that_need_the_home_to_themselves_refuse_with_a_coded_message_while_served(pair):
+    served = pair.users["served"]
+    for args in (["home", "repair", "--new-runtime-db"], ["policy", "remove"]):
+        out = served(*args)
+        assert out.returncode == 3
+        line = out.stderr.strip()
+        assert "\n" not in line and line.startswith("error: HOME_LOCKED: ") and "stop the server" in line

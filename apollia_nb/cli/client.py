@@ -303,7 +303,7 @@ _READ_ONLY = frozenset({
     "apollia_nb.cli.audit._checkpoint", "apollia_nb.cli.audit._prove", "apollia_nb.cli.audit._export",
     "apollia_nb.cli.audit._replay", "apollia_nb.cli.governance._rules_list",
     "apollia_nb.cli.governance._consents_list", "apollia_nb.cli.runtime._pending_list",
-    "apollia_nb.cli.runtime._agents_list",
+    "apollia_nb.cli.runtime._agents_list", "apollia_nb.cli.runtime._runs_list",
 })
 
 _CONNECTION_FILE = re.compile(r"(?:^|\s)--?f(?:=|\s+)(\S+\.json)\b")

@@ -321,7 +321,7 @@ def _runs_list(args: argparse.Namespace) -> int:
     from apollia_nb.journal.views import list_runs
 
     async def main() -> int:
-        async with _open(args) as rt:
+        async with _open(args, client_ok=True) as rt:  # the journal's runs: the same through the server
             runs = list_runs(rt.journal)
         text = "\n".join(
             f"{r['run_id']:<18} {r['agent'] or '-':<16} {r['kind'] or '-':<6} {r['status']:<10} "

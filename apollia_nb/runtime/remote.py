@@ -154,12 +154,12 @@ def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
     if not _alive(address.pid):
         raise not_running("has stopped")
     if other:
-        raise not_running("does not own the home")
+        raise not_running("does not answer for it: that process does not own the home")
     try:
         health = httpx.get(address.url + API + "/health", timeout=HEALTH_TIMEOUT_SECS)
         ok = health.status_code == 200 and health.json().get("status") == "ok"
     except httpx.ConnectError:
-        raise not_running("refuses connections") from None
+        raise not_running("does not answer: it refuses connections") from None
     except (httpx.HTTPError, ValueError) as exc:
         raise not_running(f"does not answer ({type(exc).__name__})") from None
     if not ok:
@@ -240,7 +240,8 @@ class RemoteHome:
 
 
 def _refused(home: Home, address: ServerAddress, what: str) -> ServerNotRunning:
-    error = ServerNotRunning.advertised(home.server_json, address.url, address.pid, "refuses connections")
+    error = ServerNotRunning.advertised(home.server_json, address.url, address.pid,
+                                        "does not answer: it refuses connections")
     return ServerNotRunning(f"{what} (nothing was sent): {error.message}")
 
 

@@ -332,7 +332,8 @@ def _check_running(server_json: Path, url: str, pid: int) -> None:
     try:
         httpx.get(_base(url) + "/health", timeout=3.0)
     except httpx.ConnectError:
-        raise ServerNotRunning.advertised(server_json, url, pid, "refuses connections") from None
+        raise ServerNotRunning.advertised(server_json, url, pid, "does not answer: it refuses connections") \
+            from None
     except httpx.HTTPError:
         pass  # it accepts connections: what it answers is for the calls to tell
 
