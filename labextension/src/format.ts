@@ -1,4 +1,6 @@
-/** Pure formatting helpers: argument values, folding, ages. */
+/** Pure formatting helpers: argument values, folding, ages, notification texts. */
+
+import { InboxItem, isPlan } from './protocol';
 
 /** A value longer than this (characters) or than FOLD_LINES lines is folded behind "show all". */
 export const FOLD_CHARS = 240;
@@ -82,4 +84,23 @@ export function clock(iso: string | null | undefined): string {
 
 export function shortHash(root: string | null | undefined): string {
   return root ? root.slice(0, 12) : '—';
+}
+
+function goalWords(goal: string | null | undefined): string {
+  if (!goal) {
+    return '';
+  }
+  return ` for "${goal.length > 60 ? `${goal.slice(0, 59)}…` : goal}"`;
+}
+
+/** The notification text for questions (cards, plans) that start waiting. */
+export function notificationText(items: InboxItem[]): string {
+  if (items.length === 1) {
+    const c = items[0];
+    if (isPlan(c)) {
+      return `apollia: ${c.agent} asks you to approve its plan${goalWords(c.goal)}: answer it in the apollia panel`;
+    }
+    return `apollia: ${c.agent} asks to use ${c.tool} (${c.family ?? 'unclassified'})${goalWords(c.goal)}: answer it in the apollia panel`;
+  }
+  return `apollia: ${items.length} new decisions wait in the apollia panel`;
 }

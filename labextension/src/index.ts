@@ -10,21 +10,17 @@ import { LabIcon } from '@jupyterlab/ui-components';
 
 import apolliaSvg from '../style/apollia.svg';
 import { ApolliaPanel } from './panel';
-import { Card } from './protocol';
+import { notificationText } from './format';
+import { NotificationBook, itemKey } from './state';
 
 export const PLUGIN_ID = '@apollia/nb-panel:plugin';
 export const COMMAND_OPEN = 'apollia:open-panel';
 
+export { notificationText };
+
 export const apolliaIcon = new LabIcon({ name: 'apollia:icon', svgstr: apolliaSvg });
 
-/** The notification text for cards that start waiting. */
-export function notificationText(cards: Card[]): string {
-  if (cards.length === 1) {
-    const c = cards[0];
-    return `apollia: ${c.agent} asks to use ${c.tool} (${c.family ?? 'unclassified'}): answer it in the apollia panel`;
-  }
-  return `apollia: ${cards.length} new decisions wait in the apollia panel`;
-}
+
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
@@ -40,12 +36,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
       app.shell.activateById(panel.id);
       panel.node.focus();
     };
+    const book = new NotificationBook();
     const panel: ApolliaPanel = new ApolliaPanel({
-      notify: cards => {
-        Notification.info(notificationText(cards), {
+      notify: items => {
+        const id = Notification.info(notificationText(items), {
           autoClose: 10_000,
           actions: [{ label: 'Open the panel', callback: () => open(), displayType: 'accent' }]
         });
+        book.add(id, items.map(itemKey));
+      },
+      dismiss: keys => {
+        for (const id of book.answered(keys)) {
+          Notification.dismiss(id);
+        }
       },
       badge: count => {
         panel.title.caption = count > 0 ? `apollia: ${count} decision${count === 1 ? '' : 's'} waiting` : 'apollia';

@@ -181,6 +181,23 @@ export class KernelLink {
     await this.refresh();
   }
 
+  /** Approve a plan (`steps`: as edited, or null: as proposed) or reject it with a reason. */
+  async answerPlan(taskId: string, verdict: 'approve' | 'reject', steps: string[] | null, reason: string): Promise<void> {
+    const client = this.client;
+    if (!client) {
+      this.dispatch({ type: 'plan-failed', taskId, error: { code: 'PANEL_CLOSED', message: 'not connected to the kernel' } });
+      return;
+    }
+    this.dispatch({ type: 'plan-sent', taskId, verdict });
+    try {
+      await (verdict === 'approve' ? client.approvePlan(taskId, steps) : client.rejectPlan(taskId, reason));
+      this.dispatch({ type: 'plan-done', taskId });
+    } catch (err) {
+      this.dispatch({ type: 'plan-failed', taskId, error: errorBody(err) });
+    }
+    await this.refresh();
+  }
+
   async entries(runId: string, limit = 50): Promise<void> {
     const client = this.client;
     if (!client) {

@@ -10,12 +10,17 @@ import { Kernel, KernelMessage } from '@jupyterlab/services';
 
 import { KernelLike, KernelLink } from './link';
 import { renderPanel, Handlers } from './render';
-import { Action, PanelState, badgeCount, initialState, newlyWaiting, reduce, waitingCards } from './state';
-import { COMM_TARGET, Card } from './protocol';
+import {
+  Action, PanelState, badgeCount, editedSteps, initialState, itemKey, newlyWaiting, noLongerWaiting, plansOf, reduce,
+  waitingItems
+} from './state';
+import { COMM_TARGET, InboxItem } from './protocol';
 
 export interface PanelOptions {
-  /** Called once per card that starts waiting (for the JupyterLab notification). */
-  notify?: (cards: Card[]) => void;
+  /** Called once per question (card or plan) that starts waiting (for the JupyterLab notification). */
+  notify?: (items: InboxItem[]) => void;
+  /** Called with the keys (`itemKey`) of notified questions that no longer wait (answered anywhere). */
+  dismiss?: (keys: string[]) => void;
   /** Called with the count of waiting cards whenever it changes (for the tab's badge). */
   badge?: (count: number) => void;
   /** The clock, for ages. */
@@ -30,6 +35,8 @@ export class ApolliaPanel extends Widget {
   private link: KernelLink | null = null;
   private context: ISessionContext | null = null;
   private seen = new Set<string>();
+  /** Questions notified that still wait: their notification goes when they stop waiting. */
+  private notified = new Set<string>();
   private cellRan = false;
   private announced: Kernel.IKernelConnection | null = null;
   private lastBadge = -1;
@@ -45,6 +52,21 @@ export class ApolliaPanel extends Widget {
     this.node.tabIndex = -1;
     this.handlers = {
       answer: (cardId, answer) => void this.link?.answer(cardId, answer),
+      approvePlan: taskId => {
+        const plan = plansOf(this._state.snapshot).find(p => p.task_id === taskId);
+        if (plan) {
+          const steps = editedSteps(plan, this._state.planDrafts[taskId]);
+          if (steps !== null && steps.length === 0) {
+            this.dispatch({ type: 'plan-failed', taskId, error: { code: 'BAD_INPUT', message: 'a plan needs at least one step' } });
+            return;
+          }
+          void this.link?.answerPlan(taskId, 'approve', steps, '');
+        }
+      },
+      rejectPlan: taskId => void this.link?.answerPlan(taskId, 'reject', null, this._state.planReasons[taskId] ?? ''),
+      // Typing changes the state but not the page: a new render would replace the field being typed in.
+      editPlan: (taskId, text) => { this._state = reduce(this._state, { type: 'plan-edit', taskId, text }); },
+      editReason: (taskId, text) => { this._state = reduce(this._state, { type: 'plan-reason', taskId, text }); },
       toggleUnfold: key => this.dispatch({ type: 'toggle-unfold', key }),
       toggleFinished: () => this.dispatch({ type: 'toggle-finished' }),
       openRun: runId => {
@@ -74,12 +96,27 @@ export class ApolliaPanel extends Widget {
     this._state = reduce(before, action);
     if (action.type === 'snapshot' && this._state !== before) {
       const fresh = newlyWaiting(this.seen, this._state);
-      for (const c of waitingCards(this._state)) {
-        this.seen.add(c.id);
+      for (const item of waitingItems(this._state)) {
+        this.seen.add(itemKey(item));
+      }
+      const gone = noLongerWaiting(this.notified, this._state);
+      for (const key of gone) {
+        this.notified.delete(key);
+      }
+      if (gone.length) {
+        this.options.dismiss?.(gone);
       }
       if (fresh.length && this.options.notify) {
+        for (const item of fresh) {
+          this.notified.add(itemKey(item));
+        }
         this.options.notify(fresh);
       }
+    } else if (this._state.snapshot === null && this.notified.size) {
+      // Another kernel (or none): what was notified for this one is not answerable here.
+      const gone = [...this.notified];
+      this.notified.clear();
+      this.options.dismiss?.(gone);
     }
     const count = badgeCount(this._state);
     if (count !== this.lastBadge) {
@@ -206,10 +243,15 @@ export class ApolliaPanel extends Widget {
     // Keep the focused control focused across renders (keyboard use).
     const active = this.node.ownerDocument.activeElement as HTMLElement | null;
     const key = active && this.node.contains(active) ? focusKey(active) : null;
+    const field = active instanceof HTMLTextAreaElement || active instanceof HTMLInputElement ? active : null;
+    const caret = field ? [field.selectionStart, field.selectionEnd] : null;
     this.node.replaceChildren(body);
     if (key) {
       const again = this.node.querySelector<HTMLElement>(key);
       again?.focus();
+      if (caret && (again instanceof HTMLTextAreaElement || again instanceof HTMLInputElement)) {
+        again.setSelectionRange(caret[0], caret[1]);
+      }
     }
   }
 
@@ -228,9 +270,12 @@ export class ApolliaPanel extends Widget {
 /** A selector that finds the same control after a render. */
 function focusKey(el: HTMLElement): string | null {
   const card = el.closest('[data-card-id]')?.getAttribute('data-card-id');
+  const plan = el.closest('[data-plan-id]')?.getAttribute('data-plan-id');
   const run = el.closest('[data-run-id]')?.getAttribute('data-run-id');
   const label = el.getAttribute('aria-label');
-  const scope = card ? `[data-card-id="${CSS.escape(card)}"] ` : run ? `[data-run-id="${CSS.escape(run)}"] ` : '';
+  const scope = card ? `[data-card-id="${CSS.escape(card)}"] `
+    : plan ? `[data-plan-id="${CSS.escape(plan)}"] `
+      : run ? `[data-run-id="${CSS.escape(run)}"] ` : '';
   if (label) {
     return `${scope}[aria-label="${CSS.escape(label)}"]`;
   }

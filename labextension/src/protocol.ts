@@ -1,7 +1,8 @@
 /**
  * The comm protocol the panel speaks with the kernel's `apollia.panel` comm target.
  *
- * Front → kernel: `{id, op, ...}` with op `snapshot`, `answer`, `entries` or `verify`.
+ * Front → kernel: `{id, op, ...}` with op `snapshot`, `answer`, `entries`, `verify`,
+ * `approve_plan` (`task_id`, `steps` as edited or absent) or `reject_plan` (`task_id`, `reason`).
  * Kernel → front: replies `{id, ok: true, data}` / `{id, ok: false, error: {code, message}}`,
  * and pushes `{event: "changed", version}` whenever something the panel shows changed.
  *
@@ -30,7 +31,12 @@ export interface Answered {
 
 /** A waiting (or answered) decision, as the kernel sends it. */
 export interface Card {
+  kind?: 'card';
   id: string;
+  /** The goal of the task (or the first message of the chat) the card belongs to. */
+  goal?: string | null;
+  /** Whose card it is: a task's or a chat's. */
+  owner?: 'task' | 'chat' | null;
   run_id?: string;
   task_id?: string | null;
   session_id?: string | null;
@@ -48,6 +54,25 @@ export interface Card {
   answer?: string | null;
   answered_by?: string | null;
   answered_at?: string | null;
+}
+
+/** A task waiting for its plan to be approved, as the kernel sends it in the inbox. */
+export interface PlanItem {
+  kind: 'plan';
+  id: string;
+  task_id: string;
+  run_id: string;
+  agent: string;
+  goal: string;
+  steps: string[];
+  asked_at?: string | null;
+  runs?: string;
+}
+
+export type InboxItem = Card | PlanItem;
+
+export function isPlan(item: InboxItem): item is PlanItem {
+  return item.kind === 'plan';
 }
 
 export interface Agent {
@@ -71,6 +96,8 @@ export interface Run {
   budget?: Budget | null;
   step?: string | null;
   waiting?: boolean;
+  waiting_cards?: number;
+  awaiting_plan_approval?: boolean;
   finished_at?: string | null;
 }
 
@@ -117,7 +144,7 @@ export interface Snapshot {
   problems?: Problem[];
   agents: Agent[];
   runs: Run[];
-  inbox: Card[];
+  inbox: InboxItem[];
   journal: Journal;
 }
 
@@ -244,6 +271,15 @@ export class PanelClient {
 
   answer(cardId: string, answer: string): Promise<unknown> {
     return this.request('answer', { card_id: cardId, answer });
+  }
+
+  /** Approve a plan as proposed (`steps` null) or as edited. */
+  approvePlan(taskId: string, steps: string[] | null): Promise<unknown> {
+    return this.request('approve_plan', steps === null ? { task_id: taskId } : { task_id: taskId, steps });
+  }
+
+  rejectPlan(taskId: string, reason: string): Promise<unknown> {
+    return this.request('reject_plan', { task_id: taskId, reason });
   }
 
   entries(runId: string, limit = 50): Promise<JournalEntry[]> {

@@ -6,11 +6,20 @@
  */
 
 import { fold, valueText, age, clock, shortHash } from './format';
-import { Agent, Card, JournalEntry, Run } from './protocol';
-import { PanelState, answeredOf, askedAt, budgetOf, runId, splitRuns, waitingCards } from './state';
+import { Agent, Card, JournalEntry, PlanItem, Run } from './protocol';
+import {
+  PanelState, answeredOf, askedAt, budgetOf, cardsOf, plansOf, runId, runStateWords, splitRuns, verifyWords,
+  waitingCards
+} from './state';
 
 export interface Handlers {
   answer(cardId: string, answer: string): void;
+  /** Approve a plan: as edited in the panel, or as proposed. */
+  approvePlan(taskId: string): void;
+  rejectPlan(taskId: string): void;
+  /** Typing in a plan's steps or reason (kept in the state; no new render needed). */
+  editPlan(taskId: string, text: string): void;
+  editReason(taskId: string, text: string): void;
   toggleUnfold(key: string): void;
   toggleFinished(): void;
   openRun(runId: string): void;
@@ -92,15 +101,34 @@ function argumentRow(card: Card, name: string, value: unknown, state: PanelState
   return [h(doc, 'dt', { class: 'apollia-arg-name' }, name), dd];
 }
 
+/** What a card belongs to: the goal of its task or chat, and the ids that tell it apart. */
+function identity(doc: Document, owner: string, goal: string | null | undefined, ids: [string, string | null | undefined][]): HTMLElement[] {
+  const shown = ids.filter(([, v]) => v);
+  return [
+    h(doc, 'p', { class: 'apollia-goal' }, h(doc, 'span', { class: 'apollia-goal-kind' }, `${owner}: `),
+      goal ? goal : h(doc, 'i', {}, 'goal not known')),
+    h(doc, 'p', { class: 'apollia-ids' }, ...shown.flatMap(([k, v], i) =>
+      [i ? ' · ' : '', `${k} `, h(doc, 'code', { class: `apollia-id apollia-id-${k}` }, v!)]))
+  ];
+}
+
+function quoted(goal: string | null | undefined): string {
+  if (!goal) {
+    return '';
+  }
+  return ` for "${goal.length > 80 ? `${goal.slice(0, 79)}…` : goal}"`;
+}
+
 export function renderCard(card: Card, state: PanelState, handlers: Handlers, now: number, doc: Document): HTMLElement {
   const answered = answeredOf(card);
   const sending = state.answering[card.id];
   const failed = state.cardErrors[card.id];
-  const title = `${card.agent} wants ${card.tool}`;
+  const title = `${card.agent} wants ${card.tool}${quoted(card.goal)}`;
   const el = h(doc, 'article', {
     class: `apollia-card${answered ? ' apollia-card-answered' : ''}`,
     'aria-label': `Decision: ${title}${answered ? `, answered ${answered.answer}` : ', waiting'}`,
-    'data-card-id': card.id
+    'data-card-id': card.id,
+    'data-task-id': card.task_id ?? undefined
   });
   el.append(h(doc, 'header', { class: 'apollia-card-head' },
     h(doc, 'span', { class: 'apollia-agent' }, card.agent),
@@ -109,6 +137,10 @@ export function renderCard(card: Card, state: PanelState, handlers: Handlers, no
     ' · ',
     h(doc, 'span', { class: 'apollia-family' }, card.family ?? 'unclassified'),
     h(doc, 'span', { class: 'apollia-age', title: askedAt(card) ?? '' }, askedAt(card) ? `asked ${age(askedAt(card), now)} ago` : '')));
+  const owner = card.owner ?? (card.session_id ? 'chat' : 'task');
+  el.append(...identity(doc, owner, card.goal, owner === 'chat'
+    ? [['chat', card.session_id], ['run', card.run_id], ['card', card.id]]
+    : [['task', card.task_id], ['run', card.run_id], ['card', card.id]]));
   if (card.line !== undefined && card.line !== null && card.line !== '' ) {
     el.append(h(doc, 'p', { class: 'apollia-asking-line' }, `asked by governance line ${card.line}`,
       card.reason ? h(doc, 'span', { class: 'apollia-reason' }, `: ${card.reason}`) : null));
@@ -157,6 +189,60 @@ export function renderCard(card: Card, state: PanelState, handlers: Handlers, no
   return el;
 }
 
+/** A plan waiting for approval: its steps, editable one per line; approve (as edited) or reject with a reason. */
+export function renderPlan(plan: PlanItem, state: PanelState, handlers: Handlers, now: number, doc: Document): HTMLElement {
+  const sending = state.planSending[plan.task_id];
+  const failed = state.planErrors[plan.task_id];
+  const draft = state.planDrafts[plan.task_id];
+  const title = `${plan.agent}'s plan${quoted(plan.goal)}`;
+  const el = h(doc, 'article', {
+    class: 'apollia-card apollia-plan', 'aria-label': `Plan approval: ${title}, waiting`,
+    'data-plan-id': plan.task_id, 'data-task-id': plan.task_id
+  });
+  el.append(h(doc, 'header', { class: 'apollia-card-head' },
+    h(doc, 'span', { class: 'apollia-agent' }, plan.agent), ' · ',
+    h(doc, 'span', { class: 'apollia-family' }, 'plan to approve'),
+    h(doc, 'span', { class: 'apollia-age', title: plan.asked_at ?? '' }, plan.asked_at ? `asked ${age(plan.asked_at, now)} ago` : '')));
+  el.append(...identity(doc, 'task', plan.goal, [['task', plan.task_id], ['run', plan.run_id]]));
+  const stepsId = `apollia-plan-steps-${plan.task_id}`;
+  const reasonId = `apollia-plan-reason-${plan.task_id}`;
+  const steps = h(doc, 'textarea', {
+    id: stepsId, class: 'apollia-plan-steps', rows: String(Math.max(3, plan.steps.length + 1)),
+    'aria-label': `Steps of ${title}, one per line`
+  }) as HTMLTextAreaElement;
+  steps.value = draft ?? plan.steps.join('\n');
+  steps.addEventListener('input', () => handlers.editPlan(plan.task_id, steps.value));
+  const reason = h(doc, 'input', {
+    id: reasonId, type: 'text', class: 'apollia-plan-reason', placeholder: 'reason for rejecting',
+    'aria-label': `Reason for rejecting ${title}`
+  }) as HTMLInputElement;
+  reason.value = state.planReasons[plan.task_id] ?? '';
+  reason.addEventListener('input', () => handlers.editReason(plan.task_id, reason.value));
+  const approve = button(doc, 'approve', () => handlers.approvePlan(plan.task_id), {
+    class: 'apollia-button apollia-answer apollia-plan-approve', 'data-answer': 'approve',
+    'aria-label': `Approve ${title}${draft !== undefined ? ' as edited' : ''}`
+  });
+  const reject = button(doc, 'reject', () => handlers.rejectPlan(plan.task_id), {
+    class: 'apollia-button apollia-answer apollia-plan-reject', 'data-answer': 'reject', 'aria-label': `Reject ${title}`
+  });
+  if (sending) {
+    for (const part of [steps, reason, approve, reject]) {
+      part.setAttribute('disabled', '');
+    }
+  }
+  el.append(
+    h(doc, 'label', { class: 'apollia-plan-label', for: stepsId }, 'Proposed steps, one per line: edit them before approving'),
+    steps,
+    h(doc, 'div', { class: 'apollia-answers', role: 'group', 'aria-label': `Answers for ${title}` }, approve, reason, reject));
+  if (sending) {
+    el.append(h(doc, 'p', { class: 'apollia-sending', role: 'status' }, `sending ${sending}…`));
+  }
+  if (failed) {
+    el.append(h(doc, 'p', { class: 'apollia-card-error', role: 'alert' }, `${failed.code}: ${failed.message}`));
+  }
+  return el;
+}
+
 function section(doc: Document, id: string, title: string, ...children: Child[]): HTMLElement {
   return h(doc, 'section', { class: `apollia-section apollia-${id}`, 'aria-labelledby': `apollia-h-${id}` },
     h(doc, 'h2', { id: `apollia-h-${id}`, class: 'apollia-section-title' }, title), ...children);
@@ -165,10 +251,13 @@ function section(doc: Document, id: string, title: string, ...children: Child[])
 function renderInbox(state: PanelState, handlers: Handlers, now: number, doc: Document): HTMLElement {
   const inbox = state.snapshot?.inbox ?? [];
   const waiting = waitingCards(state);
-  const answered = inbox.filter(c => answeredOf(c));
-  const title = waiting.length ? `Inbox (${waiting.length} waiting)` : 'Inbox';
+  const plans = plansOf(state.snapshot);
+  const answered = cardsOf(state.snapshot).filter(c => answeredOf(c));
+  const count = waiting.length + plans.length;
+  const title = count ? `Inbox (${count} waiting)` : 'Inbox';
   return section(doc, 'inbox', title,
     inbox.length === 0 ? h(doc, 'p', { class: 'apollia-empty' }, 'Nothing waits for a decision.') : null,
+    ...plans.map(p => renderPlan(p, state, handlers, now, doc)),
     ...waiting.map(c => renderCard(c, state, handlers, now, doc)),
     ...answered.map(c => renderCard(c, state, handlers, now, doc)));
 }
@@ -191,14 +280,14 @@ function runRow(run: Run, state: PanelState, handlers: Handlers, doc: Document):
     'aria-expanded': String(open),
     'aria-label': `Journal entries of the ${run.kind} ${id} (${run.agent}, ${run.status})`
   }));
-  li.append(h(doc, 'span', { class: `apollia-state apollia-state-${run.status}` }, run.waiting ? `${run.status} · waiting` : run.status));
+  li.append(h(doc, 'span', { class: `apollia-state apollia-state-${run.status}` }, runStateWords(run)));
   if (budget) {
     const pct = Math.min(100, Math.round((100 * budget.used) / budget.max));
     li.append(h(doc, 'div', {
       class: 'apollia-budget', role: 'progressbar', 'aria-label': 'step budget',
       'aria-valuemin': '0', 'aria-valuemax': String(budget.max), 'aria-valuenow': String(budget.used),
       title: `${budget.used} of ${budget.max} steps`
-    }, h(doc, 'div', { class: 'apollia-budget-fill', style: `width: ${pct}%` }),
+    }, h(doc, 'div', { class: 'apollia-budget-track' }, h(doc, 'div', { class: 'apollia-budget-fill', style: `width: ${pct}%` })),
       h(doc, 'span', { class: 'apollia-budget-text' }, `${budget.used}/${budget.max} steps`)));
   }
   if (run.step) {
@@ -267,14 +356,7 @@ function renderAgents(state: PanelState, handlers: Handlers, doc: Document): HTM
 }
 
 function verifyBadge(state: PanelState, doc: Document): HTMLElement {
-  const v = state.snapshot?.journal.verify;
-  const st = state.verifying ? 'running' : v?.state ?? 'unknown';
-  const text = {
-    ok: `verified${v?.checked_size !== undefined ? ` (${v.checked_size} entries)` : ''}`,
-    failed: `does NOT verify${v?.first_bad_seq !== undefined && v?.first_bad_seq !== null ? ` from #${v.first_bad_seq}` : ''}`,
-    running: 'verifying…',
-    unknown: 'not verified yet'
-  }[st];
+  const { state: st, text } = verifyWords(state.snapshot!.journal, state.verifying);
   return h(doc, 'span', { class: `apollia-verify apollia-verify-${st}`, role: 'status', 'aria-label': `journal verification: ${text}` }, text);
 }
 

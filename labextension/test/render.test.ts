@@ -9,7 +9,8 @@ const NOW = Date.parse('2026-12-01T12:03:00Z');
 
 function handlers(): Handlers & { [k: string]: ReturnType<typeof vi.fn> } {
   return {
-    answer: vi.fn(), toggleUnfold: vi.fn(), toggleFinished: vi.fn(), openRun: vi.fn(), verify: vi.fn(), refresh: vi.fn()
+    answer: vi.fn(), toggleUnfold: vi.fn(), toggleFinished: vi.fn(), openRun: vi.fn(), verify: vi.fn(), refresh: vi.fn(),
+    approvePlan: vi.fn(), rejectPlan: vi.fn(), editPlan: vi.fn(), editReason: vi.fn()
   } as never;
 }
 
@@ -29,7 +30,7 @@ describe('the inbox', () => {
   it('shows agent, tool, family, the asking line and why, age, every argument and one button per answer', () => {
     const el = render(shown(snapshot()));
     const c = el.querySelector('[data-card-id="pd-1"]')!;
-    expect(c.getAttribute('aria-label')).toBe('Decision: clerk wants write_file, waiting');
+    expect(c.getAttribute('aria-label')).toBe('Decision: clerk wants write_file, waiting');  // (no goal known)
     expect(c.querySelector('.apollia-card-head')!.textContent).toContain('clerk · write_file · write');
     expect(c.querySelector('.apollia-age')!.textContent).toBe('asked 3 min ago');
     expect(c.querySelector('.apollia-asking-line')!.textContent).toBe('asked by governance line 6: writing needs consent');
@@ -133,7 +134,7 @@ describe('agents, runs and the journal', () => {
     const el = render(shown(snapshot()), hs);
     expect(el.querySelector('.apollia-journal-size')!.textContent).toBe('42');
     expect(el.querySelector('.apollia-head code')!.textContent).toBe('abcdef012345');
-    expect(el.querySelector('.apollia-verify')!.textContent).toBe('verified (42 entries)');
+    expect(el.querySelector('.apollia-verify')!.textContent).toBe('verified: all 42 entries');
     expect(el.querySelector('.apollia-latest')!.textContent).toBe('#42 decision tool=write_file outcome=ask');
     el.querySelector<HTMLButtonElement>('[aria-label="Verify the journal now"]')!.click();
     expect(hs.verify).toHaveBeenCalled();

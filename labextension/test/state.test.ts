@@ -76,8 +76,8 @@ describe('reduce', () => {
 describe('selectors', () => {
   it('newlyWaiting names only the cards not seen before', () => {
     const s = reduce(connected, { type: 'snapshot', snapshot: snapshot({ inbox: [card(), card({ id: 'pd-2' })] }), version: 1 });
-    expect(newlyWaiting(new Set(['pd-1']), s).map(c => c.id)).toEqual(['pd-2']);
-    expect(newlyWaiting(new Set(['pd-1', 'pd-2']), s)).toEqual([]);
+    expect(newlyWaiting(new Set(['card:pd-1']), s).map(c => c.id)).toEqual(['pd-2']);
+    expect(newlyWaiting(new Set(['card:pd-1', 'card:pd-2']), s)).toEqual([]);
   });
 
   it('answeredOf reads both the nested and the flat shape', () => {
