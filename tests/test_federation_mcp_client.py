@@ -212,7 +212,7 @@ async def test_progress_reaches_the_task_and_the_journal_at_a_bounded_rate(home,
                    {"text": "done"}],
             required=[f"{E}/trigger-long-running-operation"]))
         seen = []
-        rt.subscribe(lambda kind, obj: seen.append(obj.r.get("progress")) if kind == "task" else None)
+        rt.subscribe(lambda kind, obj: seen.append(obj.r.progress) if kind == "task" else None)
         handle = await rt.submit("clerk", "Take a while")
         await handle
         assert handle.status == "completed", handle.error

@@ -340,7 +340,7 @@ class _Inflight:
                      **{k: v for k, v in what.items() if v is not None}}
         run, _ = _run_of(self.scope.rt, self.scope.run_id)
         if run is not None:
-            run.r["progress"] = self.last
+            run.r.progress = self.last
             self.scope.rt._notify(run)
         now = time.monotonic()
         if now - self.journaled_at >= PROGRESS_JOURNAL_SECS:
@@ -358,8 +358,8 @@ class _Inflight:
         from apollia_nb.runtime.governed import _run_of
 
         run, _ = _run_of(self.scope.rt, self.scope.run_id)
-        if run is not None and run.r.get("progress", {}) is self.last:
-            run.r["progress"] = None
+        if run is not None and run.r.progress is self.last:
+            run.r.progress = None
             self.scope.rt._notify(run)
 
     def _journal(self) -> None:

@@ -128,8 +128,8 @@ def snapshot(kind: str, obj: Any) -> dict[str, Any]:
 
         record = obj.r
         snap = task_json(record)
-        snap["awaiting"] = record.get("awaiting")
-        snap["watched"] = record.get("watched", True)
+        snap["awaiting"] = record.awaiting
+        snap["watched"] = record.watched
         return copy.deepcopy(snap)
     if kind == "card":
         return copy.deepcopy(obj.to_dict())

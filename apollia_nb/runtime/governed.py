@@ -414,7 +414,7 @@ async def governed_request(
     card = rt._open_card(agent=agent, run_id=scope.run_id, call_id=call_id, tool=tool,
                          family=fam.value if fam else None, arguments=arguments, decision=decision,
                          task_id=task_id, session_id=session_id, hints=hints, request=request)
-    shown = _show_waiting(run)
+    shown = _show_waiting(run, card)
     try:
         from apollia_nb.runtime.cards import CHAT_CARD_TIMEOUT_SECS
 
@@ -438,7 +438,7 @@ async def governed_request(
                 except ApolliaError:
                     pass
         if shown:
-            await _show_waiting_done(run)
+            await _show_waiting_done(run, card)
     if card.answer_value == "refuse":
         return call_id, Decision(Outcome.REFUSE, decision.line, reason=f"refused by {card.answered_by}"), card
     return call_id, Decision(Outcome.ALLOW, decision.line, reason=f"answered {card.answer_value} by "
@@ -448,7 +448,7 @@ async def governed_request(
 def _run_of(rt: "GovernedHost", run_id: str) -> tuple[Any, str | None]:
     """The task run (or chat session id) that ``run_id`` belongs to."""
     for run in list(getattr(rt, "_runs", {}).values()):
-        if getattr(run, "r", {}).get("run_id") == run_id:
+        if run.r.run_id == run_id:
             return run, None
     sessions = getattr(rt, "sessions", None)
     for session in list(getattr(sessions, "_sessions", {}).values()) if sessions is not None else []:
@@ -457,26 +457,22 @@ def _run_of(rt: "GovernedHost", run_id: str) -> tuple[Any, str | None]:
     return None, None
 
 
-def _show_waiting(run: Any) -> bool:
+def _show_waiting(run: Any, card: Any) -> bool:
     """A task whose in-flight call waits on a person shows as waiting (its call goes on once answered).
 
-    Shown, not saved: the record stays ``running``, which is what a restart must find (a call was
-    in flight: the run is interrupted and its open decisions are closed), not a parked run."""
-    from apollia_nb.runtime.states import TaskStatus
-
-    if run is None or run.status != TaskStatus.RUNNING.value:
+    Derived, not written: the card is among the record's ``asking`` (never saved), so the record's
+    status stays ``running``, which is what a restart must find (a call was in flight: the run is
+    interrupted and its open decisions are closed), not a parked run."""
+    if run is None or run.r.finished:
         return False
-    run.r["status"] = TaskStatus.WAITING.value
+    run.r.asking.add(card.id)
     run.rt._notify(run)
     return True
 
 
-async def _show_waiting_done(run: Any) -> None:
-    from apollia_nb.runtime.states import TaskStatus
-
-    if run.status == TaskStatus.WAITING.value:
-        run.r["status"] = TaskStatus.RUNNING.value
-        run.rt._notify(run)
+async def _show_waiting_done(run: Any, card: Any) -> None:
+    run.r.asking.discard(card.id)
+    run.rt._notify(run)
 
 
 def new_id(prefix: str) -> str:

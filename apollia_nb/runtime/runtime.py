@@ -49,8 +49,8 @@ from apollia_nb.errors import (
 from apollia_nb.home import Home, OwnerLock
 from apollia_nb.runtime.agents import Agent, custom_tools, install_packages, new_state, startup_failure
 from apollia_nb.runtime.cards import QUESTION, Card
-from apollia_nb.runtime.states import ProcessState, TaskStatus
-from apollia_nb.runtime.tasks import TaskRun, new_task_record, recovery, task_json
+from apollia_nb.runtime.states import ProcessState, TaskPhase, TaskStatus
+from apollia_nb.runtime.tasks import TaskRecord, TaskRun, recovery, task_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from concurrent.futures import Future
@@ -91,14 +91,14 @@ class _Finished:
 
     _active = False
 
-    def __init__(self, record: dict[str, Any]) -> None:
+    def __init__(self, record: TaskRecord) -> None:
         self.r = record
-        self.id = record["id"]
+        self.id = record.id
         self.done = _SetEvent()
 
     @property
     def status(self) -> str:
-        return self.r["status"]
+        return self.r.shown_status
 
 
 class _SetEvent:
@@ -127,7 +127,8 @@ class TaskHandle:
 
     @property
     def record(self) -> dict[str, Any]:
-        return self._run.r
+        """The task's record as ``runtime.db`` stores it (a copy: it changes through the runtime only)."""
+        return self._run.r.to_json()
 
     @property
     def status(self) -> str:
@@ -135,15 +136,15 @@ class TaskHandle:
 
     @property
     def run_id(self) -> str:
-        return self._run.r["run_id"]
+        return self._run.r.run_id
 
     @property
     def error(self) -> dict[str, str] | None:
-        return self._run.r["error"]
+        return self._run.r.error
 
     @property
     def result(self) -> Any:
-        return self._run.r["result"]
+        return self._run.r.result
 
     @property
     def pending(self) -> list[Card]:
@@ -152,7 +153,7 @@ class TaskHandle:
 
     @property
     def awaiting_plan_approval(self) -> bool:
-        return self._run.r["phase"] == "approve" and self.status == TaskStatus.WAITING.value
+        return self._run.r.awaiting_plan_approval
 
     def approve_plan(self, steps: list[str] | None = None) -> None:
         self._rt.approve_plan(self.id, steps)
@@ -182,8 +183,8 @@ class TaskHandle:
         (answered later with ``Runtime.answer`` or ``apollia-os pending decide``,
         also after a restart); otherwise the next call that would ask suspends it."""
         run = self._run
-        if run.r["watched"] and not run.done.is_set():
-            run.r["watched"] = False
+        if run.r.watched and not run.done.is_set():
+            run.r.watched = False
             run._save()
             waiting = [c for c in self.pending]
             for card in waiting:
@@ -197,7 +198,7 @@ class TaskHandle:
         run = self._run
         if self.status != "waiting":
             return False
-        if not run.r["watched"]:
+        if not run.r.watched:
             return not run._active
         return bool(self.pending) or self.awaiting_plan_approval
 
@@ -205,8 +206,8 @@ class TaskHandle:
         return self.wait().__await__()
 
     def __repr__(self) -> str:
-        budget = self.record["budget"]
-        return f"<Task {self.id} {self.record['agent']} {self.status} steps {budget['used']}/{budget['ceiling']}>"
+        budget = self._run.r.budget
+        return f"<Task {self.id} {self._run.r.agent} {self.status} steps {budget.used}/{budget.ceiling}>"
 
 
 class Runtime:
@@ -769,12 +770,12 @@ class Runtime:
             task_id = f"task-{uuid.uuid4().hex[:12]}"
         elif task_id in self._runs or task_id in self._finished:
             raise Conflict(f"task {task_id} exists already")
-        record = new_task_record(
+        record = TaskRecord.new(
             task_id=task_id, run_id=f"run-{uuid.uuid4().hex[:12]}", agent=agent, goal=goal,
             ceiling=max_steps or the_agent.manifest.max_steps, watched=watched, grants=grant_list,
             approve_plan=approve_plan, warnings=warnings, created_at=self.now_iso(),
         )
-        recorded = self.records.save_task(record, record["created_at"], acknowledged=True)
+        recorded = self.records.save_task(record.to_json(), record.created_at, acknowledged=True)
         run = TaskRun(self, the_agent, record)
         self._runs[task_id] = run
         self._claim(run)  # in flight already: a stop drains it, nobody spawns it twice
@@ -867,17 +868,17 @@ class Runtime:
         """This process's task, or a finished one as ``runtime.db`` holds it. ``UNKNOWN_TASK`` otherwise."""
         run: TaskRun | _Finished | None = self._runs.get(task_id) or self._finished.get(task_id)
         if run is None:
-            record = self.records.task(task_id) if isinstance(task_id, str) else None
-            if record is None or record["status"] not in ("completed", "failed", "cancelled"):
+            stored = self.records.task(task_id) if isinstance(task_id, str) else None
+            if stored is None or stored["status"] not in ("completed", "failed", "cancelled"):
                 raise UnknownTask(f"no task {task_id!r}")
-            run = _Finished(record)
+            run = _Finished(TaskRecord.from_json(stored))
         return TaskHandle(self, task_id, run)
 
     def tasks(self) -> list[TaskHandle]:
         """This process's tasks in memory, oldest first: every one not finished, and the last
         ``FINISHED_KEPT`` finished (older ones: ``task(id)``, or ``records.tasks()`` for all)."""
         runs = sorted([*self._finished.values(), *self._runs.values()],
-                      key=lambda run: (run.r["created_at"], run.id))
+                      key=lambda run: (run.r.created_at, run.id))
         return [TaskHandle(self, run.id, run) for run in runs]
 
     async def cancel(self, task_id: str) -> TaskHandle:
@@ -914,7 +915,7 @@ class Runtime:
 
     def _plan_run(self, task_id: str) -> TaskRun:
         run = self.task(task_id)._run
-        if not (run.r["phase"] == "approve" and run.status == "waiting"):
+        if not run.r.awaiting_plan_approval:
             raise Conflict(f"task {task_id} is not waiting for plan approval")
         return run
 
@@ -1092,12 +1093,13 @@ class Runtime:
         except GovernanceUnreadable as exc:
             pending_by_id = None
             self._emit("warning", f"pending decisions cannot be read: {exc.message}")
-        for record in self.records.tasks(unfinished=True):
-            agent = self._agents.get(record["agent"])
+        for stored in self.records.tasks(unfinished=True):
+            record = TaskRecord.from_json(stored)
+            agent = self._agents.get(record.agent)
             if agent is None:
                 continue
             run = TaskRun(self, agent, record)
-            self._runs[record["id"]] = run
+            self._runs[record.id] = run
             await self._recover(run, pending_by_id)
 
     async def _recover(self, run: TaskRun, pending_by_id: dict[str, Any] | None) -> None:
@@ -1107,7 +1109,7 @@ class Runtime:
         journal holds but governance.db does not (a crash between the two) is
         stored now: the journal is the record of what was answered."""
         record = run.r
-        awaiting = record.get("awaiting")
+        awaiting = record.awaiting
         decision, state = None, None
         if awaiting:
             if pending_by_id is None:
@@ -1121,7 +1123,7 @@ class Runtime:
                     state = "unknown"
                 except GovernanceUnreadable:
                     state = "unreadable"
-        trace = self.journal.entries(run_id=record["run_id"], kinds=[
+        trace = self.journal.entries(run_id=record.run_id, kinds=[
             "run_open", "model_response", "plan", "answer", "tool_call", "tool_result", "run_seal"])
         payloads = [(e.kind, _payload(e)) for e in trace]
         if state == "pending":
@@ -1134,9 +1136,9 @@ class Runtime:
         call_id = decision.call_id if decision is not None else None
         seals = [p for k, p in payloads if k == "run_seal"]
         plans = [p for k, p in payloads if k == "plan"]
-        plan_answer = plans[-1] if record["phase"] == "approve" and plans and "approved" in plans[-1] else None
+        plan_answer = plans[-1] if record.phase is TaskPhase.APPROVE and plans and "approved" in plans[-1] else None
         action = recovery(
-            status=record["status"], unattended=not record["watched"],
+            status=record.status.value, unattended=not record.watched,
             awaiting=bool(awaiting), decision=state,
             answered_by=decision.answered_by if decision is not None else None,
             opened=any(k == "run_open" for k, _ in payloads),
@@ -1162,12 +1164,11 @@ class Runtime:
             self._spawn(run)
         elif action == "sealed":  # the run ended (its record is written off the loop and missed the end)
             seal = seals[-1]
-            record.update(status=seal["status"], error=seal.get("error"), phase="done", queued_calls=[],
-                          awaiting=None)
+            record.end_as_sealed(seal["status"], seal.get("error"))
             if seal["status"] == TaskStatus.COMPLETED.value:  # the result: the actor's last answer
                 texts = [p["text"] for k, p in payloads
                          if k == "model_response" and p.get("role") == "actor" and not p.get("tool_calls")]
-                record["result"] = texts[-1] if texts else record["result"]
+                record.result = texts[-1] if texts else record.result
             run._save()
             run.done.set()
         elif action == "cancel":
@@ -1177,24 +1178,24 @@ class Runtime:
             why = ("the process that owned this run ended before it finished" if action == "interrupt" else
                    f"the decision this run waited on ({awaiting}) is not in governance.db")
             try:
-                still_open = self.governance.pending(run_id=record["run_id"])
+                still_open = self.governance.pending(run_id=record.run_id)
             except GovernanceUnreadable:
                 still_open = []
             for p in still_open:
                 try:
                     self._record_answer(p.id, "refuse", by="restart", reason=why)
                 except ApolliaError as exc:
-                    self._emit("warning", f"decision {p.id} of task {record['id']}: {exc.message}")
+                    self._emit("warning", f"decision {p.id} of task {record.id}: {exc.message}")
             await run._finish(TaskStatus.FAILED, error=Interrupted(why))
             run.done.set()
             self._retire(run)
 
-    def _restored_card(self, p: Any, record: dict[str, Any], agent: Agent) -> Card:
+    def _restored_card(self, p: Any, record: TaskRecord, agent: Agent) -> Card:
         d = p.to_dict()
         card = Card(
             id=p.id, run_id=p.run_id, agent=p.agent, tool=p.tool, family=d["family"],
             arguments=dict(p.arguments), answers=tuple(d["answers"]), reason=p.reason, line=p.line,
-            call_id=p.call_id or "", created_at=d["created_at"], task_id=record["id"], _runtime=self,
+            call_id=p.call_id or "", created_at=d["created_at"], task_id=record.id, _runtime=self,
             hints=agent.tools.get(p.tool).annotations if p.tool in agent.tools else None,
         )
         if p.answer is not None:

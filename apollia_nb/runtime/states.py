@@ -1,7 +1,8 @@
 """Every state machine of the runtime: the states, the legal moves, one function.
 
 Tasks, agent processes, chat sessions and tool circuit breakers each move
-through a small set of states. The legal moves are written down here as data —
+through a small set of states; inside a task's record, its phase (plan,
+approve, execute, critic, done) and each step of its plan do too. The legal moves are written down here as data —
 one frozen table per machine — and every change of state in the runtime goes
 through :func:`transition`, which either returns the new state or raises
 :class:`~apollia_nb.errors.InvalidTransition` and changes nothing. Keeping the
@@ -29,16 +30,23 @@ from apollia_nb.errors import InvalidTransition
 
 __all__ = [
     "TaskStatus",
+    "TaskPhase",
+    "StepStatus",
     "ProcessState",
     "SessionState",
     "BreakerState",
     "Machine",
     "TASK",
+    "PHASE",
+    "STEP",
     "PROCESS",
     "SESSION",
     "BREAKER",
     "MACHINES",
+    "RECORD_MACHINES",
     "TASK_TRANSITIONS",
+    "PHASE_TRANSITIONS",
+    "STEP_TRANSITIONS",
     "PROCESS_TRANSITIONS",
     "SESSION_TRANSITIONS",
     "BREAKER_TRANSITIONS",
@@ -57,6 +65,27 @@ class TaskStatus(StrEnum):
     RUNNING = "running"
     WAITING = "waiting"
     COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class TaskPhase(StrEnum):
+    """Where a task's engine stands: planning, waiting on its plan's approval, running its
+    steps, asking its critic, or finished (whatever its status)."""
+
+    PLAN = "plan"
+    APPROVE = "approve"
+    EXECUTE = "execute"
+    CRITIC = "critic"
+    DONE = "done"
+
+
+class StepStatus(StrEnum):
+    """Where one step of a task's plan stands."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
@@ -107,6 +136,30 @@ TASK_TRANSITIONS: Mapping[TaskStatus, frozenset[TaskStatus]] = _freeze(
     }
 )
 
+PH = TaskPhase
+PHASE_TRANSITIONS: Mapping[TaskPhase, frozenset[TaskPhase]] = _freeze(
+    {
+        # A run ends (DONE) from any phase: sealed completed, failed or cancelled.
+        PH.PLAN: frozenset({PH.APPROVE, PH.EXECUTE, PH.DONE}),
+        PH.APPROVE: frozenset({PH.EXECUTE, PH.DONE}),  # approved; rejected ends the run
+        PH.EXECUTE: frozenset({PH.CRITIC, PH.DONE}),
+        PH.CRITIC: frozenset({PH.PLAN, PH.DONE}),  # not accepted: planned again
+        PH.DONE: frozenset(),
+    }
+)
+
+ST = StepStatus
+STEP_TRANSITIONS: Mapping[StepStatus, frozenset[StepStatus]] = _freeze(
+    {
+        # A step not started when its run ends stays pending; a new plan brings new steps.
+        ST.PENDING: frozenset({ST.RUNNING}),
+        ST.RUNNING: frozenset({ST.DONE, ST.FAILED, ST.CANCELLED}),
+        ST.DONE: frozenset(),
+        ST.FAILED: frozenset(),
+        ST.CANCELLED: frozenset(),
+    }
+)
+
 P = ProcessState
 PROCESS_TRANSITIONS: Mapping[ProcessState, frozenset[ProcessState]] = _freeze(
     {
@@ -140,7 +193,7 @@ BREAKER_TRANSITIONS: Mapping[BreakerState, frozenset[BreakerState]] = _freeze(
     }
 )
 
-del T, P, SS, B
+del T, PH, ST, P, SS, B
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,7 +249,12 @@ BREAKER: Machine[BreakerState] = Machine(
     "breaker", BreakerState, BREAKER_TRANSITIONS, BreakerState.CLOSED
 )
 
+PHASE: Machine[TaskPhase] = Machine("phase", TaskPhase, PHASE_TRANSITIONS, TaskPhase.PLAN)
+STEP: Machine[StepStatus] = Machine("step", StepStatus, STEP_TRANSITIONS, StepStatus.PENDING)
+
 MACHINES: tuple[Machine, ...] = (TASK, PROCESS, SESSION, BREAKER)
+#: The machines inside a task's record (``runtime/tasks.py``, ``TaskRecord``): its phase and its steps.
+RECORD_MACHINES: tuple[Machine, ...] = (PHASE, STEP)
 
 
 def _describe(states: frozenset[S] | set[S], machine: Machine[S]) -> str:

@@ -15,49 +15,251 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from apollia_nb import faults
-from apollia_nb.errors import ApolliaError, BudgetExceeded, Rejected
+from apollia_nb.errors import ApolliaError, BudgetExceeded, HomeFileCorrupt, InvalidTransition, Rejected
 from apollia_nb.runtime.governed import NULL_DIGEST
-from apollia_nb.runtime.states import TASK, TaskStatus, can_transition
+from apollia_nb.runtime.states import (
+    PHASE, STEP, TASK, StepStatus, TaskPhase, TaskStatus, is_terminal, transition,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.agents import Agent
     from apollia_nb.runtime.capabilities import TaskHost
 
-__all__ = ["TaskRun", "new_task_record", "task_json", "recovery"]
+__all__ = ["TaskRun", "TaskRecord", "StepRecord", "Budget", "new_task_record", "task_json", "recovery"]
 
-_TERMINAL = {TaskStatus.COMPLETED.value, TaskStatus.FAILED.value, TaskStatus.CANCELLED.value}
+
+@dataclass
+class StepRecord:
+    """One step of a task's plan. ``status`` moves only through :meth:`move` (the ``STEP`` machine)."""
+
+    index: int
+    description: str
+    status: StepStatus = StepStatus.PENDING
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    text: str | None = None
+    reasoning: list[str] = field(default_factory=list)  # the model's reasoning in this step, when it gave any
+
+    def move(self, target: StepStatus) -> None:
+        """Through the machine: an illegal move raises ``INVALID_TRANSITION`` and changes nothing."""
+        self.status = transition(STEP, self.status, target)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index, "description": self.description, "status": self.status.value,
+                               "tool_calls": self.tool_calls, "text": self.text}
+        if self.reasoning:
+            out["reasoning"] = self.reasoning
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "StepRecord":
+        return cls(index=int(data["index"]), description=str(data["description"]),
+                   status=STEP.parse(data["status"]), tool_calls=list(data["tool_calls"]),
+                   text=data["text"], reasoning=list(data.get("reasoning") or ()))
+
+
+def new_steps(plan: list[str]) -> list[StepRecord]:
+    return [StepRecord(index=i, description=s) for i, s in enumerate(plan)]
+
+
+@dataclass
+class Budget:
+    """A task's steps: ``used`` of ``ceiling`` (every model turn and every tool call is one)."""
+
+    used: int
+    ceiling: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"used": self.used, "ceiling": self.ceiling}
+
+
+#: The keys of a task's record, in the order ``runtime.db`` and the journal have them.
+_KEYS = ("id", "run_id", "agent", "goal", "status", "error", "result", "warnings", "watched", "grants",
+         "approve_plan", "budget", "phase", "plan", "steps", "step_index", "attempt", "feedback", "messages",
+         "queued_calls", "awaiting", "plan_decision", "verdict", "created_at", "updated_at")
+_OPTIONAL = ("model_state", "turns", "progress")
+
+
+@dataclass(eq=False)
+class TaskRecord:
+    """A task as the engine holds it. JSON only at the edge: :meth:`to_json` is the row ``runtime.db``
+    stores (and what a restart reads back with :meth:`from_json`).
+
+    ``status`` and ``phase`` move only through :meth:`move` and :meth:`move_phase`, each a state
+    machine of ``states.py``: an illegal move raises ``INVALID_TRANSITION`` and changes nothing.
+    Whether a person is waited on is derived, never written: :attr:`waiting` (a decision or a plan
+    the run is suspended or waits on, or a question asked during a call still in flight, ``asking``)."""
+
+    id: str
+    run_id: str
+    agent: str
+    goal: str
+    status: TaskStatus
+    error: dict[str, Any] | None
+    result: Any
+    warnings: list[str]
+    watched: bool
+    grants: list[str]
+    approve_plan: bool
+    budget: Budget
+    phase: TaskPhase
+    plan: list[str]
+    steps: list[StepRecord]
+    step_index: int
+    attempt: int
+    feedback: list[str]
+    messages: list[dict[str, Any]]
+    queued_calls: list[dict[str, Any]]
+    awaiting: str | None
+    plan_decision: dict[str, Any] | None
+    verdict: dict[str, Any] | None
+    created_at: str
+    updated_at: str
+    model_state: Any = None  # a scripted model's place in its script (a resumed run continues it)
+    turns: int = 0  # model turns taken (the engine's call ids count them)
+    progress: dict[str, Any] | None = None  # the last progress a long-running call reported
+    #: Cards of questions asked during a call still in flight (a server's question, its model call):
+    #: shown as waiting, never saved — a restart must find the run as it was, running.
+    asking: set[str] = field(default_factory=set)
+
+    @classmethod
+    def new(
+        cls, *, task_id: str, run_id: str, agent: str, goal: str, ceiling: int, watched: bool,
+        grants: list[str], approve_plan: bool, warnings: list[str], created_at: str,
+    ) -> "TaskRecord":
+        """A task just submitted: ``pending``, to plan, nothing spent."""
+        return cls(
+            id=task_id, run_id=run_id, agent=agent, goal=goal, status=TASK.initial, error=None, result=None,
+            warnings=warnings, watched=watched, grants=grants, approve_plan=approve_plan,
+            budget=Budget(used=0, ceiling=ceiling), phase=PHASE.initial, plan=[], steps=[], step_index=0,
+            attempt=0, feedback=[], messages=[], queued_calls=[], awaiting=None, plan_decision=None,
+            verdict=None, created_at=created_at, updated_at=created_at,
+        )
+
+    # ------------------------------------------------------------------ the machines
+    def move(self, target: TaskStatus) -> None:
+        """Through the ``TASK`` machine: an illegal move (the same status included) raises."""
+        self.status = transition(TASK, self.status, target)
+
+    def move_phase(self, target: TaskPhase) -> None:
+        """Through the ``PHASE`` machine: an illegal move (the same phase included) raises."""
+        self.phase = transition(PHASE, self.phase, target)
+
+    @property
+    def finished(self) -> bool:
+        return is_terminal(TASK, self.status)
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting on a person: suspended or waiting on a decision or its plan, or a question asked
+        during a call still in flight."""
+        return not self.finished and (self.status is TaskStatus.WAITING or bool(self.asking))
+
+    @property
+    def shown_status(self) -> str:
+        """The status people see: ``waiting`` while :attr:`waiting`, else the machine's."""
+        return TaskStatus.WAITING.value if self.waiting else self.status.value
+
+    @property
+    def awaiting_plan_approval(self) -> bool:
+        return self.phase is TaskPhase.APPROVE and self.status is TaskStatus.WAITING
+
+    def end_as_sealed(self, status: TaskStatus | str, error: dict[str, Any] | None) -> None:
+        """Take the end the journal sealed (a restart that finds a run sealed, its record written before
+        the end): the moves the run made, through the machines — a record still ``pending`` or
+        ``waiting`` was running when it ended."""
+        target = TASK.parse(status)
+        if self.status is not TaskStatus.RUNNING and target not in TASK.table[self.status]:
+            self.move(TaskStatus.RUNNING)
+        self.move(target)
+        self.error = error
+        if self.phase is not TaskPhase.DONE:
+            self.move_phase(TaskPhase.DONE)
+        self.queued_calls = []
+        self.awaiting = None
+
+    # ------------------------------------------------------------------ the edge
+    def to_json(self) -> dict[str, Any]:
+        """The record as ``runtime.db`` stores it (the machine's status; ``asking`` is never saved)."""
+        out: dict[str, Any] = {
+            "id": self.id, "run_id": self.run_id, "agent": self.agent, "goal": self.goal,
+            "status": self.status.value, "error": self.error, "result": self.result, "warnings": self.warnings,
+            "watched": self.watched, "grants": self.grants, "approve_plan": self.approve_plan,
+            "budget": self.budget.to_json(), "phase": self.phase.value, "plan": self.plan,
+            "steps": [s.to_json() for s in self.steps], "step_index": self.step_index, "attempt": self.attempt,
+            "feedback": self.feedback, "messages": self.messages, "queued_calls": self.queued_calls,
+            "awaiting": self.awaiting, "plan_decision": self.plan_decision, "verdict": self.verdict,
+            "created_at": self.created_at, "updated_at": self.updated_at,
+        }
+        if self.model_state is not None:
+            out["model_state"] = self.model_state
+        if self.turns:
+            out["turns"] = self.turns
+        if self.progress is not None:
+            out["progress"] = self.progress
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TaskRecord":
+        """A record as ``runtime.db`` stores it. One that does not read (a key missing or unknown, a
+        status or phase no machine has) is ``HOME_FILE_CORRUPT``: it is never guessed at."""
+        try:
+            unknown = set(data) - set(_KEYS) - set(_OPTIONAL)
+            if unknown:
+                raise ValueError(f"unknown keys {sorted(unknown)}")
+            budget = data["budget"]
+            return cls(
+                id=str(data["id"]), run_id=str(data["run_id"]), agent=str(data["agent"]), goal=str(data["goal"]),
+                status=TASK.parse(data["status"]), error=data["error"], result=data["result"],
+                warnings=list(data["warnings"]), watched=bool(data["watched"]), grants=list(data["grants"]),
+                approve_plan=bool(data["approve_plan"]),
+                budget=Budget(used=int(budget["used"]), ceiling=int(budget["ceiling"])),
+                phase=PHASE.parse(data["phase"]), plan=list(data["plan"]),
+                steps=[StepRecord.from_json(s) for s in data["steps"]], step_index=int(data["step_index"]),
+                attempt=int(data["attempt"]), feedback=list(data["feedback"]), messages=list(data["messages"]),
+                queued_calls=list(data["queued_calls"]), awaiting=data["awaiting"],
+                plan_decision=data["plan_decision"], verdict=data["verdict"],
+                created_at=str(data["created_at"]), updated_at=str(data["updated_at"]),
+                model_state=data.get("model_state"), turns=int(data.get("turns") or 0),
+                progress=data.get("progress"),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError, InvalidTransition) as exc:
+            what = data.get("id") if isinstance(data, Mapping) else None
+            raise HomeFileCorrupt(f"runtime.db: the record of task {what!r} does not read ({exc}); "
+                                  "restore runtime.db from a backup") from None
 
 
 def new_task_record(
     *, task_id: str, run_id: str, agent: str, goal: str, ceiling: int, watched: bool,
     grants: list[str], approve_plan: bool, warnings: list[str], created_at: str,
 ) -> dict[str, Any]:
-    return {
-        "id": task_id, "run_id": run_id, "agent": agent, "goal": goal, "status": TaskStatus.PENDING.value,
-        "error": None, "result": None, "warnings": warnings, "watched": watched, "grants": grants,
-        "approve_plan": approve_plan, "budget": {"used": 0, "ceiling": ceiling},
-        "phase": "plan", "plan": [], "steps": [], "step_index": 0, "attempt": 0,
-        "feedback": [], "messages": [], "queued_calls": [], "awaiting": None,
-        "plan_decision": None, "verdict": None, "created_at": created_at, "updated_at": created_at,
-    }
+    """A new task's record as ``runtime.db`` stores it (``TaskRecord.new`` is the record itself)."""
+    return TaskRecord.new(task_id=task_id, run_id=run_id, agent=agent, goal=goal, ceiling=ceiling,
+                          watched=watched, grants=grants, approve_plan=approve_plan, warnings=warnings,
+                          created_at=created_at).to_json()
 
 
-def task_json(record: dict[str, Any]) -> dict[str, Any]:
+def as_record(record: "TaskRecord | Mapping[str, Any]") -> TaskRecord:
+    """A record, from ``runtime.db``'s JSON when that is what is given."""
+    return record if isinstance(record, TaskRecord) else TaskRecord.from_json(record)
+
+
+def task_json(record: "TaskRecord | Mapping[str, Any]") -> dict[str, Any]:
     """The task as the REST API and the SDK show it."""
+    r = as_record(record)
     return {
-        "id": record["id"], "run_id": record["run_id"], "agent": record["agent"], "goal": record["goal"],
-        "status": record["status"], "error": record["error"], "steps": record["steps"],
-        "budget": dict(record["budget"]), "result": record["result"], "warnings": list(record["warnings"]),
-        "plan": list(record["plan"]), "verdict": record.get("verdict"),
-        "awaiting_plan_approval": record["phase"] == "approve" and record["status"] == "waiting",
-        "progress": record.get("progress"),
-        "created_at": record["created_at"], "updated_at": record["updated_at"],
+        "id": r.id, "run_id": r.run_id, "agent": r.agent, "goal": r.goal,
+        "status": r.shown_status, "error": r.error, "steps": [s.to_json() for s in r.steps],
+        "budget": r.budget.to_json(), "result": r.result, "warnings": list(r.warnings),
+        "plan": list(r.plan), "verdict": r.verdict,
+        "awaiting_plan_approval": r.awaiting_plan_approval,
+        "progress": r.progress,
+        "created_at": r.created_at, "updated_at": r.updated_at,
     }
 
 
@@ -111,7 +313,7 @@ class _Suspend(Exception):
 class TaskRun:
     """Drives one task's record through the engine. Resumable from its record."""
 
-    def __init__(self, rt: "TaskHost", agent: "Agent", record: dict[str, Any]) -> None:
+    def __init__(self, rt: "TaskHost", agent: "Agent", record: TaskRecord) -> None:
         self.rt = rt
         self.agent = agent
         self.r = record
@@ -122,50 +324,50 @@ class TaskRun:
         self._turn_entry: tuple[str, dict[str, Any]] | None = None
         self._plan_event = anyio.Event()
         self._model_instance: Any = None
+        self._ending: TaskStatus | None = None  # the end being sealed (``_finish``), once decided
 
     # ---------------------------------------------------------------- helpers
     @property
     def id(self) -> str:
-        return self.r["id"]
+        return self.r.id
 
     @property
     def status(self) -> str:
-        return self.r["status"]
+        """What people see (``waiting`` derived from the record, see ``TaskRecord.waiting``)."""
+        return self.r.shown_status
 
     @property
     def model(self) -> Any:
         """This run's model: a scripted agent's script plays from the beginning for every task."""
         if self._model_instance is None:
-            self._model_instance = self.rt._run_model(self.agent, self.r.get("model_state"))
+            self._model_instance = self.rt._run_model(self.agent, self.r.model_state)
         return self._model_instance
 
     def _set_status(self, status: TaskStatus) -> None:
-        if self.r["status"] == status.value:
-            return
-        if not can_transition(TASK, self.r["status"], status):
-            return  # terminal already (e.g. cancelled while a step finished)
-        self.r["status"] = status.value
+        """Move the task's status through its machine, save and tell: an illegal move (a finished
+        task, the status it has already) raises ``INVALID_TRANSITION`` and changes nothing."""
+        self.r.move(status)
         self._save()
         self.rt._notify(self)
 
     def _save(self) -> None:
-        self.r["updated_at"] = self.rt.now_iso()
-        self.rt.records.save_task(self.r, self.r["updated_at"])
+        self.r.updated_at = self.rt.now_iso()
+        self.rt.records.save_task(self.r.to_json(), self.r.updated_at)
 
     async def _journal(self, kind: str, payload: dict[str, Any]) -> None:
-        await self.rt.journal.append_async(kind, payload, run_id=self.r["run_id"], agent=self.agent.name)
+        await self.rt.journal.append_async(kind, payload, run_id=self.r.run_id, agent=self.agent.name)
 
     def _journal_soon(self, kind: str, payload: dict[str, Any]) -> None:
         """Hand an entry that records what happened (a model's answer, the plan, a verdict) to the
         journal's writer without waiting: it is committed before anything later of the run, so
         before any call it leads to and before the run's seal (``Journal.append_soon``)."""
-        self.rt.journal.append_soon(kind, payload, run_id=self.r["run_id"], agent=self.agent.name)
+        self.rt.journal.append_soon(kind, payload, run_id=self.r.run_id, agent=self.agent.name)
 
     def _spend(self) -> None:
-        budget = self.r["budget"]
-        if budget["used"] >= budget["ceiling"]:
-            raise BudgetExceeded(f"the step ceiling of {budget['ceiling']} was reached")
-        budget["used"] += 1
+        budget = self.r.budget
+        if budget.used >= budget.ceiling:
+            raise BudgetExceeded(f"the step ceiling of {budget.ceiling} was reached")
+        budget.used += 1
 
     async def _status_entry(self, status: str) -> None:
         await self._journal("task_status", {"task_id": self.id, "status": status})
@@ -176,11 +378,13 @@ class TaskRun:
         self._active = True
         suspended = False
         try:
-            if self.r["status"] == TaskStatus.PENDING.value:
+            if self.r.finished or self._ending is not None:
+                return  # ended (a cancel closed it while it was suspended): nothing to resume
+            if self.r.status is TaskStatus.PENDING:
                 # One commit for both: the run is open and running in the journal before its record says so.
                 await self.rt.journal.append_many_async([
-                    (kind, payload, self.r["run_id"], self.agent.name) for kind, payload in (
-                        ("run_open", {"run_kind": "task", "goal": self.r["goal"], "task_id": self.id}),
+                    (kind, payload, self.r.run_id, self.agent.name) for kind, payload in (
+                        ("run_open", {"run_kind": "task", "goal": self.r.goal, "task_id": self.id}),
                         ("task_status", {"task_id": self.id, "status": "running"}))])
                 self._set_status(TaskStatus.RUNNING)
             await self._drive()
@@ -202,7 +406,7 @@ class TaskRun:
             raise
         finally:
             self._active = False  # from here an answer resumes the run anew
-            if self.r["status"] in _TERMINAL:
+            if self.r.finished:
                 self.done.set()
                 self.rt._wake(self.id)  # the status changed before the closing checkpoint; now it is done
             else:
@@ -216,32 +420,39 @@ class TaskRun:
 
     async def _drive(self) -> None:
         while True:
-            phase = self.r["phase"]
-            if phase == "plan":
+            phase = self.r.phase
+            if phase is TaskPhase.PLAN:
                 await self._plan()
-            elif phase == "approve":
+            elif phase is TaskPhase.APPROVE:
                 await self._await_plan_approval()
-            elif phase == "execute":
+            elif phase is TaskPhase.EXECUTE:
                 finished = await self._execute()
                 if not finished:
                     return  # step failed → task failed already
-            elif phase == "critic":
+            elif phase is TaskPhase.CRITIC:
                 if await self._critic():
                     return
-            else:  # pragma: no cover - records are written by this module only
-                raise ApolliaError(f"unknown task phase {phase!r}")
+            else:  # done: the run ended (a record read back as it was sealed)
+                return
 
     async def _finish(self, status: TaskStatus, *, error: ApolliaError | None, result: Any = None) -> None:
-        if self.r["status"] in _TERMINAL:
+        """End the run with ``status``, once. The first end decided stands: a cancel that arrives
+        while the run's end is being sealed (or after it) changes nothing, and is not sealed again."""
+        if self.r.finished or self._ending is not None:
             return
+        self._ending = status
         try:
             await self._seal(status, error=error, result=result)
         except ApolliaError as exc:
+            if self.r.finished:  # sealed and recorded: what failed after (its checkpoint) is not the run's end
+                self.rt._emit("warning", f"task {self.id}: {exc}")
+                return
             # The journal refused the closing entries (it is closed, or its server went away): the run
             # still ends, failed, and says why; the unsealed trace shows as incomplete on replay.
-            self.r["error"] = {"code": exc.code, "message": f"the run could not be sealed: {exc.message}"}
-            self.r["queued_calls"] = []
-            self.r["phase"] = "done"
+            self.r.error = {"code": exc.code, "message": f"the run could not be sealed: {exc.message}"}
+            self.r.queued_calls = []
+            if self.r.phase is not TaskPhase.DONE:
+                self.r.move_phase(TaskPhase.DONE)
             self._set_status(TaskStatus.FAILED)
             self.rt._emit("warning", f"task {self.id}: {exc}")
 
@@ -249,20 +460,21 @@ class TaskRun:
         last: list[tuple[str, dict[str, Any]]] = []  # the run's last entries, committed with its seal
         if self._turn_entry is not None:  # the ceiling stopped the run before the turn's first call
             last.append(self._turn_entry)
-        for queued in self.r["queued_calls"]:
+        for queued in self.r.queued_calls:
             # Calls the model asked for that will never run: say so, so the trace stays complete.
             last.append(("tool_result", {
                 "call_id": queued["call_id"], "tool": queued["name"], "status": "skipped",
                 "error_code": error.code if error is not None else "CANCELLED", "output": None,
                 "output_digest": NULL_DIGEST,
             }))
-        self.r["error"] = error.to_dict() if error is not None else None
+        self.r.error = error.to_dict() if error is not None else None
         if result is not None:
-            self.r["result"] = result
-        self.r["phase"] = "done"
-        for step in self.r["steps"]:
-            if step["status"] == "running":  # the step the run ended in ends with it
-                step["status"] = "cancelled" if status is TaskStatus.CANCELLED else "failed"
+            self.r.result = result
+        if self.r.phase is not TaskPhase.DONE:
+            self.r.move_phase(TaskPhase.DONE)
+        for step in self.r.steps:
+            if step.status is StepStatus.RUNNING:  # the step the run ended in ends with it
+                step.move(StepStatus.CANCELLED if status is TaskStatus.CANCELLED else StepStatus.FAILED)
         payload: dict[str, Any] = {"task_id": self.id, "status": status.value}
         if error is not None:
             payload["error"] = error.to_dict()
@@ -272,12 +484,15 @@ class TaskRun:
             seal["error"] = error.to_dict()
         # One commit for the last entries and the seal (which counts the entries before it), then the
         # closing checkpoint signed: the run ends once it is signed, while journal.db stores it.
-        _, stored = await self.rt.journal.seal_async(self.r["run_id"], self.agent.name, last, seal)
+        # Shielded: a seal once handed over is waited for, so the record ends as the journal has it
+        # (a cancel arriving meanwhile finds the run ended, see _finish).
+        with anyio.CancelScope(shield=True):
+            _, stored = await self.rt.journal.seal_async(self.r.run_id, self.agent.name, last, seal)
         self._turn_entry = None
-        self.r["queued_calls"] = []
+        self.r.queued_calls = []
         faults.point("run.after_seal")
         self._set_status(status)
-        self.rt._closing_checkpoint(self.r["run_id"], stored)
+        self.rt._closing_checkpoint(self.r.run_id, stored)
 
     # ---------------------------------------------------------------- phases
     async def _plan(self) -> None:
@@ -285,22 +500,21 @@ class TaskRun:
 
         self._spend()
         messages = [Message(role="system", content=self.agent.system_prompt("planner"))]
-        if self.r["feedback"]:
+        if self.r.feedback:
             messages.append(Message(role="user", content="The critic did not accept the last attempt: "
-                                    + "; ".join(self.r["feedback"])))
-        messages.append(Message(role="user", content=self.r["goal"]))
+                                    + "; ".join(self.r.feedback)))
+        messages.append(Message(role="user", content=self.r.goal))
         response = await self._model("planner", messages, [PLAN_TOOL])
         steps = parse_plan(response)
         if not steps:
-            steps = [self.r["goal"]]
-        self.r["plan"] = steps
-        self.r["steps"] = [{"index": i, "description": s, "status": "pending", "tool_calls": [], "text": None}
-                           for i, s in enumerate(steps)]
-        self.r["step_index"] = 0
-        self.r["messages"] = []
-        self.r["queued_calls"] = []
-        self._journal_soon("plan", {"task_id": self.id, "steps": steps, "attempt": self.r["attempt"]})
-        self.r["phase"] = "approve" if self.r["approve_plan"] else "execute"
+            steps = [self.r.goal]
+        self.r.plan = steps
+        self.r.steps = new_steps(steps)
+        self.r.step_index = 0
+        self.r.messages = []
+        self.r.queued_calls = []
+        self._journal_soon("plan", {"task_id": self.id, "steps": steps, "attempt": self.r.attempt})
+        self.r.move_phase(TaskPhase.APPROVE if self.r.approve_plan else TaskPhase.EXECUTE)
         # Not saved here: a running task is saved at its status changes and when it
         # suspends; one its process loses mid-run is failed at the next start (the
         # journal holds its whole trace), so a progress save would buy nothing.
@@ -308,9 +522,10 @@ class TaskRun:
 
     async def _await_plan_approval(self) -> None:
         if self.plan_answer is None:
-            self._set_status(TaskStatus.WAITING)
+            if self.r.status is not TaskStatus.WAITING:  # resumed parked, it waits already
+                self._set_status(TaskStatus.WAITING)
             await self._status_entry("waiting")
-            if not self.r["watched"] and self.rt.suspend_unattended and self.plan_answer is None:
+            if not self.r.watched and self.rt.suspend_unattended and self.plan_answer is None:
                 raise _Suspend()
             await self._plan_event.wait()
         assert self.plan_answer is not None
@@ -319,15 +534,14 @@ class TaskRun:
         self._plan_event = anyio.Event()
         self._set_status(TaskStatus.RUNNING)
         if verdict == "reject":  # the answer was journaled when it was given (answer_plan)
-            self.r["plan_decision"] = {"approved": False, "reason": reason}
+            self.r.plan_decision = {"approved": False, "reason": reason}
             raise Rejected(f"the plan was rejected: {reason or 'no reason given'}")
         if edited:
-            self.r["plan"] = list(edited)
-            self.r["steps"] = [{"index": i, "description": s, "status": "pending", "tool_calls": [], "text": None}
-                               for i, s in enumerate(edited)]
-        self.r["plan_decision"] = {"approved": True, "edited": bool(edited)}
+            self.r.plan = list(edited)
+            self.r.steps = new_steps(self.r.plan)
+        self.r.plan_decision = {"approved": True, "edited": bool(edited)}
         await self._status_entry("running")
-        self.r["phase"] = "execute"
+        self.r.move_phase(TaskPhase.EXECUTE)
         self._save()
 
     def answer_plan(self, verdict: str, reason: str | None = None, steps: list[str] | None = None) -> None:
@@ -340,8 +554,8 @@ class TaskRun:
         if verdict == "reject":
             payload: dict[str, Any] = {"task_id": self.id, "approved": False, "reason": reason}
         else:
-            payload = {"task_id": self.id, "approved": True, "steps": list(steps or self.r["plan"])}
-        self.rt.journal.append("plan", payload, run_id=self.r["run_id"], agent=self.agent.name)
+            payload = {"task_id": self.id, "approved": True, "steps": list(steps or self.r.plan)}
+        self.rt.journal.append("plan", payload, run_id=self.r.run_id, agent=self.agent.name)
         self.plan_answer = (verdict, reason, steps)
         self._plan_event.set()
 
@@ -351,28 +565,28 @@ class TaskRun:
             self.plan_answer = ("reject", payload.get("reason"), None)
         else:
             steps = list(payload["steps"])
-            self.plan_answer = ("approve", None, steps if steps != self.r["plan"] else None)
+            self.plan_answer = ("approve", None, steps if steps != self.r.plan else None)
 
     async def _execute(self) -> bool:
         """Run the remaining steps. False when a step failed (the task is then failed)."""
         from apollia_nb.runtime.models.base import Message, reasoning_text
 
-        while self.r["step_index"] < len(self.r["plan"]):
-            index = self.r["step_index"]
-            step = self.r["steps"][index]
-            if step["status"] == "pending":
-                step["status"] = "running"
-                self.r["messages"] = []
+        while self.r.step_index < len(self.r.plan):
+            index = self.r.step_index
+            step = self.r.steps[index]
+            if step.status is StepStatus.PENDING:
+                step.move(StepStatus.RUNNING)
+                self.r.messages = []
                 self._history = []
                 self._push(Message(role="system", content=self.agent.system_prompt("actor")))
-                self._push(Message(role="user", content=f"Goal: {self.r['goal']}\n"
-                                   f"Step {index + 1} of {len(self.r['plan'])}: {step['description']}"))
+                self._push(Message(role="user", content=f"Goal: {self.r.goal}\n"
+                                   f"Step {index + 1} of {len(self.r.plan)}: {step.description}"))
                 self.rt._notify(self)
             while True:
-                if self.r["queued_calls"] or self.r["awaiting"]:
+                if self.r.queued_calls or self.r.awaiting:
                     failed = await self._work_queued_calls(step)
                     if failed is not None:
-                        step["status"] = "failed"
+                        step.move(StepStatus.FAILED)
                         await self._finish(TaskStatus.FAILED, error=failed)
                         return False
                     continue
@@ -381,77 +595,79 @@ class TaskRun:
                 self._push(Message(role="assistant", content=response.text, tool_calls=response.tool_calls,
                                    reasoning=response.reasoning))
                 if response.reasoning:
-                    step.setdefault("reasoning", []).append(reasoning_text(response.reasoning))
+                    step.reasoning.append(reasoning_text(response.reasoning))
                 if response.tool_calls:
-                    self.r["queued_calls"] = [
+                    self.r.queued_calls = [
                         {"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments), "counted": False}
                         for tc in response.tool_calls
                     ]
                     continue
-                step["status"] = "done"
-                step["text"] = response.text
-                self.r["result"] = response.text
+                step.move(StepStatus.DONE)
+                step.text = response.text
+                self.r.result = response.text
                 break
-            self.r["step_index"] = index + 1
-            self.r["messages"] = []
+            self.r.step_index = index + 1
+            self.r.messages = []
             self._history = []
             self.rt._notify(self)  # saved at the next status change or suspension (see _plan)
-        self.r["phase"] = "critic"
+        self.r.move_phase(TaskPhase.CRITIC)
         return True
 
-    async def _work_queued_calls(self, step: dict[str, Any]) -> ApolliaError | None:
+    async def _work_queued_calls(self, step: StepRecord) -> ApolliaError | None:
         """Make the queued calls of the last model turn, in order. Returns the failure of the step, if any."""
         from apollia_nb.errors import Refused
         from apollia_nb.runtime.governed import continue_after_answer, governed_call
         from apollia_nb.runtime.models.base import Message
 
-        while self.r["queued_calls"]:
-            queued = self.r["queued_calls"][0]
-            if self.r["awaiting"]:
-                card = self.rt._card(self.r["awaiting"])
+        while self.r.queued_calls:
+            queued = self.r.queued_calls[0]
+            if self.r.awaiting:
+                card = self.rt._card(self.r.awaiting)
                 if card is None or card.waiting:
-                    if not self.r["watched"] and self.rt.suspend_unattended:
+                    if not self.r.watched and self.rt.suspend_unattended:
                         raise _Suspend()
                     assert card is not None
                     await card.wait()
                     if card.waiting:  # released unanswered (nobody watches any more): suspend
                         self._save()
                         raise _Suspend()
-                self._set_status(TaskStatus.RUNNING)
+                if self.r.status is TaskStatus.WAITING:  # running already when a restart resumed it
+                    self._set_status(TaskStatus.RUNNING)
                 await self._status_entry("running")
                 faults.point("resume.after_running")
                 result = await continue_after_answer(self.rt, self.agent, card)
-                self.r["awaiting"] = None
+                self.r.awaiting = None
             else:
                 if not queued["counted"]:
                     self._spend()
                     queued["counted"] = True
-                mode = "watched" if (self.r["watched"] or not self.rt.suspend_unattended) else "unattended"
+                mode = "watched" if (self.r.watched or not self.rt.suspend_unattended) else "unattended"
                 waiting_hook = self._on_waiting
                 prefix = [self._turn_entry] if self._turn_entry is not None else []
                 self._turn_entry = None
                 result = await governed_call(
-                    self.rt, self.agent, run_id=self.r["run_id"], call_id=queued["call_id"],
+                    self.rt, self.agent, run_id=self.r.run_id, call_id=queued["call_id"],
                     name=queued["name"], arguments=queued["arguments"], mode=mode,
-                    grants=frozenset(self.r["grants"]), task_id=self.id, waiting_hook=waiting_hook,
+                    grants=frozenset(self.r.grants), task_id=self.id, waiting_hook=waiting_hook,
                     prefix=prefix,
                 )
-                if self.r["awaiting"] and result.status != "waiting":
-                    self.r["awaiting"] = None  # a watched wait ended with the answer
+                if self.r.awaiting and result.status != "waiting":
+                    self.r.awaiting = None  # a watched wait ended with the answer
                     self._set_status(TaskStatus.RUNNING)
                     await self._status_entry("running")
                 if result.status == "waiting":
                     assert result.card is not None
                     faults.point("suspend.before_record")
-                    self.r["awaiting"] = result.card.id
-                    self._set_status(TaskStatus.WAITING)
+                    self.r.awaiting = result.card.id
+                    if self.r.status is not TaskStatus.WAITING:  # a watched wait shows it waiting already
+                        self._set_status(TaskStatus.WAITING)
                     await self._status_entry("waiting")
                     self._save()
                     if result.card.waiting:  # no await between this check and leaving: no lost answer
                         raise _Suspend()
                     continue
-            self.r["queued_calls"].pop(0)
-            step["tool_calls"].append({"call_id": result.call_id, "tool": result.tool, "status": result.status,
+            self.r.queued_calls.pop(0)
+            step.tool_calls.append({"call_id": result.call_id, "tool": result.tool, "status": result.status,
                                        "error_code": result.error_code})
             self._push(Message(role="tool", content=result.for_model(), tool_call_id=result.call_id,
                                name=result.tool))
@@ -462,18 +678,18 @@ class TaskRun:
 
     def _messages(self) -> list[Any]:
         """The step's history as model messages, kept incrementally (rebuilt only after a resume)."""
-        if self._history is None or len(self._history) != len(self.r["messages"]):
-            self._history = [_unmsg(m) for m in self.r["messages"]]
+        if self._history is None or len(self._history) != len(self.r.messages):
+            self._history = [_unmsg(m) for m in self.r.messages]
         return self._history
 
     def _push(self, message: Any) -> None:
         self._messages()
-        self.r["messages"].append(_msg(message))
+        self.r.messages.append(_msg(message))
         self._history.append(message)
 
     async def _on_waiting(self, card: Any) -> None:
         """A watched run is about to wait on a card: show it as waiting."""
-        self.r["awaiting"] = card.id
+        self.r.awaiting = card.id
         self._set_status(TaskStatus.WAITING)
         await self._status_entry("waiting")
 
@@ -483,25 +699,25 @@ class TaskRun:
 
         self._spend()
         summary = "\n".join(
-            f"{s['index'] + 1}. {s['description']}: {s['status']}"
-            + (f" — {s['text']}" if s.get("text") else "")
-            for s in self.r["steps"]
+            f"{s.index + 1}. {s.description}: {s.status.value}"
+            + (f" — {s.text}" if s.text else "")
+            for s in self.r.steps
         )
         messages = [
             Message(role="system", content=self.agent.system_prompt("critic")),
-            Message(role="user", content=f"Goal: {self.r['goal']}\nWhat was done:\n{summary}"),
+            Message(role="user", content=f"Goal: {self.r.goal}\nWhat was done:\n{summary}"),
         ]
         response = await self._model("critic", messages, [VERDICT_TOOL])
         verdict, reasons = parse_verdict(response)
-        self.r["verdict"] = {"verdict": verdict, "reasons": list(reasons)}
+        self.r.verdict = {"verdict": verdict, "reasons": list(reasons)}
         self._journal_soon("verdict", {"task_id": self.id, "verdict": verdict, "reasons": list(reasons),
-                                        "attempt": self.r["attempt"]})
+                                        "attempt": self.r.attempt})
         if verdict == "pass":
-            await self._finish(TaskStatus.COMPLETED, error=None, result=self.r["result"])
+            await self._finish(TaskStatus.COMPLETED, error=None, result=self.r.result)
             return True
-        self.r["feedback"] = list(reasons) or ["the critic failed the result"]
-        self.r["attempt"] += 1
-        self.r["phase"] = "plan"
+        self.r.feedback = list(reasons) or ["the critic failed the result"]
+        self.r.attempt += 1
+        self.r.move_phase(TaskPhase.PLAN)
         self._save()
         return False
 
@@ -511,9 +727,9 @@ class TaskRun:
         response = await self.model.complete(role, messages, tools)
         state = self.rt._model_state(self.model)
         if state is not None:
-            self.r["model_state"] = state  # saved with the record: a resumed run continues its script
-        turn = self.r.setdefault("turns", 0) + 1
-        self.r["turns"] = turn
+            self.r.model_state = state  # saved with the record: a resumed run continues its script
+        turn = self.r.turns + 1
+        self.r.turns = turn
         # Call ids are the engine's own (unique within the run), whatever the provider sent.
         calls = tuple(
             ToolCallRequest(id=f"c{turn}-{i + 1}", name=tc.name, arguments=dict(tc.arguments))
@@ -587,13 +803,13 @@ def _unmsg(data: dict[str, Any]) -> Any:
                    tool_call_id=data.get("tool_call_id"), name=data.get("name"), reasoning=reasoning)
 
 
-def dumps(record: dict[str, Any]) -> str:
-    return json.dumps(record, default=str)
+def dumps(record: "TaskRecord | Mapping[str, Any]") -> str:
+    return json.dumps(as_record(record).to_json(), default=str)
 
 
-def task_summary(record: Mapping[str, Any]) -> dict[str, Any]:
+def task_summary(record: "TaskRecord | Mapping[str, Any]") -> dict[str, Any]:
     """A task record as one row of a batch's results: status, result, error code, run id, steps used."""
-    error = record.get("error") or None
-    return {"status": record["status"], "result": record.get("result"),
-            "error_code": error.get("code") if error else None, "run_id": record.get("run_id"),
-            "steps_used": record.get("budget", {}).get("used", 0)}
+    r = as_record(record)
+    return {"status": r.shown_status, "result": r.result,
+            "error_code": r.error.get("code") if r.error else None, "run_id": r.run_id,
+            "steps_used": r.budget.used}
