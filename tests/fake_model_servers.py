@@ -7,8 +7,8 @@ chunked transfer encoding, one flush per chunk, so stream parsing is exercised
 over real HTTP; a reply can also hang (to test timeouts) or drop the
 connection mid-stream.
 
-Builders produce replies in the OpenAI chat-completions and Anthropic Messages
-shapes. Use the ``fake_model_server`` fixture (``from fake_model_servers import
+Builders produce replies in the OpenAI chat-completions, OpenAI Responses and
+Anthropic Messages shapes. Use the ``fake_model_server`` fixture (``from fake_model_servers import
 fake_model_server``) or the class as a context manager.
 """
 
@@ -44,6 +44,13 @@ __all__ = [
     "redacted_block",
     "text_block",
     "tool_block",
+    "responses_stream",
+    "responses_json",
+    "responses_events",
+    "responses_message",
+    "responses_call",
+    "responses_reasoning",
+    "RESPONSES_USAGE",
 ]
 
 HANG_LIMIT_SECS = 10.0  # a hanging reply gives up by itself after this, whatever happens
@@ -440,3 +447,124 @@ def anthropic_blocks_events(
         events += block(index)
     events += _message_end(stop_reason, usage=end_usage)
     return events
+
+
+# --------------------------------------------------------------------------- OpenAI Responses API
+# Written from the API reference's event and item types (openai-python's
+# ``types/responses``, 2026-08): every event carries ``type`` and ``sequence_number``;
+# the stream has no [DONE], it ends with response.completed / .incomplete / .failed.
+
+RESPONSES_USAGE = {"input_tokens": 36, "input_tokens_details": {"cached_tokens": 0},
+                   "output_tokens": 87, "output_tokens_details": {"reasoning_tokens": 64}, "total_tokens": 123}
+
+
+def responses_message(pieces: Sequence[str], item_id: str = "msg_1") -> Any:
+    """A ``message`` item whose ``output_text`` streams in ``pieces``."""
+
+    def build(index: int) -> tuple[list[dict], dict]:
+        text = "".join(pieces)
+        done = {"type": "message", "id": item_id, "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+        events = [
+            {"type": "response.output_item.added", "output_index": index,
+             "item": {"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []}},
+            {"type": "response.content_part.added", "item_id": item_id, "output_index": index, "content_index": 0,
+             "part": {"type": "output_text", "text": "", "annotations": []}},
+            *[{"type": "response.output_text.delta", "item_id": item_id, "output_index": index, "content_index": 0,
+               "delta": p} for p in pieces],
+            {"type": "response.output_text.done", "item_id": item_id, "output_index": index, "content_index": 0,
+             "text": text},
+            {"type": "response.content_part.done", "item_id": item_id, "output_index": index, "content_index": 0,
+             "part": done["content"][0]},
+            {"type": "response.output_item.done", "output_index": index, "item": done},
+        ]
+        return events, done
+
+    return build
+
+
+def responses_call(call_id: str, name: str, fragments: Sequence[str], item_id: str | None = None) -> Any:
+    """A ``function_call`` item whose ``arguments`` stream in ``fragments``."""
+
+    def build(index: int) -> tuple[list[dict], dict]:
+        fc_id = item_id or f"fc_{call_id}"
+        arguments = "".join(fragments)
+        done = {"type": "function_call", "id": fc_id, "call_id": call_id, "name": name, "arguments": arguments,
+                "status": "completed"}
+        events = [
+            {"type": "response.output_item.added", "output_index": index,
+             "item": {**done, "arguments": "", "status": "in_progress"}},
+            *[{"type": "response.function_call_arguments.delta", "item_id": fc_id, "output_index": index,
+               "delta": f} for f in fragments],
+            {"type": "response.function_call_arguments.done", "item_id": fc_id, "output_index": index,
+             "arguments": arguments},
+            {"type": "response.output_item.done", "output_index": index, "item": done},
+        ]
+        return events, done
+
+    return build
+
+
+def responses_reasoning(summary: Sequence[str], encrypted: str | None, item_id: str = "rs_1") -> Any:
+    """A ``reasoning`` item: its summary text streams in pieces; ``encrypted_content`` comes whole
+    in ``output_item.done`` (the ``added`` form has none yet)."""
+
+    def build(index: int) -> tuple[list[dict], dict]:
+        text = "".join(summary)
+        done: dict[str, Any] = {"type": "reasoning", "id": item_id,
+                                "summary": [{"type": "summary_text", "text": text}] if summary else []}
+        if encrypted is not None:
+            done["encrypted_content"] = encrypted
+        events = [{"type": "response.output_item.added", "output_index": index,
+                   "item": {"type": "reasoning", "id": item_id, "summary": []}}]
+        if summary:
+            events += [{"type": "response.reasoning_summary_part.added", "item_id": item_id, "output_index": index,
+                        "summary_index": 0, "part": {"type": "summary_text", "text": ""}}]
+            events += [{"type": "response.reasoning_summary_text.delta", "item_id": item_id, "output_index": index,
+                        "summary_index": 0, "delta": p} for p in summary]
+            events += [{"type": "response.reasoning_summary_text.done", "item_id": item_id, "output_index": index,
+                        "summary_index": 0, "text": text}]
+        events.append({"type": "response.output_item.done", "output_index": index, "item": done})
+        return events, done
+
+    return build
+
+
+def _response_object(output: list[dict], status: str, usage: dict | None, incomplete_reason: str | None,
+                     error: dict | None = None) -> dict:
+    return {"id": "resp_fake", "object": "response", "created_at": 0, "model": "fake", "status": status,
+            "error": error, "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+            "output": output, "usage": usage}
+
+
+def responses_events(items: Sequence[Any], *, status: str = "completed", usage: dict | None = RESPONSES_USAGE,
+                     incomplete_reason: str | None = None) -> list[dict]:
+    """A whole streamed response of the given items (built by the item builders above)."""
+    events: list[dict] = [
+        {"type": "response.created", "response": _response_object([], "in_progress", None, None)},
+        {"type": "response.in_progress", "response": _response_object([], "in_progress", None, None)},
+    ]
+    output = []
+    for index, item in enumerate(items):
+        item_events, done = item(index)
+        events += item_events
+        output.append(done)
+    end = "response.incomplete" if status == "incomplete" else "response.completed"
+    events.append({"type": end, "response": _response_object(output, status, usage, incomplete_reason)})
+    for number, event in enumerate(events):
+        event["sequence_number"] = number
+    return events
+
+
+def responses_stream(events: Sequence[Any], **reply: Any) -> Reply:
+    """SSE of the events, each named by its type (``event: response.output_text.delta``)."""
+    named = [(e.get("type") if isinstance(e, dict) else None, e) for e in events]
+    return Reply(headers={"content-type": "text/event-stream"}, chunks=sse(named), **reply)
+
+
+def responses_json(items: Sequence[Any], *, status: str = "completed", usage: dict | None = RESPONSES_USAGE,
+                   incomplete_reason: str | None = None) -> Reply:
+    """The same response as one JSON document (a server that does not stream)."""
+    output = [item(index)[1] for index, item in enumerate(items)]
+    body = _response_object(output, status, usage, incomplete_reason)
+    return Reply(headers={"content-type": "application/json"}, body=json.dumps(body).encode())

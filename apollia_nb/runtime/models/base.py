@@ -7,9 +7,13 @@ interface so the task engine and chat never know which model they talk to:
 * ``stream(role, messages, tools)`` yields :data:`StreamEvent` values and ends
   with :class:`Completed`, which carries the same response ``complete`` returns.
 
-Structured outputs (a plan, a verdict) are tool calls: the planner is offered
-:data:`PLAN_TOOL`, the critic :data:`VERDICT_TOOL`, and :func:`parse_plan` /
-:func:`parse_verdict` read the answer or raise ``ModelPermanent``.
+Structured outputs (a plan, a verdict) are asked for by offering one tool: the
+planner :data:`PLAN_TOOL`, the critic :data:`VERDICT_TOOL`. A provider set to
+answer them natively (``structured = "native"``) sends the tool's parameters as a
+JSON schema instead and turns the JSON answer back into a call of that tool
+(:func:`structured_tool`, :func:`structured_stream`), so :func:`parse_plan` /
+:func:`parse_verdict` read the answer the same way either way, or raise
+``ModelPermanent``.
 
 The second half of this module is the plumbing the HTTP providers share: a
 sans-IO server-sent-events decoder, the HTTP error classification
@@ -55,6 +59,11 @@ __all__ = [
     "collect",
     "response_events",
     "check_role",
+    "STRUCTURED_MODES",
+    "structured_tool",
+    "structured_response",
+    "structured_stream",
+    "tool_images",
 ]
 
 Role = Literal["planner", "actor", "critic"]
@@ -90,10 +99,12 @@ class ToolCallRequest:
 
 #: Where a reasoning part came from: its wire field, which decides how it goes back.
 ReasoningSource = Literal[
-    "thinking", "redacted_thinking", "reasoning_content", "reasoning", "reasoning_details", "content"
+    "thinking", "redacted_thinking", "reasoning_content", "reasoning", "reasoning_details", "content",
+    "reasoning_item",
 ]
 _REASONING_SOURCES = frozenset(
-    {"thinking", "redacted_thinking", "reasoning_content", "reasoning", "reasoning_details", "content"}
+    {"thinking", "redacted_thinking", "reasoning_content", "reasoning", "reasoning_details", "content",
+     "reasoning_item"}
 )
 
 
@@ -106,9 +117,10 @@ class ReasoningPart:
     (Anthropic's ``redacted_thinking`` data, OpenRouter's encrypted reasoning) are
     opaque: kept byte for byte and sent back as they came. ``source`` names the wire
     field the part arrived in (``thinking``, ``redacted_thinking``,
-    ``reasoning_content``, ``reasoning``, ``reasoning_details``, or ``content`` for
-    thinking parts and ``<think>`` tags inside the content); ``detail`` is an
-    OpenRouter ``reasoning_details`` object as the server sent it.
+    ``reasoning_content``, ``reasoning``, ``reasoning_details``, ``content`` for
+    thinking parts and ``<think>`` tags inside the content, or ``reasoning_item`` for a
+    Responses API reasoning item); ``detail`` is an OpenRouter ``reasoning_details``
+    object, or a Responses API reasoning item, as the server sent it.
     """
 
     text: str = ""
@@ -375,6 +387,93 @@ def parse_verdict(response: ModelResponse) -> tuple[Literal["pass", "fail"], lis
     if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
         raise ModelPermanent("submit_verdict: reasons must be a list of strings")
     return verdict, list(reasons)
+
+
+#: How a provider asks for a plan or a verdict: as a JSON schema the model's answer must follow
+#: (``native``), or as the one tool the model must call (``tools``).
+STRUCTURED_MODES = ("native", "tools")
+_STRUCTURED = {PLAN_TOOL.name: PLAN_TOOL, VERDICT_TOOL.name: VERDICT_TOOL}
+#: The id of the call a native structured answer becomes (the task engine gives calls its own ids).
+STRUCTURED_CALL_ID = "structured-1"
+
+
+def structured_tool(role: str, tools: Sequence[ToolSpec]) -> ToolSpec | None:
+    """The structured output a turn asks for: :data:`PLAN_TOOL` or :data:`VERDICT_TOOL` when a
+    planner or critic is offered that tool alone; None for any other turn (an actor turn, chat
+    plan-mode offering read-only tools beside ``submit_plan``)."""
+    if role not in ("planner", "critic") or len(tools) != 1:
+        return None
+    known = _STRUCTURED.get(tools[0].name)
+    return known if known is not None and known == tools[0] else None
+
+
+def structured_response(response: ModelResponse, tool: ToolSpec, provider: str) -> ModelResponse:
+    """A native structured answer (its text, a JSON object) as the call of ``tool`` it stands for,
+    so ``parse_plan`` / ``parse_verdict`` read it as they read the tool-call form. Text that is not
+    a JSON object (a refusal, a cut answer) is ``MODEL_PERMANENT`` with what the model said."""
+    text = response.text.strip()
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        why = f" (stopped: {response.stop_reason})" if response.stop_reason not in (None, "stop") else ""
+        raise ModelPermanent(
+            f"{provider}: the structured answer for {tool.name} is not a JSON object{why}: {text[:300]!r}")
+    return ModelResponse(text="", tool_calls=(ToolCallRequest(STRUCTURED_CALL_ID, tool.name, value),),
+                         stop_reason=response.stop_reason, usage=response.usage, reasoning=response.reasoning)
+
+
+_NATIVE_HINT = ('; the server may not offer structured output as a JSON schema: '
+                'set [model] structured = "tools" to ask for it as a tool call')
+
+
+async def structured_stream(
+    events: AsyncIterator[StreamEvent], tool: ToolSpec, provider: str
+) -> AsyncGenerator[StreamEvent, None]:
+    """The events of a native structured turn as those of the tool-call form: the answer's text
+    streams as the arguments of one call of ``tool`` (``ToolCallStarted`` before its first
+    piece), reasoning passes through, and ``Completed`` carries :func:`structured_response`.
+    A request the server refuses with HTTP 400 is ``MODEL_PERMANENT`` saying how to fall back:
+    no second request is sent on its own."""
+    started = False
+    try:
+        async with aclosing(events) as inner:  # type: ignore[type-var]
+            async for event in inner:
+                if isinstance(event, TextDelta):
+                    if not started:
+                        started = True
+                        yield ToolCallStarted(STRUCTURED_CALL_ID, tool.name)
+                    yield ToolCallArgumentsDelta(STRUCTURED_CALL_ID, event.text)
+                elif isinstance(event, Completed):
+                    yield Completed(structured_response(event.response, tool, provider))
+                else:
+                    yield event
+    except ModelPermanent as exc:
+        if "HTTP 400" not in exc.message or started:
+            raise
+        raise ModelPermanent(exc.message + _NATIVE_HINT) from None
+
+
+def tool_images(message: Message) -> list[tuple[dict[str, Any], bytes]]:
+    """The images a tool message's result carries, with their bytes: each image descriptor
+    (``{"type": "image", "mime_type", "sha256", ...}``, as :func:`~apollia_nb.runtime.outputs.json_value`
+    makes it) found in the result whose bytes this process still holds. Nothing for other
+    messages, results that are not JSON, or images no longer held (they stay described as text)."""
+    if message.role != "tool" or '"image"' not in message.content:
+        return []
+    from apollia_nb.runtime.outputs import image_bytes, image_descriptors
+
+    try:
+        value = json.loads(message.content)
+    except ValueError:
+        return []
+    found = []
+    for descriptor in image_descriptors(value):
+        data = image_bytes(descriptor)
+        if data is not None:
+            found.append((descriptor, data))
+    return found
 
 
 # --------------------------------------------------------------------------- manifest validation
@@ -706,6 +805,13 @@ class HttpProvider:
     ) -> ModelResponse:
         return await collect(self.stream(role, messages, tools))
 
+    def native_structured(self, role: str, tools: Sequence[ToolSpec]) -> ToolSpec | None:
+        """The plan or verdict this turn asks for as a JSON schema, when the provider is set to
+        ``structured = "native"``; None when it is asked for as a tool call."""
+        if getattr(self, "structured", "tools") != "native":
+            return None
+        return structured_tool(role, tools)
+
     async def stream(
         self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
     ) -> AsyncGenerator[StreamEvent, None]:
@@ -717,6 +823,10 @@ class HttpProvider:
             body=self.request_body(role, messages, tools),
             timeout_secs=self.timeout_secs,
         )
-        async with aclosing(http_stream(request, self.PARSER, self.retry)) as events:
-            async for event in events:
+        events: AsyncIterator[StreamEvent] = http_stream(request, self.PARSER, self.retry)
+        target = self.native_structured(role, tools)
+        if target is not None:
+            events = structured_stream(events, target, self.PROVIDER)
+        async with aclosing(events) as inner:  # type: ignore[type-var]
+            async for event in inner:
                 yield event

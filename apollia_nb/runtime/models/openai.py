@@ -24,6 +24,7 @@ live in :mod:`.base`.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from typing import Any
 from apollia_nb.errors import ManifestInvalid, ModelKeyMissing, ModelPermanent, ModelTransient
 
 from .base import (
+    STRUCTURED_MODES,
     HttpProvider,
     Message,
     ModelResponse,
@@ -48,6 +50,7 @@ from .base import (
     decode_arguments,
     field_value,
     loads_json,
+    tool_images,
 )
 
 __all__ = [
@@ -59,6 +62,8 @@ __all__ = [
     "DEFAULT_BASE_URL",
     "DEFAULT_KEY_ENV",
     "REASONING_EFFORTS",
+    "APIS",
+    "common_settings",
 ]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -77,7 +82,11 @@ _TABLE_KEYS = (
     "force_tools",
     "stream_usage",
     "reasoning_effort",
+    "api",
+    "structured",
+    "images",
 )
+APIS = ("chat", "responses")
 _TRANSIENT_ERROR_WORDS = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable")
 
 
@@ -96,12 +105,33 @@ def _reasoning_back(parts: Sequence[ReasoningPart]) -> dict[str, Any]:
     return out
 
 
-def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """Provider-neutral messages in the chat-completions shape."""
+def _images_message(shown: list[tuple[Message, list[tuple[dict[str, Any], bytes]]]]) -> dict[str, Any]:
+    """The user message that carries the images of the tool results before it (a tool message's
+    content is text only): for each result, a line naming its call, then its images."""
+    parts: list[dict[str, Any]] = []
+    for message, images in shown:
+        parts.append({"type": "text", "text": f"The image{'s' if len(images) > 1 else ''} of the result of "
+                      f"tool call {message.tool_call_id} ({message.name or 'tool'}):"})
+        for descriptor, data in images:
+            url = f"data:{descriptor['mime_type']};base64,{base64.b64encode(data).decode('ascii')}"
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+    return {"role": "user", "content": parts}
+
+
+def to_openai_messages(messages: Sequence[Message], *, images: bool = False) -> list[dict[str, Any]]:
+    """Provider-neutral messages in the chat-completions shape. With ``images``, the images of a
+    run of tool results follow it in one user message of ``image_url`` parts."""
     out: list[dict[str, Any]] = []
+    shown: list[tuple[Message, list[tuple[dict[str, Any], bytes]]]] = []
     for m in messages:
+        if m.role != "tool" and shown:
+            out.append(_images_message(shown))
+            shown = []
         if m.role == "tool":
             out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
+            found = tool_images(m) if images else []
+            if found:
+                shown.append((m, found))
         elif m.role == "assistant" and m.tool_calls:
             out.append(
                 {
@@ -120,6 +150,8 @@ def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             )
         else:
             out.append({"role": m.role, "content": m.content})
+    if shown:
+        out.append(_images_message(shown))
     return out
 
 
@@ -466,6 +498,52 @@ class OpenAIStreamParser:
         )
 
 
+def common_settings(
+    table: Mapping[str, Any], env: Mapping[str, str], where: str, retry: RetryPolicy | None
+) -> dict[str, Any]:
+    """The keys both OpenAI APIs read (``model``, ``base_url``, the key, limits, retries, reasoning
+    effort), checked, as keyword arguments of either provider."""
+    model = field_value(table, "model", "str", where)
+    base_url = field_value(table, "base_url", "str", where, DEFAULT_BASE_URL)
+    effort = field_value(table, "reasoning_effort", "str", where, None)
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise ManifestInvalid(f"{where}.reasoning_effort: must be one of low, medium, high, got {effort!r}")
+    timeout = field_value(table, "timeout_secs", "number", where, 60.0)
+    if timeout <= 0:
+        raise ManifestInvalid(f"{where}.timeout_secs: must be positive, got {timeout!r}")
+    max_tokens = field_value(table, "max_tokens", "int", where, None)
+    if max_tokens is not None and max_tokens <= 0:
+        raise ManifestInvalid(f"{where}.max_tokens: must be positive, got {max_tokens!r}")
+    max_retries = field_value(table, "max_retries", "int", where, RetryPolicy.max_retries)
+    if max_retries < 0:
+        raise ManifestInvalid(f"{where}.max_retries: must not be negative, got {max_retries!r}")
+    # OpenAI's own endpoint always needs a key: OPENAI_API_KEY unless another is named.
+    # Any other server (Ollama, vLLM, llama.cpp) gets one only when api_key_env names it.
+    own = base_url.rstrip("/") == DEFAULT_BASE_URL
+    key_env = field_value(table, "api_key_env", "str", where, DEFAULT_KEY_ENV if own else None)
+    api_key = None
+    if key_env is not None:
+        api_key = env.get(key_env)
+        if not api_key:
+            raise ModelKeyMissing(
+                f"{where}.api_key_env: environment variable {key_env} is not set"
+                + ("" if "api_key_env" in table else " (the key of OpenAI's API is read from it)")
+                + "; set it in the environment the kernel or server starts from"
+            )
+    base = retry or RetryPolicy()
+    return {
+        "model": model,
+        "base_url": base_url,
+        "api_key": api_key,
+        "timeout_secs": float(timeout),
+        "temperature": field_value(table, "temperature", "number", where, None),
+        "max_tokens": max_tokens,
+        "force_tools": field_value(table, "force_tools", "bool", where, True),
+        "reasoning_effort": effort,
+        "retry": RetryPolicy(max_retries, base.backoff_base_secs, base.max_delay_secs, base.sleep),
+    }
+
+
 class OpenAIModel(HttpProvider):
     """A provider for an OpenAI-compatible ``/chat/completions`` endpoint.
 
@@ -490,6 +568,8 @@ class OpenAIModel(HttpProvider):
         force_tools: bool = True,
         stream_usage: bool = True,
         reasoning_effort: str | None = None,
+        structured: str = "tools",
+        images: bool = False,
         retry: RetryPolicy | None = None,
     ) -> None:
         self.model = model
@@ -501,63 +581,47 @@ class OpenAIModel(HttpProvider):
         self.force_tools = force_tools
         self.stream_usage = stream_usage
         self.reasoning_effort = reasoning_effort
+        self.structured = structured
+        self.images = images
         self.retry = retry or RetryPolicy()
         self.name = f"{PROVIDER}:{model}"
 
     @classmethod
     def from_table(
         cls, table: Mapping[str, Any], env: Mapping[str, str], where: str = "model", *, retry: RetryPolicy | None = None
-    ) -> OpenAIModel:
-        """Build from a manifest's ``[model]`` table (``provider = "openai"``)."""
+    ) -> Any:
+        """Build from a manifest's ``[model]`` table (``provider = "openai"``); ``api = "responses"``
+        builds the Responses API provider instead."""
+        api = field_value(table, "api", "str", where, "chat")
+        if api not in APIS:
+            raise ManifestInvalid(f"{where}.api: must be chat or responses, got {api!r}")
+        if api == "responses":
+            from .responses import ResponsesModel
+
+            return ResponsesModel.from_table(table, env, where, retry=retry)
         check_keys(table, _TABLE_KEYS, where)
-        model = field_value(table, "model", "str", where)
-        base_url = field_value(table, "base_url", "str", where, DEFAULT_BASE_URL)
-        effort = field_value(table, "reasoning_effort", "str", where, None)
-        if effort is not None and effort not in REASONING_EFFORTS:
-            raise ManifestInvalid(f"{where}.reasoning_effort: must be one of low, medium, high, got {effort!r}")
-        timeout = field_value(table, "timeout_secs", "number", where, 60.0)
-        if timeout <= 0:
-            raise ManifestInvalid(f"{where}.timeout_secs: must be positive, got {timeout!r}")
-        max_tokens = field_value(table, "max_tokens", "int", where, None)
-        if max_tokens is not None and max_tokens <= 0:
-            raise ManifestInvalid(f"{where}.max_tokens: must be positive, got {max_tokens!r}")
-        max_retries = field_value(table, "max_retries", "int", where, RetryPolicy.max_retries)
-        if max_retries < 0:
-            raise ManifestInvalid(f"{where}.max_retries: must not be negative, got {max_retries!r}")
-        # OpenAI's own endpoint always needs a key: OPENAI_API_KEY unless another is named.
-        # Any other server (Ollama, vLLM, llama.cpp) gets one only when api_key_env names it.
-        own = base_url.rstrip("/") == DEFAULT_BASE_URL
-        key_env = field_value(table, "api_key_env", "str", where, DEFAULT_KEY_ENV if own else None)
-        api_key = None
-        if key_env is not None:
-            api_key = env.get(key_env)
-            if not api_key:
-                raise ModelKeyMissing(
-                    f"{where}.api_key_env: environment variable {key_env} is not set"
-                    + ("" if "api_key_env" in table else " (the key of OpenAI's API is read from it)")
-                    + "; set it in the environment the kernel or server starts from"
-                )
-        base = retry or RetryPolicy()
+        structured = field_value(table, "structured", "str", where, "tools")
+        if structured not in STRUCTURED_MODES:
+            raise ManifestInvalid(f"{where}.structured: must be native or tools, got {structured!r}")
         return cls(
-            model=model,
-            base_url=base_url,
-            api_key=api_key,
-            timeout_secs=float(timeout),
-            temperature=field_value(table, "temperature", "number", where, None),
-            max_tokens=max_tokens,
-            force_tools=field_value(table, "force_tools", "bool", where, True),
+            **common_settings(table, env, where, retry),
             stream_usage=field_value(table, "stream_usage", "bool", where, True),
-            reasoning_effort=effort,
-            retry=RetryPolicy(max_retries, base.backoff_base_secs, base.max_delay_secs, base.sleep),
+            structured=structured,
+            images=field_value(table, "images", "bool", where, False),
         )
 
     def request_body(self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(messages), "stream": True}
+        body: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(messages, images=self.images),
+                                "stream": True}
         if self.stream_usage:
             body["stream_options"] = {"include_usage": True}
         if self.reasoning_effort is not None:
             body["reasoning_effort"] = self.reasoning_effort
-        if tools:
+        target = self.native_structured(role, tools)
+        if target is not None:
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": target.name, "description": target.description, "schema": target.parameters, "strict": True}}
+        elif tools:
             body["tools"] = to_openai_tools(tools)
             if self.force_tools and role in ("planner", "critic") and len(tools) == 1:
                 body["tool_choice"] = "required"
