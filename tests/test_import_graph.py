@@ -78,6 +78,8 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
         "the SDK reads the API's batch schemas, which belong in the ground's wire module",
     ("apollia_nb.sdk.client", "apollia_nb.api.server"):
         "the SDK reads server.json through the API's server module instead of the ground's serverinfo",
+    ("apollia_nb.api.internal", "apollia_nb.notebook.sql"):
+        "the read-only SQL rules of %%apollia sql live in the notebook; they belong beside the journal's views",
     # circles
     ("apollia_nb.journal.accounting", "apollia_nb.journal.store"):
         "the offline home record opens journal.db with the store's connect_locked",
