@@ -1,8 +1,8 @@
 """The tour notebook, run through a real JupyterLab server: its kernel, its websocket, a real widget click.
 
-JupyterLab starts as ``dev/lab.sh`` starts it (``jupyter lab notebooks/01-tour.ipynb``),
-but headless: no browser, 127.0.0.1, a random port, a token, and a temporary root
-holding a copy of the tour. The test checks the page it would open is the tour's, opens a session for the
+JupyterLab starts with the arguments ``dev/lab.sh`` gives it (the root it serves, the page it
+opens), but headless: no browser, 127.0.0.1, a random port, a token, and a temporary root
+holding a copy of the tour in ``notebooks/``. The test checks the page it would open is the tour's, opens a session for the
 notebook through the REST API and executes its cells in order over the kernel's
 websocket, as JupyterLab does. Where the tour answers the consent card from code,
 the test first clicks the card's ``once`` button — a widget comm message, as the
@@ -13,6 +13,7 @@ shut down through its API, and the journal the kernel left is verified offline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,8 @@ import pytest
 websocket = pytest.importorskip("websocket")  # websocket-client, a dependency of jupyter_server
 
 ROOT = Path(__file__).resolve().parents[1]
-TOUR = ROOT / "notebooks" / "01-tour.ipynb"
+TOUR_PATH = "notebooks/01-tour.ipynb"  # where dev/lab.sh's JupyterLab opens, from the clone's root
+TOUR = ROOT / TOUR_PATH
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 ANSWER_CELL = 'card.answer("once")'
 DEADLINE = 120.0
@@ -111,12 +113,19 @@ def _text(outputs: list[dict[str, Any]]) -> str:
     return "".join(parts)
 
 
-@pytest.fixture
-def server(tmp_path):
-    """``jupyter lab <the tour>`` without a browser, on a random port, rooted in a folder holding a copy of it."""
-    root = tmp_path / "root"
-    root.mkdir()
-    shutil.copy(TOUR, root / TOUR.name)
+def lab_sh_arguments(cwd: Path) -> list[str]:
+    """The arguments ``dev/lab.sh`` gives ``jupyter lab`` when it runs in ``cwd`` (not as root, none of its own)."""
+    script = (ROOT / "dev" / "lab.sh").read_text()
+    [line] = [line for line in script.splitlines() if line.startswith("exec .venv/bin/jupyter lab ")]
+    assignments = [line for line in script.splitlines() if re.fullmatch(r"\w+=\S+", line)]  # e.g. tour=...
+    expand = "\n".join(["lab=()", *assignments, line.replace("exec .venv/bin/jupyter lab ", "printf '%s\\0' ", 1)])
+    out = subprocess.run(["bash", "-u", "-c", expand], cwd=cwd, capture_output=True, text=True, check=True)
+    return out.stdout.split("\0")[:-1]
+
+
+@contextlib.contextmanager
+def jupyterlab(root: Path, tmp_path: Path):
+    """JupyterLab started in ``root`` as ``dev/lab.sh`` starts it, without a browser, on a random port."""
     token = uuid.uuid4().hex
     runtime_dir = tmp_path / "runtime"
     env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")}
@@ -126,24 +135,25 @@ def server(tmp_path):
         "IPYTHONDIR": str(tmp_path / "ipython"), "TMPDIR": str(tmp_path),
         "APOLLIA_HOME": str(tmp_path / "unused-home"),  # the tour makes its own home under TMPDIR
     })
-    log = (tmp_path / "server.log").open("w")
+    log_path = tmp_path / "server.log"
+    log = log_path.open("w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", str(root / TOUR.name), "--no-browser", "--allow-root",
-         "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}"],
+        [sys.executable, "-m", "jupyterlab", *lab_sh_arguments(root), "--no-browser", "--allow-root",
+         "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", f"--IdentityProvider.token={token}"],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         info_file = runtime_dir / f"jpserver-{process.pid}.json"
+        opener = runtime_dir / f"jpserver-{process.pid}-open.html"  # the page a browser would open
         end = time.monotonic() + DEADLINE
-        while not info_file.exists():  # written once the server listens
-            assert process.poll() is None, (tmp_path / "server.log").read_text()
+        while not (info_file.exists() and opener.exists()):  # written once the server listens
+            assert process.poll() is None, log_path.read_text()
             assert time.monotonic() < end, "the server did not start"
             time.sleep(0.1)
         info = json.loads(info_file.read_text())
         client = httpx.Client(base_url=info["url"].rstrip("/"), headers={"Authorization": f"token {token}"},
                               timeout=DEADLINE)
         yield {"client": client, "token": token, "info": info, "root": root, "process": process,
-               "tmp": tmp_path, "runtime_dir": runtime_dir}
+               "tmp": tmp_path, "opener": opener, "log": log_path}
         client.close()
     finally:
         if process.poll() is None:
@@ -152,16 +162,25 @@ def server(tmp_path):
         log.close()
 
 
+@pytest.fixture
+def server(tmp_path):
+    """JupyterLab as ``dev/lab.sh`` starts it, rooted in a folder holding a copy of the tour in ``notebooks/``."""
+    root = tmp_path / "root"
+    (root / "notebooks").mkdir(parents=True)
+    shutil.copy(TOUR, root / TOUR_PATH)
+    with jupyterlab(root, tmp_path) as started:
+        yield started
+
+
 def test_the_tour_runs_in_a_real_server_kernel_and_a_click_answers_its_card(server, monkeypatch):
     client, process = server["client"], server["process"]
     assert client.get("/api/status").status_code == 200
     # What a browser would open: JupyterLab on the tour.
-    [opener] = server["runtime_dir"].glob(f"jpserver-file-to-run-{process.pid}-open.html")
-    assert f"/lab/tree/{TOUR.name}?" in opener.read_text()
-    assert client.get(f"/lab/tree/{TOUR.name}").status_code == 200
+    assert f"/lab/tree/{TOUR_PATH}?" in server["opener"].read_text()
+    assert client.get(f"/lab/tree/{TOUR_PATH}").status_code == 200
     assert httpx.get(f"{client.base_url}/api/sessions").status_code == 403  # without the token
 
-    created = client.post("/api/sessions", json={"path": TOUR.name, "type": "notebook", "name": TOUR.name,
+    created = client.post("/api/sessions", json={"path": TOUR_PATH, "type": "notebook", "name": TOUR.name,
                                                  "kernel": {"name": "python3"}})
     assert created.status_code == 201, created.text
     kernel_id = created.json()["kernel"]["id"]
@@ -248,10 +267,37 @@ def test_dev_lab_sh_installs_and_opens_jupyterlab_on_the_tour_as_the_readme_says
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
     lines = [line.strip() for line in script.read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert any(".venv/bin/python -m pip install" in line and "-e ." in line for line in lines)
-    assert lines[-1] == 'exec .venv/bin/jupyter lab ${lab[@]+"${lab[@]}"} notebooks/01-tour.ipynb "$@"'
+    assert lines[-1].startswith('exec .venv/bin/jupyter lab ${lab[@]+"${lab[@]}"} ') and lines[-1].endswith(' "$@"')
     assert 'lab+=(--allow-root)' in lines and any('"$(id -u)" = 0' in line for line in lines)  # root works, said
     assert "APOLLIA_HOME" not in script.read_text()  # the tour makes its own home
     readme = (ROOT / "README.md").read_text()
     commands = re.findall(r"^bash dev/\S+", readme, flags=re.MULTILINE)
     assert commands[:2] == ["bash dev/lab.sh", "bash dev/test.sh"], commands
     assert "apollia-os demo" in readme
+
+
+def test_dev_lab_sh_serves_the_clone_and_opens_the_tour_whose_links_all_resolve(tmp_path):
+    """Started from the clone as dev/lab.sh starts it: the file browser holds the clone's root, so the
+    docs the tour points at open; the URL it prints and the page it opens are the tour's."""
+    arguments = lab_sh_arguments(ROOT)
+    assert not any(a.endswith(".ipynb") and not a.startswith("--") for a in arguments), arguments  # a file narrows the root
+    with jupyterlab(ROOT, tmp_path) as started:
+        client = started["client"]
+        assert Path(started["info"]["root_dir"]) == ROOT
+        assert f"/lab/tree/{TOUR_PATH}?token=" in started["opener"].read_text()
+        printed = started["log"].read_text()
+        assert re.search(rf"http://127\.0\.0\.1:\d+/lab/tree/{re.escape(TOUR_PATH)}\?token=", printed), printed
+        listing = client.get("/api/contents", params={"content": 1}).json()
+        assert {"README.md", "docs", "notebooks"} <= {item["name"] for item in listing["content"]}
+        for name in ("docs/index.md", "README.md", TOUR_PATH):
+            assert client.get(f"/api/contents/{name}", params={"content": 0}).status_code == 200, name
+        # Every link in the tour's markdown opens from where the tour is, in this server.
+        tour = json.loads(TOUR.read_text())
+        links = [target for cell in tour["cells"] if cell["cell_type"] == "markdown"
+                 for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", _lines(cell["source"]))
+                 if "://" not in target]
+        assert any(link.startswith("../docs/") for link in links), links
+        for link in links:
+            path = os.path.normpath(Path(TOUR_PATH).parent / link)
+            assert not path.startswith(".."), link
+            assert client.get(f"/api/contents/{path}", params={"content": 0}).status_code == 200, link
