@@ -24,6 +24,7 @@ Translation and parsing are pure; HTTP lives in :mod:`.base`.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
@@ -53,6 +54,7 @@ from .base import (
     field_value,
     http_stream,
     loads_json,
+    tool_images,
 )
 
 __all__ = [
@@ -84,16 +86,21 @@ _TABLE_KEYS = (
     "max_retries",
     "force_tools",
     "thinking",
+    "structured",
+    "images",
 )
 _TRANSIENT_ERRORS = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 
 
-def to_anthropic_messages(messages: Sequence[Message]) -> tuple[str | None, list[dict[str, Any]]]:
+def to_anthropic_messages(
+    messages: Sequence[Message], *, images: bool = False
+) -> tuple[str | None, list[dict[str, Any]]]:
     """``(system, messages)`` in the Messages API shape.
 
     System messages are joined (blank line between) into ``system``. An
     assistant message with neither text nor tool calls is left out: the API
-    refuses empty turns.
+    refuses empty turns. With ``images``, a tool result that carries images is a
+    ``tool_result`` whose content is its text, then one ``image`` block per image.
     """
     system: list[str] = []
     out: list[dict[str, Any]] = []
@@ -103,7 +110,15 @@ def to_anthropic_messages(messages: Sequence[Message]) -> tuple[str | None, list
             system.append(m.content)
             continue
         if m.role == "tool":
-            block = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}
+            found = tool_images(m) if images else []
+            content: Any = m.content
+            if found:
+                content = [{"type": "text", "text": m.content}] + [
+                    {"type": "image", "source": {"type": "base64", "media_type": d["mime_type"],
+                                                 "data": base64.b64encode(data).decode("ascii")}}
+                    for d, data in found
+                ]
+            block = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": content}
             if open_results is not None and all(b["type"] == "tool_result" for b in open_results):
                 open_results.append(block)
             else:
@@ -373,6 +388,7 @@ class AnthropicModel(HttpProvider):
         temperature: float | None = None,
         force_tools: bool = True,
         thinking_budget: int | None = None,
+        images: bool = False,
         retry: RetryPolicy | None = None,
     ) -> None:
         self.model = model
@@ -383,6 +399,7 @@ class AnthropicModel(HttpProvider):
         self.temperature = temperature
         self.force_tools = force_tools
         self.thinking_budget = thinking_budget
+        self.images = images
         self.retry = retry or RetryPolicy()
         self.name = f"{PROVIDER}:{model}"
 
@@ -403,6 +420,9 @@ class AnthropicModel(HttpProvider):
         max_tokens = field_value(table, "max_tokens", "int", where, 4096)
         temperature = field_value(table, "temperature", "number", where, None)
         budget = _thinking_budget(table, where, max_tokens, temperature)
+        if field_value(table, "structured", "str", where, "tools") != "tools":
+            raise ManifestInvalid(f"{where}.structured: anthropic answers plans and verdicts as tool calls only "
+                                  f'(structured = "tools"), got {table["structured"]!r}')
         key_env = field_value(table, "api_key_env", "str", where, DEFAULT_KEY_ENV)
         api_key = env.get(key_env)
         if not api_key:
@@ -418,11 +438,12 @@ class AnthropicModel(HttpProvider):
             temperature=temperature,
             force_tools=field_value(table, "force_tools", "bool", where, True),
             thinking_budget=budget,
+            images=field_value(table, "images", "bool", where, False),
             retry=RetryPolicy(max_retries, base.backoff_base_secs, base.max_delay_secs, base.sleep),
         )
 
     def request_body(self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
-        system, translated = to_anthropic_messages(messages)
+        system, translated = to_anthropic_messages(messages, images=self.images)
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,

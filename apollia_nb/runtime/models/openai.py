@@ -270,6 +270,16 @@ def _merge_detail(into: dict[str, Any], piece: dict[str, Any]) -> None:
             into[key] = value
 
 
+def _first_choice(choices: list[Any]) -> list[dict[str, Any]]:
+    """Choice 0 of a chunk or completion, as a list of at most one: the choice whose ``index`` is
+    0 wherever it stands; when no choice carries an index, the first. The other choices of a
+    request asking for several (``n``) are never read."""
+    dicts = [c for c in choices if isinstance(c, dict)]
+    if any("index" in c for c in dicts):
+        return [c for c in dicts if c.get("index") == 0][:1]
+    return dicts[:1]
+
+
 @dataclass
 class _PartialCall:
     id: str
@@ -311,14 +321,14 @@ class OpenAIStreamParser:
         if not isinstance(choices, list):
             raise ModelPermanent(f"{PROVIDER}: choices is not a list")
         events: list[StreamEvent] = []
-        for choice in choices:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
+        for choice in _first_choice(choices):
             delta = choice.get("delta") or {}
             if not isinstance(delta, dict):
                 raise ModelPermanent(f"{PROVIDER}: delta is not an object")
             events.extend(self._feed_reasoning(delta))
             events.extend(self._feed_content(delta.get("content")))
+            if isinstance(delta.get("refusal"), str):  # what a model refusing a JSON schema says
+                events.extend(self._answer(delta["refusal"]))
             for position, fragment in enumerate(delta.get("tool_calls") or []):
                 events.extend(self._feed_call(position, fragment))
             if choice.get("finish_reason"):
@@ -459,9 +469,11 @@ class OpenAIStreamParser:
         if "error" in body:
             raise _stream_error(body["error"])
         choices = body.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        first = _first_choice(choices) if isinstance(choices, list) else []
+        if not first:
             raise ModelPermanent(f"{PROVIDER}: the response has no choices")
-        message = choices[0].get("message")
+        choice = first[0]
+        message = choice.get("message")
         if not isinstance(message, dict):
             raise ModelPermanent(f"{PROVIDER}: the response's first choice has no message")
         calls = message.get("tool_calls") or []
@@ -469,12 +481,13 @@ class OpenAIStreamParser:
             raise ModelPermanent(f"{PROVIDER}: tool_calls is not a list")
         delta = {
             "content": message.get("content"),
+            "refusal": message.get("refusal"),
             "tool_calls": [dict(c, index=i) if isinstance(c, dict) else c for i, c in enumerate(calls)],
         }
         for name in ("reasoning_content", "reasoning", "reasoning_details"):
             if name in message:
                 delta[name] = message[name]
-        chunk = {"choices": [{"index": 0, "delta": delta, "finish_reason": choices[0].get("finish_reason")}]}
+        chunk = {"choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}]}
         if "usage" in body:
             chunk["usage"] = body["usage"]
         events = self._feed_chunk(chunk)
