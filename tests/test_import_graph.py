@@ -81,8 +81,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("apollia_nb.api.internal", "apollia_nb.notebook.sql"):
         "the read-only SQL rules of %%apollia sql live in the notebook; they belong beside the journal's views",
     # circles
-    ("apollia_nb.journal.accounting", "apollia_nb.journal.store"):
-        "the offline home record opens journal.db with the store's connect_locked",
     ("apollia_nb.journal.verify", "apollia_nb.journal.export"):
         "bundle verification reads the bundle's file names, key and meta from the exporter",
     ("apollia_nb.federation.sources", "apollia_nb.federation.mcp"):

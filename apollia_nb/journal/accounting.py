@@ -43,8 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from apollia_nb.errors import HomeFileCorrupt, HomeFileMissing, HomeKeyMismatch, IntegrityError
+import duckdb
+
+from apollia_nb.dbutil import connect_locked
+from apollia_nb.errors import HomeFileCorrupt, HomeFileMissing, HomeKeyMismatch, HomeLocked, IntegrityError
 from apollia_nb.home import Home
+from apollia_nb.journal import keys
+from apollia_nb.journal.tail import read_tail, tail_path
 
 __all__ = [
     "HomeFacts",
@@ -259,8 +264,6 @@ def check_key(home: Home, last_key_id: str | None) -> Any:
     created. Otherwise the key must exist (``HOME_FILE_MISSING``), be readable
     (``HOME_FILE_CORRUPT``) and be the one that signed it (``HOME_KEY_MISMATCH``).
     """
-    from apollia_nb.journal import keys
-
     key_path = home.keys_dir / keys.KEY_FILE
     restore = (f"restore {key_path} from a backup, or archive this journal and start a new chain with "
                f"`apollia-os home repair --archive-journal --home {home.path}`; a new key is never put on an old chain")
@@ -290,8 +293,6 @@ def last_key_id(con: Any, db_path: Path) -> str | None:
     """The key id of the last entry in ``journal.db``; ``""`` when it has none but its
     ``journal.log`` holds entries (not yet checked: the journal's recovery checks their
     signatures, so only the key's presence is required); None for a journal with no entries."""
-    from apollia_nb.journal.tail import read_tail, tail_path
-
     row = con.execute("SELECT key_id FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
     if row:
         return str(row[0])
@@ -316,11 +317,6 @@ def read_home_record_offline(home: Home) -> HomeRecord | None:
     An empty record when there is no journal; None when another process holds
     the journal (its owner's view is the one in force) or it cannot be read.
     """
-    import duckdb
-
-    from apollia_nb.errors import HomeLocked
-    from apollia_nb.journal.store import connect_locked
-
     if not home.journal_db.exists():
         return HomeRecord()
     try:

@@ -80,7 +80,16 @@ from typing import Any, NamedTuple
 import duckdb
 
 from apollia_nb import faults
-from apollia_nb.dbutil import MEMORY_LIMIT, fault_point, limit_memory, lock_down, needs_reopen, raise_if_locked, storage_error
+from apollia_nb.dbutil import (
+    MEMORY_LIMIT,
+    STORAGE_VERSION,
+    connect_locked,
+    fault_point,
+    limit_memory,
+    lock_down,
+    needs_reopen,
+    storage_error,
+)
 from apollia_nb.errors import (
     BadInput,
     Conflict,
@@ -186,24 +195,6 @@ COMPARE_RANGE = 2048
 
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
-
-
-#: The DuckDB storage format a new ``journal.db`` is written in: the oldest DuckDB that opens it. A file
-#: keeps the format it was created with, so ``duckdb`` command-line clients from 1.4 on open the journal.
-STORAGE_VERSION = "v1.4.0"
-
-
-def connect_locked(path: Path, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Connect to a DuckDB file, turning DuckDB's lock conflict into ``HomeLocked``. A file created here
-    is written in the storage format of ``STORAGE_VERSION``."""
-    try:
-        con = duckdb.connect(str(path), read_only=read_only,
-                             config={"storage_compatibility_version": STORAGE_VERSION})
-    except duckdb.Error as exc:
-        raise_if_locked(exc, path)
-        raise
-    con.execute("SET enable_progress_bar = false")
-    return con
 
 
 class TailEntries(NamedTuple):
