@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _generator():
-    path = ROOT / "docs" / "make_rest_reference.py"
+    path = ROOT / "dev" / "docs" / "make_rest_reference.py"
     spec = importlib.util.spec_from_file_location("make_rest_reference", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["make_rest_reference"] = module
@@ -19,7 +19,7 @@ def _generator():
 
 
 def test_the_rest_reference_is_up_to_date():
-    assert _generator().main(["--check"]) == 0, "run: python docs/make_rest_reference.py"
+    assert _generator().main(["--check"]) == 0, "run: python dev/docs/make_rest_reference.py"
 
 
 def test_the_reference_covers_every_operation_schema_and_error_code():

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _generator():
-    path = ROOT / "docs" / "make_architecture_diagram.py"
+    path = ROOT / "dev" / "docs" / "make_architecture_diagram.py"
     spec = importlib.util.spec_from_file_location("make_architecture_diagram", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -18,7 +18,7 @@ def _generator():
 
 
 def test_doc_diagram_matches_the_code():
-    assert _generator().main(["--check"]) == 0, "run: python docs/make_architecture_diagram.py"
+    assert _generator().main(["--check"]) == 0, "run: python dev/docs/make_architecture_diagram.py"
 
 
 def test_both_homes_keep_each_store_face_and_the_runtime_keeps_every_capability():

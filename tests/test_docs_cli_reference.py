@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_cli_reference_is_current():
-    out = subprocess.run([sys.executable, str(ROOT / "docs" / "make_cli_reference.py"), "--check"],
+    out = subprocess.run([sys.executable, str(ROOT / "dev" / "docs" / "make_cli_reference.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 

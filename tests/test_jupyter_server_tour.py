@@ -2,8 +2,8 @@
 
 JupyterLab starts with the arguments ``dev/lab.sh`` gives it (the root it serves, the page it
 opens), but headless: no browser, 127.0.0.1, a random port, a token, and a temporary root
-holding a copy of the tour in ``notebooks/``. The test checks the page it would open is the tour's, opens a session for the
-notebook through the REST API and executes its cells in order over the kernel's
+holding a copy of the tour in ``notebooks/``. The test checks the page it would open is the
+tour's, opens a session for the notebook through the REST API and executes its cells in order over the kernel's
 websocket, as JupyterLab does. Where the tour answers the consent card from code,
 the test first clicks the card's ``once`` button — a widget comm message, as the
 browser sends it — and then runs that cell too, as a reader who clicks and then runs
@@ -280,7 +280,8 @@ def test_dev_lab_sh_serves_the_clone_and_opens_the_tour_whose_links_all_resolve(
     """Started from the clone as dev/lab.sh starts it: the file browser holds the clone's root, so the
     docs the tour points at open; the URL it prints and the page it opens are the tour's."""
     arguments = lab_sh_arguments(ROOT)
-    assert not any(a.endswith(".ipynb") and not a.startswith("--") for a in arguments), arguments  # a file narrows the root
+    # A file to open among them would narrow the root to the file's folder.
+    assert not any(a.endswith(".ipynb") and not a.startswith("--") for a in arguments), arguments
     with jupyterlab(ROOT, tmp_path) as started:
         client = started["client"]
         assert Path(started["info"]["root_dir"]) == ROOT

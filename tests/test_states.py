@@ -239,7 +239,7 @@ def test_machine_rejects_an_incomplete_table():
 
 
 def _generator():
-    path = ROOT / "docs" / "make_state_diagrams.py"
+    path = ROOT / "dev" / "docs" / "make_state_diagrams.py"
     spec = importlib.util.spec_from_file_location("make_state_diagrams", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -249,7 +249,7 @@ def _generator():
 
 def test_doc_diagrams_match_the_tables():
     gen = _generator()
-    assert gen.main(["--check"]) == 0, "run: python docs/make_state_diagrams.py"
+    assert gen.main(["--check"]) == 0, "run: python dev/docs/make_state_diagrams.py"
 
 
 def test_diagram_edges_are_the_legal_moves():

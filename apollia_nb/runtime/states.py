@@ -7,7 +7,7 @@ one frozen table per machine — and every change of state in the runtime goes
 through :func:`transition`, which either returns the new state or raises
 :class:`~apollia_nb.errors.InvalidTransition` and changes nothing. Keeping the
 tables as data is what lets the docs draw the diagrams from them
-(``docs/make_state_diagrams.py``) and lets a test prove the two agree.
+(``dev/docs/make_state_diagrams.py``) and lets a test prove the two agree.
 
 The functions here are pure: they take a machine and states and answer. The
 objects that own a state (the registry, the task engine, a session, a breaker)

@@ -1,7 +1,7 @@
 """Regenerate docs/cli.md from `apollia-os --help` of every command; `--check` fails on drift.
 
-    python docs/make_cli_reference.py          # rewrite docs/cli.md
-    python docs/make_cli_reference.py --check  # exit 1 if docs/cli.md is out of date
+    python dev/docs/make_cli_reference.py          # rewrite docs/cli.md
+    python dev/docs/make_cli_reference.py --check  # exit 1 if docs/cli.md is out of date
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import os
 import sys
 from pathlib import Path
 
-DOC = Path(__file__).with_name("cli.md")
+DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 HEADER = """# `apollia-os` command reference
 
-Generated from the commands' own `--help` by `docs/make_cli_reference.py`; a test fails
+Generated from the commands' own `--help` by `dev/docs/make_cli_reference.py`; a test fails
 when it drifts. Every command takes `--home` (default `$APOLLIA_HOME`, else `~/.apollia`;
 `demo` alone uses a fresh temporary home unless given one) and `--json` where its output
 is data.
@@ -69,7 +69,7 @@ def main() -> int:
     text = render()
     if check:
         if not DOC.exists() or DOC.read_text() != text:
-            print("docs/cli.md is out of date: run python docs/make_cli_reference.py", file=sys.stderr)
+            print("docs/cli.md is out of date: run python dev/docs/make_cli_reference.py", file=sys.stderr)
             return 1
         return 0
     DOC.write_text(text)
