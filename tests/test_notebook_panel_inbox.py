@@ -229,3 +229,57 @@ def test_served_a_server_tasks_plan_is_in_the_inbox_and_approved_over_rest(serve
     assert api.wait(submitted.id, until="finished", timeout=WAIT).status == "completed"
     again = ask(p, comm, "p2", op="reject_plan", task_id=submitted.id, reason="late")
     assert again["ok"] is False and again["error"]["code"] == "CONFLICT"
+
+
+# --- served: a server task's cards, clicked in the kernel that joined the server -------------------------
+
+
+def test_served_a_server_tasks_card_is_answered_by_a_click_in_the_cell(served, monkeypatch):
+    from apollia_nb.notebook import served as served_mod
+
+    monkeypatch.setattr(served_mod, "SERVED_VIEW_POLL_SECS", 0.2)
+    ip, api = served
+    api.register_agent(manifest("clerk", actor=WRITE, workspace=os.getcwd()))
+    task = ip.run_cell_magic("apollia", "task clerk", "Write a.txt")  # the server's agent: runs there
+    assert type(task).__name__ == "ServerTask"
+    task.join(WAIT, settled=True)
+    view = task.widget  # what the cell shows: buttons, not pills
+    assert type(view).__name__ == "ServerRunView"
+    [card] = view.cards.values()
+    assert list(card.buttons) == ["once", "always", "refuse"] and card.snap["tool"] == "write_file"
+    card.buttons["once"].click()  # answered over the server's REST API
+    assert card.frozen and "by ann" in card.state.value, (card.state.value, card.error.value)
+    assert task.join(WAIT).status == "completed"
+    answers = [e for e in api.entries(limit=1000).entries if e.kind == "answer"]
+    assert [(e.payload["answer"], e.payload["answered_by"]) for e in answers] == [("once", "ann")]
+    end = time.monotonic() + WAIT
+    while not view.final:  # the view follows the server until the task ends
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    assert "completed" in view.summary.value
+
+    # A second click anywhere is refused with a stable code, never a second answer.
+    stale = {**card.snap, "answer": None, "answered_by": None, "answered_at": None}  # displayed before the answer
+    again = served_mod.ServerCard(runtime(ip), served_mod.server_api(runtime(ip)), stale)
+    late = again.widget
+    late.buttons["refuse"].click()
+    assert "CONFLICT" in late.error.value and not late.frozen
+
+
+def test_served_a_card_answered_by_another_client_freezes_in_the_cell(served, monkeypatch):
+    from apollia_nb.notebook import served as served_mod
+
+    monkeypatch.setattr(served_mod, "SERVED_VIEW_POLL_SECS", 0.2)
+    ip, api = served
+    api.register_agent(manifest("clerk", actor=WRITE, workspace=os.getcwd()))
+    task = ip.run_cell_magic("apollia", "task clerk", "Write a.txt")
+    task.join(WAIT, settled=True)
+    view = task.widget
+    [card] = view.cards.values()
+    api.decide(card.snap["id"], "refuse", by="bob")
+    end = time.monotonic() + WAIT
+    while not card.frozen:
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    assert "answered elsewhere" in card.state.value and card.button_row.layout.display == "none"
+    task.join(WAIT)

@@ -7,8 +7,11 @@ for one of them (``%%apollia task AGENT``, when no agent of that name is
 registered in this kernel) is submitted to the server and runs there. Its
 handle is a ``ServerTask``: awaitable, ``.status``, ``.pending`` cards
 answerable from code (``card.answer("once")``), ``.to_dict()``, all read and
-answered over the server's REST API. It shows as text and HTML (no live
-widget): re-display it, or ``await`` it, to see it as it stands.
+answered over the server's REST API. It shows as a live widget (``ServerRunView``):
+its waiting cards have buttons that answer on the server, its plan can be
+approved or rejected there, and it is looked at again every few seconds until
+the task ends; a displayed ``ServerCard`` has the same buttons. Text and HTML
+are the fallbacks.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ __all__ = ["server_api", "server_agents", "ServerTask", "ServerCard"]
 
 #: How long one wait for a server task is held by the server before it is asked again.
 WAIT_SECS = 25.0
+#: How often a displayed server task is looked at again while it runs.
+SERVED_VIEW_POLL_SECS = 2.0
 _FINISHED = ("completed", "failed", "cancelled")
 _lock = threading.Lock()
 
@@ -77,6 +82,14 @@ class ServerCard(Displayable):
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self._data)
+
+    def _make_widget(self) -> Any:
+        from apollia_nb.notebook.widgets import ConsentCardView
+
+        def answer(value: str) -> dict[str, Any]:
+            return self.answer(value).to_dict()
+
+        return ConsentCardView(self._bridge, dict(self._data), answer_with=answer)
 
     def _text(self) -> str:
         return render.card_text(self._data)
@@ -165,6 +178,15 @@ class ServerTask(TaskFields):
     def decisions(self) -> list[dict[str, Any]]:
         """This run's rows of the journal's ``decisions`` view (the server's chain), in order."""
         return self._bridge.decisions(self.run_id)
+
+    def _state(self) -> dict[str, Any]:
+        """The task, its waiting cards and its decisions, as the server has them now (for its view)."""
+        return {"task": self.to_dict(), "pending": [c.to_dict() for c in self.pending], "decisions": self.decisions()}
+
+    def _make_widget(self) -> Any:
+        from apollia_nb.notebook.widgets import ServerRunView
+
+        return ServerRunView(self._bridge, self, poll_secs=SERVED_VIEW_POLL_SECS)
 
     def _text(self) -> str:
         return render.task_text(self.to_dict(), self.decisions()) + "\n  runs on the server"

@@ -26,9 +26,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.notebook.bridge import KernelRuntime
     from apollia_nb.notebook.handles import JournalReport, NotebookExchange, NotebookTask
 
-__all__ = ["ConsentCardView", "PlanApprovalView", "RunView", "ChatView", "InboxView", "JournalView"]
+__all__ = ["ConsentCardView", "PlanApprovalView", "RunView", "ServerRunView", "ChatView", "InboxView", "JournalView"]
 
 _ANSWER_STYLE = {"once": "success", "always": "info", "refuse": "danger"}
+#: The answers' colours, dark enough that white text on them passes WCAG AA (4.5:1) in every theme
+#: (ipywidgets' own "success"/"info" are white on light green and cyan).
+_ANSWER_COLOUR = {"once": "#1a7f37", "always": "#0550ae", "refuse": "#b3261e"}
 _ANSWER_TIP = {
     "once": "Allow this call only",
     "always": "Allow and remember (a standing consent for this family, or a rule for this command)",
@@ -49,10 +52,14 @@ def _error_html(exc: ApolliaError) -> str:
 class ConsentCardView:
     """One card: who asks for what and why, the answers on offer as buttons; frozen once answered."""
 
-    def __init__(self, bridge: "KernelRuntime", snap: dict[str, Any]) -> None:
+    def __init__(self, bridge: "KernelRuntime", snap: dict[str, Any], *,
+                 answer_with: Callable[[str], dict[str, Any]] | None = None) -> None:
         self.bridge = bridge
         self.snap = snap
         self.frozen = False
+        # How a click answers: this kernel's runtime, or (a server's card) the server's REST API,
+        # returning the decision as stored there.
+        self._answer_with = answer_with
         self.header = W.HTML(render.card_header_html(snap))
         self.arguments = W.HTML(render.arguments_html(snap.get("arguments") or {}))
         self.reason = W.HTML(render.card_reason_html(snap))
@@ -60,6 +67,9 @@ class ConsentCardView:
         for answer in snap["answers"]:
             button = W.Button(description=answer, button_style=_ANSWER_STYLE.get(answer, ""),
                               tooltip=_ANSWER_TIP.get(answer, ""))
+            if answer in _ANSWER_COLOUR:
+                button.style.button_color = _ANSWER_COLOUR[answer]
+                button.style.text_color = "#ffffff"
             button.on_click(functools.partial(self._clicked, answer))
             self.buttons[answer] = button
         self.button_row = W.HBox(list(self.buttons.values()))
@@ -81,6 +91,15 @@ class ConsentCardView:
 
     def _clicked(self, answer: str, _button: Any = None) -> None:
         if self.frozen:
+            return
+        if self._answer_with is not None:
+            try:
+                stored = self._answer_with(answer)
+            except ApolliaError as exc:
+                self.error.value = _error_html(exc)
+                return
+            self.error.value = ""
+            self.apply({**self.snap, **{k: stored.get(k) for k in ("answer", "answered_by", "answered_at")}})
             return
         rt = self.bridge.rt
         try:
@@ -123,6 +142,12 @@ class ConsentCardView:
             self.state.value = f"<span style='color:#9a6700'>{render._e(left)}</span>"
         else:
             self.state.value = "<span style='color:#57606a'>waiting for an answer</span>"
+
+    def answered_elsewhere(self) -> None:
+        """It no longer waits and this view did not answer it (the server's card, answered by another client)."""
+        if not self.frozen:
+            self.state.value = "<span style='color:#57606a'>answered elsewhere (see the run's decisions)</span>"
+            self._freeze()
 
     def _freeze(self) -> None:
         self.frozen = True
@@ -255,6 +280,72 @@ class RunView:
         if snap["status"] in _TERMINAL and self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
+            self.on_final()
+
+
+class ServerRunView:
+    """A task that runs on the server, in a kernel that joined it: the task as the server has it, its
+    waiting cards with buttons that answer over the server's REST API (as ``card.answer(...)`` does),
+    and its plan to approve; looked at again every ``poll_secs`` until the task ends."""
+
+    def __init__(self, bridge: "KernelRuntime", task: Any, *, poll_secs: float = 2.0) -> None:
+        self.bridge = bridge
+        self.task = task
+        self.poll_secs = poll_secs
+        self.summary = W.HTML()
+        self.plan_box = W.VBox()
+        self.cards_box = W.VBox()
+        self.cards: dict[str, ConsentCardView] = {}
+        self.plan_view: PlanApprovalView | None = None
+        self.on_final: Callable[[], None] = _nothing
+        self.final = False
+        self.error = W.HTML()
+        self.box = W.VBox([self.summary, self.plan_box, self.cards_box, self.error], layout=_BOX)
+        self.apply(task._state())
+        self._poller = None if self.final else bridge.start(self._poll)
+
+    async def _poll(self) -> None:  # on the runtime's loop; the server is asked in a worker thread
+        import asyncio
+
+        while not self.final:
+            await asyncio.sleep(self.poll_secs)
+            try:
+                state = await asyncio.to_thread(self.task._state)
+            except ApolliaError as exc:  # the server is away for now: said, and asked again
+                self.bridge.deliver(self._show_error, exc)
+                continue
+            self.bridge.deliver(self.apply, state)
+
+    def _show_error(self, exc: ApolliaError) -> None:
+        self.error.value = _error_html(exc)
+
+    def _answer(self, card_id: str, answer: str) -> dict[str, Any]:
+        api = self.task._api
+        return api("decide", card_id, answer, None, self.bridge.user)
+
+    def apply(self, state: dict[str, Any]) -> None:
+        if self.final:
+            return
+        snap, pending = state["task"], state["pending"]
+        self.error.value = ""
+        self.summary.value = render.task_html(snap, (), state.get("decisions") or ())
+        waiting = {p["id"] for p in pending}
+        for view in self.cards.values():
+            if view.snap["id"] not in waiting:
+                view.answered_elsewhere()
+        for p in pending:
+            if p["id"] not in self.cards:
+                view = ConsentCardView(self.bridge, p, answer_with=functools.partial(self._answer, p["id"]))
+                self.cards[p["id"]] = view
+                self.cards_box.children = (*self.cards_box.children, view.box)
+        if snap.get("awaiting_plan_approval") and self.plan_view is None:
+            self.plan_view = PlanApprovalView(snap["plan"], on_approve=self.task.approve_plan,
+                                              on_reject=self.task.reject_plan)
+            self.plan_box.children = (self.plan_view.box,)
+        elif self.plan_view is not None and self.plan_view.decided is None and not snap.get("awaiting_plan_approval"):
+            self.plan_view._decide("answered elsewhere")
+        if snap["status"] in _TERMINAL:
+            self.final = True
             self.on_final()
 
 
