@@ -14,6 +14,20 @@ of a value:
       or nested deeper than 32        "<list not shown: …>" for the rest
     an object whose repr raises       "<Type (repr failed: Error)>"
     bytes                             UTF-8 text, or a summary when not UTF-8
+    an image (PNG, JPEG, GIF or WebP
+      bytes, a matplotlib figure, an
+      object with ``_repr_png_`` /
+      ``_repr_jpeg_``, e.g. PIL's)     its descriptor (below)
+
+An image becomes ``{"type": "image", "mime_type", "width", "height", "bytes",
+"sha256"}``: what the journal keeps and replay checks is this descriptor, the
+SHA-256 of the image's bytes among it; the bytes themselves are never part of an
+output. They are held in this process's memory (the newest ``IMAGE_KEEP`` images,
+at most ``IMAGE_KEEP_BYTES`` bytes together; none larger than ``IMAGE_MAX_BYTES``)
+so that a model that reads images (``[model] images = true``) can be given them
+with the tool result (``image_bytes``); an image no longer held, or a run resumed in
+another process, stays described. A descriptor only finds bytes that hash to its
+``sha256``: naming an image means knowing its digest.
 
 ``clean_text`` makes one string encodable as UTF-8 (used for error messages too).
 """
@@ -23,14 +37,21 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import hashlib
+import io
 import json
 import math
 import re
-from collections.abc import Mapping
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from pathlib import PurePath
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MIN_SECRET", "NODE_BUDGET", "clean_text", "json_value", "redact", "redacted_outcome", "secret_values"]
+__all__ = ["IMAGE_KEEP", "IMAGE_KEEP_BYTES", "IMAGE_MAX_BYTES", "MAX_DEPTH", "MIN_SECRET", "NODE_BUDGET",
+           "clean_text", "image_bytes", "image_descriptor", "image_descriptors", "json_value", "redact",
+           "redacted_outcome", "secret_values"]
 
 #: Values converted per output before the rest is summarised.
 NODE_BUDGET = 200_000
@@ -88,6 +109,136 @@ def capped_repr(value: Any) -> str:
     return text if len(text) <= _REPR_CAP else f"{text[:_REPR_CAP]}… [{len(text)} characters]"
 
 
+# --- images -----------------------------------------------------------------------------------
+
+#: Images held in memory for the models that read them, newest first; and their bytes together.
+IMAGE_KEEP = 64
+IMAGE_KEEP_BYTES = 64 * 1024 * 1024
+#: An image larger than this is described but never held (the providers refuse larger ones).
+IMAGE_MAX_BYTES = 5 * 1024 * 1024
+_held: OrderedDict[str, bytes] = OrderedDict()
+_held_lock = threading.Lock()
+
+
+def _png_size(data: bytes) -> tuple[int, int] | None:
+    if len(data) >= 24 and data[12:16] == b"IHDR":
+        return struct.unpack(">II", data[16:24])
+    return None
+
+
+def _gif_size(data: bytes) -> tuple[int, int] | None:
+    return struct.unpack("<HH", data[6:10]) if len(data) >= 10 else None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    at = 2
+    while at + 9 < len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            at += 2
+            continue
+        length = struct.unpack(">H", data[at + 2:at + 4])[0]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            height, width = struct.unpack(">HH", data[at + 5:at + 9])
+            return width, height
+        at += 2 + length
+    return None
+
+
+def _webp_size(data: bytes) -> tuple[int, int] | None:
+    chunk = data[12:16]
+    if chunk == b"VP8X" and len(data) >= 30:
+        return (int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1)
+    if chunk == b"VP8 " and len(data) >= 30:
+        width, height = struct.unpack("<HH", data[26:30])
+        return width & 0x3FFF, height & 0x3FFF
+    if chunk == b"VP8L" and len(data) >= 25:
+        bits = int.from_bytes(data[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    return None
+
+
+def _image_kind(data: bytes) -> tuple[str, tuple[int, int] | None] | None:
+    """``(mime type, (width, height) or None)`` of image bytes, or None when they are no image."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png", _png_size(data)
+    if data.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg", _jpeg_size(data)
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "image/gif", _gif_size(data)
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+        return "image/webp", _webp_size(data)
+    return None
+
+
+def image_descriptor(data: bytes) -> dict[str, Any] | None:
+    """The descriptor of image bytes (holding the bytes for the models), or None if they are none."""
+    kind = _image_kind(data)
+    if kind is None:
+        return None
+    mime, size = kind
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) <= IMAGE_MAX_BYTES:
+        with _held_lock:
+            _held[digest] = data
+            _held.move_to_end(digest)
+            while len(_held) > IMAGE_KEEP or sum(map(len, _held.values())) > IMAGE_KEEP_BYTES:
+                _held.popitem(last=False)
+    return {"type": "image", "mime_type": mime, "width": size[0] if size else None,
+            "height": size[1] if size else None, "bytes": len(data), "sha256": digest}
+
+
+def image_bytes(descriptor: Mapping[str, Any]) -> bytes | None:
+    """The bytes of the image a descriptor names, while this process holds them; else None."""
+    digest = descriptor.get("sha256")
+    if not isinstance(digest, str):
+        return None
+    with _held_lock:
+        data = _held.get(digest)
+    kind = _image_kind(data) if data is not None else None
+    if kind is None or kind[0] != descriptor.get("mime_type"):
+        return None
+    return data
+
+
+def image_descriptors(value: Any, depth: int = 0) -> Iterator[dict[str, Any]]:
+    """The image descriptors inside a JSON value, in order."""
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(value, dict):
+        if value.get("type") == "image" and isinstance(value.get("sha256"), str):
+            yield value
+            return
+        for item in value.values():
+            yield from image_descriptors(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            yield from image_descriptors(item, depth + 1)
+
+
+def _rendered_image(value: Any) -> bytes | None:
+    """The image bytes of a figure or of an object that renders itself as PNG or JPEG; None when
+    it is no image or rendering fails (the value is then described like any other)."""
+    kind = type(value)
+    try:
+        if kind.__module__.startswith("matplotlib.") and callable(getattr(value, "savefig", None)):
+            out = io.BytesIO()
+            value.savefig(out, format="png")
+            return out.getvalue()
+        for name in ("_repr_png_", "_repr_jpeg_"):
+            if callable(getattr(kind, name, None)):
+                data = getattr(value, name)()
+                if isinstance(data, tuple) and data:  # (data, metadata), as IPython allows
+                    data = data[0]
+                if isinstance(data, (bytes, bytearray)) and _image_kind(bytes(data)) is not None:
+                    return bytes(data)
+    except Exception:  # a figure that fails to draw is described by its repr
+        return None
+    return None
+
+
 class _Walk:
     def __init__(self) -> None:
         self.left = NODE_BUDGET
@@ -118,6 +269,9 @@ class _Walk:
             return self.value(_attr_or_none(value, "value"), depth + 1)
         if isinstance(value, (bytes, bytearray, memoryview)):
             data = bytes(value)
+            image = image_descriptor(data)
+            if image is not None:
+                return image
             try:
                 return data.decode("utf-8")
             except UnicodeDecodeError:
@@ -133,6 +287,11 @@ class _Walk:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return self.container({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, depth,
                                   ident=id(value))
+        rendered = _rendered_image(value)
+        if rendered is not None:
+            image = image_descriptor(rendered)
+            if image is not None:
+                return image
         return capped_repr(value)
 
     def container(self, value: Any, depth: int, ident: int | None = None) -> Any:
