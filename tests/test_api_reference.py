@@ -49,9 +49,9 @@ def test_the_check_fails_when_the_doc_drifts(tmp_path, monkeypatch):
 
 
 def test_the_wire_enumerations_are_the_runtimes():
-    from apollia_nb.api import schemas
     from apollia_nb.governance.decision import Answer, Family
     from apollia_nb.runtime.states import ProcessState, SessionState, TaskStatus
+    from apollia_nb.wire import schemas
 
     assert schemas.FAMILIES == tuple(f.value for f in Family)
     assert schemas.ANSWERS == tuple(a.value for a in Answer)

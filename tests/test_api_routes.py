@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from apollia_nb.api import schemas
-from apollia_nb.api.server import ServerThread
 from runtime_helpers import call, manifest
+
+from apollia_nb.api.server import ServerThread
+from apollia_nb.wire import schemas
 
 TOKEN = "test-token-abc"
 WRITER = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="b")]}])

@@ -68,16 +68,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
         "the runtime answers an MCP server's requests; the federation should hand it the answerer",
     ("apollia_nb.runtime.runtime", "apollia_nb.witness.sender"):
         "the runtime starts the journal's witness sender, which belongs beside journal/witness.py",
-    ("apollia_nb.api.app", "apollia_nb.sdk.errors"):
-        "the app takes the HTTP-only errors from the SDK's copy of the tree instead of errors.py",
-    ("apollia_nb.sdk", "apollia_nb.api.schemas"):
-        "the SDK re-exports the API's wire schemas, which belong in the ground's wire module",
-    ("apollia_nb.sdk.client", "apollia_nb.api.schemas"):
-        "the SDK reads the API's wire schemas, which belong in the ground's wire module",
-    ("apollia_nb.sdk.batches", "apollia_nb.api.batch_schemas"):
-        "the SDK reads the API's batch schemas, which belong in the ground's wire module",
-    ("apollia_nb.sdk.client", "apollia_nb.api.server"):
-        "the SDK reads server.json through the API's server module instead of the ground's serverinfo",
     ("apollia_nb.api.internal", "apollia_nb.notebook.sql"):
         "the read-only SQL rules of %%apollia sql live in the notebook; they belong beside the journal's views",
     # circles
@@ -95,8 +85,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
         "the internal routes join the app's router by import and use its private helpers",
     ("apollia_nb.api.worker_tokens", "apollia_nb.api.app"):
         "the worker credential routes use the app's private helpers",
-    ("apollia_nb.api.server", "apollia_nb.api.app"):
-        "the app takes is_loopback from server.py, which builds the app",
     **{(f"apollia_nb.cli.{group}", "apollia_nb.cli"):
        "the command groups take emit from the package that dispatches to them; it belongs in a lower module"
        for group in ("audit", "batch", "client", "governance", "home", "runtime", "witness")},

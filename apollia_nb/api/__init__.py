@@ -1,7 +1,7 @@
 """The REST API: ``create_app`` (FastAPI) and the server of ``apollia-os serve``.
 
 Imported lazily: ``import apollia_nb.api`` costs nothing until a name is used,
-so the CLI and the SDK (which shares :mod:`apollia_nb.api.schemas`) stay quick.
+so the CLI stays quick; the wire format it shares with the SDK is :mod:`apollia_nb.wire.schemas`.
 """
 
 from __future__ import annotations

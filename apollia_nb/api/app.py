@@ -1,7 +1,7 @@
 """The REST API: a thin FastAPI shell over one ``Runtime``.
 
 Every route under ``/api/v1`` calls the runtime and returns one of the models
-of :mod:`apollia_nb.api.schemas`; the app adds only what HTTP needs:
+of :mod:`apollia_nb.wire.schemas`; the app adds only what HTTP needs:
 
 * **One error model.** Every error is ``{"code", "message"}`` with a stable
   code: an ``ApolliaError`` keeps its own code and status; request validation
@@ -40,7 +40,18 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, BackgroundTasks, Body, Depends, FastAPI, Header, Query, Request, Response, Security
+from fastapi import (
+    APIRouter,
+    BackgroundTasks,
+    Body,
+    Depends,
+    FastAPI,
+    Header,
+    Query,
+    Request,
+    Response,
+    Security,
+)
 from fastapi import Path as FastPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -50,7 +61,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__, faults
-from apollia_nb.api import schemas as s
 from apollia_nb.api.idempotency import (
     KEY_HEADER,
     KEY_PATTERN,
@@ -61,19 +71,22 @@ from apollia_nb.api.idempotency import (
     IdempotentRoute,
     effect_ref,
 )
-from apollia_nb.api.server import is_loopback
 from apollia_nb.dbutil import storage_error
 from apollia_nb.errors import (
     ApolliaError,
     BadInput,
     Conflict,
     HostNotAllowed,
+    MethodNotAllowed,
     NotFound,
     OriginNotAllowed,
+    PayloadTooLarge,
+    Unauthorized,
     UnknownRun,
     UnknownTask,
 )
-from apollia_nb.sdk.errors import MethodNotAllowed, PayloadTooLarge, Unauthorized
+from apollia_nb.serverinfo import is_loopback
+from apollia_nb.wire import schemas as s
 
 __all__ = ["create_app", "API_PREFIX"]
 
@@ -1061,7 +1074,9 @@ def create_app(
     ``allowed_hosts``, and from browser pages of the server's own origin and
     ``cors_origins`` (``HostGuard``).
     """
-    from apollia_nb.api import internal as _internal  # the home's clients: docs/shared-home.md
+    from apollia_nb.api import (
+        internal as _internal,  # the home's clients: docs/shared-home.md
+    )
 
     _internal.require_owner(runtime)
     if not isinstance(token, str) or not token:

@@ -27,7 +27,7 @@ from apollia_nb.api.app import (
     _stream_errors,
     router,
 )
-from apollia_nb.api.batch_schemas import BatchIn, BatchOut, BatchRow
+from apollia_nb.wire.batches import BatchIn, BatchOut, BatchRow
 
 __all__ = ["BatchIn", "BatchOut", "BatchRow", "results_text"]
 

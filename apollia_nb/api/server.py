@@ -19,35 +19,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
-import json
 import os
 import secrets
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from apollia_nb.errors import ApolliaError, BadInput, Conflict
 from apollia_nb.home import Home
+from apollia_nb.serverinfo import (
+    ServerInfo,
+    is_loopback,
+    read_server_json,
+    write_server_json,
+)
 
 __all__ = ["ServerInfo", "serve", "run", "ServerThread", "resolve_token", "is_loopback", "read_server_json"]
 
 TOKEN_ENV = "APOLLIA_TOKEN"
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What ``server.json`` holds."""
-
-    url: str
-    token: str
-    pid: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "token": self.token, "pid": self.pid}
 
 
 def resolve_token(explicit: str | None = None) -> str:
@@ -58,15 +49,6 @@ def resolve_token(explicit: str | None = None) -> str:
     return token
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _url(host: str, port: int) -> str:
     if host in ("0.0.0.0", ""):
         host = "127.0.0.1"
@@ -75,26 +57,6 @@ def _url(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"http://{host}:{port}"
-
-
-def write_server_json(path: Path, info: ServerInfo) -> None:
-    """Write ``server.json`` with mode 0600 from its first byte, atomically."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(info.to_dict(), fh)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
-def read_server_json(path: Path) -> ServerInfo | None:
-    try:
-        data = json.loads(path.read_text())
-        return ServerInfo(url=str(data["url"]), token=str(data["token"]), pid=int(data["pid"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _remove_if_ours(path: Path) -> None:

@@ -6,7 +6,9 @@ can drive a server without installing the runtime's weight into its process.
 
 from __future__ import annotations
 
-from apollia_nb.api.schemas import (
+from apollia_nb.sdk import errors
+from apollia_nb.sdk.client import AsyncClient, Client, Event
+from apollia_nb.wire.schemas import (
     Agent,
     Consent,
     DeveloperMode,
@@ -21,8 +23,6 @@ from apollia_nb.api.schemas import (
     Task,
     VerifyReport,
 )
-from apollia_nb.sdk import errors
-from apollia_nb.sdk.client import AsyncClient, Client, Event
 
 __all__ = [
     "Client",

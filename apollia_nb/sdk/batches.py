@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from apollia_nb.api.batch_schemas import BatchOut, BatchRow
 from apollia_nb.sdk.client import _post, _q, _Req
+from apollia_nb.wire.batches import BatchOut, BatchRow
 
 __all__ = ["Routes", "batch_request", "items_list"]
 

@@ -12,7 +12,7 @@
 Every method is one route. Each request is described once (a ``_Req``: method,
 path, body, and the model its answer parses into) and sent by either client, so
 the two cannot drift. Results are the frozen models of
-:mod:`apollia_nb.api.schemas`. An error response raises the class of its code:
+:mod:`apollia_nb.wire.schemas`. An error response raises the class of its code:
 ``UNKNOWN_TASK`` raises ``errors.UnknownTask`` (see :mod:`apollia_nb.sdk.errors`);
 failures to reach the server stay httpx's ``httpx.TransportError``.
 
@@ -48,9 +48,10 @@ from typing import Any, Literal
 import httpx
 from pydantic import TypeAdapter
 
-from apollia_nb.api import schemas as s
 from apollia_nb.errors import ApolliaError, NotFound, error_for_code
 from apollia_nb.sdk import errors as _errors  # noqa: F401 - registers the HTTP-only codes with error_for_code
+from apollia_nb.serverinfo import read_server_json
+from apollia_nb.wire import schemas as s
 
 __all__ = ["Client", "AsyncClient", "Event", "SSEDecoder", "raise_for_error", "server_info"]
 
@@ -306,7 +307,6 @@ def server_info(home: str | Path | None = None, *, running: bool = False) -> tup
 
     ``running``: first check that the advertised process lives and accepts a connection
     (``SERVER_NOT_RUNNING`` when it does not: the file is stale)."""
-    from apollia_nb.api.server import read_server_json
     from apollia_nb.home import resolve_home
 
     path = resolve_home(home) / "server.json"

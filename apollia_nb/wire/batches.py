@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from apollia_nb.api import schemas as s
+from apollia_nb.wire import schemas as s
 
 __all__ = ["BatchCounts", "BatchIn", "BatchOut", "BatchRow"]
 
