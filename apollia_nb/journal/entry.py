@@ -194,6 +194,7 @@ KINDS: frozenset[str] = frozenset(
         "home_file_created",
         "home_repaired",
         "home_damaged",
+        "task_submitted",
         "task_status",
         "session_status",
         "plan",

@@ -30,6 +30,17 @@ raise ``STORAGE_FULL`` / ``STORAGE_ERROR``. A kept write for a row is replaced
 by a later full snapshot of the same row, so what is kept stays bounded by the
 rows changed. A failure that is not the disk's is raised once, by the next
 read or flush, and not retried.
+
+DuckDB commits into ``runtime.db.wal`` and copies into ``runtime.db`` at a
+checkpoint (on close, or when the log grows large). A WAL that is lost (a
+backup or a copy that left it behind, a file system that kept the file and not
+its log) takes every commit since the last checkpoint with it, and nothing in
+``runtime.db`` itself says so. The journal does: every task ``submit``
+acknowledges has a ``task_submitted`` entry, and ``journal_mark`` holds the
+journal's head up to which every submitted task was found here (written at each
+start). A file that lost its log lost the mark with the rows, so the next start
+reads the journal from the older mark and finds the tasks that are gone
+(``runtime/acknowledged.py``).
 """
 
 from __future__ import annotations
@@ -93,6 +104,11 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS home_facts (
     id INTEGER PRIMARY KEY,
     facts VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS journal_mark (
+    id INTEGER PRIMARY KEY,
+    seq BIGINT NOT NULL,
+    hash VARCHAR NOT NULL
 );
 CREATE TABLE IF NOT EXISTS agents (
     name VARCHAR PRIMARY KEY,
@@ -473,6 +489,23 @@ class RuntimeRecords:
     def keep_home_facts(self, facts: str) -> None:
         """Queue the facts for the next open (a cache of the journal's entries: losing it costs a scan)."""
         self._upsert("home_facts", {"id": 1}, {"facts": facts})
+
+    # the journal's mark (runtime/acknowledged.py) -----------------------------
+    def journal_mark(self) -> tuple[int, str] | None:
+        """``(seq, hash hex)`` of the journal entry up to which every submitted task was found here."""
+        rows = self._exec("SELECT seq, hash FROM journal_mark WHERE id = 1")
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
+
+    def keep_journal_mark(self, seq: int, digest: str) -> None:
+        """Queue the mark (written after the rows it vouches for, so a lost log loses it with them)."""
+        self._upsert("journal_mark", {"id": 1}, {"seq": seq, "hash": digest})
+
+    def missing_tasks(self, task_ids: list[str]) -> set[str]:
+        """Those of ``task_ids`` that have no row."""
+        if not task_ids:
+            return set()
+        rows = self._exec("SELECT id FROM tasks WHERE list_contains(?, id)", [task_ids])
+        return set(task_ids) - {r[0] for r in rows}
 
     # agents -------------------------------------------------------------
     def save_agent(self, name: str, manifest: str, state: str, warnings: list[str], at: str, *,

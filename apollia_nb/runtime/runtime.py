@@ -47,6 +47,7 @@ from apollia_nb.errors import (
     UnknownTask,
 )
 from apollia_nb.home import Home, OwnerLock
+from apollia_nb.runtime.acknowledged import journal_submitted, rebuild_lost_tasks
 from apollia_nb.runtime.agents import Agent, custom_tools, install_packages, new_state, startup_failure
 from apollia_nb.runtime.cards import QUESTION, Card
 from apollia_nb.runtime.states import ProcessState, TaskPhase, TaskStatus
@@ -781,6 +782,7 @@ class Runtime:
         self._claim(run)  # in flight already: a stop drains it, nobody spawns it twice
         try:
             await asyncio.wrap_future(recorded)  # type: ignore[arg-type]  # submitted means recorded (waited for off the loop)
+            await journal_submitted(self, record.to_json())  # and journaled: a runtime.db that loses it is told
         except BaseException:  # not recorded (STORAGE_FULL / STORAGE_ERROR), or cancelled: not submitted either
             self._runs.pop(task_id, None)
             run.agent.inflight.discard(run)
@@ -1088,6 +1090,7 @@ class Runtime:
             except ApolliaError as exc:
                 self.records.set_agent_state(row["name"], ProcessState.STOPPED.value)
                 self._emit("warning", f"agent {row['name']} did not start: {exc}")
+        await rebuild_lost_tasks(self)  # tasks runtime.db acknowledged and lost with its write-ahead log
         try:
             pending_by_id: dict[str, Any] | None = {p.id: p for p in self.governance.pending()}
         except GovernanceUnreadable as exc:
