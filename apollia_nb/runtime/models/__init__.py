@@ -2,7 +2,8 @@
 
 ``build_model(manifest["model"])`` turns a manifest's ``[model]`` table into a
 provider: ``scripted`` (the offline, deterministic default), ``openai`` (any
-OpenAI-compatible endpoint) or ``anthropic``. The HTTP providers are imported
+OpenAI-compatible chat-completions endpoint, or with ``api = "responses"`` OpenAI's
+Responses API) or ``anthropic``. The HTTP providers are imported
 only when asked for, so an offline agent never loads httpx.
 """
 
