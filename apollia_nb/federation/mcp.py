@@ -334,11 +334,11 @@ class _Inflight:
         """Shown at once on the task (its JSON and its events); journaled at most once a second."""
         if self.scope is None:
             return
-        from apollia_nb.runtime.governed import _run_of
+        from apollia_nb.runtime.governed import run_of
 
         self.last = {"call_id": self.scope.call_id, "tool": self.tool,
                      **{k: v for k, v in what.items() if v is not None}}
-        run, _ = _run_of(self.scope.rt, self.scope.run_id)
+        run, _ = run_of(self.scope.rt, self.scope.run_id)
         if run is not None:
             run.r.progress = self.last
             self.scope.rt._notify(run)
@@ -355,9 +355,9 @@ class _Inflight:
             return
         if self.unjournaled:
             self._journal()
-        from apollia_nb.runtime.governed import _run_of
+        from apollia_nb.runtime.governed import run_of
 
-        run, _ = _run_of(self.scope.rt, self.scope.run_id)
+        run, _ = run_of(self.scope.rt, self.scope.run_id)
         if run is not None and run.r.progress is self.last:
             run.r.progress = None
             self.scope.rt._notify(run)
@@ -711,7 +711,7 @@ class McpSource:
     async def _on_sample(self, context: Any, params: Any) -> Any:
         import mcp_types as t
         from apollia_nb.governance.decision import Outcome
-        from apollia_nb.runtime.governed import _run_of, governed_request
+        from apollia_nb.runtime.governed import governed_request, run_of
         from apollia_nb.runtime.models.base import Message
 
         owner = self._owner()
@@ -729,11 +729,11 @@ class McpSource:
         if decision.outcome is Outcome.REFUSE:
             self._journal_result(owner, call_id, tool, None, status="refused", error_code="REFUSED")
             return t.ErrorData(code=-1, message=f"the user refused the model call: {decision.reason}")
-        from apollia_nb.runtime.governed import _commit
+        from apollia_nb.runtime.governed import commit_entries
 
-        await _commit(self._rt, scope.run_id, scope.agent, [("tool_call", {"call_id": call_id, "tool": tool,
+        await commit_entries(self._rt, scope.run_id, scope.agent, [("tool_call", {"call_id": call_id, "tool": tool,
                                                                             "arguments": arguments})])
-        run, _ = _run_of(self._rt, scope.run_id)
+        run, _ = run_of(self._rt, scope.run_id)
         messages = [Message(role="system", content=arguments["systemPrompt"])] if arguments.get("systemPrompt") else []
         messages += [Message(role="assistant" if m["role"] == "assistant" else "user", content=m["text"])
                      for m in arguments["messages"]]
@@ -789,10 +789,10 @@ class McpSource:
 
     def _journal_result(self, owner: "_Inflight", call_id: str, tool: str, output: Any, *, status: str = "ok",
                         error_code: str | None = None) -> None:
-        from apollia_nb.runtime.governed import NULL_DIGEST, _capped
+        from apollia_nb.runtime.governed import NULL_DIGEST, capped_output
 
         assert owner.scope is not None
-        shown, digest, _ = _capped(output) if output is not None else (None, NULL_DIGEST, False)
+        shown, digest, _ = capped_output(output) if output is not None else (None, NULL_DIGEST, False)
         payload = {"call_id": call_id, "tool": tool, "status": status, "output": shown, "output_digest": digest,
                    **({"error_code": error_code} if error_code else {})}
         self._rt.journal.append_soon("tool_result", payload, run_id=owner.scope.run_id, agent=owner.scope.agent.name)

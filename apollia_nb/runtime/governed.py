@@ -13,6 +13,12 @@ and the decision records the path as asked (in ``arguments``) and as resolved
 (``Call.code_places``, ``paths.code_places``): a write there is asked every time. A path the tool would refuse (outside the workspace, into the home,
 empty) ends the call at once with the tool's error, like a bad argument;
 whatever cannot be resolved is never allowed.
+
+A tool source that carries its own requests (an MCP server asking a person, reporting
+progress) goes through the same path with the public functions here: ``governed_request``
+(decide, journal, ask), ``commit_entries`` (append its entries, durable on return),
+``capped_output`` (a result as journaled, with the digest of the whole) and ``run_of`` (the
+task run or chat session a run id belongs to).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.capabilities import GovernedHost
 
 __all__ = ["CallResult", "CallScope", "current_call", "governed_call", "governed_request", "run_approved_call",
-           "Mode", "OUTPUT_CAP", "NULL_DIGEST"]
+           "Mode", "OUTPUT_CAP", "NULL_DIGEST", "capped_output", "commit_entries", "run_of"]
 
 Mode = Literal["watched", "unattended", "chat"]
 
@@ -89,7 +95,7 @@ class CallScope:
 current_call: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar("apollia_current_call", default=None)
 
 
-def _capped(output: Any, digest: str | None = None) -> tuple[Any, str, bool]:
+def capped_output(output: Any, digest: str | None = None) -> tuple[Any, str, bool]:
     """The output as journaled (cut past ``OUTPUT_CAP``) and the digest of the whole
     (``digest``: the one ``invoke`` computed already for this very output)."""
     from apollia_nb.runtime.tools import canonical_json, text_digest
@@ -158,7 +164,7 @@ async def governed_call(
         return await run_approved_call(rt, agent, run_id=run_id, call_id=call_id, name=name,
                                        arguments=ordered, decision=decision, prefix=[*prefix, decided],
                                        checked=True)
-    await _commit(rt, run_id, agent, [*prefix, decided])
+    await commit_entries(rt, run_id, agent, [*prefix, decided])
 
     card = rt._open_card(
         agent=agent, run_id=run_id, call_id=call_id, tool=name, family=family, arguments=ordered,
@@ -286,7 +292,7 @@ async def _stopped_short(rt: "GovernedHost", agent: "Agent", run_id: str, call_i
                          arguments: dict[str, Any], exc: ApolliaError,
                          prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
     """A call that never reached its tool (unknown tool, bad arguments, a path the tool refuses)."""
-    await _commit(rt, run_id, agent, [*prefix, (
+    await commit_entries(rt, run_id, agent, [*prefix, (
         "tool_result",
         {"call_id": call_id, "tool": name, "status": "error", "error_code": exc.code,
          "output": None, "output_digest": NULL_DIGEST},
@@ -294,8 +300,8 @@ async def _stopped_short(rt: "GovernedHost", agent: "Agent", run_id: str, call_i
     return CallResult(call_id, name, "error", error_code=exc.code, error_message=exc.message, arguments=arguments)
 
 
-async def _commit(rt: "GovernedHost", run_id: str, agent: "Agent",
-                  drafts: Sequence[tuple[str, dict[str, Any]]]) -> None:
+async def commit_entries(rt: "GovernedHost", run_id: str, agent: "Agent",
+                         drafts: Sequence[tuple[str, dict[str, Any]]]) -> None:
     """Append entries in one transaction; durable when this returns."""
     from apollia_nb.journal.store import Draft
 
@@ -304,7 +310,7 @@ async def _commit(rt: "GovernedHost", run_id: str, agent: "Agent",
 
 def _committer(rt: "GovernedHost", run_id: str, agent: "Agent",
                drafts: Sequence[tuple[str, dict[str, Any]]]) -> Any:
-    """``_commit`` as a blocking function, for a worker thread: durable when it returns."""
+    """``commit_entries`` as a blocking function, for a worker thread: durable when it returns."""
     from apollia_nb.journal.store import Draft
 
     journal, name = rt.journal, agent.name
@@ -315,7 +321,7 @@ def _committer(rt: "GovernedHost", run_id: str, agent: "Agent",
 async def _refused(rt: "GovernedHost", agent: "Agent", run_id: str, call_id: str, name: str,
                    arguments: dict[str, Any], reason: str, decision: Decision | None,
                    prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
-    await _commit(rt, run_id, agent, [*prefix, (
+    await commit_entries(rt, run_id, agent, [*prefix, (
         "tool_result",
         {"call_id": call_id, "tool": name, "status": "refused", "error_code": "REFUSED",
          "output": None, "output_digest": NULL_DIGEST},
@@ -341,7 +347,7 @@ async def run_approved_call(
     drafts = [*prefix, ("tool_call", {"call_id": call_id, "tool": name, "arguments": arguments})]
     before = None
     if is_async_body(tooldef.fn):
-        await _commit(rt, run_id, agent, drafts)
+        await commit_entries(rt, run_id, agent, drafts)
     else:
         # Committed in the worker thread that runs the body, just before it: the body starts
         # once the entries are durable, without a hand-off back to the event loop between.
@@ -358,7 +364,7 @@ async def run_approved_call(
     # (the next model turn depends on no durable entry; the next tool call waits for its own).
     if outcome.status == "ok":
         # The digest invoke computed is of this output unless redaction changed it.
-        shown, digest, _ = _capped(outcome.output, outcome.output_digest if outcome is invoked else None)
+        shown, digest, _ = capped_output(outcome.output, outcome.output_digest if outcome is invoked else None)
         rt.journal.append_soon(
             "tool_result",
             {"call_id": call_id, "tool": name, "status": "ok", "output": shown, "output_digest": digest},
@@ -371,7 +377,7 @@ async def run_approved_call(
     rt.journal.append_soon(
         "tool_result",
         {"call_id": call_id, "tool": name, "status": "error", "error_code": code,
-         "output": {"message": message}, "output_digest": _capped({"message": message})[1]},
+         "output": {"message": message}, "output_digest": capped_output({"message": message})[1]},
         run_id=run_id, agent=agent.name,
     )
     return CallResult(call_id, name, "error", error_code=code, error_message=message,
@@ -400,7 +406,7 @@ async def governed_request(
     decision = decided if decided is not None else decide(
         Call(agent=agent.name, tool=tool, family=fam, arguments=arguments, connection=connection),
         rt.governance.view())
-    await _commit(rt, scope.run_id, agent, [(
+    await commit_entries(rt, scope.run_id, agent, [(
         "decision",
         {"call_id": call_id, "tool": tool, "family": fam.value if fam else None, "arguments": arguments,
          "outcome": decision.outcome.value, "line": decision.line, "answers": [a.value for a in decision.answers],
@@ -409,7 +415,7 @@ async def governed_request(
     )])
     if decision.outcome is not Outcome.ASK:
         return call_id, decision, None
-    run, session_id = _run_of(rt, scope.run_id)
+    run, session_id = run_of(rt, scope.run_id)
     task_id = getattr(run, "id", None) if session_id is None else None
     card = rt._open_card(agent=agent, run_id=scope.run_id, call_id=call_id, tool=tool,
                          family=fam.value if fam else None, arguments=arguments, decision=decision,
@@ -445,7 +451,7 @@ async def governed_request(
                              f"{card.answered_by}"), card
 
 
-def _run_of(rt: "GovernedHost", run_id: str) -> tuple[Any, str | None]:
+def run_of(rt: "GovernedHost", run_id: str) -> tuple[Any, str | None]:
     """The task run (or chat session id) that ``run_id`` belongs to."""
     for run in list(getattr(rt, "_runs", {}).values()):
         if run.r.run_id == run_id:

@@ -755,14 +755,14 @@ def turn_extras(response: Any) -> dict[str, Any]:
     ``usage`` (the provider's token counts) and ``reasoning`` (its parts, never the answer;
     signatures and redacted data as the provider sent them) with ``reasoning_digest``, the digest
     of the whole; past the output cap the reasoning is cut like an output, the digest still the whole's."""
-    from apollia_nb.runtime.governed import _capped
+    from apollia_nb.runtime.governed import capped_output
 
     extras: dict[str, Any] = {}
     if response.usage:
         extras["usage"] = _json_copy(dict(response.usage))
     if response.reasoning:
         parts = [part.to_json() for part in response.reasoning]
-        extras["reasoning"], extras["reasoning_digest"], _ = _capped(parts)
+        extras["reasoning"], extras["reasoning_digest"], _ = capped_output(parts)
     return extras
 
 
