@@ -79,12 +79,8 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
         "open_sources builds the REST source while rest.py takes the source rules from sources.py",
     ("apollia_nb.runtime.models.responses", "apollia_nb.runtime.models.openai"):
         "the Responses model reuses the Chat Completions model's helpers instead of a shared module",
-    ("apollia_nb.api.batches", "apollia_nb.api.app"):
-        "the batch routes join the app's router by a side-effect import and use its private helpers",
     ("apollia_nb.api.internal", "apollia_nb.api.app"):
-        "the internal routes join the app's router by import and use its private helpers",
-    ("apollia_nb.api.worker_tokens", "apollia_nb.api.app"):
-        "the worker credential routes use the app's private helpers",
+        "the internal routes take _errors and _runtime from app.py instead of api/deps.py",
     **{(f"apollia_nb.cli.{group}", "apollia_nb.cli"):
        "the command groups take emit from the package that dispatches to them; it belongs in a lower module"
        for group in ("audit", "batch", "client", "governance", "home", "runtime", "witness")},

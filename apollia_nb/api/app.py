@@ -32,7 +32,6 @@ app's lifespan (``await Runtime.open(home)``) and closes it on shutdown.
 
 from __future__ import annotations
 
-import hmac
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -46,29 +45,34 @@ from fastapi import (
     Body,
     Depends,
     FastAPI,
-    Header,
     Query,
     Request,
     Response,
-    Security,
 )
 from fastapi import Path as FastPath
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__, faults
+from apollia_nb.api import batches
+from apollia_nb.api.deps import API_PREFIX, authorize, error_responses, json_route
+from apollia_nb.api.deps import STORAGE_STATUSES as _STORAGE_STATUSES
+from apollia_nb.api.deps import closing as _closing
+from apollia_nb.api.deps import error_responses as _errors
+from apollia_nb.api.deps import first as _first
+from apollia_nb.api.deps import runtime_of as _runtime
+from apollia_nb.api.deps import stream_errors as _stream_errors
+from apollia_nb.api.deps import token_matches as _token_matches
 from apollia_nb.api.idempotency import (
     KEY_HEADER,
-    KEY_PATTERN,
     REPLAYED_HEADER,
     Effect,
     Found,
     Idempotency,
-    IdempotentRoute,
     effect_ref,
 )
 from apollia_nb.dbutil import storage_error
@@ -90,68 +94,8 @@ from apollia_nb.wire import schemas as s
 
 __all__ = ["create_app", "API_PREFIX"]
 
-API_PREFIX = "/api/v1"
 _TERMINAL = ("completed", "failed", "cancelled")
 _DEFAULT_BY = "api"
-
-_STATUS_WORDS = {
-    401: "the bearer token is missing or wrong (`UNAUTHORIZED`)",
-    403: "a browser's `Origin` is neither the server's own nor an allowed origin (`ORIGIN_NOT_ALLOWED`)",
-    421: "the `Host` is not a loopback name or an allowed host (`HOST_NOT_ALLOWED`)",
-    404: "no such thing (`NOT_FOUND` or a specific `UNKNOWN_*` code)",
-    409: "the thing is not in a state that allows this (`CONFLICT` or a specific code), or a request with "
-         "this `Idempotency-Key` is still being processed (`IDEMPOTENCY_IN_PROGRESS`)",
-    413: "the request body is over the server's limit (`PAYLOAD_TOO_LARGE`)",
-    422: "the request is malformed (`BAD_INPUT`, or a specific code such as `MANIFEST_INVALID`, or "
-         "`IDEMPOTENCY_KEY_REUSED` for an `Idempotency-Key` sent before with another body)",
-    503: "the disk refused the write (`STORAGE_ERROR`: read-only, I/O error); nothing was recorded, retry later. "
-         "Or `OUTCOME_UNKNOWN`: the request was carried out, or may have been, but not all of it is recorded; "
-         "send it again with the same `Idempotency-Key` to get its outcome (it is never carried out twice)",
-    507: "no space left on the home's disk (`STORAGE_FULL`); nothing was recorded, retry once space is freed",
-}
-#: Routes that write may meet a storage fault, and so may reads that wait for pending writes first
-#: (the journal's, which copy its newest entries into journal.db; runtime.db's recorded tasks).
-_STORAGE_STATUSES = (503, 507)
-
-
-_EVERY_ROUTE = (403, 421)  # HostGuard answers before any route
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {code: {"model": s.Error, "description": _STATUS_WORDS[code]} for code in (*statuses, *_EVERY_ROUTE)}
-
-
-#: Where an event stream's events are described. OpenAPI 3.1 has no keyword for the items of a
-#: stream (3.2's ``itemSchema``), so the stream is a string and its events an extension.
-_ITEM_SCHEMA = "x-itemSchema"
-
-
-def _stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, dict[str, Any]]:
-    """An event-stream route's responses: its events (name → schema of the JSON ``data``), and JSON errors.
-
-    Written out because a model here would take the route's media type.
-    """
-    items = [
-        {"type": "object", "required": ["event", "data"], "properties": {
-            "event": {"const": name},
-            "data": {"type": "string", "contentMediaType": "application/json",
-                     "contentSchema": {"$ref": f"#/components/schemas/{schema}"}},
-        }}
-        for name, schema in events.items()
-    ]
-    names = ", ".join(f"`{name}` ({schema})" for name, schema in events.items())
-    out: dict[int | str, dict[str, Any]] = {
-        200: {"description": "a stream of server-sent events, each with JSON `data`",
-              "content": {"text/event-stream": {
-                  "schema": {"type": "string", "description": f"server-sent events: {names}"},
-                  _ITEM_SCHEMA: {"oneOf": items},
-              }}},
-    }
-    error = {"schema": {"$ref": "#/components/schemas/Error"}}
-    for code in (401, 422, *statuses, *_EVERY_ROUTE):
-        out[code] = {"description": _STATUS_WORDS[code], "content": {"application/json": error}}
-    return out
-
 
 _TASK_EVENTS = {"task": "Task"}
 _EXCHANGE_EVENT_SCHEMAS = {name: model.__name__ for name, model in s.EXCHANGE_EVENTS.items()}
@@ -183,28 +127,6 @@ def _with_event_schemas(app: FastAPI) -> None:
 
 # --- the runtime and the token -------------------------------------------------------------------
 
-_bearer = HTTPBearer(
-    auto_error=False, scheme_name="bearerToken",
-    description="The token `apollia-os serve` was started with (`--token`, `$APOLLIA_TOKEN`, or generated "
-                "and written to `<home>/server.json`). Not needed for `/api/v1/health`, `/api/v1/openapi.json` "
-                "or `/api/v1/docs`.",
-)
-
-
-async def _runtime(request: Request) -> Any:  # async: a plain def would run in a worker thread
-    return request.app.state.runtime
-
-
-def _token_matches(request: Request, credentials: HTTPAuthorizationCredentials | None) -> bool:
-    given = credentials.credentials.encode("utf-8", "surrogateescape") if credentials is not None else b""
-    return credentials is not None and hmac.compare_digest(given, request.app.state.token)
-
-
-async def _authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
-    if not _token_matches(request, credentials):
-        raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
-
-
 # --- idempotency keys -----------------------------------------------------------------------------
 
 
@@ -221,18 +143,6 @@ def _idempotency_for(request: Request) -> tuple[Idempotency, bytes] | None:
     if getattr(state, "idempotency", None) is None or state.idempotency.records is not records:
         state.idempotency = Idempotency(records)
     return state.idempotency, state.token
-
-
-async def _idempotency_key(
-    key: Annotated[str | None, Header(
-        alias=KEY_HEADER, pattern=KEY_PATTERN,
-        description="A unique string (a UUID) that makes a retry safe: the same key with the same body is "
-                    f"answered with the first answer (`{REPLAYED_HEADER}: true`) and nothing is done twice. "
-                    "Quoted (the IETF draft's structured string) or bare; remembered 24 hours, per route and "
-                    "token. See the reference's section on retries.",
-    )] = None,
-) -> None:
-    """Declares the header in the document; ``IdempotentRoute`` reads it."""
 
 
 # --- errors ---------------------------------------------------------------------------------------
@@ -462,23 +372,6 @@ def _all_tasks(rt: Any) -> list[dict[str, Any]]:
     return sorted(out.values(), key=lambda t: (t["created_at"], t["id"]))
 
 
-async def _first(*events: anyio.Event) -> None:
-    """Until any of ``events`` is set."""
-    if any(e.is_set() for e in events):
-        return
-    async with anyio.create_task_group() as tg:
-        async def wait(event: anyio.Event) -> None:
-            await event.wait()
-            tg.cancel_scope.cancel()
-
-        for event in events:
-            tg.start_soon(wait, event)
-
-
-def _closing(request: Request) -> anyio.Event:
-    return request.app.state.closing
-
-
 def _current_segment(events: list[dict[str, Any]]) -> int:
     """Where the exchange's current stretch starts: after the last pause it has been resumed from."""
     pauses = [i for i, e in enumerate(events) if e["type"] == "paused"]
@@ -505,50 +398,13 @@ async def _exchange_events(exchange: Any, start: int, closing: anyio.Event) -> A
 # --- routes ---------------------------------------------------------------------------------------
 
 public = APIRouter()
-router = APIRouter(dependencies=[Depends(_authorize)], responses=_errors(401, 422))
-
-async def _committed(request: Request) -> AsyncIterator[None]:
-    """After a write route's work, before its answer is sent: wait until runtime.db holds what it wrote.
-
-    Acknowledged means durable (a session opened, a message injected, a task cancelled): the
-    answer is sent only once the rows are committed; a write that fails fails the request."""
-    yield  # an error of the route itself goes on as it is
-    await _commit(request)
+router = APIRouter(dependencies=[Depends(authorize)], responses=error_responses(401, 422))
 
 
-async def _commit(request: Request) -> None:
-    runtime = request.app.state.runtime
-    if runtime is not None:
-        await runtime.committed()
+def _route(method: str, path: str, status: int = 200, **kw: Any) -> Any:
+    """A JSON route of ``router`` (``deps.json_route``)."""
+    return json_route(router, method, path, status, **kw)
 
-
-def _route(method: str, path: str, status: int = 200, *, storage: bool | None = None, records: bool = False,
-           idempotent: bool | None = None, effect: Effect | None = None, **kw: Any) -> Any:
-    """A JSON route of ``router``.
-
-    ``storage`` (default: every method but GET) documents 503/507 storage faults; a POST (unless
-    ``idempotent=False``) honours ``Idempotency-Key`` (``effect``: how a retry finds what a request
-    whose answer was not recorded did). ``records``: the route changes rows of runtime.db without
-    waiting for them (sessions, a cancel): it answers only once they are committed, and
-    ``OUTCOME_UNKNOWN`` when they could not be (the change is made; its rows are written once the disk
-    takes them). The other write routes commit what they change before they return (the journal,
-    governance.db, a submitted task, an agent).
-    """
-    if storage if storage is not None else method != "GET":
-        kw["responses"] = {**kw.get("responses", {}), **_errors(*_STORAGE_STATUSES)}
-    extra: dict[str, Any] = {}
-    if method == "POST" if idempotent is None else idempotent:
-        extra["route_class_override"] = IdempotentRoute.using(effect, _commit if records else None)
-        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_idempotency_key)]
-        kw["responses"] = {**_errors(409), **kw.get("responses", {})}
-    elif records:
-        kw["dependencies"] = [*kw.get("dependencies", ()), Depends(_committed, scope="function")]
-
-    def decorator(fn: Any) -> Any:
-        router.add_api_route(path, fn, methods=[method], status_code=status, **kw, **extra)
-        return fn
-
-    return decorator
 
 
 @public.get("/health", response_model=s.Health, operation_id="health", tags=["health"],
@@ -1052,8 +908,6 @@ async def list_entries(
 # --- the app --------------------------------------------------------------------------------------
 
 
-from apollia_nb.api import batches as _batches  # noqa: E402,F401 - its routes join ``router``
-
 
 def create_app(
     runtime: Any = None,
@@ -1074,9 +928,7 @@ def create_app(
     ``allowed_hosts``, and from browser pages of the server's own origin and
     ``cors_origins`` (``HostGuard``).
     """
-    from apollia_nb.api import (
-        internal as _internal,  # the home's clients: docs/shared-home.md
-    )
+    from apollia_nb.api import internal as _internal  # lazy: internal.py imports this module's _errors, _runtime
 
     _internal.require_owner(runtime)
     if not isinstance(token, str) or not token:
@@ -1127,6 +979,7 @@ def create_app(
     _with_event_schemas(app)
     app.include_router(public, prefix=API_PREFIX)
     app.include_router(router, prefix=API_PREFIX)
+    app.include_router(batches.router, prefix=API_PREFIX)
     app.include_router(_internal.router, prefix=API_PREFIX)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware

@@ -2,7 +2,7 @@
 
 A batch over the API is the runtime's batch (``apollia_nb/runtime/batch.py``):
 its items are a JSON list of objects, its goal a template filled from each item.
-The routes are added to the API's router by ``api/app.py``.
+Its ``router`` is included by ``api/app.py``'s ``create_app``.
 """
 
 from __future__ import annotations
@@ -14,22 +14,28 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import anyio
-from fastapi import Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from apollia_nb.api.app import (
+from apollia_nb.api.deps import (
     API_PREFIX,
-    _closing,
-    _errors,
-    _first,
-    _route,
-    _runtime,
-    _stream_errors,
-    router,
+    authorize,
+    closing,
+    error_responses,
+    first,
+    json_route,
+    runtime_of,
+    stream_errors,
 )
 from apollia_nb.wire.batches import BatchIn, BatchOut, BatchRow
 
-__all__ = ["BatchIn", "BatchOut", "BatchRow", "results_text"]
+__all__ = ["BatchIn", "BatchOut", "BatchRow", "results_text", "router"]
+
+router = APIRouter(dependencies=[Depends(authorize)], responses=error_responses(401, 422))
+
+
+def _route(method: str, path: str, status: int = 200, **kw: Any) -> Any:
+    return json_route(router, method, path, status, **kw)
 
 
 _COLUMNS = list(BatchRow.model_fields)
@@ -48,11 +54,11 @@ def results_text(rows: list[dict[str, Any]], fmt: str) -> str:
 
 
 @_route("POST", "/batches", 202, response_model=BatchOut, operation_id="createBatch", tags=["batches"],
-        summary="Run an agent over many items", responses=_errors(404, 409, 413, 422),
+        summary="Run an agent over many items", responses=error_responses(404, 409, 413, 422),
         description="Records the batch and its items, then returns at once; each item runs as an unattended "
                     "task (its first call that would ask suspends it into `GET /pending-decisions`, the others "
                     "go on). 400 `BAD_INPUT` when an item cannot fill the goal (nothing is recorded).")
-async def create_batch(response: Response, body: BatchIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+async def create_batch(response: Response, body: BatchIn, rt: Any = Depends(runtime_of)) -> dict[str, Any]:
     handle = await rt.batch(body.agent, list(body.items), goal=body.goal, concurrency=body.concurrency,
                             max_steps=body.max_steps, key=body.key)
     response.headers["Location"] = f"{API_PREFIX}/batches/{handle.id}"
@@ -61,23 +67,23 @@ async def create_batch(response: Response, body: BatchIn, rt: Any = Depends(_run
 
 @_route("GET", "/batches", storage=True, response_model=list[BatchOut], operation_id="listBatches",
         tags=["batches"], summary="Batches, oldest first")
-async def list_batches(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
+async def list_batches(rt: Any = Depends(runtime_of)) -> list[dict[str, Any]]:
     return [b.to_dict() for b in rt.batches()]
 
 
 @_route("GET", "/batches/{batch_id}", storage=True, response_model=BatchOut, operation_id="getBatch",
-        tags=["batches"], summary="One batch and its counts", responses=_errors(404))
-async def get_batch(batch_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+        tags=["batches"], summary="One batch and its counts", responses=error_responses(404))
+async def get_batch(batch_id: str, rt: Any = Depends(runtime_of)) -> dict[str, Any]:
     return rt.get_batch(batch_id).to_dict()
 
 
 @_route("GET", "/batches/{batch_id}/results", storage=True, response_model=list[BatchRow],
         operation_id="batchResults", tags=["batches"], summary="A batch's items and their results",
-        responses={**_errors(404), 200: {"content": {"application/x-ndjson": {}, "text/csv": {}}}},
+        responses={**error_responses(404), 200: {"content": {"application/x-ndjson": {}, "text/csv": {}}}},
         description="One row per item, in item order, as the items stand now. `format=jsonl` or `csv` "
                     "answers JSON Lines or CSV instead of a JSON list.")
 async def batch_results(batch_id: str, format: Literal["json", "jsonl", "csv"] = Query("json"),
-                        rt: Any = Depends(_runtime)) -> Any:
+                        rt: Any = Depends(runtime_of)) -> Any:
     rows = rt.get_batch(batch_id).rows()
     if format == "json":
         return rows
@@ -86,25 +92,25 @@ async def batch_results(batch_id: str, format: Literal["json", "jsonl", "csv"] =
 
 
 @_route("POST", "/batches/{batch_id}/cancel", response_model=BatchOut, operation_id="cancelBatch",
-        tags=["batches"], summary="Cancel a batch", responses=_errors(404, 409),
+        tags=["batches"], summary="Cancel a batch", responses=error_responses(404, 409),
         description="Items not started never start; every unfinished item's task is cancelled (its pending "
                     "decisions refused). 409 when the batch is already completed or cancelled.")
-async def cancel_batch(batch_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+async def cancel_batch(batch_id: str, rt: Any = Depends(runtime_of)) -> dict[str, Any]:
     return (await rt.get_batch(batch_id).cancel()).to_dict()
 
 
-async def _existing_batch(batch_id: str, rt: Any = Depends(_runtime)) -> Any:
+async def _existing_batch(batch_id: str, rt: Any = Depends(runtime_of)) -> Any:
     return rt.get_batch(batch_id)
 
 
 @router.get("/batches/{batch_id}/events", response_class=EventSourceResponse, operation_id="batchEvents",
             tags=["batches"], summary="A batch's progress (server-sent events)",
-            responses=_stream_errors(404, events={"batch": "BatchOut"}),
+            responses=stream_errors(404, events={"batch": "BatchOut"}),
             description="`event: batch` with the batch's JSON (as `GET /batches/{id}`) now and whenever its "
                         "counts change, until it is completed or cancelled; then the stream ends.")
 async def batch_events(request: Request, handle: Any = Depends(_existing_batch),
-                       rt: Any = Depends(_runtime)) -> AsyncIterator[ServerSentEvent]:
-    closing = _closing(request)
+                       rt: Any = Depends(runtime_of)) -> AsyncIterator[ServerSentEvent]:
+    stop = closing(request)
     changed = anyio.Event()
 
     def listener(kind: str, obj: Any) -> None:
@@ -122,8 +128,8 @@ async def batch_events(request: Request, handle: Any = Depends(_existing_batch),
                 last = data
             if data["status"] != "running":
                 return
-            await _first(changed, closing)
-            if closing.is_set():
+            await first(changed, stop)
+            if stop.is_set():
                 return
     finally:
         unsubscribe()

@@ -43,7 +43,7 @@ from typing import Any
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials
 
-from apollia_nb.api.app import API_PREFIX, _bearer, _token_matches
+from apollia_nb.api.deps import API_PREFIX, bearer, token_matches
 from apollia_nb.errors import BadInput, Unauthorized, UnknownDecision
 
 __all__ = ["WORKER_KINDS", "WORKER_ROUTES", "WorkerScope", "WorkerTokens", "authorize_internal", "scope_of",
@@ -249,10 +249,10 @@ WORKER_ROUTES: dict[tuple[str, str], Check] = {
 
 
 async def authorize_internal(request: Request,
-                             credentials: HTTPAuthorizationCredentials | None = Security(_bearer)) -> None:
+                             credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
     """The internal routes' guard: the server's token opens them all; a worker credential opens the routes of
     :data:`WORKER_ROUTES` for its batch only; anything else is 401 ``UNAUTHORIZED``."""
-    if _token_matches(request, credentials):
+    if token_matches(request, credentials):
         return
     scope = tokens_of(request).scope(credentials.credentials) if credentials is not None else None
     if scope is None:
