@@ -62,12 +62,12 @@ async def test_always_over_a_group_never_reaches_a_card_that_does_not_offer_it_n
         batch = await rt.batch("writer", [{"path": "notes.txt"}, {"path": ".git/config"}],
                                goal="Write {path} after nothing")
         await waiting(batch, 2)
-        groups = {g["arguments"]["path"]: g for g in batch.pending_groups()}
+        groups = {c["arguments"]["path"]: g for g in batch.pending_groups() for c in g["calls"]}
         assert set(groups) == {"notes.txt", ".git/config"}
         notes, git = groups["notes.txt"], groups[".git/config"]
         assert notes["answers"] == ["once", "always", "refuse"] and git["answers"] == ["once", "refuse"]
         assert (notes["agent"], notes["tool"], notes["family"]) == ("writer", "write_file", "write")
-        assert notes["arguments"] == {"path": "notes.txt", "content": "x"}
+        assert [c["arguments"] for c in notes["calls"]] == [{"path": "notes.txt", "content": "x"}]
 
         with pytest.raises(BadAnswer, match="not on offer"):
             batch.answer_group(git, "always", by="lead")
@@ -170,18 +170,29 @@ def test_cards_group_only_when_everything_that_gives_an_answer_its_meaning_is_th
         _Card("d-3", "clerk", family="send"),  # another family: another consent
         _Card("d-4", "clerk", answers=("once", "refuse")),  # `always` not on offer
         _Card("d-5", "clerk", line=4),  # another line: `always` writes a rule, not a consent
-        _Card("d-6", "clerk", arguments={"path": "b.txt"}),  # other arguments
-        _Card("d-7", "clerk", path="sub/a.txt"),  # the same words resolving elsewhere
         _Card("d-8", "clerk", tool="delete_file"),
     ]
     groups = group_cards([base, *neighbours])
-    assert len(groups) == 8 and all(len(g["cards"]) == 1 for g in groups)
-    [together] = group_cards([base, _Card("d-9", "clerk")])
-    assert [c.id for c in together["cards"]] == ["d-1", "d-9"]
-    assert together["arguments"] == {"path": "a.txt"} and together["answers"] == ["once", "always", "refuse"]
+    assert len(groups) == 6 and all(len(g["cards"]) == 1 for g in groups)
+    # Other arguments, or the same words resolving elsewhere: the same question, each call listed as it is.
+    [together] = group_cards([base, _Card("d-9", "clerk"), _Card("d-6", "clerk", arguments={"path": "b.txt"}),
+                              _Card("d-7", "clerk", path="sub/a.txt")])
+    assert [c.id for c in together["cards"]] == ["d-1", "d-9", "d-6", "d-7"]
+    assert together["calls"] == [
+        {"id": "d-1", "arguments": {"path": "a.txt"}, "path": "a.txt"},
+        {"id": "d-9", "arguments": {"path": "a.txt"}, "path": "a.txt"},
+        {"id": "d-6", "arguments": {"path": "b.txt"}, "path": "a.txt"},
+        {"id": "d-7", "arguments": {"path": "a.txt"}, "path": "sub/a.txt"}]
+    assert together["answers"] == ["once", "always", "refuse"]
     [alone] = group_cards([base])
     assert alone["key"] == together["key"] and alone["digest"] != together["digest"]
-    assert group_cards([_Card("d-9", "clerk"), base])[0]["digest"] == together["digest"]  # order does not matter
+    four = [_Card("d-7", "clerk", path="sub/a.txt"), _Card("d-6", "clerk", arguments={"path": "b.txt"}),
+            _Card("d-9", "clerk"), base]
+    assert group_cards(four)[0]["digest"] == together["digest"]  # order does not matter
+    # The digest covers each card's call: the same ids asking something else are another group as shown.
+    changed = [base, _Card("d-9", "clerk"), _Card("d-6", "clerk", arguments={"path": "c.txt"}),
+               _Card("d-7", "clerk", path="sub/a.txt")]
+    assert group_cards(changed)[0]["digest"] != together["digest"]
 
 
 def test_the_widget_shows_the_arguments_and_a_stale_click_answers_nothing(ip):  # noqa: F811
@@ -197,7 +208,8 @@ def test_the_widget_shows_the_arguments_and_a_stale_click_answers_nothing(ip):  
     heading, arguments = row.children
     assert "out.txt" in arguments.value and "writer" in heading.children[0].value
     [group] = batch.pending_groups()
-    assert group["arguments"] == {"path": "out.txt", "content": "x"} and group["count"] == 2
+    assert [c["arguments"] for c in group["calls"]] == [{"path": "out.txt", "content": "x"}] * 2
+    assert group["count"] == 2
     rt = batch._bridge.rt
     batch._bridge.call(rt.answer, group["ids"][0], "once", by="someone-else")  # answered elsewhere
     heading.children[2].click()  # "always" on the row as drawn: refused, nothing answered

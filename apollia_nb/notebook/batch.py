@@ -18,6 +18,7 @@ import html
 from typing import TYPE_CHECKING, Any
 
 from apollia_nb.errors import BadInput
+from apollia_nb.notebook.arguments import magic_parser
 from apollia_nb.notebook.handles import Displayable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,9 +32,7 @@ REFRESH_SECS = 0.25
 
 def batch_magic(magics: Any, args: list[str], cell: str | None) -> NotebookBatch:
     """``%%apollia batch AGENT --over VAR [--concurrency N] [--max-steps N] [--key FIELD]``."""
-    from apollia_nb.notebook.magics import _parser
-
-    parser = _parser("%%apollia batch")
+    parser = magic_parser("%%apollia batch")
     parser.add_argument("agent")
     parser.add_argument("--over", required=True, help="the variable holding the items (a DataFrame, a list)")
     parser.add_argument("--concurrency", type=int, default=4)
@@ -75,7 +74,8 @@ class NotebookBatch(Displayable):
 
     def pending_groups(self) -> list[dict[str, Any]]:
         """The waiting cards by question: ``{"key", "digest", "agent", "tool", "family", "line", "answers",
-        "arguments", "path", "count", "ids"}`` (``runtime/batch.py``, ``group_cards``)."""
+        "calls", "count", "ids"}`` (``runtime/batch.py``, ``group_cards``; ``calls``: every card's ``{"id",
+        "arguments", "path"}``)."""
         def read() -> list[dict[str, Any]]:
             return [{**{k: v for k, v in g.items() if k != "cards"}, "count": len(g["cards"]),
                      "ids": [c.id for c in g["cards"]]} for g in self._handle.pending_groups()]
@@ -140,10 +140,11 @@ class NotebookBatch(Displayable):
 
 
 def _arguments_text(group: dict[str, Any]) -> str:
-    """A group's arguments in one line of text (in full: the answer applies to exactly these)."""
+    """A group's calls' arguments in one line of text (in full: the answer applies to exactly these)."""
     import json
 
-    return json.dumps(group["arguments"], ensure_ascii=False, sort_keys=True, default=str)
+    return "; ".join(json.dumps(c["arguments"], ensure_ascii=False, sort_keys=True, default=str)
+                     for c in group["calls"])
 
 
 def _progress_words(c: dict[str, int], total: int) -> str:
@@ -200,9 +201,13 @@ class BatchView:
 
         w = self._w
         label = w.HTML(f"<b>{html.escape(group['agent'])}</b> · <code>{html.escape(group['tool'])}</code> "
-                       f"({html.escape(group['family'] or 'no family')}) · {group['count']} waiting"
-                       + (f" · resolves to <code>{html.escape(group['path'])}</code>" if group.get("path") else ""))
-        arguments = w.HTML(arguments_html(group["arguments"] or {}))
+                       f"({html.escape(group['family'] or 'no family')}) · {group['count']} waiting")
+        # Every call the answer applies to, in full (scrolls when there are many): the answer is to these.
+        calls = "".join(
+            "<div>" + arguments_html(c["arguments"] or {})
+            + (f"<div>resolves to <code>{html.escape(c['path'])}</code></div>" if c.get("path") else "") + "</div>"
+            for c in group["calls"])
+        arguments = w.HTML(f"<div style='max-height:16em;overflow:auto'>{calls}</div>")
         buttons = []
         for answer in group["answers"]:
             button = w.Button(description=f"{answer} × {group['count']}" if answer != "always" else "always",

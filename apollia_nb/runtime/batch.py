@@ -204,17 +204,24 @@ def fill_goals(goal: str | Callable[[dict[str, Any]], str], items: list[tuple[An
 
 def card_question(card: Any) -> dict[str, Any]:
     """What decides what an answer to a card means: who asks, for which tool and family, on which line,
-    with which answers on offer, with which arguments (and the path they resolve to)."""
+    with which answers on offer. Cards of one question group together; each keeps its own call."""
     return {"agent": card.agent, "tool": card.tool, "family": card.family, "line": card.line,
-            "answers": list(card.answers), "arguments": card.arguments, "path": card.path}
+            "answers": list(card.answers)}
+
+
+def card_call(card: Any) -> dict[str, Any]:
+    """What a card asks to do: its id, its arguments (as shown: sensitive values redacted) and the path
+    they resolve to."""
+    return {"id": card.id, "arguments": card.arguments, "path": card.path}
 
 
 def group_cards(cards: Iterable[Any]) -> list[dict[str, Any]]:
-    """Waiting cards grouped by their question (:func:`card_question`), largest group first.
+    """Waiting cards grouped by their question (:func:`card_question`), largest group first; each group
+    lists every card's call (:func:`card_call`), in the order the cards were asked.
 
-    A group's ``key`` is the digest of its question; its ``digest`` also covers which cards it holds,
-    so an answer given to a group as shown (``BatchHandle.answer_group``) never reaches a card that
-    joined it later."""
+    A group's ``key`` is the digest of its question; its ``digest`` also covers which cards it holds and
+    each one's arguments and path, so an answer given to a group as shown (``BatchHandle.answer_group``)
+    never reaches a card that joined it later, nor a call other than the one shown."""
     from apollia_nb.runtime.tools import canonical_json, text_digest
 
     groups: dict[str, dict[str, Any]] = {}
@@ -226,7 +233,9 @@ def group_cards(cards: Iterable[Any]) -> list[dict[str, Any]]:
             group = groups[key] = {"key": key, **question, "cards": []}
         group["cards"].append(card)
     for group in groups.values():
-        group["digest"] = text_digest(canonical_json([group["key"], sorted(c.id for c in group["cards"])]))
+        group["calls"] = [card_call(c) for c in group["cards"]]
+        shown = sorted((c["id"], text_digest(canonical_json([c["arguments"], c["path"]]))) for c in group["calls"])
+        group["digest"] = text_digest(canonical_json([group["key"], shown]))
     return sorted(groups.values(), key=lambda g: (-len(g["cards"]), g["tool"], g["family"] or "", g["key"]))
 
 
@@ -525,7 +534,8 @@ class BatchHandle:
 
     def pending_groups(self) -> list[dict[str, Any]]:
         """The waiting cards grouped by what an answer to them means (:func:`group_cards`), largest group first:
-        ``{"key", "digest", "agent", "tool", "family", "line", "answers", "arguments", "path", "cards"}``."""
+        ``{"key", "digest", "agent", "tool", "family", "line", "answers", "calls", "cards"}`` (``calls``: each
+        card's ``{"id", "arguments", "path"}``, all of them, as the answer will apply to them)."""
         return group_cards(self.pending)
 
     def answer_group(self, group: Mapping[str, Any] | str, answer: str, *, by: str = "user") -> list[str]:
