@@ -72,11 +72,7 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
         "the read-only SQL rules of %%apollia sql live in the notebook; they belong beside the journal's views",
     # circles
     ("apollia_nb.journal.verify", "apollia_nb.journal.export"):
-        "bundle verification reads the bundle's file names, key and meta from the exporter",
-    ("apollia_nb.federation.sources", "apollia_nb.federation.mcp"):
-        "open_sources builds the MCP source while mcp.py takes the source rules from sources.py",
-    ("apollia_nb.federation.sources", "apollia_nb.federation.rest"):
-        "open_sources builds the REST source while rest.py takes the source rules from sources.py",
+        "bundle verification reads the bundle's file names, key and meta from the exporter, not bundle.py",
     ("apollia_nb.runtime.models.responses", "apollia_nb.runtime.models.openai"):
         "the Responses model reuses the Chat Completions model's helpers instead of a shared module",
     ("apollia_nb.api.internal", "apollia_nb.api.app"):
@@ -89,11 +85,20 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("apollia_nb.sdk.client", "apollia_nb.sdk.batches"):
         "the client builds batch handles, and the batch handles use the client's private request helper",
     ("apollia_nb.notebook.batch", "apollia_nb.notebook.magics"):
-        "the batch magic takes the magics' argument parser from the module that dispatches to it",
+        "the batch magic takes the argument parser from the magics that dispatch to it, not arguments.py",
     ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
         "a handle draws its widget, and the widgets read the handles",
     ("apollia_nb.notebook.bridge", "apollia_nb.notebook.panel"):
         "the kernel runtime starts the side panel, which reads the kernel runtime",
+}
+
+
+#: Of ``KNOWN_VIOLATIONS``, the edges whose importer already takes the piece from its new place in a
+#: version of the file still to land: each may be there or gone. Drop both entries once it is gone.
+MOVING: set[tuple[str, str]] = {
+    ("apollia_nb.api.internal", "apollia_nb.api.app"),  # -> api/deps.py
+    ("apollia_nb.journal.verify", "apollia_nb.journal.export"),  # -> journal/bundle.py
+    ("apollia_nb.notebook.batch", "apollia_nb.notebook.magics"),  # -> notebook/arguments.py
 }
 
 
@@ -249,9 +254,10 @@ def test_no_import_cycle_anywhere() -> None:
 
 def test_each_known_violation_is_still_there_and_gives_its_reason() -> None:
     edges = {(i.source, i.target) for i in all_imports()}
-    gone = sorted(e for e in KNOWN_VIOLATIONS if e not in edges)
+    gone = sorted(e for e in KNOWN_VIOLATIONS if e not in edges and e not in MOVING)
     assert not gone, f"no longer imported: take them out of KNOWN_VIOLATIONS: {gone}"
     assert all(len(reason) > 20 for reason in KNOWN_VIOLATIONS.values())
+    assert MOVING <= set(KNOWN_VIOLATIONS)
 
 
 def test_nothing_in_the_package_imports_the_composition_root() -> None:

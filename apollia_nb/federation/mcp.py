@@ -67,7 +67,7 @@ from apollia_nb.federation.config import McpServerConfig
 from apollia_nb.federation.mcp_requests import (
     ELICITATION, SAMPLING, elicitation_action, sampling_arguments, shown_request,
 )
-from apollia_nb.federation.sources import check_connection_allowed, named_tools
+from apollia_nb.federation.base import check_connection_allowed, named_tools
 from apollia_nb.runtime.outputs import secret_values
 
 if TYPE_CHECKING:  # pragma: no cover

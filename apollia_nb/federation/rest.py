@@ -55,7 +55,7 @@ import anyio
 
 from apollia_nb.errors import BadArgument, BadInput, PermanentToolError, ToolTimeout, TransientToolError
 from apollia_nb.federation.config import HostConfig
-from apollia_nb.federation.sources import check_connection_allowed, named_tools
+from apollia_nb.federation.base import check_connection_allowed, named_tools
 from apollia_nb.governance.decision import Family
 
 if TYPE_CHECKING:  # pragma: no cover

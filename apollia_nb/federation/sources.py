@@ -21,9 +21,13 @@ Two rules hold for every source:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from apollia_nb.errors import ApolliaError, Refused
+from apollia_nb.errors import ApolliaError
+from apollia_nb.federation.base import ToolSource, check_connection_allowed, named_tools
+from apollia_nb.federation.config import parse_host, parse_mcp_server
+from apollia_nb.federation.mcp import McpSource
+from apollia_nb.federation.rest import RestSource
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.tools import ToolDef
@@ -31,33 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ToolSource", "open_sources", "named_tools", "check_connection_allowed"]
 
 
-class ToolSource(Protocol):
-    name: str
-
-    async def tools(self, manifest: Any) -> "list[ToolDef]": ...
-
-    async def aclose(self) -> None: ...
-
-
-def named_tools(manifest: Any, prefix: str) -> list[str]:
-    """The tool names under ``prefix`` the manifest declares, in declared order."""
-    declared = [*getattr(manifest, "tools_required", ()), *getattr(manifest, "tools_optional", ())]
-    return [name for name in dict.fromkeys(declared) if name.startswith(prefix)]
-
-
-def check_connection_allowed(rt: Any, connection: str) -> None:
-    """Raise ``REFUSED`` when the accepted organisation policy refuses ``connection``."""
-    policy = rt.governance.view().policy
-    if policy is not None and connection in policy.refuse_connections:
-        raise Refused(f"organisation policy refuses the connection {connection!r}; it is not contacted")
-
-
 def open_sources(rt: Any) -> list[ToolSource]:
     """One source per configured MCP server and per host; a broken entry reports when asked."""
-    from apollia_nb.federation.config import parse_host, parse_mcp_server
-    from apollia_nb.federation.mcp import McpSource
-    from apollia_nb.federation.rest import RestSource
-
     sources: list[ToolSource] = []
     for name, table in rt.config.mcp_servers.items():
         try:
