@@ -23,18 +23,18 @@ traceback). Settings are traits of ``ApolliaMagics`` (``%config ApolliaMagics``)
 
 from __future__ import annotations
 
-import argparse
 import html
 import asyncio
-import shlex
-import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import Bool, Unicode, observe
 
 from apollia_nb.errors import ApolliaError, BadInput, Conflict, UnknownRun, UnknownSession
+from apollia_nb.notebook.arguments import MagicExit as _Exit
+from apollia_nb.notebook.arguments import magic_parser as _parser
+from apollia_nb.notebook.arguments import magic_words as _words
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.notebook.bridge import KernelRuntime
@@ -94,31 +94,6 @@ class ApolliaMagicError(Exception):
         return [f"{self.code}: {self.message}"]
 
 
-class _Exit(Exception):
-    """argparse asked to exit (after printing ``--help``)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise BadInput(f"{self.prog}: {message}")
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        if message:
-            print(message, file=sys.stderr)
-        raise _Exit()
-
-
-def _parser(prog: str) -> _Parser:
-    return _Parser(prog=prog, add_help=True, allow_abbrev=False)
-
-
-def _words(line: str) -> list[str]:
-    try:
-        return shlex.split(line)
-    except ValueError as exc:
-        raise BadInput(f"cannot read the arguments: {exc}") from None
-
-
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
         return asyncio.get_running_loop()
@@ -156,7 +131,7 @@ class ApolliaMagics(Magics):
         self._commands["batch"] = self._batch
 
     def _batch(self, args: list[str], cell: str | None) -> Any:
-        from apollia_nb.notebook.batch import batch_magic  # notebook/batch.py (imports the handles)
+        from apollia_nb.notebook.batch import batch_magic  # lazy: it and its handles cost ~0.1 s at %load_ext
 
         return batch_magic(self, args, cell)
 
