@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from apollia_nb.dbutil import limit_memory
 from apollia_nb.errors import BadInput, BundleFileAltered, IntegrityError, NotFound
+from apollia_nb.journal.bundle import BUNDLE_FILES, read_bundle_key, read_bundle_meta
 from apollia_nb.journal.checkpoint import NoteVerifier
 from apollia_nb.journal.verify import _COLUMNS as _ENTRY_COLUMNS
-from apollia_nb.journal.verify import _ranged_chunks
+from apollia_nb.journal.verify import RANGE, _ranged_chunks
 from apollia_nb.journal.views import bundle_sql
 
 if TYPE_CHECKING:
@@ -52,17 +53,6 @@ if TYPE_CHECKING:
 __all__ = ["BUNDLE_FILES", "BundleFacts", "ExportResult", "bundle_hashes", "bundle_readme", "check_bundle_files",
            "export_home", "export_journal", "export_streamed", "read_bundle_key", "read_bundle_meta"]
 
-BUNDLE_FILES = {
-    "entries": "entries.parquet",
-    "checkpoints": "checkpoints.parquet",
-    "cosignatures": "cosignatures.parquet",
-    "checkpoint": "checkpoint.txt",
-    "pub": "journal.pub",
-    "vkey": "journal.vkey",
-    "meta": "meta.json",
-    "views": "views.sql",
-    "readme": "README.md",
-}
 
 _README = """\
 # apollia-nb audit bundle
@@ -137,34 +127,6 @@ class ExportResult:
             "checkpoints": self.checkpoints,
             "files": list(self.files),
         }
-
-
-def read_bundle_key(directory: Path) -> NoteVerifier:
-    """The bundle's verifier (origin and public key), cross-checked with ``journal.pub``."""
-    verifier = NoteVerifier.from_key((directory / BUNDLE_FILES["vkey"]).read_text().strip())
-    pub = directory / BUNDLE_FILES["pub"]
-    if pub.exists():
-        try:
-            raw = base64.b64decode(pub.read_text().strip(), validate=True)
-        except ValueError:
-            raise IntegrityError(f"{pub} is not base64") from None
-        if raw != verifier.public_key:
-            raise IntegrityError(f"{pub} and {BUNDLE_FILES['vkey']} name different keys")
-    return verifier
-
-
-def read_bundle_meta(directory: Path) -> dict[str, Any]:
-    """The bundle's ``meta.json`` (``{}`` when it has none; ``INTEGRITY_FAILURE`` when it is not JSON)."""
-    path = Path(directory) / BUNDLE_FILES["meta"]
-    if not path.exists():
-        return {}
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        raise IntegrityError(f"{path} is not JSON") from None
-    if not isinstance(meta, dict):
-        raise IntegrityError(f"{path} is not a JSON object")
-    return meta
 
 
 def bundle_hashes(directory: Path) -> tuple[bytes, ...]:
@@ -249,8 +211,6 @@ def _copy_entries_attached(con: Any, entries_sql: str, path: Path) -> None:
     """``entries.parquet`` from a connection with the side database ``export_side`` attached:
     the entries go into it in seq order one seq range at a time (one sort of every row would
     hold them all in memory), then DuckDB writes that table in its insertion order."""
-    from apollia_nb.journal.verify import RANGE
-
     con.execute(f"CREATE TABLE export_side.rows AS SELECT {_ENTRY_COLUMNS} FROM {entries_sql} LIMIT 0")
     # Where one ORDER BY seq over everything puts them: seqs below 1 first, NULL seqs last.
     con.execute(f"INSERT INTO export_side.rows SELECT {_ENTRY_COLUMNS} FROM {entries_sql} WHERE seq < 1 ORDER BY seq")
