@@ -84,8 +84,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
         "the served CLI takes _who from the governance group, which calls the served CLI",
     ("apollia_nb.sdk.client", "apollia_nb.sdk.batches"):
         "the client builds batch handles, and the batch handles use the client's private request helper",
-    ("apollia_nb.notebook.batch", "apollia_nb.notebook.magics"):
-        "the batch magic takes the argument parser from the magics that dispatch to it, not arguments.py",
     ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
         "a handle draws its widget, and the widgets read the handles",
     ("apollia_nb.notebook.bridge", "apollia_nb.notebook.panel"):
@@ -98,7 +96,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
 MOVING: set[tuple[str, str]] = {
     ("apollia_nb.api.internal", "apollia_nb.api.app"),  # -> api/deps.py
     ("apollia_nb.journal.verify", "apollia_nb.journal.export"),  # -> journal/bundle.py
-    ("apollia_nb.notebook.batch", "apollia_nb.notebook.magics"),  # -> notebook/arguments.py
 }
 
 
@@ -120,12 +117,6 @@ def modules(root: Path = PACKAGE_DIR) -> dict[str, Path]:
     return {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
 
 
-def _resolve(name: str, known: dict[str, Path]) -> str | None:
-    while name not in known and "." in name:
-        name = name.rpartition(".")[0]
-    return name if name in known else None
-
-
 def imports_of(path: Path, module: str, known: dict[str, Path]) -> list[Import]:
     """Every import in ``path`` of a module in ``known``, wherever it stands."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -135,9 +126,8 @@ def imports_of(path: Path, module: str, known: dict[str, Path]) -> list[Import]:
     def add(name: str, node: ast.stmt, in_function: bool, type_checking: bool) -> None:
         if name.split(".")[0] != top:
             return
-        target = _resolve(name, known)
-        if target is not None and target != module:
-            found.append(Import(module, target, node.lineno, in_function, type_checking))
+        if name != module:  # a name not in ``known`` is a module of the package that does not exist
+            found.append(Import(module, name, node.lineno, in_function, type_checking))
 
     def walk(node: ast.AST, in_function: bool, type_checking: bool) -> None:
         for child in ast.iter_child_nodes(node):
@@ -235,6 +225,12 @@ def _where(imports: list[Import], edge: tuple[str, str]) -> str:
 # --- the package ----------------------------------------------------------------------------------
 
 
+def test_every_import_names_a_module_of_the_package() -> None:
+    known = modules()
+    missing = sorted(f"{i.source} (line {i.line}) imports {i.target}" for i in all_imports() if i.target not in known)
+    assert not missing, "no such module: " + "; ".join(missing)
+
+
 def test_no_layer_is_imported_from_below() -> None:
     imports = all_imports()
     assert len({i.source for i in imports}) > 80  # the walk sees the whole package
@@ -290,6 +286,14 @@ def test_the_walk_sees_function_level_and_type_checking_imports(tmp_path: Path) 
     assert next(i for i in imports if i.source == "apollia_nb.runtime.b").type_checking
     assert find_cycle(graph(imports)) == ["apollia_nb.runtime.a", "apollia_nb.runtime.b",
                                           "apollia_nb.runtime.c", "apollia_nb.runtime.a"]
+
+
+def test_an_import_of_a_module_that_is_not_there_is_named(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"notebook/__init__.py": "", "notebook/batch.py":
+                            "from apollia_nb.notebook.arguments import magic_parser\nfrom apollia_nb import errors\n",
+                            "errors.py": ""})
+    known = modules(root)
+    assert [i.target for i in all_imports(root) if i.target not in known] == ["apollia_nb.notebook.arguments"]
 
 
 def test_an_upward_import_is_found_even_inside_a_function(tmp_path: Path) -> None:
