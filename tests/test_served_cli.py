@@ -343,3 +343,116 @@ def test_commands_that_need_the_home_to_themselves_refuse_with_a_coded_message_w
         assert out.returncode == 3
         line = out.stderr.strip()
         assert "\n" not in line and line.startswith("error: HOME_LOCKED: ") and "stop the server" in line
+
+
+# --- the auditor's face: a client holds no copy of the journal -----------------------------------------
+
+from test_served_audit import build_home  # noqa: E402  (a journal of a few thousand entries, a checkpoint)
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, object]]:
+    """A home of a few thousand entries with the owner's bundle of it, then served in this process."""
+    from apollia_nb.api.server import ServerThread
+    from apollia_nb.journal.export import export_journal
+    from apollia_nb.journal.store import Journal
+    from apollia_nb.runtime.remote import RemoteHome, ServerAddress
+
+    tmp = tmp_path_factory.mktemp("audited")
+    home = build_home(tmp / "home")
+    with Journal.open(home) as journal:
+        export_journal(journal, tmp / "owner-bundle")
+    with ServerThread(home) as server:
+        remote = RemoteHome(home, ServerAddress(server.url, server.token, os.getpid()))
+        try:
+            yield tmp, home.path, remote
+        finally:
+            remote.close()
+
+
+def test_a_clients_verify_reads_bounded_pages_and_checks_them_under_the_homes_key(audited):
+    _tmp, _home, remote = audited
+    journal = remote.journal
+    pages: list[int] = []
+    paged = journal.entry_pages
+
+    def counted(high: int, *, page: int | None = None):
+        for rows in paged(high, page=page):
+            pages.append(len(rows))
+            yield rows
+
+    journal.entry_pages = counted
+    try:
+        report = journal.verify_paged(page=300)
+    finally:
+        del journal.entry_pages
+    high = journal.head()[0]
+    assert report.ok and report.entries == high and report.checked_checkpoints >= 1
+    assert max(pages) <= 300 and sum(pages) == high and len(pages) == -(-high // 300)
+    assert not hasattr(journal, "cursor") and not hasattr(journal, "snapshot_rows")  # no copy to query
+
+
+def test_a_clients_verify_finds_what_the_owners_finds_under_another_key(audited):
+    from apollia_nb.journal.store import Journal
+
+    tmp, _home, remote = audited
+    other = build_home(tmp / "other")
+    with Journal.open(other) as journal:
+        foreign = journal.latest_checkpoint()
+    report = remote.journal.verify_paged(foreign)
+    assert not report.ok and "the given checkpoint" in report.problem
+
+
+def test_a_clients_sql_and_proofs_are_answered_by_the_server_and_checked_here(audited):
+    import datetime as dt
+
+    from apollia_nb.errors import BadInput, IntegrityError
+    from apollia_nb.journal.store import Journal
+
+    tmp, home, remote = audited
+    journal = remote.journal
+    rows = journal.sql("SELECT seq, hash, ts, payload FROM entries WHERE seq <= ? ORDER BY seq", [3])
+    assert [r[0] for r in rows] == [1, 2, 3]
+    assert all(isinstance(r[1], bytes) and len(r[1]) == 32 for r in rows)
+    assert rows[0][1] == journal.get(1).hash
+    by_hash = journal.sql("SELECT seq FROM entries WHERE hash = ?", [rows[1][1]])  # a blob as a parameter
+    assert by_hash == [(2,)]
+    assert isinstance(journal.sql("SELECT now() AS t")[0][0], dt.datetime)
+    for query in ("DELETE FROM entries", "SELECT * FROM read_text('/etc/passwd')", "SELECT 1; SELECT 2"):
+        with pytest.raises(BadInput):
+            journal.sql(query)
+
+    proof = journal.inclusion_proof(2)
+    proof.verify(journal.verifier())
+    assert proof.entry_hash == rows[1][1]
+    consistency = journal.consistency_proof(10, 2_000)
+    assert (consistency.old_size, consistency.new_size) == (10, 2_000)
+    with pytest.raises(BadInput):
+        journal.consistency_proof(0)
+
+    # A proof the server makes for another entry, or under another key, is refused here.
+    other = Journal.open(build_home(tmp / "forger"))
+    try:
+        forged = other.inclusion_proof(2)
+    finally:
+        other.close()
+    with pytest.raises(IntegrityError):
+        forged.verify(journal.verifier())
+
+
+def test_a_clients_export_is_the_owners_bundle_byte_for_byte(audited):
+    from apollia_nb.journal.export import export_streamed
+
+    tmp, _home, remote = audited
+    owner = tmp / "owner-bundle"
+    meta = json.loads((owner / "meta.json").read_text())
+    journal = remote.journal
+    export_streamed(journal, tmp / "client-bundle", size=meta["entries"], checkpoints=journal.checkpoints())
+    client = tmp / "client-bundle"
+    for name in ("entries.parquet", "checkpoint.txt", "README.md", "views.sql"):
+        if (owner / name).exists():
+            assert (client / name).read_bytes() == (owner / name).read_bytes(), name
+    assert sorted(p.name for p in client.iterdir()) == sorted(p.name for p in owner.iterdir())
+    mine = json.loads((client / "meta.json").read_text())
+    assert {k: v for k, v in mine.items() if k != "exported_at"} == {
+        k: v for k, v in meta.items() if k != "exported_at"}

@@ -37,10 +37,11 @@ import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from apollia_nb.api import schemas as s
-from apollia_nb.api.app import _errors, _runtime
-from apollia_nb.api.schemas import _In, _Out
+from apollia_nb.api.deps import error_responses as _errors
+from apollia_nb.api.deps import runtime_of as _runtime
 from apollia_nb.api.worker_tokens import authorize_internal, scope_of, tokens_of
+from apollia_nb.wire import schemas as s
+from apollia_nb.wire.schemas import _In, _Out
 
 __all__ = ["router", "require_owner", "ANSWER_TICK_SECS", "MAX_PAGE"]
 
@@ -347,6 +348,82 @@ async def verify(body: VerifyIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
     report = await anyio.to_thread.run_sync(verify_journal, rt.journal, body.checkpoint)
     return {**report.to_dict(), "notes": list(report.notes)}
+
+
+# --- the auditor's face: SQL and proofs answered where the journal is stored -----------------------
+
+
+class SqlIn(_In):
+    query: Annotated[str, Field(min_length=1, max_length=100_000)]
+    params: list[Any] | None = Field(None, max_length=1_000, description="values for the query's `?`s")
+    timeout: float = Field(60.0, gt=0, le=600, description="seconds, then the query is interrupted")
+
+
+class SqlOut(_Out):
+    columns: list[str]
+    rows: list[list[Any]] = Field(description="values as JSON; a blob, time, decimal or other value JSON has no "
+                                              "type for is `{\"$\": type, \"v\": text}`")
+
+
+class InclusionIn(_In):
+    seq: int = Field(ge=1, le=2**62)
+    checkpoint: Annotated[str, Field(max_length=100_000)] | None = None
+
+
+class InclusionOut(_Out):
+    seq: int
+    tree_size: int
+    entry_hash: Hex
+    leaf_hash: Hex
+    path: list[Hex]
+    root: Hex
+    checkpoint: str
+
+
+class ConsistencyOut(_Out):
+    old_size: int
+    new_size: int
+    old_root: Hex
+    new_root: Hex
+    path: list[Hex]
+
+
+@router.post("/journal/sql", response_model=SqlOut, operation_id="internalJournalSql",
+             summary="One read-only query over the journal's tables and views",
+             description="The rules of `%%apollia sql`: a single SELECT (or EXPLAIN of one), run in a read-only "
+                         "transaction on a database that reads nothing but the journal, interrupted after "
+                         "`timeout` seconds; anything else is 422 `BAD_INPUT`.")
+async def journal_sql(body: SqlIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    from apollia_nb.notebook.sql import run_query
+    from apollia_nb.runtime.remote import from_wire, wire_value
+
+    params = [from_wire(p) for p in body.params] if body.params is not None else None
+    result = await anyio.to_thread.run_sync(lambda: run_query(rt.journal, body.query, params=params,
+                                                              want_frame=False, timeout=body.timeout))
+    return {"columns": result.columns, "rows": [[wire_value(v) for v in row] for row in result.rows]}
+
+
+@router.post("/journal/inclusion-proof", response_model=InclusionOut, operation_id="internalInclusionProof",
+             responses=_errors(404), summary="Prove an entry is in the tree of a checkpoint",
+             description="Against the given checkpoint, else the latest (written first when it does not cover "
+                         "the entry). The client verifies the proof under the home's own key.")
+async def inclusion_proof(body: InclusionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    proof = await anyio.to_thread.run_sync(rt.journal.inclusion_proof, body.seq, body.checkpoint)
+    return {"seq": proof.seq, "tree_size": proof.tree_size, "entry_hash": proof.entry_hash.hex(),
+            "leaf_hash": proof.leaf_hash.hex(), "path": [h.hex() for h in proof.path], "root": proof.root.hex(),
+            "checkpoint": proof.checkpoint}
+
+
+@router.get("/journal/consistency-proof", response_model=ConsistencyOut, operation_id="internalConsistencyProof",
+            summary="Prove the tree of new_size entries extends the one of old_size")
+async def consistency_proof(
+    old_size: int = Query(ge=1, le=2**62),
+    new_size: int | None = Query(None, ge=1, le=2**62, description="default: every committed entry"),
+    rt: Any = Depends(_runtime),
+) -> dict[str, Any]:
+    proof = await anyio.to_thread.run_sync(rt.journal.consistency_proof, old_size, new_size)
+    return {"old_size": proof.old_size, "new_size": proof.new_size, "old_root": proof.old_root.hex(),
+            "new_root": proof.new_root.hex(), "path": [h.hex() for h in proof.path]}
 
 
 # --- the governance snapshot ----------------------------------------------------------------------

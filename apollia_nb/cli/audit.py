@@ -214,11 +214,11 @@ def _verify(args: argparse.Namespace) -> int:
         if args.witness:
             cosigned = _cosigned(args, report, *cosigned_rows_of_bundle(args.bundle))
     else:
-        with remote(args) as served:  # served: the server verifies its journal in place, under the home's key
+        with remote(args) as served:  # served: verified here, under the home's key, a page of entries at a time
             if served is not None:
                 journal = served.journal
                 checkpoints = journal.checkpoints() if args.witness else []  # before: none beyond the report
-                report = journal.verify_in_place(external)
+                report = journal.verify_paged(external)
                 if args.witness:  # the server's checkpoints, and its cosignatures of them
                     cosigned = _cosigned(args, report, checkpoints, [
                         (size, line) for size, _w, _t, line in journal.cosignatures()])

@@ -10,20 +10,22 @@ and prints what it prints without a server:
   decision the task waits on is shown here and answered over the API. A
   manifest's relative workspace root is made absolute against the directory
   the command runs in, as it is without a server;
-* governance (``rules``, ``consents``, ``devmode``, ``policy check``) and the
-  journal (``audit verify|checkpoint|prove|replay|export``) use the remote
-  stores of client mode (``apollia_nb.runtime.remote``), so the command code
-  is the same one: changes are journaled and stored by the server; ``verify``
-  has the server verify its journal in place (under the key checked at
-  connect to be the home's own), ``export`` then reads the verified entries a
-  page at a time into the bundle, and the journal is proved here from a copy
-  of the server's journal checked against the home's own public key;
+* governance (``rules``, ``consents``, ``devmode``, ``policy check``), the
+  journal (``runs list``, ``audit verify|checkpoint|prove|replay|export``) use
+  the remote stores of client mode (``apollia_nb.runtime.remote``), so the
+  command code is the same one: changes are journaled and stored by the
+  server; ``verify`` checks here, under the home's own public key, the entries
+  it reads a page at a time; ``export`` has the server verify in place, then
+  reads the verified entries a page at a time into the bundle; proofs are made
+  by the server and checked here; SQL runs on the server (nothing of the
+  journal is copied here);
 * ``policy remove`` and ``home repair`` need the home to themselves: they say
   so (``HOME_LOCKED``, naming the server to stop).
 
 ``served(args)`` decides: the server named in ``server.json`` holds the home's
 lock, is alive and answers ``/health``. Otherwise commands run as owners, as
-they do without a server.
+they do without a server; a stale ``server.json`` on a home another process
+holds is ``SERVER_NOT_RUNNING`` (start the server, or remove the file).
 """
 
 from __future__ import annotations

@@ -825,7 +825,11 @@ def verify_journal(journal: JournalFace, checkpoint: str | None = None, *, worke
     A journal whose own entries and stored checkpoints do not verify (no ``checkpoint``
     given) is told so (``Journal.refuse_appends``): from then on it refuses every append
     with ``INTEGRITY_FAILURE``, so nothing governed runs on a broken chain; reads go on."""
-    cursor = journal.cursor()
+    paged = getattr(journal, "verify_paged", None)
+    if paged is not None:  # stored elsewhere (a served home's client): verified here, a page at a time
+        report: VerifyReport = paged(checkpoint)
+        return report
+    cursor = getattr(journal, "cursor")()
     try:
         report = _verify_connection(
             cursor, entries="entries", checkpoints="checkpoints", public_key=journal.public_key(),

@@ -82,13 +82,25 @@ class QueryResult:
 
 
 def run_query(journal: Any, query: str, *, want_frame: bool = True,
-              timeout: float | None = DEFAULT_TIMEOUT) -> QueryResult:
-    """Check ``query`` and run it read-only on a cursor of the journal's database, for ``timeout`` seconds at most."""
+              timeout: float | None = DEFAULT_TIMEOUT, params: Any = None) -> QueryResult:
+    """Check ``query`` and run it read-only on a cursor of the journal's database, for ``timeout`` seconds at most.
+
+    A journal stored elsewhere (a served home's client) has the process that stores it run the query
+    under these same rules (``journal.read_query``)."""
     import duckdb
 
     if timeout is not None and not timeout > 0:
         raise BadInput(f"the timeout must be a positive number of seconds, not {timeout!r}")
     statement = check_read_only(query)
+    elsewhere = getattr(journal, "read_query", None)
+    if elsewhere is not None:
+        columns, found = elsewhere(statement, params, timeout if timeout is not None else DEFAULT_TIMEOUT)
+        if want_frame and _has_pandas():
+            import pandas
+
+            frame = _nulls_as_none(pandas.DataFrame(found, columns=columns))
+            return QueryResult(columns, [tuple(r) for r in frame.itertuples(index=False, name=None)], frame)
+        return QueryResult(columns, found)
     cursor = journal.cursor()
     stopped = threading.Event()
 
@@ -102,7 +114,7 @@ def run_query(journal: Any, query: str, *, want_frame: bool = True,
         try:
             if timer is not None:
                 timer.start()
-            cursor.execute(statement)
+            cursor.execute(statement, params)
             columns = [d[0] for d in cursor.description or ()]
             if want_frame and _has_pandas():
                 frame = _nulls_as_none(cursor.fetchdf())

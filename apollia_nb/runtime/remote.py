@@ -52,7 +52,6 @@ from apollia_nb.errors import (
 from apollia_nb.home import Home
 
 if TYPE_CHECKING:  # pragma: no cover
-    import duckdb
     import httpx
 
     from apollia_nb.governance.decision import GovernanceView
@@ -185,6 +184,76 @@ def _unanswered(url: str, exc: Exception) -> str:
     return f"the server that owns the home ({url}) did not answer: {type(exc).__name__}: {exc}"
 
 
+_WIRE_TYPES = ("blob", "ts", "date", "time", "dec", "td", "uuid", "float", "map")
+
+
+def wire_value(value: Any) -> Any:
+    """``value`` (a DuckDB result value) as JSON: JSON's own types as they are, others tagged
+    ``{"$": type, "v": text}`` so ``from_wire`` gives the same value back."""
+    import base64
+    import datetime as dt
+    import decimal
+    import math
+    import uuid
+
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$": "float", "v": repr(value)}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$": "blob", "v": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dt.datetime):
+        return {"$": "ts", "v": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$": "date", "v": value.isoformat()}
+    if isinstance(value, dt.time):
+        return {"$": "time", "v": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$": "dec", "v": str(value)}
+    if isinstance(value, dt.timedelta):
+        return {"$": "td", "v": value.total_seconds()}
+    if isinstance(value, uuid.UUID):
+        return {"$": "uuid", "v": str(value)}
+    if isinstance(value, (list, tuple)):
+        return [wire_value(v) for v in value]
+    if isinstance(value, dict):
+        return {"$": "map", "v": [[wire_value(k), wire_value(v)] for k, v in value.items()]}
+    return str(value)
+
+
+def from_wire(value: Any) -> Any:
+    """The value ``wire_value`` encoded."""
+    import base64
+    import datetime as dt
+    import decimal
+    import uuid
+
+    if isinstance(value, list):
+        return [from_wire(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    kind, text = value.get("$"), value.get("v")  # type: Any, Any
+    if kind == "blob":
+        return base64.b64decode(text)
+    if kind == "ts":
+        return dt.datetime.fromisoformat(text)
+    if kind == "date":
+        return dt.date.fromisoformat(text)
+    if kind == "time":
+        return dt.time.fromisoformat(text)
+    if kind == "dec":
+        return decimal.Decimal(text)
+    if kind == "td":
+        return dt.timedelta(seconds=text)
+    if kind == "uuid":
+        return uuid.UUID(text)
+    if kind == "float":
+        return float(text)
+    if kind == "map":
+        return {from_wire(k): from_wire(v) for k, v in text}
+    raise IntegrityError(f"the server sent a value of an unknown type: {value!r}"[:300])
+
+
 def _when(value: str | None) -> _dt.datetime | None:
     if value is None:
         return None
@@ -306,12 +375,13 @@ def _draft(kind: str, payload: dict[str, Any], run_id: str | None, agent: str | 
 class RemoteJournal:
     """``rt.journal`` in client mode: the server's journal, keeping ``JournalFace`` (``journal/contract.py``).
 
-    Appends are committed by the server before they return. SQL (``sql``,
-    ``cursor``) and ``snapshot_rows`` (verification) read a local in-memory
-    copy of the journal, brought up to date from the server first; the
-    signing key is read from the home, not taken from the server.
-    ``verify_in_place`` and ``entry_pages`` hold no copy: the server verifies
-    where the journal is stored, and entries come a page at a time.
+    Appends are committed by the server before they return. Nothing of the
+    journal is copied here: SQL (``sql``, ``read_query``) runs on the server
+    under the rules of ``%%apollia sql``; proofs are made by the server and
+    verified here under the home's public key (read from the home, checked
+    at connect to be the server's); ``verify_paged`` verifies here entries
+    read a page at a time, ``verify_in_place`` has the server verify where
+    the journal is stored, and ``entry_pages`` feeds an export page by page.
     """
 
     def __init__(self, remote: RemoteHome) -> None:
@@ -328,8 +398,6 @@ class RemoteJournal:
             )
         self._origin: str = head["origin"]
         self._key_id = key_id(self._public_key)
-        self._mirror: _Mirror | None = None
-        self._mirror_lock = threading.Lock()
         self._closed = False
         self._appended = False
 
@@ -518,66 +586,62 @@ class RemoteJournal:
                           what="the journal's checkpoints cannot be read")["checkpoints"]
 
     def inclusion_proof(self, seq: int, checkpoint: str | None = None) -> Any:
-        """As ``Journal.inclusion_proof``, from the local copy: the latest checkpoint, or one the server
-        writes when it does not cover ``seq``; verified here with the home's public key before return."""
-        from apollia_nb.journal.checkpoint import open_checkpoint
-        from apollia_nb.journal.store import prove_inclusion
+        """As ``Journal.inclusion_proof``: made by the server where the journal is stored, verified here
+        under the home's public key before return."""
+        from apollia_nb.journal.store import InclusionProof
 
-        note = self.latest_checkpoint()
-        latest = (open_checkpoint(note, [self.verifier()], origin=self._origin).size, note) if note else None
-        mirror = self._synced()
-
-        def hashes(size: int) -> list[bytes]:
-            with mirror.lock:
-                rows = mirror.con.execute("SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [size]).fetchall()
-            return [bytes(h) for (h,) in rows]
-
-        def write_checkpoint() -> str:
-            written = self.checkpoint()
-            self._synced()  # the copy holds every entry the new checkpoint covers
-            return written
-
-        return prove_inclusion(seq, checkpoint, head=mirror.seq, latest=latest, write_checkpoint=write_checkpoint,
-                               verifier=self.verifier(), origin=self._origin, hashes=hashes)
+        d = self._call("POST", "/internal/journal/inclusion-proof", json={"seq": seq, "checkpoint": checkpoint},
+                       what=f"entry {seq} cannot be proved")
+        proof = InclusionProof(int(d["seq"]), int(d["tree_size"]), bytes.fromhex(d["entry_hash"]),
+                               bytes.fromhex(d["leaf_hash"]), tuple(bytes.fromhex(h) for h in d["path"]),
+                               bytes.fromhex(d["root"]), d["checkpoint"])
+        if proof.seq != seq:
+            raise IntegrityError(f"the server proved entry {proof.seq}, not entry {seq}")
+        proof.verify(self.verifier())
+        return proof
 
     def consistency_proof(self, old_size: int, new_size: int | None = None) -> Any:
-        """As ``Journal.consistency_proof``, from the local copy (brought up to date first)."""
-        from apollia_nb.journal.merkle import consistency_proof, leaf_hash, root
+        """As ``Journal.consistency_proof``: made by the server, verified here before return."""
         from apollia_nb.journal.store import ConsistencyProof
 
-        mirror = self._synced()
-        new = mirror.seq if new_size is None else new_size
-        if not isinstance(old_size, int) or not isinstance(new, int) or not 0 < old_size <= new <= mirror.seq:
-            raise BadInput(f"need 0 < old_size <= new_size <= {mirror.seq}, got {old_size!r}, {new!r}")
-        with mirror.lock:
-            rows = mirror.con.execute("SELECT hash FROM entries WHERE seq <= ? ORDER BY seq", [new]).fetchall()
-        leaves = [leaf_hash(bytes(h)) for (h,) in rows]
-        proof = ConsistencyProof(old_size, new, root(leaves[:old_size]), root(leaves),
-                                 tuple(consistency_proof(old_size, new, leaves)))
+        for size in (old_size, new_size):
+            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+                raise BadInput(f"need 0 < old_size <= new_size, got {old_size!r}, {new_size!r}")
+        params = {"old_size": old_size, **({"new_size": new_size} if new_size is not None else {})}
+        d = self._call("GET", "/internal/journal/consistency-proof", params=params,
+                       what="the consistency proof cannot be made")
+        proof = ConsistencyProof(int(d["old_size"]), int(d["new_size"]), bytes.fromhex(d["old_root"]),
+                                 bytes.fromhex(d["new_root"]), tuple(bytes.fromhex(h) for h in d["path"]))
+        if proof.old_size != old_size or (new_size is not None and proof.new_size != new_size):
+            raise IntegrityError("the server proved other tree sizes than were asked for")
         proof.verify()
         return proof
 
-    # SQL over a local copy -----------------------------------------------------------------------
-    def _synced(self) -> "_Mirror":
-        with self._mirror_lock:
-            if self._mirror is None:
-                self._mirror = _Mirror()
-            self._mirror.sync(self)
-            return self._mirror
+    # verification, a page at a time --------------------------------------------------------------
+    def verify_paged(self, checkpoint: str | None = None, *, page: int | None = None) -> Any:
+        """Verify the journal here, under the home's public key, from entries read from the server a page
+        at a time (only one page is held however long the journal is), with the stored checkpoints
+        that cover them and ``checkpoint`` (a note kept elsewhere)."""
+        from apollia_nb.journal.verify import verify_rows
 
-    def snapshot_rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes, str]]]:
-        """Every entry row and checkpoint row, as of now (for ``verify``)."""
-        return self._synced().rows()
+        high = self.head()[0]
+        stored = [c for c in self.checkpoints() if c[0] <= high]
+        return verify_rows(self.entry_pages(high, page=page), public_key=self._public_key, origin=self._origin,
+                           checkpoints=stored, external=checkpoint, total=high)
 
-    def cursor(self) -> "duckdb.DuckDBPyConnection":
-        """A cursor on the local copy (the journal's tables and views), up to date; close it."""
-        return self._synced().con.cursor()
+    # SQL, run where the journal is stored --------------------------------------------------------
+    def read_query(self, query: str, params: Sequence[Any] | None = None,
+                   timeout: float = 60.0) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Columns and rows of one read-only query, run by the server under the rules of ``%%apollia sql``."""
+        d = self._call("POST", "/internal/journal/sql",
+                       json={"query": query, "params": [wire_value(p) for p in params] if params else None,
+                             "timeout": timeout},
+                       what="the query cannot be run", timeout=timeout + 30)
+        return list(d["columns"]), [tuple(from_wire(v) for v in row) for row in d["rows"]]
 
     def sql(self, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        """A read query (e.g. over the views) on the local copy, brought up to date first."""
-        mirror = self._synced()
-        with mirror.lock:
-            return mirror.con.execute(query, params).fetchall()
+        """A read query (e.g. over the views), run by the server where the journal is stored."""
+        return self.read_query(query, params)[1]
 
     # closing -------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -591,75 +655,7 @@ class RemoteJournal:
         except ApolliaError:
             pass  # the server is gone: it wrote its own checkpoint when it closed
         finally:
-            with self._mirror_lock:
-                if self._mirror is not None:
-                    self._mirror.close()
-                    self._mirror = None
             self._remote.close()
-
-
-class _Mirror:
-    """An in-memory DuckDB copy of the journal (tables and views), appended to from the server."""
-
-    def __init__(self) -> None:
-        import duckdb
-
-        from apollia_nb.journal.store import _SCHEMA  # the same tables as journal.db
-        from apollia_nb.journal.views import create_views
-
-        from apollia_nb.dbutil import lock_down
-
-        self.con = duckdb.connect(":memory:")
-        for ddl in _SCHEMA:
-            self.con.execute(ddl)
-        create_views(self.con)
-        lock_down(self.con)  # SQL over the copy reads the journal and nothing else, as on the server
-        self.lock = threading.Lock()
-        self.seq = 0
-        self.size = 0
-
-    def sync(self, journal: RemoteJournal) -> None:
-        # Checkpoints first: every one of them covers only entries committed before it, all of which
-        # the entries read next include, so a verification never sees a checkpoint past the copy's end.
-        checkpoints = journal._checkpoints_since(self.size)
-        rows = journal._pages({"since_seq": self.seq}, None)
-        cosignatures = journal.cosignatures()  # after the checkpoints: each cosigns one the copy has
-        with self.lock:
-            for c in checkpoints:
-                self.con.execute("INSERT OR IGNORE INTO checkpoints (size, root, note, created_at) VALUES (?, ?, ?, ?)",
-                                 [int(c["size"]), bytes.fromhex(c["root"]), c["note"], ""])
-                self.size = max(self.size, int(c["size"]))
-            if cosignatures:
-                self.con.executemany(
-                    "INSERT OR REPLACE INTO checkpoint_cosignatures (size, witness, timestamp, signature, created_at) "
-                    "VALUES (?, ?, ?, ?, '')", [[s, w, t, line] for s, w, t, line in cosignatures if s <= self.size])
-            fresh = [_entry(r).as_row() for r in rows if int(r["seq"]) > self.seq]
-            if fresh:
-                from apollia_nb.journal.views import copy_entry_fields
-
-                self.con.begin()
-                try:
-                    appender = self.con.appender("entries")
-                    appender.append_rows(fresh)
-                    appender.flush()
-                    copy_entry_fields(self.con, fresh[0][0], fresh[-1][0])
-                    self.con.commit()
-                except BaseException:
-                    self.con.rollback()
-                    raise
-                self.seq = fresh[-1][0]
-
-    def rows(self) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes, str]]]:
-        from apollia_nb.journal.store import _COLUMNS
-
-        with self.lock:
-            rows = self.con.execute(f"SELECT {_COLUMNS} FROM entries ORDER BY seq").fetchall()
-            cps = self.con.execute("SELECT size, root, note FROM checkpoints ORDER BY size").fetchall()
-        return rows, [(int(s), bytes(r), n) for s, r, n in cps]
-
-    def close(self) -> None:
-        with self.lock:
-            self.con.close()
 
 
 # --- governance -----------------------------------------------------------------------------------

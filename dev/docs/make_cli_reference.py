@@ -31,11 +31,13 @@ While `apollia-os serve` owns the home, every command works as its client and pr
 the same: agents and tasks are the server's (`run` submits the task to the server and
 asks at the terminal for its decisions), governance and the journal are read and
 changed through it. `policy remove` and `home repair` need the home to themselves and
-say so (`HOME_LOCKED`). See [shared-home.md](shared-home.md).
+say so (`HOME_LOCKED`). A `server.json` left by a server that stopped, on a home another
+process holds, is `SERVER_NOT_RUNNING`: start `apollia-os serve`, or remove the stale file.
+See [shared-home.md](shared-home.md).
 
 While a Jupyter kernel owns the home (no server), the read-only commands (`audit
-verify|verifier-key|consistency|checkpoint|prove|replay|export`, `rules list`, `consents
-list`, `pending list`, `agents list`) that cannot open it answer `HOME_LOCKED` naming the
+verify|verifier-key|consistency|checkpoint|prove|replay|export`, `runs list`, `rules list`,
+`consents list`, `pending list`, `agents list`) that cannot open it answer `HOME_LOCKED` naming the
 kernel (process, connection file, since when) and the ways to audit it: `%apollia verify`
 or `export_journal(...)` from that notebook, shutting the kernel down, or serving the home
 with `apollia-os serve` before kernels start.
