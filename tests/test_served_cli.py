@@ -456,3 +456,17 @@ def test_a_clients_export_is_the_owners_bundle_byte_for_byte(audited):
     mine = json.loads((client / "meta.json").read_text())
     assert {k: v for k, v in mine.items() if k != "exported_at"} == {
         k: v for k, v in meta.items() if k != "exported_at"}
+
+
+def test_the_sql_route_refuses_what_is_not_a_read_of_the_journal_as_bad_input(audited):
+    _tmp, _home, remote = audited
+    http = remote.http
+    for body in ({"query": "SELECT ?", "params": [{"$": "ts", "v": 5}]},
+                 {"query": "SELECT ?", "params": [{"$": "nope", "v": "x"}]},
+                 {"query": "SELECT ?", "params": [{"$": "blob", "v": "%%%"}]},
+                 {"query": "ATTACH 'x.db'"}, {"query": "SELECT 1", "timeout": 0},
+                 {"query": "COPY entries TO '/tmp/x.csv'"}):
+        answer = http.post("/internal/journal/sql", json=body)
+        assert answer.status_code == 422 and answer.json()["code"] == "BAD_INPUT", (body, answer.text)
+    assert http.post("/internal/journal/sql", json={"query": "SELECT 1"}, headers={"Authorization": "Bearer x"}
+                     ).status_code == 401

@@ -394,10 +394,14 @@ class ConsistencyOut(_Out):
                          "transaction on a database that reads nothing but the journal, interrupted after "
                          "`timeout` seconds; anything else is 422 `BAD_INPUT`.")
 async def journal_sql(body: SqlIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    from apollia_nb.errors import ApolliaError, BadInput
     from apollia_nb.notebook.sql import run_query
     from apollia_nb.runtime.remote import from_wire, wire_value
 
-    params = [from_wire(p) for p in body.params] if body.params is not None else None
+    try:
+        params = [from_wire(p) for p in body.params] if body.params is not None else None
+    except (ApolliaError, ValueError, TypeError, KeyError) as exc:
+        raise BadInput(f"a parameter is not a value of the journal: {exc}"[:300]) from None
     result = await anyio.to_thread.run_sync(lambda: run_query(rt.journal, body.query, params=params,
                                                               want_frame=False, timeout=body.timeout))
     return {"columns": result.columns, "rows": [[wire_value(v) for v in row] for row in result.rows]}

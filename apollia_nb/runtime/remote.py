@@ -234,7 +234,7 @@ def from_wire(value: Any) -> Any:
         return value
     kind, text = value.get("$"), value.get("v")  # type: Any, Any
     if kind == "blob":
-        return base64.b64decode(text)
+        return base64.b64decode(text, validate=True)
     if kind == "ts":
         return dt.datetime.fromisoformat(text)
     if kind == "date":
