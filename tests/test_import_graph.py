@@ -78,10 +78,10 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("apollia_nb.api.internal", "apollia_nb.api.app"):
         "the internal routes take _errors and _runtime from app.py instead of api/deps.py",
     **{(f"apollia_nb.cli.{group}", "apollia_nb.cli"):
-       "the command groups take emit from the package that dispatches to them; it belongs in a lower module"
-       for group in ("audit", "batch", "client", "governance", "home", "runtime", "witness")},
+       "the command group takes emit from the package that dispatches to it, not cli/common.py"
+       for group in ("audit", "client")},
     ("apollia_nb.cli.client", "apollia_nb.cli.governance"):
-        "the served CLI takes _who from the governance group, which calls the served CLI",
+        "the served CLI takes who from the governance group, which calls the served CLI, not cli/common.py",
     ("apollia_nb.sdk.client", "apollia_nb.sdk.batches"):
         "the client builds batch handles, and the batch handles use the client's private request helper",
     ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
@@ -96,6 +96,9 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
 MOVING: set[tuple[str, str]] = {
     ("apollia_nb.api.internal", "apollia_nb.api.app"),  # -> api/deps.py
     ("apollia_nb.journal.verify", "apollia_nb.journal.export"),  # -> journal/bundle.py
+    ("apollia_nb.cli.audit", "apollia_nb.cli"),  # -> cli/common.py
+    ("apollia_nb.cli.client", "apollia_nb.cli"),  # -> cli/common.py
+    ("apollia_nb.cli.client", "apollia_nb.cli.governance"),  # -> cli/common.py
 }
 
 

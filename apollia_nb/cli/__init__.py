@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from apollia_nb.cli.common import emit  # noqa: F401 - where the command groups found it
 from apollia_nb.errors import ApolliaError, BadInput
 
 __all__ = ["main", "build_parser", "EXIT_ERROR"]
@@ -126,9 +127,3 @@ def damaged_home_file(exc: BaseException, home: str | None) -> ApolliaError | No
         "from a backup (or replace it on purpose with `apollia-os home repair`)")
 
 
-def emit(args: argparse.Namespace, data: object, text: str) -> None:
-    """Print ``data`` as JSON with ``--json``, else ``text``."""
-    if getattr(args, "json", False):
-        print(json.dumps(data, indent=2, default=str))
-    else:
-        print(text)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from apollia_nb.cli import emit
+from apollia_nb.cli.common import emit
 from apollia_nb.errors import BadInput
 
 __all__ = ["progress_line", "read_items", "register"]

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from apollia_nb.cli import emit
+from apollia_nb.cli.common import emit, who
+from apollia_nb.cli.common import who as _who  # noqa: F401 - the served commands import it by this name
 
 __all__ = ["register"]
 
@@ -80,15 +81,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 # --- shared -------------------------------------------------------------------------
 
 
-def _who(args: argparse.Namespace) -> str:
-    if getattr(args, "by", None):
-        return str(args.by)
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # pragma: no cover - no user name in the environment
-        return "cli"
 
 
 def _home(args: argparse.Namespace, *, create: bool = True) -> Any:
@@ -189,14 +181,14 @@ def _rules_list(args: argparse.Namespace) -> int:
 
 def _rules_add(args: argparse.Namespace) -> int:
     with _owned_store(args) as store:
-        rule = store.add_rule(args.tool, args.effect, prefix=args.prefix, agent=args.agent, by=_who(args)).to_dict()
+        rule = store.add_rule(args.tool, args.effect, prefix=args.prefix, agent=args.agent, by=who(args)).to_dict()
     emit(args, rule, f"rule {rule['id']}: {_rule_words(rule)}")
     return 0
 
 
 def _rules_remove(args: argparse.Namespace) -> int:
     with _owned_store(args) as store:
-        rule = store.remove_rule(args.id, by=_who(args)).to_dict()
+        rule = store.remove_rule(args.id, by=who(args)).to_dict()
     emit(args, rule, f"removed rule {rule['id']}: {_rule_words(rule)}")
     return 0
 
@@ -212,7 +204,7 @@ def _devmode(args: argparse.Namespace) -> int:
             state = store.developer_mode_state()
     elif args.state in ("on", "off"):
         with _owned_store(args) as store:
-            state = store.set_developer_mode(args.state == "on", by=_who(args))
+            state = store.set_developer_mode(args.state == "on", by=who(args))
     else:
         raise BadInput(f"devmode takes on or off, not {args.state!r}")
     data = state.to_dict()
@@ -237,7 +229,7 @@ def _consents_list(args: argparse.Namespace) -> int:
 
 def _consents_revoke(args: argparse.Namespace) -> int:
     with _owned_store(args) as store:
-        consent = store.revoke_consent(args.agent, args.family, by=_who(args)).to_dict()
+        consent = store.revoke_consent(args.agent, args.family, by=who(args)).to_dict()
     emit(args, consent, f"revoked the standing consent of {consent['agent']} for {consent['family']}")
     return 0
 
@@ -307,7 +299,7 @@ def _policy_remove(args: argparse.Namespace) -> int:
     refuse_served(args, "`policy remove`")
     home = _home(args, create=False)
     with _owned_store(args) as store:
-        state = store.remove_policy(by=_who(args)).to_dict()
+        state = store.remove_policy(by=who(args)).to_dict()
     emit(args, {"path": str(home.policy_path), **state},
          f"removed the organisation policy of {home.path} (journaled)\npolicy: {state['status']}")
     return 0

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apollia_nb.cli import emit
+from apollia_nb.cli.common import emit
 
 __all__ = ["register"]
 
@@ -82,7 +82,7 @@ def _move_aside(path: Path) -> Path | None:
 
 def _repair(args: argparse.Namespace) -> int:
     from apollia_nb.cli.client import refuse_served
-    from apollia_nb.cli.governance import _who
+    from apollia_nb.cli.common import who as _who
     from apollia_nb.home import Home, OwnerLock
 
     refuse_served(args, "`home repair`")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from apollia_nb.cli import emit
+from apollia_nb.cli.common import emit
 
 __all__ = ["register"]
 

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from apollia_nb.cli import emit
+from apollia_nb.cli.common import emit
 
 __all__ = ["register"]
 
