@@ -243,7 +243,8 @@ async def rebuild_lost_tasks(rt: Any) -> list[dict[str, Any]]:
             "file": "runtime.db", "action": REBUILT, "by": "restart", "problem": problem, "tasks": rebuilt,
             "agents_lost": sorted(missing_agents)})
         rt._emit("warning", f"{problem}; rebuilt from the journal: {said}")
-    rt.records.keep_journal_mark(head, digest)
+    if any(kind == SUBMITTED for _, kind, _, _, _ in entries):  # else the mark vouches for as much already
+        rt.records.keep_journal_mark(head, digest)
     return rebuilt
 
 

@@ -36,8 +36,8 @@ checkpoint (on close, or when the log grows large). A WAL that is lost (a
 backup or a copy that left it behind, a file system that kept the file and not
 its log) takes every commit since the last checkpoint with it, and nothing in
 ``runtime.db`` itself says so. The journal does: every task ``submit``
-acknowledges has a ``task_submitted`` entry, and ``journal_mark`` holds the
-journal's head up to which every submitted task was found here (written at each
+acknowledges has a ``task_submitted`` entry, and the journal's mark (row 2 of
+``home_facts``) holds the journal's head up to which every submitted task was found here (written at each
 start). A file that lost its log lost the mark with the rows, so the next start
 reads the journal from the older mark and finds the tasks that are gone
 (``runtime/acknowledged.py``).
@@ -104,11 +104,6 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS home_facts (
     id INTEGER PRIMARY KEY,
     facts VARCHAR NOT NULL
-);
-CREATE TABLE IF NOT EXISTS journal_mark (
-    id INTEGER PRIMARY KEY,
-    seq BIGINT NOT NULL,
-    hash VARCHAR NOT NULL
 );
 CREATE TABLE IF NOT EXISTS agents (
     name VARCHAR PRIMARY KEY,
@@ -492,13 +487,18 @@ class RuntimeRecords:
 
     # the journal's mark (runtime/acknowledged.py) -----------------------------
     def journal_mark(self) -> tuple[int, str] | None:
-        """``(seq, hash hex)`` of the journal entry up to which every submitted task was found here."""
-        rows = self._exec("SELECT seq, hash FROM journal_mark WHERE id = 1")
-        return (int(rows[0][0]), str(rows[0][1])) if rows else None
+        """``(seq, hash hex)`` of the journal entry up to which every submitted task was found here
+        (kept beside the home's facts, row 2); None when none is kept or it does not read."""
+        rows = self._exec("SELECT facts FROM home_facts WHERE id = 2")
+        try:
+            mark = json.loads(rows[0][0]) if rows else None
+            return (int(mark["seq"]), str(mark["hash"])) if mark is not None else None
+        except (ValueError, TypeError, KeyError):
+            return None  # read from the start of the journal: a mark is a shortcut, never a record
 
     def keep_journal_mark(self, seq: int, digest: str) -> None:
         """Queue the mark (written after the rows it vouches for, so a lost log loses it with them)."""
-        self._upsert("journal_mark", {"id": 1}, {"seq": seq, "hash": digest})
+        self._upsert("home_facts", {"id": 2}, {"facts": json.dumps({"seq": seq, "hash": digest})})
 
     def missing_tasks(self, task_ids: list[str]) -> set[str]:
         """Those of ``task_ids`` that have no row."""
