@@ -28,6 +28,7 @@ the rows and in the DataFrame (a column holding one becomes ``object``).
 
 from __future__ import annotations
 
+import importlib
 import re
 import threading
 from typing import Any
@@ -96,8 +97,7 @@ def run_query(journal: Any, query: str, *, want_frame: bool = True,
     if elsewhere is not None:
         columns, found = elsewhere(statement, params, timeout if timeout is not None else DEFAULT_TIMEOUT)
         if want_frame and _has_pandas():
-            import pandas
-
+            pandas = importlib.import_module("pandas")  # optional: installed by the user, never a dependency
             frame = _nulls_as_none(pandas.DataFrame(found, columns=columns))
             return QueryResult(columns, [tuple(r) for r in frame.itertuples(index=False, name=None)], frame)
         return QueryResult(columns, found)
