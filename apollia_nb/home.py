@@ -264,19 +264,20 @@ def check_whole(con: Any, path: Path) -> None:
     keys = con.execute("SELECT schema_name, table_name, constraint_column_names FROM duckdb_constraints() "
                        "WHERE database_name = current_database() "
                        "AND constraint_type IN ('PRIMARY KEY', 'UNIQUE')").fetchall()
-    reads = [f"SELECT bit_xor(hash(COLUMNS(*))) FROM {_quoted(schema, table)}" for schema, table in tables]
+    reads = [f"(SELECT bit_xor(hash(*COLUMNS(*))) FROM {_quoted(schema, table)})" for schema, table in tables]
     for schema, table, columns in keys:  # every key looked up through its index: the index read whole
         cols = ", ".join(_quoted(c) for c in columns)
-        reads.append(f"SELECT count(*) FROM {_quoted(schema, table)} "
-                     f"WHERE ({cols}) IN (SELECT ({cols}) FROM {_quoted(schema, table)})")
-    for sql in reads:
-        try:
-            con.execute(sql).fetchall()
-        except Exception as exc:
-            error = damage_error(exc, path)
-            if error is None:
-                raise
-            raise error from None
+        reads.append(f"(SELECT count(*) FROM {_quoted(schema, table)} "
+                     f"WHERE ({cols}) IN (SELECT ({cols}) FROM {_quoted(schema, table)}))")
+    if not reads:
+        return
+    try:  # one statement: each of ~20 statements cost about 1 ms of CPU when a kernel opens its home
+        con.execute("SELECT " + ", ".join(reads)).fetchall()
+    except Exception as exc:
+        error = damage_error(exc, path)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _quoted(*parts: str) -> str:
