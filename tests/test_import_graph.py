@@ -265,6 +265,16 @@ def test_nothing_in_the_package_imports_the_composition_root() -> None:
     assert importers == [], f"{importers} import runtime.py; type them against runtime/capabilities.py"
 
 
+def test_the_doc_lists_the_layers_of_the_test() -> None:
+    text = DOC.read_text()
+    rows = re.findall(r"^\| (\d) \| ([^|]+) \| ([^|]+) \|", text, re.M)
+    documented = {name.strip("` "): int(n) for n, _, names in rows for name in names.split(",")
+                  if name.strip("` ")}
+    expected = {m.removeprefix("apollia_nb.").replace(".", "/") if m != "apollia_nb" else "apollia_nb/__init__": n
+                for m, n in LAYERS.items()}
+    assert documented == expected
+
+
 # --- the walk itself ------------------------------------------------------------------------------
 
 
