@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from apollia_nb.sdk.client import _post, _q, _Req
 from apollia_nb.wire.batches import BatchOut, BatchRow
+from apollia_nb.wire.http import Req as _Req
+from apollia_nb.wire.http import post as _post
+from apollia_nb.wire.http import q as _q
 
 __all__ = ["Routes", "batch_request", "items_list"]
 
