@@ -1,0 +1,87 @@
+"""What ``%load_ext apollia_nb`` leaves for later: in a fresh Python process with a shell configured as a
+kernel's, loading the extension opens the home and imports none of the modules the home's opening does
+not need (the HTTP stack, the API and its schemas, MCP, widgets' code, dataframes, Dask, plotting, the
+verifier), and starts no process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+#: Imported on first use, never by loading the extension.
+LAZY = (
+    # HTTP, the REST API and its schemas, MCP
+    "httpx", "httpx2", "h11", "pydantic", "fastapi", "starlette", "uvicorn", "mcp", "requests", "jinja2",
+    # widgets' code (the module itself is only found while the home opens: see deferred.py), data, plots
+    "ipywidgets.widgets", "pandas", "dask", "distributed", "PIL", "matplotlib", "cryptography",
+    # what looks up a C library by running `ldconfig` in a subprocess
+    "ctypes.util",
+    # the package's own parts that only a use of them needs
+    "apollia_nb.api", "apollia_nb.sdk", "apollia_nb.wire", "apollia_nb.federation", "apollia_nb.cli",
+    "apollia_nb.witness", "apollia_nb.journal.verify", "apollia_nb.journal.replay", "apollia_nb.journal.export",
+    "apollia_nb.runtime.models", "apollia_nb.runtime.remote", "apollia_nb.runtime.workers",
+    "apollia_nb.runtime.dask_engine", "apollia_nb.notebook.widgets", "apollia_nb.notebook.handles",
+    "apollia_nb.notebook.sql", "apollia_nb.notebook.served",
+)
+
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    from traitlets.config import Config
+    from IPython.core.interactiveshell import InteractiveShell
+
+    lazy = json.loads(sys.argv[1])
+    config = Config()
+    config.IPKernelApp.connection_file = "kernel.json"  # as in a kernel: DuckDB's notebook progress bar
+    shell = InteractiveShell.instance(config=config)
+    before = set(sys.modules)
+    spawned = []
+    sys.addaudithook(lambda event, args: spawned.append(event) if event in (
+        "subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.exec", "os.system") else None)
+    shell.run_line_magic("load_ext", "apollia_nb")
+    loaded = set(sys.modules) - before
+    shell.run_line_magic("apollia", "status")  # the first use of the open home
+    used = set(sys.modules) - before
+    print(json.dumps({
+        "opened": shell.magics_manager.registry["ApolliaMagics"].runtime is not None,
+        "duckdb": "duckdb" in loaded,
+        "before": sorted(m for m in lazy if m in before),
+        "loaded": sorted(m for m in lazy if m in loaded),
+        "after_status": sorted(m for m in lazy if m in used),
+        "spawned": spawned,
+    }))
+""")
+
+
+def probe(home, cwd) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(LAZY)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env={**_env(), "APOLLIA_HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "APOLLIA_HOME"}
+
+
+@pytest.mark.parametrize("which", ["new home", "existing home"])
+def test_loading_imports_only_what_opening_the_home_needs(tmp_path, which):
+    home = tmp_path / "home"
+    if which == "existing home":
+        assert probe(home, tmp_path)["opened"]  # the first load creates the home; the second measures
+    seen = probe(home, tmp_path)
+    assert seen["opened"] and seen["duckdb"]  # the home did open: the check looked at a real load
+    assert seen["before"] == []  # nothing of the lazy set came with the shell, so each name is checked
+    assert seen["loaded"] == []
+    assert seen["spawned"] == []  # no `ldconfig` or other process while the home opens
+    # the status line reads the open home: still no network stack, API, schemas, MCP, dataframes or Dask
+    assert [m for m in seen["after_status"] if m.split(".")[0] in NOT_FOR_STATUS] == []
+
+
+NOT_FOR_STATUS = {"httpx", "httpx2", "h11", "pydantic", "fastapi", "starlette", "uvicorn", "mcp", "pandas", "dask",
+                  "distributed"}
