@@ -1,18 +1,31 @@
 """``%load_ext apollia_nb`` in a fresh kernel, beside jupyter-ai's magics extensions loaded the same way.
 
-Run: ``.venv/bin/python benchmarks/load_ext.py [--runs 7] [--peer-dir DIR] [--no-peers] [--home DIR]``
+Run: ``.venv/bin/python benchmarks/load_ext.py [--runs 7] [--peer-dir DIR] [--no-peers] [--home DIR]
+[--baseline TREE] [--breakdown]``
 
 Every run starts a fresh IPython kernel (jupyter_client) and times, inside the
 kernel, ``get_ipython().run_line_magic('load_ext', NAME)`` with
 ``time.perf_counter`` — the cost a user waits for when the cell runs, without the
-kernel's own start. Bytecode caches are warm (one unmeasured load first).
+kernel's own start — and the CPU time the kernel process spent meanwhile (every
+thread, ``time.process_time``), the steadier figure on a busy machine. Bytecode
+caches are warm (one unmeasured load first): the kernels write them to a folder
+of the scratch directory (``PYTHONPYCACHEPREFIX``), and ``PYTHONDONTWRITEBYTECODE``
+is not passed on, since a kernel that compiles every module from source each time
+measures the compiler (about twice the time), not the extension.
 
 Ours is measured twice: on a new home (the first load ever: keys, three DuckDB
 files and the journal are created) and on an existing home (the common case),
 and with ``--home DIR`` also on a copy of that home (e.g. a home of a million
 entries kept by ``journal_scale.py --keep``; the copy is made once, before the
 kernels start). The target is 300 ms. The kernels import ``apollia_nb`` from the
-tree this script is in.
+tree this script is in (checked in each kernel: ``apollia_nb.__file__``).
+
+``--baseline TREE`` measures a second checkout the same way in the same run (e.g.
+``git worktree add /tmp/before HEAD~3``), its kernels alternating with this tree's,
+each tree on homes of its own. ``--breakdown`` adds one kernel per tree started
+with ``python -X importtime``: how many modules ``%load_ext`` imported and the
+largest by their own import time (wall time inside a loaded kernel, so read them
+as shares, not exact costs).
 
 The peers are jupyter-ai's magics packages, each installed by pip into its own
 virtual environment (not a dependency of this project): ``jupyter-ai-magics``
@@ -36,6 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
@@ -53,69 +67,128 @@ class Peer:
 PEERS = (Peer("jupyter-ai-magics", "jupyter_ai_magics"), Peer("jupyter-ai-magic-commands", "jupyter_ai_magic_commands"))
 
 MEASURE = """
-import time as _bench_time
-_bench_t0 = _bench_time.perf_counter()
-get_ipython().run_line_magic('load_ext', {extension!r})
+import os as _bench_os, sys as _bench_sys, time as _bench_time
+_bench_before = set(_bench_sys.modules)
+_bench_os.write(2, b"%(start)s\\n")
+_bench_c0, _bench_t0 = _bench_time.process_time(), _bench_time.perf_counter()
+get_ipython().run_line_magic('load_ext', %(extension)r)
 _bench_ms = (_bench_time.perf_counter() - _bench_t0) * 1000
-_bench_loaded = {extension!r} in get_ipython().extension_manager.loaded
+_bench_cpu = (_bench_time.process_time() - _bench_c0) * 1000
+_bench_os.write(2, b"%(end)s\\n")
+_bench_loaded = %(extension)r in get_ipython().extension_manager.loaded
+_bench_file = getattr(_bench_sys.modules.get(%(extension)r), "__file__", None)
+_bench_new = len(set(_bench_sys.modules) - _bench_before)
 """
+START, END = "--- load_ext starts ---", "--- load_ext ends ---"
+
+
+@dataclass(frozen=True)
+class Load:
+    ms: float  # wall time
+    cpu_ms: float  # CPU time of the kernel process, every thread
+    modules: int  # modules imported by the load
+    importtime: str = ""  # the kernel's -X importtime lines of the load, when asked for
 
 
 @dataclass
 class Series:
     label: str
     version: str
-    samples: list[float] = field(default_factory=list)
+    loads: list[Load] = field(default_factory=list)
     problem: str | None = None
+
+    @property
+    def samples(self) -> list[float]:
+        return [load.ms for load in self.loads]
 
     def row(self) -> str:
         if self.problem:
-            return f"{self.label:<44} {self.version:<10} {self.problem}"
+            return f"{self.label:<48} {self.version:<10} {self.problem}"
         median, low, high = statistics.median(self.samples), min(self.samples), max(self.samples)
-        return (f"{self.label:<44} {self.version:<10} {median:9.0f} {low:9.0f} {high:9.0f}   "
-                f"({len(self.samples)} kernels)")
+        cpu = statistics.median(load.cpu_ms for load in self.loads)
+        return (f"{self.label:<48} {self.version:<10} {median:9.0f} {low:9.0f} {high:9.0f} {cpu:9.0f}   "
+                f"({len(self.loads)} kernels, {self.loads[-1].modules} modules)")
 
 
 def kernel_specs(root: Path, pythons: dict[str, Path]) -> KernelSpecManager:
-    """A kernel spec per interpreter, in a folder of their own (no user or system spec interferes)."""
+    """A kernel spec per interpreter, and one under ``-X importtime`` (``NAME-importtime``), in a
+    folder of their own (no user or system spec interferes)."""
     for name, python in pythons.items():
-        spec = root / name
-        spec.mkdir(parents=True, exist_ok=True)
-        (spec / "kernel.json").write_text(json.dumps({
-            "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": name, "language": "python"}))
+        for suffix, flags in (("", []), ("-importtime", ["-X", "importtime"])):
+            spec = root / f"{name}{suffix}"
+            spec.mkdir(parents=True, exist_ok=True)
+            (spec / "kernel.json").write_text(json.dumps({
+                "argv": [str(python), *flags, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": name, "language": "python"}))
     return KernelSpecManager(kernel_dirs=[str(root)])
 
 
-def load_once(specs: KernelSpecManager, kernel: str, extension: str, env: dict[str, str], cwd: Path) -> float:
-    """Start a fresh kernel, time ``%load_ext`` inside it, shut it down; the milliseconds it took."""
-    km = KernelManager(kernel_name=kernel, kernel_spec_manager=specs)
-    km.start_kernel(env=env, cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = km.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        reply = client.execute_interactive(
-            MEASURE.format(extension=extension), timeout=120, output_hook=lambda msg: None,
-            user_expressions={"ms": "_bench_ms", "loaded": "_bench_loaded"})
-        content = reply["content"]
-        if content["status"] != "ok":
-            raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
-        values = content["user_expressions"]
-        if values["loaded"]["data"]["text/plain"] != "True":
-            raise RuntimeError(f"{extension} did not load")
-        return float(values["ms"]["data"]["text/plain"])
-    finally:
-        client.stop_channels()
-        km.shutdown_kernel(now=False)
+def load_once(specs: KernelSpecManager, kernel: str, extension: str, env: dict[str, str], cwd: Path,
+              *, tree: Path | None = None, importtime: bool = False) -> Load:
+    """Start a fresh kernel, time ``%load_ext`` inside it, shut it down. ``tree``: the checkout the
+    extension must be imported from."""
+    km = KernelManager(kernel_name=kernel + ("-importtime" if importtime else ""), kernel_spec_manager=specs)
+    with tempfile.TemporaryFile("w+") as stderr:
+        km.start_kernel(env=env, cwd=str(cwd), stdout=subprocess.DEVNULL,
+                        stderr=stderr if importtime else subprocess.DEVNULL)
+        client = km.client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            reply = client.execute_interactive(
+                MEASURE % {"extension": extension, "start": START, "end": END}, timeout=120,
+                output_hook=lambda msg: None,
+                user_expressions={"ms": "_bench_ms", "cpu": "_bench_cpu", "loaded": "_bench_loaded",
+                                  "file": "_bench_file", "new": "_bench_new"})
+            content = reply["content"]
+            if content["status"] != "ok":
+                raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
+            values = {k: v["data"]["text/plain"] for k, v in content["user_expressions"].items()}
+            if values["loaded"] != "True":
+                raise RuntimeError(f"{extension} did not load")
+            where = values["file"].strip("'\"")
+            if tree is not None and not Path(where).resolve().is_relative_to(tree.resolve()):
+                raise RuntimeError(f"{extension} was imported from {where}, not from {tree}")
+        finally:
+            client.stop_channels()
+            km.shutdown_kernel(now=False)
+        lines = ""
+        if importtime:
+            stderr.seek(0)
+            text = stderr.read()
+            lines = text[text.find(START):text.find(END)]
+    return Load(float(values["ms"]), float(values["cpu"]), int(values["new"]), lines)
 
 
 def kernel_env(base: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME") and not k.startswith("JUPYTER")}
+           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")
+           and not k.startswith("JUPYTER")}
     env.update({"IPYTHONDIR": str(base / "ipython"), "JUPYTER_PLATFORM_DIRS": "1",
-                "MPLBACKEND": "agg", "PYTHONWARNINGS": "ignore"}, **extra)
+                "MPLBACKEND": "agg", "PYTHONWARNINGS": "ignore",
+                "PYTHONPYCACHEPREFIX": str(base / "pycache")}, **extra)
     return env
+
+
+def breakdown(label: str, lines: str, top: int = 15) -> list[str]:
+    """The modules a load imported, the largest by their own import time, and the totals by package."""
+    rows: list[tuple[int, str]] = []
+    for line in lines.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, _cumulative, name = line[len("import time:"):].split("|")
+        rows.append((int(self_us), name.strip()))
+    by_package: dict[str, int] = {}
+    for us, name in rows:
+        parts = name.split(".")
+        key = ".".join(parts[:2]) if parts[0] == "apollia_nb" else parts[0].lstrip("_")
+        by_package[key] = by_package.get(key, 0) + us
+    total = sum(us for us, _ in rows)
+    out = [f"{label}: {len(rows)} modules imported, {total / 1000:.0f} ms of import time (self, wall)"]
+    out.append("  by package: " + ", ".join(
+        f"{name} {us / 1000:.1f}" for name, us in sorted(by_package.items(), key=lambda kv: -kv[1])[:top]))
+    out.append("  largest:    " + ", ".join(f"{name} {us / 1000:.1f}" for us, name in sorted(rows, reverse=True)[:top]))
+    return out
 
 
 def version_of(python: Path, package: str) -> str:
@@ -141,12 +214,24 @@ def install_peer(peer: Peer, where: Path) -> tuple[Path | None, str | None]:
 
 
 def measure(label: str, version: str, runs: int, once) -> Series:  # type: ignore[no-untyped-def]
-    series = Series(label, version)
-    try:
-        once()  # unmeasured: writes bytecode caches, as any earlier use of the environment would have
-        series.samples = [once() for _ in range(runs)]
-    except Exception as exc:  # a peer that installs but does not load is reported, not fatal
-        series.problem = f"did not load: {type(exc).__name__}: {exc}"
+    return measure_alternating([(label, version, once)], runs)[0]
+
+
+def measure_alternating(what: list[tuple[str, str, Any]], runs: int) -> list[Series]:
+    """Each ``(label, version, once)`` ``runs`` times, one kernel of each in turn."""
+    series = [Series(label, version) for label, version, _ in what]
+    for one, (_, _, once) in zip(series, what):
+        try:
+            once()  # unmeasured: writes bytecode caches, as any earlier use of the environment would have
+        except Exception as exc:  # a peer that installs but does not load is reported, not fatal
+            one.problem = f"did not load: {type(exc).__name__}: {exc}"
+    for _ in range(runs):
+        for one, (_, _, once) in zip(series, what):
+            if one.problem is None:
+                try:
+                    one.loads.append(once())
+                except Exception as exc:
+                    one.problem = f"did not load: {type(exc).__name__}: {exc}"
     return series
 
 
@@ -158,6 +243,10 @@ def main() -> int:
     parser.add_argument("--no-peers", action="store_true", help="measure apollia_nb only")
     parser.add_argument("--home", type=Path, default=None,
                         help="also measure on a copy of this existing home (it is not changed)")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="TREE",
+                        help="also measure the apollia_nb of this checkout, alternating with this tree's")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="one more kernel per tree under -X importtime: what the load imported")
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="apollia-bench-load-ext-"))
@@ -179,33 +268,39 @@ def main() -> int:
         from apollia_nb import __version__
 
         counter = iter(range(10_000))
+        trees = [("", ROOT)] + ([(" baseline", args.baseline.resolve())] if args.baseline else [])
 
-        def ours_new_home() -> float:
-            home = scratch / f"new-home-{next(counter)}"
-            return load_once(specs, "ours", "apollia_nb",
-                             kernel_env(scratch, APOLLIA_HOME=str(home), PYTHONPATH=str(ROOT)), work)
+        def load_ours(tree: Path, home: Path | None, importtime: bool = False) -> Load:
+            home = home or scratch / f"new-home-{next(counter)}"
+            env = kernel_env(scratch, APOLLIA_HOME=str(home), PYTHONPATH=str(tree))
+            return load_once(specs, "ours", "apollia_nb", env, work, tree=tree, importtime=importtime)
 
-        existing = scratch / "existing-home"
-
-        def ours_on(home: Path):  # type: ignore[no-untyped-def]
-            return lambda: load_once(specs, "ours", "apollia_nb",
-                                     kernel_env(scratch, APOLLIA_HOME=str(home), PYTHONPATH=str(ROOT)), work)
-
-        results = [
-            measure("%load_ext apollia_nb (new home)", __version__, args.runs, ours_new_home),
-            measure("%load_ext apollia_nb (existing home)", __version__, args.runs, ours_on(existing)),
-        ]
+        homes: list[tuple[str, Path | None]] = [("new home", None), ("existing home", scratch / "existing-home")]
         if args.home is not None:
-            copy = scratch / "copied-home"
-            shutil.copytree(args.home, copy, symlinks=True)
-            results.append(measure(f"%load_ext apollia_nb ({args.home.name})", __version__, args.runs, ours_on(copy)))
+            homes.append((args.home.name, scratch / "copied-home"))
+        results: list[Series] = []
+        for name, home in homes:
+            what = []
+            for tag, tree in trees:
+                # each tree opens homes of its own (a new one each time, or its own existing one)
+                tree_home = home.with_name(home.name + tag.replace(" ", "-")) if home is not None else None
+                if tree_home is not None and args.home is not None and name == args.home.name:
+                    shutil.copytree(args.home, tree_home, symlinks=True)
+                what.append((f"%load_ext apollia_nb ({name}){tag}", __version__,
+                             lambda tree=tree, home=tree_home: load_ours(tree, home)))
+            results.extend(measure_alternating(what, args.runs))
+        details: list[str] = []
+        if args.breakdown:
+            for tag, tree in trees:
+                home = scratch / ("existing-home" + tag.replace(" ", "-"))
+                details += breakdown(f"existing home{tag} ({tree})", load_ours(tree, home, importtime=True).importtime)
         for peer, python, why in peers:
             label = f"%load_ext {peer.extension}"
             if python is None:
                 results.append(Series(label, "-", problem=why))
                 continue
 
-            def peer_once(peer: Peer = peer) -> float:
+            def peer_once(peer: Peer = peer) -> Load:
                 return load_once(specs, peer.package, peer.extension, kernel_env(scratch), work)
 
             results.append(measure(label, version_of(python, peer.package), args.runs, peer_once))
@@ -213,15 +308,25 @@ def main() -> int:
         print()
         print(f"%load_ext in a fresh kernel, timed inside the kernel; Python {sys.version.split()[0]}, "
               f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-        print(f"{'':<44} {'version':<10} {'median ms':>9} {'min ms':>9} {'max ms':>9}")
+        print(f"{'':<48} {'version':<10} {'median ms':>9} {'min ms':>9} {'max ms':>9} {'CPU ms':>9}")
         for series in results:
             print(series.row())
-        ours = statistics.median(results[1].samples) if results[1].samples else None
+        if details:
+            print()
+            print("\n".join(details))
+        existing = {series.label: series for series in results if series.samples}
+        mine = existing.get("%load_ext apollia_nb (existing home)")
+        ours = statistics.median(mine.samples) if mine is not None else None
         if ours is not None:
             print()
             verdict = "within" if ours <= TARGET_MS else "OVER"
             print(f"apollia_nb on an existing home: median {ours:.0f} ms — {verdict} the {TARGET_MS:.0f} ms target")
-            for series in results[2:]:
+            before = existing.get("%load_ext apollia_nb (existing home) baseline")
+            if before is not None and mine is not None:
+                cpu = [statistics.median(load.cpu_ms for load in s.loads) for s in (before, mine)]
+                print(f"baseline {args.baseline}: median {statistics.median(before.samples):.0f} ms, "
+                      f"CPU {cpu[0]:.0f} → {cpu[1]:.0f} ms")
+            for series in results:
                 if series.samples and not series.label.startswith("%load_ext apollia_nb"):
                     print(f"{series.label.split()[-1]}: median {statistics.median(series.samples) / ours:.1f}× ours")
         return 0 if ours is not None and not any(s.problem for s in results if "apollia_nb" in s.label) else 1
