@@ -25,7 +25,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from apollia_nb.errors import BadAnswer
-from apollia_nb.runtime.cards import MODEL_CALL, QUESTION, REDACTED, redact_schema, redact_sensitive, sensitive
+from apollia_nb.runtime.cards import (
+    MODEL_CALL,
+    QUESTION,
+    REDACTED,
+    redact_schema,
+    redact_sensitive,
+    sensitive,
+)
+from apollia_nb.runtime.outputs import redact
 
 __all__ = [
     "ELICITATION",
@@ -144,8 +152,6 @@ def redact_form_values(arguments: Mapping[str, Any], values: Mapping[str, Any] |
 def shown_request(arguments: Mapping[str, Any], secrets: Mapping[str, str]) -> dict[str, Any]:
     """A server's request as decided, shown and journaled: what its form offers as a sensitive value
     (``default``, ``examples``) redacted, and every configured token (``{value: VAR}``) too."""
-    from apollia_nb.runtime.outputs import redact
-
     out = dict(arguments)
     if "requestedSchema" in out:
         out["requestedSchema"] = redact_schema(out["requestedSchema"])

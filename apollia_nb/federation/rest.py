@@ -53,15 +53,20 @@ from urllib.parse import quote, unquote, urlsplit
 
 import anyio
 
-from apollia_nb.errors import BadArgument, BadInput, PermanentToolError, ToolTimeout, TransientToolError
-from apollia_nb.federation.config import HostConfig
+from apollia_nb.errors import (
+    BadArgument,
+    BadInput,
+    PermanentToolError,
+    ToolTimeout,
+    TransientToolError,
+)
 from apollia_nb.federation.base import check_connection_allowed, named_tools
+from apollia_nb.federation.config import HostConfig
 from apollia_nb.governance.decision import Family
+from apollia_nb.runtime.tools import ToolDef
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
-
-    from apollia_nb.runtime.tools import ToolDef
 
 __all__ = [
     "Parameter",
@@ -475,8 +480,6 @@ class RestSource:
     # -- tools -----------------------------------------------------------------------------
 
     def _tooldef(self, op: Operation) -> "ToolDef":
-        from apollia_nb.runtime.tools import ToolDef
-
         name = f"{self.name}/{op.operation_id}"
         cached = self._tooldefs.get(name)
         if cached is not None:

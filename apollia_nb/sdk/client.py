@@ -36,6 +36,7 @@ the same ``idempotency_key=``).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -43,7 +44,8 @@ from typing import Any, Literal
 
 import httpx
 
-from apollia_nb.errors import NotFound
+from apollia_nb.errors import NotFound, ServerNotRunning
+from apollia_nb.home import resolve_home
 from apollia_nb.sdk import errors as _errors  # noqa: F401 - registers the HTTP-only codes with error_for_code
 from apollia_nb.sdk.batches import Routes as _BatchRoutes
 from apollia_nb.sdk.batches import batch_request
@@ -67,8 +69,6 @@ def server_info(home: str | Path | None = None, *, running: bool = False) -> tup
 
     ``running``: first check that the advertised process lives and accepts a connection
     (``SERVER_NOT_RUNNING`` when it does not: the file is stale)."""
-    from apollia_nb.home import resolve_home
-
     path = resolve_home(home) / "server.json"
     info = read_server_json(path)
     if info is None:
@@ -79,10 +79,6 @@ def server_info(home: str | Path | None = None, *, running: bool = False) -> tup
 
 
 def _check_running(server_json: Path, url: str, pid: int) -> None:
-    import os
-
-    from apollia_nb.errors import ServerNotRunning
-
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
