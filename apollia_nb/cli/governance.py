@@ -22,6 +22,8 @@ from typing import Any
 
 from apollia_nb.cli.common import emit, who
 from apollia_nb.cli.common import who as _who  # noqa: F401 - the served commands import it by this name
+from apollia_nb.errors import BadInput
+from apollia_nb.home import Home, OwnerLock
 
 __all__ = ["register"]
 
@@ -81,17 +83,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 # --- shared -------------------------------------------------------------------------
 
 
-
-
 def _home(args: argparse.Namespace, *, create: bool = True) -> Any:
-    from apollia_nb.home import Home
-
     return Home.at(args.home, create=create)
 
 
 def _history(home: Any) -> Any:
     """What the journal records the home has had (None: the journal is held by its owner)."""
-    from apollia_nb.journal.accounting import read_home_record_offline
+    from apollia_nb.journal.accounting import read_home_record_offline  # lazy: DuckDB, ~0.8 s
 
     return read_home_record_offline(home)
 
@@ -100,8 +98,8 @@ def _history(home: Any) -> Any:
 def _reader(args: argparse.Namespace) -> Iterator[Any]:
     """A store for reading: it creates nothing, and expects what the journal records (the server's
     governance when `apollia-os serve` owns the home)."""
-    from apollia_nb.cli.client import remote
-    from apollia_nb.governance.store import GovernanceStore
+    from apollia_nb.cli.client import remote  # lazy: the client runtime, ~1 s
+    from apollia_nb.governance.store import GovernanceStore  # lazy: DuckDB, ~0.8 s
 
     with remote(args) as served:
         if served is not None:
@@ -118,7 +116,7 @@ def _reader(args: argparse.Namespace) -> Iterator[Any]:
 
 def _open_journal(home: Any) -> Any:
     """The home's journal, so the change is journaled before it takes effect."""
-    from apollia_nb.journal import Journal
+    from apollia_nb.journal import Journal  # lazy: DuckDB, ~0.8 s
 
     return Journal.open(home)
 
@@ -127,9 +125,8 @@ def _open_journal(home: Any) -> Any:
 def _owned_store(args: argparse.Namespace) -> Iterator[Any]:
     """A store on a home this process owns, journaling to the home's journal; the server's governance
     (which journals and stores the change) when `apollia-os serve` owns the home."""
-    from apollia_nb.cli.client import remote
-    from apollia_nb.governance.store import GovernanceStore
-    from apollia_nb.home import OwnerLock
+    from apollia_nb.cli.client import remote  # lazy: the client runtime, ~1 s
+    from apollia_nb.governance.store import GovernanceStore  # lazy: DuckDB, ~0.8 s
 
     with remote(args) as served:
         if served is not None:
@@ -197,7 +194,6 @@ def _rules_remove(args: argparse.Namespace) -> int:
 
 
 def _devmode(args: argparse.Namespace) -> int:
-    from apollia_nb.errors import BadInput
 
     if args.state is None:
         with _reader(args) as store:
@@ -238,7 +234,7 @@ def _consents_revoke(args: argparse.Namespace) -> int:
 
 
 def _policy_keygen(args: argparse.Namespace) -> int:
-    from apollia_nb.governance.policy import keygen
+    from apollia_nb.governance.policy import keygen  # lazy: PyNaCl, for the policy commands
 
     out = args.out if args.out is not None else _home(args).keys_dir / "policy.key"
     private, public = keygen(out)
@@ -255,7 +251,7 @@ def _policy_keygen(args: argparse.Namespace) -> int:
 
 
 def _policy_sign(args: argparse.Namespace) -> int:
-    from apollia_nb.governance.policy import sign
+    from apollia_nb.governance.policy import sign  # lazy: PyNaCl, for the policy commands
 
     sig = sign(args.file, args.key)
     emit(args, {"file": str(args.file), "signature": str(sig)}, f"signed {args.file}: {sig}")
@@ -263,9 +259,9 @@ def _policy_sign(args: argparse.Namespace) -> int:
 
 
 def _policy_check(args: argparse.Namespace) -> int:
-    from apollia_nb.governance.policy import load_policy
+    from apollia_nb.governance.policy import load_policy  # lazy: PyNaCl, for the policy commands
 
-    from apollia_nb.cli.client import remote
+    from apollia_nb.cli.client import remote  # lazy: the client runtime, ~1 s
 
     home = _home(args, create=False)
     with remote(args) as served:
@@ -294,7 +290,7 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 
 def _policy_remove(args: argparse.Namespace) -> int:
-    from apollia_nb.cli.client import refuse_served
+    from apollia_nb.cli.client import refuse_served  # lazy: the client runtime, ~1 s
 
     refuse_served(args, "`policy remove`")
     home = _home(args, create=False)
