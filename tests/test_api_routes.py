@@ -153,7 +153,7 @@ def test_agents_register_list_get_stop_start(api):
                           "inflight"}
     assert api.get("/agents").json() == [agent]
     assert api.get("/agents/clerk").json() == agent
-    error(api.post("/agents", json={"manifest": WRITER}), 409, "CONFLICT")
+    assert api.post("/agents", json={"manifest": WRITER}).json() == agent  # idle: registered again in its place
     error(api.get("/agents/nobody"), 404, "UNKNOWN_AGENT")
     error(api.post("/agents/nobody/stop"), 404, "UNKNOWN_AGENT")
     error(api.post("/agents/clerk/start"), 409, "CONFLICT")

@@ -442,7 +442,9 @@ async def _find_agent(request: Request, ref: dict[str, Any] | None) -> Found | N
         summary="Register an agent from its TOML manifest", responses=_errors(409, 413, 422),
         effect=Effect(find=_find_agent),
         description="Ends `active`, or `degraded` when optional tools do not resolve. A name already registered "
-                    "and not stopped is 409; a bad manifest 422 `MANIFEST_INVALID` naming the key; a workspace "
+                    "is replaced when it is stopped or idle (no task pending, running or waiting for it, no chat "
+                    "exchange in progress); while it is busy 409 `CONFLICT` naming its tasks and how to stop it. "
+                    "A bad manifest is 422 `MANIFEST_INVALID` naming the key; a workspace "
                     "that contains the home or lies inside it 422 `WORKSPACE_OVERLAPS_HOME`.")
 async def register_agent(response: Response, body: s.ManifestIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     agent = await rt.register_agent(body.manifest, keep_consents=body.keep_consents)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import Bool, Unicode, observe
 
-from apollia_nb.errors import ApolliaError, BadInput, Conflict, UnknownRun, UnknownSession
+from apollia_nb.errors import ApolliaError, BadInput, UnknownRun, UnknownSession
 from apollia_nb.notebook.arguments import MagicExit as _Exit
 from apollia_nb.notebook.arguments import magic_parser as _parser
 from apollia_nb.notebook.arguments import magic_words as _words
@@ -228,14 +228,8 @@ class ApolliaMagics(Magics):
         rt = runtime.rt
 
         async def declare() -> dict[str, Any]:
-            # Declaring again (a re-run cell, or an agent restored from the home) replaces it when idle.
-            existing = next((a for a in rt.agents() if a.name == manifest.name), None)
-            if existing is not None and existing.state.state.value != "stopped":
-                if existing.inflight:
-                    raise Conflict(f"agent {manifest.name!r} has {len(existing.inflight)} task(s) in flight; "
-                                   f"stop it first (`%apollia stop {manifest.name}`)")
-                await rt.stop_agent(manifest.name)
-            # the notebook_* built-ins come from the runtime
+            # Declaring again (a re-run cell, or an agent restored from the home) replaces it when idle,
+            # as every registration does; the notebook_* built-ins come from the runtime.
             agent = await rt.register_agent(manifest, keep_consents=ns.keep_consents)
             return agent.to_dict()
 

@@ -241,6 +241,7 @@ class Runtime:
         self._lock = OwnerLock(self.home)
         self._agents: dict[str, Agent] = {}
         self._identities: dict[str, dict[str, Any]] = {}  # what each agent here was registered as (review_identity)
+        self._registering: set[str] = set()  # names a registration is under way for (register_agent)
         self._runs: dict[str, TaskRun] = {}  # tasks not finished (running, waiting, suspended)
         self._finished: OrderedDict[str, TaskRun] = OrderedDict()  # the last FINISHED_KEPT finished
         self._cards: dict[str, Card] = {}
@@ -536,7 +537,9 @@ class Runtime:
         self, manifest: Any, *, tools: Sequence[Any] = (), model: Any = None, cwd: Path | None = None,
         keep_consents: bool | None = None,
     ) -> Agent:
-        """Register (or re-register a stopped) agent from a manifest text, path or ``Manifest``.
+        """Register an agent from a manifest text, path or ``Manifest``; one of that name already
+        registered is replaced when stopped or idle (``_check_replaceable``: no task running or waiting
+        for it, no chat exchange in progress), and is ``CONFLICT`` naming how to stop it otherwise.
 
         Its workspace is resolved here, once (``cwd``, default the current directory; ``..`` and
         symbolic links followed), and kept with the agent: a later process restores it there.
@@ -553,23 +556,64 @@ class Runtime:
             parsed = load_manifest(manifest)
         else:
             parsed = parse_manifest(str(manifest))
-        existing = self._agents.get(parsed.name)
-        if existing is not None and existing.state.state != ProcessState.STOPPED:
-            raise Conflict(f"agent {parsed.name!r} is already registered ({existing.state.state.value})")
-        return await self._register(parsed, tools=tools, model=model, workspace=parsed.workspace_path(cwd),
-                                    written=parsed.workspace_path(cwd, resolve=False), keep=keep_consents,
-                                    cell=existing.state if existing else None)
+        if parsed.name in self._registering:
+            raise Conflict(f"agent {parsed.name!r} is being registered by another request: "
+                           "register it again once that one has answered")
+        self._registering.add(parsed.name)
+        try:
+            existing = self._agents.get(parsed.name)
+            workspace = parsed.workspace_path(cwd)
+            if existing is not None and existing.state.state != ProcessState.STOPPED:
+                self._check_replaceable(existing)
+                # Reviewed before it stops: a registration the review refuses (CONSENTS_TO_REVIEW) leaves the
+                # agent as it was; the review in ``_register`` then finds the same identity and changes nothing.
+                try:
+                    self._review(parsed.name, self._identity_of(parsed, workspace, tools), keep=keep_consents,
+                                 replacing=True)
+                except GovernanceUnreadable:
+                    pass  # ``_register`` holds its consents back and says so
+                await self.stop_agent(parsed.name)
+            return await self._register(parsed, tools=tools, model=model, workspace=workspace,
+                                        written=parsed.workspace_path(cwd, resolve=False), keep=keep_consents,
+                                        cell=existing.state if existing else None)
+        finally:
+            self._registering.discard(parsed.name)
+
+    def _check_replaceable(self, agent: Agent) -> None:
+        """``CONFLICT`` unless ``agent`` is idle: no task of it pending, running or waiting (on a person,
+        a plan approval or a pending decision), no chat exchange of it in progress, not between states."""
+        name = agent.name
+        state = agent.state.state
+        stop = (f"stop it first (`apollia-os agents stop {name}`, `%apollia stop {name}` in a notebook, "
+                f"POST /api/v1/agents/{name}/stop), then register it again")
+        if state not in (ProcessState.ACTIVE, ProcessState.DEGRADED):
+            raise Conflict(f"agent {name!r} is {state.value}: register it again once it is stopped")
+        busy = sorted(f"{r.id} ({r.status})" for r in agent.inflight
+                      if r.status not in ("completed", "failed", "cancelled"))
+        if busy:
+            raise Conflict(f"agent {name!r} is busy: {len(busy)} task(s) running or waiting for it "
+                           f"({', '.join(busy)}); answer or cancel them, or {stop}")
+        sessions = self.sessions.all() if self.sessions is not None else []
+        talking = sorted(s.id for s in sessions if s.agent is agent and s.state == "processing")
+        if talking:
+            raise Conflict(f"agent {name!r} is busy: a chat exchange is in progress in {', '.join(talking)}; "
+                           f"wait for its reply, or {stop}")
+
+    @staticmethod
+    def _identity_of(manifest: Any, workspace: Path, tools: Sequence[Any]) -> dict[str, Any]:
+        """What an agent's standing consents are given for: its tools, resolved workspace and model."""
+        from apollia_nb.runtime.manifest import agent_identity
+        from apollia_nb.runtime.tools import ToolDef
+
+        names = [t.name if isinstance(t, ToolDef) else ToolDef.from_function(t).name for t in tools]
+        return agent_identity(manifest, workspace, names)
 
     async def _register(self, manifest: Any, *, tools: Sequence[Any], model: Any, workspace: Path,
                         written: Path | None = None, keep: bool | None = None, cell: Any = None,
                         identity: dict[str, Any] | None = None) -> Agent:
         """Review what the agent's consents are given for, then start it (registration, restore, restart)."""
-        from apollia_nb.runtime.manifest import agent_identity
-        from apollia_nb.runtime.tools import ToolDef
-
         if identity is None:
-            names = [t.name if isinstance(t, ToolDef) else ToolDef.from_function(t).name for t in tools]
-            identity = agent_identity(manifest, workspace, names)
+            identity = self._identity_of(manifest, workspace, tools)
         try:
             self.review_identity(manifest.name, identity, keep=keep)
             self._consents_store().hold_back_consents(manifest.name, False)
@@ -592,13 +636,18 @@ class Runtime:
         workspace and model), for every registration path. A client asks its server, whose
         ``Runtime`` runs this. ``GovernanceStore.bind_identity`` compares and records; an agent of that
         name running in the owner with another identity is ``CONFLICT`` (stop it there first)."""
+        return self._review(agent, identity, keep=keep)
+
+    def _review(self, agent: str, identity: dict[str, Any], *, keep: bool | None = None,
+                replacing: bool = False) -> dict[str, Any]:
+        """``review_identity``; ``replacing``: the agent running here is the one being replaced, idle."""
         from apollia_nb.governance.store import identity_digest
 
         if self.mode == "client":
             return self._remote.governance.bind_identity(agent, identity, keep=keep)
         own = self._agents.get(agent)
         fallback = self._identities.get(agent)
-        if (own is not None and own.state.state != ProcessState.STOPPED and fallback is not None
+        if (not replacing and own is not None and own.state.state != ProcessState.STOPPED and fallback is not None
                 and identity_digest(fallback) != identity_digest(identity)):
             raise Conflict(f"agent {agent!r} is registered ({own.state.state.value}) in the process that owns "
                            "the home with other tools, workspace or model: stop it there first")

@@ -1,0 +1,146 @@
+"""What a new user meets in the first hour: registering again, manifest mistakes and the CLI's messages.
+
+Each message is checked for its code and for the words that tell the user what to do next. Real
+parts: a Runtime over a fresh home, the CLI in this process and as a subprocess, a server on
+127.0.0.1 over real HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from apollia_nb.api.server import ServerThread
+from apollia_nb.cli import main
+from apollia_nb.errors import Conflict, ConsentsToReview
+from apollia_nb.runtime import Runtime
+from apollia_nb.sdk import Client
+from runtime_helpers import call, manifest
+
+TOKEN = "first-hour-token"
+WRITE = [{"tool_calls": [call("write_file", path="out.txt", content="hi")]}, {"text": "Wrote it."}]
+
+
+def run_cli(*args: str, home, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "APOLLIA_HOME": str(home.path)}
+    return subprocess.run([sys.executable, "-m", "apollia_nb", *args], capture_output=True, text=True,
+                          input=stdin, env=env, timeout=120)
+
+
+# --- registering again ------------------------------------------------------------------------------
+
+
+def test_the_cli_registers_a_fixed_manifest_over_an_idle_agent(home, tmp_path, capsys):
+    path = tmp_path / "clerk.toml"
+    path.write_text(manifest(max_steps=5))
+    assert main(["agents", "register", str(path), "--home", str(home.path)]) == 0
+    capsys.readouterr()
+    path.write_text(manifest(max_steps=9))  # fixed, registered again in a new process on the same home
+    assert main(["agents", "register", str(path), "--home", str(home.path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["state"] == "active" and data["max_steps"] == 9
+    assert main(["agents", "list", "--json", "--home", str(home.path)]) == 0
+    assert [(a["name"], a["max_steps"]) for a in json.loads(capsys.readouterr().out)] == [("clerk", 9)]
+
+
+def test_the_cli_refuses_to_replace_an_agent_with_a_task_waiting_and_says_how_to_stop_it(home, tmp_path):
+    path = tmp_path / "clerk.toml"
+    path.write_text(manifest(actor=WRITE))
+    assert run_cli("agents", "register", str(path), home=home).returncode == 0
+    task = json.loads(run_cli("run", "clerk", "Write out.txt", "--unattended", "--json", home=home).stdout)
+    assert task["status"] == "waiting"
+    again = run_cli("agents", "register", str(path), home=home)
+    assert again.returncode != 0
+    assert "CONFLICT" in again.stderr and "busy" in again.stderr and task["id"] in again.stderr
+    assert "apollia-os agents stop clerk" in again.stderr
+    stopped = run_cli("agents", "stop", "clerk", home=home)
+    assert stopped.returncode == 0, stopped.stderr
+    assert run_cli("agents", "register", str(path), home=home).returncode == 0
+
+
+@pytest.mark.anyio
+async def test_the_runtime_replaces_an_idle_agent_and_refuses_a_busy_one(home):
+    async with Runtime(home) as rt:
+        first = await rt.register_agent(manifest(actor=WRITE, max_steps=5))
+        second = await rt.register_agent(manifest(actor=WRITE, max_steps=6))
+        assert second is not first and second.state.state == "active" and second.manifest.max_steps == 6
+        handle = await rt.submit("clerk", "Write out.txt", watched=False)
+        await handle.settled()
+        assert handle.status == "waiting"
+        with pytest.raises(Conflict) as info:
+            await rt.register_agent(manifest(actor=WRITE, max_steps=7))
+        message = info.value.message
+        assert info.value.code == "CONFLICT" and handle.id in message and "waiting" in message
+        assert "apollia-os agents stop clerk" in message and "%apollia stop clerk" in message
+        assert rt.agent("clerk") is second and second.state.state == "active"  # left as it was
+        [pending] = rt.pending_decisions()
+        rt.answer(pending["id"], "once", by="test")
+        assert (await handle.wait()).status == "completed"
+        third = await rt.register_agent(manifest(actor=WRITE, max_steps=7))
+        assert third.manifest.max_steps == 7 and third.state.state == "active"
+
+
+@pytest.mark.anyio
+async def test_a_replacement_the_consents_review_refuses_leaves_the_agent_running(home):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(required=["read_file"]))
+        rt.governance.grant_consent("clerk", "write", by="test")
+        wider = manifest(required=["read_file", "write_file"])
+        with pytest.raises(ConsentsToReview) as info:
+            await rt.register_agent(wider)
+        assert info.value.code == "CONSENTS_TO_REVIEW" and "write_file" in info.value.message
+        assert "--keep-consents" in info.value.message
+        assert rt.agent("clerk").state.state == "active" and rt.agent("clerk").offered == ("read_file",)
+        replaced = await rt.register_agent(wider, keep_consents=True)
+        assert replaced.state.state == "active" and "write_file" in replaced.offered
+        assert [c.family.value for c in rt.governance.consents() if c.agent == "clerk"] == ["write"]
+
+
+@pytest.mark.anyio
+async def test_two_replacements_at_once_do_not_break_the_agent(home):
+    import anyio
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest(max_steps=5))
+        outcomes: list[object] = []
+
+        async def again(steps: int) -> None:
+            try:
+                outcomes.append(await rt.register_agent(manifest(max_steps=steps)))
+            except Conflict as exc:
+                outcomes.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(again, 6)
+            tg.start_soon(again, 7)
+        refused = [o for o in outcomes if isinstance(o, Conflict)]
+        assert len(refused) == 1 and "being registered" in refused[0].message and refused[0].code == "CONFLICT"
+        assert rt.agent("clerk").state.state == "active"
+
+
+@pytest.fixture
+def server(home):
+    with ServerThread(home, token=TOKEN) as srv:
+        yield srv
+
+
+def test_rest_and_sdk_replace_an_idle_agent_and_refuse_a_busy_one(server):
+    with httpx.Client(base_url=server.url + "/api/v1", headers={"Authorization": f"Bearer {TOKEN}"},
+                      timeout=30) as api:
+        assert api.post("/agents", json={"manifest": manifest(actor=WRITE, max_steps=5)}).status_code == 201
+        again = api.post("/agents", json={"manifest": manifest(actor=WRITE, max_steps=6)})
+        assert again.status_code == 201 and again.json()["max_steps"] == 6
+        client = Client(server.url, TOKEN)
+        assert client.register_agent(manifest(actor=WRITE, max_steps=8)).max_steps == 8
+        task = api.post("/tasks", json={"agent": "clerk", "goal": "Write out.txt"}).json()
+        waited = api.get(f"/tasks/{task['id']}/wait", params={"until": "settled", "timeout": 30}).json()
+        assert waited["status"] == "waiting"
+        busy = api.post("/agents", json={"manifest": manifest(actor=WRITE, max_steps=9)})
+        assert busy.status_code == 409 and busy.json()["code"] == "CONFLICT"
+        assert task["id"] in busy.json()["message"] and "apollia-os agents stop clerk" in busy.json()["message"]
+        assert api.get("/agents/clerk").json()["max_steps"] == 8
