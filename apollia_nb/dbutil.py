@@ -12,6 +12,7 @@ from typing import Any
 from apollia_nb.errors import HomeLocked, StorageError, StorageFull
 
 __all__ = [
+    "CHECKPOINT_THRESHOLD",
     "FAULT_ENV",
     "LOCKED_SETTINGS",
     "MEMORY_LIMIT",
@@ -29,18 +30,30 @@ __all__ = [
 #: The most memory DuckDB keeps for each of the two files the owner writes all the time,
 #: ``journal.db`` and ``runtime.db``. DuckDB's default is 80 % of the machine's RAM *per
 #: database*, and it keeps what it has allocated up to that limit: a long-running server's
-#: memory then grows with the work it has done (measured: +30-40 MB a minute under a steady
-#: load, flat with the limit). With the limit DuckDB evicts cached blocks (they are on disk)
-#: and spills a large query's intermediates to a temporary file beside the database; appends,
-#: lookups by key and the journal's index work as before (measured: 4 million keyed rows
-#: inserted and checked under 32 MB). ``governance.db`` stays small and is left alone: a
-#: low limit there slowed its per-operation connections many times over.
-MEMORY_LIMIT = "64MB"
+#: memory then grows with the work it has done until it reaches the limit (measured: +30-40 MB
+#: a minute under a steady load without one; with 64 MB each, the two files still took
+#: 30-55 MB more by minute 10 of a soak, and were still rising). With the limit DuckDB evicts
+#: cached blocks (they are on disk) and spills a large query's intermediates to a temporary
+#: file beside the database; appends, lookups by key and the journal's index work as before
+#: (measured: 10 million keyed rows inserted, then appended to and looked up, under 32 MB).
+#: ``governance.db`` stays small and is left alone: a low limit there slowed its
+#: per-operation connections many times over.
+MEMORY_LIMIT = "32MB"
+#: How much write-ahead log DuckDB lets grow before it checkpoints the database by itself
+#: (its default is 16 MB). Until then the rows written since the last checkpoint, and the
+#: old versions of the rows updated (a task's row is rewritten at each status change), are
+#: held in memory: up to 17 MB of the journal's new rows and 19 MB of ``runtime.db``'s
+#: updates were seen in a soak. A checkpoint of 4 MB of log costs tens of milliseconds and
+#: changes nothing of what is durable (a commit is durable in the log before).
+CHECKPOINT_THRESHOLD = "4MB"
 
 
 def limit_memory(con: Any, limit: str = MEMORY_LIMIT) -> None:
-    """Cap the memory of the database ``con`` belongs to (the setting is per database, not per connection)."""
+    """Cap the memory of the database ``con`` belongs to (the settings are per database, not per connection):
+    ``limit`` for what it caches, and a checkpoint each ``CHECKPOINT_THRESHOLD`` of log for what it holds
+    of the writes since the last one."""
     con.execute(f"SET memory_limit = '{limit}'")
+    con.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
 
 _PID = re.compile(r"\(PID (\d+)\)")
 

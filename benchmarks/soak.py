@@ -1,7 +1,7 @@
 """Soak: a steady load on ``apollia-os serve`` for minutes; is memory flat, is latency flat?
 
     .venv/bin/python benchmarks/soak.py [--minutes 10] [--clients 4] [--agents 2] [--calls 3]
-                                        [--diagnose FILE [--tracemalloc]]
+                                        [--diagnose FILE [--tracemalloc [--baseline MINUTE]]]
 
 Starts ``apollia-os serve --port 0`` on a fresh home (its own process) and
 registers a fixed set of agents once: ``reader-K`` agents whose tasks make
@@ -122,8 +122,36 @@ def _duckdb_memory() -> list[str]:
     return lines
 
 
+def _malloc_heaps() -> str:
+    """glibc's ``malloc_info``: how many heaps (arenas), what they hold from the system, what is mmapped."""
+    import ctypes
+    import re
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.fdopen.restype = ctypes.c_void_p
+    libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.TemporaryFile() as out:
+        stream = libc.fdopen(os.dup(out.fileno()), b"w")
+        if not stream:
+            return ""
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        out.seek(0)
+        text = out.read().decode()
+    tail = text[text.rindex("</heap>"):] if "</heap>" in text else text
+    system = re.search(r'<system type="current" size="(\d+)"', tail)
+    mmapped = re.search(r'<total type="mmap" count="(\d+)" size="(\d+)"', tail)
+    free = re.search(r'<total type="rest" count="\d+" size="(\d+)"', tail)
+    return (f"heaps {text.count('<heap ')} holding {int(system.group(1)) / 2**20 if system else 0:.1f} MiB "
+            f"(free in them {int(free.group(1)) / 2**20 if free else 0:.1f}), "
+            f"mmapped {int(mmapped.group(2)) / 2**20 if mmapped else 0:.1f} MiB in {mmapped.group(1) if mmapped else 0}")
+
+
 def _process_memory() -> str:
-    """The allocator's view (glibc ``mallinfo2``: in use, free but kept), Python's blocks, threads."""
+    """The process's resident memory by kind, the allocator's view (glibc ``mallinfo2``: in use, free but
+    kept; ``malloc_info``: its heaps), Python's blocks, threads."""
     import ctypes
     import gc
 
@@ -131,23 +159,26 @@ def _process_memory() -> str:
         _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
                                                      "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-    text = ""
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    text = " ".join(f"{k} {int(status[k].split()[0]) / 1024:.1f}" for k in ("VmRSS", "RssAnon", "RssFile")
+                    if k in status) + " MiB; "
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallinfo2.restype = MallInfo2
         info = libc.mallinfo2()
-        text = (f"malloc in use {(info.uordblks + info.hblkhd) / 2**20:.1f} MiB, "
-                f"free kept {info.fordblks / 2**20:.1f} MiB; ")
-    except (OSError, AttributeError):
+        text += (f"malloc in use {(info.uordblks + info.hblkhd) / 2**20:.1f} MiB, "
+                 f"free kept {info.fordblks / 2**20:.1f} MiB, {_malloc_heaps()}; ")
+    except (OSError, AttributeError, ValueError):
         pass
     return (f"{text}python blocks {sys.getallocatedblocks()}, objects {len(gc.get_objects())}, "
             f"threads {threading.active_count()}")
 
 
-def _install_diagnostics(path: Path, trace: bool) -> None:
+def _install_diagnostics(path: Path, trace: bool, baseline: int = 1) -> None:
     """On SIGUSR1: DuckDB's memory per database and, with ``trace``, the allocations that grew.
 
-    The first signal takes the baseline. The signal only wakes a thread that does the
+    The ``baseline``-th signal (one a minute) takes the baseline, so what fills up while the
+    server warms up (the finished tasks it keeps, the idempotency keys) can be left out. The signal only wakes a thread that does the
     work: a snapshot taken inside the handler could wait on a lock the interrupted code holds."""
     import gc
     import tracemalloc
@@ -167,6 +198,9 @@ def _install_diagnostics(path: Path, trace: bool) -> None:
                 return
             snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
             counts = Counter(type(o).__qualname__ for o in gc.get_objects())
+            state["signals"] = state.get("signals", 0) + 1
+            if state["signals"] < baseline:
+                return
             if "snap" not in state:
                 state["snap"], state["types"] = snap, counts
                 out.write("   (tracemalloc baseline)\n")
@@ -220,7 +254,8 @@ def serve_child(argv: list[str]) -> int:
         _install_duckdb_settings(os.environ["SOAK_DUCKDB_SET"])
     diagnose = os.environ.get("SOAK_DIAGNOSE")
     if diagnose:
-        _install_diagnostics(Path(diagnose), trace=os.environ.get("SOAK_TRACEMALLOC") == "1")
+        _install_diagnostics(Path(diagnose), trace=os.environ.get("SOAK_TRACEMALLOC") == "1",
+                             baseline=int(os.environ.get("SOAK_BASELINE", "1")))
     from apollia_nb.cli import main
 
     return main(["serve", *argv])
@@ -362,7 +397,7 @@ def verdict(minutes: list[Minute]) -> tuple[bool, str]:
 
 
 def run_soak(minutes: int, clients: int, agents_per_kind: int, calls: int, diagnose: Path | None = None,
-             trace: bool = False) -> int:
+             trace: bool = False, baseline: int = 1) -> int:
     from apollia_nb.sdk import Client
 
     with tempfile.TemporaryDirectory(prefix="apollia-soak-") as scratch:
@@ -372,6 +407,7 @@ def run_soak(minutes: int, clients: int, agents_per_kind: int, calls: int, diagn
         if diagnose is not None:
             env["SOAK_DIAGNOSE"] = str(diagnose)
             env["SOAK_TRACEMALLOC"] = "1" if trace else "0"
+            env["SOAK_BASELINE"] = str(baseline)
         proc = subprocess.Popen([sys.executable, __file__, "--serve-child", "--home", str(home), "--port", "0",
                                  "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                 env=env, cwd=base)
@@ -449,13 +485,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--diagnose", type=Path, default=None, metavar="FILE",
                         help="the server appends DuckDB's memory per database to FILE every minute")
     parser.add_argument("--tracemalloc", action="store_true",
-                        help="with --diagnose: also the Python allocations that grew since minute 1")
+                        help="with --diagnose: also the Python allocations that grew since the baseline")
+    parser.add_argument("--baseline", type=int, default=1, metavar="MINUTE",
+                        help="with --tracemalloc: the minute whose allocations are the baseline (default 1)")
     args = parser.parse_args(argv)
     if args.tracemalloc and args.diagnose is None:
         parser.error("--tracemalloc needs --diagnose FILE")
     if args.minutes < 1 or args.clients < 1 or args.agents < 1 or args.calls < 1:
         parser.error("--minutes, --clients, --agents and --calls must be at least 1")
-    return run_soak(args.minutes, args.clients, args.agents, args.calls, args.diagnose, args.tracemalloc)
+    if args.baseline < 1 or args.baseline > args.minutes:
+        parser.error("--baseline must be a minute of the run")
+    return run_soak(args.minutes, args.clients, args.agents, args.calls, args.diagnose, args.tracemalloc,
+                    args.baseline)
 
 
 if __name__ == "__main__":
