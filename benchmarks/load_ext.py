@@ -22,10 +22,10 @@ tree this script is in (checked in each kernel: ``apollia_nb.__file__``).
 
 ``--baseline TREE`` measures a second checkout the same way in the same run (e.g.
 ``git worktree add /tmp/before HEAD~3``), its kernels alternating with this tree's,
-each tree on homes of its own. ``--breakdown`` adds one kernel per tree started
+each tree on homes of its own. ``--breakdown`` adds three kernels per tree started
 with ``python -X importtime``: how many modules ``%load_ext`` imported and the
-largest by their own import time (wall time inside a loaded kernel, so read them
-as shares, not exact costs).
+largest by their own import time, medians (wall time inside a loaded kernel, so
+read them as shares, not exact costs).
 
 The peers are jupyter-ai's magics packages, each installed by pip into its own
 virtual environment (not a dependency of this project): ``jupyter-ai-magics``
@@ -170,47 +170,31 @@ def kernel_env(base: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def breakdown(label: str, lines: str, top: int = 15) -> list[str]:
-    """The modules a load imported, the largest by their own import time, and the totals by package."""
-    rows: list[tuple[int, str]] = []
-    for line in lines.splitlines():
-        if not line.startswith("import time:") or "self [us]" in line:
-            continue
-        self_us, _cumulative, name = line[len("import time:"):].split("|")
-        rows.append((int(self_us), name.strip()))
-    by_package: dict[str, int] = {}
-    for us, name in rows:
+def breakdown(label: str, loads: list[str], top: int = 15) -> list[str]:
+    """What a load imported (``-X importtime`` lines of several kernels): the largest modules by their
+    own import time and the totals by package, each the median over the kernels."""
+    runs: list[dict[str, int]] = []
+    for lines in loads:
+        rows: dict[str, int] = {}
+        for line in lines.splitlines():
+            if line.startswith("import time:") and "self [us]" not in line:
+                self_us, _cumulative, name = line[len("import time:"):].split("|")
+                rows[name.strip()] = int(self_us)
+        runs.append(rows)
+    names = sorted(set().union(*runs))
+    median = {name: statistics.median(run.get(name, 0) for run in runs) for name in names}
+    by_package: dict[str, float] = {}
+    for name, us in median.items():
         parts = name.split(".")
         key = ".".join(parts[:2]) if parts[0] == "apollia_nb" else parts[0].lstrip("_")
         by_package[key] = by_package.get(key, 0) + us
-    total = sum(us for us, _ in rows)
-    out = [f"{label}: {len(rows)} modules imported, {total / 1000:.0f} ms of import time (self, wall)"]
+    out = [f"{label}: {len(names)} modules imported, {sum(median.values()) / 1000:.0f} ms of import time "
+           f"(own, wall; median of {len(runs)} kernels)"]
     out.append("  by package: " + ", ".join(
         f"{name} {us / 1000:.1f}" for name, us in sorted(by_package.items(), key=lambda kv: -kv[1])[:top]))
-    out.append("  largest:    " + ", ".join(f"{name} {us / 1000:.1f}" for us, name in sorted(rows, reverse=True)[:top]))
+    out.append("  largest:    " + ", ".join(
+        f"{name} {us / 1000:.1f}" for name, us in sorted(median.items(), key=lambda kv: -kv[1])[:top]))
     return out
-
-
-def version_of(python: Path, package: str) -> str:
-    done = subprocess.run([str(python), "-c", f"from importlib.metadata import version; print(version({package!r}))"],
-                          capture_output=True, text=True)
-    return done.stdout.strip() or "?"
-
-
-def install_peer(peer: Peer, where: Path) -> tuple[Path | None, str | None]:
-    """A virtual environment with ``peer`` and ipykernel; (python, None), or (None, why not)."""
-    python = where / "bin" / "python"
-    if python.exists() and subprocess.run([str(python), "-c", f"import {peer.extension}"],
-                                          capture_output=True).returncode == 0:
-        return python, None
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(where)], check=True)
-    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                           peer.package, "ipykernel"], capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = [line for line in (done.stderr or done.stdout).splitlines()
-                 if line.strip() and "is ignored" not in line]
-        return None, "did not install: " + " / ".join(lines[-3:])
-    return python, None
 
 
 def measure(label: str, version: str, runs: int, once) -> Series:  # type: ignore[no-untyped-def]
@@ -246,7 +230,7 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, default=None, metavar="TREE",
                         help="also measure the apollia_nb of this checkout, alternating with this tree's")
     parser.add_argument("--breakdown", action="store_true",
-                        help="one more kernel per tree under -X importtime: what the load imported")
+                        help="three more kernels per tree under -X importtime: what the load imported")
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="apollia-bench-load-ext-"))
@@ -293,7 +277,8 @@ def main() -> int:
         if args.breakdown:
             for tag, tree in trees:
                 home = scratch / ("existing-home" + tag.replace(" ", "-"))
-                details += breakdown(f"existing home{tag} ({tree})", load_ours(tree, home, importtime=True).importtime)
+                lines = [load_ours(tree, home, importtime=True).importtime for _ in range(3)]
+                details += breakdown(f"existing home{tag} ({tree})", lines)
         for peer, python, why in peers:
             label = f"%load_ext {peer.extension}"
             if python is None:
