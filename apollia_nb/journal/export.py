@@ -33,15 +33,20 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from apollia_nb.dbutil import limit_memory
+import duckdb
+
+from apollia_nb.dbutil import connect_locked, limit_memory
 from apollia_nb.errors import BadInput, BundleFileAltered, IntegrityError, NotFound
 from apollia_nb.journal.bundle import BUNDLE_FILES, read_bundle_key, read_bundle_meta
 from apollia_nb.journal.checkpoint import NoteVerifier
+from apollia_nb.journal.keys import key_id, load_public_key
+from apollia_nb.journal.store import _SCHEMA, FORMAT_VERSION, entries_with_tail
 from apollia_nb.journal.verify import _COLUMNS as _ENTRY_COLUMNS
 from apollia_nb.journal.verify import RANGE, _ranged_chunks
 from apollia_nb.journal.views import bundle_sql
@@ -131,7 +136,6 @@ class ExportResult:
 
 def bundle_hashes(directory: Path) -> tuple[bytes, ...]:
     """The entry hashes of a bundle, in seq order (not verified here)."""
-    import duckdb
 
     path = Path(directory) / BUNDLE_FILES["entries"]
     if not path.exists():
@@ -172,7 +176,6 @@ def _copy_parquet_aside(con: Any, select: str, path: Path, *, batch: int = 10_00
     The side database is a file beside the bundle, removed after, with bounded memory and one
     thread: it holds a batch of rows at a time however long the journal is, and writes them in
     the order they came (DuckDB keeps insertion order when nothing sorts)."""
-    import duckdb
 
     columns = con.execute(f"DESCRIBE {select}").fetchall()
     work = Path(tempfile.mkdtemp(prefix=".export-", dir=path.parent))
@@ -251,7 +254,6 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
 def _finish(directory: Path, *, verifier: NoteVerifier, key_id: str, entries: int, head: bytes | None,
             checkpoints: int, latest: str | None, cosigned: bool, invalid: dict[str, Any] | None) -> ExportResult:
     """Write the bundle's small files beside its Parquet files; the result names every file."""
-    from apollia_nb.journal.store import FORMAT_VERSION
 
     files = [BUNDLE_FILES["entries"], BUNDLE_FILES["checkpoints"]]
     if cosigned:
@@ -303,7 +305,6 @@ def _meta_facts(facts: BundleFacts) -> dict[str, Any]:
 def _plain_files(directory: Path) -> None:
     """Every bundle file present is a plain file: a link, a folder or a pipe is refused before
     anything reads it (a pipe would hold the reader forever, a link read another file)."""
-    import stat
 
     for name in BUNDLE_FILES.values():
         path = directory / name
@@ -346,8 +347,6 @@ def _must_equal(directory: Path, name: str, expected: str, why: str) -> None:
 def _bundle_rows(directory: Path) -> tuple[int, str, int, str | None]:
     """Entry count, head hash (hex), checkpoint count and the largest checkpoint's note, read from
     the Parquet files (verified separately by ``verify_bundle``)."""
-    import duckdb
-
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET enable_progress_bar = false")
@@ -379,7 +378,6 @@ def check_bundle_files(directory: Path) -> BundleFacts:
     this install writes for those facts. Raises ``BUNDLE_FILE_ALTERED`` naming the first file
     that is not (``NOT_FOUND`` when the folder is not a bundle). Reads nothing but the bundle's
     own files, each no further than the length it must have."""
-    from apollia_nb.journal.keys import key_id
 
     directory = Path(directory)
     for name in (BUNDLE_FILES["entries"], BUNDLE_FILES["vkey"]):
@@ -427,8 +425,6 @@ def check_bundle_files(directory: Path) -> BundleFacts:
 def export_home(home: Home, directory: Path, *, invalid: dict[str, Any] | None = None) -> ExportResult:
     """Export a home's journal (opened read-only) into ``directory``. ``invalid``: the failed
     verification of a journal exported anyway, recorded in ``meta.json``."""
-    from apollia_nb.journal.keys import key_id, load_public_key
-    from apollia_nb.journal.store import connect_locked, entries_with_tail
 
     if not home.journal_db.exists():
         raise NotFound(f"no journal at {home.journal_db}")
@@ -476,9 +472,7 @@ def export_streamed(journal: Any, directory: Path, *, size: int, checkpoints: li
     the journal is. ``checkpoints`` are its stored ``(size, root, note)`` rows, read before ``size``
     was fixed; those beyond ``size`` are left out, with their cosignatures. ``invalid`` as for
     ``export_home``."""
-    import duckdb
 
-    from apollia_nb.journal.store import _SCHEMA
 
     directory = _prepare_dir(directory)
     kept = [(int(s), bytes(r), n) for s, r, n in checkpoints if int(s) <= size]
