@@ -119,13 +119,28 @@ def modules(root: Path = PACKAGE_DIR) -> dict[str, Path]:
     return {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
 
 
+def _dynamic_import(call: ast.Call) -> str | None:
+    """What ``importlib.import_module(...)`` or ``__import__(...)`` imports: the name when it is a
+    literal; for an f-string, the package its literal start names (``f"apollia_nb.journal.{m}"``)."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name not in ("import_module", "__import__") or not call.args:
+        return None
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value).rpartition(".")[0] or None
+    return None
+
+
 def imports_of(path: Path, module: str, known: dict[str, Path]) -> list[Import]:
     """Every import in ``path`` of a module in ``known``, wherever it stands."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     top = module.split(".")[0]
     found: list[Import] = []
 
-    def add(name: str, node: ast.stmt, in_function: bool, type_checking: bool) -> None:
+    def add(name: str, node: ast.stmt | ast.expr, in_function: bool, type_checking: bool) -> None:
         if name.split(".")[0] != top:
             return
         if name != module:  # a name not in ``known`` is a module of the package that does not exist
@@ -138,6 +153,8 @@ def imports_of(path: Path, module: str, known: dict[str, Path]) -> list[Import]:
             if isinstance(child, ast.Import):
                 for alias in child.names:
                     add(alias.name, child, f, t)
+            elif isinstance(child, ast.Call) and (name := _dynamic_import(child)) is not None:
+                add(name, child, f, t)
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
                 if child.level:
@@ -298,6 +315,20 @@ def test_the_walk_sees_function_level_and_type_checking_imports(tmp_path: Path) 
     assert next(i for i in imports if i.source == "apollia_nb.runtime.b").type_checking
     assert find_cycle(graph(imports)) == ["apollia_nb.runtime.a", "apollia_nb.runtime.b",
                                           "apollia_nb.runtime.c", "apollia_nb.runtime.a"]
+
+
+def test_an_import_by_name_at_run_time_is_counted(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "journal/__init__.py": "", "journal/store.py": "",
+        "journal/a.py": "import importlib\ndef f(m):\n    return importlib.import_module(f'apollia_nb.api.{m}')\n",
+        "journal/b.py": "def g():\n    return __import__('apollia_nb.journal.store')\n",
+        "api/__init__.py": "", "api/app.py": "",
+    })
+    imports = {(i.source, i.target) for i in all_imports(root)}
+    assert ("apollia_nb.journal.a", "apollia_nb.api") in imports
+    assert ("apollia_nb.journal.b", "apollia_nb.journal.store") in imports
+    i = next(i for i in all_imports(root) if i.source == "apollia_nb.journal.a")
+    assert "above it" in (layer_problem(i) or "")
 
 
 def test_an_import_of_a_module_that_is_not_there_is_named(tmp_path: Path) -> None:
