@@ -849,6 +849,9 @@ class McpSource:
                 tooldef.annotations.update(hints, changed=True)
                 tooldef.parameters.clear()
                 tooldef.parameters.update(schema)
+                from apollia_nb.runtime.governed import forget_sensitive_parts
+
+                forget_sensitive_parts(tooldef)  # what its arguments hold that is sensitive is read anew
                 self._log_line(f"{tool.name}: its schema or annotations changed")
 
     def _screen(self, tools: list[Any]) -> list[Any]:

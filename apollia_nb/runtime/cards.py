@@ -17,6 +17,11 @@ panel, the REST API's events, the journal's ``answer``). The shown form is made
 here, once, by ``shown_values``: a field the form marks sensitive (``"writeOnly":
 true`` or ``"format": "password"``, at any depth) reads ``"[redacted]"``, and a
 configured token (``token_env``) reads ``[redacted: VAR]`` wherever it appears.
+
+A tool call's card is shown the same way: its ``arguments`` are the call's as shown
+(``shown_arguments``: the parts the tool's schema marks sensitive and every known secret
+redacted), made once where the call is captured (``runtime.governed``); the clear arguments
+stay in this process's memory for the tool alone (``call_arguments``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import anyio
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.capabilities import Answering
 
-__all__ = ["Card", "CHAT_CARD_TIMEOUT_SECS", "REDACTED", "QUESTION", "MODEL_CALL", "sensitive", "redact_sensitive"]
+__all__ = ["Card", "CHAT_CARD_TIMEOUT_SECS", "REDACTED", "QUESTION", "MODEL_CALL", "SensitiveParts", "SensitivePlan", "sensitive",
+           "redact_sensitive", "sensitive_plan", "sensitive_texts", "shown_arguments"]
 
 #: An unanswered card in a conversation resolves to ``refuse`` after exactly this long.
 #: Fixed in code, not configurable.
@@ -66,6 +72,226 @@ def redact_sensitive(schema: Any, value: Any) -> Any:
     if isinstance(value, list):
         return [redact_sensitive(schema.get("items"), v) for v in value]
     return value
+
+
+# --- a tool's arguments: which parts its schema marks sensitive, worked out once per schema ---------
+
+#: How many ``$ref`` hops, and how deep a schema, are read before what is left is taken as sensitive.
+_SCHEMA_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class SensitivePlan:
+    """Where a tool's arguments hold sensitive values: a compiled, pruned copy of its schema.
+
+    ``props``: a property's own plan; ``extra``: the plan of any property not named
+    (``additionalProperties``, ``patternProperties``); ``items`` / ``prefix``: an array's items,
+    all or by position. A plan of ``True`` is a value that is sensitive as a whole; a ``str``
+    names a ``$ref`` target, read from ``SensitiveParts.refs`` (a recursive schema); a ``tuple``
+    holds plans that all apply."""
+
+    props: Mapping[str, Any] = field(default_factory=dict)
+    extra: Any = None
+    items: Any = None
+    prefix: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class SensitiveParts:
+    """What ``sensitive_plan`` finds in a tool's arguments' schema: the plan of the whole (``True``,
+    a ``SensitivePlan``, a reference) and the plan of each ``$ref`` target it reads (``refs``)."""
+
+    root: Any
+    refs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _merge(a: Any, b: Any) -> Any:
+    """Two plans of one value (``anyOf`` branches): sensitive wherever either says so."""
+    if a is None or b is None:
+        return a if b is None else b
+    if a is True or b is True:
+        return True
+    if not isinstance(a, SensitivePlan) or not isinstance(b, SensitivePlan):
+        # A reference (resolved while walking: a recursive schema) beside another plan: both apply.
+        both = (*(a if isinstance(a, tuple) else (a,)), *(b if isinstance(b, tuple) else (b,)))
+        return tuple(dict.fromkeys(both))
+    props = {**a.props, **{k: _merge(a.props.get(k), v) for k, v in b.props.items()}}
+    width = max(len(a.prefix), len(b.prefix))
+    prefix = tuple(_merge(a.prefix[i] if i < len(a.prefix) else a.items, b.prefix[i] if i < len(b.prefix) else b.items)
+                   for i in range(width))
+    return SensitivePlan(props, _merge(a.extra, b.extra), _merge(a.items, b.items), prefix)
+
+
+def sensitive_plan(schema: Any) -> SensitiveParts | None:
+    """The parts of a value ``schema`` marks sensitive (``"writeOnly": true``, ``"format": "password"``)
+    at any depth — properties, additional properties, array items, through ``anyOf``/``oneOf``/``allOf``
+    and local ``$ref`` (``#/...``) — or None when it marks none (a tool's arguments are then shown as given).
+
+    Pure; worked out once per tool. A reference that points outside the schema, to nothing, or only
+    to itself, and a schema nested past reading, cannot be told safe: its value counts as sensitive."""
+    refs: dict[str, Any] = {}
+
+    def target(ref: str) -> Any:
+        if not ref.startswith("#"):
+            return None
+        node: Any = schema
+        for part in [p for p in ref[1:].split("/") if p]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, Mapping) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
+    def plan(node: Any, depth: int) -> Any:
+        if depth > _SCHEMA_DEPTH:
+            return True
+        if not isinstance(node, Mapping):
+            return None
+        if node.get("writeOnly") is True or node.get("format") == "password":
+            return True
+        out: Any = None
+        ref = node.get("$ref")
+        if ref is not None:
+            if not isinstance(ref, str) or target(ref) is None:
+                return True
+            if ref not in refs:
+                refs[ref] = "pending"
+                refs[ref] = plan(target(ref), depth + 1)
+            found = refs[ref]
+            out = ref if found == "pending" or isinstance(found, (SensitivePlan, str)) else found
+            if out is True:
+                return True
+        for key in ("anyOf", "oneOf", "allOf", "then", "else"):
+            found_branches = node.get(key)
+            branches: list[Any] = found_branches if isinstance(found_branches, list) else \
+                [found_branches] if found_branches is not None else []
+            for branch in branches:
+                out = _merge(out, plan(branch, depth + 1))
+                if out is True:
+                    return True
+        props = node.get("properties")
+        named = {k: p for k, p in ((k, plan(v, depth + 1)) for k, v in props.items()) if p is not None} \
+            if isinstance(props, Mapping) else {}
+        extra = plan(node.get("additionalProperties"), depth + 1)
+        patterns = node.get("patternProperties")
+        for sub in patterns.values() if isinstance(patterns, Mapping) else ():
+            extra = _merge(extra, plan(sub, depth + 1))
+        items = node.get("items")
+        given = node.get("prefixItems")
+        positional: list[Any] = given if isinstance(given, list) else items if isinstance(items, list) else []
+        prefix = tuple(plan(p, depth + 1) for p in positional)
+        every = plan(items, depth + 1) if isinstance(items, Mapping) else None
+        if named or extra is not None or every is not None or any(p is not None for p in prefix):
+            out = _merge(out, SensitivePlan(named, extra, every, prefix if any(p is not None for p in prefix) else ()))
+        return out
+
+    found = plan(schema, 0)
+    if found is None:
+        return None
+    clean = {ref for ref, p in refs.items() if p is None}
+    grew = True
+    while grew:  # references whose plans mark nothing but clean references are clean too
+        grew = False
+        for ref, p in refs.items():
+            if ref not in clean and _only_refs(p, clean):
+                clean.add(ref)
+                grew = True
+    if _only_refs(found, clean):
+        return None  # a recursive schema with nothing sensitive in it
+    return SensitiveParts(found, dict(refs))
+
+
+def _only_refs(plan: Any, clean: set[str]) -> bool:
+    """A plan that marks nothing but references known to mark nothing."""
+    if plan is None:
+        return True
+    if isinstance(plan, str):
+        return plan in clean
+    if isinstance(plan, tuple):
+        return all(_only_refs(p, clean) for p in plan)
+    if plan is True:
+        return False
+    return all(_only_refs(p, clean) for p in (*plan.props.values(), plan.extra, plan.items, *plan.prefix))
+
+
+def _apply(plan: Any, value: Any, refs: Mapping[str, Any], hops: int = 0) -> Any:
+    while isinstance(plan, str):  # a reference: its plan, read now (a recursive schema)
+        hops += 1
+        plan = refs.get(plan, True) if hops <= _SCHEMA_DEPTH else True
+    if plan is None:
+        return value
+    if plan is True:
+        return REDACTED
+    if isinstance(plan, tuple):  # two references of one value: both apply
+        for each in plan:
+            value = _apply(each, value, refs, hops)
+        return value
+    if isinstance(value, Mapping):
+        return {k: _apply(plan.props[k] if k in plan.props else plan.extra, v, refs, hops) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_apply(plan.prefix[i] if i < len(plan.prefix) else plan.items, v, refs, hops)
+                for i, v in enumerate(value)]
+    return value
+
+
+def sensitive_texts(plan: SensitiveParts | None, arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The texts at the sensitive parts of ``arguments`` (each a string, or the strings inside a
+    sensitive object or list), with where each was (``password``, ``creds.key``): what must not be
+    repeated elsewhere either (the reason, the result)."""
+    if plan is None:
+        return []
+    found: list[tuple[str, str]] = []
+
+    def texts(value: Any, where: str) -> None:
+        if isinstance(value, str):
+            found.append((value, where))
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                texts(v, f"{where}.{k}")
+        elif isinstance(value, list):
+            for v in value:
+                texts(v, where)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            found.append((repr(value), where))
+
+    def walk(p: Any, value: Any, where: str, hops: int) -> None:
+        while isinstance(p, str):
+            hops += 1
+            p = plan.refs.get(p, True) if hops <= _SCHEMA_DEPTH else True
+        if p is None:
+            return
+        if p is True:
+            texts(value, where)
+        elif isinstance(p, tuple):
+            for each in p:
+                walk(each, value, where, hops)
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(p.props[k] if k in p.props else p.extra, v, f"{where}.{k}" if where else str(k), hops)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(p.prefix[i] if i < len(p.prefix) else p.items, v, where, hops)
+
+    walk(plan.root, dict(arguments), "", 0)
+    return found
+
+
+def shown_arguments(plan: SensitiveParts | None, arguments: dict[str, Any],
+                    secrets: Mapping[str, str]) -> dict[str, Any]:
+    """A tool call's arguments as decided on screen and journaled: each part its schema marks sensitive
+    (``plan``, from ``sensitive_plan``) reads ``"[redacted]"``, each known secret (``{value: name}``)
+    ``[redacted: name]`` wherever it appears. With nothing to redact, ``arguments`` itself."""
+    if plan is None and not secrets:
+        return arguments
+    from apollia_nb.runtime.outputs import redact
+
+    shown = _apply(plan.root, arguments, plan.refs) if plan is not None else arguments
+    if not isinstance(shown, dict):  # the arguments as a whole are sensitive
+        shown = {key: REDACTED for key in arguments}
+    return dict(redact(shown, secrets)) if secrets else shown
 
 
 def redact_schema(schema: Any) -> Any:
@@ -109,6 +335,7 @@ class Card:
     _event: anyio.Event = field(default_factory=anyio.Event, repr=False)
     _shown: dict[str, Any] | None = field(default=None, repr=False)
     _given: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _call_arguments: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def waiting(self) -> bool:
@@ -128,6 +355,17 @@ class Card:
     def values(self, given: dict[str, Any] | None) -> None:
         self._given = given
         self._shown = self.shown_values(given)
+
+    def keep_call_arguments(self, arguments: dict[str, Any]) -> None:
+        """The call's arguments in clear, for its tool alone once answered; ``arguments`` (what every
+        surface shows and the pending decision keeps) are the shown ones. Held in memory only."""
+        self._call_arguments = arguments
+
+    @property
+    def call_arguments(self) -> dict[str, Any]:
+        """The arguments the tool receives when this card is answered ``once``/``always``: the clear
+        ones this process kept, else ``arguments`` (a card opened before a restart keeps only those)."""
+        return self._call_arguments if self._call_arguments is not None else self.arguments
 
     @property
     def delivered_values(self) -> dict[str, Any] | None:

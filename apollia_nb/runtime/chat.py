@@ -335,7 +335,7 @@ class Session:
         return [*readonly, PLAN_TOOL]
 
     async def _run_exchange(self, exchange: Exchange, planning: bool) -> None:
-        from apollia_nb.runtime.governed import NULL_DIGEST, governed_call
+        from apollia_nb.runtime.governed import NULL_DIGEST, governed_call, shown_tool_calls
         from apollia_nb.runtime.models.base import Completed, ReasoningDelta, TextDelta, ToolCallStarted, parse_plan
         from apollia_nb.runtime.tasks import turn_extras
 
@@ -365,9 +365,12 @@ class Session:
                 {"id": f"s{turn}-{i + 1}", "name": tc.name, "arguments": dict(tc.arguments)}
                 for i, tc in enumerate(response.tool_calls)
             ]
+            # Journaled and kept in the session's history as the calls' decisions show them.
+            shown = {c["call_id"]: c["arguments"] for c in shown_tool_calls(rt, self.agent, [
+                {"call_id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls])}
             await rt.journal.append_async("model_response", {
                 "role": role, "turn": turn, "text": response.text,
-                "tool_calls": [{"call_id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls
+                "tool_calls": [{"call_id": c["id"], "name": c["name"], "arguments": shown[c["id"]]} for c in calls
                                if c["name"] != "submit_plan"],
                 **turn_extras(response),
             }, run_id=self.r["run_id"], agent=self.agent.name)
@@ -383,7 +386,8 @@ class Session:
                 self._finish_exchange(exchange, "done")
                 return
             tool_calls = [c for c in calls if c["name"] != "submit_plan"]
-            said: dict[str, Any] = {"role": "assistant", "content": response.text, "tool_calls": tool_calls}
+            said: dict[str, Any] = {"role": "assistant", "content": response.text,
+                                    "tool_calls": [{**c, "arguments": shown[c["id"]]} for c in tool_calls]}
             if response.reasoning:  # goes back to the provider with the next turn (signed thinking)
                 said["reasoning"] = [part.to_json() for part in response.reasoning]
             self._append(said)

@@ -19,14 +19,28 @@ progress) goes through the same path with the public functions here: ``governed_
 (decide, journal, ask), ``commit_entries`` (append its entries, durable on return),
 ``capped_output`` (a result as journaled, with the digest of the whole) and ``run_of`` (the
 task run or chat session a run id belongs to).
+
+A call's arguments are shown (decided on screen, journaled, on its card, in the pending decision)
+only as ``shown_call`` makes them, once per call: each part the tool's schema marks sensitive
+(``"writeOnly": true``, ``"format": "password"``, at any depth; worked out once per tool) reads
+``"[redacted]"``, and each secret the runtime knows (``known_secrets``: configured tokens, the agent's
+model key, the server's token) ``[redacted: VAR]`` wherever it appears; a sensitive value repeated
+elsewhere in the call (another argument, the decision's reason, the tool's result or error) reads
+``[redacted: <argument>]``. ``decide()`` sees the call in clear (a deny rule on a sensitive argument
+still refuses it); only the tool's body receives the clear arguments. A card keeps them in memory
+only: a card answered after the process that opened it ended cannot carry out a call whose
+arguments were redacted (``INTERRUPTED``), since the clear value is kept nowhere.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import json
+import os
 import posixpath
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -35,6 +49,8 @@ import anyio
 
 from apollia_nb.errors import ApolliaError, Conflict
 from apollia_nb.governance.decision import Call, Decision, Family, Outcome, decide
+from apollia_nb.runtime.cards import sensitive_plan, sensitive_texts, shown_arguments
+from apollia_nb.runtime.outputs import MIN_SECRET, redact, secret_values
 from apollia_nb.runtime.paths import code_places
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,7 +59,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.runtime.capabilities import GovernedHost
 
 __all__ = ["CallResult", "CallScope", "current_call", "governed_call", "governed_request", "run_approved_call",
-           "Mode", "OUTPUT_CAP", "NULL_DIGEST", "capped_output", "commit_entries", "run_of"]
+           "Mode", "OUTPUT_CAP", "NULL_DIGEST", "capped_output", "commit_entries", "run_of", "known_secrets",
+           "shown_call", "shown_tool_calls", "forget_sensitive_parts", "lost_call"]
 
 Mode = Literal["watched", "unattended", "chat"]
 
@@ -108,6 +125,98 @@ def capped_output(output: Any, digest: str | None = None) -> tuple[Any, str, boo
     return output, digest, False
 
 
+#: What the server's token is read from when ``apollia-os serve`` is not given one (``api.server.TOKEN_ENV``).
+_SERVER_TOKEN_ENV = "APOLLIA_TOKEN"
+#: The key variable each model provider reads when its ``[model]`` table names none.
+_MODEL_KEY_DEFAULTS = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+
+#: Each tool's sensitive parts, worked out once per tool (``forget_sensitive_parts`` when its schema
+#: changes), by the tool's identity: ``{id: (weak reference to the tool, parts)}``.
+_parts: dict[int, tuple["weakref.ref[Any]", Any]] = {}
+
+
+def _sensitive_parts(tooldef: Any) -> Any:
+    held = _parts.get(id(tooldef))
+    if held is not None and held[0]() is tooldef:
+        return held[1]
+    found = sensitive_plan(tooldef.parameters)
+    key = id(tooldef)
+    _parts[key] = (weakref.ref(tooldef, lambda _ref: _parts.pop(key, None)), found)
+    return found
+
+
+def forget_sensitive_parts(tooldef: Any) -> None:
+    """The tool's schema changed in place (a server listed it anew): its sensitive parts are read again."""
+    _parts.pop(id(tooldef), None)
+
+
+def known_secrets(rt: Any, agent: Any = None) -> dict[str, str]:
+    """Every secret the runtime knows now, ``{value: variable}``: the tokens configured for hosts and
+    MCP servers (``token_env``), the agent's model key (``api_key_env`` or its provider's default)
+    and the server's token (``$APOLLIA_TOKEN``); each read from the environment at this moment."""
+    found = secret_values(getattr(rt, "config", None))
+    model = getattr(getattr(agent, "manifest", None), "model", None)
+    names = [_SERVER_TOKEN_ENV]
+    if isinstance(model, dict):
+        key_env = model.get("api_key_env", _MODEL_KEY_DEFAULTS.get(str(model.get("provider"))))
+        if isinstance(key_env, str) and key_env:
+            names.append(key_env)
+    for name in names:
+        value = os.environ.get(name)
+        if value and len(value) >= MIN_SECRET and value not in found:
+            found[value] = name
+    return found
+
+
+@dataclass(frozen=True)
+class ShownCall:
+    """A call's arguments as shown (``arguments``), and every text that must not be shown with it
+    (``secrets``: the known secrets and the call's own sensitive values, ``{text: what it reads as}``)."""
+
+    arguments: dict[str, Any]
+    secrets: dict[str, str]
+
+    def text(self, value: Any) -> Any:
+        """A text or JSON value of this call (a reason, an output) with no secret of it in clear."""
+        return redact(value, self.secrets)
+
+
+def shown_call(tooldef: Any, arguments: dict[str, Any], secrets: dict[str, str]) -> ShownCall:
+    """``arguments`` of a call to ``tooldef`` as shown, once: the one place a call's arguments are
+    redacted (``cards.shown_arguments``). A tool with nothing sensitive and no secret among its
+    arguments is shown with the very arguments given."""
+    parts = _sensitive_parts(tooldef) if tooldef is not None else None
+    if parts is None and not secrets:
+        return ShownCall(arguments, secrets)
+    own = {text: where for text, where in sensitive_texts(parts, arguments) if len(text) >= MIN_SECRET}
+    every = {**secrets, **{text: where for text, where in own.items() if text not in secrets}}
+    if parts is None and not every:
+        return ShownCall(arguments, every)
+    shown = shown_arguments(parts, arguments, every)
+    return ShownCall(shown, every)
+
+
+def shown_tool_calls(rt: Any, agent: Any, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A model turn's calls (``{call_id, name, arguments}``) as its ``model_response`` entry journals
+    them: each call's arguments as ``shown_call`` shows them (by its tool's schema, when the agent has
+    that tool; the known secrets always)."""
+    secrets = known_secrets(rt, agent)
+    tools = getattr(agent, "tools", None)
+    out = []
+    for tc in listed:
+        args = tc.get("arguments")
+        if not isinstance(args, dict):
+            out.append(tc)
+            continue
+        try:
+            tooldef = tools.get(tc.get("name")) if tools is not None else None
+        except ApolliaError:
+            tooldef = None  # an unknown tool: the call gets an error result; its secrets are still hidden
+        shown = shown_call(tooldef, args, secrets).arguments
+        out.append(tc if shown is args else {**tc, "arguments": shown})
+    return out
+
+
 async def governed_call(
     rt: "GovernedHost",
     agent: "Agent",
@@ -130,13 +239,16 @@ async def governed_call(
     """
     from apollia_nb.runtime.tools import order_arguments
 
+    secrets = known_secrets(rt, agent)
     try:
         tooldef = agent.tools.get(name)
         ordered = order_arguments(tooldef, arguments)
         path = resolved_path(tooldef, ordered)
         aliases = argument_aliases(tooldef, ordered)
     except ApolliaError as exc:
-        return await _stopped_short(rt, agent, run_id, call_id, name, arguments, exc, prefix=prefix)
+        return await _stopped_short(rt, agent, run_id, call_id, name, arguments, exc, prefix=prefix,
+                                    shown=shown_call(None, arguments, secrets))
+    shown = shown_call(tooldef, ordered, secrets)
 
     family = tooldef.family.value if tooldef.family is not None else None
     call = Call(
@@ -145,11 +257,13 @@ async def governed_call(
         paths=path.names if path is not None else None, shell=tooldef.shell, aliases=aliases,
         code_places=_code_places(agent) if path is not None and tooldef.family is Family.WRITE else None,
     )
-    decision = decide(call, rt.governance.view())
+    decision = decide(call, rt.governance.view())  # on the clear arguments: redaction never weakens a rule
+    if shown.secrets:  # the reason may quote an argument: shown without its secrets
+        decision = dataclasses.replace(decision, reason=shown.text(decision.reason))
     decided = (
         "decision",
         {
-            "call_id": call_id, "tool": name, "family": family, "arguments": ordered,
+            "call_id": call_id, "tool": name, "family": family, "arguments": shown.arguments,
             "outcome": decision.outcome.value, "line": decision.line,
             "answers": [a.value for a in decision.answers], "reason": decision.reason,
             "connection": tooldef.connection,
@@ -158,23 +272,24 @@ async def governed_call(
         },
     )
     if decision.outcome is Outcome.REFUSE:
-        return await _refused(rt, agent, run_id, call_id, name, ordered, decision.reason, decision,
+        return await _refused(rt, agent, run_id, call_id, name, shown.arguments, decision.reason, decision,
                               prefix=[*prefix, decided])
     if decision.outcome is Outcome.ALLOW:
         return await run_approved_call(rt, agent, run_id=run_id, call_id=call_id, name=name,
                                        arguments=ordered, decision=decision, prefix=[*prefix, decided],
-                                       checked=True)
+                                       checked=True, shown=shown)
     await commit_entries(rt, run_id, agent, [*prefix, decided])
 
     card = rt._open_card(
-        agent=agent, run_id=run_id, call_id=call_id, tool=name, family=family, arguments=ordered,
+        agent=agent, run_id=run_id, call_id=call_id, tool=name, family=family, arguments=shown.arguments,
         decision=decision, task_id=task_id, session_id=session_id,
         hints=tooldef.annotations or None,
     )
+    card.keep_call_arguments(ordered)  # in this process's memory only: for the tool, once answered
     if path is not None:
         card.path = path.relative
     if mode == "unattended":
-        return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=ordered)
+        return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=shown.arguments)
     if waiting_hook is not None:
         await waiting_hook(card)
     if mode == "chat":
@@ -190,7 +305,7 @@ async def governed_call(
     else:
         await card.wait()
         if card.waiting:  # released unanswered: the run stops watching and suspends, the card stays pending
-            return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=ordered)
+            return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=shown.arguments)
     return await continue_after_answer(rt, agent, card, decision=decision)
 
 
@@ -267,12 +382,18 @@ async def continue_after_answer(
         why = f"refused by {card.answered_by}"
         return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, decision)
     tooldef = agent.tools.get(card.tool)
+    arguments = card.call_arguments
+    shown = ShownCall(card.arguments, shown_call(tooldef, arguments, known_secrets(rt, agent)).secrets)
+    if arguments is card.arguments and _has_redaction(arguments):
+        # Opened by a process that has ended: the clear value was kept nowhere, the call cannot be made.
+        return await lost_call(rt, agent, run_id=card.run_id, call_id=card.call_id, name=card.tool,
+                               arguments=card.arguments)
     try:
-        path = resolved_path(tooldef, card.arguments)
+        path = resolved_path(tooldef, arguments)
     except ApolliaError as exc:
-        return await _stopped_short(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, exc)
+        return await _stopped_short(rt, agent, card.run_id, card.call_id, card.tool, arguments, exc, shown=shown)
     if path is not None and path.relative != card.path:
-        again = decide(Call(agent=agent.name, tool=card.tool, family=tooldef.family, arguments=card.arguments,
+        again = decide(Call(agent=agent.name, tool=card.tool, family=tooldef.family, arguments=arguments,
                             connection=tooldef.connection, paths=path.names, shell=tooldef.shell,
                             code_places=_code_places(agent) if tooldef.family is Family.WRITE else None),
                        rt.governance.view())
@@ -280,24 +401,48 @@ async def continue_after_answer(
         # which the answer, given for another file, does not cover.
         if (again.outcome is Outcome.REFUSE and again.line in (1, 2)) or (
                 again.outcome is Outcome.ASK and again.line == 5):
-            why = f"the path now resolves to {path.relative!r}: {again.reason}"
+            why = shown.text(f"the path now resolves to {path.relative!r}: {again.reason}")
             if again.outcome is Outcome.ASK:
                 why += f"; the answer was given for {card.path!r}"
             return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, again)
     return await run_approved_call(rt, agent, run_id=card.run_id, call_id=card.call_id, name=card.tool,
-                                   arguments=card.arguments, decision=decision)
+                                   arguments=arguments, decision=decision, shown=shown)
+
+
+async def lost_call(rt: "GovernedHost", agent: "Agent", *, run_id: str, call_id: str, name: str,
+                    arguments: dict[str, Any], prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
+    """A call the model asked for in a process that has ended, whose arguments held sensitive values
+    (kept in clear by that process alone): never decided, never run, ``INTERRUPTED``."""
+    from apollia_nb.errors import Interrupted
+
+    lost = Interrupted(f"{name}: the call's arguments held sensitive values, kept only by the process "
+                       "that asked; it has ended, so the call cannot be carried out")
+    return await _stopped_short(rt, agent, run_id, call_id, name, arguments, lost, prefix=prefix,
+                                shown=ShownCall(arguments, {}))
+
+
+def _has_redaction(value: Any) -> bool:
+    """Some text of ``value`` reads as redacted (``[redacted]``, ``[redacted: …]``)."""
+    if isinstance(value, str):
+        return "[redacted" in value
+    if isinstance(value, dict):
+        return any(_has_redaction(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_redaction(v) for v in value)
+    return False
 
 
 async def _stopped_short(rt: "GovernedHost", agent: "Agent", run_id: str, call_id: str, name: str,
                          arguments: dict[str, Any], exc: ApolliaError,
-                         prefix: Sequence[tuple[str, dict[str, Any]]] = ()) -> CallResult:
+                         prefix: Sequence[tuple[str, dict[str, Any]]] = (), *, shown: ShownCall) -> CallResult:
     """A call that never reached its tool (unknown tool, bad arguments, a path the tool refuses)."""
     await commit_entries(rt, run_id, agent, [*prefix, (
         "tool_result",
         {"call_id": call_id, "tool": name, "status": "error", "error_code": exc.code,
          "output": None, "output_digest": NULL_DIGEST},
     )])
-    return CallResult(call_id, name, "error", error_code=exc.code, error_message=exc.message, arguments=arguments)
+    return CallResult(call_id, name, "error", error_code=exc.code, error_message=shown.text(exc.message),
+                      arguments=shown.arguments)
 
 
 async def commit_entries(rt: "GovernedHost", run_id: str, agent: "Agent",
@@ -333,18 +478,22 @@ async def _refused(rt: "GovernedHost", agent: "Agent", run_id: str, call_id: str
 async def run_approved_call(
     rt: "GovernedHost", agent: "Agent", *, run_id: str, call_id: str, name: str,
     arguments: dict[str, Any], decision: Decision | None = None,
-    prefix: Sequence[tuple[str, dict[str, Any]]] = (), checked: bool = False,
+    prefix: Sequence[tuple[str, dict[str, Any]]] = (), checked: bool = False, shown: ShownCall | None = None,
 ) -> CallResult:
     """Journal ``tool_call`` (durable, with ``prefix``), run the tool under its breaker and timeout,
     journal the result (``append_soon``: committed before anything later of the run).
 
     ``checked``: ``arguments`` are what ``order_arguments`` made of the model's for this
-    tool in this very call (not a card's, which may have outlived a change of the tool)."""
-    from apollia_nb.runtime.outputs import redacted_outcome, secret_values
+    tool in this very call (not a card's, which may have outlived a change of the tool).
+    ``shown``: the call as ``shown_call`` showed it when it was decided (made here when not given);
+    the tool alone receives ``arguments``, the journal and the result have ``shown``."""
+    from apollia_nb.runtime.outputs import redacted_outcome
     from apollia_nb.runtime.tools import invoke, is_async_body
 
     tooldef = agent.tools.get(name)
-    drafts = [*prefix, ("tool_call", {"call_id": call_id, "tool": name, "arguments": arguments})]
+    if shown is None:
+        shown = shown_call(tooldef, arguments, known_secrets(rt, agent))
+    drafts = [*prefix, ("tool_call", {"call_id": call_id, "tool": name, "arguments": shown.arguments})]
     before = None
     if is_async_body(tooldef.fn):
         await commit_entries(rt, run_id, agent, drafts)
@@ -358,19 +507,19 @@ async def run_approved_call(
     finally:
         current_call.reset(scope)
     invoked = outcome
-    outcome = redacted_outcome(outcome, secret_values(rt.config))  # no configured token reaches journal or model
+    outcome = redacted_outcome(outcome, shown.secrets)  # no known secret, no sensitive argument reaches journal or model
     # The result records what already happened: handed to the journal's writer, which
     # commits it at once and before any later entry of the run, while the run goes on
     # (the next model turn depends on no durable entry; the next tool call waits for its own).
     if outcome.status == "ok":
         # The digest invoke computed is of this output unless redaction changed it.
-        shown, digest, _ = capped_output(outcome.output, outcome.output_digest if outcome is invoked else None)
+        kept, digest, _ = capped_output(outcome.output, outcome.output_digest if outcome is invoked else None)
         rt.journal.append_soon(
             "tool_result",
-            {"call_id": call_id, "tool": name, "status": "ok", "output": shown, "output_digest": digest},
+            {"call_id": call_id, "tool": name, "status": "ok", "output": kept, "output_digest": digest},
             run_id=run_id, agent=agent.name,
         )
-        return CallResult(call_id, name, "ok", output=outcome.output, decision=decision, arguments=arguments)
+        return CallResult(call_id, name, "ok", output=outcome.output, decision=decision, arguments=shown.arguments)
     err: ApolliaError | None = outcome.error
     code = outcome.error_code or (err.code if err else "TOOL_ERROR")
     message = err.message if err else code
@@ -381,7 +530,7 @@ async def run_approved_call(
         run_id=run_id, agent=agent.name,
     )
     return CallResult(call_id, name, "error", error_code=code, error_message=message,
-                      decision=decision, arguments=arguments)
+                      decision=decision, arguments=shown.arguments)
 
 
 async def governed_request(

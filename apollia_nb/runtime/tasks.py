@@ -322,6 +322,10 @@ class TaskRun:
         self._active = False
         self._history: list[Any] | None = None
         self._turn_entry: tuple[str, dict[str, Any]] | None = None
+        # The last turn's calls: in clear for their tools (this process's memory only), and as shown
+        # (what the record keeps in runtime.db: the journal's redaction, ``governed.shown_call``).
+        self._clear_calls: dict[str, dict[str, Any]] = {}
+        self._shown_calls: dict[str, dict[str, Any]] = {}
         self._plan_event = anyio.Event()
         self._model_instance: Any = None
         self._ending: TaskStatus | None = None  # the end being sealed (``_finish``), once decided
@@ -598,7 +602,8 @@ class TaskRun:
                     step.reasoning.append(reasoning_text(response.reasoning))
                 if response.tool_calls:
                     self.r.queued_calls = [
-                        {"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments), "counted": False}
+                        {"call_id": tc.id, "name": tc.name, "arguments": self._shown_calls.get(tc.id, tc.arguments),
+                         "counted": False, **({"redacted": True} if tc.id in self._clear_calls else {})}
                         for tc in response.tool_calls
                     ]
                     continue
@@ -616,7 +621,7 @@ class TaskRun:
     async def _work_queued_calls(self, step: StepRecord) -> ApolliaError | None:
         """Make the queued calls of the last model turn, in order. Returns the failure of the step, if any."""
         from apollia_nb.errors import Refused
-        from apollia_nb.runtime.governed import continue_after_answer, governed_call
+        from apollia_nb.runtime.governed import continue_after_answer, governed_call, lost_call
         from apollia_nb.runtime.models.base import Message
 
         while self.r.queued_calls:
@@ -645,12 +650,17 @@ class TaskRun:
                 waiting_hook = self._on_waiting
                 prefix = [self._turn_entry] if self._turn_entry is not None else []
                 self._turn_entry = None
-                result = await governed_call(
-                    self.rt, self.agent, run_id=self.r.run_id, call_id=queued["call_id"],
-                    name=queued["name"], arguments=queued["arguments"], mode=mode,
-                    grants=frozenset(self.r.grants), task_id=self.id, waiting_hook=waiting_hook,
-                    prefix=prefix,
-                )
+                clear = self._clear_calls.pop(queued["call_id"], None)
+                if clear is None and queued.get("redacted"):  # its clear arguments ended with their process
+                    result = await lost_call(self.rt, self.agent, run_id=self.r.run_id, call_id=queued["call_id"],
+                                             name=queued["name"], arguments=queued["arguments"], prefix=prefix)
+                else:
+                    result = await governed_call(
+                        self.rt, self.agent, run_id=self.r.run_id, call_id=queued["call_id"],
+                        name=queued["name"], arguments=clear if clear is not None else queued["arguments"],
+                        mode=mode, grants=frozenset(self.r.grants), task_id=self.id, waiting_hook=waiting_hook,
+                        prefix=prefix,
+                    )
                 if self.r.awaiting and result.status != "waiting":
                     self.r.awaiting = None  # a watched wait ended with the answer
                     self._set_status(TaskStatus.RUNNING)
@@ -684,7 +694,11 @@ class TaskRun:
 
     def _push(self, message: Any) -> None:
         self._messages()
-        self.r.messages.append(_msg(message))
+        kept = _msg(message)
+        for tc in kept["tool_calls"]:  # the record keeps a call's arguments as shown; the model's turn stays whole
+            if tc["id"] in self._shown_calls:
+                tc["arguments"] = _json_copy(self._shown_calls[tc["id"]])
+        self.r.messages.append(kept)
         self._history.append(message)
 
     async def _on_waiting(self, card: Any) -> None:
@@ -722,6 +736,7 @@ class TaskRun:
         return False
 
     async def _model(self, role: str, messages: list[Any], tools: list[Any]) -> Any:
+        from apollia_nb.runtime.governed import shown_tool_calls
         from apollia_nb.runtime.models.base import ToolCallRequest
 
         response = await self.model.complete(role, messages, tools)
@@ -737,6 +752,11 @@ class TaskRun:
         )
         response = replace(response, tool_calls=calls)
         listed = [{"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments)} for tc in response.tool_calls]
+        shown = shown_tool_calls(self.rt, self.agent, listed)  # journaled as the calls' decisions show them
+        self._shown_calls = {s["call_id"]: s["arguments"] for s, c in zip(shown, listed)
+                             if s["arguments"] is not c["arguments"]}
+        self._clear_calls = {c["call_id"]: c["arguments"] for c in listed if c["call_id"] in self._shown_calls}
+        listed = shown
         payload: dict[str, Any] = {"role": role, "turn": turn, "text": response.text, "tool_calls": listed}
         if role != "actor":
             # The planner's and critic's calls are structured answers (submit_plan, submit_verdict), not tools.
