@@ -89,8 +89,8 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
 }
 
 
-#: Of ``KNOWN_VIOLATIONS``, the edges whose importer already takes the piece from its new place in a
-#: version of the file still to land: each may be there or gone. Drop both entries once it is gone.
+#: Of ``KNOWN_VIOLATIONS``, the edges being moved to the module named beside each: each may be there
+#: or gone. Drop both entries once it is gone.
 MOVING: set[tuple[str, str]] = {
     ("apollia_nb.api.internal", "apollia_nb.api.app"),  # -> api/deps.py
     ("apollia_nb.journal.verify", "apollia_nb.journal.export"),  # -> journal/bundle.py
