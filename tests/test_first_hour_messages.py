@@ -144,3 +144,121 @@ def test_rest_and_sdk_replace_an_idle_agent_and_refuse_a_busy_one(server):
         assert busy.status_code == 409 and busy.json()["code"] == "CONFLICT"
         assert task["id"] in busy.json()["message"] and "apollia-os agents stop clerk" in busy.json()["message"]
         assert api.get("/agents/clerk").json()["max_steps"] == 8
+
+
+# --- manifest mistakes ------------------------------------------------------------------------------
+
+
+def manifest_error(text: str) -> str:
+    from apollia_nb.errors import ManifestInvalid
+    from apollia_nb.runtime.manifest import parse_manifest
+
+    with pytest.raises(ManifestInvalid) as info:
+        parse_manifest(text, source="clerk.toml")
+    assert info.value.code == "MANIFEST_INVALID"
+    return info.value.message
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('name = "clerk"\n[model]\nprovder = "scripted"\n', 'clerk.toml:3: unknown key "model.provder" (did you mean provider?)'),
+    ('name = "clerk"\n\n[[model.script.acter]]\ntext = "hi"\n', 'clerk.toml:3: unknown key "model.script.acter" (did you mean actor?)'),
+    ('name = "clerk"\n[model]\nprovider = "scripted"\n[[model.script.actor]]\ntool_calls = [{ nme = "read_file" }]\n',
+     'clerk.toml:5: unknown key "model.script.actor[0].tool_calls[0].nme" (did you mean name?)'),
+    ('name = "clerk"\ndescripton = "x"\n', 'clerk.toml:2: unknown key "descripton" (did you mean description?)'),
+    ('name = "clerk"\n[workspace]\nrooot = "w"\n', 'clerk.toml:3: unknown key "workspace.rooot" (did you mean root?)'),
+    ('name = "clerk"\n[model]\nprovider = "openai"\nmodel = "m"\ntemprature = 0.1\n',
+     'clerk.toml:5: unknown key "model.temprature" (did you mean temperature?)'),
+    ('name = "clerk"\n[model]\nprovider = "scripted"\n[[model.script.critic]]\nverdict = "maybe"\n',
+     'clerk.toml:5: "model.script.critic[0].verdict": must be "pass" or "fail"'),
+])
+def test_a_misspelt_key_is_named_with_its_line_and_the_close_key(text, expected):
+    assert manifest_error(text).startswith(expected)
+
+
+def test_a_model_table_without_provider_is_scripted_as_documented():
+    from apollia_nb.runtime.manifest import parse_manifest
+
+    parsed = parse_manifest('name = "clerk"\n[model]\n[[model.script.actor]]\ntext = "hi"\n')
+    assert parsed.model["provider"] == "scripted" and parsed.model["script"] == {"actor": [{"text": "hi"}]}
+    message = manifest_error('name = "clerk"\n[model]\nbase_url = "http://127.0.0.1:11434/v1"\n')
+    assert message.startswith('clerk.toml:3: unknown key "model.base_url"')
+    assert 'provider is not set, so it is "scripted"' in message and 'provider = "openai"' in message
+
+
+@pytest.mark.parametrize(("name", "url"), [("ollama", "http://localhost:11434/v1"), ("vllm", "http://localhost:8000/v1"),
+                                           ("Ollama", "http://localhost:11434/v1"), ("lmstudio", "http://localhost:1234/v1")])
+def test_an_openai_compatible_server_named_as_provider_says_what_to_write(name, url):
+    message = manifest_error(f'name = "clerk"\n[model]\nprovider = "{name}"\nmodel = "llama3"\n')
+    assert message.startswith(f"clerk.toml:3: unknown provider '{name}'")
+    assert 'provider = "openai"' in message and f'base_url = "{url}"' in message
+
+
+def test_a_misspelt_provider_gets_the_close_one():
+    assert 'did you mean provider = "openai"?' in manifest_error('name = "clerk"\n[model]\nprovider = "opnai"\n')
+    assert 'did you mean provider = "anthropic"?' in manifest_error('name = "clerk"\n[model]\nprovider = "claude"\n')
+
+
+@pytest.mark.parametrize(("provider", "key", "variable"), [
+    ("openai", "api_key", "OPENAI_API_KEY"), ("openai", "token", "OPENAI_API_KEY"),
+    ("anthropic", "api_key", "ANTHROPIC_API_KEY"), ("anthropic", "apikey", "ANTHROPIC_API_KEY"),
+])
+def test_a_key_written_in_the_manifest_points_at_api_key_env_and_is_not_echoed(provider, key, variable):
+    message = manifest_error(f'name = "clerk"\n[model]\nprovider = "{provider}"\nmodel = "m"\n{key} = "sk-secret-123"\n')
+    assert message.startswith(f'clerk.toml:5: unknown key "model.{key}"')
+    assert f'api_key_env = "{variable}"' in message and "environment variable" in message
+    assert "sk-secret-123" not in message
+
+
+def test_a_key_at_the_top_level_points_at_api_key_env_too():
+    message = manifest_error('name = "clerk"\napi_key = "sk-secret-123"\n')
+    assert message.startswith('clerk.toml:2: unknown key "api_key"') and "api_key_env" in message
+    assert "sk-secret-123" not in message
+
+
+def test_an_approval_key_in_the_model_table_is_reported_once():
+    message = manifest_error('name = "clerk"\n[model]\nprovider = "scripted"\nauto_approve = true\n')
+    assert message.count("\n") == 0 and "no key for approval" in message and message.startswith("clerk.toml:4:")
+
+
+SCRIPTED_TYPO = """name = "clerk"
+[model]
+provider = "scripted"
+
+[[model.script.actor]]
+text = "Looking."
+
+[[model.script.actor]]
+tool_calls = [{ name = "read_fiel", arguments = { path = "a.txt" } }, { name = "mcp:notes/search", arguments = {} }]
+
+[tools]
+required = ["read_file", "write_file"]
+"""
+
+
+@pytest.mark.anyio
+async def test_a_scripted_call_to_a_tool_the_agent_lacks_is_refused_at_registration(home):
+    from apollia_nb.errors import ManifestInvalid
+
+    async with Runtime(home) as rt:
+        with pytest.raises(ManifestInvalid) as info:
+            await rt.register_agent(SCRIPTED_TYPO)
+        message = info.value.message
+        assert info.value.code == "MANIFEST_INVALID"
+        assert message.startswith("<manifest>:9: model.script.actor[1] (the actor's turn 2) calls \"read_fiel\"")
+        assert "did you mean read_file?" in message and "its tools: read_file, write_file" in message
+        assert "mcp:notes/search" not in message  # federated names resolve when the agent starts
+        assert rt.agents() == [] and rt.records.agents() == []  # nothing registered
+        # a tool the manifest's [tools] does not give it is just as absent
+        with pytest.raises(ManifestInvalid) as info:
+            await rt.register_agent(SCRIPTED_TYPO.replace("read_fiel", "bash_executor"))
+        assert '"bash_executor", which is not a tool of agent' in info.value.message
+        fixed = await rt.register_agent(SCRIPTED_TYPO.replace("read_fiel", "read_file"))
+        assert fixed.state.state == "active"
+
+
+def test_the_cli_names_the_scripted_typo(home, tmp_path, capsys):
+    path = tmp_path / "clerk.toml"
+    path.write_text(SCRIPTED_TYPO)
+    assert main(["agents", "register", str(path), "--home", str(home.path)]) != 0
+    err = capsys.readouterr().err
+    assert "MANIFEST_INVALID" in err and f"{path}:9:" in err and "did you mean read_file?" in err

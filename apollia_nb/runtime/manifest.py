@@ -13,7 +13,12 @@ the user's rules and consents (docs/governance.md); a key such as
 anywhere in the manifest, ``[tools]`` and ``[model]`` included.
 
 Every error names the key and its line (``clerk.toml:12: unknown key
-"tools.requird"``). ``tomllib`` reports no positions for what it parsed, so
+"tools.requird" (did you mean required?)``), the ``[model]`` table's too: it is
+checked here by building its provider (``build_model``, with every key variable
+taken as set), and the provider's error is given the line of the key it names.
+A provider name that is an OpenAI-compatible server (``ollama``, ``vllm``…) and a
+key written in the manifest (``api_key``) are answered with what to write instead.
+``tomllib`` reports no positions for what it parsed, so
 ``_locate`` scans the text once and maps each key path to the line that
 defined it: table and array-of-table headers, dotted keys, inline tables and
 arrays of inline tables. TOML syntax errors reuse tomllib's line and column.
@@ -21,6 +26,7 @@ arrays of inline tables. TOML syntax errors reuse tomllib's line and column.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -31,7 +37,8 @@ from typing import Any
 
 from apollia_nb.errors import ManifestInvalid
 
-__all__ = ["Manifest", "parse_manifest", "load_manifest", "agent_identity", "APPROVAL_KEYS", "DEFAULT_MAX_STEPS"]
+__all__ = ["Manifest", "parse_manifest", "load_manifest", "agent_identity", "check_script_tools", "APPROVAL_KEYS",
+           "DEFAULT_MAX_STEPS"]
 
 DEFAULT_MAX_STEPS = 20
 DEFAULT_MODEL: dict[str, Any] = {"provider": "scripted"}
@@ -67,6 +74,46 @@ _TABLE_KEYS: dict[str, frozenset[str]] = {
 }
 
 KeyPath = tuple[str | int, ...]
+
+#: Servers that speak OpenAI's API, named as if they were providers: what to write instead.
+_OPENAI_COMPATIBLE = {
+    "ollama": "http://localhost:11434/v1",
+    "vllm": "http://localhost:8000/v1",
+    "llamacpp": "http://localhost:8080/v1",
+    "llama.cpp": "http://localhost:8080/v1",
+    "llama-cpp": "http://localhost:8080/v1",
+    "lmstudio": "http://localhost:1234/v1",
+    "lm-studio": "http://localhost:1234/v1",
+    "openrouter": "https://openrouter.ai/api/v1",
+}
+_PROVIDER_ALIASES = {"claude": "anthropic", "gpt": "openai", "chatgpt": "openai", "azure": "openai",
+                     "mock": "scripted", "fake": "scripted", "script": "scripted"}
+#: Keys that would hold a secret: a manifest names the environment variable instead.
+_SECRET_KEYS = frozenset({"api_key", "apikey", "api-key", "key", "token", "api_token", "access_token",
+                          "secret", "secret_key", "password", "authorization", "bearer", "openai_api_key",
+                          "anthropic_api_key"})
+
+
+def _close(word: str, choices: Any) -> str | None:
+    """The one choice closest to ``word`` (difflib), or None when none is close."""
+    found = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _secret_hint(provider: Any = None) -> str:
+    variable = "ANTHROPIC_API_KEY" if provider == "anthropic" else "OPENAI_API_KEY"
+    return ("; a key is never written in a manifest (it is stored with the agent and shown to whoever reads "
+            f'it): put it in an environment variable and name that variable, api_key_env = "{variable}" '
+            "under [model]")
+
+
+def _provider_hint(provider: str) -> str:
+    norm = provider.strip().lower()
+    if norm in _OPENAI_COMPATIBLE:
+        return (f'; {provider} speaks OpenAI\'s API: write provider = "openai" with '
+                f'base_url = "{_OPENAI_COMPATIBLE[norm]}" and model = "<its model name>"')
+    alias = _PROVIDER_ALIASES.get(norm) or _close(norm, PROVIDERS)
+    return f' (did you mean provider = "{alias}"?)' if alias else ""
 
 
 @dataclass(frozen=True)
@@ -213,6 +260,7 @@ class _Checker:
         self.text = text
         self._lines: dict[KeyPath, int] | None = None
         self.problems: list[tuple[int, str]] = []
+        self.refused: list[KeyPath] = []  # approval keys, each reported once (not again as unknown)
 
     @property
     def lines(self) -> dict[KeyPath, int]:
@@ -243,6 +291,7 @@ class _Checker:
             for key, value in node.items():
                 child = (*path, key)
                 if _is_approval_key(key):
+                    self.refused.append(child)
                     self.problem(
                         child,
                         f'"{_dotted(child)}" is refused: a manifest has no key for approval; '
@@ -285,7 +334,7 @@ class _Checker:
     def known_keys(self, table: dict[str, Any], path: KeyPath, allowed: frozenset[str]) -> None:
         for key in table:
             if key not in allowed and not _is_approval_key(key):
-                self.problem((*path, key), f'unknown key "{_dotted((*path, key))}"')
+                self.problem((*path, key), f'unknown key "{_dotted((*path, key))}"' + _unknown_hint(key, allowed))
 
     def section(self, doc: dict[str, Any], name: str) -> dict[str, Any]:
         value = doc.get(name, {})
@@ -379,14 +428,45 @@ class _Checker:
             self.wrong(("model",), "a table", model)
             return {}
         provider = model.get("provider")
-        if provider is None:
-            self.problem(("model",), 'missing required key "model.provider" (for example provider = "scripted")')
+        defaulted = provider is None
+        if defaulted:  # the default, as for a manifest without [model]
+            model = {**DEFAULT_MODEL, **model}
         elif not isinstance(provider, str) or not provider.strip():
             self.wrong(("model", "provider"), "a provider name string", provider)
+            return model
         elif provider not in PROVIDERS:
             self.problem(("model", "provider"), f'unknown provider {provider!r} for "model.provider" '
-                                                f"(expected {', '.join(PROVIDERS[:-1])} or {PROVIDERS[-1]})")
+                                                f"(expected {', '.join(PROVIDERS[:-1])} or {PROVIDERS[-1]})"
+                                                + _provider_hint(provider))
+            return model
+        if not any(path[:1] == ("model",) for path in self.refused):
+            self.provider_table(model, defaulted=defaulted)
         return model
+
+    def provider_table(self, model: dict[str, Any], *, defaulted: bool) -> None:
+        """The provider's own check of its table (keys, types, the script), its error given a line."""
+        from apollia_nb.runtime.models import build_model
+
+        try:
+            build_model(model, env=_EveryVariable())
+        except ManifestInvalid as exc:
+            path, rest = _provider_error(exc.message)
+            if path is None:
+                self.problem(("model",), exc.message)
+                return
+            key = path[-1]
+            if rest.startswith("unknown key") and isinstance(key, str):
+                allowed = re.search(r"expected one of ([^)]*)\)", rest)
+                choices = [c.strip() for c in allowed.group(1).split(",")] if allowed else []
+                hint = _unknown_hint(key, choices, model.get("provider"))
+                if defaulted and len(path) == 2 and not hint:
+                    hint = (' (provider is not set, so it is "scripted", which takes only provider and script: '
+                            'set provider = "openai" or "anthropic" for a model served over HTTP)')
+                elif not hint and choices:
+                    hint = f" (expected one of {', '.join(choices)})"
+                self.problem(path, f'unknown key "{_dotted(path)}"' + hint)
+            else:
+                self.problem(path, f'"{_dotted(path)}": {rest}')
 
 
 def _syntax_message(message: str, text: str, source: str) -> str:
@@ -398,6 +478,76 @@ def _syntax_message(message: str, text: str, source: str) -> str:
         last = max(1, text.count("\n") + (0 if text.endswith("\n") else 1))
         return f"{source}:{last}: TOML syntax error at the end of the document: {message[: match.start()]}"
     return f"{source}:1: TOML syntax error: {message}"
+
+
+def _unknown_hint(key: str, allowed: Any, provider: Any = None) -> str:
+    """What an unknown key was probably meant to be: a secret's variable, or the closest allowed key."""
+    if key.strip().lower() in _SECRET_KEYS:
+        return _secret_hint(provider)
+    close = _close(key, sorted(allowed))
+    return f" (did you mean {close}?)" if close else ""
+
+
+class _EveryVariable(dict[str, str]):
+    """An environment where every variable is set: the manifest is checked, not the environment
+    (a missing key variable is ``MODEL_KEY_MISSING`` when the agent is registered)."""
+
+    def get(self, key: str, default: Any = None) -> str:  # type: ignore[override]
+        return "set"
+
+    def __getitem__(self, key: str) -> str:
+        return "set"
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+_PROVIDER_PATH = re.compile(r"model(?:\.[A-Za-z0-9_-]+|\[\d+\])*")
+_PATH_PART = re.compile(r"([A-Za-z0-9_-]+)|\[(\d+)\]")
+
+
+def _provider_error(message: str) -> tuple[KeyPath | None, str]:
+    """A provider's ``model.script.actor[0].text: must be ...`` as (the key path, what it says)."""
+    head, sep, rest = message.partition(": ")
+    if not sep or not _PROVIDER_PATH.fullmatch(head):
+        return None, message
+    return tuple(m.group(1) if m.group(1) is not None else int(m.group(2))
+                 for m in _PATH_PART.finditer(head)), rest
+
+
+def check_script_tools(manifest: Manifest, tools: Any) -> None:
+    """A scripted model's tool calls name tools of the agent (``tools``: the names it is offered).
+
+    Names of federated tools (``mcp:``, ``rest:``) are left alone: they resolve when the agent starts,
+    and a call to one that did not is refused then. Raises ``MANIFEST_INVALID`` naming the step, its
+    line and the closest tool name."""
+    if manifest.model.get("provider", "scripted") != "scripted":
+        return
+    script = manifest.model.get("script")
+    if not isinstance(script, dict):
+        return
+    names = set(tools)
+    problems: list[tuple[int, str]] = []
+    lines: dict[KeyPath, int] | None = None
+    for role, entries in script.items():
+        for index, entry in enumerate(entries if isinstance(entries, list) else []):
+            calls = entry.get("tool_calls") if isinstance(entry, dict) else None
+            for position, tool_call in enumerate(calls if isinstance(calls, list) else []):
+                name = tool_call.get("name") if isinstance(tool_call, dict) else None
+                if not isinstance(name, str) or name in names or name.startswith(("mcp:", "rest:")):
+                    continue
+                if lines is None:
+                    lines = _locate(manifest.source_text) if manifest.source_text else {}
+                path: KeyPath = ("model", "script", role, index, "tool_calls", position, "name")
+                line = next((lines[path[:end]] for end in range(len(path), 0, -1) if path[:end] in lines), 1)
+                close = _close(name, sorted(names))
+                problems.append((line, (
+                    f"{manifest.source}:{line}: {_dotted(path[:4])} (the {role}'s turn {index + 1}) calls "
+                    f'"{name}", which is not a tool of agent {manifest.name!r}'
+                    + (f" (did you mean {close}?)" if close else "")
+                    + f"; its tools: {', '.join(sorted(names)) or 'none'}")))
+    if problems:
+        raise ManifestInvalid("\n".join(message for _, message in sorted(problems)))
 
 
 # --- where each key is defined ------------------------------------------------------

@@ -672,6 +672,7 @@ class Runtime:
     async def _start_agent(self, manifest: Any, *, tools: Sequence[Any], model: Any, workspace: Path,
                            written: Path | None = None, cell: Any = None) -> Agent:
         from apollia_nb.runtime.builtins import builtin_tools
+        from apollia_nb.runtime.manifest import check_script_tools
         from apollia_nb.runtime.models import build_model
         from apollia_nb.runtime.paths import check_workspace_apart_from_home
         from apollia_nb.runtime.tools import ToolDef, ToolRegistry
@@ -712,6 +713,8 @@ class Runtime:
                     warnings.append("optional tools did not resolve: " + ", ".join(missing))
             else:
                 offered = tuple(registry.names())
+            if model is None:  # a script's calls name tools the agent has (federated ones resolve at start)
+                check_script_tools(manifest, offered)
             provider = model if model is not None else build_model(manifest.model)
         except ApolliaError as exc:
             if warnings:  # e.g. a tool source that could not give its tools, and why
