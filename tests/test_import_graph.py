@@ -21,7 +21,7 @@ DOC = ROOT / "docs" / "architecture.md"
 #: Each top-level module or package of ``apollia_nb`` and its layer (lower is lower). A new one is
 #: placed here (and in the doc's table) before it can be imported at all.
 LAYERS: dict[str, int] = {
-    # ground: no I/O policy of its own, imported by everyone
+    # ground: what every layer may import
     "apollia_nb": 0,  # the root: __version__ and the IPython extension hooks (see ENTRY_POINTS)
     "apollia_nb.errors": 0,
     "apollia_nb.home": 0,
