@@ -89,6 +89,10 @@ from apollia_nb.errors import (
     UnknownRun,
     UnknownTask,
 )
+from apollia_nb.journal.pages import entry_page
+from apollia_nb.runtime import Runtime
+from apollia_nb.runtime.manifest import parse_manifest
+from apollia_nb.runtime.tasks import task_json
 from apollia_nb.serverinfo import is_loopback
 from apollia_nb.wire import schemas as s
 
@@ -346,8 +350,6 @@ def _task_dict(rt: Any, task_id: str) -> dict[str, Any]:
     try:
         return rt.task(task_id).to_dict()
     except UnknownTask:
-        from apollia_nb.runtime.tasks import task_json
-
         record = rt.records.task(task_id)
         if record is None:
             raise
@@ -362,8 +364,6 @@ def _live_task(rt: Any, task_id: str) -> None:
 
 
 def _all_tasks(rt: Any) -> list[dict[str, Any]]:
-    from apollia_nb.runtime.tasks import task_json
-
     live = {h.id: h.to_dict() for h in rt.tasks()}
     out = dict(live)
     for record in rt.records.tasks():
@@ -424,8 +424,6 @@ async def list_agents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
 
 async def _find_agent(request: Request, ref: dict[str, Any] | None) -> Found | None:
     """The agent a keyed registration registered, if it did: registered and not stopped, from this manifest."""
-    from apollia_nb.runtime.manifest import parse_manifest
-
     rt = request.app.state.runtime
     try:
         text = (await request.json())["manifest"]
@@ -900,8 +898,6 @@ async def list_entries(
     run_id: str | None = Query(None, max_length=200, description="only this run's entries"),
     rt: Any = Depends(_runtime),
 ) -> dict[str, Any]:
-    from apollia_nb.journal.pages import entry_page
-
     entries = entry_page(rt.journal, run_id=run_id, since_seq=since_seq, limit=limit)
     data = [e.to_dict() for e in entries]
     return {"entries": data, "next_since_seq": data[-1]["seq"] if len(data) == limit else None}
@@ -943,8 +939,6 @@ def create_app(
         app.state.closing = anyio.Event()
         owned = None
         if app.state.runtime is None:
-            from apollia_nb.runtime import Runtime
-
             owned = app.state.runtime = await Runtime.open(home, **(runtime_options or {}))
             if owned.mode == "client":  # the home is served already: a home has one server
                 await owned.aclose()
