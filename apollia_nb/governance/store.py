@@ -13,6 +13,10 @@ Why it is shaped this way:
   operations: a CLI in another process can change rules while a kernel runs.
   When another process holds the file at that instant, the store retries for
   up to ``lock_timeout`` seconds and then raises ``HomeLocked`` naming its PID.
+  The home's owner holds the file open (``keep_open``): no other process can
+  open it then, so its schema and id are checked once for the file it holds,
+  and every later operation checks only that the path is still that file (a
+  ``stat()``), not the tables again.
 * **A cheap, current snapshot.** ``view()`` stats the files governance depends
   on (``governance.db``, its ``.wal``, ``policy/organisation.toml``, its
   ``.sig`` and ``apollia.toml``) and returns the cached view while their
@@ -20,7 +24,9 @@ Why it is shaped this way:
   microseconds. Any change, by this process or another, reloads. A file
   changed less than a timestamp tick before it was read is "racy" (a second
   change in the same tick could keep the same signature), so it is read again
-  on the next ``view()`` until it has aged past the window.
+  on the next ``view()`` until it has aged past the window. A pending decision
+  listed, answered or expired by the owner changes no row the snapshot holds,
+  so the snapshot stays (its signature moves to the files as written).
 * **Fail closed, never overwrite.** A ``governance.db`` that cannot be read
   (corrupt, a directory, no permission, written by a newer version) yields a
   view with ``readable=False`` and a reason; mutations raise
@@ -476,6 +482,7 @@ class _Change:
     apply: Callable[["duckdb.DuckDBPyConnection"], None]
     result: Any = None
     then: tuple[tuple[str, dict[str, Any]], ...] = ()  # more entries (kind, payload), journaled after it
+    view_unchanged: bool = False  # only pending decisions change: the rules, consents and developer mode stay
 
 
 @dataclass(frozen=True)
@@ -592,6 +599,9 @@ class GovernanceStore:
         self._journaled_policy: tuple[str, str | None, str] | None = None
         self._keeper: Any = None
         self._keeper_ino: tuple[int, int] | None = None  # the file the keeper holds
+        # (file, store id) whose schema was checked through the keeper: while the path is that file no
+        # other process can change it, so its tables are not read again for each operation.
+        self._checked: tuple[tuple[int, int], str | None] | None = None
         self._keep = False
         # What this home has had (from the journal, then from what this store saw):
         # a governance.db that must exist (with this id, when known) and a deposited policy.
@@ -600,6 +610,7 @@ class GovernanceStore:
         self._expect_policy = expect_policy
         self._journaled_damage: str | None = None
         self._writes = 0  # committed writes since the last checkpoint (see CHECKPOINT_EVERY)
+        self._counts = {"commits": 0, "snapshot_reads": 0, "schema_reads": 0}  # see ``stats``
         self._held_back: frozenset[str] = frozenset()  # agents whose consents do not apply here
 
     #: ``(inode, problem)``: a block of governance.db did not read when the store opened (``_read_whole``).
@@ -627,6 +638,13 @@ class GovernanceStore:
             if store_id is not None:
                 journal.append(FILE_CREATED, {"file": "governance.db", "id": store_id})
         return store
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """What this store did since it was made: ``commits`` (transactions that changed
+        governance.db), ``snapshot_reads`` (its rules, consents and developer mode read for
+        ``view()``), ``schema_reads`` (its tables checked)."""
+        return dict(self._counts)
 
     def _adopt_id(self) -> str | None:
         """The database's ``store_id``, given one when it has none; None when it cannot be read."""
@@ -668,23 +686,37 @@ class GovernanceStore:
         empty database where one was expected is a problem too.
         """
         damaged = self._open_problem
-        if con is not None and damaged is not None and damaged[0] == _inode(self.path):
+        inode = _inode(self.path) if con is not None else None
+        if con is not None and damaged is not None and damaged[0] == inode:
             return damaged[1]
         if not self._expect_db:
             return None
-        if con is not None and self._keeper_ino is not None and _inode(self.path) != self._keeper_ino:
+        if con is not None and self._keeper_ino is not None and inode != self._keeper_ino:
             return (f"governance.db was replaced while the home was open (it is not the file this process "
                     f"opened); {self._restore_hint()}")
         if con is None:
             return (f"governance.db is missing, but the journal records that this home had it (its rules, "
                     f"consents and developer mode were kept there); {self._restore_hint()}")
+        held = self._held(inode)
+        checked = self._checked
+        if held is not None and checked is not None and checked[0] == held and checked[1] is not None \
+                and (self._expect_id is None or checked[1] == self._expect_id):
+            return None  # the file the keeper holds, checked already: nobody else can have changed it
         if not self._schema_ready(con):
             return f"governance.db is empty, but this home had rules kept there; {self._restore_hint()}"
         found = self._store_id(con)
         if self._expect_id is not None and found != self._expect_id:
             return (f"governance.db is not the database this home had (its id is {found or 'none'}, the journal "
                     f"records {self._expect_id}): it was replaced; {self._restore_hint()}")
+        if held is not None and found is not None:
+            self._checked = (held, found)
         return None
+
+    def _held(self, inode: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The file the keeper holds, when ``inode`` (the path's, just taken) is that file: no other
+        process can open it meanwhile, and this one changes it only through this store."""
+        ino = self._keeper_ino
+        return ino if self._keeper is not None and ino is not None and inode == ino else None
 
     def _damaged(self, sig: tuple[_Stat, ...], recheck: bool, problem: str) -> _DbState:
         """The fail-closed state for a ``governance.db`` that is not the home's, journaled once
@@ -777,7 +809,7 @@ class GovernanceStore:
                 except Exception:
                     pass
                 return False
-            self._keeper, self._keeper_ino = keeper, _inode(self.path)
+            self._keeper, self._keeper_ino, self._checked = keeper, _inode(self.path), None
             return True
 
     def close(self) -> None:
@@ -785,7 +817,7 @@ class GovernanceStore:
         with self._lock:
             self._keep = False
             keeper, self._keeper = self._keeper, None
-            self._keeper_ino = None
+            self._keeper_ino = self._checked = None
             cached = self._cached
         if keeper is not None:
             keeper.close()
@@ -902,6 +934,7 @@ class GovernanceStore:
         except Conflict as exc:  # HomeLocked: try again on the next view()
             return _DbState(sig, True, rules=self._last_rules, error=f"governance.db cannot be read now: {exc.message}")
         try:
+            self._counts["snapshot_reads"] += 1
             problem = self._expected_problem(con)
             if problem is not None:
                 return self._damaged(sig, recheck, problem)
@@ -994,7 +1027,7 @@ class GovernanceStore:
                 keeper = duckdb.connect(str(self.path))
                 if self._schema_ready(keeper):
                     self._keeper, keeper = keeper, None
-                    self._keeper_ino = _inode(self.path)
+                    self._keeper_ino, self._checked = _inode(self.path), None
             except (duckdb.Error, GovernanceUnreadable):
                 self._keep = False  # unreadable: per-operation connections report it, fail closed
             finally:
@@ -1029,7 +1062,13 @@ class GovernanceStore:
         return {r[0] for r in rows}
 
     def _schema_ready(self, con: "duckdb.DuckDBPyConnection") -> bool:
-        """True: our schema; False: an empty database. Anything else is unreadable."""
+        """True: our schema; False: an empty database. Anything else is unreadable.
+
+        The file the keeper holds is read once: its tables are this process's to change (``_checked``)."""
+        checked = self._checked
+        if checked is not None and self._held(_inode(self.path)) == checked[0]:
+            return True
+        self._counts["schema_reads"] += 1
         tables = self._tables(con)
         if not tables:
             return False
@@ -1048,6 +1087,9 @@ class GovernanceStore:
         missing = _TABLES - tables
         if missing:
             raise GovernanceUnreadable(f"governance.db lacks the table(s) {', '.join(sorted(missing))}")
+        held = self._held(_inode(self.path))
+        if held is not None and (checked is None or checked[0] != held):
+            self._checked = (held, None)  # the schema, not yet the id (``_expected_problem``)
         return True
 
     def _read(self, work: Callable[["duckdb.DuckDBPyConnection"], Any], empty: Any) -> Any:
@@ -1086,6 +1128,7 @@ class GovernanceStore:
             except GovernanceUnreadable as exc:  # a full disk refusing even the file's creation
                 raise storage_error(exc, "governance.db did not take the change") or exc from None
             created: str | None = None
+            before, view_stays = self._db_signature(), False
             try:
                 try:
                     con.execute("BEGIN TRANSACTION")
@@ -1128,6 +1171,8 @@ class GovernanceStore:
                 if created is not None:
                     self._expect_db, self._expect_id = True, created
                 self._writes += 1
+                self._counts["commits"] += 1
+                view_stays = change.view_unchanged and created is None
                 return change.result
             except BaseException:
                 try:
@@ -1137,10 +1182,24 @@ class GovernanceStore:
                 raise
             finally:
                 con.close()
-                self._db = None
-                self._cached = None
                 if self._writes >= CHECKPOINT_EVERY:
                     self._checkpoint()
+                self._after_write(before, view_stays)
+
+    def _db_signature(self) -> tuple[_Stat, ...]:
+        return (_stat(self._db_files[0]), _stat(self._db_files[1]))
+
+    def _after_write(self, before: tuple[_Stat, ...], view_stays: bool) -> None:
+        """After a write (under the lock): the snapshot is read again on the next ``view()``, unless the
+        write changed only pending decisions of the file the keeper holds, and the snapshot was read
+        from the files as they were just before it; then it stays, under the files' new signature."""
+        db = self._db
+        if (view_stays and db is not None and not db.recheck and db.error is None and db.sig == before
+                and self._held(_inode(self.path)) is not None):
+            self._db = replace(db, sig=self._db_signature())
+        else:
+            self._db = None
+        self._cached = None
 
     def _checkpoint(self) -> None:
         """Checkpoint ``governance.db`` (under the lock, no transaction open): DuckDB frees the
@@ -1164,7 +1223,7 @@ class GovernanceStore:
         the next operation opens it again, with what it had committed."""
         if needs_reopen(exc) and self._keeper is not None:
             keeper, self._keeper = self._keeper, None
-            self._keeper_ino = None
+            self._keeper_ino = self._checked = None
             try:
                 keeper.close()
             except Exception:  # noqa: BLE001 - an invalidated database may refuse even this
@@ -1495,7 +1554,7 @@ class GovernanceStore:
                      decision.line, call_id, PENDING],
                 )
 
-            return _Change(None, {}, agent, apply, decision)
+            return _Change(None, {}, agent, apply, decision, view_unchanged=True)
 
         return self._write(prepare)
 
@@ -1571,7 +1630,7 @@ class GovernanceStore:
                     [ANSWERED, chosen.value, by, _naive(now), reason, decision_id, PENDING],
                 )
 
-            return _Change(None, {}, current.agent, apply, done)
+            return _Change(None, {}, current.agent, apply, done, view_unchanged=True)
 
         return self._write(prepare)
 
@@ -1608,7 +1667,7 @@ class GovernanceStore:
                         [EXPIRED, Answer.REFUSE.value, "timeout", _naive(at), why, d.id, PENDING],  # type: ignore[arg-type]
                     )
 
-            return _Change(None, {}, None, apply, expired)
+            return _Change(None, {}, None, apply, expired, view_unchanged=True)
 
         if not self.path.exists():
             return []
