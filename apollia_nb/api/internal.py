@@ -43,7 +43,7 @@ from apollia_nb.api.worker_tokens import authorize_internal, scope_of, tokens_of
 from apollia_nb.wire import schemas as s
 from apollia_nb.wire.schemas import _In, _Out
 
-__all__ = ["router", "require_owner", "ANSWER_TICK_SECS", "MAX_PAGE"]
+__all__ = ["router", "require_owner", "ANSWER_TICK_SECS", "MAX_PAGE", "CALLS_KEPT"]
 
 #: How often an open long poll for answers looks at the journal's head (an in-memory read).
 ANSWER_TICK_SECS = 0.05
@@ -491,6 +491,181 @@ async def governance_snapshot(
         return Response(status_code=304, headers={"ETag": etag})
     response.headers["ETag"] = etag
     return body
+
+
+# --- a governed call, decided here -----------------------------------------------------------------
+
+#: How many answered call requests the server keeps for retries (the oldest are forgotten first).
+CALLS_KEPT = 16_384
+
+
+class CodePlacesIn(_In):
+    places: list[tuple[Annotated[str, Field(min_length=1, max_length=4096)], str,
+                       Annotated[str, Field(max_length=1000)]]] = Field(max_length=10_000)
+    unknown: Annotated[str, Field(max_length=1000)] = ""
+
+
+class CallIn(_In):
+    """One governed call of a client's run, as the client resolved it (the tool, its family, the file its
+    path names, where the client runs code): decided by the server, journaled with the entries before it."""
+
+    call_id: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        description="chosen by the client, unique in its run: a retried request is answered as the first was")
+    run_id: Annotated[str, Field(min_length=1, max_length=200)]
+    agent: s.AgentName
+    tool: s.ToolName
+    family: s.FamilyName | None = Field(description="null when the tool is unclassified")
+    arguments: dict[str, Any] = Field(description="in clear, in the tool's parameter order: what `decide()` reads")
+    connection: Annotated[str, Field(max_length=500)] | None = None
+    run_grants: list[s.FamilyName] = Field(default_factory=list, max_length=8)
+    paths: list[Annotated[str, Field(max_length=4096)]] | None = Field(None, max_length=8)
+    shell: bool = Field(False, description="bash reads the first argument (false: no allow rule allows it)")
+    aliases: list[Annotated[str, Field(max_length=10_000)]] = Field(default_factory=list, max_length=16)
+    code_places: CodePlacesIn | None = None
+    decision: dict[str, Any] = Field(
+        description="the `decision` entry's payload as the client shows it (arguments redacted); `call_id`, "
+                    "`tool`, `family`, `connection`, `outcome`, `line`, `answers` and `reason` are the server's")
+    secrets: list[tuple[Annotated[str, Field(min_length=1, max_length=10_000)],
+                        Annotated[str, Field(max_length=200)]]] = Field(
+        default_factory=list, max_length=100,
+        description="texts of the arguments the reason must not show, each with what it reads as instead")
+    before: list[DraftIn] = Field(default_factory=list, max_length=MAX_APPEND - 2,
+                                  description="entries committed first, in the same transaction (the model "
+                                              "response that asked for the call, earlier results)")
+    generation: Annotated[str, Field(max_length=100)] | None = Field(
+        None, description="the snapshot's generation the client holds: the snapshot is sent when it changed")
+
+
+class CallDecision(_Out):
+    outcome: Literal["allow", "refuse", "ask"]
+    line: int
+    answers: list[str]
+    reason: str
+    rule_id: str | None
+
+
+class CallOut(_Out):
+    decision: CallDecision
+    entries: list[JournalRow] = Field(description="`before`, then `decision`, then `tool_call` (allowed) or the "
+                                                  "refused `tool_result` (refused): committed")
+    generation: str = Field(description="the generation of the snapshot the call was decided on")
+    snapshot: GovernanceSnapshot | None = Field(description="that snapshot, when the client holds another")
+
+
+class _Calls:
+    """The answers of recent call requests by ``(run_id, call_id)``, with the digest of their request:
+    a retry (same request) gets the same answer and journals nothing; another request under a used
+    id is ``CONFLICT``. Requests of one id are carried out one at a time."""
+
+    def __init__(self) -> None:
+        from collections import OrderedDict
+
+        self.answers: OrderedDict[tuple[str, str], tuple[str, dict[str, Any]]] = OrderedDict()
+        self.busy: dict[tuple[str, str], anyio.Event] = {}
+
+    async def once(self, key: tuple[str, str], digest: str, make: Any) -> dict[str, Any]:
+        from apollia_nb.errors import Conflict
+
+        while key in self.busy:
+            await self.busy[key].wait()
+        known = self.answers.get(key)
+        if known is not None:
+            if known[0] != digest:
+                raise Conflict(f"call {key[1]} of run {key[0]} was decided already, for another request")
+            return known[1]
+        done = self.busy[key] = anyio.Event()
+        try:
+            answer = await make()
+            self.answers[key] = (digest, answer)
+            while len(self.answers) > CALLS_KEPT:
+                self.answers.popitem(last=False)
+            return answer
+        finally:
+            del self.busy[key]
+            done.set()
+
+
+def _calls(request: Request) -> _Calls:
+    calls = getattr(request.app.state, "governed_calls", None)
+    if calls is None:
+        calls = request.app.state.governed_calls = _Calls()
+    return calls
+
+
+def _decided_call(body: CallIn, view: Any) -> tuple[Any, dict[str, Any]]:
+    """The server's decision of the call on ``view``, and the ``decision`` entry's payload."""
+    from apollia_nb.errors import BadInput
+    from apollia_nb.governance.code_places import CodePlaces
+    from apollia_nb.governance.decision import Call, decide
+    from apollia_nb.runtime.outputs import redact
+
+    from apollia_nb.runtime.builtins import BUILTIN_FAMILIES
+
+    builtin = BUILTIN_FAMILIES.get(body.tool) if body.connection is None else None
+    if builtin is not None and (body.family != builtin.value or body.shell != (body.tool == "bash_executor")):
+        # A built-in tool is what the server knows it to be: its family, and whether bash reads its first argument.
+        raise BadInput(f"{body.tool} is the built-in tool of family {builtin.value}: it is decided as such")
+    try:
+        places = (CodePlaces.of([tuple(p) for p in body.code_places.places], body.code_places.unknown)
+                  if body.code_places is not None else None)
+        call = Call(agent=body.agent, tool=body.tool, family=body.family, arguments=body.arguments,
+                    connection=body.connection, run_grants=frozenset(body.run_grants),
+                    paths=tuple(body.paths) if body.paths is not None else None, shell=body.shell,
+                    aliases=tuple(body.aliases), code_places=places)
+    except (ValueError, TypeError) as exc:
+        raise BadInput(f"the call cannot be decided: {exc}"[:300]) from None
+    decision = decide(call, view)
+    reason = redact(decision.reason, dict(body.secrets)) if body.secrets else decision.reason
+    payload = {**body.decision, "call_id": body.call_id, "tool": body.tool, "family": body.family,
+               "connection": body.connection, "outcome": decision.outcome.value, "line": decision.line,
+               "answers": [a.value for a in decision.answers], "reason": reason}
+    return decision, payload
+
+
+@router.post("/calls", response_model=CallOut, operation_id="internalGovernedCall",
+             summary="Decide a client's governed call and journal it (one request a call)",
+             responses=_errors(409, 413, 422),
+             description="`decide()` on the server's current snapshot; then, in one transaction, `before`, the "
+                         "`decision` and — allowed — the `tool_call`, or — refused — the `tool_result` with status "
+                         "`refused`; committed when this answers. The client runs the tool only when allowed. A "
+                         "retry of the same request (same `run_id` and `call_id`, same body) answers as the first "
+                         "did and journals nothing; another body under a used `call_id` is 409 `CONFLICT`.")
+async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    import hashlib
+
+    from apollia_nb.journal.entry import canonical_json
+    from apollia_nb.journal.store import Draft
+
+    digest = hashlib.sha256(canonical_json(body.model_dump(mode="json"))).hexdigest()
+
+    async def make() -> dict[str, Any]:
+        from apollia_nb.governance.decision import Outcome
+        from apollia_nb.runtime.governed import NULL_DIGEST
+
+        generations = _generations(request)
+        snapshot = generations.current(rt.governance)
+        assert generations.seen is not None
+        decision, payload = _decided_call(body, generations.seen[0])  # the very snapshot it names
+        drafts = [Draft(d.kind, d.payload, d.run_id, d.agent) for d in body.before]
+        drafts.append(Draft("decision", payload, body.run_id, body.agent))
+        if decision.outcome is Outcome.ALLOW:
+            drafts.append(Draft("tool_call", {"call_id": body.call_id, "tool": body.tool,
+                                              "arguments": payload.get("arguments")}, body.run_id, body.agent))
+        elif decision.outcome is Outcome.REFUSE:
+            drafts.append(Draft("tool_result", {"call_id": body.call_id, "tool": body.tool, "status": "refused",
+                                                "error_code": "REFUSED", "output": None,
+                                                "output_digest": NULL_DIGEST}, body.run_id, body.agent))
+        entries = await rt.journal.append_many_async(drafts)
+        return {"decision": {"outcome": decision.outcome.value, "line": decision.line,
+                             "answers": [a.value for a in decision.answers], "reason": payload["reason"],
+                             "rule_id": decision.rule_id},
+                "entries": [_row(e) for e in entries], "generation": snapshot["generation"],
+                "snapshot": snapshot}
+
+    answer = await _calls(request).once((body.run_id, body.call_id), digest, make)
+    if body.generation == answer["generation"]:
+        answer = {**answer, "snapshot": None}
+    return answer
 
 
 # --- pending decisions ----------------------------------------------------------------------------

@@ -13,6 +13,8 @@ and only for the batch's agent and its tasks (:data:`WORKER_ROUTES`):
 
 * the journal's head, the governance snapshot ``decide()`` reads, a checkpoint
   of the journal as it stands;
+* a governed call of the batch's agent in a run it opened, decided by the server
+  (``POST /internal/calls``; the entries it carries before the decision are checked as an append's);
 * appending entries of the kinds a task's run writes (:data:`WORKER_KINDS`),
   each of the batch's agent: a run is opened (``run_open``) only for a task of
   the batch under a run id the journal has never seen, and every other entry
@@ -153,6 +155,10 @@ async def _append(scope: WorkerScope, request: Request) -> None:
     entries = body.get("entries") if isinstance(body, dict) else None
     if not isinstance(entries, list):
         return  # the route refuses the body (422)
+    await _check_drafts(scope, request, entries)
+
+
+async def _check_drafts(scope: WorkerScope, request: Request, entries: list[Any]) -> None:
     opened: set[str] = set()
     for entry in entries:
         if not isinstance(entry, dict):
@@ -177,6 +183,23 @@ async def _append(scope: WorkerScope, request: Request) -> None:
         elif run_id not in scope.runs and run_id not in opened:
             raise _refuse(scope, f"run {run_id} is not one it opened")
     scope.runs |= opened
+
+
+async def _call(scope: WorkerScope, request: Request) -> None:
+    """A governed call: of the batch's agent, in a run the credential opened; its ``before`` entries as an
+    append of the credential would be (the decision and what follows it are the server's own)."""
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        return  # the route refuses the body (422)
+    if body.get("agent") != scope.agent:
+        raise _refuse(scope, f"it has only calls of agent {scope.agent} decided")
+    if body.get("run_id") not in scope.runs:
+        raise _refuse(scope, f"run {body.get('run_id')} is not one it opened")
+    before = body.get("before")
+    for entry in before if isinstance(before, list) else []:
+        if isinstance(entry, dict) and entry.get("kind") in ("decision", "tool_call", "run_open"):
+            raise _refuse(scope, f"a {entry.get('kind')!r} entry is not written before a call")
+    await _check_drafts(scope, request, before if isinstance(before, list) else [])
 
 
 async def _read_entries(scope: WorkerScope, request: Request) -> None:
@@ -237,6 +260,7 @@ Check = Callable[[WorkerScope, Request], Awaitable[None]]
 WORKER_ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/internal/journal/head"): _nothing,
     ("POST", "/internal/journal/entries"): _append,
+    ("POST", "/internal/calls"): _call,
     ("GET", "/internal/journal/entries"): _read_entries,
     ("POST", "/internal/journal/checkpoint"): _nothing,
     ("GET", "/internal/governance/snapshot"): _nothing,

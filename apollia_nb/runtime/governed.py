@@ -257,7 +257,9 @@ async def governed_call(
         paths=path.names if path is not None else None, shell=tooldef.shell, aliases=aliases,
         code_places=_code_places(agent) if path is not None and tooldef.family is Family.WRITE else None,
     )
-    decision = decide(call, rt.governance.view())  # on the clear arguments: redaction never weakens a rule
+    served = getattr(rt.journal, "served_calls", None)  # a served home's client (runtime/remote.py)
+    view = rt.governance.view() if served is None else served.view()
+    decision = decide(call, view)  # on the clear arguments: redaction never weakens a rule
     if shown.secrets:  # the reason may quote an argument: shown without its secrets
         decision = dataclasses.replace(decision, reason=shown.text(decision.reason))
     decided = (
@@ -271,6 +273,9 @@ async def governed_call(
             **({"hints": tooldef.annotations} if tooldef.annotations else {}),
         },
     )
+    if served is not None:  # its server decides again, on its own snapshot, and commits what follows here
+        decision, decided = await served.decide(call, decided, prefix, run_id=run_id, agent=agent.name,
+                                                secrets=shown.secrets)
     if decision.outcome is Outcome.REFUSE:
         return await _refused(rt, agent, run_id, call_id, name, shown.arguments, decision.reason, decision,
                               prefix=[*prefix, decided])

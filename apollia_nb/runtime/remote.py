@@ -67,6 +67,7 @@ __all__ = [
     "RemoteHome",
     "RemoteJournal",
     "RemoteGovernance",
+    "ServedCalls",
     "watch_answers",
     "ANSWER_POLL_SECS",
 ]
@@ -81,6 +82,12 @@ MAX_WATCHED = 200
 #: At close: how long cancelling this process's suspended runs may take.
 CLOSE_SECS = 10.0
 _PAGE = 10_000
+#: How long a handed-over entry (``append_soon``) waits for a later append of its run to carry it
+#: before it is sent alone.
+SOON_SECS = 0.02
+#: How many times a call request that got no answer is sent again (same call id: the server answers a
+#: retry as it answered the first and journals nothing twice).
+CALL_RETRIES = 2
 
 
 # --- finding the server ---------------------------------------------------------------------------
@@ -277,6 +284,7 @@ class RemoteHome:
         try:
             self.journal = RemoteJournal(self)
             self.governance = RemoteGovernance(self)
+            self.journal.served_calls = ServedCalls(self.journal, self.governance)
         except BaseException:
             self.http.close()
             raise
@@ -372,6 +380,31 @@ def _draft(kind: str, payload: dict[str, Any], run_id: str | None, agent: str | 
     return {"kind": kind, "payload": payload, "run_id": run_id, "agent": agent}
 
 
+class ServedCalls:
+    """What ``governed_call`` asks of a served home (``rt.journal.served_calls``): the snapshot held here to
+    draft a call's entries with, and the server's decision of the call, journaled in one request."""
+
+    def __init__(self, journal: "RemoteJournal", governance: "RemoteGovernance") -> None:
+        self._journal, self._governance = journal, governance
+
+    def view(self) -> "GovernanceView":
+        return self._governance.held_view()
+
+    async def decide(self, call: Any, decided: tuple[str, dict[str, Any]],
+                     prefix: Sequence[tuple[str, dict[str, Any]]], *, run_id: str, agent: str,
+                     secrets: dict[str, str] | None = None) -> tuple[Any, tuple[str, dict[str, Any]]]:
+        """``RemoteJournal.decide_call`` without blocking the event loop."""
+        return await anyio.to_thread.run_sync(lambda: self._journal.decide_call(
+            call, decided, prefix, run_id=run_id, agent=agent, secrets=secrets, governance=self._governance))
+
+
+def _call_of(body: list[dict[str, Any]]) -> Any:
+    for d in body:
+        if d["kind"] == "decision":
+            return d["payload"].get("call_id")
+    return None
+
+
 class RemoteJournal:
     """``rt.journal`` in client mode: the server's journal, keeping ``JournalFace`` (``journal/contract.py``).
 
@@ -389,6 +422,19 @@ class RemoteJournal:
 
         self._remote = remote
         self.path = remote.home.journal_db
+        # Entries handed over (``append_soon``), by run, each with its future: carried by the run's next
+        # request, or sent alone by the flusher after ``SOON_SECS``. A run's requests go one at a time
+        # (``_run_lock``), so a handed-over entry is committed before anything later of its run.
+        self._soon: dict[str | None, list[tuple[dict[str, Any], "Future[list[Entry]]"]]] = {}
+        self._soon_lock = threading.Condition()
+        self._run_locks: dict[str | None, threading.Lock] = {}
+        self._failed: dict[str | None, BaseException] = {}
+        self._flusher: threading.Thread | None = None
+        # What a call request committed beyond ``before``'s handed-over entries, by the drafts' identity:
+        # the append of exactly those drafts that follows (``governed.py``) returns them, sending nothing.
+        self._committed: dict[tuple[Any, ...], list["Entry"]] = {}
+        self._committed_calls: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self.served_calls: ServedCalls | None = None  # set by ``RemoteHome``
         self._public_key = load_public_key(remote.home)
         head = self._head()
         if bytes.fromhex(head["public_key"]) != self._public_key:
@@ -402,6 +448,7 @@ class RemoteJournal:
         self._appended = False
 
     def _call(self, method: str, path: str, *, what: str, **kwargs: Any) -> Any:
+        self.flush_soon()  # a read, a checkpoint, a proof: after every entry handed over before it
         return self._remote.call(method, path, unreachable=IntegrityError, what=what, **kwargs).json()
 
     def _head(self) -> dict[str, Any]:
@@ -431,18 +478,192 @@ class RemoteJournal:
 
     # appending -----------------------------------------------------------------------------------
     def append_many(self, drafts: Iterable[Any]) -> list["Entry"]:
-        """Append entries atomically (consecutive seqs, one transaction); committed on return."""
+        """Append entries atomically (consecutive seqs, one transaction); committed on return.
+
+        After the entries handed over before of their runs (in the same request). The drafts a call
+        request committed already (``decide_call``) are returned as committed, and nothing is sent."""
         from apollia_nb.journal.store import Draft
 
         body = [_draft(*Draft(*d)) for d in drafts]
         if not body:
             return []
+        done = self._already_committed(body)
+        if done is not None:
+            return done
         n = len(body)
+        what = f"the journal could not record {n} entr{'y' if n == 1 else 'ies'} (they may or may not be recorded)"
+        with self._runs_held({d["run_id"] for d in body}) as carried:
+            entries = self._send(carried, lambda all_: [_entry(row) for row in self._remote.call(
+                "POST", "/internal/journal/entries", json={"entries": all_}, unreachable=IntegrityError,
+                what=what).json()["entries"]], body)
+        return entries
+
+    # one run's requests, one at a time, each carrying what the run handed over -----------------------
+    def _runs_held(self, runs: set[str | None]) -> Any:
+        import contextlib
+
+        @contextlib.contextmanager
+        def held() -> Iterator[list[tuple[dict[str, Any], "Future[list[Entry]]"]]]:
+            order = sorted(runs, key=lambda r: (r is not None, r or ""))
+            with self._soon_lock:
+                locks = [self._run_locks.setdefault(r, threading.Lock()) for r in order]
+            for lock in locks:
+                lock.acquire()
+            try:
+                for run in order:
+                    failed = self._failed.get(run)
+                    if failed is not None:  # the run cannot go on with a hole in its trace
+                        raise failed
+                with self._soon_lock:
+                    carried = [item for run in order for item in self._soon.pop(run, [])]
+                yield carried
+            finally:
+                for lock in reversed(locks):
+                    lock.release()
+
+        return held()
+
+    def _send(self, carried: list[tuple[dict[str, Any], "Future[list[Entry]]"]], send: Any,
+              body: list[dict[str, Any]]) -> Any:
+        """``send(carried drafts + body)``, resolving the carried entries' futures from its answer."""
         self._appended = True
-        data = self._call("POST", "/internal/journal/entries", json={"entries": body},
-                          what=f"the journal could not record {n} entr{'y' if n == 1 else 'ies'} "
-                               "(they may or may not be recorded)")
-        return [_entry(row) for row in data["entries"]]
+        try:
+            result = send([d for d, _ in carried] + body)
+        except BaseException as exc:
+            for draft, future in carried:
+                self._failed.setdefault(draft["run_id"], exc)
+                future.set_exception(exc)
+            raise
+        entries = result if isinstance(result, list) else result[0]
+        for (draft, future), entry in zip(carried, entries):
+            future.set_result([entry])
+        if isinstance(result, list):
+            return result[len(carried):]
+        return (result[0][len(carried):], *result[1:])
+
+    def flush_soon(self, runs: Iterable[str | None] | None = None) -> None:
+        """Commit now every entry handed over (of ``runs``): what a read of the journal must see."""
+        with self._soon_lock:
+            pending = [r for r in self._soon if runs is None or r in set(runs)]
+        for run in pending:
+            try:
+                with self._runs_held({run}) as carried:
+                    if carried:
+                        self._send(carried, lambda all_: [_entry(row) for row in self._remote.call(
+                            "POST", "/internal/journal/entries", json={"entries": all_},
+                            unreachable=IntegrityError, what="the journal could not record the entries handed "
+                                                             "over (they may or may not be recorded)").json()[
+                            "entries"]], [])
+            except ApolliaError:
+                pass  # told through the entries' futures and to the run's next append
+
+    def _flush_later(self) -> None:
+        """The flusher: sends what no later append carried within ``SOON_SECS``; ends when the journal closes."""
+        import time
+
+        while True:
+            with self._soon_lock:
+                while not self._soon and not self._closed:
+                    self._soon_lock.wait()
+                deadline = time.monotonic() + SOON_SECS
+                while not self._closed and (left := deadline - time.monotonic()) > 0:
+                    self._soon_lock.wait(left)
+                if self._closed:
+                    return  # the close sends what is left
+            self.flush_soon()
+
+    # a governed call, decided by the server -------------------------------------------------------
+    def decide_call(self, call: Any, decided: tuple[str, dict[str, Any]],
+                    prefix: Sequence[tuple[str, dict[str, Any]]], *, run_id: str, agent: str,
+                    secrets: dict[str, str] | None = None, governance: "RemoteGovernance | None" = None,
+                    ) -> tuple[Any, tuple[str, dict[str, Any]]]:
+        """One request: the server decides ``call`` on its own current snapshot and commits ``prefix``,
+        the ``decision`` (``decided``'s payload with the server's outcome, line, answers and reason) and
+        — allowed — the ``tool_call``, or — refused — the refused ``tool_result``, after what the run
+        handed over. Returns the server's decision and the ``decision`` entry as journaled; the append of
+        those drafts that follows returns them as committed. A request that got no answer is sent
+        again with the same call id (the server journals it once)."""
+        import httpx
+
+        from apollia_nb.governance.decision import Answer, Decision, Outcome
+
+        kind, template = decided
+        call_id = str(template["call_id"])
+        text = json.dumps(call.arguments, ensure_ascii=False, default=str)
+        places = call.code_places
+        body: dict[str, Any] = {
+            "call_id": call_id, "run_id": run_id, "agent": agent, "tool": call.tool,
+            "family": call.family.value if call.family is not None else None,
+            "arguments": dict(call.arguments), "connection": call.connection,
+            "run_grants": sorted(getattr(f, "value", f) for f in call.run_grants),
+            "paths": list(call.paths) if call.paths is not None else None, "shell": bool(call.shell),
+            "aliases": list(call.aliases),
+            "code_places": None if places is None else {
+                "places": [[p.path, p.kind.value, p.why] for p in places.places], "unknown": places.unknown},
+            "decision": template,
+            # only the secrets the arguments hold: the reason quotes nothing else
+            "secrets": [[t, w] for t, w in (secrets or {}).items() if t in text],
+            "generation": governance.generation() if governance is not None else None,
+        }
+        prefix_drafts = [_draft(k, p, run_id, agent) for k, p in prefix]
+
+        def send(all_: list[dict[str, Any]]) -> tuple[list["Entry"], dict[str, Any]]:
+            request = {**body, "before": all_}
+            for attempt in range(CALL_RETRIES + 1):
+                try:
+                    response = self._remote.http.post("/internal/calls", json=request)
+                except httpx.TransportError as exc:
+                    if attempt < CALL_RETRIES:
+                        continue  # no answer: the same call id again (the server journals it once)
+                    if isinstance(exc, httpx.ConnectError):
+                        raise self._remote.not_running("the call could not be decided") from None
+                    raise IntegrityError(f"the call could not be decided: {_unanswered(self._remote.url, exc)} "
+                                         "(its entries may or may not be recorded)") from None
+                if response.status_code >= 400:
+                    raise _error(response)
+                data = response.json()
+                return [_entry(row) for row in data["entries"]], data
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        with self._runs_held({run_id}) as carried:
+            entries, data = self._send(carried, send, prefix_drafts)
+        if governance is not None:
+            governance.held_from(data["generation"], data.get("snapshot"))
+        d = data["decision"]
+        decision = Decision(Outcome(d["outcome"]), int(d["line"]), tuple(Answer(a) for a in d["answers"]),
+                            d["reason"], d.get("rule_id"))
+        journaled = ("decision", json.loads(entries[len(prefix_drafts)].payload))
+        key = tuple((e.kind, e.payload, e.run_id, e.agent) for e in entries)
+        with self._soon_lock:
+            old = self._committed_calls.pop((run_id, call_id), None)
+            if old is not None:
+                self._committed.pop(old, None)
+            self._committed[key] = entries
+            self._committed_calls[(run_id, call_id)] = key
+            while len(self._committed_calls) > 1024:  # never taken (the caller failed between): forgotten
+                stale = next(iter(self._committed_calls))
+                self._committed.pop(self._committed_calls.pop(stale), None)
+        return decision, journaled
+
+    def _already_committed(self, body: list[dict[str, Any]]) -> list["Entry"] | None:
+        """The entries a call request committed for exactly these drafts (taken once), else None; drafts
+        that name a decided call and differ from what was committed for it are ``INTEGRITY``."""
+        from apollia_nb.journal.entry import canonical_payload
+
+        if not self._committed_calls:
+            return None
+        key = tuple((d["kind"], canonical_payload(d["payload"]), d["run_id"], d["agent"]) for d in body)
+        with self._soon_lock:
+            entries = self._committed.pop(key, None)
+            if entries is not None:
+                self._committed_calls.pop((str(body[0]["run_id"]), str(_call_of(body))), None)
+                return entries
+            decided = [d for d in body if d["kind"] == "decision" and
+                       (d["run_id"], d["payload"].get("call_id")) in self._committed_calls]
+        if decided:
+            raise IntegrityError(f"call {decided[0]['payload'].get('call_id')} was journaled by the server "
+                                 "with other entries than are appended for it")
+        return None
 
     def append(self, kind: str, payload: dict[str, Any], *, run_id: str | None = None,
                agent: str | None = None) -> "Entry":
@@ -501,9 +722,18 @@ class RemoteJournal:
 
     def append_soon(self, kind: str, payload: dict[str, Any], *, run_id: str,
                     agent: str | None = None) -> "Future[list[Entry]]":
-        """The server commits on return; here the append is made at once (no writer to hand it to)."""
+        """Hand an entry over: committed before anything later of its run — carried by the run's next
+        request (a call, an append), or sent alone after ``SOON_SECS`` — and before any read."""
+        draft = _draft(kind, payload, run_id, agent)
         future: Future[list[Entry]] = Future()
-        future.set_result([self.append(kind, payload, run_id=run_id, agent=agent)])
+        with self._soon_lock:
+            if self._closed:
+                raise IntegrityError("the journal's connection is closed")
+            self._soon.setdefault(run_id, []).append((draft, future))
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_later, name="apollia-remote-soon", daemon=True)
+                self._flusher.start()
+            self._soon_lock.notify_all()
         return future
 
     def entry_pages(self, high: int, *, page: int | None = None) -> Iterator[list[tuple[Any, ...]]]:
@@ -532,6 +762,7 @@ class RemoteJournal:
         elsewhere), under the key checked at connect to be the home's: nothing of the journal is read here."""
         from apollia_nb.journal.verify import VerifyReport
 
+        self.flush_soon()
         d = self._remote.call("POST", "/internal/journal/verify", json={"checkpoint": checkpoint},
                               unreachable=IntegrityError, what="the journal cannot be verified",
                               timeout=None).json()  # as long as the journal takes
@@ -648,7 +879,13 @@ class RemoteJournal:
         """After appending: ask for a checkpoint of what is committed (when the server answers). Disconnect."""
         if self._closed:
             return
-        self._closed = True
+        with self._soon_lock:
+            self._closed = True  # nothing more is handed over
+            self._soon_lock.notify_all()
+            flusher = self._flusher
+        if flusher is not None:
+            flusher.join()
+        self.flush_soon()
         try:
             if self._appended:
                 self.checkpoint()
@@ -748,6 +985,35 @@ class RemoteGovernance:
         from apollia_nb.governance.store import without_consents
 
         return without_consents(self._view(), self._held_back)
+
+    def held_view(self) -> "GovernanceView":
+        """The snapshot held here (as the last call's answer left it), asked for only when none is held:
+        what a client guesses a call's decision with before its server decides it (``decide_call``)."""
+        from apollia_nb.governance.store import without_consents
+
+        held = self._held
+        return without_consents(held[1] if held is not None else self._view(), self._held_back)
+
+    def generation(self) -> str | None:
+        """The generation of the snapshot held here (None: none)."""
+        held = self._held
+        return held[0].strip('"') if held is not None else None
+
+    def held_from(self, generation: str, snapshot: dict[str, Any] | None) -> None:
+        """Hold the snapshot a call's answer names: ``snapshot`` when sent (the held one changed)."""
+        from apollia_nb.governance.decision import Effect
+
+        if snapshot is None:
+            return
+        try:
+            view, state = _snapshot_view(snapshot), _policy_state(snapshot["policy"])
+        except (ValueError, KeyError, TypeError):
+            with self._lock:
+                self._held = None  # asked for again by the next view
+            return
+        with self._lock:
+            self._held = (f'"{generation}"', view, state)
+            self._deny = tuple(r for r in view.rules if r.effect is Effect.DENY)
 
     def hold_back_consents(self, agent: str, held: bool) -> None:
         """In this process, apply none of ``agent``'s standing consents (``held``), or apply them again."""
