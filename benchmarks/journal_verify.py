@@ -10,14 +10,17 @@ takes ``--home``, then prints:
 * the raw Ed25519 verify rate on one core: PyNaCl (libsodium, what the verifier
   uses) and ``cryptography`` (OpenSSL) when it is installed;
 * where the time of a verification goes, per entry, over the first
-  ``--sample`` entries: reading rows from DuckDB, checking sequence, link, hash,
-  key id and Merkle tree (this process), laying out the signature items, and the
-  signatures themselves; and what that allows on 2 idle cores;
+  ``--sample`` entries: reading rows from DuckDB as the verifier does (as stored,
+  one DuckDB thread, its memory limit), checking sequence, link, hash, key id and
+  Merkle tree (this process), laying out the signature items, and the signatures
+  themselves; and what that allows on 2 idle cores;
 * ``verify_home`` checking every signature inline (1 process) and with 2 worker
   processes (built journals only);
 * the whole ``apollia-os audit verify`` command as a fresh process (interpreter
-  start and imports included): wall time, CPU seconds of it and its workers, and
-  peak RSS.
+  start and imports included), started by a small runner process of its own so
+  that the runner's memory is not counted: wall time, CPU seconds of it and its
+  workers, and peak RSS. ``--baseline TREE`` measures another checkout's command
+  in the same run, the two alternating, and prints the ratios.
 
 On a shared machine wall-clock rates drop with the load, so the CPU seconds
 spent are printed too, with the rate they allow on 2 idle cores.
@@ -110,7 +113,13 @@ def breakdown(home: Home, sample: int) -> float:
 
     from apollia_nb.journal.keys import key_id, load_public_key
     from apollia_nb.journal.merkle import MerkleAccumulator
-    from apollia_nb.journal.verify import _COLUMNS, RANGE, _batch, _first_bad_index, _Scan
+    from apollia_nb.journal.verify import (
+        _COLUMNS,
+        STREAM_MEMORY,
+        _batch,
+        _first_bad_index,
+        _Scan,
+    )
 
     public = load_public_key(home)
     con = duckdb.connect(str(home.journal_db), read_only=True)
@@ -123,21 +132,21 @@ def breakdown(home: Home, sample: int) -> float:
             return spent, out
 
         count = min(sample, con.execute("SELECT count(*) FROM entries").fetchone()[0])
+        con.execute("SET threads = 1")
+        con.execute(f"SET memory_limit = '{STREAM_MEMORY}'")
 
         def read() -> list[list[tuple]]:
-            chunks = []
-            for low in range(1, count + 1, RANGE):
-                cursor = con.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq BETWEEN ? AND ? ORDER BY seq",
-                                     [low, min(low + RANGE - 1, count)])
-                while rows := cursor.fetchmany(2_500):
-                    chunks.append(rows)
+            chunks, left = [], count
+            cursor = con.execute(f"SELECT {_COLUMNS} FROM entries")
+            while left and (rows := cursor.fetchmany(min(2_500, left))):
+                chunks.append(rows)
+                left -= len(rows)
             return chunks
 
         def scan() -> None:
             checker = _Scan(public, key_id(public), {}, acc=MerkleAccumulator())
             for chunk in chunks:
-                for row in chunk:
-                    checker.row(row)
+                checker.rows(chunk)
             assert checker.failure is None and checker.count == count, checker.failure
 
         def signatures() -> None:
@@ -145,7 +154,7 @@ def breakdown(home: Home, sample: int) -> float:
 
         print(f"where the time goes (first {count:,} entries, CPU):")
         spent = []
-        cost, chunks = part("DuckDB rows, 10 columns, seq ranges sorted", read)
+        cost, chunks = part("DuckDB rows, 10 columns, as stored", read)
         spent.append(cost)
         spent.append(part("seq, link, hash, key id, Merkle (this process)", scan)[0])
         cost, batches = part("signature items (this process)", lambda: [_batch(c) for c in chunks])
@@ -159,27 +168,62 @@ def breakdown(home: Home, sample: int) -> float:
         con.close()
 
 
-def whole_command(home_dir: str, entries: int, repeat: int) -> None:
-    """The CLI as a fresh process: best wall time of ``repeat``, its CPU with its workers', peak RSS."""
+#: Runs ``audit verify`` and reports its wall time, CPU (with its workers') and peak RSS: a process
+#: of its own, so that the peak is the command's (a child of a large process may count its parent's pages).
+_RUNNER = """
+import json, os, resource, subprocess, sys, time
+t = time.perf_counter()
+out = subprocess.run([sys.executable, "-m", "apollia_nb", "audit", "verify", "--home", sys.argv[1]],
+                     capture_output=True, text=True)
+wall = time.perf_counter() - t
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command waited for its workers
+import apollia_nb
+print(json.dumps({"ok": out.returncode == 0, "out": out.stdout + out.stderr, "wall": wall,
+                  "cpu": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024,
+                  "load": os.getloadavg()[0], "tree": apollia_nb.__file__}))
+"""
+
+
+def _command(home_dir: str, tree: str | None) -> dict:
+    """One ``audit verify`` of ``home_dir`` with this tree's package, or ``tree``'s."""
+    import json
+    from pathlib import Path
+
+    root = tree or str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    out = subprocess.run([sys.executable, "-c", _RUNNER, home_dir], capture_output=True, text=True, env=env,
+                         cwd=tempfile.gettempdir(), check=True)
+    result = json.loads(out.stdout)
+    assert result["ok"], result["out"]
+    assert Path(result["tree"]).resolve().is_relative_to(Path(root).resolve()), result["tree"]
+    return result
+
+
+def whole_command(home_dir: str, entries: int, repeat: int, baseline: str | None = None) -> None:
+    """The CLI as a fresh process, ``repeat`` times (alternating with ``baseline``'s when given):
+    median CPU with its workers', best wall time, peak RSS; with a baseline, the ratios."""
+    import statistics
+
     if repeat < 1:
         return
-    best = None
-    for _ in range(repeat):
-        load = os.getloadavg()[0]
-        _, c0 = _cpu()
-        t = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "apollia_nb", "audit", "verify", "--home", home_dir],
-                             capture_output=True, text=True)
-        wall = time.perf_counter() - t
-        _, c1 = _cpu()  # the command waited for its workers, so their CPU is counted in its own
-        assert out.returncode == 0, out.stdout + out.stderr
-        if best is None or wall < best[0]:
-            best = (wall, c1 - c0, load)
-    wall, cpu, load = best
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest process waited for
-    print(f"apollia-os audit verify (fresh process)    : {entries / wall:9,.0f} entries/s, {wall:.1f} s wall at "
-          f"load average {load:.2f}; CPU {cpu:.1f} s (with its workers) -> {entries / (cpu / 2):,.0f} entries/s "
-          f"on 2 idle cores; peak RSS {peak:.0f} MB")
+    trees = [("this tree", None)] + ([(f"baseline {baseline}", baseline)] if baseline else [])
+    runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
+    for i in range(repeat):
+        for label, tree in trees if i % 2 == 0 else trees[::-1]:
+            runs[label].append(_command(home_dir, tree))
+    medians = {}
+    for label, results in runs.items():
+        cpu = statistics.median(r["cpu"] for r in results)
+        wall = min(r["wall"] for r in results)
+        peak = max(r["rss_mb"] for r in results)
+        load = statistics.mean(r["load"] for r in results)
+        medians[label] = (cpu, peak)
+        print(f"apollia-os audit verify, {label:<16}: {entries / wall:9,.0f} entries/s, {wall:.1f} s wall "
+              f"(best of {len(results)}) at load average {load:.2f}; CPU {cpu:.2f} s (median, with its workers) "
+              f"-> {entries / (cpu / 2):,.0f} entries/s on 2 idle cores; peak RSS {peak:.0f} MB")
+    if baseline:
+        (cpu, peak), (cpu0, peak0) = medians.values()
+        print(f"this tree / baseline: CPU {cpu / cpu0:.3f}, peak RSS {peak / peak0:.3f}")
 
 
 def _cpu() -> tuple[float, float]:
@@ -194,6 +238,7 @@ def main() -> None:
     parser.add_argument("--home", help="an existing home to verify instead (a copy: verification only reads it)")
     parser.add_argument("--repeat", type=int, default=3, help="best of N for each verify figure")
     parser.add_argument("--sample", type=int, default=100_000, help="entries the time is broken down over")
+    parser.add_argument("--baseline", help="another checkout whose `audit verify` is measured in the same run")
     args = parser.parse_args()
 
     for label, rate in raw_rates(20_000).items():
@@ -206,7 +251,7 @@ def main() -> None:
         n = con.execute("SELECT count(*) FROM entries").fetchone()[0]
         con.close()
         breakdown(home, args.sample)
-        whole_command(args.home, n, args.repeat)
+        whole_command(args.home, n, args.repeat, args.baseline)
         print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
         return
 
@@ -236,7 +281,7 @@ def main() -> None:
             print(f"verify_home, {label:<19}     : {best:9,.0f} entries/s; "
                   f"CPU {main_cpu:.2f} s here + {worker_cpu:.2f} s in workers "
                   f"-> {bound:,.0f} entries/s on 2 idle cores")
-        whole_command(d, n, args.repeat)
+        whole_command(d, n, args.repeat, args.baseline)
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
 
 

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from apollia_nb.dbutil import limit_memory
+from apollia_nb.dbutil import MEMORY_LIMIT, limit_memory
 from apollia_nb.errors import BadInput, IntegrityError, NotFound
+from apollia_nb.journal.bundle import BUNDLE_FILES, read_bundle_key, read_bundle_meta
 from apollia_nb.journal.checkpoint import Checkpoint, NoteVerifier, open_checkpoint
 from apollia_nb.journal.entry import GENESIS_HASH, entry_hash
 from apollia_nb.journal.merkle import EMPTY_ROOT, MerkleAccumulator, leaf_hash
@@ -69,6 +70,9 @@ CHUNK = 2_500
 INFLIGHT = 4
 #: Rows per seq range read from DuckDB (each range is sorted on its own, so the sort stays small).
 RANGE = 50_000
+#: DuckDB's memory while a closed ``journal.db`` is read as stored (no sort: only the blocks
+#: being read are held, and its cache of blocks read before stays this small).
+STREAM_MEMORY = "8MB"
 
 _COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id"
 
@@ -517,6 +521,49 @@ class _Scan:
     def fail(self, seq: int | None, problem: str) -> None:
         self.failure = _Failure(seq, problem)
 
+    def rows(self, chunk: Sequence[Sequence[Any]]) -> None:
+        """Check a chunk's rows in order, as :meth:`row` checks each, up to the first that fails.
+
+        Rows as DuckDB returns them (a tuple of ten, ``seq`` an int, ``payload``, ``prev_hash``
+        and ``hash`` bytes) that pass are checked in this one loop, their leaves added to the
+        Merkle tree together; any other row goes through :meth:`row`, which says what is wrong."""
+        key_id, targets, acc = self.key_id, self.targets, self.acc
+        leaves: list[bytes] = []
+        expected, prev = self.count + 1, self.prev
+        for r in chunk:
+            if type(r) is tuple and len(r) == 10:
+                seq, ts, run_id, agent, kind, payload, prev_hash, digest, _sig, kid = r
+                if (type(seq) is int and seq == expected and type(prev_hash) is bytes and prev_hash == prev
+                        and type(digest) is bytes and type(payload) is bytes and kid == key_id):
+                    try:
+                        computed = entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
+                    except Exception:  # noqa: BLE001 - row() checks it again and says what is wrong
+                        computed = None
+                    if computed == digest:
+                        prev, expected = digest, seq + 1
+                        if kind == "home_repaired":
+                            self._loss(seq, payload)
+                        if acc is not None:
+                            leaves.append(leaf_hash(digest))
+                            if seq in targets:
+                                self.count, self.prev = seq, prev
+                                acc.extend(leaves)
+                                leaves.clear()
+                                for target in targets[seq]:
+                                    self._check_root(target)
+                        continue
+            self.count, self.prev = expected - 1, prev
+            if acc is not None:
+                acc.extend(leaves)
+                leaves.clear()
+            self.row(r)
+            if self.failure is not None:
+                return
+            expected, prev = self.count + 1, self.prev
+        self.count, self.prev = expected - 1, prev
+        if acc is not None:
+            acc.extend(leaves)
+
     def row(self, row: Sequence[Any]) -> None:
         """Check one row's sequence, link, hash and key id, and feed the Merkle tree."""
         expected = self.count + 1
@@ -657,10 +704,7 @@ def verify_rows(
                 bad = _first_bad_signature(public_key, batch)
                 if bad is not None:
                     scan.bad_signature_seqs.append(bad)
-            for row in chunk:
-                scan.row(row)
-                if scan.failure is not None:
-                    break
+            scan.rows(chunk)
             if scan.failure is not None or scan.bad_signature_seqs:
                 break
         for worker in pool:
@@ -748,7 +792,20 @@ def _verify_connection(
     origin: str,
     external: str | None,
     workers: int,
+    memory: tuple[str, str] | None = None,
 ) -> VerifyReport:
+    """Verify ``entries`` from one snapshot: first as the rows are stored, then, unless that
+    verified, in seq order.
+
+    A journal's rows are stored in seq order, so one scan without a sort reads them in it,
+    a block at a time. When that pass verifies, its rows ran 1, 2, 3, … once each: the rows
+    in seq order are those same rows, and the report is the one they give. Anything else (a
+    failure, rows stored out of order, DuckDB short of memory) is decided by reading in seq
+    ranges, as before, so the verdict and the entry it names are always those of the seq
+    order. ``memory``: DuckDB's memory limit for each pass (set only on a connection of
+    the verifier's own)."""
+    import duckdb
+
     con.begin()
     try:
         total, high = con.execute(f"SELECT count(*), coalesce(max(seq), 0) FROM {entries}").fetchone()
@@ -757,15 +814,28 @@ def _verify_connection(
              con.execute(f"SELECT size, root, note FROM {checkpoints} ORDER BY size").fetchall()]
             if checkpoints else []
         )
-        return verify_rows(
-            _ranged_chunks(con, entries, int(high)),
-            public_key=public_key,
-            origin=origin,
-            checkpoints=stored,
-            external=external,
-            total=total,
-            workers=workers,
-        )
+
+        def verify(chunks: Iterable[Sequence[Sequence[Any]]]) -> VerifyReport:
+            return verify_rows(chunks, public_key=public_key, origin=origin, checkpoints=stored,
+                               external=external, total=total, workers=workers)
+
+        if memory is not None:
+            limit_memory(con, memory[0])
+        try:
+            report = verify(_chunks(con.execute(f"SELECT {_COLUMNS} FROM {entries}")))
+        except duckdb.OutOfMemoryException:
+            if memory is None:
+                raise
+            # A row larger than the first pass's limit. The file is read-only here, so a new
+            # snapshot of it is the same one.
+            con.rollback()
+            con.begin()
+            report = None
+        if report is None or not report.ok:
+            if memory is not None:
+                limit_memory(con, memory[1])
+            report = verify(_ranged_chunks(con, entries, int(high)))
+        return report
     finally:
         con.commit()
 
@@ -795,9 +865,10 @@ def verify_file(
             tail = read_with_tail(con, Path(path))
         except IntegrityError as exc:
             return VerifyReport(False, 0, None, exc.message, 0)
+        con.execute("SET threads = 1")  # one reader: this process hashes, its workers check signatures
         report = _verify_connection(
             con, entries=tail.expression, checkpoints="checkpoints", public_key=public_key,
-            origin=row[0], external=external, workers=workers,
+            origin=row[0], external=external, workers=workers, memory=(STREAM_MEMORY, MEMORY_LIMIT),
         )
         if tail.cut is None:
             return report
@@ -849,8 +920,6 @@ def verify_journal(journal: JournalFace, checkpoint: str | None = None, *, worke
 def verify_bundle(directory: Path, *, external: str | None = None, workers: int = 2) -> VerifyReport:
     """Verify an exported bundle (``entries.parquet``, ``checkpoints.parquet``, ``journal.vkey``)."""
     import duckdb
-
-    from apollia_nb.journal.export import BUNDLE_FILES, read_bundle_key, read_bundle_meta
 
     directory = Path(directory)
     for name in (BUNDLE_FILES["entries"], BUNDLE_FILES["vkey"]):
@@ -917,8 +986,6 @@ def cosigned_rows_of_file(path: Path) -> tuple[list[tuple[int, bytes, str]], lis
 def cosigned_rows_of_bundle(directory: Path) -> tuple[list[tuple[int, bytes, str]], list[tuple[int, str]]]:
     """As :func:`cosigned_rows_of_file`, from a bundle's ``checkpoints.parquet`` and ``cosignatures.parquet``."""
     import duckdb
-
-    from apollia_nb.journal.export import BUNDLE_FILES
 
     directory = Path(directory)
     con = duckdb.connect(":memory:")
