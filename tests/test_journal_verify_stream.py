@@ -220,3 +220,22 @@ def test_audit_verify_peak_memory_does_not_grow_with_the_journal(tmp_path):
     assert 10_000 >= verify_module.PARALLEL_MIN
     small_mb, large_mb = _peak_rss_mb(small), _peak_rss_mb(large)
     assert large_mb <= 1.2 * small_mb, (small_mb, large_mb)
+
+
+def test_a_merkle_accumulator_extended_by_many_leaves_is_the_one_appended_one_by_one():
+    from apollia_nb.errors import BadInput
+    from apollia_nb.journal.merkle import MerkleAccumulator, leaf_hash, root
+
+    leaves = [leaf_hash(bytes([i % 256]) * 32) for i in range(1, 301)]
+    for cut in (0, 1, 7, 128, 255, 300):
+        one_by_one, extended = MerkleAccumulator(), MerkleAccumulator()
+        for leaf in leaves[:cut]:
+            one_by_one.append(leaf)
+        extended.extend(leaves[:min(5, cut)])
+        extended.extend(leaves[min(5, cut):cut])
+        assert (extended.size, extended.hashes, extended.root()) == (cut, one_by_one.hashes, root(leaves[:cut]))
+    acc = MerkleAccumulator.from_leaf_hashes(leaves[:3])
+    for bad in ([leaves[3], b"short"], [leaves[3], bytearray(32)], [None]):
+        with pytest.raises(BadInput):
+            acc.extend(bad)  # type: ignore[arg-type]
+        assert (acc.size, acc.root()) == (3, root(leaves[:3]))  # nothing added
