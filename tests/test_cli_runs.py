@@ -45,8 +45,9 @@ def test_run_prints_its_run_id_and_runs_list_shows_agent_status_start_and_entrie
     assert all(r["started_at"].endswith("Z") and r["entries"] > 3 for r in runs)
     assert runs[0]["finished_at"] is not None and runs[1]["finished_at"] is None
     text = run_cli("runs", "list", home=home.path).stdout.splitlines()
-    assert len(text) == 2 and text[0].split()[:4] == [first, "clerk", "task", "completed"]
-    assert text[0].endswith(f"{runs[0]['entries']} entries")
+    assert text[0].split() == ["RUN", "AGENT", "KIND", "STATUS", "STARTED", "ENTRIES"]  # the header
+    assert len(text) == 3 and text[1].split()[:4] == [first, "clerk", "task", "completed"]
+    assert text[1].endswith(f"{runs[0]['entries']} entries")
 
 
 def test_runs_list_on_a_home_without_a_journal_yet_says_so(tmp_path):

@@ -262,3 +262,127 @@ def test_the_cli_names_the_scripted_typo(home, tmp_path, capsys):
     assert main(["agents", "register", str(path), "--home", str(home.path)]) != 0
     err = capsys.readouterr().err
     assert "MANIFEST_INVALID" in err and f"{path}:9:" in err and "did you mean read_file?" in err
+
+
+# --- the CLI's and the API's messages ---------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_unknown_agent_lists_the_registered_ones_or_says_how_to_register(home):
+    from apollia_nb.errors import UnknownAgent
+
+    async with Runtime(home) as rt:
+        with pytest.raises(UnknownAgent) as info:
+            await rt.submit("clerk", "Write")
+        assert info.value.code == "UNKNOWN_AGENT" and "no agent is registered" in info.value.message
+        assert "apollia-os agents register FILE" in info.value.message and "%%apollia agent" in info.value.message
+        await rt.register_agent(manifest("writer"))
+        await rt.register_agent(manifest("reader"))
+        await rt.stop_agent("reader")
+        with pytest.raises(UnknownAgent) as info:
+            await rt.submit("writr", "Write")
+        message = info.value.message
+        assert "did you mean writer?" in message and "reader (stopped)" in message and "writer (active)" in message
+        with pytest.raises(UnknownAgent) as info:
+            rt.sessions.open("nobody")
+        assert "the registered agents are reader (stopped), writer (active)" in info.value.message
+
+
+def test_unknown_agent_from_the_cli_and_rest(home, server):
+    ran = run_cli("run", "clerk", "Write", "--unattended", home=home)
+    assert ran.returncode != 0 and "UNKNOWN_AGENT" in ran.stderr and "no agent is registered" in ran.stderr
+    with httpx.Client(base_url=server.url + "/api/v1", headers={"Authorization": f"Bearer {TOKEN}"}) as api:
+        api.post("/agents", json={"manifest": manifest("writer")})
+        missing = api.get("/agents/clerk")
+        assert missing.status_code == 404 and missing.json()["code"] == "UNKNOWN_AGENT"
+        assert "writer (active)" in missing.json()["message"]
+
+
+def _two_waiting_tasks(home, tmp_path) -> list[dict]:
+    path = tmp_path / "clerk.toml"
+    path.write_text(manifest(actor=WRITE))
+    assert run_cli("agents", "register", str(path), home=home).returncode == 0
+    long_goal = "Write out.txt with the summary of the quarter " + "and more " * 20
+    tasks = [json.loads(run_cli("run", "clerk", goal, "--unattended", "--json", home=home).stdout)
+             for goal in ("Write out.txt for Alice", long_goal)]
+    assert [t["status"] for t in tasks] == ["waiting", "waiting"]
+    return tasks
+
+
+def test_pending_list_tells_the_tasks_apart_by_id_and_goal(home, tmp_path):
+    first, second = _two_waiting_tasks(home, tmp_path)
+    listed = run_cli("pending", "list", home=home)
+    assert listed.returncode == 0, listed.stderr
+    heads = [line for line in listed.stdout.splitlines() if line.startswith("pd-")]
+    assert len(heads) == 2 and heads[0] != heads[1]
+    assert f'task {first["id"]}: "Write out.txt for Alice"' in heads[0]
+    assert f'task {second["id"]}: "Write out.txt with the summary of the quarter and' in heads[1]
+    assert heads[1].endswith('…"') and len(heads[1].split('"')[1]) <= 60  # the goal, cut
+    assert "clerk wants to call write_file (write)" in listed.stdout
+    as_json = json.loads(run_cli("pending", "list", "--json", home=home).stdout)
+    assert set(as_json[0]) >= {"id", "task_id", "tool", "arguments"} and "goal" not in as_json[0]  # unchanged
+
+
+def test_pending_list_shows_the_goals_on_a_served_home_too(home, tmp_path):
+    first, second = _two_waiting_tasks(home, tmp_path)
+    owner = run_cli("pending", "list", home=home).stdout
+    with ServerThread(home, token=TOKEN):
+        served = run_cli("pending", "list", home=home)
+    assert served.returncode == 0, served.stderr
+    assert served.stdout == owner and f'task {first["id"]}: "Write out.txt for Alice"' in served.stdout
+
+
+def test_runs_list_has_a_header_and_json_is_unchanged(home, tmp_path):
+    _two_waiting_tasks(home, tmp_path)
+    text = run_cli("runs", "list", home=home).stdout.splitlines()
+    assert text[0].split() == ["RUN", "AGENT", "KIND", "STATUS", "STARTED", "ENTRIES"] and len(text) == 3
+    runs = json.loads(run_cli("runs", "list", "--json", home=home).stdout)
+    assert isinstance(runs, list) and len(runs) == 2 and "RUN" not in json.dumps(runs)
+
+
+def test_a_401_says_where_the_token_is_and_never_shows_it(server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.get(server.url + "/api/v1/agents", headers=headers)
+        assert r.status_code == 401 and r.json()["code"] == "UNAUTHORIZED"
+        message = r.json()["message"]
+        assert "server.json" in message and "--token" in message and "apollia-os serve --print-token" in message
+        assert TOKEN not in message and str(server.info.pid) not in message
+
+
+def test_serve_says_what_it_leaves_for_its_next_start_when_stopped(home, tmp_path):
+    import signal
+
+    env = {**os.environ, "APOLLIA_HOME": str(home.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().startswith("apollia-os serve: listening on")
+        client = Client.from_home(home.path)
+        client.register_agent(manifest(actor=WRITE, workspace=str(tmp_path / "work")))
+        submitted = client.submit("clerk", "Write out.txt")
+        assert client.wait(submitted.id, until="settled").status == "waiting"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "apollia-os serve: stopped; 1 run suspended, waiting on a person" in err
+    assert "resumes when its decision is answered, after `apollia-os serve` starts again" in err
+
+    again = subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    assert again.stdout.readline().startswith("apollia-os serve: listening on")
+    again.send_signal(signal.SIGTERM)
+    _, err = again.communicate(timeout=60)
+    assert "stopped; 1 run suspended" in err  # still there, still waiting
+
+
+def test_serve_with_nothing_in_progress_says_so(home, tmp_path):
+    import signal
+
+    env = {**os.environ, "APOLLIA_HOME": str(home.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    assert proc.stdout.readline().startswith("apollia-os serve: listening on")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "apollia-os serve: stopped; no run was in progress" in err

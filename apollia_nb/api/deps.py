@@ -31,6 +31,7 @@ __all__ = [
     "ITEM_SCHEMA",
     "STATUS_WORDS",
     "STORAGE_STATUSES",
+    "TOKEN_REQUIRED",
     "authorize",
     "bearer",
     "closing",
@@ -124,9 +125,18 @@ def token_matches(request: Request, credentials: HTTPAuthorizationCredentials | 
     return credentials is not None and hmac.compare_digest(given, request.app.state.token)
 
 
+#: What a 401 says: where the token is and how to send it (never the token, nor the home's path).
+TOKEN_REQUIRED = (
+    "a valid bearer token is required (Authorization: Bearer <token>); the token is the one "
+    "`apollia-os serve` was started with (`--token`, else $APOLLIA_TOKEN, else generated): it is in "
+    "`server.json` in the served home (\"token\", readable by its owner only), and "
+    "`apollia-os serve --print-token` prints it when the server starts"
+)
+
+
 async def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
     if not token_matches(request, credentials):
-        raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+        raise Unauthorized(TOKEN_REQUIRED)
 
 
 async def idempotency_key(

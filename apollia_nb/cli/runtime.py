@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     asub = agents.add_subparsers(dest="agents_command", metavar="ACTION", required=True)
     a = asub.add_parser("list", parents=[common], help="registered agents and their states")
     a.set_defaults(handler=_agents_list)
-    a = asub.add_parser("register", parents=[common], help="register an agent from a TOML manifest")
+    a = asub.add_parser("register", parents=[common], help="register an agent from a TOML manifest (in place of an idle one of that name)")
     a.add_argument("file", type=Path)
     keep = a.add_mutually_exclusive_group()
     keep.add_argument("--keep-consents", dest="keep_consents", action="store_true", default=None,
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
     pending = sub.add_parser("pending", help="decisions waiting for a person")
     psub = pending.add_subparsers(dest="pending_command", metavar="ACTION", required=True)
-    a = psub.add_parser("list", parents=[common], help="waiting decisions, oldest first")
+    a = psub.add_parser("list", parents=[common], help="waiting decisions, oldest first, each with its task and goal")
     a.set_defaults(handler=_pending_list)
     a = psub.add_parser("decide", parents=[common], help="answer a waiting decision; its run resumes")
     a.add_argument("id")
@@ -323,14 +323,33 @@ def _runs_list(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with _open(args, client_ok=True) as rt:  # the journal's runs: the same through the server
             runs = list_runs(rt.journal)
-        text = "\n".join(
-            f"{r['run_id']:<18} {r['agent'] or '-':<16} {r['kind'] or '-':<6} {r['status']:<10} "
-            f"{r['started_at']}  {r['entries']} entries" for r in runs
-        ) or "no runs yet"
-        emit(args, runs, text)
+        emit(args, runs, _runs_text(runs))
         return 0
 
     return anyio.run(main)
+
+
+def _runs_text(runs: list[dict[str, Any]]) -> str:
+    """One line a run under a header naming the columns (``--json`` gives the rows as they are)."""
+    if not runs:
+        return "no runs yet"
+    row = "{:<18} {:<16} {:<6} {:<10} {:<24}  {}"
+    return "\n".join([row.format("RUN", "AGENT", "KIND", "STATUS", "STARTED", "ENTRIES"), *(
+        row.format(r["run_id"], r["agent"] or "-", r["kind"] or "-", r["status"], r["started_at"] or "-",
+                   f"{r['entries']} entries") for r in runs)])
+
+
+#: How much of a task's goal a listing shows (its first line, cut here).
+GOAL_SHOWN = 60
+
+
+def _short(text: str, limit: int = GOAL_SHOWN) -> str:
+    """The first line of ``text``, ended with "…" when something was left out."""
+    lines = text.strip().splitlines()
+    first = lines[0] if lines else ""
+    if len(first) > limit or len(lines) > 1:
+        return first[: limit - 1].rstrip() + "…"
+    return first
 
 
 def _pending_list(args: argparse.Namespace) -> int:
@@ -339,11 +358,48 @@ def _pending_list(args: argparse.Namespace) -> int:
     async def main() -> int:
         async with _open(args, client_ok=True) as rt:
             items = rt.pending_decisions()
-        text = "\n".join(f"{p['id']}  {p['created_at']}  {_card_text(p)}" for p in items) or "nothing is waiting"
+            goals = _goals(rt, {p["task_id"] for p in items if p.get("task_id")})
+        text = "\n".join(_pending_text(p, goals) for p in items) or "nothing is waiting"
         emit(args, items, text)
         return 0
 
     return anyio.run(main)
+
+
+def _pending_text(p: dict[str, Any], goals: dict[str, str]) -> str:
+    """A waiting decision: its id and age, whose it is (the task and its goal, else its run), then the card."""
+    task_id = p.get("task_id")
+    if task_id:
+        goal = goals.get(task_id)
+        whose = f"task {task_id}" + (f': "{_short(goal)}"' if goal else "")
+    else:
+        whose = f"run {p['run_id']}"
+    card = _card_text(p).replace("\n", "\n  ")
+    return f"{p['id']}  {p['created_at']}  {whose}\n  {card}"
+
+
+def _goals(rt: Any, task_ids: set[str]) -> dict[str, str]:
+    """The goal of each task, from ``runtime.db`` (or from the server that owns the home)."""
+    from apollia_nb.errors import ApolliaError
+
+    goals: dict[str, str] = {}
+    api = None
+    if rt.mode == "client":
+        from apollia_nb.runtime.remote import ServerApi
+
+        api = ServerApi(rt.server, home=rt.home)
+    try:
+        for task_id in sorted(task_ids):
+            try:
+                record = api("task", task_id) if api is not None else rt.records.task(task_id)
+            except ApolliaError:  # a task the server no longer knows: the line shows its id alone
+                record = None
+            if record and isinstance(record.get("goal"), str):
+                goals[task_id] = record["goal"]
+    finally:
+        if api is not None:
+            api.close()
+    return goals
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -6,7 +6,9 @@ each ``--allowed-host``; browser pages only from the server's own origin and
 each ``--cors-origin``. The token comes from ``--token``, else
 ``$APOLLIA_TOKEN``, else is generated; it is written to ``<home>/server.json``
 (mode 0600) and printed only with ``--print-token``. FastAPI and uvicorn are
-imported when the command runs, not when the CLI starts.
+imported when the command runs, not when the CLI starts. Once stopped (Ctrl+C,
+SIGTERM), it says on stderr what it leaves for the next start: the runs
+suspended on a person, those not started yet, those cut short while running.
 """
 
 from __future__ import annotations
@@ -48,7 +50,51 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"apollia-os serve: listening on {info.url}{tail} (pid {info.pid}; stop with Ctrl+C)")
         sys.stdout.flush()
 
+    listened: list[ServerInfo] = []
+
+    def told(info: ServerInfo) -> None:
+        listened.append(info)
+        listening(info)
+
     run(args.home, host=args.host, port=args.port, token=args.token, allow_remote=args.allow_remote,
-        allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes, on_listening=listening,
+        allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes, on_listening=told,
         log_level=args.log_level)
+    if listened:
+        print(f"apollia-os serve: stopped; {left_for_next_start(args.home)}", file=sys.stderr)
     return 0
+
+
+def left_for_next_start(home: object) -> str:
+    """What the stopped server left in the home's ``runtime.db`` for its next start, in words."""
+    from apollia_nb.errors import ApolliaError
+    from apollia_nb.home import Home
+    from apollia_nb.runtime.records import open_records
+
+    try:
+        the_home = Home.at(home, create=False)  # type: ignore[arg-type]
+        if not the_home.runtime_db.exists():
+            return "no run was in progress"
+        records = open_records(the_home)
+        try:
+            unfinished = records.tasks(unfinished=True)
+        finally:
+            records.close()
+    except (ApolliaError, OSError) as exc:  # the home went elsewhere meanwhile: say what is known
+        return f"the runs in progress could not be counted ({getattr(exc, 'message', exc)})"
+    suspended = [t for t in unfinished if t["status"] == "waiting" and not t.get("watched", True)]
+    queued = [t for t in unfinished if t["status"] == "pending" and not t.get("watched", True)]
+    cut = [t for t in unfinished if t not in suspended and t not in queued]
+    parts = []
+    if suspended:
+        parts.append(f"{_runs(len(suspended))} suspended, waiting on a person: each resumes when its decision is "
+                     "answered, after `apollia-os serve` starts again on this home (`apollia-os pending list`)")
+    if queued:
+        parts.append(f"{_runs(len(queued))} not started yet: they start when `apollia-os serve` starts again")
+    if cut:
+        parts.append(f"{_runs(len(cut))} cut short while running (or waiting on a person who watched): the next "
+                     "start records them failed INTERRUPTED, with what their journal holds")
+    return "; ".join(parts) if parts else "no run was in progress"
+
+
+def _runs(count: int) -> str:
+    return f"{count} run" if count == 1 else f"{count} runs"

@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import json
 import datetime as _dt
+import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import anyio
 
@@ -85,6 +86,16 @@ def _utc_iso(ts: float) -> str:
 #: Finished tasks kept in memory, most recent last, so a read right after the end needs no query.
 #: Older ones are read back from ``runtime.db``: memory does not grow with the tasks a runtime ran.
 FINISHED_KEPT = 256
+
+
+class _Ask(NamedTuple):
+    """An answer given to a waiting decision, to record (``Runtime._record_answers``)."""
+
+    decision_id: str
+    answer: str
+    by: str
+    reason: str | None
+    values: dict[str, Any] | None
 
 
 class _Finished:
@@ -248,6 +259,11 @@ class Runtime:
         #: Answers journaled that governance.db did not store (a storage fault between the two), by decision:
         #: the journal is the record, so answering one again stores it and never journals a second answer.
         self._unstored_answers: dict[str, dict[str, Any]] = {}
+        # Answers are recorded one group at a time (``_record_answers``), from the loop or from a thread.
+        self._answers_lock = threading.RLock()
+        self._asks: list[tuple[_Ask, asyncio.Future[dict[str, Any]]]] = []  # ``answer_async``: not yet taken
+        self._asked: set[str] = set()  # decisions of the group being recorded off the loop
+        self._asks_idle: anyio.Event | None = None  # set when that group is delivered
         self._batches: dict[str, Any] = {}  # runtime/batch.py: this process's batches
         self._events: dict[str, anyio.Event] = {}
         self._recovered: list[TaskRun] = []  # runs a restart started or resumed (drained on close)
@@ -765,7 +781,20 @@ class Runtime:
         try:
             return self._agents[name]
         except KeyError:
-            raise UnknownAgent(f"no agent named {name!r}") from None
+            raise UnknownAgent(f"no agent named {name!r}: {self._registered_names(name)}") from None
+
+    def _registered_names(self, asked: Any) -> str:
+        """The agents registered here, for an ``UNKNOWN_AGENT`` message (or how to register one)."""
+        import difflib
+
+        if not self._agents:
+            return ("no agent is registered; register one from its TOML manifest with `apollia-os agents register "
+                    "FILE`, a `%%apollia agent` cell, POST /api/v1/agents or Runtime.register_agent")
+        names = sorted(self._agents)
+        shown = ", ".join(f"{n} ({self._agents[n].state.state.value})" for n in names[:20])
+        more = f" and {len(names) - 20} more" if len(names) > 20 else ""
+        close = difflib.get_close_matches(asked, names, n=1) if isinstance(asked, str) else []
+        return (f"did you mean {close[0]}? " if close else "") + f"the registered agents are {shown}{more}"
 
     async def stop_agent(self, name: str, *, drain: bool = True) -> Agent:
         """``stopping`` → drain in-flight runs up to ``drain_timeout_secs`` → cancel the rest → ``stopped``."""
@@ -936,6 +965,7 @@ class Runtime:
         return [TaskHandle(self, run.id, run) for run in runs]
 
     async def cancel(self, task_id: str) -> TaskHandle:
+        await self._answers_delivered()  # an answer being recorded reaches its card first
         handle = self.task(task_id)
         run = handle._run
         if run.status in ("completed", "failed", "cancelled"):
@@ -1040,58 +1070,178 @@ class Runtime:
                 faults.point("answer.before_resume")
                 self._spawn(run)
 
+    async def answer_async(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
+                           values: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``answer`` for an event loop that serves many people at once (the REST API).
+
+        The answer is recorded off the loop, and answers given while a group is being recorded
+        form the next group: one read of their decisions, one journal commit of their ``answer``
+        entries, one governance.db commit storing them (``_record_answers``). Each is acknowledged
+        as ``answer`` acknowledges one: once journaled and stored; its run then resumes. Once
+        queued, an answer is recorded whatever happens to the request that gave it."""
+        if self.mode == "client":
+            return self.answer(decision_id, answer, by=by, reason=reason, values=values)
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._asks.append((_Ask(decision_id, answer, by, reason, values), done))
+        if self._asks_idle is None:  # nobody records a group now: this request does, until none is left
+            with anyio.CancelScope(shield=True):
+                await self._record_asks()
+        answered = await done
+        card = self._cards.get(decision_id)
+        return {**answered, "hints": answered.get("hints", card.hints if card is not None else None)}
+
+    async def _record_asks(self) -> None:
+        idle = self._asks_idle = anyio.Event()
+        try:
+            while self._asks:
+                group, self._asks = self._asks, []
+                self._asked = {ask.decision_id for ask, _ in group}
+                try:
+                    results: list[Any] = await anyio.to_thread.run_sync(
+                        self._record_answers, [ask for ask, _ in group])
+                except BaseException as exc:  # noqa: BLE001 - every waiter hears it
+                    results = [exc] * len(group)
+                for (ask, done), result in zip(group, results):
+                    if not isinstance(result, BaseException):
+                        try:
+                            self._deliver_answer(result, ask.values)
+                        except Exception as exc:  # noqa: BLE001 - recorded; its waiter hears why it did not resume
+                            result = exc
+                    if done.done():
+                        continue
+                    if isinstance(result, BaseException):
+                        done.set_exception(result)
+                    else:
+                        done.set_result(result)
+                self._asked = set()
+        finally:
+            self._asked, self._asks_idle = set(), None
+            idle.set()
+
+    async def _answers_delivered(self) -> None:
+        """Until the group of answers being recorded off the loop (if any) has reached its cards."""
+        idle = self._asks_idle
+        if idle is not None:
+            with anyio.CancelScope(shield=True):
+                await idle.wait()
+
     def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None,
                        values: dict[str, Any] | None = None) -> dict[str, Any]:
         """Validate, journal (before the effect), store, and apply ``always``."""
-        from apollia_nb.federation.mcp_requests import check_form_values
-
         if self.mode == "client":  # the server records it, in one step (docs/shared-home.md)
             if values is not None:
                 raise BadAnswer("a server's question is answered in the process that runs its call")
             return self._remote.governance.record_answer(decision_id, answer, by=by, reason=reason)
-        pending = self.governance.get_pending(decision_id)
-        if pending.status != "pending":
-            self._unstored_answers.pop(decision_id, None)
-            raise Conflict(f"decision {decision_id} was already answered ({pending.answer} by {pending.answered_by})")
-        journaled = self._unstored_answers.get(decision_id)
-        if journaled is not None:  # answered once already (in the journal): stored now, never journaled again
-            if answer != journaled["answer"]:
-                raise Conflict(f"decision {decision_id} was already answered ({journaled['answer']} by "
-                               f"{journaled['answered_by']}); that answer is journaled, not yet stored")
-            return self._store_answer(pending, journaled)
-        if answer not in [a.value for a in pending.answers]:
-            offered = ", ".join(a.value for a in pending.answers)
-            raise BadAnswer(f"{answer!r} is not on offer for {decision_id}; answers: {offered}")
-        shown: dict[str, Any] = {}
-        card = self._cards.get(decision_id)
-        if card is not None and card.request == QUESTION and answer == "once":  # a server's question, as asked
-            values = check_form_values(card.arguments, values)
-            shown = {"values": card.shown_values(values)} if values is not None else {}
-        elif values is not None:
-            raise BadAnswer(f"values answer a server's question; {decision_id} asks about {pending.tool}")
-        payload = {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer, "answered_by": by,
-                   **({"reason": reason} if reason else {}), **shown}
-        self.journal.append("answer", payload, run_id=pending.run_id, agent=pending.agent)
-        self._unstored_answers[decision_id] = payload
-        return self._store_answer(pending, payload)
+        (result,) = self._record_answers([_Ask(decision_id, answer, by, reason, values)])
+        if isinstance(result, BaseException):
+            raise result
+        return result  # type: ignore[no-any-return]
 
-    def _store_answer(self, pending: Any, journaled: dict[str, Any]) -> dict[str, Any]:
-        """Store a journaled answer in governance.db and apply ``always``. When governance.db refuses it the
-        answer stands (journaled; a restart stores it): ``OUTCOME_UNKNOWN``, and answering again stores it."""
-        answer, by, reason = journaled["answer"], journaled["answered_by"], journaled.get("reason")
+    def _record_answers(self, asks: Sequence["_Ask"]) -> list[dict[str, Any] | BaseException]:
+        """Answers given together, in order: each validated, all journaled in one commit (before the
+        effect), all stored in one governance.db commit, then ``always`` applied. Each gets its
+        decision as answered or its error; an answer a decision already had in the group is a
+        ``CONFLICT``, as it would be after it. Thread-safe: one group at a time."""
+        from apollia_nb.federation.mcp_requests import check_form_values
+
+        results: list[dict[str, Any] | BaseException | None] = [None] * len(asks)
+        with self._answers_lock:
+            try:
+                found = self._owned().get_pending_many([ask.decision_id for ask in asks])
+            except Exception as exc:  # noqa: BLE001 - unreadable: nothing is answered
+                return [exc] * len(asks)
+            new: list[tuple[int, Any, dict[str, Any]]] = []  # to journal, then store
+            again: list[tuple[int, Any, dict[str, Any]]] = []  # journaled before, not stored: store only
+            taken: dict[str, dict[str, Any]] = {}
+            for i, ask in enumerate(asks):
+                decision_id, answer = ask.decision_id, ask.answer
+                try:
+                    pending = found.get(decision_id)
+                    if pending is None:
+                        raise UnknownDecision(f"no pending decision has the id {decision_id!r}")
+                    first = taken.get(decision_id)
+                    if first is not None:
+                        raise Conflict(f"decision {decision_id} was already answered ({first['answer']} by "
+                                       f"{first['answered_by']})")
+                    if pending.status != "pending":
+                        self._unstored_answers.pop(decision_id, None)
+                        raise Conflict(f"decision {decision_id} was already answered ({pending.answer} by "
+                                       f"{pending.answered_by})")
+                    journaled = self._unstored_answers.get(decision_id)
+                    if journaled is not None:  # answered once already (in the journal): stored now, never journaled again
+                        if answer != journaled["answer"]:
+                            raise Conflict(f"decision {decision_id} was already answered ({journaled['answer']} by "
+                                           f"{journaled['answered_by']}); that answer is journaled, not yet stored")
+                        again.append((i, pending, journaled))
+                        taken[decision_id] = journaled
+                        continue
+                    if answer not in [a.value for a in pending.answers]:
+                        offered = ", ".join(a.value for a in pending.answers)
+                        raise BadAnswer(f"{answer!r} is not on offer for {decision_id}; answers: {offered}")
+                    shown: dict[str, Any] = {}
+                    values = ask.values
+                    card = self._cards.get(decision_id)
+                    if card is not None and card.request == QUESTION and answer == "once":  # a server's question
+                        values = check_form_values(card.arguments, values)
+                        shown = {"values": card.shown_values(values)} if values is not None else {}
+                    elif values is not None:
+                        raise BadAnswer(f"values answer a server's question; {decision_id} asks about {pending.tool}")
+                except Exception as exc:  # noqa: BLE001 - this answer's error; the others go on
+                    results[i] = exc
+                    continue
+                payload = {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer,
+                           "answered_by": ask.by, **({"reason": ask.reason} if ask.reason else {}), **shown}
+                new.append((i, pending, payload))
+                taken[decision_id] = payload
+            if new:
+                try:
+                    self.journal.append_many([("answer", payload, pending.run_id, pending.agent)
+                                              for _, pending, payload in new])
+                except Exception as exc:  # noqa: BLE001 - not journaled: none of them is answered
+                    for i, _, _ in new:
+                        results[i] = exc
+                    new = []
+                for _, pending, payload in new:
+                    self._unstored_answers[pending.id] = payload
+            self._store_answers(sorted(again + new, key=lambda item: item[0]), results)
+        return results  # type: ignore[return-value]
+
+    def _store_answers(self, journaled: list[tuple[int, Any, dict[str, Any]]],
+                       results: list[dict[str, Any] | BaseException | None]) -> None:
+        """Store journaled answers in governance.db (one commit) and apply ``always``. When governance.db
+        refuses one the answer stands (journaled; a restart stores it): ``OUTCOME_UNKNOWN``, and answering
+        again stores it."""
+        if not journaled:
+            return
         try:
             faults.point("answer.after_journal")
-            answered = self._owned().answer_pending(pending.id, answer, by=by, reason=reason)
-        except Exception as exc:
-            raise OutcomeUnknown(
-                f"the answer {answer} to {pending.id} is journaled, but governance.db did not store it "
-                f"({exc}): answer it again the same way (or send the request again with the same "
-                "Idempotency-Key) to store it; it is not journaled twice") from exc
-        self._unstored_answers.pop(pending.id, None)
+            stored: list[Any] = self._owned().answer_pending_many(
+                [(pending.id, payload["answer"], payload["answered_by"], payload.get("reason"))
+                 for _, pending, payload in journaled])
+        except Exception as exc:  # noqa: BLE001 - every one of them is journaled, none stored
+            stored = [exc] * len(journaled)
+        done = []
+        for (i, pending, payload), answered in zip(journaled, stored):
+            if isinstance(answered, Exception):
+                unknown = OutcomeUnknown(
+                    f"the answer {payload['answer']} to {pending.id} is journaled, but governance.db did not store "
+                    f"it ({answered}): answer it again the same way (or send the request again with the same "
+                    "Idempotency-Key) to store it; it is not journaled twice")
+                unknown.__cause__ = answered
+                results[i] = unknown
+                continue
+            self._unstored_answers.pop(pending.id, None)
+            done.append((i, pending, payload, answered))
+        if not done:
+            return
         faults.point("answer.after_commit")
-        if answer == "always":
-            self._apply_always(pending, by=by)
-        return answered.to_dict()
+        for i, pending, payload, answered in done:
+            try:
+                if payload["answer"] == "always":
+                    self._apply_always(pending, by=payload["answered_by"])
+                results[i] = answered.to_dict()
+            except Exception as exc:  # noqa: BLE001 - stored; its consent or rule is not
+                results[i] = exc
 
     def _apply_always(self, pending: Any, *, by: str) -> None:
         """``always``: the allow rule for a simple command (line 4), else the standing consent. Idempotent."""
@@ -1113,6 +1263,8 @@ class Runtime:
         except GovernanceUnreadable:  # fail closed: nothing is expired, the decisions stay waiting
             return []
         for p in waiting:
+            if p.id in self._asked:  # being answered now: the person's answer stands
+                continue
             created = p.created_at
             if created.tzinfo is None:
                 created = created.replace(tzinfo=_dt.timezone.utc)
