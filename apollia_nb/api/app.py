@@ -782,7 +782,8 @@ async def _find_answer(request: Request, ref: dict[str, Any] | None) -> Found | 
                     "`UNKNOWN_DECISION`, 409 `CONFLICT` when it was already answered.")
 async def decide(body: s.DecideIn, background: BackgroundTasks, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     extra = {"values": body.values} if body.values is not None else {}
-    answered = rt.answer(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason, **extra)  # committed
+    # Committed (journaled and stored) when it returns; answers given meanwhile share the commits.
+    answered = await rt.answer_async(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason, **extra)
     faults.point("decide.after_commit")
     background.add_task(_after_decide_response)
     return answered

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from apollia_nb.dbutil import lock_holder_pid, needs_reopen, raise_if_locked, storage_error
 from apollia_nb.errors import (
+    ApolliaError,
     BadAnswer,
     BadInput,
     Conflict,
@@ -1589,6 +1590,14 @@ class GovernanceStore:
             raise UnknownDecision(f"no pending decision has the id {decision_id!r}")
         return found
 
+    def get_pending_many(self, decision_ids: Sequence[str]) -> dict[str, PendingDecision]:
+        """The decisions of ``decision_ids`` there are, by id, read in one statement."""
+        ids = sorted({d for d in decision_ids if isinstance(d, str)})
+        if not ids:
+            return {}
+        sql = f"SELECT {_PENDING_COLUMNS} FROM pending_decisions WHERE id IN ({', '.join('?' * len(ids))})"
+        return self._read(lambda con: {r[0]: _row_to_pending(r) for r in con.execute(sql, ids).fetchall()}, {})
+
     def answer_pending(
         self, decision_id: str, answer: Answer | str, *, by: str, reason: str | None = None
     ) -> PendingDecision:
@@ -1597,42 +1606,77 @@ class GovernanceStore:
         ``UnknownDecision``: no such id; ``Conflict``: already answered or
         expired; ``BadAnswer``: the answer is not among the decision's answers.
         """
-        by = _validate_by(by)
-        now = self._now()
+        (result,) = self.answer_pending_many([(decision_id, answer, by, reason)])
+        if isinstance(result, ApolliaError):
+            raise result
+        return result
 
-        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change:
-            row = con.execute(
-                f"SELECT {_PENDING_COLUMNS} FROM pending_decisions WHERE id = ?", [decision_id]
-            ).fetchone()
-            if row is None:
-                raise UnknownDecision(f"no pending decision has the id {decision_id!r}")
-            current = _row_to_pending(row)
-            if current.status != PENDING:
-                raise Conflict(
-                    f"decision {decision_id} is already {current.status}: "
-                    f"{current.answer.value if current.answer else '?'} by {current.answered_by}"
-                )
+    def answer_pending_many(
+        self, answers: Sequence[tuple[str, Answer | str, str, str | None]]
+    ) -> list[PendingDecision | ApolliaError]:
+        """Answer waiting decisions, each ``(decision_id, answer, by, reason)``, in one transaction.
+
+        Each gets the decision as answered, or the error ``answer_pending`` raises for it (the
+        others are answered all the same; the first of two answers to one decision wins). A
+        database that cannot be read or written raises, and then none is answered.
+        """
+        now = self._now()
+        results: list[PendingDecision | ApolliaError | None] = [None] * len(answers)
+        wanted: list[tuple[int, str, str, str, str | None]] = []
+        for i, (decision_id, answer, by, reason) in enumerate(answers):
             try:
-                chosen = Answer(answer)
-            except ValueError:
-                chosen = None
-            if chosen is None or chosen not in current.answers:
-                offered = ", ".join(a.value for a in current.answers)
-                raise BadAnswer(f"{answer!r} is not on offer for decision {decision_id} (offered: {offered})")
-            done = replace(
-                current, status=ANSWERED, answer=chosen, answered_by=by, answered_at=now, answer_reason=reason
-            )
+                wanted.append((i, decision_id, _validate_by(by), getattr(answer, "value", answer), reason))
+            except ApolliaError as exc:
+                results[i] = exc
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change | _NoChange:
+            ids = sorted({w[1] for w in wanted})
+            rows = con.execute(
+                f"SELECT {_PENDING_COLUMNS} FROM pending_decisions WHERE id IN ({', '.join('?' * len(ids))})", ids
+            ).fetchall() if ids else []
+            current = {r[0]: _row_to_pending(r) for r in rows}
+            updates: list[Any] = []
+            for i, decision_id, by, answer, reason in wanted:
+                found = current.get(decision_id)
+                if found is None:
+                    results[i] = UnknownDecision(f"no pending decision has the id {decision_id!r}")
+                    continue
+                if found.status != PENDING:
+                    results[i] = Conflict(
+                        f"decision {decision_id} is already {found.status}: "
+                        f"{found.answer.value if found.answer else '?'} by {found.answered_by}"
+                    )
+                    continue
+                try:
+                    chosen = Answer(answer)
+                except ValueError:
+                    chosen = None
+                if chosen is None or chosen not in found.answers:
+                    offered = ", ".join(a.value for a in found.answers)
+                    results[i] = BadAnswer(f"{answer!r} is not on offer for decision {decision_id} "
+                                           f"(offered: {offered})")
+                    continue
+                current[decision_id] = results[i] = replace(
+                    found, status=ANSWERED, answer=chosen, answered_by=by, answered_at=now, answer_reason=reason
+                )
+                updates += [decision_id, chosen.value, by, _naive(now), reason]
+            if not updates:
+                return _NoChange(results)
 
             def apply(c: "duckdb.DuckDBPyConnection") -> None:
                 c.execute(
-                    "UPDATE pending_decisions SET status = ?, answer = ?, answered_by = ?, answered_at = ?, "
-                    "answer_reason = ? WHERE id = ? AND status = ?",
-                    [ANSWERED, chosen.value, by, _naive(now), reason, decision_id, PENDING],
+                    "UPDATE pending_decisions AS p SET status = ?, answer = v.v_answer, answered_by = v.v_by, "
+                    "answered_at = v.v_at, answer_reason = v.v_reason FROM (VALUES "
+                    + ", ".join(["(?, ?, ?, ?::TIMESTAMP, ?::VARCHAR)"] * (len(updates) // 5))
+                    + ") AS v(v_id, v_answer, v_by, v_at, v_reason) WHERE p.id = v.v_id AND p.status = ?",
+                    [ANSWERED, *updates, PENDING],
                 )
 
-            return _Change(None, {}, current.agent, apply, done, view_unchanged=True)
+            return _Change(None, {}, None, apply, results, view_unchanged=True)
 
-        return self._write(prepare)
+        if not wanted:
+            return results  # type: ignore[return-value]
+        return self._write(prepare)  # type: ignore[no-any-return]
 
     def expire_pending(self, timeout_hours: float, *, now: datetime | None = None) -> list[PendingDecision]:
         """Resolve to ``refuse`` every decision waiting longer than ``timeout_hours``.
