@@ -1,6 +1,6 @@
 """REST API under load: many unattended tasks from concurrent clients, every decision answered over HTTP.
 
-    .venv/bin/python benchmarks/api_load.py [--tasks 200] [--clients 16]
+    .venv/bin/python benchmarks/api_load.py [--tasks 200] [--clients 16] [--rounds 1] [--baseline TREE]
 
 Starts ``apollia-os serve --port 0`` on a fresh home (its own process), registers
 two scripted agents — ``reader`` lists its workspace and completes, ``writer``
@@ -13,9 +13,14 @@ journal entry was lost (each task's run has ``run_open`` … ``run_seal``, the
 seal counts the entries before it, a writer's run holds its answer) and that
 the journal verifies, over the API and offline after the server stopped.
 
-Prints: submission rate, tasks settled per second, the p50/p99 latency of
-``decide``, end-to-end tasks per second. ``tests/test_api_load.py`` runs a small
-version of it and asserts the outcomes.
+Prints: submission rate and the p50/p99 latency of a submission, tasks settled
+per second, the p50/p99 latency of ``decide``, end-to-end tasks per second, and
+the server's CPU seconds (every thread; the steadier figure on a busy machine).
+``--baseline TREE`` runs the same load on a server of another checkout (its
+package first on ``PYTHONPATH``), alternating with this tree's, ``--rounds``
+times each, and prints the medians side by side; each server is checked to
+import the tree it stands for. ``tests/test_api_load.py`` runs a small version
+of it and asserts the outcomes.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,6 +76,7 @@ class LoadReport:
     decide_secs: float
     total_secs: float
     decide_latencies: list[float]
+    submit_latencies: list[float]
     statuses_settled: dict[str, str]          # task id → status once settled (before answers)
     statuses_final: dict[str, str]            # task id → status at the end
     agents: dict[str, str]                    # task id → agent
@@ -80,31 +87,76 @@ class LoadReport:
     verify_entries: int = 0
     offline_verify_ok: bool = False
     offline_verify_output: str = ""
+    server_cpu_secs: float = float("nan")
+    server_package: str = ""
 
-    def percentile(self, p: float) -> float:
-        values = sorted(self.decide_latencies)
+    def percentile(self, p: float, values: list[float] | None = None) -> float:
+        values = sorted(self.decide_latencies if values is None else values)
         if not values:
             return float("nan")
         return values[min(len(values) - 1, round(p / 100 * (len(values) - 1)))]
+
+    def figures(self) -> dict[str, float]:
+        """The figures compared between trees: rates per second, latencies in ms, CPU seconds."""
+        writers = sum(1 for a in self.agents.values() if a == "writer")
+        return {
+            "submit/s": self.tasks / self.submit_secs,
+            "submit p50 ms": self.percentile(50, self.submit_latencies) * 1000,
+            "submit p99 ms": self.percentile(99, self.submit_latencies) * 1000,
+            "decide/s": writers / self.decide_secs,
+            "decide p50 ms": self.percentile(50) * 1000,
+            "decide p99 ms": self.percentile(99) * 1000,
+            "tasks/s end to end": self.tasks / self.total_secs,
+            "server CPU s": self.server_cpu_secs,
+        }
 
     def lines(self) -> list[str]:
         writers = sum(1 for a in self.agents.values() if a == "writer")
         return [
             f"tasks {self.tasks} ({self.tasks - writers} complete on their own, {writers} wait on a person), "
             f"{self.clients} concurrent clients",
-            f"submit:  {self.tasks / self.submit_secs:8.1f} tasks/s  ({self.submit_secs:.2f} s)",
+            f"submit:  {self.tasks / self.submit_secs:8.1f} tasks/s  ({self.submit_secs:.2f} s), latency p50 "
+            f"{self.percentile(50, self.submit_latencies) * 1000:.1f} ms, "
+            f"p99 {self.percentile(99, self.submit_latencies) * 1000:.1f} ms",
             f"settle:  {self.tasks / self.settle_secs:8.1f} tasks/s  (every task completed or waiting, "
             f"{self.settle_secs:.2f} s from the first submission)",
             f"decide:  {writers / self.decide_secs:8.1f} decisions/s, latency p50 {self.percentile(50) * 1000:.1f} ms, "
             f"p99 {self.percentile(99) * 1000:.1f} ms",
-            f"overall: {self.tasks / self.total_secs:8.1f} tasks/s end to end ({self.total_secs:.2f} s)",
+            f"overall: {self.tasks / self.total_secs:8.1f} tasks/s end to end ({self.total_secs:.2f} s); "
+            f"server CPU {self.server_cpu_secs:.2f} s ({self.server_package})",
             f"journal: {self.verify_entries} entries, verify over the API {'ok' if self.verify_ok else 'FAILED'}, "
             f"offline {'ok' if self.offline_verify_ok else 'FAILED'}; runs with a problem: {len(self.run_problems)}",
         ]
 
 
-def _serve(home: Path, cwd: Path) -> tuple[subprocess.Popen[str], str]:
+def _server_env(tree: Path | None) -> dict[str, str]:
     env = {**os.environ, "APOLLIA_TOKEN": TOKEN}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def server_package(tree: Path | None, cwd: Path) -> str:
+    """The package a server started as ``_serve`` starts it imports (its ``__init__.py``); checked
+    against ``tree`` (None: the package this script imports)."""
+    out = subprocess.run([sys.executable, "-c", "import apollia_nb; print(apollia_nb.__file__)"],
+                         capture_output=True, text=True, env=_server_env(tree), cwd=cwd, check=True).stdout.strip()
+    import apollia_nb
+
+    expected = (tree / "apollia_nb" / "__init__.py") if tree is not None else Path(apollia_nb.__file__)
+    if Path(out).resolve() != expected.resolve():
+        raise RuntimeError(f"the server would import {out}, not {expected}")
+    return str(Path(out).parent)
+
+
+def _cpu_secs(pid: int) -> float:
+    """CPU seconds (user + system, every thread) of a running process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _serve(home: Path, cwd: Path, tree: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    env = _server_env(tree)
     proc = subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve", "--home", str(home), "--port", "0",
                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     line = proc.stdout.readline() if proc.stdout else ""
@@ -158,22 +210,35 @@ def check_runs(api: Client, run_ids: dict[str, str], writers: set[str]) -> list[
     return problems
 
 
-def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None) -> LoadReport:
+def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None, tree: Path | None = None) -> LoadReport:
+    """The load on a fresh home, its server importing ``tree``'s package (None: this one's)."""
     with tempfile.TemporaryDirectory(prefix="apollia-load-") as scratch:
         base = root or Path(scratch)
         home, workspace = base / "home", base / "workspace"
         workspace.mkdir(parents=True, exist_ok=True)
         writers_n = tasks // 2
-        proc, url = _serve(home, base)
+        package = server_package(tree, base)
+        proc, url = _serve(home, base, tree)
+        cpu = float("nan")
         try:
             with Client(url, TOKEN, timeout=120) as api:
                 api.register_agent(reader_manifest(tasks - writers_n, workspace))
                 api.register_agent(writer_manifest(writers_n, workspace))
 
                 agents_order = ["reader" if i % 2 == 0 else "writer" for i in range(tasks)]
+                submit_latencies: list[float] = []
+                lat_lock = threading.Lock()
+
+                def submit(client: Client, item: tuple[int, str]) -> Any:
+                    t0 = time.perf_counter()
+                    sub = client.submit(item[1], f"Task {item[0]}")
+                    elapsed = time.perf_counter() - t0
+                    with lat_lock:
+                        submit_latencies.append(elapsed)
+                    return sub
+
                 started = time.perf_counter()
-                subs = _in_parallel(clients, url, list(enumerate(agents_order)),
-                                    lambda c, item: c.submit(item[1], f"Task {item[0]}"))
+                subs = _in_parallel(clients, url, list(enumerate(agents_order)), submit)
                 submit_secs = time.perf_counter() - started
                 agents = {s.id: a for s, a in zip(subs, agents_order)}
                 run_ids = {s.id: s.run_id for s in subs}
@@ -184,7 +249,6 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None) -> L
 
                 pending = api.pending()
                 latencies: list[float] = []
-                lat_lock = threading.Lock()
 
                 def decide(client: Client, decision_id: str) -> None:
                     t0 = time.perf_counter()
@@ -203,6 +267,7 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None) -> L
                 report = LoadReport(
                     tasks=tasks, clients=clients, submit_secs=submit_secs, settle_secs=settle_secs,
                     decide_secs=decide_secs, total_secs=total_secs, decide_latencies=latencies,
+                    submit_latencies=submit_latencies,
                     statuses_settled=statuses_settled, statuses_final={t.id: t.status for t in final},
                     agents=agents, pending_before=len(pending), pending_after=len(api.pending()),
                 )
@@ -210,6 +275,7 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None) -> L
                 report.run_problems = check_runs(api, run_ids, writers)
                 verified = api.verify()
                 report.verify_ok, report.verify_entries = verified.ok, verified.entries
+                cpu = _cpu_secs(proc.pid)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=120)
@@ -220,21 +286,49 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None) -> L
                                  capture_output=True, text=True, timeout=300)
         report.offline_verify_ok = offline.returncode == 0
         report.offline_verify_output = (offline.stdout + offline.stderr).strip()
+        report.server_cpu_secs, report.server_package = cpu, package
         return report
+
+
+def _problems(report: LoadReport) -> str | None:
+    wrong = [tid for tid, status in report.statuses_final.items() if status != "completed"]
+    if wrong or report.run_problems or not (report.verify_ok and report.offline_verify_ok):
+        return f"PROBLEMS: {len(wrong)} tasks not completed; " + "; ".join(report.run_problems[:5])
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each tree, alternating (medians printed)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a second checkout whose server runs the same load, alternating with this one's")
     args = parser.parse_args(argv)
-    report = run_load(args.tasks, args.clients)
-    print("\n".join(report.lines()))
-    wrong = [tid for tid, status in report.statuses_final.items() if status != "completed"]
-    if wrong or report.run_problems or not (report.verify_ok and report.offline_verify_ok):
-        print(f"PROBLEMS: {len(wrong)} tasks not completed; " + "; ".join(report.run_problems[:5]))
-        return 1
-    return 0
+    trees: list[tuple[str, Path | None]] = [("this tree", None)]
+    if args.baseline is not None:
+        trees.insert(0, ("baseline", args.baseline.resolve()))
+    runs: dict[str, list[LoadReport]] = {name: [] for name, _ in trees}
+    failed = False
+    for round_ in range(args.rounds):
+        for name, tree in trees:
+            report = run_load(args.tasks, args.clients, tree=tree)
+            load = os.getloadavg()[0]
+            print(f"--- {name}, round {round_ + 1} (load average {load:.1f})")
+            print("\n".join(report.lines()))
+            problems = _problems(report)
+            if problems:
+                print(problems)
+                failed = True
+            runs[name].append(report)
+    if args.rounds > 1 or len(trees) > 1:
+        names = [name for name, _ in trees]
+        print(f"--- medians of {args.rounds} round(s): " + " | ".join(names))
+        for figure in runs[names[0]][0].figures():
+            values = [statistics.median(r.figures()[figure] for r in runs[name]) for name in names]
+            ratio = f"  ({values[-1] / values[0]:.2f}x)" if len(values) > 1 and values[0] else ""
+            print(f"{figure:>20}: " + " | ".join(f"{v:9.1f}" for v in values) + ratio)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
