@@ -412,7 +412,15 @@ async def journal_sql(body: SqlIn, rt: Any = Depends(_runtime)) -> dict[str, Any
              description="Against the given checkpoint, else the latest (written first when it does not cover "
                          "the entry). The client verifies the proof under the home's own key.")
 async def inclusion_proof(body: InclusionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    proof = await anyio.to_thread.run_sync(rt.journal.inclusion_proof, body.seq, body.checkpoint)
+    from apollia_nb.errors import BadInput
+    from apollia_nb.journal.checkpoint import CheckpointError, parse_note
+
+    if body.checkpoint:
+        try:  # the client's checkpoint is its input: one that is not a signed note is BAD_INPUT, not ours failing
+            parse_note(body.checkpoint)
+        except CheckpointError as exc:
+            raise BadInput(f"the checkpoint is not a signed note: {exc.message}"[:300]) from None
+    proof = await anyio.to_thread.run_sync(rt.journal.inclusion_proof, body.seq, body.checkpoint or None)
     return {"seq": proof.seq, "tree_size": proof.tree_size, "entry_hash": proof.entry_hash.hex(),
             "leaf_hash": proof.leaf_hash.hex(), "path": [h.hex() for h in proof.path], "root": proof.root.hex(),
             "checkpoint": proof.checkpoint}
