@@ -47,6 +47,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 
 from apollia_nb.api.deps import API_PREFIX, bearer, token_matches
 from apollia_nb.errors import BadInput, Unauthorized, UnknownDecision
+from apollia_nb.runtime.dask_engine import item_task_prefix
 
 __all__ = ["WORKER_KINDS", "WORKER_ROUTES", "WorkerScope", "WorkerTokens", "authorize_internal", "scope_of",
            "tokens_of"]
@@ -73,8 +74,6 @@ class WorkerScope:
 
     def owns_task(self, task_id: Any) -> bool:
         """Whether ``task_id`` is the task of one of the batch's items (``dask_engine.item_task_id``)."""
-        from apollia_nb.runtime.dask_engine import item_task_prefix
-
         prefix = item_task_prefix(self.batch_id)
         if not isinstance(task_id, str) or not task_id.startswith(prefix):
             return False

@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from apollia_nb.cli import emit
+from apollia_nb.cli.common import emit
 from apollia_nb.errors import ApolliaError, HomeLocked
 from apollia_nb.runtime.remote import ServerApi as _Api
 
@@ -121,7 +121,7 @@ def _with_api(fn: Callable[[argparse.Namespace, _Api], int]) -> Callable[[argpar
 
 
 def _who(args: argparse.Namespace) -> str:
-    from apollia_nb.cli.governance import _who as who
+    from apollia_nb.cli.common import who
 
     return who(args)
 
