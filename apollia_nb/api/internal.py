@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, StrictBool
 
 from apollia_nb.api.deps import error_responses as _errors
 from apollia_nb.api.deps import runtime_of as _runtime
@@ -527,7 +527,7 @@ class CallIn(_In):
     connection: Annotated[str, Field(max_length=500)] | None = None
     run_grants: list[s.FamilyName] = Field(default_factory=list, max_length=8)
     paths: list[Annotated[str, Field(max_length=4096)]] | None = Field(None, max_length=8)
-    shell: bool = Field(False, description="bash reads the first argument (false: no allow rule allows it)")
+    shell: StrictBool = Field(False, description="bash reads the first argument (false: no allow rule allows it)")
     aliases: list[Annotated[str, Field(max_length=10_000)]] = Field(default_factory=list, max_length=16)
     code_places: CodePlacesIn | None = None
     decision: dict[str, Any] = Field(
