@@ -137,6 +137,8 @@ def test_a_home_owned_by_another_process_is_one_clear_line(ip, home, capsys):
         shown = capsys.readouterr()
         text = shown.out + shown.err
         assert "HOME_LOCKED: the home" in text and "Traceback" not in text
+        # What to do in a notebook: shut the other kernel down, or give this kernel a home of its own.
+        assert "Shut Down Kernel" in error.message and "%config ApolliaMagics.home" in error.message
         fails("HOME_LOCKED", ip.run_line_magic, "apollia", "status")
     finally:
         holder.stdin.close()

@@ -152,6 +152,16 @@ class ApolliaMagics(Magics):
                                              show_widgets=self.show_widgets, namespace=lambda: shell.user_ns)
         except ApolliaError as exc:
             self.open_error = exc  # what the side panel says instead of "no home is open"
+            from apollia_nb.errors import HomeLocked
+
+            if isinstance(exc, HomeLocked):  # in a notebook: which kernel holds it, and how to free it here
+                from apollia_nb.home import Home
+                from apollia_nb.notebook.panel import kernel_error
+
+                try:
+                    exc = kernel_error(exc, Home.at(self.home or None, create=False))
+                except ApolliaError:
+                    pass  # the home cannot even be named: the reason as it came
             raise ApolliaMagicError.from_error(exc) from None
         self.open_error = None
         if announce:
