@@ -1,7 +1,8 @@
 """Batches: items per second for tasks of 10 governed calls, at concurrency 1, 4 and 16, beside a plain
 loop of ``submit`` calls (all submitted, then all awaited) in the same run, on one machine; and on a
 ``dask.distributed`` LocalCluster of 2 worker processes, each a client of an ``apollia-os serve`` subprocess
-(``--dask``, needs ``dask[distributed]``).
+(``--dask``, needs ``dask[distributed]``), with its ratio to the local batch at the same concurrency
+(target: at least 0.5x).
 
 Each item is a task whose actor makes ``--calls`` allowed calls of a custom read tool, then ends; every
 run uses a fresh home. Run from the repository root::
@@ -99,16 +100,21 @@ def main() -> None:
     parser.add_argument("--dask", type=int, nargs="*", default=[16], metavar="CONCURRENCY",
                         help="batches on a LocalCluster of 2 workers at these concurrencies (none: skip)")
     args = parser.parse_args()
+    import apollia_nb
+
+    print(f"apollia_nb from {Path(apollia_nb.__file__).parent} (the server and the workers import the same)")
     print(f"{args.items} items, tasks of {args.calls} governed calls each")
     print(f"{'how':<28}{'items/s':>10}")
     figure = anyio.run(one, args.items, args.calls, None)
     print(f"{'plain loop of submit':<28}{figure:>10.1f}")
+    local: dict[int, float] = {}
     for c in args.concurrency:
-        figure = anyio.run(one, args.items, args.calls, c)
+        figure = local[c] = anyio.run(one, args.items, args.calls, c)
         print(f"{f'batch, concurrency {c}':<28}{figure:>10.1f}")
     for c in args.dask:
         figure = anyio.run(on_dask, args.items, args.calls, c)
-        print(f"{f'dask, 2 workers, conc. {c}':<28}{figure:>10.1f}")
+        versus = f"   {figure / local[c]:.2f}x the local batch (target >= 0.5x)" if c in local else ""
+        print(f"{f'dask, 2 workers, conc. {c}':<28}{figure:>10.1f}{versus}")
 
 
 if __name__ == "__main__":

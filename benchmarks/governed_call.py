@@ -1,7 +1,7 @@
 """Cost per governed tool call, beside pydantic-ai calling a plain tool in the same process.
 
 Run: ``.venv/bin/python benchmarks/governed_call.py [--sizes 50 400] [--repeats 5] [--profile]
-[--floor] [--home-root DIR]``
+[--floor] [--served | --served-only] [--home-root DIR]``
 
 Ours: the real ``Runtime`` on a fresh temporary home per repetition. A
 scripted agent plans one step, makes N turns of one call each to a tool of
@@ -39,6 +39,11 @@ cumulative time) and times the journal's writer thread (sequencing and
 signing, the log's write and sync, any wait for a copy when the log is full)
 and its copier thread (the batched copies into ``journal.db``, made while the
 writer goes on committing), which cProfile does not see.
+
+``--served`` adds the same task in a client of a served home beside it on an owned home, alternating
+in one run: ``apollia-os serve`` (a subprocess of the same interpreter, importing the same tree) owns a
+fresh home and this process's ``Runtime`` is its client, whose every call is decided and journaled by the
+server over HTTP on 127.0.0.1; the ratio's target is at most 2x. ``--served-only`` measures only that.
 
 ``--floor`` shows what the journal's two fixed costs take of a call: ours at
 the first size, alternating four ways in one process — as it is; with the
@@ -133,6 +138,61 @@ async def ours_once(n: int, *, around: Callable[[Callable[[], Any]], Any] | None
             if any(d["outcome"] != "allow" for d in decisions):
                 raise SystemExit("ours: a call was not decided allow")
     return elapsed
+
+
+async def served_once(n: int, *, cpu: list[float] | None = None) -> float:
+    """``ours_once`` in a client of a served home: ``apollia-os serve`` (a subprocess of this interpreter,
+    importing the same tree) owns a fresh home, this process's ``Runtime`` is its client; seconds from
+    submit to the finished task."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory(prefix="apollia-bench-served-", dir=HOME_ROOT) as tmp:
+        root = Path(tmp)
+        server = subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve", "--home", str(root / "home"),
+                                   "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            if server.stdout is None or not server.stdout.readline():
+                raise SystemExit(f"apollia-os serve did not start: {server.stderr.read() if server.stderr else ''}")
+            async with Runtime(root / "home") as rt:
+                if rt.mode != "client":
+                    raise SystemExit("served: the runtime did not become the server's client")
+                tool = ToolDef.from_function(read_note, family="read")
+                await rt.register_agent(manifest_text(n, root / "workspace"), tools=[tool])
+                c0, t0 = cpu_seconds(), time.perf_counter()
+                handle = await (await rt.submit(AGENT, "Read every note"))
+                elapsed = time.perf_counter() - t0
+                if cpu is not None:
+                    cpu.append(cpu_seconds() - c0)
+                if handle.status != "completed":
+                    raise SystemExit(f"served: the task ended {handle.status}: {handle.error}")
+                kinds = [e.kind for e in rt.journal.entries(run_id=handle.run_id)]
+                if kinds.count("tool_result") != n or kinds.count("decision") != n:
+                    raise SystemExit(f"served: {kinds.count('tool_result')} tool_result entries, expected {n}")
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    return elapsed
+
+
+async def served(sizes: list[int], repeats: int) -> None:
+    """A governed call in a client of a served home beside one on an owned home, alternating in one run."""
+    import apollia_nb
+
+    print(f"\nserved vs owned (apollia_nb from {Path(apollia_nb.__file__).parent}; the server imports the same); "
+          f"median of {repeats} runs, wall ms per call")
+    await ours_once(sizes[0])
+    await served_once(sizes[0])
+    for n in sizes:
+        owned_ms, served_ms, client_cpu = [], [], []
+        for _ in range(repeats):
+            owned_ms.append(await ours_once(n) / n * 1000)
+            served_ms.append(await served_once(n, cpu=client_cpu) / n * 1000)
+        o, c = statistics.median(owned_ms), statistics.median(served_ms)
+        print(f"  N={n:<4} owned {o:.3f}  served {c:.3f} (client CPU {statistics.median(client_cpu) / n * 1000:.3f})"
+              f"  served/owned {c / o:.2f}x (target <= 2x: {'met' if c / o <= 2 else 'NOT met'})")
+        print(f"         runs: owned " + " ".join(f"{x:.3f}" for x in owned_ms)
+              + " | served " + " ".join(f"{x:.3f}" for x in served_ms))
 
 
 # --------------------------------------------------------------------------- theirs
@@ -415,6 +475,9 @@ def main() -> None:
     parser.add_argument("--home-root", default=None,
                         help="directory for the temporary homes (default: the system temp directory; "
                              "/dev/shm takes the disk's fsync out of the figures)")
+    parser.add_argument("--served", action="store_true",
+                        help="also a call in a client of a home served by apollia-os serve beside an owned home")
+    parser.add_argument("--served-only", action="store_true", help="only the served vs owned figure")
     args = parser.parse_args()
     global HOME_ROOT
     HOME_ROOT = args.home_root
@@ -423,7 +486,12 @@ def main() -> None:
     sizes = sorted(args.sizes)
 
     async def run() -> None:
+        if args.served_only:
+            await served(sizes, args.repeats)
+            return
         await measure(sizes, args.repeats)
+        if args.served:
+            await served(sizes, args.repeats)
         if args.floor:
             await floor(sizes[0], args.repeats)
         if args.profile:
