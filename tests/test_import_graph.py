@@ -60,8 +60,6 @@ ENTRY_POINTS = {("apollia_nb", "apollia_nb.notebook.extension")}
 #: Edges that still break the layers or close a circle, each with why it is still here. Shrink it.
 KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     # layers
-    ("apollia_nb.runtime.remote", "apollia_nb.sdk.client"):
-        "the client home sends its requests through the SDK's Client, not wire/http.py's Session",
     ("apollia_nb.runtime.runtime", "apollia_nb.federation"):
         "the runtime opens the federated tool sources itself; the surface opening it should hand them in",
     ("apollia_nb.runtime.runtime", "apollia_nb.federation.mcp_requests"):
@@ -71,17 +69,8 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("apollia_nb.api.internal", "apollia_nb.notebook.sql"):
         "the read-only SQL rules of %%apollia sql live in the notebook; they belong beside the journal's views",
     # circles
-    ("apollia_nb.journal.verify", "apollia_nb.journal.export"):
-        "bundle verification reads the bundle's file names, key and meta from the exporter, not bundle.py",
     ("apollia_nb.runtime.models.responses", "apollia_nb.runtime.models.openai"):
         "the Responses model reuses the Chat Completions model's helpers instead of a shared module",
-    ("apollia_nb.api.internal", "apollia_nb.api.app"):
-        "the internal routes take _errors and _runtime from app.py instead of api/deps.py",
-    **{(f"apollia_nb.cli.{group}", "apollia_nb.cli"):
-       "the command group takes emit from the package that dispatches to it, not cli/common.py"
-       for group in ("audit", "client")},
-    ("apollia_nb.cli.client", "apollia_nb.cli.governance"):
-        "the served CLI takes who from the governance group, which calls the served CLI, not cli/common.py",
     ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
         "a handle draws its widget, and the widgets read the handles",
     ("apollia_nb.notebook.bridge", "apollia_nb.notebook.panel"):
@@ -91,14 +80,7 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
 
 #: Of ``KNOWN_VIOLATIONS``, the edges being moved to the module named beside each: each may be there
 #: or gone. Drop both entries once it is gone.
-MOVING: set[tuple[str, str]] = {
-    ("apollia_nb.api.internal", "apollia_nb.api.app"),  # -> api/deps.py
-    ("apollia_nb.journal.verify", "apollia_nb.journal.export"),  # -> journal/bundle.py
-    ("apollia_nb.runtime.remote", "apollia_nb.sdk.client"),  # -> wire/http.py
-    ("apollia_nb.cli.audit", "apollia_nb.cli"),  # -> cli/common.py
-    ("apollia_nb.cli.client", "apollia_nb.cli"),  # -> cli/common.py
-    ("apollia_nb.cli.client", "apollia_nb.cli.governance"),  # -> cli/common.py
-}
+MOVING: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)

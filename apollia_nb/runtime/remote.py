@@ -178,7 +178,7 @@ def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
 
 def _error(response: "httpx.Response") -> ApolliaError:
     """The error an answer of the server stands for: its code's class, as the SDK raises it."""
-    from apollia_nb.sdk.client import raise_for_error
+    from apollia_nb.wire.http import raise_for_error
 
     try:
         raise_for_error(response.status_code, response.content)
@@ -323,28 +323,28 @@ def _refused(home: Home, address: ServerAddress, what: str) -> ServerNotRunning:
 
 
 class ServerApi:
-    """The server's public REST API through the SDK's routes, answering the JSON the server sends
+    """The server's public REST API through the routes of ``wire/http.py``, answering the JSON the server sends
     (the dictionaries ``to_dict()`` gives in the owner process): ``api("task", task_id)``."""
 
     def __init__(self, address: ServerAddress, *, timeout: float = 60.0, home: Home | None = None) -> None:
-        from apollia_nb.sdk.client import Client
+        from apollia_nb.wire.http import Session
 
         self.url = address.url
         self.address, self.home = address, home
-        self.sdk = Client(address.url, address.token, timeout=timeout)
+        self.sdk = Session(address.url, address.token, timeout=timeout)
 
     def __call__(self, route: str, *args: Any) -> Any:
         import dataclasses
 
         import httpx
 
-        from apollia_nb.sdk.client import _Routes
+        from apollia_nb.wire.http import Routes
 
-        req = getattr(_Routes, route)(*args)
+        req = getattr(Routes, route)(*args)
         if req.model is not None:
             req = dataclasses.replace(req, model=Any)  # the JSON as sent
         try:
-            return self.sdk._do(req)
+            return self.sdk.request(req)
         except httpx.ConnectError:
             if self.home is None:
                 raise HomeLocked(f"the server at {self.url} refuses connections: it is not running") from None
