@@ -1028,6 +1028,14 @@ class Runtime:
         self._emit("card", card)
         return card
 
+    def open_decision(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
+                      arguments: dict[str, Any], decision: Any) -> Card:
+        """A pending decision for a call decided outside a task or chat (another agent's call, asked
+        through its hook: ``apollia_nb/hooks``): listed and answerable like any other; the caller waits
+        on the returned card and carries out (or refuses) the call itself."""
+        return self._open_card(agent=agent, run_id=run_id, call_id=call_id, tool=tool, family=family,
+                               arguments=arguments, decision=decision, task_id=None, session_id=None, hints=None)
+
     def _owned(self) -> "GovernanceStore":
         """The owner's governance store: answers are stored by the owner (a client's go to its server)."""
         return cast("GovernanceStore", self.governance)
