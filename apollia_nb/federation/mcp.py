@@ -462,6 +462,15 @@ class McpSource:
         return [self._server_tooldef(own[name]) if name in own else self._tooldef(by_name[name])
                 for name in wanted if name in by_name or name in own]
 
+    async def offered(self) -> list[str]:
+        """The names (``mcp:<server>/<tool>``) of the server's tools that may be offered, in the order
+        listed; the server is started (or reached) the first time. Refused names are not among them."""
+        check_connection_allowed(self._rt, self.server)
+        if self._listing is None:
+            live = await self._connection()
+            self._listing = list(live.tools)
+        return [f"{self.name}/{t.name}" for t in self._listing]
+
     async def aclose(self) -> None:
         """Stop the server (or close the HTTP session); wait for it to be gone."""
         self._closed = True
