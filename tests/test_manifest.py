@@ -168,10 +168,10 @@ def test_unknown_key_in_budget_and_inline_table() -> None:
         name = "clerk"
         [budget]
         max_steps = 5
-        max_tokens = 100
+        max_dollars = 100
         """
     )
-    assert message == 'clerk.toml:4: unknown key "budget.max_tokens"'
+    assert message == 'clerk.toml:4: unknown key "budget.max_dollars"'
     message = error_of(
         """\
         name = "clerk"

@@ -242,6 +242,16 @@ def _budget(snap: Mapping[str, Any]) -> str:
     return f"{budget.get('used', 0)}/{budget.get('ceiling', 0)}"
 
 
+def _tokens(snap: Mapping[str, Any]) -> str:
+    """A run's token budget as shown (``tokens 45/44``), or "" when it has none."""
+    tokens = (snap.get("budget") or {}).get("tokens")
+    if not isinstance(tokens, Mapping):
+        return ""
+    unmetered = tokens.get("unmetered_turn")
+    unknown = f" (turn {unmetered} reported none)" if unmetered is not None else ""
+    return f"tokens {tokens.get('used', 0)}/{tokens.get('ceiling', 0)}{unknown}"
+
+
 def _decision_words(d: Mapping[str, Any]) -> str:
     words = f"{d['tool']} ({d.get('family') or 'unclassified'}): {d['outcome']} by line {d.get('line')}"
     if d.get("answer"):
@@ -250,7 +260,8 @@ def _decision_words(d: Mapping[str, Any]) -> str:
 
 
 def task_text(snap: Mapping[str, Any], decisions: Sequence[Mapping[str, Any]] = ()) -> str:
-    lines = [f"Task {snap['id']} ({snap['agent']}): {snap['status']} · steps {_budget(snap)} · run {snap['run_id']}",
+    tokens = f" · {_tokens(snap)}" if _tokens(snap) else ""
+    lines = [f"Task {snap['id']} ({snap['agent']}): {snap['status']} · steps {_budget(snap)}{tokens} · run {snap['run_id']}",
              f"  goal: {snap.get('goal', '')}"]
     for step in snap.get("steps") or ():
         lines.append(f"  {step['index'] + 1}. [{step['status']}] {step['description']}")
@@ -343,7 +354,9 @@ def budget_bar_html(snap: Mapping[str, Any]) -> str:
     pct = min(100, round(100 * used / ceiling))
     return (f"<div title='steps used'>budget {_e(_budget(snap))} "
             f"<span style='display:inline-block;width:120px;height:8px;background:#eaeef2;vertical-align:middle'>"
-            f"<span style='display:block;width:{pct}%;height:8px;background:#0969da'></span></span></div>")
+            f"<span style='display:block;width:{pct}%;height:8px;background:#0969da'></span></span>"
+            + (f" <span title='input and output tokens of the run'>{_e(_tokens(snap))}</span>" if _tokens(snap) else "")
+            + "</div>")
 
 
 def task_html(snap: Mapping[str, Any], waiting: Sequence[Mapping[str, Any]] = (),

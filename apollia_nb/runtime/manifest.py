@@ -69,7 +69,7 @@ _TABLE_KEYS: dict[str, frozenset[str]] = {
     "tools": frozenset({"required", "optional"}),
     "python": frozenset({"packages"}),
     "workspace": frozenset({"root"}),
-    "budget": frozenset({"max_steps"}),
+    "budget": frozenset({"max_steps", "max_tokens"}),
     "runtime": frozenset({"drain_timeout_secs"}),
 }
 
@@ -129,6 +129,7 @@ class Manifest:
     python_packages: tuple[str, ...] = ()
     workspace_root: str = "."
     max_steps: int = DEFAULT_MAX_STEPS
+    max_tokens: int | None = None  # [budget] max_tokens: a run's input + output tokens, None for no limit
     drain_timeout_secs: float | None = None
     source_text: str = field(default="", repr=False, compare=False)
     source: str = field(default="<manifest>", compare=False)
@@ -388,6 +389,13 @@ class _Checker:
                 self.wrong(("budget", "max_steps"), "a positive integer", value)
             else:
                 max_steps = value
+        max_tokens: int | None = None
+        if "max_tokens" in budget:
+            value = budget["max_tokens"]
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                self.wrong(("budget", "max_tokens"), "a positive integer (tokens)", value)
+            else:
+                max_tokens = value
 
         drain: float | None = None
         runtime = self.section(doc, "runtime")
@@ -415,6 +423,7 @@ class _Checker:
             python_packages=packages,
             workspace_root=root,
             max_steps=max_steps,
+            max_tokens=max_tokens,
             drain_timeout_secs=drain,
             source_text=text,
             source=self.source,

@@ -69,13 +69,61 @@ def new_steps(plan: list[str]) -> list[StepRecord]:
 
 @dataclass
 class Budget:
-    """A task's steps: ``used`` of ``ceiling`` (every model turn and every tool call is one)."""
+    """A task's steps: ``used`` of ``ceiling`` (every model turn and every tool call is one), and with
+    a token budget (``[budget] max_tokens``) its tokens: ``tokens`` of ``token_ceiling`` (the input and
+    output tokens of every model turn, as the provider reported them), ``unmetered`` the first turn
+    whose provider reported none (the budget can then no longer be kept)."""
 
     used: int
     ceiling: int
+    tokens: int = 0
+    token_ceiling: int | None = None
+    unmetered: int | None = None
 
-    def to_json(self) -> dict[str, int]:
-        return {"used": self.used, "ceiling": self.ceiling}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"used": self.used, "ceiling": self.ceiling}
+        if self.token_ceiling is not None:
+            out["tokens"] = {"used": self.tokens, "ceiling": self.token_ceiling, "unmetered_turn": self.unmetered}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Budget":
+        tokens = data.get("tokens")
+        if tokens is None:
+            return cls(used=int(data["used"]), ceiling=int(data["ceiling"]))
+        unmetered = tokens["unmetered_turn"]
+        return cls(used=int(data["used"]), ceiling=int(data["ceiling"]), tokens=int(tokens["used"]),
+                   token_ceiling=int(tokens["ceiling"]), unmetered=None if unmetered is None else int(unmetered))
+
+    def count_turn(self, turn: int, usage: Mapping[str, Any] | None) -> None:
+        """Count a model turn's tokens (nothing without a token budget). A turn whose provider
+        reported no usage leaves the budget unknowable: the next step refuses (fail closed)."""
+        if self.token_ceiling is None:
+            return
+        from apollia_nb.runtime.models.base import usage_tokens
+
+        counted = usage_tokens(usage)
+        if counted is None:
+            if self.unmetered is None:
+                self.unmetered = turn
+        else:
+            self.tokens += counted
+
+    def check(self) -> None:
+        """Before a step: ``BUDGET_EXCEEDED`` once a ceiling is reached (steps), passed (tokens), or a
+        turn went unmetered under a token budget."""
+        if self.used >= self.ceiling:
+            raise BudgetExceeded(f"the step ceiling of {self.ceiling} was reached")
+        if self.token_ceiling is None:
+            return
+        if self.unmetered is not None:
+            raise BudgetExceeded(
+                f"the token budget of {self.token_ceiling} cannot be kept: the provider reported no token usage "
+                f"for model turn {self.unmetered} ({self.tokens} tokens counted before it); ask the provider for "
+                "usage ([model] stream_usage = true) or remove [budget] max_tokens")
+        if self.tokens > self.token_ceiling:
+            raise BudgetExceeded(f"the token budget of {self.token_ceiling} was passed: {self.tokens} input and "
+                                 "output tokens used")
 
 
 #: The keys of a task's record, in the order ``runtime.db`` and the journal have them.
@@ -218,7 +266,7 @@ class TaskRecord:
                 status=TASK.parse(data["status"]), error=data["error"], result=data["result"],
                 warnings=list(data["warnings"]), watched=bool(data["watched"]), grants=list(data["grants"]),
                 approve_plan=bool(data["approve_plan"]),
-                budget=Budget(used=int(budget["used"]), ceiling=int(budget["ceiling"])),
+                budget=Budget.from_json(budget),
                 phase=PHASE.parse(data["phase"]), plan=list(data["plan"]),
                 steps=[StepRecord.from_json(s) for s in data["steps"]], step_index=int(data["step_index"]),
                 attempt=int(data["attempt"]), feedback=list(data["feedback"]), messages=list(data["messages"]),
@@ -329,6 +377,8 @@ class TaskRun:
         self._plan_event = anyio.Event()
         self._model_instance: Any = None
         self._ending: TaskStatus | None = None  # the end being sealed (``_finish``), once decided
+        if record.status is TaskStatus.PENDING and record.budget.token_ceiling is None:
+            record.budget.token_ceiling = agent.manifest.max_tokens  # fixed when the run is submitted
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -368,10 +418,8 @@ class TaskRun:
         self.rt.journal.append_soon(kind, payload, run_id=self.r.run_id, agent=self.agent.name)
 
     def _spend(self) -> None:
-        budget = self.r.budget
-        if budget.used >= budget.ceiling:
-            raise BudgetExceeded(f"the step ceiling of {budget.ceiling} was reached")
-        budget.used += 1
+        self.r.budget.check()
+        self.r.budget.used += 1
 
     async def _status_entry(self, status: str) -> None:
         await self._journal("task_status", {"task_id": self.id, "status": status})
@@ -745,6 +793,7 @@ class TaskRun:
             self.r.model_state = state  # saved with the record: a resumed run continues its script
         turn = self.r.turns + 1
         self.r.turns = turn
+        self.r.budget.count_turn(turn, response.usage)
         # Call ids are the engine's own (unique within the run), whatever the provider sent.
         calls = tuple(
             ToolCallRequest(id=f"c{turn}-{i + 1}", name=tc.name, arguments=dict(tc.arguments))

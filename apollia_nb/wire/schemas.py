@@ -125,9 +125,19 @@ class Submission(_Out):
     warnings: list[str]
 
 
+class TokenBudget(_Out):
+    """A run's token budget (`[budget] max_tokens`): input and output tokens used of `ceiling`;
+    `unmetered_turn`, the model turn whose provider reported no usage (the run then stops)."""
+
+    used: int
+    ceiling: int
+    unmetered_turn: int | None = None
+
+
 class Budget(_Out):
     used: int
     ceiling: int
+    tokens: TokenBudget | None = None
 
 
 class StepCall(_Out):

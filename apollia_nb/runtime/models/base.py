@@ -64,6 +64,7 @@ __all__ = [
     "structured_response",
     "structured_stream",
     "tool_images",
+    "usage_tokens",
 ]
 
 Role = Literal["planner", "actor", "critic"]
@@ -217,6 +218,37 @@ class ModelResponse:
     def __post_init__(self) -> None:
         if not isinstance(self.reasoning, tuple):
             object.__setattr__(self, "reasoning", tuple(self.reasoning))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_tokens(usage: Mapping[str, Any] | None) -> int | None:
+    """The input and output tokens of one turn together, from a provider's own ``usage``; None when
+    it says nothing that can be counted (no usage, a count missing or not a whole number).
+
+    Chat completions: ``prompt_tokens + completion_tokens``. Anthropic and the Responses API:
+    ``input_tokens + output_tokens``, plus Anthropic's ``cache_creation_input_tokens`` and
+    ``cache_read_input_tokens`` (its ``input_tokens`` leaves the cached ones out; the Responses API
+    counts them in ``input_tokens`` already). Reasoning tokens are output tokens in all three. A usage
+    with only ``total_tokens`` gives that."""
+    if not isinstance(usage, Mapping):
+        return None
+    for into, out in (("prompt_tokens", "completion_tokens"), ("input_tokens", "output_tokens")):
+        if into in usage or out in usage:
+            first, second = _count(usage.get(into)), _count(usage.get(out))
+            if first is None or second is None:
+                return None
+            cached = 0
+            for key in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+                if usage.get(key) is not None:
+                    extra = _count(usage.get(key))
+                    if extra is None:
+                        return None
+                    cached += extra
+            return first + second + cached
+    return _count(usage.get("total_tokens"))
 
 
 # --------------------------------------------------------------------------- stream events
