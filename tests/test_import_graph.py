@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "apollia_nb.journal": 1,
     "apollia_nb.runtime": 2,
     "apollia_nb.federation": 3,
+    "apollia_nb.hooks": 3,
     # surfaces
     "apollia_nb.api": 4,
     "apollia_nb.sdk": 4,

@@ -58,7 +58,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__, faults
-from apollia_nb.api import batches
+from apollia_nb.api import batches, hooks
 from apollia_nb.api.deps import API_PREFIX, authorize, error_responses, json_route
 from apollia_nb.api.deps import STORAGE_STATUSES as _STORAGE_STATUSES
 from apollia_nb.api.deps import closing as _closing
@@ -978,6 +978,7 @@ def create_app(
     app.include_router(router, prefix=API_PREFIX)
     app.include_router(batches.router, prefix=API_PREFIX)
     app.include_router(_internal.router, prefix=API_PREFIX)
+    app.include_router(hooks.router, prefix=API_PREFIX)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
