@@ -1,8 +1,72 @@
-"""Shared fixtures: a fresh home per test, the anyio backend, manifests."""
+"""Shared fixtures: a fresh home per test, the anyio backend, manifests.
+
+The suite runs in worker processes (pytest-xdist, ``dev/test.sh``) as well as in one process
+(``-n 0``). Each process gets its own IPython, Jupyter and matplotlib folders (none of the user's
+``~/.ipython``, ``~/.jupyter`` or ``~/.cache`` is read or written), and what is built once for the
+whole run -- the wheel and a virtual environment holding it -- is built by the first worker that
+needs it, under a lock, in a folder every worker of the run shares.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+# Where a Jupyter kernel, an IPython shell or matplotlib would write under the user's HOME.
+_PROCESS_DIRS = {"IPYTHONDIR": "ipython", "JUPYTER_CONFIG_DIR": "jupyter-config",
+                 "JUPYTER_DATA_DIR": "jupyter-data", "JUPYTER_RUNTIME_DIR": "jupyter-runtime"}
+_saved_env: dict[str, str | None] = {}
+_scratch: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """This process's own IPython and Jupyter folders; matplotlib's font cache is shared by a run's
+    workers (it locks its own cache), which inherit the folder from the process that starts them."""
+    scratch = tempfile.mkdtemp(prefix="apollia-tests-")
+    _scratch.append(scratch)
+    wanted = {name: os.path.join(scratch, sub) for name, sub in _PROCESS_DIRS.items()}
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        wanted["MPLCONFIGDIR"] = os.path.join(scratch, "matplotlib")
+    for name, value in wanted.items():
+        _saved_env.setdefault(name, os.environ.get(name))
+        os.environ[name] = value
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for name, value in _saved_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _saved_env.clear()
+    for scratch in _scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _scratch.clear()
+
+
+def _run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every worker of this run shares (the run's own base folder when there are none)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
+@contextlib.contextmanager
+def _run_lock(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Path]:
+    """Hold an exclusive lock shared by this run's workers; yields the run's shared folder."""
+    shared = _run_dir(tmp_path_factory)
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield shared
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture
@@ -24,32 +88,43 @@ def home(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def built_wheel(tmp_path_factory):
-    """The project's wheel, built once per test session as a release is (with the panel's Node build)."""
+    """The project's wheel, built once per test run as a release is (with the panel's Node build):
+    the first worker that needs it builds it, the others wait for it and read the same file."""
     import subprocess
     import sys
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    dist = tmp_path_factory.mktemp("dist")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "--disable-pip-version-check", str(root), "-w", str(dist)],
-                           capture_output=True, text=True, timeout=600, cwd=dist)
-    assert built.returncode == 0, built.stdout + built.stderr
+    with _run_lock(tmp_path_factory, "wheel") as shared:
+        dist = shared / "dist"
+        if not (shared / "dist.done").exists():  # never built, or a build that failed: (again) from scratch
+            shutil.rmtree(dist, ignore_errors=True)
+            dist.mkdir()
+            built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                                    "--disable-pip-version-check", str(root), "-w", str(dist)],
+                                   capture_output=True, text=True, timeout=600, cwd=dist)
+            assert built.returncode == 0, built.stdout + built.stderr
+            (shared / "dist.done").touch()
     [wheel] = dist.glob("apollia_nb-*.whl")
     return wheel
 
 
 @pytest.fixture(scope="session")
 def wheel_venv(tmp_path_factory, built_wheel):
-    """A fresh virtual environment holding the built wheel and its dependencies (from pip's cache), as a user's."""
-    import os
+    """A fresh virtual environment holding the built wheel and its dependencies (from pip's cache), as a
+    user's: made once per test run, like the wheel, and only read by the tests that use it."""
     import subprocess
     import sys
 
-    venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_REQUIRE_VIRTUALENV")}
-    installed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                str(built_wheel)], capture_output=True, text=True, timeout=900, env=env)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
+    with _run_lock(tmp_path_factory, "wheel-venv") as shared:
+        venv = shared / "wheel-venv" / "venv"  # made where it stays: a virtual environment cannot be moved
+        if not (shared / "wheel-venv.done").exists():
+            shutil.rmtree(venv.parent, ignore_errors=True)
+            venv.parent.mkdir()
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+            env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_REQUIRE_VIRTUALENV")}
+            installed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                                        "--disable-pip-version-check", str(built_wheel)],
+                                       capture_output=True, text=True, timeout=900, env=env)
+            assert installed.returncode == 0, installed.stdout + installed.stderr
+            (shared / "wheel-venv.done").touch()
     return venv
