@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "apollia_nb.journal": 1,
     "apollia_nb.runtime": 2,
     "apollia_nb.federation": 3,
+    "apollia_nb.acp": 3,  # the ACP proxy: an outside agent governed by the home, as federation brings in tools
     "apollia_nb.hooks": 3,
     # surfaces
     "apollia_nb.api": 4,

@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         serve.register(sub, common)
+    from apollia_nb.cli import acp, gateway
+
+    for module in (acp, gateway):
+        module.register(sub, common)
     return parser
 
 
