@@ -63,6 +63,8 @@ HTTP_TEXT_CAP = 65_536
 """``http_request`` reads at most this many bytes of a response body."""
 LIST_CAP = 1_000
 """``list_dir`` and ``notebook_list_variables`` list at most this many entries."""
+FIGURE_CAP = 8
+"""``python_executor`` returns at most this many matplotlib figures of a run (as PNG images)."""
 
 HIDDEN_NOTEBOOK_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 """Names IPython binds in the user namespace: never listed, read or set by an agent."""
@@ -206,7 +208,105 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-async def _run_process(argv: list[str], *, cwd: Path, stdin: bytes | None, cap: int) -> dict[str, Any]:
+# --- figures of python_executor ---------------------------------------------------------
+#
+# The program runs in a fresh interpreter, never in the kernel: its figures reach the agent as PNG
+# files written to a folder of this call (outside the workspace), by a matplotlib backend of ours
+# (``show()`` saves the open figures and closes them) and, when the program ends, for the figures
+# still open. The folder is read back as image bytes only (``image_descriptor`` checks each one), at
+# most ``FIGURE_CAP`` of them; the result carries them as images, described by digest like any
+# tool's image.
+
+_FIGURE_BACKEND = "_apollia_figures"
+_FIGURE_BACKEND_SOURCE = f'''"""matplotlib backend of apollia_nb's python_executor: figures become PNG files."""
+import os
+import sys
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg as FigureCanvas  # noqa: F401
+
+FOLDER = os.path.dirname(os.path.abspath(__file__))
+_saved = [0]
+
+
+def save_open():
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    for number in plt.get_fignums():
+        figure = plt.figure(number)
+        if _saved[0] < {FIGURE_CAP}:
+            _saved[0] += 1
+            figure.savefig(os.path.join(FOLDER, "figure-%03d.png" % _saved[0]), format="png")
+        plt.close(figure)
+
+
+def show(*args, **kwargs):
+    save_open()
+'''
+# Runs the program from stdin as ``python -`` would (in ``__main__``, its frames named ``<stdin>``),
+# then saves the figures left open.
+_FIGURE_BOOTSTRAP = """\
+def _apollia_run():
+    import sys, traceback
+    folder = sys.argv[1]
+    sys.argv[:] = ["-"]
+    sys.path.append(folder)
+    source = sys.stdin.read()
+    namespace = sys.modules["__main__"].__dict__
+    namespace.pop("_apollia_run", None)
+    try:
+        exec(compile(source, "<stdin>", "exec"), namespace)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
+        sys.exit(1)
+    finally:
+        if "matplotlib.pyplot" in sys.modules:
+            try:
+                import _apollia_figures
+                _apollia_figures.save_open()
+            except Exception as exc:
+                print("python_executor: the open figures could not be saved: %r" % (exc,), file=sys.stderr)
+_apollia_run()
+"""
+
+
+def _figure_images(folder: Path) -> list[bytes]:
+    """The PNG figures a run left in its folder, in order, at most ``FIGURE_CAP`` (larger than
+    ``IMAGE_MAX_BYTES`` ones are left out: they could not be given to a model)."""
+    from apollia_nb.runtime.outputs import IMAGE_MAX_BYTES
+
+    images = []
+    for name in sorted(os.listdir(folder))[:FIGURE_CAP + 1]:
+        path = folder / name
+        if not (name.startswith("figure-") and name.endswith(".png")) or path.is_symlink() or not path.is_file():
+            continue
+        with open(path, "rb") as handle:
+            data = handle.read(IMAGE_MAX_BYTES + 1)
+        if len(data) <= IMAGE_MAX_BYTES and data.startswith(b"\x89PNG\r\n\x1a\n"):
+            images.append(data)
+    return images[:FIGURE_CAP]
+
+
+async def _run_python(python: str, code: str, *, cwd: Path, cap: int) -> dict[str, Any]:
+    """``python_executor``'s run: the program in a fresh interpreter, with its figures as images."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="apollia-figures-") as tmp:
+        folder = Path(tmp)
+        (folder / f"{_FIGURE_BACKEND}.py").write_text(_FIGURE_BACKEND_SOURCE, encoding="utf-8")
+        env = {**_child_environment(), "MPLBACKEND": f"module://{_FIGURE_BACKEND}"}
+        result = await _run_process([python, "-c", _FIGURE_BOOTSTRAP, str(folder)], cwd=cwd,
+                                    stdin=code.encode("utf-8"), cap=cap, env=env)
+        images = await anyio.to_thread.run_sync(_figure_images, folder)
+    if images:
+        result["images"] = images
+    return result
+
+
+async def _run_process(argv: list[str], *, cwd: Path, stdin: bytes | None, cap: int,
+                       env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run a command in its own process group; on cancellation (the tool's timeout) kill the group.
 
     The child gets no open descriptor of this process (the home's databases) and
@@ -216,7 +316,7 @@ async def _run_process(argv: list[str], *, cwd: Path, stdin: bytes | None, cap: 
     process = await anyio.open_process(
         argv,
         cwd=cwd,
-        env=_child_environment(),
+        env=_child_environment() if env is None else env,
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -533,14 +633,13 @@ def builtin_tools(
         return await _run_process(["bash", "-c", command], cwd=Path(root), stdin=None, cap=OUTPUT_CAP_BYTES)
 
     async def python_executor(code: str) -> dict[str, Any]:
-        """Run Python code in a fresh interpreter in the workspace; returns exit_code, stdout and stderr.
+        """Run Python code in a fresh interpreter in the workspace; returns exit_code, stdout and stderr,
+        and the matplotlib figures it drew (shown, or open at its end) as PNG images.
 
         Args:
             code: the program text
         """
-        return await _run_process(
-            [python, "-"], cwd=Path(root), stdin=code.encode("utf-8"), cap=OUTPUT_CAP_BYTES
-        )
+        return await _run_python(python, code, cwd=Path(root), cap=OUTPUT_CAP_BYTES)
 
     async def http_request(
         url: str, method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] = "GET",

@@ -1,0 +1,199 @@
+"""Images made by the agent's own code: the matplotlib figures of a ``python_executor`` run become
+image descriptors of its result, given to a model that reads images (``[model] images = true``) and
+journaled by digest; a model that does not read images reads the descriptor.
+
+The model replies are the providers' wire formats from the fake servers on 127.0.0.1; the program
+runs in a real interpreter, with matplotlib, in the agent's workspace.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from fake_model_servers import (
+    FakeModelServer,
+    anthropic_stream,
+    anthropic_text_events,
+    anthropic_tool_events,
+    fake_model_server,  # noqa: F401 - fixture
+    openai_stream,
+    openai_text_chunks,
+    openai_tool_chunks,
+    responses_call,
+    responses_events,
+    responses_message,
+    responses_stream,
+)
+
+from apollia_nb.runtime import Runtime
+from apollia_nb.runtime.builtins import FIGURE_CAP, builtin_tools
+from apollia_nb.runtime.outputs import image_bytes, json_value
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def run_python(workspace: Path, code: str) -> dict:
+    [tool] = [t for t in builtin_tools(workspace, python=sys.executable) if t.name == "python_executor"]
+    return await tool.fn(code=code)
+
+
+PLOT = """\
+import matplotlib.pyplot as plt
+plt.plot([1, 2, 3], [3, 1, 2])
+plt.title("sales")
+plt.show()
+plt.close("all")
+print("drawn")
+"""
+
+
+# --------------------------------------------------------------------------- the executor
+
+
+@pytest.mark.anyio
+async def test_a_shown_figure_comes_back_as_a_png_even_when_the_program_closes_it(tmp_path):
+    result = await run_python(tmp_path, PLOT)
+    assert (result["exit_code"], result["stdout"], result["stderr"]) == (0, "drawn\n", "")
+    [png] = result["images"]
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    descriptor = json_value(result)["images"][0]
+    assert descriptor["mime_type"] == "image/png" and descriptor["sha256"] == hashlib.sha256(png).hexdigest()
+    assert (descriptor["width"], descriptor["height"]) == (640, 480)
+    assert image_bytes(descriptor) == png  # held for the models that read images
+    assert list(tmp_path.iterdir()) == []  # nothing written into the workspace
+
+
+@pytest.mark.anyio
+async def test_figures_left_open_are_kept_also_when_the_program_fails_and_at_most_the_cap(tmp_path):
+    failing = ("import matplotlib.pyplot as plt\nplt.figure(); plt.bar([1], [2])\n"
+               "raise ValueError('late')\n")
+    result = await run_python(tmp_path, failing)
+    assert result["exit_code"] == 1 and len(result["images"]) == 1
+    # The traceback is the program's own, as `python -` prints it.
+    assert result["stderr"].splitlines() == [
+        "Traceback (most recent call last):", '  File "<stdin>", line 3, in <module>', "ValueError: late"]
+    many = "import matplotlib.pyplot as plt\nfor i in range(12):\n    plt.figure(); plt.plot([i, 0])\n"
+    assert len((await run_python(tmp_path, many))["images"]) == FIGURE_CAP
+
+
+@pytest.mark.anyio
+async def test_a_program_without_figures_returns_what_it_did_before(tmp_path):
+    result = await run_python(tmp_path, "import sys\nprint(__name__, sys.argv, sys.stdin.read() == '')\n"
+                                        "print('_apollia_run' in globals())")
+    assert result == {"exit_code": 0, "stdout": "__main__ ['-'] True\nFalse\n", "stderr": ""}
+    assert (await run_python(tmp_path, "import sys; sys.exit(3)")) == {"exit_code": 3, "stdout": "", "stderr": ""}
+
+
+@pytest.mark.anyio
+async def test_files_a_program_writes_beside_its_figures_are_taken_only_as_png_images(tmp_path):
+    forged = """\
+import importlib.util, os
+folder = os.path.dirname(importlib.util.find_spec("_apollia_figures").origin)  # the figures' own folder
+open(os.path.join(folder, "figure-001.png"), "wb").write(b"not an image at all")
+open(os.path.join(folder, "other.png"), "wb").write(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(30))
+os.symlink("/etc/passwd", os.path.join(folder, "figure-002.png"))
+"""
+    result = await run_python(tmp_path, forged)
+    assert result["exit_code"] == 0, result["stderr"]
+    assert "images" not in result
+
+
+# --------------------------------------------------------------------------- through a governed task
+
+
+def _agent(provider_lines: str, images: bool) -> str:
+    return ('name = "analyst"\ndescription = "d"\ninstructions = "Plot."\n\n'
+            f'[model]\n{provider_lines}max_retries = 0\nimages = {"true" if images else "false"}\n\n'
+            '[tools]\nrequired = ["python_executor"]\n')
+
+
+ARGS = json.dumps({"code": PLOT})
+
+
+def _replies(kind: str, server: FakeModelServer) -> tuple[str, list]:
+    if kind == "chat":
+        return f'provider = "openai"\nmodel = "m"\nbase_url = "{server.url}/v1"\n', [
+            openai_stream(openai_tool_chunks([("p", "submit_plan", ['{"steps": ["Plot the sales"]}'])])),
+            openai_stream(openai_tool_chunks([("call_9", "python_executor", [ARGS[:20], ARGS[20:]])])),
+            openai_stream(openai_text_chunks(["A zigzag."])),
+            openai_stream(openai_tool_chunks([("v", "submit_verdict", ['{"verdict": "pass", "reasons": []}'])]))]
+    if kind == "anthropic":
+        return f'provider = "anthropic"\nmodel = "c"\nbase_url = "{server.url}"\n', [
+            anthropic_stream(anthropic_tool_events([("p", "submit_plan", ['{"steps": ["Plot the sales"]}'])])),
+            anthropic_stream(anthropic_tool_events([("toolu_9", "python_executor", [ARGS])])),
+            anthropic_stream(anthropic_text_events(["A zigzag."])),
+            anthropic_stream(anthropic_tool_events([("v", "submit_verdict", ['{"verdict": "pass"}'])]))]
+    return f'provider = "openai"\napi = "responses"\nmodel = "m"\nbase_url = "{server.url}/v1"\n', [
+        responses_stream(responses_events([responses_message(['{"steps": ["Plot the sales"]}'])])),
+        responses_stream(responses_events([responses_call("call_9", "python_executor", [ARGS])])),
+        responses_stream(responses_events([responses_message(["A zigzag."])])),
+        responses_stream(responses_events([responses_message(['{"verdict": "pass", "reasons": []}'])]))]
+
+
+def _image_sent(kind: str, request: dict) -> str:
+    if kind == "chat":
+        return request["messages"][-1]["content"][1]["image_url"]["url"]
+    if kind == "anthropic":
+        source = request["messages"][-1]["content"][0]["content"][1]["source"]
+        return f"data:{source['media_type']};base64,{source['data']}"
+    return request["input"][-1]["output"][1]["image_url"]
+
+
+async def _answered(rt: Runtime, handle) -> object:
+    """The run asks before the program runs (family execute): answered once, as a person would."""
+    await handle.settled()
+    assert handle.status == "waiting"
+    [card] = handle.pending
+    assert card.tool == "python_executor" and card.arguments["code"] == PLOT
+    card.answer("once")
+    return await handle
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["chat", "anthropic", "responses"])
+async def test_a_figure_of_the_agents_program_reaches_the_model_and_the_journal_keeps_its_digest(
+        home, monkeypatch, fake_model_server, kind):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
+    lines, replies = _replies(kind, fake_model_server)
+    fake_model_server.reply(*replies)
+    async with Runtime(home) as rt:
+        await rt.register_agent(_agent(lines, images=True))
+        task = await _answered(rt, await rt.submit("analyst", "Plot the sales"))
+        assert task.status == "completed", task.error
+        entries = rt.journal.entries(run_id=task.run_id)
+        result = next(json.loads(e.payload) for e in entries if e.kind == "tool_result")
+        assert result["status"] == "ok" and result["output"]["stdout"] == "drawn\n"
+        [descriptor] = result["output"]["images"]
+        png = image_bytes(descriptor)
+        assert png is not None and descriptor["sha256"] == hashlib.sha256(png).hexdigest()
+        assert _image_sent(kind, fake_model_server.requests[2].json()) == (
+            "data:image/png;base64," + base64.b64encode(png).decode("ascii"))
+        encoded = base64.b64encode(png).decode("ascii")
+        assert not any(encoded[:40].encode() in bytes(e.payload) for e in entries)  # never the bytes
+        decision = next(json.loads(e.payload) for e in entries if e.kind == "decision")
+        assert (decision["tool"], decision["outcome"]) == ("python_executor", "ask")
+        assert rt.replay(task.run_id).verdict == "identical"
+
+
+@pytest.mark.anyio
+async def test_without_images_the_model_reads_the_figure_described_by_its_digest(home, fake_model_server):
+    lines, replies = _replies("chat", fake_model_server)
+    fake_model_server.reply(*replies)
+    async with Runtime(home) as rt:
+        await rt.register_agent(_agent(lines, images=False))
+        task = await _answered(rt, await rt.submit("analyst", "Plot the sales"))
+        assert task.status == "completed", task.error
+        sent = fake_model_server.requests[2].json()["messages"]
+        assert sent[-1]["role"] == "tool"
+        [described] = json.loads(sent[-1]["content"])["images"]
+        assert described["type"] == "image" and described["mime_type"] == "image/png"
+        assert len(described["sha256"]) == 64
+        assert "data:image" not in fake_model_server.requests[2].body.decode()
