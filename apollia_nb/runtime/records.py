@@ -66,6 +66,9 @@ __all__ = ["RuntimeRecords", "RETRY_SECS", "open_records"]
 #: How often the writer tries again a write the disk refused, while nothing else asks it to.
 RETRY_SECS = 0.5
 
+#: The most writes the writer commits in one transaction (those queued while it committed the last group).
+GROUP_MAX = 256
+
 #: How long a task's or a session's state written as it runs may stay queued before it is committed
 #: (a flush, a read, any other write or the close commits it at once). A later snapshot replaces it.
 DEFER_SECS = 0.25
@@ -83,6 +86,7 @@ class _Write(NamedTuple):
     acknowledged: bool = False
     undo: Callable[[], None] | None = None
     defer: bool = False  # a state snapshot that may wait DEFER_SECS (a later one replaces it)
+    alone: bool = False  # makes its own transaction: never committed in a group with others
 
 
 _STOP = _Write(None)
@@ -189,7 +193,7 @@ class RuntimeRecords:
         except duckdb.Error as exc:  # a new file on a full disk
             self._con.close()
             raise storage_error(exc, f"{path.name} could not be opened") or exc from None
-        self._lock = threading.Lock()  # one statement at a time on the connection
+        self._lock = threading.RLock()  # one statement (or the writer's one group) at a time on the connection
         self._writes: queue.SimpleQueue[_Write] = queue.SimpleQueue()
         self._submit_lock = threading.Lock()
         self._closed = False
@@ -199,6 +203,7 @@ class RuntimeRecords:
         self._deferred: OrderedDict[Hashable, _Write] = OrderedDict()  # queued, not yet due, in order
         self._deferred_since = 0.0  # when the oldest deferred write was queued (monotonic)
         self._reopen_needed = False
+        self._in_group = False  # the writer's group transaction is open (see _group)
         self._writer = threading.Thread(target=self._run_writes, name=f"runtime-records:{path}", daemon=True)
         self._writer.start()
         atexit.register(self.close)  # a process that ends without closing still commits what is queued
@@ -239,21 +244,118 @@ class RuntimeRecords:
                 if self._kept:
                     self._retry()
                 continue
-            if item.defer and not item.acknowledged:
-                self._defer(item)
+            items = [item]
+            while len(items) < GROUP_MAX and items[-1] is not _STOP:
+                try:
+                    items.append(self._writes.get_nowait())
+                except queue.Empty:
+                    break
+            if self._group(items):
+                if items[-1] is _STOP:
+                    self._retry()
+                    return
                 continue
-            self._commit_deferred()  # everything queued before, in order, first
-            if item is _STOP:
-                self._retry()
-                return
-            if item.run is None:  # a flush
-                self._retry()
-                self._settle(item.done)
-            elif item.acknowledged:
-                self._retry()
-                self._run_acknowledged(item)
+            for item in items:
+                if self._handle(item):
+                    return
+
+    def _handle(self, item: _Write) -> bool:
+        """One queued item on its own (its own transaction); True when it is the writer's stop."""
+        if item.defer and not item.acknowledged:
+            self._defer(item)
+            return False
+        self._commit_deferred()  # everything queued before, in order, first
+        if item is _STOP:
+            self._retry()
+            return True
+        if item.run is None:  # a flush
+            self._retry()
+            self._settle(item.done)
+        elif item.acknowledged:
+            self._retry()
+            self._run_acknowledged(item)
+        else:
+            self._now(item)
+        return False
+
+    def _group(self, items: list[_Write], *, due: bool = False) -> bool:
+        """Commit the writes of ``items`` (queued together, in order) in one transaction, with the
+        held writes that go before them (all of them when ``due``), then tell each who waits, in
+        order: what ``_handle`` does item by item, with one commit (one sync of the log) for all.
+
+        Returns False, having changed nothing, when there is no group to make (fewer than two
+        writes, one that makes its own transaction, anything kept from the disk) or when a write
+        of the group failed (rolled back: each is then tried on its own, as it would have been).
+        A commit the disk refused is a refusal of every write of the group, each handled as
+        ``_handle`` handles its own refused commit."""
+        if self._kept or self._reopen_needed:
+            return False
+        deferred = OrderedDict(self._deferred)
+        since = self._deferred_since
+        plan: list[tuple[_Write, bool]] = []  # (a write or a flush, held): in the order of commit
+        if due:
+            plan += [(w, True) for w in deferred.values()]
+            deferred.clear()
+        for item in items:
+            if item.defer and not item.acknowledged:
+                if not deferred:
+                    since = time.monotonic()
+                _hold(deferred, item)
+                continue
+            plan += [(w, True) for w in deferred.values()]
+            deferred.clear()
+            if item is not _STOP:
+                plan.append((item, False))
+        writes = [w for w, _ in plan if w.run is not None]
+        if len(writes) < 2 or any(w.alone for w in writes):
+            return False
+        with self._lock:
+            con = self._con
+            try:
+                con.execute("BEGIN TRANSACTION")
+            except Exception:  # noqa: BLE001 - each on its own says what is wrong
+                return False
+            self._in_group = True
+            try:
+                for write in writes:
+                    assert write.run is not None
+                    self._run(write.run)
+            except BaseException:  # noqa: BLE001 - rolled back: each is tried on its own
+                self._in_group = False
+                try:
+                    con.execute("ROLLBACK")
+                except Exception:  # noqa: BLE001
+                    self._reopen_needed = True
+                return False
+            self._in_group = False
+            try:
+                con.execute("COMMIT")
+                failure: BaseException | None = None
+            except BaseException as exc:  # noqa: BLE001
+                failure = exc
+                if needs_reopen(exc):
+                    self._reopen_needed = True
+        if failure is not None and storage_error(failure, "") is None and damage_error(failure, self.path) is None:
+            if not self._reopen_needed:
+                try:
+                    with self._lock:
+                        con.execute("ROLLBACK")
+                except Exception:  # noqa: BLE001 - the failed commit ended the transaction
+                    pass
+                return False  # not the disk: each on its own says what it is
+        self._deferred, self._deferred_since = deferred, since
+        for write, _held in plan:
+            if write.run is None:
+                self._settle(write.done)
+            elif failure is None:
+                if write.acknowledged:
+                    assert write.done is not None
+                    write.done.set_result(None)
+            elif write.acknowledged:
+                self._refused_acknowledged(write, failure)
             else:
-                self._now(item)
+                self._refused(write, failure)
+        return True
 
     def _defer(self, item: _Write) -> None:
         """Hold a write nobody waits for until ``DEFER_SECS`` after the oldest held one (see the
@@ -264,6 +366,8 @@ class RuntimeRecords:
 
     def _commit_deferred(self) -> None:
         """Commit the held writes, in order (behind what the disk refused, if anything is kept)."""
+        if self._group([], due=True):
+            return
         while self._deferred:
             self._now(self._deferred.popitem(last=False)[1])
 
@@ -276,35 +380,49 @@ class RuntimeRecords:
 
     def _attempt(self, item: _Write) -> None:
         try:
+            assert item.run is not None
             self._run(item.run)
         except BaseException as exc:
-            error = storage_error(exc, f"{self.path.name} could not record a change")
-            if error is None:  # kept for the next read or flush: never lost
-                if self._error is None:
-                    self._error = exc
-            else:
-                self._kept_error = error
-                self._keep(item)
+            self._refused(item, exc)
+
+    def _refused(self, item: _Write, exc: BaseException) -> None:
+        """A write nobody waits for failed: kept when the disk refused it, else reported once."""
+        damaged = damage_error(exc, self.path)
+        exc = damaged if damaged is not None else exc
+        error = storage_error(exc, f"{self.path.name} could not record a change")
+        if error is None:  # kept for the next read or flush: never lost
+            if self._error is None:
+                self._error = exc
+        else:
+            self._kept_error = error
+            self._keep(item)
 
     def _run_acknowledged(self, item: _Write) -> None:
         """Try once: the caller is told either way and nothing of a refused write is kept."""
-        assert item.done is not None
+        assert item.done is not None and item.run is not None
         try:
             self._run(item.run)
         except BaseException as exc:
-            what = (f"the {item.key[0].rstrip('s')} {' '.join(map(str, item.key[1:]))}"
-                    if isinstance(item.key, tuple) else "it")
-            error = storage_error(exc, f"{self.path.name} could not record {what}")
-            if needs_reopen(exc) and item.undo is not None:
-                # DuckDB may have committed it after all (the WAL took it, the checkpoint did
-                # not): remove it, retried like any kept write, so a refused row never appears.
-                self._kept_error = error
-                self._keep(_Write(item.undo, item.key))
-            item.done.set_exception(error or exc)
+            self._refused_acknowledged(item, exc)
             return
         if item.whole and item.key is not None:
             self._kept.pop(item.key, None)  # an older snapshot of the row must not overwrite this one
         item.done.set_result(None)
+
+    def _refused_acknowledged(self, item: _Write, exc: BaseException) -> None:
+        """An acknowledged write failed: its caller is told, and nothing of it is kept."""
+        assert item.done is not None
+        damaged = damage_error(exc, self.path)
+        exc = damaged if damaged is not None else exc
+        what = (f"the {item.key[0].rstrip('s')} {' '.join(map(str, item.key[1:]))}"
+                if isinstance(item.key, tuple) else "it")
+        error = storage_error(exc, f"{self.path.name} could not record {what}")
+        if needs_reopen(exc) and item.undo is not None:
+            # DuckDB may have committed it after all (the WAL took it, the checkpoint did
+            # not): remove it, retried like any kept write, so a refused row never appears.
+            self._kept_error = error
+            self._keep(_Write(item.undo, item.key))
+        item.done.set_exception(error or exc)
 
     def _keep(self, item: _Write) -> None:
         _hold(self._kept, item)
@@ -377,14 +495,14 @@ class RuntimeRecords:
 
     def _write(self, write: Callable[[], None], key: Hashable | None = None, *, whole: bool = True,
                acknowledged: bool = False, undo: Callable[[], None] | None = None,
-               defer: bool = False) -> Future[None] | None:
+               defer: bool = False, alone: bool = False) -> Future[None] | None:
         done: Future[None] | None = Future() if acknowledged else None
         with self._submit_lock:
             if self._closed:
                 from apollia_nb.errors import Conflict
 
                 raise Conflict(f"{self.path} is closed")
-            self._writes.put(_Write(write, key, whole, done, acknowledged, undo, defer))
+            self._writes.put(_Write(write, key, whole, done, acknowledged, undo, defer, alone))
         return done
 
     def _flush_future(self) -> Future[None]:
@@ -434,7 +552,9 @@ class RuntimeRecords:
 
         An ``UPDATE`` costs about a quarter of DuckDB's ``INSERT OR REPLACE``
         (measured 0.5 ms against 1.7-2.2 ms), and rows are mostly rewritten.
-        ``new_row``: nothing had these keys, so a refused acknowledged write is undone by a delete.
+        ``new_row``: nothing had these keys, so a refused acknowledged write is undone by a delete, and the
+        row is inserted first (an ``UPDATE`` finds its row by reading the table, so one that finds nothing
+        costs more as the table grows); should a row with these keys be there after all, it is updated.
         ``insert``: only insert (half the cost of a missed ``UPDATE`` and an ``INSERT``); a row
         with these keys already there is ``CONFLICT`` and stays as it was. ``defer``: a state
         snapshot that may wait ``DEFER_SECS`` (see the module).
@@ -444,10 +564,12 @@ class RuntimeRecords:
                 self._con.execute(f"DELETE FROM {table} WHERE {' AND '.join(f'{c} = ?' for c in keys)}",
                                   list(keys.values()))
 
-        return self._write(lambda: self._upsert_now(table, keys, values, insert=insert), (table, *keys.values()),
+        return self._write(lambda: self._upsert_now(table, keys, values, insert=insert, new_row=new_row),
+                           (table, *keys.values()),
                            acknowledged=acknowledged, undo=undo if new_row else None, defer=defer)
 
-    def _upsert_now(self, table: str, keys: dict[str, Any], values: dict[str, Any], *, insert: bool = False) -> None:
+    def _upsert_now(self, table: str, keys: dict[str, Any], values: dict[str, Any], *, insert: bool = False,
+                    new_row: bool = False) -> None:
         import duckdb
 
         sets = ", ".join(f"{c} = ?" for c in values)
@@ -461,6 +583,14 @@ class RuntimeRecords:
             con = self._con
             try:
                 count = 0
+                if new_row and not insert:
+                    try:
+                        con.execute(f"INSERT INTO {table} ({', '.join(columns)}) "
+                                    f"VALUES ({', '.join('?' for _ in columns)})", [*keys.values(), *values.values()])
+                        return
+                    except duckdb.ConstraintException:
+                        if self._in_group:
+                            raise  # in a transaction (a group): it is aborted, the group tries each on its own
                 if not insert:
                     (count,) = con.execute(f"UPDATE {table} SET {sets} WHERE {where}",
                                            [*values.values(), *keys.values()]).fetchone()
@@ -638,7 +768,7 @@ class RuntimeRecords:
                 self._con.execute("DELETE FROM batch_items WHERE batch_id = ?", [record["id"]])
                 self._con.execute("DELETE FROM batches WHERE id = ?", [record["id"]])
 
-        done = self._write(write, ("batches", record["id"]), acknowledged=True, undo=undo)
+        done = self._write(write, ("batches", record["id"]), acknowledged=True, undo=undo, alone=True)
         assert done is not None
         return done
 
