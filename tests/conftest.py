@@ -51,6 +51,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     _scratch.clear()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding a slow test first, each file's tests in their own order: the workers start the
+    longest files first, so that none of them is left running alone at the end of the run."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 def _run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder every worker of this run shares (the run's own base folder when there are none)."""
     base = tmp_path_factory.getbasetemp()
@@ -87,14 +94,21 @@ def home(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def built_wheel(tmp_path_factory):
+def tree_build_lock(tmp_path_factory):
+    """Hold it while building this checkout (``pip wheel``/``pip install`` of the root run the panel's Node
+    build in ``labextension/`` when it looks stale) or while making the panel look stale: one at a time."""
+    return lambda: _run_lock(tmp_path_factory, "tree-build")
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory, tree_build_lock):
     """The project's wheel, built once per test run as a release is (with the panel's Node build):
     the first worker that needs it builds it, the others wait for it and read the same file."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    with _run_lock(tmp_path_factory, "wheel") as shared:
+    with tree_build_lock() as shared:
         dist = shared / "dist"
         if not (shared / "dist.done").exists():  # never built, or a build that failed: (again) from scratch
             shutil.rmtree(dist, ignore_errors=True)
@@ -128,3 +142,4 @@ def wheel_venv(tmp_path_factory, built_wheel):
             assert installed.returncode == 0, installed.stdout + installed.stderr
             (shared / "wheel-venv.done").touch()
     return venv
+

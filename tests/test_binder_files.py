@@ -54,7 +54,7 @@ def test_the_readme_and_the_notebooks_readme_say_how_to_launch_it():
 
 
 @pytest.mark.slow
-def test_a_fresh_environment_built_from_binder_runs_the_tour(tmp_path):
+def test_a_fresh_environment_built_from_binder_runs_the_tour(tmp_path, tree_build_lock):
     venv = tmp_path / "venv"
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")
            and not k.startswith("JUPYTER")}
@@ -73,7 +73,8 @@ def test_a_fresh_environment_built_from_binder_runs_the_tour(tmp_path):
     run(sys.executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
     # As repo2docker: from the repository's root, the requirements file, then postBuild.
-    run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", BINDER / "requirements.txt")
+    with tree_build_lock():  # `.` builds this tree: never beside another build of it
+        run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", BINDER / "requirements.txt")
     assert run("bash", "-c", "command -v python").strip() == str(python)  # postBuild's `python` is the venv's
     run("bash", BINDER / "postBuild")
     assert (venv / "etc" / "jupyter" / "jupyter_server_config.json").exists()

@@ -37,7 +37,7 @@ def test_the_wheel_ships_the_prebuilt_panel_under_share_jupyter_labextensions(bu
     assert not [n for n in names if "node_modules" in n or n.startswith("labextension/")]
 
 
-def test_a_second_build_skips_the_node_build_until_a_panel_source_changes(built_wheel):
+def test_a_second_build_skips_the_node_build_until_a_panel_source_changes(built_wheel, tree_build_lock):
     """What keeps `pip install -e .` (dev/test.sh, dev/lab.sh) from rebuilding the panel every time."""
     import tomllib
 
@@ -49,12 +49,13 @@ def test_a_second_build_skips_the_node_build_until_a_panel_source_changes(built_
     build_dir, source_dir = ROOT / kwargs["build_dir"], ROOT / kwargs["source_dir"]
     assert not is_stale(build_dir, source_dir)  # just built (built_wheel): the next build skips npm
     source = LABEXT / "src" / "index.ts"
-    before = source.stat()
-    try:
-        os.utime(source, (before.st_atime, time.time() + 60))  # as if edited after the build
-        assert is_stale(build_dir, source_dir)
-    finally:
-        os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with tree_build_lock():  # no build of this tree in another test sees the panel stale meanwhile
+        before = source.stat()
+        try:
+            os.utime(source, (before.st_atime, time.time() + 60))  # as if edited after the build
+            assert is_stale(build_dir, source_dir)
+        finally:
+            os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert not is_stale(build_dir, source_dir)
 
 
