@@ -209,7 +209,9 @@ def test_mcp_results_become_json_outputs():
     assert tool_output(t.CallToolResult(content=[])) is None
     assert tool_output(t.CallToolResult(content=[text, image, resource])) == [
         "hello",
-        {"type": "image", "mime_type": "image/png", "bytes": 5},  # summarised: the bytes are not passed on
+        # not an image's bytes: described by size and digest, never passed on
+        {"type": "image", "mime_type": "image/png", "bytes": 5,
+         "sha256": "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"},
         {"type": "resource", "uri": "file:///n.txt", "mime_type": "text/plain", "text": "note"},
     ]
 

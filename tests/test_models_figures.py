@@ -197,3 +197,125 @@ async def test_without_images_the_model_reads_the_figure_described_by_its_digest
         assert described["type"] == "image" and described["mime_type"] == "image/png"
         assert len(described["sha256"]) == 64
         assert "data:image" not in fake_model_server.requests[2].body.decode()
+
+
+# --------------------------------------------------------------------------- images and audio from an MCP server
+
+MEDIA_SERVER = '''
+import base64, io, wave
+import anyio
+import mcp_types as t
+from mcp.server.mcpserver import MCPServer
+from PIL import Image
+
+server = MCPServer("media", log_level="WARNING")
+
+def png(colour):
+    out = io.BytesIO()
+    Image.new("RGB", (12, 9), colour).save(out, format="PNG")
+    return base64.b64encode(out.getvalue()).decode()
+
+def wav():
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1); w.setsampwidth(2); w.setframerate(8000); w.writeframes(bytes(1600))
+    return base64.b64encode(out.getvalue()).decode()
+
+@server.tool()
+def chart() -> t.CallToolResult:
+    """A chart, and its sound."""
+    return t.CallToolResult(content=[
+        t.TextContent(text="the chart:"),
+        t.ImageContent(data=png("orange"), mime_type="image/png"),
+        t.AudioContent(data=wav(), mime_type="audio/wav")])
+
+@server.tool()
+def odd() -> t.CallToolResult:
+    """Media that are not what they say."""
+    return t.CallToolResult(content=[
+        t.ImageContent(data="not base64 at all!", mime_type="image/png"),
+        t.ImageContent(data=base64.b64encode(b"<svg xmlns='http://www.w3.org/2000/svg'/>").decode(),
+                       mime_type="image/svg+xml"),
+        t.EmbeddedResource(resource=t.BlobResourceContents(uri="file:///c.png", blob=png("teal"),
+                                                           mime_type="image/png"))])
+
+anyio.run(server.run_stdio_async)
+'''
+
+
+def _media_server(home, tmp_path) -> None:
+    from test_federation_support import write_config
+
+    script = tmp_path / "media_server.py"
+    script.write_text(MEDIA_SERVER, encoding="utf-8")
+    write_config(home, servers={"media": {"command": sys.executable, "args": [str(script)],
+                                          "families": {"chart": "read", "odd": "read"}}})
+
+
+def _media_agent(url: str, images: bool) -> str:
+    return ('name = "viewer"\ndescription = "d"\ninstructions = "Look."\n\n'
+            f'[model]\nprovider = "openai"\nmodel = "m"\nbase_url = "{url}/v1"\nmax_retries = 0\n'
+            f'images = {"true" if images else "false"}\n\n'
+            '[tools]\nrequired = ["mcp:media/chart", "mcp:media/odd"]\n')
+
+
+def _media_replies(tool: str) -> list:
+    return [openai_stream(openai_tool_chunks([("p", "submit_plan", ['{"steps": ["Look at it"]}'])])),
+            openai_stream(openai_tool_chunks([("call_m", tool, ["{}"])])),
+            openai_stream(openai_text_chunks(["Orange."])),
+            openai_stream(openai_tool_chunks([("v", "submit_verdict", ['{"verdict": "pass", "reasons": []}'])]))]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("images", [True, False])
+async def test_an_mcp_tools_image_reaches_the_model_by_digest_and_its_audio_stays_described(
+        home, tmp_path, fake_model_server, images):
+    _media_server(home, tmp_path)
+    fake_model_server.reply(*_media_replies("mcp:media/chart"))
+    async with Runtime(home) as rt:
+        await rt.register_agent(_media_agent(fake_model_server.url, images))
+        task = await (await rt.submit("viewer", "Look at the chart"))
+        assert task.status == "completed", task.error
+        entries = rt.journal.entries(run_id=task.run_id)
+        [result] = [json.loads(e.payload) for e in entries if e.kind == "tool_result"]
+        text, image, audio = result["output"]
+        assert text == "the chart:"
+        assert (image["type"], image["mime_type"], image["width"], image["height"]) == ("image", "image/png", 12, 9)
+        png = image_bytes(image)
+        assert png is not None and hashlib.sha256(png).hexdigest() == image["sha256"]
+        assert audio["type"] == "audio" and audio["mime_type"] == "audio/wav" and len(audio["sha256"]) == 64
+        assert image_bytes(audio) is None  # audio is named by digest, never held for a model
+        encoded = base64.b64encode(png).decode("ascii")
+        assert not any(encoded[:40].encode() in bytes(e.payload) for e in entries)
+        request = fake_model_server.requests[2]
+        if images:
+            sent = request.json()["messages"]
+            assert sent[-1]["role"] == "user"
+            assert sent[-1]["content"][1] == {"type": "image_url",
+                                              "image_url": {"url": "data:image/png;base64," + encoded}}
+            assert len(sent[-1]["content"]) == 2  # the image alone: no audio goes to the model
+        else:
+            assert "data:image" not in request.body.decode()
+            assert image["sha256"] in request.json()["messages"][-1]["content"]
+        assert rt.replay(task.run_id).verdict == "identical"
+
+
+@pytest.mark.anyio
+async def test_mcp_media_that_are_not_what_they_say_bring_no_image_along(home, tmp_path, fake_model_server):
+    _media_server(home, tmp_path)
+    fake_model_server.reply(*_media_replies("mcp:media/odd"))
+    async with Runtime(home) as rt:
+        await rt.register_agent(_media_agent(fake_model_server.url, True))
+        task = await (await rt.submit("viewer", "Look at the odd things"))
+        assert task.status == "completed", task.error
+        [result] = [json.loads(e.payload) for e in rt.journal.entries(run_id=task.run_id) if e.kind == "tool_result"]
+        broken, svg, embedded = result["output"]
+        assert broken == {"type": "image", "mime_type": "image/png", "bytes": None}
+        assert svg["mime_type"] == "image/svg+xml" and image_bytes(svg) is None  # not an image a model takes
+        image = embedded["image"]
+        assert embedded["uri"] == "file:///c.png" and (image["width"], image["height"]) == (12, 9)
+        sent = fake_model_server.requests[2].json()["messages"][-1]
+        # Only the embedded PNG is given as an image; the others are read described.
+        assert [p["type"] for p in sent["content"]] == ["text", "image_url"]
+        assert sent["content"][1]["image_url"]["url"].endswith(
+            base64.b64encode(image_bytes(image)).decode("ascii"))

@@ -170,16 +170,34 @@ def screen_tools(tools: list[Any]) -> tuple[list[Any], dict[str, str]]:
     return kept, refused
 
 
+def _media(kind: str, data: Any, declared: Any) -> dict[str, Any]:
+    """An image or audio block (MCP 2025-11-25: ``{"type", "data": base64, "mimeType"}``) as its
+    descriptor, by the digest of its bytes. An image whose bytes are PNG, JPEG, GIF or WebP is the
+    runtime's image descriptor (``image_descriptor``: held for a model that reads images; its
+    ``mime_type`` is what the bytes are, whatever the server declared); any other image, and audio,
+    is ``{"type", "mime_type" (as declared), "bytes", "sha256"}``, never given to a model. Data that
+    is not base64 is ``{"type", "mime_type", "bytes": None}``: nothing is named by it."""
+    import hashlib
+
+    from apollia_nb.runtime.outputs import image_descriptor
+
+    try:
+        raw = base64.b64decode(data if isinstance(data, (str, bytes)) else "", validate=True)
+    except (ValueError, TypeError):
+        return {"type": kind, "mime_type": declared, "bytes": None}
+    if kind == "image":
+        image = image_descriptor(raw)
+        if image is not None:
+            return image
+    return {"type": kind, "mime_type": declared, "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+
+
 def _block(block: Any) -> Any:
     kind = getattr(block, "type", None)
     if kind == "text":
         return block.text
     if kind in ("image", "audio"):
-        try:
-            size = len(base64.b64decode(block.data, validate=False))
-        except (ValueError, TypeError):
-            size = None
-        return {"type": kind, "mime_type": block.mime_type, "bytes": size}
+        return _media(kind, getattr(block, "data", None), getattr(block, "mime_type", None))
     if kind == "resource_link":
         return {"type": "resource_link", "uri": str(block.uri), "name": block.name,
                 "mime_type": getattr(block, "mime_type", None)}
@@ -193,6 +211,9 @@ def _block(block: Any) -> Any:
         else:
             blob = getattr(resource, "blob", "") or ""
             out["bytes"] = len(blob) * 3 // 4
+            media = _media("image", blob, out["mime_type"])
+            if "sha256" in media and "width" in media:  # an embedded image: described like an image block
+                out["image"] = media
         return out
     from apollia_nb.runtime.tools import to_jsonable
 
@@ -204,8 +225,9 @@ def tool_output(result: Any) -> Any:
 
     The structured content when the server gave one; else the text of a single
     text block; else a list with each text block as a string and every other
-    block summarised (images and audio by type, MIME type and size — their
-    bytes are not passed on; resources by URI, with their text when textual).
+    block summarised: images and audio by their descriptors (``_media``: the
+    bytes are named by digest, never part of the output; an image is held for a
+    model that reads images), resources by URI, with their text when textual.
     """
     from apollia_nb.runtime.tools import to_jsonable
 
