@@ -162,7 +162,7 @@ def test_a_later_sys_path_insert_counts_from_the_next_call(home, tmp_path, monke
     assert "the sys.path entry" in reason(workspace, "lib/helper.py", home.path)
     assert reason(workspace, "lib/notes.txt", home.path) is None
     monkeypatch.undo()  # gone from the path again: a plain file again
-    os.chdir(tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
     assert reason(workspace, "lib/helper.py", home.path) is None
 
 
@@ -181,7 +181,7 @@ def test_symbolic_links_on_either_side(home, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(workspace / "code"))
     assert reason(workspace, "alias/x.py", home.path) is not None
     monkeypatch.undo()
-    os.chdir(tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
     # ... and a path entry written through the link.
     monkeypatch.syspath_prepend(str(workspace / "alias"))
     assert reason(workspace, "code/x.py", home.path) is not None
@@ -219,7 +219,7 @@ def test_the_folder_of_an_imported_module_counts_though_it_is_not_on_sys_path(ho
     importlib.import_module("mypkg")
     monkeypatch.undo()  # off the path, as an editable install's finder leaves it
     monkeypatch.setitem(sys.modules, "mypkg", sys.modules["mypkg"])
-    os.chdir(tmp_path / "work")
+    monkeypatch.chdir(tmp_path / "work")
     assert "the folder the module 'mypkg' came from" in reason(workspace, "mypkg/core.py", home.path)
 
 
