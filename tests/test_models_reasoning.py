@@ -29,6 +29,7 @@ from fake_model_servers import (
 
 from apollia_nb.errors import ManifestInvalid, ModelKeyMissing, ModelPermanent
 from apollia_nb.journal.replay import replay_entries
+from apollia_nb.notebook.panel import latest_reasoning, run_summary
 from apollia_nb.notebook.render import exchange_body_html, timeline_html
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.models import (
@@ -44,6 +45,7 @@ from apollia_nb.runtime.models import (
 from apollia_nb.runtime.models.anthropic import MAX_PAUSES, AnthropicModel
 from apollia_nb.runtime.models.base import ReasoningPart
 from apollia_nb.runtime.models.openai import OpenAIModel, OpenAIStreamParser, ThinkSplitter
+from apollia_nb.wire.schemas import Task
 
 
 @pytest.fixture
@@ -444,8 +446,17 @@ async def test_a_task_keeps_reasoning_apart_sends_the_signed_thinking_back_and_r
         assert task.status == "completed", task.error
         assert task.result == "The folder is empty."
         step = task.to_dict()["steps"][0]
-        assert step["reasoning"] == ["I will list the folder.", "It is empty."]
-        assert "I will list the folder." in timeline_html(task.to_dict())
+        # The redacted block is shown as such, never its bytes: in the cell, the side panel and over REST.
+        assert step["reasoning"] == ["I will list the folder.\n\n[redacted reasoning]", "It is empty."]
+        cell = timeline_html(task.to_dict())
+        assert "I will list the folder." in cell and "[redacted reasoning]" in cell and REDACTED not in cell
+        assert "<details" in cell  # folded
+        row = run_summary(task.to_dict())
+        whole = "I will list the folder.\n\n[redacted reasoning]\n\nIt is empty."
+        assert row["reasoning"] == {"step": 1, "text": whole, "chars": len(whole)}
+        over_rest = Task.model_validate(task.to_dict()).model_dump(mode="json")
+        assert over_rest["steps"][0]["reasoning"] == step["reasoning"]
+        assert REDACTED not in json.dumps(over_rest) and REDACTED not in json.dumps(row)
 
         actor2 = fake_model_server.requests[2].json()
         assistant = actor2["messages"][1]
@@ -521,3 +532,19 @@ def test_reasoning_past_the_output_cap_is_cut_in_the_journal_with_the_whole_ones
     assert replay_entries("r", trace).verdict == "identical"
     del trace[1].payload["reasoning_digest"]  # reasoning cut without the digest of the whole
     assert [d.kind for d in replay_entries("r", trace).divergences] == ["reasoning_digest"]
+
+
+def test_the_panel_folds_the_last_steps_reasoning_cut_to_its_limit_and_only_text():
+    from apollia_nb.notebook.panel import REASONING_SHOWN
+    from apollia_nb.runtime.models.base import reasoning_text
+
+    assert latest_reasoning([{"index": 0, "reasoning": []}]) is None
+    long = "y" * (REASONING_SHOWN + 50)
+    steps = [{"index": 0, "reasoning": ["first"]}, {"index": 1, "reasoning": [long]}, {"index": 2}]
+    assert latest_reasoning(steps) == {"step": 2, "text": long[:REASONING_SHOWN], "chars": len(long)}
+    # Opaque parts of every provider read as redacted; an empty part without data is left out.
+    parts = (ReasoningPart("", redacted=REDACTED, source="redacted_thinking"),
+             ReasoningPart("", redacted="gAAAAB-encrypted", source="reasoning_item", detail={"type": "reasoning"}),
+             ReasoningPart("", signature=SIGNATURE, source="thinking"),
+             ReasoningPart("summary", redacted="gAAAAB-encrypted", source="reasoning_item"))
+    assert reasoning_text(parts) == "[redacted reasoning]\n\n[redacted reasoning]\n\nsummary"

@@ -215,6 +215,22 @@ def _current_step(steps: list[dict[str, Any]]) -> str | None:
     return None
 
 
+#: The most characters of a step's reasoning a run's row carries (the rest is in the notebook and the journal).
+REASONING_SHOWN = 4000
+
+
+def latest_reasoning(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The reasoning of the last step that has any, as a run's row shows it folded: ``{"step"
+    (counted from 1), "text" (at most ``REASONING_SHOWN`` characters), "chars" (the whole's)}``.
+    Opaque reasoning reads as ``[redacted reasoning]`` (``reasoning_text``), never its bytes."""
+    for step in reversed(steps):
+        texts = [t for t in step.get("reasoning") or () if isinstance(t, str) and t]
+        if texts:
+            text = "\n\n".join(texts)
+            return {"step": int(step.get("index", 0)) + 1, "text": text[:REASONING_SHOWN], "chars": len(text)}
+    return None
+
+
 def run_summary(task: dict[str, Any], *, runs: str = "kernel", waiting_cards: int = 0) -> dict[str, Any]:
     """One row of the panel's runs from a task's JSON (the REST API's ``Task``)."""
     status = task["status"]
@@ -223,6 +239,7 @@ def run_summary(task: dict[str, Any], *, runs: str = "kernel", waiting_cards: in
         "id": task["id"], "run_id": task["run_id"], "kind": "task", "agent": task["agent"], "status": status,
         "title": task.get("goal", ""), "budget": {"used": budget.get("used", 0), "max": budget.get("ceiling", 0)},
         "step": None if status in _FINISHED else _current_step(task.get("steps") or []),
+        "reasoning": latest_reasoning(task.get("steps") or []),
         "waiting": status == "waiting", "waiting_cards": waiting_cards,
         "awaiting_plan_approval": bool(task.get("awaiting_plan_approval")),
         "finished_at": task.get("updated_at") if status in _FINISHED else None,
@@ -238,7 +255,7 @@ def chat_summary(session: dict[str, Any], *, waiting_cards: int = 0, runs: str =
     return {
         "id": session["id"], "run_id": session["run_id"], "kind": "chat", "agent": session["agent"],
         "status": state, "title": first if isinstance(first, str) else "", "budget": None,
-        "step": None, "waiting": waiting_cards > 0 or bool(session.get("pending_plan")),
+        "step": None, "reasoning": None, "waiting": waiting_cards > 0 or bool(session.get("pending_plan")),
         "waiting_cards": waiting_cards, "awaiting_plan_approval": bool(session.get("pending_plan")),
         "finished_at": None, "created_at": session.get("created_at"), "runs": runs,
     }

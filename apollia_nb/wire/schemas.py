@@ -153,6 +153,7 @@ class Step(_Out):
     status: str
     tool_calls: list[StepCall] = []
     text: str | None = None
+    reasoning: list[str] = []  # the readable reasoning of each model turn of the step that gave any
 
 
 class Verdict(_Out):

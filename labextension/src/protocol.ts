@@ -83,6 +83,14 @@ export interface Agent {
   inflight?: number;
 }
 
+/** The reasoning of a run's last step that has any, folded in its row (opaque parts read "[redacted reasoning]"). */
+export interface RunReasoning {
+  step: number;
+  text: string;
+  /** The whole reasoning's length: `text` holds at most the first few thousand characters. */
+  chars: number;
+}
+
 export interface Run {
   id?: string;
   run_id?: string;
@@ -95,6 +103,7 @@ export interface Run {
   title?: string;
   budget?: Budget | null;
   step?: string | null;
+  reasoning?: RunReasoning | null;
   waiting?: boolean;
   waiting_cards?: number;
   awaiting_plan_approval?: boolean;

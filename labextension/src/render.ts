@@ -293,10 +293,30 @@ function runRow(run: Run, state: PanelState, handlers: Handlers, doc: Document):
   if (run.step) {
     li.append(h(doc, 'p', { class: 'apollia-step' }, run.step));
   }
+  const reasoning = reasoningOf(run);
+  if (reasoning) {
+    li.append(reasoning(doc));
+  }
   if (open && state.openRun) {
     li.append(renderRunEntries(state, doc));
   }
   return li;
+}
+
+/**
+ * The model's reasoning in a run's row, folded (a native disclosure: keyboard operable, closed until
+ * asked). Its text is only ever text content; opaque reasoning arrives as "[redacted reasoning]".
+ */
+function reasoningOf(run: Run): ((doc: Document) => HTMLElement) | null {
+  const r = run.reasoning;
+  if (!r || typeof r.text !== 'string' || !r.text) {
+    return null;
+  }
+  const chars = typeof r.chars === 'number' ? r.chars : r.text.length;
+  const more = chars > r.text.length ? ` … (+${chars - r.text.length} characters in the notebook and the journal)` : '';
+  return doc => h(doc, 'details', { class: 'apollia-reasoning' },
+    h(doc, 'summary', {}, `Reasoning of step ${r.step} (${chars} characters)`),
+    h(doc, 'pre', { class: 'apollia-reasoning-text' }, r.text + more));
 }
 
 function entrySummary(e: JournalEntry): string {

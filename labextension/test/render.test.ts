@@ -116,6 +116,20 @@ describe('agents, runs and the journal', () => {
     expect(open.querySelector('[data-run-id="run-0"]')).not.toBeNull();
   });
 
+  it('a run\'s reasoning is folded under it, as text only, and says how much more there is', () => {
+    const snap = snapshot();
+    snap.runs[0].reasoning = { step: 2, text: 'I will list the folder.\n\n[redacted reasoning]<b>x</b>', chars: 9000 };
+    const run = render(shown(snap)).querySelector('[data-run-id="run-1"]')!;
+    const folded = run.querySelector<HTMLDetailsElement>('details.apollia-reasoning')!;
+    expect(folded.open).toBe(false);
+    expect(folded.querySelector('summary')!.textContent).toBe('Reasoning of step 2 (9000 characters)');
+    const text = folded.querySelector('.apollia-reasoning-text')!;
+    expect(text.textContent!.startsWith('I will list the folder.\n\n[redacted reasoning]<b>x</b> … (+')).toBe(true);
+    expect(text.querySelector('b')).toBeNull(); // never markup
+    snap.runs[0].reasoning = null;
+    expect(render(shown(snap)).querySelector('.apollia-reasoning')).toBeNull();
+  });
+
   it('a click on a run asks for its entries, which are listed under it', () => {
     const hs = handlers();
     const el = render(shown(snapshot()), hs);

@@ -161,9 +161,15 @@ class ReasoningPart:
                    source=data.get("source", "thinking"), detail=data.get("detail"))
 
 
+#: What stands, in the readable reasoning, for a part the provider keeps opaque (Anthropic's
+#: ``redacted_thinking``, an encrypted reasoning item or detail without a summary): never its bytes.
+REDACTED_REASONING = "[redacted reasoning]"
+
+
 def reasoning_text(parts: Sequence[ReasoningPart]) -> str:
-    """The readable reasoning of a turn: its parts' texts, a blank line between them."""
-    return "\n\n".join(p.text for p in parts if p.text)
+    """The readable reasoning of a turn: its parts' texts, a blank line between them; a part with no
+    text but opaque data (``redacted``) reads ``REDACTED_REASONING``."""
+    return "\n\n".join(p.text if p.text else REDACTED_REASONING for p in parts if p.text or p.redacted)
 
 
 @dataclass(frozen=True)
