@@ -160,7 +160,165 @@ def test_a_request_whose_keys_answer_the_disk_refuses_is_answered_and_its_retry_
     assert effects() == before + 1
 
 
-@pytest.mark.parametrize("route", ["tasks", "agents", "decide", "rules"])
+PLANNER = manifest("planner", planner=[{"steps": ["look"]}], actor=[{"text": "Looked."}])
+
+
+def _entries(api: httpx.Client, run_id: str, kind: str) -> list[dict]:
+    entries = api.get("/audit/entries", params={"run_id": run_id, "limit": 1000}).json()["entries"]
+    return [e["payload"] for e in entries if e["kind"] == kind]
+
+
+def _planned(api: httpx.Client) -> dict:
+    """A task of PLANNER waiting for its plan's approval."""
+    task = api.post("/tasks", json={"agent": "planner", "goal": "Look", "approve_plan": True}).json()
+    assert api.get(f"/tasks/{task['id']}/wait").json()["awaiting_plan_approval"]
+    return task
+
+
+def _planned_session(api: httpx.Client) -> dict:
+    """A plan-mode session of PLANNER with a plan waiting for an answer."""
+    session = api.post("/sessions", json={"agent": "planner", "plan_mode": True}).json()
+    with api.stream("POST", f"/sessions/{session['id']}/messages", json={"text": "Look"}) as resp:
+        assert "event: plan" in "\n".join(resp.iter_lines())
+    assert api.get(f"/sessions/{session['id']}").json()["pending_plan"] == ["look"]
+    return session
+
+
+def _state(api: httpx.Client, path: str, field: str = "state") -> str:
+    return api.get(path).json()[field]
+
+
+# Every other writing route: (path, body) of its request and, after the restart, a check that its effect is
+# there once, ``check(api, the retry's answer)``.
+
+def _start(api):
+    assert api.post("/agents/clerk/stop").status_code == 200
+    return ("/agents/clerk/start", None,
+            lambda api, again: _state(api, "/agents/clerk") == again.json()["state"] == "active")
+
+
+def _stop(api):
+    # A restart loads only the agents not stopped: the retry is answered from the stopped agent's row.
+    return ("/agents/clerk/stop", None,
+            lambda api, again: again.json()["state"] == "stopped" and again.json()["name"] == "clerk"
+            and "clerk" not in [a["name"] for a in api.get("/agents").json()])
+
+
+def _cancel(api):
+    task, _ = waiting_decision(api)
+    return (f"/tasks/{task['id']}/cancel", None,
+            lambda api, again: again.json()["status"] == _state(api, f"/tasks/{task['id']}", "status") == "cancelled"
+            and [p["status"] for p in _entries(api, task["run_id"], "task_status")].count("cancelled") == 1)
+
+
+def _task_plan(approved: bool):
+    def setup(api):
+        task = _planned(api)
+        body = None if approved else {"reason": "not now"}
+
+        def check(api, again) -> bool:
+            answers = [p for p in _entries(api, task["run_id"], "plan") if "approved" in p]
+            done = api.get(f"/tasks/{task['id']}/wait", params={"until": "finished"}).json()
+            return (again.json()["id"] == task["id"] and [p["approved"] for p in answers] == [approved]
+                    and done["status"] == ("completed" if approved else "failed"))
+
+        return f"/tasks/{task['id']}/plan/{'approve' if approved else 'reject'}", body, check
+
+    return setup
+
+
+def _session_plan(approved: bool):
+    def setup(api):
+        session = _planned_session(api)
+        body = None if approved else {"reason": "not now"}
+
+        def check(api, again) -> bool:
+            answers = [p for p in _entries(api, session["run_id"], "plan") if "approved" in p]
+            return again.json()["pending_plan"] is None and [p["approved"] for p in answers] == [approved]
+
+        return f"/sessions/{session['id']}/plan/{'approve' if approved else 'reject'}", body, check
+
+    return setup
+
+
+def _session_move(move: str, state: str, before: str | None = None):
+    def setup(api):
+        session = api.post("/sessions", json={"agent": "clerk"}).json()
+        if before is not None:
+            assert api.post(f"/sessions/{session['id']}/{before}").status_code < 300
+
+        def check(api, again) -> bool:
+            statuses = [p["status"] for p in _entries(api, session["run_id"], "session_status")]
+            return (again.json()["state"] == _state(api, f"/sessions/{session['id']}") == state
+                    and statuses.count(state) == 1)
+
+        return f"/sessions/{session['id']}/{move}", None, check
+
+    return setup
+
+
+def _inject(api):
+    session = api.post("/sessions", json={"agent": "clerk"}).json()
+
+    def check(api, again) -> bool:
+        history = api.get(f"/sessions/{session['id']}").json()["history"]
+        return again.json()["id"] == session["id"] and [m["content"] for m in history] == ["only once"]
+
+    return f"/sessions/{session['id']}/inject", {"text": "only once"}, check
+
+
+def _created(count):
+    """A creating route's check: the retry answers the one thing created, found at its ``Location``."""
+    def check(api, again) -> bool:
+        at = api.get(again.headers["Location"].removeprefix("/api/v1")).json()
+        return count(api) == 1 and at["id"] == again.json()["id"]
+
+    return check
+
+
+def _batch_cancel(api):
+    batch = api.post("/batches", json={"agent": "clerk", "items": [{"name": "a.txt"}], "goal": "Write {name}"}).json()
+    return (f"/batches/{batch['id']}/cancel", None,
+            lambda api, again: again.json()["status"] == _state(api, f"/batches/{batch['id']}", "status") == "cancelled")
+
+
+def _with_check(setup, check):
+    def wrapped(api):
+        path, body, _ = setup(api)
+        return path, body, check
+
+    return wrapped
+
+
+KILLED = {
+    "tasks": _with_check(_tasks, lambda api, again: [t["id"] for t in api.get("/tasks").json()] == [again.json()["id"]]
+                         and again.headers["Location"].endswith(again.json()["id"])),
+    "agents": _with_check(_agents, lambda api, again: again.json()["name"] == "scribe"
+                          and sum(a["name"] == "scribe" for a in api.get("/agents").json()) == 1),
+    "rules": _with_check(_rules, lambda api, again: [r["id"] for r in api.get("/governance/rules").json()]
+                         == [again.json()["id"]]),
+    "decide": _with_check(_decide, lambda api, again: again.json()["answer"] == "once"
+                          and len(answers_journaled(api, again.json()["run_id"])) == 1),
+    "batches": _with_check(_batches, _created(lambda api: len(api.get("/batches").json()))),
+    "sessions": _with_check(_sessions, _created(lambda api: len(api.get("/sessions").json()))),
+    "fork": _with_check(_fork, _created(lambda api: len(api.get("/sessions").json()) - 1)),
+    "agent-start": _start,
+    "agent-stop": _stop,
+    "task-cancel": _cancel,
+    "task-plan-approve": _task_plan(True),
+    "task-plan-reject": _task_plan(False),
+    "session-pause": _session_move("pause", "paused"),
+    "session-resume": _session_move("resume", "active", before="pause"),
+    "session-close": _session_move("close", "closed"),
+    "session-inject": _inject,
+    "session-plan-approve": _session_plan(True),
+    "session-plan-reject": _session_plan(False),
+    "batch-cancel": _batch_cancel,
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("route", sorted(KILLED))
 def test_a_server_killed_after_the_effect_and_before_the_keys_answer_finds_the_effect_at_the_retry(
         tmp_path, route):
     from test_api_serve import start, stop
@@ -169,8 +327,9 @@ def test_a_server_killed_after_the_effect_and_before_the_keys_answer_finds_the_e
     faulty, _ = start(home, "--token", TOKEN, env={"APOLLIA_FAULT": "idempotency.before_finish:kill"})
     try:
         with httpx.Client(base_url=_url(home), headers=AUTH, timeout=60) as api:
-            assert api.post("/agents", json={"manifest": WRITER}).status_code == 201  # no key: not the point
-            path, body, _ = CREATING[route](api)
+            for agent in (WRITER, PLANNER):  # no key: not the point
+                assert api.post("/agents", json={"manifest": agent}).status_code == 201
+            path, body, check = KILLED[route](api)
             with pytest.raises(httpx.TransportError):  # killed there: the client never hears back
                 api.post(path, json=body, headers=keyed("cut-off"))
     finally:
@@ -180,23 +339,28 @@ def test_a_server_killed_after_the_effect_and_before_the_keys_answer_finds_the_e
         with httpx.Client(base_url=_url(home), headers=AUTH, timeout=60) as api:
             again = api.post(path, json=body, headers=keyed("cut-off"))
             assert 200 <= again.status_code < 300 and again.headers["Idempotent-Replayed"] == "true", again.text
-            if route == "tasks":
-                [task] = api.get("/tasks").json()
-                assert again.json()["id"] == task["id"]
-                assert again.headers["Location"].endswith(task["id"])
-            elif route == "decide":
-                assert again.json()["answer"] == "once" and again.json()["id"] == body["id"]
-                run_id = again.json()["run_id"]
-                assert len(answers_journaled(api, run_id)) == 1
-            elif route == "agents":
-                assert again.json()["name"] == "scribe"
-                assert sum(a["name"] == "scribe" for a in api.get("/agents").json()) == 1
-            else:
-                assert [r["id"] for r in api.get("/governance/rules").json()] == [again.json()["id"]]
+            assert check(api, again), again.json()  # done once: found, not done again
             replay = api.post(path, json=body, headers=keyed("cut-off"))  # recorded by the retry
-            assert replay.json() == again.json() and replay.headers["Idempotent-Replayed"] == "true"
+            assert (replay.status_code, replay.json()) == (again.status_code, again.json())
+            assert replay.headers["Idempotent-Replayed"] == "true"
     finally:
         assert stop(proc) == 0
+
+
+def test_every_writing_route_can_find_what_an_unanswered_request_did():
+    """A route that honours Idempotency-Key and cannot look its effect up would leave a retry after a crash
+    with OUTCOME_UNKNOWN only: every POST of the app names or finds its effect."""
+    from apollia_nb.api.app import create_app
+    from apollia_nb.api.idempotency import IdempotentRoute
+
+    app = create_app(token="t")
+    routes = [r for included in app.routes for r in getattr(getattr(included, "original_router", None), "routes", ())]
+    keyed_routes = [r for r in routes if isinstance(r, IdempotentRoute)]
+    assert len(keyed_routes) >= len(KILLED)
+    blind = sorted(f"{sorted(r.methods)} {r.path}" for r in keyed_routes if r.effect is None or r.effect.find is None)
+    assert blind == []
+    paths = {r.path for r in keyed_routes}
+    assert {"/sessions/{session_id}/inject", "/batches/{batch_id}/cancel", "/agents/{name}/start"} <= paths
 
 
 def _url(home) -> str:

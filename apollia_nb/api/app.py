@@ -86,6 +86,7 @@ from apollia_nb.errors import (
     OriginNotAllowed,
     PayloadTooLarge,
     Unauthorized,
+    UnknownAgent,
     UnknownRun,
     UnknownTask,
 )
@@ -406,6 +407,47 @@ def _route(method: str, path: str, status: int = 200, **kw: Any) -> Any:
     return json_route(router, method, path, status, **kw)
 
 
+# How a retry with the key of a request whose answer was not recorded (a crash, a 5xx) finds what it did:
+# a change of state finds its target in the state the request leaves it in (else it is carried out again,
+# which is what the first did, or is refused with the state's own code); a request that creates something
+# names it before it is carried out (the reference recorded with the key) and finds it by that name.
+
+def _in_state(read: Any, done: Any, status: int = 200) -> Effect:
+    """An ``Effect`` whose ``find`` answers ``read(rt, path params)`` (a dict) when ``done(rt, it)`` holds."""
+    async def find(request: Request, ref: dict[str, Any] | None) -> Found | None:
+        rt = request.app.state.runtime
+        try:
+            it = read(rt, **request.path_params)
+            return (status, it, None) if done(rt, it) else None
+        except ApolliaError:
+            return None
+
+    return Effect(find=find)
+
+
+def _named(prefix: str, name: str, read: Any, location: str) -> Effect:
+    """An ``Effect`` that names what a request creates (``{name: prefix-<hex>}``) and finds it by that name
+    (``read(rt, id)``; answered 201 with its ``Location`` under ``location``)."""
+    async def find(request: Request, ref: dict[str, Any] | None) -> Found | None:
+        given = (ref or {}).get(name)
+        if not isinstance(given, str):
+            return None
+        try:
+            it = read(request.app.state.runtime, given)
+        except ApolliaError:
+            return None
+        return 201, it, f"{API_PREFIX}/{location}/{given}"
+
+    return Effect(find=find, name=lambda: {name: f"{prefix}-{uuid.uuid4().hex[:12]}"})
+
+
+def _plan_answered(rt: Any, run_id: str, approved: bool, key: str, value: str) -> bool:
+    """The run's last ``plan`` entry of ``key`` ``value`` is an answer ``approved`` (the journal's)."""
+    plans = [json.loads(bytes(e.payload)) for e in rt.journal.entries(run_id=run_id, kinds=["plan"])]
+    plans = [p for p in plans if p.get(key) == value]
+    return bool(plans) and plans[-1].get("approved") is approved
+
+
 
 @public.get("/health", response_model=s.Health, operation_id="health", tags=["health"],
             summary="Liveness (no token needed)", responses=_errors())
@@ -456,14 +498,32 @@ async def get_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return rt.agent(name).to_dict()
 
 
-@_route("POST", "/agents/{name}/start", records=True,
+def _agent_dict(rt: Any, name: str) -> dict[str, Any]:
+    """The agent's JSON; a stopped agent a restart did not load (it loads only those not stopped) as its
+    row in runtime.db holds it (its declared tools; nothing of it runs)."""
+    try:
+        return rt.agent(name).to_dict()
+    except UnknownAgent:
+        row = next((r for r in rt.records.agents() if r["name"] == name and r["state"] == "stopped"), None)
+        if row is None:
+            raise
+    manifest = parse_manifest(row["manifest"])
+    return {"name": name, "description": manifest.description, "state": "stopped", "warnings": row["warnings"],
+            "tools": [*manifest.tools_required, *manifest.tools_optional], "model": manifest.model.get("provider"),
+            "workspace": str(row.get("workspace") or manifest.workspace_path()), "max_steps": manifest.max_steps,
+            "inflight": 0}
+
+
+@_route("POST", "/agents/{name}/start", records=True, effect=_in_state(
+            lambda rt, name: rt.agent(name).to_dict(), lambda rt, a: a["state"] in ("active", "degraded")),
         response_model=s.Agent, operation_id="startAgent", tags=["agents"],
         summary="Restart a stopped agent", responses=_errors(404, 409))
 async def start_agent(name: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return (await rt.start_agent(name)).to_dict()
 
 
-@_route("POST", "/agents/{name}/stop", response_model=s.Agent, operation_id="stopAgent", tags=["agents"],
+@_route("POST", "/agents/{name}/stop", response_model=s.Agent,
+        effect=_in_state(_agent_dict, lambda rt, a: a["state"] == "stopped"), operation_id="stopAgent", tags=["agents"],
         summary="Stop an agent", responses=_errors(404, 409),
         description="`stopping`, then drains its running work for up to `drain_timeout_secs` and cancels the "
                     "rest; answers once the agent is `stopped`. Suspended runs stay suspended.")
@@ -554,6 +614,7 @@ async def wait_task(
 
 
 @_route("POST", "/tasks/{task_id}/cancel", records=True,
+        effect=_in_state(lambda rt, task_id: _task_dict(rt, task_id), lambda rt, t: t["status"] == "cancelled"),
         response_model=s.Task, operation_id="cancelTask", tags=["tasks"],
         summary="Cancel a task", responses=_errors(404, 409),
         description="A running task is cancelled at once; a waiting one has its pending decisions refused. "
@@ -563,7 +624,13 @@ async def cancel_task(task_id: str, rt: Any = Depends(_runtime)) -> dict[str, An
     return (await rt.cancel(task_id)).to_dict()
 
 
-@_route("POST", "/tasks/{task_id}/plan/approve", 202, response_model=s.Task, operation_id="approveTaskPlan",
+def _task_plan_answered(approved: bool) -> Effect:
+    """A task's plan answered so (its last ``plan`` entry), and no longer awaiting an answer."""
+    return _in_state(lambda rt, task_id: _task_dict(rt, task_id), lambda rt, t: not t["awaiting_plan_approval"]
+                     and _plan_answered(rt, t["run_id"], approved, "task_id", t["id"]), 202)
+
+
+@_route("POST", "/tasks/{task_id}/plan/approve", 202, response_model=s.Task, effect=_task_plan_answered(True), operation_id="approveTaskPlan",
         tags=["tasks"], summary="Approve (optionally edit) a task's plan", responses=_errors(404, 409, 413, 422),
         description="Only while the task is `waiting` with `awaiting_plan_approval`; the run continues.")
 async def approve_task_plan(task_id: str, body: s.PlanApprovalIn | None = Body(None),
@@ -573,7 +640,7 @@ async def approve_task_plan(task_id: str, body: s.PlanApprovalIn | None = Body(N
     return _task_dict(rt, task_id)
 
 
-@_route("POST", "/tasks/{task_id}/plan/reject", 202, response_model=s.Task, operation_id="rejectTaskPlan",
+@_route("POST", "/tasks/{task_id}/plan/reject", 202, response_model=s.Task, effect=_task_plan_answered(False), operation_id="rejectTaskPlan",
         tags=["tasks"], summary="Reject a task's plan", responses=_errors(404, 409, 413, 422),
         description="The task fails with code `REJECTED` and the reason, without calling the agent again.")
 async def reject_task_plan(task_id: str, body: s.PlanRejectionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
@@ -625,10 +692,38 @@ def _session(rt: Any, session_id: str) -> Any:
     return rt.sessions.get(session_id)
 
 
+def _session_dict(rt: Any, session_id: str) -> dict[str, Any]:
+    """The session's JSON; one a crash left ``processing`` (not loaded until resumed) as stored."""
+    return rt.sessions.view(session_id)
+
+
+def _session_in(*states: str) -> Effect:
+    return _in_state(_session_dict, lambda rt, x: x["state"] in states)
+
+
+def _session_plan_answered(approved: bool) -> Effect:
+    """A session's plan answered so (its last ``plan`` entry), and none waiting."""
+    return _in_state(_session_dict, lambda rt, x: x["pending_plan"] is None
+                     and _plan_answered(rt, x["run_id"], approved, "session_id", x["id"]), 202 if approved else 200)
+
+
+async def _find_injected(request: Request, ref: dict[str, Any] | None) -> Found | None:
+    """The session, when its history holds the message a keyed inject named before adding it."""
+    given = (ref or {}).get("message_id")
+    try:
+        session = _session_dict(request.app.state.runtime, request.path_params["session_id"])
+    except ApolliaError:
+        return None
+    found = isinstance(given, str) and any(m.get("id") == given for m in session["history"])
+    return (200, session, None) if found else None
+
+
 @_route("POST", "/sessions", 201, records=True, response_model=s.Session, operation_id="openSession", tags=["sessions"],
-        summary="Open a chat session", responses=_errors(404, 409, 413, 422))
-async def open_session(response: Response, body: s.SessionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    session = rt.sessions.open(body.agent, plan_mode=body.plan_mode)
+        summary="Open a chat session", responses=_errors(404, 409, 413, 422),
+        effect=_named("chat", "session_id", _session_dict, "sessions"))
+async def open_session(request: Request, response: Response, body: s.SessionIn,
+                       rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    session = rt.sessions.open(body.agent, plan_mode=body.plan_mode, session_id=effect_ref(request, "session_id"))
     response.headers["Location"] = f"{API_PREFIX}/sessions/{session.id}"
     return session.to_dict()
 
@@ -688,6 +783,7 @@ async def session_events(request: Request, session: Any = Depends(_existing_sess
 
 
 @_route("POST", "/sessions/{session_id}/pause", records=True, response_model=s.Session, operation_id="pauseSession",
+        effect=_session_in("paused"),
         tags=["sessions"], summary="Pause at the next safe point", responses=_errors(404, 409))
 async def pause_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
@@ -696,14 +792,16 @@ async def pause_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[st
 
 
 @_route("POST", "/sessions/{session_id}/inject", records=True, response_model=s.Session, operation_id="injectMessage",
-        tags=["sessions"], summary="Add a user message (seen by the next turn)", responses=_errors(404, 409, 413, 422))
-async def inject_message(session_id: str, body: s.MessageIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+        tags=["sessions"], summary="Add a user message (seen by the next turn)", responses=_errors(404, 409, 413, 422),
+        effect=Effect(find=_find_injected, name=lambda: {"message_id": f"msg-{uuid.uuid4().hex[:12]}"}))
+async def inject_message(request: Request, session_id: str, body: s.MessageIn,
+                         rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
-    session.inject(body.text)
+    session.inject(body.text, message_id=effect_ref(request, "message_id"))
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/resume", 202, records=True,
+@_route("POST", "/sessions/{session_id}/resume", 202, records=True, effect=_session_in("active", "processing"),
         response_model=s.Session, operation_id="resumeSession",
         tags=["sessions"], summary="Resume a paused session", responses=_errors(404, 409),
         description="A paused exchange continues in the background (follow it with `GET /sessions/{id}/events`); "
@@ -713,14 +811,17 @@ async def resume_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[s
 
 
 @_route("POST", "/sessions/{session_id}/fork", 201, records=True, response_model=s.Session, operation_id="forkSession",
-        tags=["sessions"], summary="A new session with a copy of this one's history", responses=_errors(404, 409))
-async def fork_session(response: Response, session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    session = rt.sessions.fork(session_id)
+        tags=["sessions"], summary="A new session with a copy of this one's history", responses=_errors(404, 409),
+        effect=_named("chat", "fork_id", _session_dict, "sessions"))
+async def fork_session(request: Request, response: Response, session_id: str,
+                       rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    session = rt.sessions.fork(session_id, new_id=effect_ref(request, "fork_id"))
     response.headers["Location"] = f"{API_PREFIX}/sessions/{session.id}"
     return session.to_dict()
 
 
 @_route("POST", "/sessions/{session_id}/close", records=True, response_model=s.Session, operation_id="closeSession",
+        effect=_session_in("closed"),
         tags=["sessions"], summary="Close (cancels the exchange in flight; terminal)", responses=_errors(404, 409))
 async def close_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
@@ -729,6 +830,7 @@ async def close_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[st
 
 
 @_route("POST", "/sessions/{session_id}/plan/approve", 202, records=True, response_model=s.Session,
+        effect=_session_plan_answered(True),
         operation_id="approveSessionPlan", tags=["sessions"], summary="Approve (optionally edit) the proposed plan",
         responses=_errors(404, 409, 413, 422),
         description="The plan runs as a new exchange in the background; follow it with `GET /sessions/{id}/events`.")
@@ -739,7 +841,7 @@ async def approve_session_plan(session_id: str, body: s.PlanApprovalIn | None = 
     return session.to_dict()
 
 
-@_route("POST", "/sessions/{session_id}/plan/reject", records=True,
+@_route("POST", "/sessions/{session_id}/plan/reject", records=True, effect=_session_plan_answered(False),
         response_model=s.Session, operation_id="rejectSessionPlan",
         tags=["sessions"], summary="Reject the proposed plan", responses=_errors(404, 409, 413, 422))
 async def reject_session_plan(session_id: str, body: s.PlanRejectionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:

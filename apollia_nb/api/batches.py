@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -27,6 +28,8 @@ from apollia_nb.api.deps import (
     runtime_of,
     stream_errors,
 )
+from apollia_nb.api.idempotency import Effect, Found, effect_ref
+from apollia_nb.errors import ApolliaError
 from apollia_nb.wire.batches import BatchIn, BatchOut, BatchRow
 
 __all__ = ["BatchIn", "BatchOut", "BatchRow", "results_text", "router"]
@@ -39,6 +42,31 @@ def _route(method: str, path: str, status: int = 200, **kw: Any) -> Any:
 
 
 _COLUMNS = list(BatchRow.model_fields)
+
+
+async def _find_batch(request: Request, ref: dict[str, Any] | None) -> Found | None:
+    """The batch a keyed request named before it was recorded, if it was."""
+    batch_id = (ref or {}).get("batch_id")
+    if not isinstance(batch_id, str):
+        return None
+    try:
+        batch = request.app.state.runtime.get_batch(batch_id).to_dict()
+    except ApolliaError:
+        return None
+    return 202, batch, f"{API_PREFIX}/batches/{batch_id}"
+
+
+async def _find_cancelled(request: Request, ref: dict[str, Any] | None) -> Found | None:
+    """The batch, when it is cancelled (what a keyed cancel left it as)."""
+    try:
+        batch = request.app.state.runtime.get_batch(request.path_params["batch_id"]).to_dict()
+    except ApolliaError:
+        return None
+    return (200, batch, None) if batch["status"] == "cancelled" else None
+
+
+_BATCH_EFFECT = Effect(find=_find_batch, name=lambda: {"batch_id": f"batch-{uuid.uuid4().hex[:12]}"})
+_CANCELLED = Effect(find=_find_cancelled)
 
 
 def results_text(rows: list[dict[str, Any]], fmt: str) -> str:
@@ -54,13 +82,15 @@ def results_text(rows: list[dict[str, Any]], fmt: str) -> str:
 
 
 @_route("POST", "/batches", 202, response_model=BatchOut, operation_id="createBatch", tags=["batches"],
-        summary="Run an agent over many items", responses=error_responses(404, 409, 413, 422),
+        summary="Run an agent over many items", responses=error_responses(404, 409, 413, 422), effect=_BATCH_EFFECT,
         description="Records the batch and its items, then returns at once; each item runs as an unattended "
                     "task (its first call that would ask suspends it into `GET /pending-decisions`, the others "
                     "go on). 400 `BAD_INPUT` when an item cannot fill the goal (nothing is recorded).")
-async def create_batch(response: Response, body: BatchIn, rt: Any = Depends(runtime_of)) -> dict[str, Any]:
+async def create_batch(request: Request, response: Response, body: BatchIn,
+                       rt: Any = Depends(runtime_of)) -> dict[str, Any]:
     handle = await rt.batch(body.agent, list(body.items), goal=body.goal, concurrency=body.concurrency,
-                            max_steps=body.max_steps, key=body.key)
+                            max_steps=body.max_steps, key=body.key,
+                            batch_id=effect_ref(request, "batch_id"))  # named before it is recorded: a retry finds it
     response.headers["Location"] = f"{API_PREFIX}/batches/{handle.id}"
     return handle.to_dict()
 
@@ -91,7 +121,7 @@ async def batch_results(batch_id: str, format: Literal["json", "jsonl", "csv"] =
     return Response(results_text(rows, format), media_type=media)
 
 
-@_route("POST", "/batches/{batch_id}/cancel", response_model=BatchOut, operation_id="cancelBatch",
+@_route("POST", "/batches/{batch_id}/cancel", response_model=BatchOut, operation_id="cancelBatch", effect=_CANCELLED,
         tags=["batches"], summary="Cancel a batch", responses=error_responses(404, 409),
         description="Items not started never start; every unfinished item's task is cancelled (its pending "
                     "decisions refused). 409 when the batch is already completed or cancelled.")

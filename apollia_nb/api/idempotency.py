@@ -37,9 +37,15 @@ refusal:
   before its answer was recorded → a retry with the key finds what it did (a
   task by the id its key holds, an agent by its manifest, a decision by its
   answer, a rule by its fields) and answers that, or, when it is not there,
-  carries the request out under the same reference. A route that cannot look
-  its effect up refuses such a retry with 409 ``CONFLICT`` saying so, rather
-  than doing it twice: look, then send it with a new key.
+  carries the request out under the same reference. Every writing route can
+  look its effect up: a route that creates something names it before it is
+  carried out (a task, a batch, a session or a fork by the id its key holds,
+  an injected message by its id in the history), a change of state finds its
+  target in the state it leaves it in (an agent started or stopped, a task or
+  batch cancelled, a session paused, resumed or closed, a plan answered as
+  its journal's ``plan`` entry says). A route that could not would answer
+  such a retry 503 ``OUTCOME_UNKNOWN`` saying so, never 409 and never twice:
+  look, then send it with a new key.
 
 **Retention.** A key is remembered for 24 hours and the newest 10,000 keys
 are kept; older ones are forgotten, and a request with a forgotten key is a new
@@ -72,7 +78,6 @@ from apollia_nb import faults
 from apollia_nb.errors import (
     ApolliaError,
     BadInput,
-    Conflict,
     IdempotencyInProgress,
     IdempotencyKeyReused,
     OutcomeUnknown,
@@ -445,9 +450,11 @@ class IdempotentRoute(APIRoute):
                     settled = replayed = True  # found in what is stored
                 elif effect is None or not effect.redo:
                     keys.abandon(scope, key, fp, claim.ref)
-                    raise Conflict("the request first sent with this Idempotency-Key was being processed when "
-                                   "the server stopped, so whether it took effect is unknown: look (for instance "
-                                   "at GET /tasks) before sending it again with a new key")
+                    raise OutcomeUnknown(
+                        "the request first sent with this Idempotency-Key was being processed when the server "
+                        "stopped (or was cut off), and this route cannot look up what it did, so whether it took "
+                        "effect is unknown: look (GET the thing it changes) and, if it did not, send it again "
+                        "with a new key; this key keeps answering OUTCOME_UNKNOWN, never a second effect")
             if response is None:
                 try:
                     response = await handler(request)

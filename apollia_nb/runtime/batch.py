@@ -587,8 +587,12 @@ class BatchHandle:
 async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Callable[[dict[str, Any]], str],
                       concurrency: int = 4, max_steps: int | None = None,
                       key: str | Callable[[dict[str, Any]], Any] | None = None, engine: str = "local",
-                      scheduler: Any = None, server_url: str | None = None) -> BatchHandle:
+                      scheduler: Any = None, server_url: str | None = None,
+                      batch_id: str | None = None) -> BatchHandle:
     """Check everything, record the batch (acknowledged), start its runner; returns at once.
+
+    ``batch_id``: the id the batch is recorded with (named before, so a retry can find it; one in use is
+    ``CONFLICT``).
 
     ``engine="dask"`` runs the items on the Dask cluster at ``scheduler`` (``runtime/dask_engine.py``)."""
     the_agent = rt.agent(agent)
@@ -601,7 +605,10 @@ async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Call
         raise BadInput("max_steps must be a positive integer")
     pairs = normalise_items(items, key)
     goals = fill_goals(goal, pairs)
-    batch_id = f"batch-{uuid.uuid4().hex[:12]}"
+    if batch_id is None:
+        batch_id = f"batch-{uuid.uuid4().hex[:12]}"
+    elif batch_id in rt._batches or rt.records.batch(batch_id) is not None:
+        raise Conflict(f"batch {batch_id} exists already")
     now = rt.now_iso()
     record = {"id": batch_id, "agent": agent, "status": BatchStatus.RUNNING.value,
               "goal": goal if isinstance(goal, str) else f"<function {getattr(goal, '__name__', 'goal')}>",

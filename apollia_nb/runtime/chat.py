@@ -170,12 +170,14 @@ class Session:
         read it again; only ``approve_plan`` lifts it, for the exchange that runs the plan."""
         return bool(self.r["plan_mode"]) and not self.r.get("plan_approved", False)
 
-    def inject(self, text: str) -> None:
-        """Add a user message; the next turn (after resume) sees it."""
+    def inject(self, text: str, *, message_id: str | None = None) -> None:
+        """Add a user message; the next turn (after resume) sees it. ``message_id``: the id the message is
+        stored with (named before it is added, so a retry can find it in the history)."""
         self._check_open()
         if not isinstance(text, str) or not text.strip():
             raise BadInput("a message needs text")
-        self._append({"role": "user", "content": text, "injected": True})
+        self._append({"role": "user", "content": text, "injected": True,
+                      **({"id": message_id} if message_id is not None else {})})
         self._journal_status("injected")
 
     def pause(self) -> None:
@@ -447,10 +449,16 @@ class Sessions:
             self._sessions[record["id"]] = Session(self, agent, record)
 
     def open(self, agent: str, *, plan_mode: bool = False, parent_id: str | None = None,
-             history: list[dict[str, Any]] | None = None, forked_from: str | None = None) -> Session:
+             history: list[dict[str, Any]] | None = None, forked_from: str | None = None,
+             session_id: str | None = None) -> Session:
+        """A new session; ``session_id``: the id it gets (named before it is opened, so a retry can find it;
+        an id in use is ``CONFLICT``)."""
         the_agent = self.rt.agent(agent)
         the_agent.check_accepts_work()
-        session_id = f"chat-{uuid.uuid4().hex[:12]}"
+        if session_id is None:
+            session_id = f"chat-{uuid.uuid4().hex[:12]}"
+        elif session_id in self._sessions or session_id in self._unloaded:
+            raise Conflict(f"session {session_id} exists already")
         record = {
             "id": session_id, "agent": agent, "state": SessionState.ACTIVE.value, "plan_mode": plan_mode,
             "parent_id": parent_id, "forked_from": forked_from, "children": [],
@@ -482,6 +490,17 @@ class Sessions:
             raise Conflict(f"session {session_id} was left processing by a crash: resume it")
         raise UnknownSession(f"no session {session_id!r}")
 
+    def view(self, session_id: str) -> dict[str, Any]:
+        """The session's JSON (``Session.to_dict``); one left ``processing`` by a crash as it was stored."""
+        record = self._unloaded.get(session_id)
+        if record is None:
+            return self.get(session_id).to_dict()
+        return {"id": session_id, "agent": record["agent"], "state": record["state"],
+                "plan_mode": record["plan_mode"], "parent_id": record.get("parent_id"),
+                "forked_from": record.get("forked_from"), "children": list(record["children"]),
+                "history": list(record["history"]), "run_id": record["run_id"],
+                "pending_plan": record.get("pending_plan"), "created_at": record["created_at"]}
+
     def resume(self, session_id: str) -> Session:
         """Bring back a session left ``processing`` by a crash, as ``active``."""
         if session_id in self._unloaded:
@@ -495,13 +514,13 @@ class Sessions:
         session.resume()
         return session
 
-    def fork(self, session_id: str) -> Session:
-        """A new session with a copy of this one's history."""
+    def fork(self, session_id: str, *, new_id: str | None = None) -> Session:
+        """A new session with a copy of this one's history (``new_id``: its id, as ``open``'s ``session_id``)."""
         source = self.get(session_id)
         if source.state == SessionState.PROCESSING.value:
             raise SessionBusy(f"session {session_id} is still answering; fork it when it is done")
         return self.open(source.agent.name, plan_mode=source.r["plan_mode"],
-                         history=[dict(m) for m in source.r["history"]], forked_from=session_id)
+                         history=[dict(m) for m in source.r["history"]], forked_from=session_id, session_id=new_id)
 
     def spawn_child(self, parent_id: str, agent: str | None = None, *, plan_mode: bool | None = None) -> Session:
         """A child session. A child of a plan-mode session is plan-mode: always while the parent has

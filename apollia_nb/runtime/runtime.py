@@ -881,7 +881,7 @@ class Runtime:
     # ------------------------------------------------------------------ batches (runtime/batch.py)
     async def batch(self, agent: str, items: Any, *, goal: Any, concurrency: int = 4,
                     max_steps: int | None = None, key: Any = None, engine: str = "local",
-                    scheduler: Any = None, server_url: str | None = None) -> Any:
+                    scheduler: Any = None, server_url: str | None = None, batch_id: str | None = None) -> Any:
         """Run ``agent`` over ``items``, each item an unattended task; returns a ``BatchHandle`` at once.
 
         ``engine="dask"``: the items run on the ``dask.distributed`` cluster at ``scheduler`` (an
@@ -889,7 +889,8 @@ class Runtime:
         from apollia_nb.runtime.batch import start_batch
 
         return await start_batch(self, agent, items, goal=goal, concurrency=concurrency, max_steps=max_steps,
-                                 key=key, engine=engine, scheduler=scheduler, server_url=server_url)
+                                 key=key, engine=engine, scheduler=scheduler, server_url=server_url,
+                                 batch_id=batch_id)
 
     def get_batch(self, batch_id: str) -> Any:
         """A batch of this home (``UNKNOWN_BATCH`` otherwise)."""
