@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import os
 import threading
 import time
@@ -93,14 +92,12 @@ from apollia_nb.dbutil import (
 from apollia_nb.errors import (
     BadInput,
     Conflict,
-    HomeFileCorrupt,
     HomeLocked,
     IntegrityError,
-    JournalTruncated,
     NotFound,
     StorageError,
 )
-from apollia_nb.home import Home, damage_error, damaged_file
+from apollia_nb.home import Home, damage_error
 from apollia_nb.journal import accounting as _accounting
 from apollia_nb.journal import keys as _keys
 from apollia_nb.journal.checkpoint import (
@@ -127,8 +124,31 @@ from apollia_nb.journal.merkle import (
     verify_consistency,
     verify_inclusion,
 )
-from apollia_nb.journal.tail import TailLog, TailRead, encode_rows, read_tail, tail_path
-from apollia_nb.journal.views import CALLS_DDL, ENTRY_FIELDS_DDL, copy_entry_fields, create_views, rebuild_calls
+from apollia_nb.journal.recovery import (
+    COLUMNS,
+    ENTRY_LOST,
+    FORMAT_VERSION,
+    LOSS_ACTION,
+    SCHEMA,
+    SEQ_RANGE,
+    Loaded,
+    TailEntries,
+    TailRecovery,
+    connect_journal,
+    entries_with_tail,
+    examine_loss,
+    examine_tail,
+    is_loss_record,
+    load,
+    loss_rows,
+    prepare,
+    read_with_tail,
+    store_frontier,
+    stored_rows,
+    truncation_problems,
+)
+from apollia_nb.journal.tail import TailLog, encode_rows, tail_path
+from apollia_nb.journal.views import copy_entry_fields, rebuild_calls
 
 __all__ = [
     "FORMAT_VERSION",
@@ -143,197 +163,18 @@ __all__ = [
     "TailEntries",
     "truncation_problems",
     "ENTRY_LOST",
+    "LOSS_ACTION",
     "examine_loss",
+    "is_loss_record",
 ]
 
-FORMAT_VERSION = "1"
-_COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id"
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS meta (
-        key VARCHAR PRIMARY KEY,
-        value VARCHAR NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS entries (
-        seq BIGINT PRIMARY KEY,
-        ts VARCHAR NOT NULL,
-        run_id VARCHAR,
-        agent VARCHAR,
-        kind VARCHAR NOT NULL,
-        payload BLOB NOT NULL,
-        prev_hash BLOB NOT NULL,
-        hash BLOB NOT NULL,
-        signature BLOB NOT NULL,
-        key_id VARCHAR NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS checkpoints (
-        size BIGINT PRIMARY KEY,
-        root BLOB NOT NULL,
-        note VARCHAR NOT NULL,
-        created_at VARCHAR NOT NULL)""",
-    # Witness cosignatures of stored checkpoints (journal/witness.py): the note signature
-    # line a witness returned, by checkpoint size and the witness's verifier key.
-    """CREATE TABLE IF NOT EXISTS checkpoint_cosignatures (
-        size BIGINT NOT NULL,
-        witness VARCHAR NOT NULL,
-        timestamp BIGINT NOT NULL,
-        signature VARCHAR NOT NULL,
-        created_at VARCHAR NOT NULL,
-        PRIMARY KEY (size, witness))""",
-    """CREATE TABLE IF NOT EXISTS frontier (
-        id INTEGER PRIMARY KEY,
-        size BIGINT NOT NULL,
-        last_hash BLOB NOT NULL,
-        root BLOB NOT NULL,
-        hashes BLOB NOT NULL)""",
-    ENTRY_FIELDS_DDL,
-    CALLS_DDL,
-)
-#: Rows per range when journal.db is read in seq order (a sort of this many rows stays small).
-SEQ_RANGE = 65_536
-#: Seqs of stored entries read back at a time to compare them with the log's.
-COMPARE_RANGE = 2048
+_COLUMNS = COLUMNS
+_SCHEMA = SCHEMA
+_stored_rows = stored_rows
 
 
 def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
-
-
-class TailEntries(NamedTuple):
-    """What an offline reader of a journal nobody holds sees (``read_with_tail``)."""
-
-    #: the journal's entries as a SQL table expression (``entries``, or its union with the log's)
-    expression: str
-    #: the highest seq ``journal.db`` and ``journal.log`` hold together
-    head: int
-    #: what the log itself says of entries missing after ``head`` (``truncation_problems``: it was
-    #: cut), or None; a stored checkpoint larger than ``head`` is for the verifier to report
-    cut: str | None
-
-
-def entries_with_tail(con: duckdb.DuckDBPyConnection, db_path: Path) -> str:
-    """For a read-only connection to a journal nobody holds: its entries as a SQL table expression.
-
-    Usually ``entries``. When the last owner died before copying its last
-    commits from ``journal.log`` into ``journal.db``, those entries are put in a
-    temporary table and the expression is the union of both, so offline readers
-    (``audit verify``, ``audit export``) see every committed entry without
-    writing anything. Raises ``IntegrityError`` when the log is damaged before
-    its end, or holds a different entry where ``journal.db`` already has one.
-    """
-    return read_with_tail(con, db_path).expression
-
-
-def read_with_tail(con: duckdb.DuckDBPyConnection, db_path: Path) -> TailEntries:
-    """``entries_with_tail``, with the head it ends at and what says entries are missing after it.
-
-    A log that holds nothing ``journal.db`` lacks (a crash after the last copy) adds nothing:
-    the expression is ``entries``."""
-    read = read_tail(tail_path(db_path))
-    (max_seq,) = con.execute("SELECT coalesce(max(seq), 0) FROM entries").fetchall()[0]
-    copied = [row for row in read.rows if row[0] <= max_seq]
-    stored = _stored_rows(con, copied)
-    for row in copied:
-        if stored.get(row[0]) != Entry.from_row(row):
-            raise IntegrityError(
-                f"{tail_path(db_path)}: entry {row[0]} is not the entry {Path(db_path).name} holds at that place"
-            )
-    fresh = [row for row in read.rows if row[0] > max_seq]
-    expression = "entries"
-    if fresh:  # nothing to add when journal.db holds everything the log has
-        con.execute(f"CREATE OR REPLACE TEMP TABLE tail_entries AS SELECT {_COLUMNS} FROM main.entries LIMIT 0")
-        con.executemany(f"INSERT INTO temp.tail_entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", fresh)
-        expression = f"(SELECT {_COLUMNS} FROM main.entries UNION ALL SELECT {_COLUMNS} FROM temp.tail_entries)"
-    if fresh:
-        head, recorded = int(fresh[-1][0]), is_loss_record(fresh[-1][4], fresh[-1][5])
-    else:
-        last = con.execute("SELECT seq, kind, payload FROM entries ORDER BY seq DESC LIMIT 1").fetchone()
-        head, recorded = (int(last[0]), is_loss_record(last[1], last[2])) if last else (0, False)
-    problems = truncation_problems(head, recorded, read, None, tail_path(db_path))
-    return TailEntries(expression, head, problems[0] if problems else None)
-
-
-def examine_loss(db_path: Path) -> dict[str, Any]:
-    """What a repair of lost entries would record, read from a ``journal.db`` nobody holds (read-only).
-
-    ``kept``: the entries ``journal.db`` and ``journal.log`` hold together; ``problems``: why more
-    were acknowledged (empty: nothing to repair); ``lost``: the seq range known lost (up to the
-    newest stored checkpoint) or None; ``cut`` and ``cut_after``: whether the log was cut and after
-    which entry; ``checkpoints``: the stored checkpoints that covered lost entries; ``open_runs``:
-    runs with a ``run_open`` kept and no ``run_seal`` (their later entries may be among the lost)."""
-    con = connect_locked(Path(db_path), read_only=True)
-    try:
-        tail = read_with_tail(con, Path(db_path))
-        read = read_tail(tail_path(db_path))
-        latest = con.execute("SELECT max(size) FROM checkpoints").fetchone()
-        size = int(latest[0]) if latest and latest[0] is not None else None
-        last = con.execute(f"SELECT kind, payload FROM {tail.expression} WHERE seq = ?", [tail.head]).fetchone()
-        problems = truncation_problems(tail.head, last is not None and is_loss_record(last[0], last[1]), read,
-                                       size, tail_path(db_path))
-        checkpoints = [int(s) for (s,) in con.execute(
-            "SELECT size FROM checkpoints WHERE size > ? ORDER BY size", [tail.head]).fetchall()]
-        open_runs = [r for (r,) in con.execute(
-            f"SELECT run_id FROM {tail.expression} WHERE kind = 'run_open' AND run_id IS NOT NULL "
-            f"EXCEPT SELECT run_id FROM {tail.expression} WHERE kind = 'run_seal' ORDER BY 1").fetchall()]
-        kept_runs = {r for (r,) in con.execute(
-            f"SELECT DISTINCT run_id FROM {tail.expression} WHERE run_id IS NOT NULL").fetchall()}
-    finally:
-        con.close()
-    lost_to = max([tail.head, *checkpoints, read.cut_seen or 0])
-    return {"kept": tail.head, "problems": problems,
-            "lost": [tail.head + 1, lost_to] if lost_to > tail.head else None,
-            "cut": bool(read.cut), "cut_after": (read.rows[-1][0] if read.rows else 0) if read.cut else None,
-            "cut_seen": read.cut_seen, "checkpoints": checkpoints, "open_runs": open_runs,
-            "kept_runs": sorted(kept_runs)}
-
-
-#: The kinds a repair of lost entries writes (``Journal.open(record_loss=...)``): one ``entry_lost`` per seq
-#: known to be lost, then the ``home_repaired`` entry with ``action`` ``record_lost_entries``.
-ENTRY_LOST = "entry_lost"
-LOSS_ACTION = "record_lost_entries"
-
-
-def is_loss_record(kind: str, payload: bytes) -> bool:
-    """Whether an entry is the record of a repair of lost entries."""
-    if kind != "home_repaired":
-        return False
-    try:
-        return json.loads(bytes(payload)).get("action") == LOSS_ACTION
-    except (ValueError, AttributeError):
-        return False
-
-
-def truncation_problems(head: int, head_is_loss: bool, read: TailRead, checkpoint_size: int | None,
-                        log: Path) -> list[str]:
-    """Why the journal acknowledged more than the ``head`` entries it holds (pure; empty when nothing says so).
-
-    The durable witnesses: the newest stored checkpoint (signed once its entries were
-    committed: it may be larger than ``journal.db`` but never than what was acknowledged),
-    and ``journal.log`` itself (a log the end of the file cuts: its writer always leaves a zero
-    after the last record, so records after the cut may be gone). A head that is a recorded
-    loss (``home_repaired``, written in the same copy as its ``entry_lost`` entries) is a cut
-    already accounted for: the repair starts the log over next."""
-    problems = []
-    if checkpoint_size is not None and int(checkpoint_size) > head:
-        problems.append(f"the newest stored checkpoint covers {int(checkpoint_size)} entries, "
-                        f"the journal holds {head}")
-    if read.cut and not head_is_loss:
-        last = read.rows[-1][0] if read.rows else None
-        after = f"after entry {last}" if last is not None else "before its first record"
-        problems.append(f"{log.name} was cut {after} (it ends at byte {read.size} without the zero its writer "
-                        "leaves after the last record): entries committed after the cut may be gone")
-    return problems
-
-
-def _stored_rows(con: duckdb.DuckDBPyConnection, rows: list[tuple[Any, ...]]) -> dict[int, Entry]:
-    """The entries ``journal.db`` holds at the seqs of these log rows (to compare them whole)."""
-    if not rows:
-        return {}
-    low, high = min(r[0] for r in rows), max(r[0] for r in rows)
-    stored: dict[int, Entry] = {}
-    for first in range(low, high + 1, COMPARE_RANGE):  # in ranges: the memory stays bounded
-        found = con.execute(f"SELECT {_COLUMNS} FROM entries WHERE seq BETWEEN ? AND ?",
-                            [first, min(high, first + COMPARE_RANGE - 1)]).fetchall()
-        stored.update((int(r[0]), Entry.from_row(r)) for r in found)
-    return stored
 
 
 class Draft(NamedTuple):
@@ -657,20 +498,20 @@ class Journal:
                     f"{path.name} in {path.parent} is already open in this process (PID {os.getpid()}); "
                     "use that journal, or close it first."
                 )
-            con = _connect_journal(home)
+            con = connect_journal(home)
             journal: Journal | None = None
             try:
                 # Journal statements are tiny; DuckDB's worker threads only add
                 # per-statement overhead (measured: 10-20% of an append).
                 con.execute("SET threads = 1")
                 limit_memory(con)  # the cache of a growing journal stays bounded (see dbutil)
-                origin = _prepare(con)
+                origin = prepare(con)
                 key = _accounting.check_key(home, _accounting.last_key_id(con, path))
                 # Every read of this database (the auditor's SQL included) reads the journal and
                 # nothing else: no files, URLs or extensions, no setting changed back.
                 lock_down(con)
                 journal = cls(path, con, key, origin, clock or _utcnow)
-                journal._recover_tail(journal._load(), record_loss)
+                journal._recover_tail(load(con, path, rebuild_calls), record_loss)
             except BaseException as exc:
                 if journal is not None and journal._tail is not None:
                     journal._tail.close()
@@ -686,163 +527,15 @@ class Journal:
         atexit.register(journal.close)
         return journal
 
-    def _load(self) -> tuple[int, str | None]:
-        """Read the head and Merkle frontier stored with the entries (a constant amount of work).
-
-        Returns how many entries ``journal.db`` holds and, when the stored frontier does not
-        describe them, what is wrong (raised by ``_recover_tail`` once it has compared the log
-        with the stored rows). A journal from before the frontier was kept is migrated once:
-        its hashes are read in seq ranges, and the frontier and ``entry_fields`` stored."""
-        con = self._con
-        count, max_seq = con.execute("SELECT count(*), coalesce(max(seq), 0) FROM entries").fetchone()
-        row = con.execute("SELECT size, last_hash, root, hashes FROM frontier WHERE id = 1").fetchone()
-        kept = con.execute("SELECT value FROM meta WHERE key = 'frontier'").fetchone()
-        latest = con.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
-        self._latest = (int(latest[0]), latest[1]) if latest else None
-        if row is None and kept is None:
-            self._migrate(count)
-            return count, None
-        if row is None:
-            return count, "the stored head (the Merkle frontier) is missing"
-        size, last_hash, root_, hashes = int(row[0]), bytes(row[1]), bytes(row[2]), bytes(row[3])
-        if count != size or max_seq != size:
-            return count, (f"the stored head covers {size} entries, but it holds {count} "
-                           f"(the highest seq is {max_seq})")
-        try:
-            acc = MerkleAccumulator.from_state(size, [hashes[i:i + 32] for i in range(0, len(hashes), 32)])
-        except BadInput as exc:
-            return count, f"the stored Merkle frontier is malformed ({exc.message})"
-        if acc.root() != root_:
-            return count, "the stored Merkle frontier does not have the stored root"
-        stored = con.execute("SELECT hash FROM entries WHERE seq = ?", [size]).fetchone() if size else None
-        if (bytes(stored[0]) if stored else GENESIS_HASH) != last_hash:
-            return count, f"the stored head hash is not the hash of entry {size}"
-        if con.execute("SELECT value FROM meta WHERE key = 'calls'").fetchone() is None:
-            self._migrate_calls()
-        self._acc = acc
-        self._head = (size, last_hash)
-        return count, None
-
-    def _migrate(self, count: int) -> None:
-        """Compute and store the frontier and ``entry_fields`` of a journal that has none."""
-        con = self._con
-        acc = MerkleAccumulator()
-        prev = GENESIS_HASH
-        expected = 1
-        while expected <= count:
-            rows = con.execute("SELECT seq, hash FROM entries WHERE seq >= ? AND seq < ? ORDER BY seq",
-                               [expected, expected + SEQ_RANGE]).fetchall()
-            for seq, h in rows:
-                if seq != expected:
-                    break
-                prev = bytes(h)
-                acc.append(leaf_hash(prev))
-                expected += 1
-            if len(rows) != SEQ_RANGE or expected <= count and rows[-1][0] != expected - 1:
-                break
-        if expected != count + 1:
-            raise IntegrityError(
-                f"{self.path} is not contiguous: entry {expected} is missing or duplicated; "
-                "run `apollia-os audit verify`"
-            )
-        con.begin()
-        try:
-            con.execute("DELETE FROM entry_fields")
-            copy_entry_fields(con)  # and calls
-            self._store_frontier(con, acc, prev)
-            con.execute("INSERT INTO meta VALUES ('frontier', '1')")
-            con.execute("INSERT OR REPLACE INTO meta VALUES ('calls', '1')")
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-        self._acc = acc
-        self._head = (count, prev)
-
-    def _migrate_calls(self) -> None:
-        """Compute ``calls`` of a journal written before it was kept, from its ``entry_fields``."""
-        con = self._con
-        con.begin()
-        try:
-            rebuild_calls(con)
-            con.execute("INSERT INTO meta VALUES ('calls', '1')")
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-
-    @staticmethod
-    def _store_frontier(con: duckdb.DuckDBPyConnection, acc: MerkleAccumulator, last_hash: bytes) -> None:
-        """Write the head and frontier row (inside the caller's transaction)."""
-        values = [acc.size, last_hash, acc.root(), b"".join(acc.hashes)]
-        updated = con.execute("UPDATE frontier SET size = ?, last_hash = ?, root = ?, hashes = ? WHERE id = 1",
-                              values).fetchone()
-        if updated is None or updated[0] == 0:
-            con.execute("INSERT INTO frontier VALUES (1, ?, ?, ?, ?)", values)
-
-    def _recover_tail(self, loaded: tuple[int, str | None], record_loss: dict[str, Any] | None = None) -> None:
-        """Copy into ``journal.db`` what a previous owner left in ``journal.log``; open the log.
-
-        Entries already in ``journal.db`` (a crash between a copy and the log's
-        truncation) must be the very same entries. The others must continue the
-        chain, hash to their stored hash and carry this journal's signature.
-        Anything else raises ``IntegrityError`` and changes nothing.
-        """
-        path = tail_path(self.path)
-        read = read_tail(path)
-        count, problem = loaded
-        copied = [row for row in read.rows if row[0] <= count]
-        stored = _stored_rows(self._con, copied)
-        for row in copied:
-            if stored.get(row[0]) != Entry.from_row(row):
-                raise IntegrityError(
-                    f"{path}: entry {row[0]} is not the entry {self.path.name} holds at that place; "
-                    "nothing was changed (run `apollia-os audit verify`)"
-                )
-        if problem is not None:
-            raise HomeFileCorrupt(
-                f"{self.path} is inconsistent: {problem}; nothing was changed. Run `apollia-os audit verify "
-                f"--home {self.path.parent}`, then restore {self.path.name} from a backup, or archive it and "
-                f"start a new chain with `apollia-os home repair --archive-journal --home {self.path.parent}`"
-            )
-        seq, prev = self._head
+    def _recover_tail(self, loaded: Loaded, record_loss: dict[str, Any] | None = None) -> None:
+        """Take what a previous owner left in ``journal.log`` (checked by ``recovery.examine_tail``,
+        which raises and changes nothing when it cannot be taken), record a loss when asked, and
+        open the log."""
+        self._latest = loaded.latest
+        found = examine_tail(self._con, self.path, self._key, loaded, record_loss)
+        self._acc, self._head = loaded.acc, loaded.head
         self._stored_acc = self._acc.copy()
-        verify_key = self._key.verify_key
-        fresh: list[Entry] = []
-        for row in read.rows:
-            entry = Entry.from_row(row)
-            if not fresh and entry.seq <= count:
-                continue
-            if entry.seq != seq + 1 or entry.prev_hash != prev:
-                raise IntegrityError(
-                    f"{path}: entry {entry.seq} does not continue the journal (its head is {seq}); "
-                    "nothing was changed"
-                )
-            if entry.computed_hash() != entry.hash:
-                raise IntegrityError(f"{path}: entry {entry.seq} does not hash to its stored hash; nothing was changed")
-            try:
-                if entry.key_id != self._key.key_id:
-                    raise ValueError(entry.key_id)
-                verify_key.verify(entry.hash, entry.signature)
-            except Exception as exc:
-                raise IntegrityError(
-                    f"{path}: entry {entry.seq} is not signed by this journal's key; nothing was changed"
-                ) from exc
-            fresh.append(entry)
-            seq, prev = entry.seq, entry.hash
-        last = fresh[-1].as_row() if fresh else self._con.execute(
-            f"SELECT {_COLUMNS} FROM entries WHERE seq = ?", [seq]).fetchone()
-        problems = truncation_problems(seq, last is not None and is_loss_record(last[4], last[5]), read,
-                                       self._latest[0] if self._latest else None, path)
-        if problems and record_loss is None:
-            raise JournalTruncated(
-                f"{self.path.parent}: the journal holds {seq} entries but acknowledged more: {'; '.join(problems)}. "
-                "Nothing was changed and it takes no entry until this is settled (a seq is never given twice). "
-                f"Restore the home from a backup, or see what is lost with `apollia-os home repair --lost-entries "
-                f"--home {self.path.parent}` and record the loss with `--yes`"
-            )
-        if record_loss is not None and not problems:
-            raise BadInput(f"the journal in {self.path.parent} holds every entry it acknowledged: nothing to repair")
+        fresh = found.fresh
         if fresh:
             before = self._acc.copy()
             for entry in fresh:
@@ -853,43 +546,16 @@ class Journal:
             except BaseException:
                 self._acc = before
                 raise
-            self._head = (seq, prev)
+            self._head = found.head
         if record_loss is not None:
-            self._record_loss(problems, read, record_loss)
-        self._tail = TailLog(path)  # starts the file over: everything in it is in journal.db now
+            self._record_loss(found, record_loss)
+        self._tail = TailLog(tail_path(self.path))  # starts the file over: everything in it is in journal.db now
         self._opened_at = self._copied = self._head[0]
 
-    def _record_loss(self, problems: list[str], read: TailRead, extra: dict[str, Any]) -> None:
-        """Record in ``journal.db`` that acknowledged entries are gone, without giving their seqs again.
-
-        Every seq known to be lost (up to the newest stored checkpoint, or the highest seq the cut
-        record of the log still shows) gets a signed ``entry_lost``
-        entry naming the lost range, and a ``home_repaired`` entry (``action``
-        ``record_lost_entries``) follows them: what was kept, the range, whether ``journal.log``
-        was cut (what followed the cut, beyond the witnessed range, left no trace), the stored
-        checkpoints that covered lost entries (they no longer verify; ``audit verify`` shows them
-        as superseded by this record) and ``extra``. One transaction, before the log starts over:
-        a crash before it leaves everything as it was, after it the cut is accounted for."""
-        head, prev = self._head
-        lost_to = max(head, self._latest[0] if self._latest else 0, read.cut_seen or 0)
-        lost = [head + 1, lost_to] if lost_to > head else None
-        superseded = [{"size": int(size), "root": bytes(root).hex()} for size, root in self._con.execute(
-            "SELECT size, root FROM checkpoints WHERE size > ? ORDER BY size", [head]).fetchall()]
-        payload = {
-            **extra, "file": "journal.log", "action": LOSS_ACTION, "problem": "; ".join(problems),
-            "kept": head, "lost": lost, "cut": bool(read.cut),
-            "cut_after": (read.rows[-1][0] if read.rows else 0) if read.cut else None,
-            "checkpoints": superseded,
-        }
-        items = [_item(ENTRY_LOST, {"lost": lost}) for _ in range(lost_to - head)]
-        items.append(_item("home_repaired", payload))
-        ts = format_ts(self._clock())
-        rows, seq = [], head
-        for kind, data, run_id, agent in items:
-            seq += 1
-            h = entry_hash(seq, ts, run_id, agent, kind, data, prev)
-            rows.append(Entry(seq, ts, run_id, agent, kind, data, prev, h, self._key.sign(h), self._key.key_id).as_row())
-            prev = h
+    def _record_loss(self, found: TailRecovery, extra: dict[str, Any]) -> None:
+        """Record in ``journal.db`` that acknowledged entries are gone (``recovery.loss_rows``), in
+        one transaction, before the log starts over."""
+        rows = loss_rows(self._con, self._head, self._latest, found, extra, self._key, self._clock)
         before = self._acc.copy()
         for row in rows:
             self._acc.append(leaf_hash(bytes(row[7])))
@@ -900,7 +566,7 @@ class Journal:
         except BaseException:
             self._acc = before
             raise
-        self._head = (seq, prev)
+        self._head = (int(rows[-1][0]), bytes(rows[-1][7]))
 
     def __enter__(self) -> Journal:
         return self
@@ -1557,7 +1223,7 @@ class Journal:
                     self._appender.flush()
                 faults.point("journal.before_frontier")
                 copy_entry_fields(con, rows[0][0], rows[-1][0])
-                self._store_frontier(con, acc, bytes(rows[-1][7]))
+                store_frontier(con, acc, bytes(rows[-1][7]))
                 con.commit()
             except BaseException:
                 if len(rows) > 1:
@@ -1950,40 +1616,3 @@ def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: 
     check_text("run_id", run_id, nullable=True)
     check_text("agent", agent, nullable=True)
     return _Item(kind, canonical_payload(payload), run_id, agent)
-
-
-def _connect_journal(home: Home) -> duckdb.DuckDBPyConnection:
-    """``connect_locked`` on ``journal.db``; a file DuckDB cannot open is ``HOME_FILE_CORRUPT``
-    (``home.damaged_file``: the file and its repair)."""
-    path = home.journal_db
-    try:
-        return connect_locked(path)
-    except HomeLocked:
-        raise
-    except duckdb.Error as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise damaged_file(path, f"it cannot be opened: {first}", home=home.path) from None
-
-
-def _prepare(con: duckdb.DuckDBPyConnection) -> str:
-    """Create the schema and views if missing; return the log's origin."""
-    con.begin()
-    try:
-        for ddl in _SCHEMA:
-            con.execute(ddl)
-        meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
-        if "format" not in meta:
-            origin = f"apollia-nb/{os.urandom(8).hex()}"
-            con.executemany(
-                "INSERT INTO meta VALUES (?, ?)",
-                [("format", FORMAT_VERSION), ("origin", origin), ("created_at", format_ts(_utcnow()))],
-            )
-            meta = {"format": FORMAT_VERSION, "origin": origin}
-        if meta["format"] != FORMAT_VERSION:
-            raise IntegrityError(f"journal format {meta['format']!r} is not supported (want {FORMAT_VERSION})")
-        create_views(con)
-        con.commit()
-    except BaseException:
-        con.rollback()
-        raise
-    return meta["origin"]
