@@ -96,7 +96,7 @@ async def answer_hook(rt: Any, tool: str, raw: bytes | str | dict[str, Any], *, 
     try:
         if event.phase == "other":
             return Reply({})
-        settings = hook_settings(rt.config.raw, tool)
+        settings = hook_settings(_config_text(rt.home.config_path), tool)
         agent = await _agent_for(rt, tool, event.project)
         if event.phase == "after":
             await _journal_result(rt, agent, event, settings)
@@ -113,6 +113,28 @@ async def answer_hook(rt: Any, tool: str, raw: bytes | str | dict[str, Any], *, 
             return Reply({}, stderr=f"apollia: the result was not journaled: {type(exc).__name__}: {exc}")
         return malformed_reply(tool, f"apollia denied the call: it could not be decided "
                                      f"({type(exc).__name__}: {exc})", data)
+
+
+#: ``apollia.toml`` as last read: ``{path: ((mtime_ns, size), parsed)}``; read again when it changes.
+_read_config: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
+
+
+def _config_text(path: Any) -> dict[str, Any]:
+    """``apollia.toml`` as it is now (a hook reads ``[hooks]`` changes without a restart); a file that does
+    not read is ``BAD_INPUT`` (the hook denies)."""
+    from apollia_nb.config import load_config
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {}
+    key = (st.st_mtime_ns, st.st_size)
+    held = _read_config.get(str(path))
+    if held is not None and held[0] == key:
+        return held[1]
+    raw = load_config(path).raw
+    _read_config[str(path)] = (key, raw)
+    return raw
 
 
 async def _agent_for(rt: Any, tool: str, project: str) -> Any:
@@ -188,7 +210,8 @@ async def _decide(rt: Any, agent: Any, event: HookEvent, settings: Any, *, wait:
     worst = max(decided, key=lambda d: _SEVERITY[d[1].outcome])
     if worst[1].outcome is Outcome.REFUSE:
         return Verdict("deny", f"apollia refused {worst[0].native}: {worst[1].reason}")
-    standing = all(d.outcome is Outcome.ALLOW and d.line in (4, 5) for _, d, _, _ in decided)
+    # standing: allowed by an allow rule or a standing consent, or answered always (each of its calls)
+    standing = all(d.outcome is Outcome.ASK or d.line in (4, 5) for _, d, _, _ in decided)
     left = wait
     for m, decision, shown_arguments, call_id in decided:
         if decision.outcome is not Outcome.ASK:
