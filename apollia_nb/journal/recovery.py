@@ -189,7 +189,7 @@ def load(con: duckdb.DuckDBPyConnection, path: Path,
     from before the frontier was kept is migrated once: its hashes are read in seq ranges, and
     the frontier and ``entry_fields`` stored; one from before ``calls`` was kept has it computed
     (``rebuild``: ``views.rebuild_calls``)."""
-    count, max_seq = con.execute("SELECT count(*), coalesce(max(seq), 0) FROM entries").fetchone()
+    [(count, max_seq)] = con.execute("SELECT count(*), coalesce(max(seq), 0) FROM entries").fetchall()
     row = con.execute("SELECT size, last_hash, root, hashes FROM frontier WHERE id = 1").fetchone()
     kept = con.execute("SELECT value FROM meta WHERE key = 'frontier'").fetchone()
     newest = con.execute("SELECT size, note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
