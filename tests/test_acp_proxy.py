@@ -205,3 +205,32 @@ def test_a_home_that_cannot_be_opened_rejects_every_permission_and_the_relay_goe
     locked = anyio.run(held)
     assert [r["option"] for r in locked["reply"]] == ["no", "no"]
     assert all("HOME_LOCKED" in r["meta"]["reason"] for r in locked["reply"])
+
+
+def test_a_cancelled_prompt_turn_answers_the_waiting_permission_cancelled(acp_python, places, tmp_path):
+    home, project = places
+    signal_file = tmp_path / "cancel-now"
+    calls = [call("edit", "edit", {"path": "a.txt"}), call("read", "read", {"path": "notes.txt"})]
+    with ServerThread(home, token=TOKEN) as srv, \
+            httpx.Client(base_url=srv.url + "/api/v1", headers={"Authorization": f"Bearer {TOKEN}"},
+                         timeout=30) as api:
+        proc = subprocess.Popen(client_command(acp_python, home.path, calls), cwd=project,
+                                env={**environment(), "ACP_TEST_CANCEL_WHEN": str(signal_file)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            pending = wait_pending(api, "write_file", proc)
+            signal_file.write_text("now")
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, err
+        assert all(p["id"] != pending["id"] for p in api.get("/pending-decisions").json())
+        late = api.post("/pending-decisions/decide", json={"id": pending["id"], "answer": "once"})
+        assert late.status_code in (404, 409), late.text  # nobody may answer a question no longer asked
+    got = by_id(json.loads(out))
+    assert got["edit"]["outcome"] == "cancelled" and got["edit"]["option"] is None
+    assert got["read"]["option"] == "yes"  # the session goes on
+    assert journal_rows(home, "SELECT answer, answered_by FROM decisions WHERE tool = 'write_file'") == \
+        [("refuse", "system")]

@@ -3,7 +3,8 @@
 ``client.py PROMPT_JSON -- COMMAND…``: starts COMMAND (the proxy, or an agent) over stdio,
 initializes, opens a session, sends one prompt and prints one JSON object: the agent's reply
 (``reply``), every tool call update the client saw (``updates``) and whether a permission request
-ever reached the client (``asked_client``).
+ever reached the client (``asked_client``). With ``ACP_TEST_CANCEL_WHEN=FILE`` it cancels the prompt turn
+(``session/cancel``) once FILE exists.
 """
 
 import asyncio
@@ -44,7 +45,13 @@ async def main() -> None:
     async with spawn_agent_process(client, command[0], *command[1:], env=dict(os.environ)) as (conn, process):
         await conn.initialize(protocol_version=PROTOCOL_VERSION)
         session = await conn.new_session(cwd=os.getcwd(), mcp_servers=[])
-        response = await conn.prompt(session_id=session.session_id, prompt=[text_block(prompt)])
+        turn = asyncio.ensure_future(conn.prompt(session_id=session.session_id, prompt=[text_block(prompt)]))
+        cancel_when = os.environ.get("ACP_TEST_CANCEL_WHEN")  # a file the test makes once a decision waits
+        if cancel_when:
+            while not os.path.exists(cancel_when) and not turn.done():
+                await asyncio.sleep(0.02)
+            await conn.cancel(session_id=session.session_id)
+        response = await turn
     print(json.dumps({"reply": json.loads("".join(client.reply)), "updates": client.updates,
                       "asked_client": client.asked, "stop": response.stop_reason}), flush=True)
 
