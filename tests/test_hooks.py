@@ -458,7 +458,7 @@ def test_malformed_input_over_http_is_a_deny_with_200_never_an_error_status(serv
         assert r.status_code == 200
         assert r.json()["hookSpecificOutput"]["permissionDecision"] == "deny"
         assert r.headers["X-Apollia-Hook-Block"] == "1"
-    assert served.http.post("/hooks/vscode", json={}).status_code == 404
+    assert served.http.post("/hooks/vscode", json={}).status_code == 422
     assert httpx.post(served.url + "/api/v1/hooks/claude-code", json={}).status_code == 401
 
 

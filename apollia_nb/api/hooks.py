@@ -15,21 +15,19 @@ Included by ``api/app.py``'s ``create_app``; see ``docs/other-agents.md``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from apollia_nb.api.deps import authorize, error_responses, runtime_of
-from apollia_nb.errors import NotFound
 from apollia_nb.hooks.codecs import MAX_INPUT, malformed_reply
 from apollia_nb.hooks.gate import answer_hook
-from apollia_nb.hooks.mapping import TOOLS
 
 __all__ = ["router"]
 
-router = APIRouter(dependencies=[Depends(authorize)], responses=error_responses(401))
+router = APIRouter(dependencies=[Depends(authorize)], responses=error_responses(401, 422))
 
 _BODY = {"content": {"application/json": {"schema": {"type": "object", "additionalProperties": True,
                                                       "description": "the tool's hook input, as the tool sends it"}}},
@@ -37,19 +35,18 @@ _BODY = {"content": {"application/json": {"schema": {"type": "object", "addition
 
 
 @router.post(
-    "/hooks/{tool}", operation_id="answerHook", tags=["hooks"], responses=error_responses(404),
+    "/hooks/{tool}", operation_id="answerHook", tags=["hooks"],
     summary="Decide another agent's tool call from its hook input",
     description="`tool` is `claude-code`, `codex` or `cursor`. The body is the tool's hook input; the answer is "
                 "the tool's hook JSON (200 always: a denial, malformed input included, is the tool's deny JSON). "
                 "The call is decided as the mapped tool of this home (`docs/other-agents.md`), journaled with "
                 "`source`, and an asked call waits for a person up to `[hooks.<tool>] ask_timeout_secs`. "
-                "404 `NOT_FOUND` for another tool name.",
+                "422 `BAD_INPUT` for another tool name (the body itself is never refused with a 4xx).",
     openapi_extra={"requestBody": _BODY},
     response_model=None,
 )
-async def answer_hook_route(tool: str, request: Request, rt: Any = Depends(runtime_of)) -> JSONResponse:
-    if tool not in TOOLS:
-        raise NotFound(f"no hook for {tool!r}: one of {', '.join(TOOLS)}")
+async def answer_hook_route(tool: Literal["claude-code", "codex", "cursor"], request: Request,
+                            rt: Any = Depends(runtime_of)) -> JSONResponse:
     raw = await request.body()
     if len(raw) > MAX_INPUT:
         reply = malformed_reply(tool, f"apollia: the hook input is larger than {MAX_INPUT} bytes")
