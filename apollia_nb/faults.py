@@ -34,6 +34,7 @@ The points (see docs/runtime.md):
   the frontier of that prefix); the later pieces are only in the log.
 * ``route.before_settle`` — a writing REST route carried out its request; the rows it changed in runtime.db
   are not yet confirmed committed (``full``: runtime.db refuses them), its key's answer not yet recorded;
+* ``calls.after_commit`` — ``POST /internal/calls``: a client's call is decided and journaled, its answer not yet sent;
 * ``idempotency.before_finish`` — a writing REST route's request is carried out and durable, the answer of
   its ``Idempotency-Key`` not yet recorded (``full``: runtime.db refuses that answer);
 * ``verify.signature_worker`` — a journal verification's signature worker has started, checked nothing yet

@@ -558,3 +558,59 @@ def test_the_sdk_retries_storage_and_unknown_outcomes_within_its_attempts_and_it
     assert _Retry(retry_for=None).delay(keyed_post, 2, None, elapsed=1e6) == 1.0
     with pytest.raises(ValueError):
         _Retry(retry_for=-1)
+
+
+# --- a client's governed call, retried after the server restarted ------------------------------------
+
+
+def _governed_call(outcome: str, api: httpx.Client) -> dict:
+    """A call request a client kernel sends (``POST /internal/calls``) that the server decides ``outcome``."""
+    from test_served_calls import call_body
+
+    if outcome == "refuse":
+        assert api.post("/governance/rules", json={"tool": "write_file", "effect": "deny"}).status_code == 201
+    if outcome == "allow":
+        return call_body("run-retried", tool="read_file", family="read", arguments={"path": "x.txt"},
+                         decision={"call_id": "call-1", "tool": "read_file", "family": "read",
+                                   "arguments": {"path": "x.txt"}, "connection": None, "path": "x.txt"})
+    return call_body("run-retried")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("outcome, last", [("allow", "tool_call"), ("refuse", "tool_result"), ("ask", "decision")])
+def test_a_governed_call_journaled_before_the_server_was_killed_is_answered_from_the_journal_at_its_retry(
+        tmp_path, outcome, last):
+    from test_api_serve import start, stop
+
+    home = tmp_path / "home"
+    faulty, _ = start(home, "--token", TOKEN, env={"APOLLIA_FAULT": "calls.after_commit:kill"})
+    try:
+        with httpx.Client(base_url=_url(home), headers=AUTH, timeout=60) as api:
+            body = _governed_call(outcome, api)
+            with pytest.raises(httpx.TransportError):  # decided and journaled; killed before the answer
+                api.post("/internal/calls", json=body)
+    finally:
+        assert stop(faulty) == -signal.SIGKILL
+    proc, _ = start(home, "--token", TOKEN)
+    try:
+        with httpx.Client(base_url=_url(home), headers=AUTH, timeout=60) as api:
+            journaled = api.get("/audit/entries", params={"run_id": "run-retried", "limit": 100}).json()["entries"]
+            shown = {**body["decision"], "arguments": {"path": "z.txt"}}  # the journal holds another decision
+            moved = api.post("/internal/calls", json={**body, "decision": shown})
+            assert moved.status_code == 409 and moved.json()["code"] == "CONFLICT", moved.text
+            told = [{**body["before"][0], "payload": {**body["before"][0]["payload"], "text": "other"}}]
+            assert api.post("/internal/calls", json={**body, "before": told}).status_code == 409
+            again = api.post("/internal/calls", json=body)  # the client's retry: same run, call id and body
+            assert again.status_code == 200, again.text
+            answer = again.json()
+            assert answer["decision"]["outcome"] == outcome
+            assert [(e["seq"], e["kind"]) for e in answer["entries"]] == [(e["seq"], e["kind"]) for e in journaled]
+            assert answer["entries"][-1]["kind"] == last
+            after = api.get("/audit/entries", params={"run_id": "run-retried", "limit": 100}).json()["entries"]
+            assert [e["seq"] for e in after] == [e["seq"] for e in journaled]  # nothing journaled twice
+            assert api.post("/internal/calls", json=body).json()["entries"] == answer["entries"]
+            other = api.post("/internal/calls", json={**body, "arguments": {"path": "y.txt", "content": "y"}})
+            assert other.status_code == 409 and other.json()["code"] == "CONFLICT"
+            assert api.get("/audit/verify").json()["ok"] is True
+    finally:
+        assert stop(proc) == 0

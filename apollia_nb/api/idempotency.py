@@ -483,3 +483,58 @@ class IdempotentRoute(APIRoute):
             return _replayed(status, stored) if replayed else response
 
         return route
+
+
+# --- a governed call decided before a restart (``POST /internal/calls``) ---------------------------
+
+#: The fields of a call's ``decision`` payload the server sets (the rest is the client's template).
+_SERVER_FIELDS = frozenset({"call_id", "tool", "family", "connection", "outcome", "line", "answers", "reason"})
+
+
+def journaled_calls(journal: Any, run_id: str) -> dict[str, int]:
+    """``call_id → seq`` of every ``decision`` the journal holds for the run (one read of the run)."""
+    found: dict[str, int] = {}
+    for entry in journal.entries(run_id=run_id, kinds=["decision"]):
+        try:
+            call_id = json.loads(bytes(entry.payload)).get("call_id")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(call_id, str):
+            found.setdefault(call_id, entry.seq)
+    return found
+
+
+def journaled_call(journal: Any, seq: int, before: list[tuple[str, Any, str | None, str | None]],
+                   call: dict[str, Any]) -> list[Any] | None:
+    """The entries a call request committed as one group, read back from the journal: ``before``
+    (``(kind, payload, run_id, agent)`` as the request sends them), its ``decision`` at ``seq``, then its
+    ``tool_call`` (allowed) or refused ``tool_result`` (refused). ``None`` when what the journal holds there
+    is not what this request would have committed (another request under the same call id)."""
+    from apollia_nb.journal.entry import canonical_json
+
+    first = seq - len(before)
+    if first < 1:
+        return None
+    group = [e for e in journal.entries(since_seq=first - 1, limit=len(before) + 2)]
+    if len(group) < len(before) + 1 or [e.seq for e in group[:len(before) + 1]] != list(range(first, seq + 1)):
+        return None
+    for (kind, payload, run_id, agent), entry in zip(before, group):
+        if (entry.kind, bytes(entry.payload), entry.run_id, entry.agent) != (kind, canonical_json(payload),
+                                                                              run_id, agent):
+            return None
+    decision = group[len(before)]
+    stored = json.loads(bytes(decision.payload))
+    asked = {**{k: v for k, v in call["decision"].items() if k not in _SERVER_FIELDS},
+             "call_id": call["call_id"], "tool": call["tool"], "family": call["family"],
+             "connection": call["connection"]}
+    if any(stored.get(k) != v for k, v in asked.items()) or (decision.run_id, decision.agent) != (
+            call["run_id"], call["agent"]):
+        return None
+    entries = group[:len(before) + 1]
+    if stored.get("outcome") in ("allow", "refuse"):
+        after = group[len(before) + 1] if len(group) > len(before) + 1 else None
+        kind = "tool_call" if stored["outcome"] == "allow" else "tool_result"
+        if after is None or after.kind != kind or json.loads(bytes(after.payload)).get("call_id") != call["call_id"]:
+            return None
+        entries.append(after)
+    return entries

@@ -30,6 +30,7 @@ uses, for that batch's agent and tasks.
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import Annotated, Any, Literal
 
@@ -37,6 +38,7 @@ import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool
 
+from apollia_nb import faults
 from apollia_nb.api.deps import error_responses as _errors
 from apollia_nb.api.deps import runtime_of as _runtime
 from apollia_nb.api.worker_tokens import authorize_internal, scope_of, tokens_of
@@ -59,7 +61,7 @@ def require_owner(runtime: Any) -> None:
 
         server = runtime.journal.server_url
         raise HomeLocked(
-            f"the home {runtime.home.path} is served by process {runtime._remote.address.pid} at {server} "
+            f"the home {runtime.home.path} is served by process {runtime.server.pid} at {server} "
             "(apollia-os serve): a home has one server; use that one, or stop it first"
         )
 
@@ -563,15 +565,20 @@ class CallOut(_Out):
 class _Calls:
     """The answers of recent call requests by ``(run_id, call_id)``, with the digest of their request:
     a retry (same request) gets the same answer and journals nothing; another request under a used
-    id is ``CONFLICT``. Requests of one id are carried out one at a time."""
+    id is ``CONFLICT``. Requests of one id are carried out one at a time.
+
+    What an earlier server process answered is in the journal, not here: the first request of a run
+    this process sees reads the run's journaled decisions once (``runs``), and a request whose call id
+    is among them is answered from its journaled entries (``found``), never decided or journaled again."""
 
     def __init__(self) -> None:
         from collections import OrderedDict
 
         self.answers: OrderedDict[tuple[str, str], tuple[str, dict[str, Any]]] = OrderedDict()
         self.busy: dict[tuple[str, str], anyio.Event] = {}
+        self.runs: OrderedDict[str, dict[str, int]] = OrderedDict()  # run → its journaled call ids (seqs)
 
-    async def once(self, key: tuple[str, str], digest: str, make: Any) -> dict[str, Any]:
+    async def once(self, key: tuple[str, str], digest: str, make: Any, found: Any = None) -> dict[str, Any]:
         from apollia_nb.errors import Conflict
 
         while key in self.busy:
@@ -583,7 +590,9 @@ class _Calls:
             return known[1]
         done = self.busy[key] = anyio.Event()
         try:
-            answer = await make()
+            answer = (await found()) if found is not None else None
+            if answer is None:
+                answer = await make()
             self.answers[key] = (digest, answer)
             while len(self.answers) > CALLS_KEPT:
                 self.answers.popitem(last=False)
@@ -664,13 +673,38 @@ async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runti
                                                 "error_code": "REFUSED", "output": None,
                                                 "output_digest": NULL_DIGEST}, body.run_id, body.agent))
         entries = await rt.journal.append_many_async(drafts)
+        _calls(request).runs.get(body.run_id, {})[body.call_id] = entries[len(body.before)].seq
+        faults.point("calls.after_commit")
         return {"decision": {"outcome": decision.outcome.value, "line": decision.line,
                              "answers": [a.value for a in decision.answers], "reason": payload["reason"],
                              "rule_id": decision.rule_id},
                 "entries": [_row(e) for e in entries], "generation": snapshot["generation"],
                 "snapshot": snapshot}
 
-    answer = await _calls(request).once((body.run_id, body.call_id), digest, make)
+    async def found() -> dict[str, Any] | None:
+        """The call as an earlier process of this server journaled it (see ``_Calls``)."""
+        from apollia_nb.api.idempotency import journaled_call, journaled_calls
+        from apollia_nb.errors import Conflict
+
+        calls = _calls(request)
+        if body.run_id not in calls.runs:
+            calls.runs[body.run_id] = await anyio.to_thread.run_sync(journaled_calls, rt.journal, body.run_id)
+            while len(calls.runs) > CALLS_KEPT:
+                calls.runs.popitem(last=False)
+        seq = calls.runs[body.run_id].get(body.call_id)
+        if seq is None:
+            return None
+        before = [(d.kind, d.payload, d.run_id, d.agent) for d in body.before]
+        entries = await anyio.to_thread.run_sync(journaled_call, rt.journal, seq, before, body.model_dump(mode="json"))
+        if entries is None:
+            raise Conflict(f"call {body.call_id} of run {body.run_id} was decided already, for another request")
+        decided = json.loads(entries[len(before)].payload)
+        snapshot = _generations(request).current(rt.governance)
+        return {"decision": {"outcome": decided["outcome"], "line": decided["line"], "answers": decided["answers"],
+                             "reason": decided["reason"], "rule_id": decided.get("rule_id")},
+                "entries": [_row(e) for e in entries], "generation": snapshot["generation"], "snapshot": snapshot}
+
+    answer = await _calls(request).once((body.run_id, body.call_id), digest, make, found)
     if body.generation == answer["generation"]:
         answer = {**answer, "snapshot": None}
     return answer
