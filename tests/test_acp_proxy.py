@@ -234,3 +234,17 @@ def test_a_cancelled_prompt_turn_answers_the_waiting_permission_cancelled(acp_py
     assert got["read"]["option"] == "yes"  # the session goes on
     assert journal_rows(home, "SELECT answer, answered_by FROM decisions WHERE tool = 'write_file'") == \
         [("refuse", "system")]
+
+
+def test_no_permission_request_reaches_the_client_around_the_proxy(acp_python, places):
+    home, project = places
+    governed(home, lambda rt: rt.governance.add_rule("bash_executor", "deny", "rm", by="test"))
+    command = [str(acp_python), str(PEERS / "client.py"), "[]", "--", sys.executable, "-m", "apollia_nb",
+               "acp-proxy", "--home", str(home.path), "--", sys.executable, str(PEERS / "raw_agent.py")]
+    done = subprocess.run(command, cwd=project, env=environment(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["asked_client"] == 0  # in a batch, as a notification, under a key given twice: never the client's
+    assert result["reply"] == [{"id": "100", "outcome": "selected", "option": "no", "meta": None},
+                               {"id": "101", "outcome": "selected", "option": "no", "meta": None}]
+    assert journal_rows(home, "SELECT tool, outcome, line FROM decisions") == [("bash_executor", "refuse", 2)] * 2

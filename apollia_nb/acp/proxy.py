@@ -14,6 +14,10 @@ the home's business:
   ``tool_progress`` while it runs, ``tool_result`` when it ends) and passed on: what the agent
   runs without asking is on the record too.
 
+Every message is relayed as the JSON the proxy read and decided on, written again: a batch is
+taken apart into its messages (no permission request hides in one), a key given twice is given
+once, a permission request sent as a notification and a line that is not JSON are not passed on.
+
 A ``session/cancel`` from the client ends the session's waits: the agent is answered ``cancelled``
 (as the protocol asks of a client) and the waiting decisions are refused by ``system``.
 
@@ -234,11 +238,20 @@ class _Lines:
             return None
 
 
-def _parsed(line: bytes) -> Any:
+def _messages(line: bytes) -> list[Any] | None:
+    """The JSON-RPC messages of one line: a batch is taken apart, so that no request hides in one;
+    None for a line that is not JSON."""
     try:
-        return json.loads(line)
+        parsed = json.loads(line)
     except (ValueError, UnicodeDecodeError):
         return None
+    return list(parsed) if isinstance(parsed, list) else [parsed]
+
+
+def _encoded(message: Any) -> bytes:
+    """A message as relayed: the JSON the proxy read, written again (what the proxy decided on is
+    what the other side reads; a key given twice is given once)."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 async def _relay(governor: AcpGovernor, command: Sequence[str], client_in: anyio.abc.ByteReceiveStream,
@@ -264,27 +277,33 @@ async def _relay(governor: AcpGovernor, command: Sequence[str], client_in: anyio
     async def from_agent(tg: anyio.abc.TaskGroup) -> None:
         lines = _Lines(process.stdout)  # type: ignore[arg-type]
         while (line := await lines.next()) is not None:
-            message = _parsed(line)
-            if isinstance(message, dict) and message.get("method") == "session/request_permission" \
-                    and "id" in message:
-                tg.start_soon(answer_permission, message)
+            messages = _messages(line)
+            if messages is None:
+                _log("a line of the agent's output that is not JSON was not passed on")
                 continue
-            if isinstance(message, dict) and message.get("method") == "session/update":
-                governor.reported(message.get("params"))
-            await send_client(line)
+            for message in messages:
+                if isinstance(message, dict) and message.get("method") == "session/request_permission":
+                    if "id" in message:
+                        tg.start_soon(answer_permission, message)
+                    else:
+                        _log("a permission request sent as a notification was not passed on")
+                    continue
+                if isinstance(message, dict) and message.get("method") == "session/update":
+                    governor.reported(message.get("params"))
+                await send_client(_encoded(message))
 
     async def from_client() -> None:
         lines = _Lines(client_in)
         while (line := await lines.next()) is not None:
-            message = _parsed(line)
-            if isinstance(message, dict) and message.get("method") == "session/cancel":
-                params = message.get("params")
-                if isinstance(params, dict) and isinstance(params.get("sessionId"), str):
-                    governor.cancel(params["sessionId"])
-            try:
-                await send_agent(line)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return
+            for message in _messages(line) or []:
+                if isinstance(message, dict) and message.get("method") == "session/cancel":
+                    params = message.get("params")
+                    if isinstance(params, dict) and isinstance(params.get("sessionId"), str):
+                        governor.cancel(params["sessionId"])
+                try:
+                    await send_agent(_encoded(message))
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return
         await process.stdin.aclose()  # type: ignore[union-attr]  # the client is gone: so is the agent's input
 
     async with process:
