@@ -513,3 +513,54 @@ def test_uninstall_of_a_file_install_created_removes_it_and_a_broken_file_is_lef
     out = cli("hook", "install", tool, "--project", str(project), home=home)
     assert out.returncode == 3 and "BAD_INPUT" in out.stderr
     assert path.read_text() == "{ not json"
+
+
+# --- the journal shows the gap ----------------------------------------------------------------------
+
+def _gap_query() -> str:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "other-agents.md").read_text()
+    return text.split("```sql\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_query_finds_a_reported_call_that_was_never_decided(tmp_path, project):
+    import duckdb
+
+    home = tmp_path / "home"
+    assert cli("hook", "install", "claude-code", "--project", str(project), home=home).returncode == 0
+    read = {"file_path": str(project / "a.txt")}
+    decided = hook("claude-code", claude("PreToolUse", project, "Read", read, use_id="toolu_seen"), home)
+    assert decision_of(decided)[0] == "allow"
+    for use_id in ("toolu_seen", "toolu_unseen"):  # the second ran with no PreToolUse: the hook was skipped
+        out = hook("claude-code", claude("PostToolUse", project, "Read", read, use_id=use_id,
+                                         tool_response={"content": "x"}), home)
+        assert out.returncode == 0 and json.loads(out.stdout) == {}
+    con = duckdb.connect(str(home / "journal.db"), read_only=True)
+    try:
+        rows = con.execute(_gap_query()).fetchall()
+    finally:
+        con.close()
+    assert [(r[1], r[2], r[3]) for r in rows] == [("toolu_unseen", "read_file", "Read")]
+
+
+def test_a_second_project_of_the_same_folder_name_is_another_agent(served, tmp_path):
+    first, second = tmp_path / "a" / "shop", tmp_path / "b" / "shop"
+    first.mkdir(parents=True)
+    second.mkdir(parents=True)
+    agent = agent_name("cursor", str(first))
+    serve_rule(served, "bash_executor", "make", agent)
+    assert served.hook("cursor", cursor("beforeShellExecution", first, command="make", cwd=str(first))) == {
+        "permission": "deny", "user_message": ANY, "agent_message": ANY}
+    other = agent_name("cursor", str(second), salted=True)
+    serve_rule(served, "bash_executor", "ls", other)  # the first agent's rule does not reach the second
+    body = served.hook("cursor", cursor("beforeShellExecution", second, command="ls -la", cwd=str(second)))
+    assert body["permission"] == "deny" and other in body["agent_message"]
+    names = {a["name"]: a for a in served.http.get("/agents").json()}
+    assert agent in names and other in names
+
+
+class _Any:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and bool(other)
+
+
+ANY = _Any()

@@ -242,9 +242,10 @@ def _decision_of(rt: Any, agent: Any, m: Mapped, view: Any) -> tuple[Decision, s
         except ApolliaError as exc:
             return Decision(Outcome.REFUSE, 0, reason=f"{exc.code}: {exc.message}"), None
         paths, relative = resolved.names, resolved.relative
-    call = Call(agent=agent.name, tool=m.tool, family=m.family, arguments=m.arguments, connection=m.connection,
+    family = Family(m.family) if m.family is not None else None
+    call = Call(agent=agent.name, tool=m.tool, family=family, arguments=m.arguments, connection=m.connection,
                 paths=paths, shell=m.shell,
-                code_places=code_places() if paths is not None and m.family == Family.WRITE.value else None)
+                code_places=code_places() if paths is not None and family is Family.WRITE else None)
     ours = decide(call, view)
     own = decide(dataclasses.replace(call, tool=m.native), view) if m.native and m.native != m.tool else None
     return combine(ours, own), relative

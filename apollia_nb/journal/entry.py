@@ -118,6 +118,8 @@ class DecisionPayload(TypedDict):
     path: NotRequired[str]  # a file tool's path as resolved, relative to the workspace
     hints: NotRequired[dict[str, Any]]  # the tool's MCP annotations, as shown; never decided on
     caused_by: NotRequired[str]  # a server's request during a call: that call's id
+    source: NotRequired[str]  # another agent's call (its hook): the tool, claude-code, codex, cursor, …
+    source_tool: NotRequired[str]  # that tool's own name for the call (Bash, apply_patch, …)
 
 
 class AnswerPayload(TypedDict):
@@ -147,6 +149,8 @@ class ToolResultPayload(TypedDict):
     error_code: NotRequired[str | None]
     output: NotRequired[Any]
     output_digest: str
+    source: NotRequired[str]  # another agent's call: the tool that reported (or was refused) it
+    source_tool: NotRequired[str]  # that tool's own name for the call
 
 
 class ModelToolCall(TypedDict):
