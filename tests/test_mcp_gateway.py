@@ -179,3 +179,12 @@ def test_a_home_that_cannot_be_opened_serves_nothing_and_http_is_loopback_unless
         with pytest.raises(BadInput):
             parse_listen(bad)
     assert exposed_name("mcp:everything/get-sum") == "everything__get-sum"
+
+
+def test_two_tools_that_would_be_listed_under_one_name_are_offered_under_none():
+    from apollia_nb.federation.gateway import exposed_names
+
+    offered, clashing = exposed_names(["mcp:a__b/c", "mcp:a/b__c", "mcp:a/d", "mcp:a/d", "bash_executor",
+                                       "mcp:e/f.g"])
+    assert offered == {"a__d": "mcp:a/d", "e__f.g": "mcp:e/f.g"}
+    assert clashing == ["mcp:a__b/c", "mcp:a/b__c"]

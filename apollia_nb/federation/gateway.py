@@ -3,9 +3,10 @@
 The gateway is an MCP server (the ``mcp`` SDK's low-level ``Server``, over stdio or streamable
 HTTP) in front of the servers configured in ``apollia.toml`` (``[mcp.servers.NAME]``). It opens the
 home (as its owner, or as a client of ``apollia-os serve``), and registers one agent of the home
-(``mcp-gateway`` unless told another name) whose tools are every tool those servers offer. A tool
-``T`` of server ``S`` is listed to the client as ``S__T`` and called as ``mcp:S/T`` through the same
-path as our own agents' MCP calls (``runtime.governed.governed_call`` and ``McpSource``): decided by
+(``mcp-gateway`` unless told another name) whose tools are every tool those servers offer when it
+starts. A tool ``T`` of server ``S`` is listed to the client as ``S__T`` (two tools that would be
+listed under one name are offered under none) and called as ``mcp:S/T`` through the same path as
+our own agents' MCP calls (``runtime.governed.governed_call`` and ``McpSource``): decided by
 ``decide()`` on the family the operator's ``families`` table gives it (unclassified otherwise),
 journaled (``decision``, ``answer``, ``tool_call``, ``tool_result``), and run on the server's
 connection, whose questions (elicitation) and model calls (sampling) become the home's pending
@@ -30,7 +31,7 @@ import anyio
 
 from apollia_nb.errors import ApolliaError, BadInput, Conflict
 
-__all__ = ["Gateway", "open_gateway", "serve_stdio", "serve_http", "parse_listen", "exposed_name",
+__all__ = ["Gateway", "open_gateway", "serve_stdio", "serve_http", "parse_listen", "exposed_name", "exposed_names",
            "ASK_TIMEOUT_SECS"]
 
 #: How long an asked call waits for a person by default.
@@ -42,6 +43,19 @@ def exposed_name(internal: str) -> str:
     """``mcp:S/T`` as the gateway lists it: ``S__T`` (MCP tool names take no ``:`` or ``/``)."""
     server, _, tool = internal[len("mcp:"):].partition("/")
     return f"{server}{_SEPARATOR}{tool}"
+
+
+def exposed_names(internal: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The names the gateway lists (``S__T``: ``mcp:S/T``), and the tools left out because another
+    tool would be listed under the same name (``mcp:a__b/c`` and ``mcp:a/b__c``): which of them a
+    call would run is not the client's to guess, so neither is offered."""
+    spelled: dict[str, list[str]] = {}
+    for name in dict.fromkeys(internal):
+        if name.startswith("mcp:") and "/" in name:
+            spelled.setdefault(exposed_name(name), []).append(name)
+    offered = {exposed: names[0] for exposed, names in spelled.items() if len(names) == 1}
+    clashing = [name for names in spelled.values() if len(names) > 1 for name in names]
+    return offered, clashing
 
 
 def parse_listen(text: str, *, allow_remote: bool = False) -> tuple[str, int]:
@@ -68,12 +82,7 @@ class Gateway:
         self.agent = agent
         self.ask_timeout = ask_timeout
         self.run_id = f"gateway-{uuid.uuid4().hex[:12]}"
-        self.names: dict[str, str] = {}
-        for name in agent.offered:
-            if name.startswith("mcp:") and "/" in name:
-                exposed = exposed_name(name)
-                if exposed not in self.names:  # two spellings that meet: the first listed is offered
-                    self.names[exposed] = name
+        self.names, self.clashing = exposed_names(list(agent.offered))
 
     def tools(self) -> list[Any]:
         import mcp_types as t
@@ -191,7 +200,10 @@ async def open_gateway(stack: Any, home: str | None, *, agent: str = "mcp-gatewa
     registered = await rt.register_agent(_manifest(agent, names))
     for warning in getattr(registered, "warnings", ()):
         say(warning)
-    return Gateway(rt, registered, ask_timeout=ask_timeout)
+    gateway = Gateway(rt, registered, ask_timeout=ask_timeout)
+    for name in gateway.clashing:
+        say(f"{name} is not offered: another tool would be listed under the same name ({exposed_name(name)})")
+    return gateway
 
 
 async def serve_stdio(home: str | None, *, agent: str = "mcp-gateway", ask_timeout: float = ASK_TIMEOUT_SECS) -> None:
