@@ -564,3 +564,19 @@ class _Any:
 
 
 ANY = _Any()
+
+
+def test_results_reported_after_a_call_are_journaled_whatever_the_shape_of_its_input(served, project):
+    post = {**codex("PostToolUse", project, "ls"), "tool_use_id": "call_post", "tool_input": 5,
+            "tool_response": "a.txt\n"}
+    post["tool_name"] = "custom_tool"
+    assert served.hook("codex", post) == {}
+    edit = cursor("afterFileEdit", project, file_path=str(project / "main.ts"),
+                  edits=[{"old_string": "a", "new_string": "b"}])
+    shell = cursor("afterShellExecution", project, command="ls", cwd=str(project), output="x", duration=3)
+    assert served.hook("cursor", edit) == {} and served.hook("cursor", shell) == {}
+    results = [e["payload"] for e in served.entries("tool_result") if e["payload"].get("source") in ("codex", "cursor")
+               and e["payload"]["status"] == "ok"]
+    seen = {(r["source"], r["tool"], r["source_tool"]) for r in results}
+    assert {("codex", "custom_tool", "custom_tool"), ("cursor", "write_file", "afterFileEdit"),
+            ("cursor", "bash_executor", "beforeShellExecution")} <= seen

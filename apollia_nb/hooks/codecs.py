@@ -175,7 +175,10 @@ def parse(tool: str, raw: bytes | str | dict[str, Any]) -> HookEvent:
         return HookEvent(tool=tool, event=event, phase=phase, session=session, project=project, native="",
                          tool_input={})
     native = _text(data, "tool_name")
-    tool_input = _object(data, "tool_input")
+    if phase == "after" and not isinstance(data.get("tool_input"), (dict, str)):
+        tool_input = {"input": data.get("tool_input")}  # a call that ran: journaled whatever its input's shape
+    else:
+        tool_input = _object(data, "tool_input")
     call_id = _text(data, "tool_use_id", required=False) or None
     response = data.get("tool_response", data.get("error"))
     return HookEvent(tool=tool, event=event, phase=phase, session=session, project=project, native=native,

@@ -256,9 +256,18 @@ async def _ask(rt: Any, agent: Any, run_id: str, call_id: str, m: Mapped, decisi
     """Open the pending decision and wait for its answer up to ``timeout`` seconds; then refuse it."""
     card = rt.open_decision(agent=agent, run_id=run_id, call_id=call_id, tool=m.tool, family=m.family,
                             arguments=shown_arguments, decision=decision)
-    if timeout > 0:
-        with anyio.move_on_after(timeout):
-            await card.wait()
+    try:
+        if timeout > 0:
+            with anyio.move_on_after(timeout):
+                await card.wait()
+    except BaseException:  # cancelled (the hook's request ended first): nobody waits for this answer any more
+        if card.waiting:
+            with anyio.CancelScope(shield=True):
+                try:
+                    rt.answer(card.id, "refuse", by="system", reason="the hook that asked has ended")
+                except ApolliaError:
+                    pass
+        raise
     if card.waiting:
         why = ("unanswered within the hook's ask timeout" if served else
                "nobody can answer while the hook holds the home: serve it (`apollia-os serve`) to answer "
