@@ -188,3 +188,44 @@ def test_two_tools_that_would_be_listed_under_one_name_are_offered_under_none():
                                        "mcp:e/f.g"])
     assert offered == {"a__d": "mcp:a/d", "e__f.g": "mcp:e/f.g"}
     assert clashing == ["mcp:a__b/c", "mcp:a/b__c"]
+
+
+def test_a_servers_question_during_a_call_is_a_pending_decision_answered_over_rest(gateway_home):
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    home = gateway_home
+    with ServerThread(home, token=TOKEN) as srv, \
+            httpx.Client(base_url=srv.url + "/api/v1", headers={"Authorization": f"Bearer {TOKEN}"},
+                         timeout=30) as api:
+        params = StdioServerParameters(command=sys.executable, env=environment(),
+                                       args=["-m", "apollia_nb", "mcp-gateway", "--home", str(home.path)])
+
+        async def main() -> Any:
+            async with Client(stdio_client(params)) as client:
+                async with anyio.create_task_group() as tg:
+                    got: dict[str, Any] = {}
+
+                    async def ask() -> None:
+                        got["result"] = await client.call_tool("everything__trigger-elicitation-request", {})
+                    tg.start_soon(ask)
+                    call = await anyio.to_thread.run_sync(wait_pending, api,
+                                                          "mcp:everything/trigger-elicitation-request")
+                    assert call["agent"] == "mcp-gateway" and call["answers"] == ["once", "refuse"]
+                    await anyio.to_thread.run_sync(lambda: api.post(
+                        "/pending-decisions/decide", json={"id": call["id"], "answer": "once"}).raise_for_status())
+                    question = await anyio.to_thread.run_sync(wait_pending, api, "mcp:everything/elicitation/create")
+                    got["question"] = question
+                    # Declined: a served home takes a question's form values only from the process whose
+                    # server asked it, and here the gateway, not the REST server, holds that connection.
+                    answered = await anyio.to_thread.run_sync(lambda: api.post("/pending-decisions/decide", json={
+                        "id": question["id"], "answer": "refuse"}))
+                    assert answered.status_code == 200, answered.text
+                return got
+
+        got = anyio.run(main)
+    assert got["question"]["arguments"]["mode"] == "form"
+    assert "decline" in text_of(got["result"]).lower(), text_of(got["result"])
+    rows = journal_rows(home, "SELECT tool, answer FROM decisions ORDER BY seq")
+    assert rows == [("mcp:everything/trigger-elicitation-request", "once"),
+                    ("mcp:everything/elicitation/create", "refuse")]
