@@ -568,3 +568,76 @@ def responses_json(items: Sequence[Any], *, status: str = "completed", usage: di
     output = [item(index)[1] for index, item in enumerate(items)]
     body = _response_object(output, status, usage, incomplete_reason)
     return Reply(headers={"content-type": "application/json"}, body=json.dumps(body).encode())
+
+
+# --------------------------------------------------------------------------- providers pointed at a fake server
+
+def _no_retry() -> Any:
+    from apollia_nb.runtime.models import RetryPolicy
+
+    return RetryPolicy(max_retries=0)
+
+
+def openai_model(server: FakeModelServer, **kw: Any) -> Any:
+    """An ``openai`` (chat completions) provider of model ``m`` at the fake server; no retries unless given."""
+    from apollia_nb.runtime.models.openai import OpenAIModel
+
+    kw.setdefault("model", "m")
+    kw.setdefault("retry", _no_retry())
+    return OpenAIModel(base_url=f"{server.url}/v1", **kw)
+
+
+def responses_model(server: FakeModelServer, **kw: Any) -> Any:
+    """An ``openai`` provider with ``api = "responses"`` at the fake server; no retries unless given."""
+    from apollia_nb.runtime.models.responses import ResponsesModel
+
+    kw.setdefault("model", "m")
+    kw.setdefault("retry", _no_retry())
+    return ResponsesModel(base_url=f"{server.url}/v1", **kw)
+
+
+def anthropic_model(server: FakeModelServer, **kw: Any) -> Any:
+    """An ``anthropic`` provider of ``claude-test`` (key ``sk-ant-test``) at the fake server; no retries unless given."""
+    from apollia_nb.runtime.models.anthropic import AnthropicModel
+
+    kw.setdefault("model", "claude-test")
+    kw.setdefault("api_key", "sk-ant-test")
+    kw.setdefault("retry", _no_retry())
+    return AnthropicModel(base_url=server.url, **kw)
+
+
+# --------------------------------------------------------------------------- one task, as each provider answers it
+
+def task_replies(kind: str, server: FakeModelServer, tool: str, fragments: Sequence[str],
+                 answer: str) -> tuple[str, list[Reply]]:
+    """The ``[model]`` lines of a provider at the fake server (``kind``: ``chat``, ``anthropic`` or
+    ``responses``) and its replies to one task: a one-step plan, one call of ``tool`` with its
+    argument ``fragments`` (id ``call_9``, ``toolu_9`` for Anthropic), ``answer``, a passing verdict."""
+    plan, verdict = '{"steps": ["Plot the sales"]}', '{"verdict": "pass", "reasons": []}'
+    if kind == "chat":
+        return f'provider = "openai"\nmodel = "m"\nbase_url = "{server.url}/v1"\n', [
+            openai_stream(openai_tool_chunks([("p", "submit_plan", [plan])])),
+            openai_stream(openai_tool_chunks([("call_9", tool, list(fragments))])),
+            openai_stream(openai_text_chunks([answer])),
+            openai_stream(openai_tool_chunks([("v", "submit_verdict", [verdict])]))]
+    if kind == "anthropic":
+        return f'provider = "anthropic"\nmodel = "c"\nbase_url = "{server.url}"\n', [
+            anthropic_stream(anthropic_tool_events([("p", "submit_plan", [plan])])),
+            anthropic_stream(anthropic_tool_events([("toolu_9", tool, list(fragments))])),
+            anthropic_stream(anthropic_text_events([answer])),
+            anthropic_stream(anthropic_tool_events([("v", "submit_verdict", [verdict])]))]
+    return f'provider = "openai"\napi = "responses"\nmodel = "m"\nbase_url = "{server.url}/v1"\n', [
+        responses_stream(responses_events([responses_message([plan])])),
+        responses_stream(responses_events([responses_call("call_9", tool, list(fragments))])),
+        responses_stream(responses_events([responses_message([answer])])),
+        responses_stream(responses_events([responses_message([verdict])]))]
+
+
+def image_sent(kind: str, request: dict[str, Any]) -> str:
+    """The image a request gave the model after the last tool result, as a ``data:`` URL."""
+    if kind == "chat":
+        return request["messages"][-1]["content"][1]["image_url"]["url"]
+    if kind == "anthropic":
+        source = request["messages"][-1]["content"][0]["content"][1]["source"]
+        return f"data:{source['media_type']};base64,{source['data']}"
+    return request["input"][-1]["output"][1]["image_url"]

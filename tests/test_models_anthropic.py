@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from fake_model_servers import (
-    FakeModelServer,
     Reply,
     anthropic_message,
     anthropic_stream,
@@ -12,6 +11,7 @@ from fake_model_servers import (
     anthropic_tool_events,
     error_reply,
     fake_model_server,  # noqa: F401 - fixture
+    anthropic_model,
 )
 
 from apollia_nb.errors import ManifestInvalid, ModelPermanent, ModelTransient
@@ -31,19 +31,11 @@ from apollia_nb.runtime.models import (
 from apollia_nb.runtime.models.anthropic import AnthropicModel, to_anthropic_messages
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-NO_RETRY = RetryPolicy(max_retries=0)
 USER = [Message("user", "Say hello")]
 READ_TOOL = ToolSpec("read_file", "Read a file", {"type": "object", "properties": {"path": {"type": "string"}}})
 
 
-def model_for(server: FakeModelServer, **kw: object) -> AnthropicModel:
-    kw.setdefault("retry", NO_RETRY)
-    return AnthropicModel(model="claude-test", api_key="sk-ant-test", base_url=server.url, **kw)  # type: ignore[arg-type]
+model_for = anthropic_model
 
 
 async def events_of(model: AnthropicModel, role: str = "actor", messages=USER, tools=()) -> list:

@@ -14,36 +14,30 @@ import pytest
 from fake_model_servers import (
     FakeModelServer,
     Reply,
+    anthropic_model,
     anthropic_stream,
     anthropic_text_events,
     anthropic_tool_events,
     fake_model_server,  # noqa: F401 - fixture
+    openai_model,
     openai_stream,
     openai_text_chunks,
     openai_tool_chunks,
     responses_events,
     responses_json,
     responses_message,
+    responses_model,
     responses_stream,
 )
 
 from apollia_nb.errors import ManifestInvalid
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.manifest import parse_manifest
-from apollia_nb.runtime.models import Message, RetryPolicy, collect
-from apollia_nb.runtime.models.anthropic import AnthropicModel
+from apollia_nb.runtime.models import Message, collect
 from apollia_nb.runtime.models.base import usage_tokens
-from apollia_nb.runtime.models.openai import OpenAIModel
-from apollia_nb.runtime.models.responses import ResponsesModel
 from apollia_nb.runtime.tools import ToolDef
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-NO_RETRY = RetryPolicy(max_retries=0)
 USER = [Message("user", "hi")]
 CHAT_USAGE = {"prompt_tokens": 31, "completion_tokens": 9, "total_tokens": 40,
               "completion_tokens_details": {"reasoning_tokens": 4}}
@@ -66,10 +60,7 @@ async def test_each_providers_usage_counts_its_input_and_output_tokens(fake_mode
         responses_stream(responses_events([responses_message(["4"])])),
         responses_json([responses_message(["4"])]),
     )
-    models = [OpenAIModel(model="m", base_url=f"{server.url}/v1", retry=NO_RETRY),
-              AnthropicModel(model="c", api_key="k", base_url=server.url, retry=NO_RETRY),
-              ResponsesModel(model="m", base_url=f"{server.url}/v1", retry=NO_RETRY),
-              ResponsesModel(model="m", base_url=f"{server.url}/v1", retry=NO_RETRY)]
+    models = [openai_model(server), anthropic_model(server), responses_model(server), responses_model(server)]
     counted = []
     for model in models:
         response = (await collect(model.stream("actor", USER)) if streamed

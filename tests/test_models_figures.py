@@ -16,28 +16,17 @@ from pathlib import Path
 
 import pytest
 from fake_model_servers import (
-    FakeModelServer,
-    anthropic_stream,
-    anthropic_text_events,
-    anthropic_tool_events,
+    image_sent,
+    task_replies,
     fake_model_server,  # noqa: F401 - fixture
     openai_stream,
     openai_text_chunks,
     openai_tool_chunks,
-    responses_call,
-    responses_events,
-    responses_message,
-    responses_stream,
 )
 
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.builtins import FIGURE_CAP, builtin_tools
 from apollia_nb.runtime.outputs import image_bytes, json_value
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 async def run_python(workspace: Path, code: str) -> dict:
@@ -118,35 +107,6 @@ def _agent(provider_lines: str, images: bool) -> str:
 ARGS = json.dumps({"code": PLOT})
 
 
-def _replies(kind: str, server: FakeModelServer) -> tuple[str, list]:
-    if kind == "chat":
-        return f'provider = "openai"\nmodel = "m"\nbase_url = "{server.url}/v1"\n', [
-            openai_stream(openai_tool_chunks([("p", "submit_plan", ['{"steps": ["Plot the sales"]}'])])),
-            openai_stream(openai_tool_chunks([("call_9", "python_executor", [ARGS[:20], ARGS[20:]])])),
-            openai_stream(openai_text_chunks(["A zigzag."])),
-            openai_stream(openai_tool_chunks([("v", "submit_verdict", ['{"verdict": "pass", "reasons": []}'])]))]
-    if kind == "anthropic":
-        return f'provider = "anthropic"\nmodel = "c"\nbase_url = "{server.url}"\n', [
-            anthropic_stream(anthropic_tool_events([("p", "submit_plan", ['{"steps": ["Plot the sales"]}'])])),
-            anthropic_stream(anthropic_tool_events([("toolu_9", "python_executor", [ARGS])])),
-            anthropic_stream(anthropic_text_events(["A zigzag."])),
-            anthropic_stream(anthropic_tool_events([("v", "submit_verdict", ['{"verdict": "pass"}'])]))]
-    return f'provider = "openai"\napi = "responses"\nmodel = "m"\nbase_url = "{server.url}/v1"\n', [
-        responses_stream(responses_events([responses_message(['{"steps": ["Plot the sales"]}'])])),
-        responses_stream(responses_events([responses_call("call_9", "python_executor", [ARGS])])),
-        responses_stream(responses_events([responses_message(["A zigzag."])])),
-        responses_stream(responses_events([responses_message(['{"verdict": "pass", "reasons": []}'])]))]
-
-
-def _image_sent(kind: str, request: dict) -> str:
-    if kind == "chat":
-        return request["messages"][-1]["content"][1]["image_url"]["url"]
-    if kind == "anthropic":
-        source = request["messages"][-1]["content"][0]["content"][1]["source"]
-        return f"data:{source['media_type']};base64,{source['data']}"
-    return request["input"][-1]["output"][1]["image_url"]
-
-
 async def _answered(rt: Runtime, handle) -> object:
     """The run asks before the program runs (family execute): answered once, as a person would."""
     await handle.settled()
@@ -162,7 +122,7 @@ async def _answered(rt: Runtime, handle) -> object:
 async def test_a_figure_of_the_agents_program_reaches_the_model_and_the_journal_keeps_its_digest(
         home, monkeypatch, fake_model_server, kind):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
-    lines, replies = _replies(kind, fake_model_server)
+    lines, replies = task_replies(kind, fake_model_server, "python_executor", [ARGS[:20], ARGS[20:]], "A zigzag.")
     fake_model_server.reply(*replies)
     async with Runtime(home) as rt:
         await rt.register_agent(_agent(lines, images=True))
@@ -174,7 +134,7 @@ async def test_a_figure_of_the_agents_program_reaches_the_model_and_the_journal_
         [descriptor] = result["output"]["images"]
         png = image_bytes(descriptor)
         assert png is not None and descriptor["sha256"] == hashlib.sha256(png).hexdigest()
-        assert _image_sent(kind, fake_model_server.requests[2].json()) == (
+        assert image_sent(kind, fake_model_server.requests[2].json()) == (
             "data:image/png;base64," + base64.b64encode(png).decode("ascii"))
         encoded = base64.b64encode(png).decode("ascii")
         assert not any(encoded[:40].encode() in bytes(e.payload) for e in entries)  # never the bytes
@@ -185,7 +145,7 @@ async def test_a_figure_of_the_agents_program_reaches_the_model_and_the_journal_
 
 @pytest.mark.anyio
 async def test_without_images_the_model_reads_the_figure_described_by_its_digest(home, fake_model_server):
-    lines, replies = _replies("chat", fake_model_server)
+    lines, replies = task_replies("chat", fake_model_server, "python_executor", [ARGS[:20], ARGS[20:]], "A zigzag.")
     fake_model_server.reply(*replies)
     async with Runtime(home) as rt:
         await rt.register_agent(_agent(lines, images=False))

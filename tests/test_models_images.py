@@ -19,38 +19,30 @@ import json
 import matplotlib
 import pytest
 from fake_model_servers import (
-    FakeModelServer,
+    image_sent,
+    task_replies,
+    anthropic_model,
     anthropic_stream,
     anthropic_text_events,
-    anthropic_tool_events,
     fake_model_server,  # noqa: F401 - fixture
+    openai_model,
     openai_stream,
     openai_text_chunks,
-    openai_tool_chunks,
-    responses_call,
     responses_events,
     responses_message,
+    responses_model,
     responses_stream,
 )
 from PIL import Image
 
 from apollia_nb.runtime import Runtime
-from apollia_nb.runtime.models import Message, RetryPolicy, ToolCallRequest, build_model
-from apollia_nb.runtime.models.anthropic import AnthropicModel
-from apollia_nb.runtime.models.openai import OpenAIModel
-from apollia_nb.runtime.models.responses import ResponsesModel
+from apollia_nb.runtime.models import Message, ToolCallRequest, build_model
 from apollia_nb.runtime.outputs import IMAGE_MAX_BYTES, image_bytes, json_value
 from apollia_nb.runtime.tools import ToolDef, canonical_json
 
 matplotlib.use("Agg")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-NO_RETRY = RetryPolicy(max_retries=0)
 
 
 def png(width: int = 8, height: int = 6, colour: str = "red") -> bytes:
@@ -144,7 +136,7 @@ async def test_chat_completions_carry_images_in_a_user_message_after_the_tool_me
                Message("tool", json.dumps(second), tool_call_id="c2", name="plot"),
                Message("user", "And now?")]
     fake_model_server.reply(openai_stream(openai_text_chunks(["ok"])), openai_stream(openai_text_chunks(["ok"])))
-    model = OpenAIModel(model="m", base_url=f"{fake_model_server.url}/v1", retry=NO_RETRY, images=True)
+    model = openai_model(fake_model_server, images=True)
     await model.complete("actor", history)
     sent = fake_model_server.requests[0].json()["messages"]
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "user", "user"]
@@ -156,7 +148,7 @@ async def test_chat_completions_carry_images_in_a_user_message_after_the_tool_me
         {"type": "image_url", "image_url": {"url": data_url(other)}}]}
     assert sent[5] == {"role": "user", "content": "And now?"}
 
-    await OpenAIModel(model="m", base_url=f"{fake_model_server.url}/v1", retry=NO_RETRY).complete("actor", history)
+    await openai_model(fake_model_server).complete("actor", history)
     plain = fake_model_server.requests[1].json()["messages"]
     assert [m["role"] for m in plain] == ["user", "assistant", "tool", "tool", "user"]
     assert "data:image" not in fake_model_server.requests[1].body.decode()
@@ -167,7 +159,7 @@ async def test_anthropic_carries_images_inside_the_tool_result(fake_model_server
     data = png(8, 6)
     content = json.dumps(json_value(data))
     fake_model_server.reply(anthropic_stream(anthropic_text_events(["ok"])))
-    model = AnthropicModel(model="c", api_key="k", base_url=fake_model_server.url, retry=NO_RETRY, images=True)
+    model = anthropic_model(fake_model_server, model="c", api_key="k", images=True)
     await model.complete("actor", _history(content))
     result = fake_model_server.requests[0].json()["messages"][2]["content"][0]
     assert result == {"type": "tool_result", "tool_use_id": "call_1", "content": [
@@ -182,14 +174,14 @@ async def test_the_responses_api_carries_images_as_input_image_parts_of_the_outp
     content = json.dumps({"chart": json_value(data)})
     fake_model_server.reply(responses_stream(responses_events([responses_message(["ok"])])),
                             responses_stream(responses_events([responses_message(["ok"])])))
-    await ResponsesModel(model="m", base_url=f"{fake_model_server.url}/v1", retry=NO_RETRY,
+    await responses_model(fake_model_server,
                          images=True).complete("actor", _history(content))
     output = fake_model_server.requests[0].json()["input"][-1]
     assert output == {"type": "function_call_output", "call_id": "call_1", "output": [
         {"type": "input_text", "text": content},
         {"type": "input_image", "image_url": data_url(data), "detail": "auto"}]}
     forged = json.dumps({"type": "image", "mime_type": "image/png", "sha256": "f" * 64})
-    await ResponsesModel(model="m", base_url=f"{fake_model_server.url}/v1", retry=NO_RETRY,
+    await responses_model(fake_model_server,
                          images=True).complete("actor", _history(forged))
     assert fake_model_server.requests[1].json()["input"][-1]["output"] == forged  # nothing held under it
 
@@ -221,44 +213,12 @@ def _agent(provider_lines: str) -> str:
             f'[model]\n{provider_lines}max_retries = 0\nimages = true\n')
 
 
-def _replies(kind: str, server: FakeModelServer) -> tuple[str, list]:
-    if kind == "chat":
-        lines = f'provider = "openai"\nmodel = "m"\nbase_url = "{server.url}/v1"\n'
-        return lines, [
-            openai_stream(openai_tool_chunks([("p", "submit_plan", ['{"steps": ["Plot the sales"]}'])])),
-            openai_stream(openai_tool_chunks([("call_9", "plot", ["{}"])])),
-            openai_stream(openai_text_chunks(["A rising line."])),
-            openai_stream(openai_tool_chunks([("v", "submit_verdict", ['{"verdict": "pass", "reasons": []}'])]))]
-    if kind == "anthropic":
-        lines = f'provider = "anthropic"\nmodel = "c"\nbase_url = "{server.url}"\n'
-        return lines, [
-            anthropic_stream(anthropic_tool_events([("p", "submit_plan", ['{"steps": ["Plot the sales"]}'])])),
-            anthropic_stream(anthropic_tool_events([("toolu_9", "plot", ["{}"])])),
-            anthropic_stream(anthropic_text_events(["A rising line."])),
-            anthropic_stream(anthropic_tool_events([("v", "submit_verdict", ['{"verdict": "pass", "reasons": []}'])]))]
-    lines = f'provider = "openai"\napi = "responses"\nmodel = "m"\nbase_url = "{server.url}/v1"\n'
-    return lines, [
-        responses_stream(responses_events([responses_message(['{"steps": ["Plot the sales"]}'])])),
-        responses_stream(responses_events([responses_call("call_9", "plot", ["{}"])])),
-        responses_stream(responses_events([responses_message(["A rising line."])])),
-        responses_stream(responses_events([responses_message(['{"verdict": "pass", "reasons": []}'])]))]
-
-
-def _image_sent(kind: str, request: dict) -> str:
-    if kind == "chat":
-        return request["messages"][-1]["content"][1]["image_url"]["url"]
-    if kind == "anthropic":
-        source = request["messages"][-1]["content"][0]["content"][1]["source"]
-        return f"data:{source['media_type']};base64,{source['data']}"
-    return request["input"][-1]["output"][1]["image_url"]
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", ["chat", "anthropic", "responses"])
 async def test_an_image_from_a_governed_tool_reaches_the_model_and_the_journal_keeps_its_digest(
         home, monkeypatch, fake_model_server, kind):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test")
-    lines, replies = _replies(kind, fake_model_server)
+    lines, replies = task_replies(kind, fake_model_server, "plot", ["{}"], "A rising line.")
     fake_model_server.reply(*replies)
     async with Runtime(home) as rt:
         await rt.register_agent(_agent(lines), tools=[ToolDef.from_function(plot, family="read")])
@@ -266,7 +226,7 @@ async def test_an_image_from_a_governed_tool_reaches_the_model_and_the_journal_k
         assert task.status == "completed", task.error
         assert task.result == "A rising line."
         second_actor = fake_model_server.requests[2].json()
-        assert _image_sent(kind, second_actor) == data_url(CHART)
+        assert image_sent(kind, second_actor) == data_url(CHART)
 
         entries = rt.journal.entries(run_id=task.run_id)
         result = next(json.loads(e.payload) for e in entries if e.kind == "tool_result")
@@ -281,7 +241,7 @@ async def test_an_image_from_a_governed_tool_reaches_the_model_and_the_journal_k
 
 @pytest.mark.anyio
 async def test_without_images_the_model_reads_the_image_described(home, fake_model_server):
-    lines, replies = _replies("chat", fake_model_server)
+    lines, replies = task_replies("chat", fake_model_server, "plot", ["{}"], "A rising line.")
     fake_model_server.reply(*replies)
     async with Runtime(home) as rt:
         await rt.register_agent(_agent(lines).replace("images = true\n", ""),

@@ -16,6 +16,7 @@ from fake_model_servers import (
     openai_stream,
     openai_text_chunks,
     openai_tool_chunks,
+    openai_model,
 )
 
 from apollia_nb.errors import BadInput, ManifestInvalid, ModelPermanent, ModelTransient
@@ -35,11 +36,6 @@ from apollia_nb.runtime.models import (
 from apollia_nb.runtime.models.openai import OpenAIModel, OpenAIStreamParser
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 NO_RETRY = RetryPolicy(max_retries=0)
 USER = [Message("user", "Say hello")]
 WRITE_TOOL = ToolSpec(
@@ -50,8 +46,7 @@ WRITE_TOOL = ToolSpec(
 
 
 def model_for(server: FakeModelServer, **kw: object) -> OpenAIModel:
-    kw.setdefault("retry", NO_RETRY)
-    return OpenAIModel(model="llama3.1", base_url=f"{server.url}/v1", **kw)  # type: ignore[arg-type]
+    return openai_model(server, model="llama3.1", **kw)
 
 
 async def events_of(model: OpenAIModel, role: str = "actor", messages=USER, tools=()) -> list:

@@ -13,7 +13,6 @@ import json
 
 import pytest
 from fake_model_servers import (
-    FakeModelServer,
     Reply,
     anthropic_blocks_events,
     anthropic_stream,
@@ -25,6 +24,8 @@ from fake_model_servers import (
     text_block,
     thinking_block,
     tool_block,
+    anthropic_model,
+    openai_model,
 )
 
 from apollia_nb.errors import ManifestInvalid, ModelKeyMissing, ModelPermanent
@@ -36,24 +37,17 @@ from apollia_nb.runtime.models import (
     Completed,
     Message,
     ReasoningDelta,
-    RetryPolicy,
     TextDelta,
     ToolCallRequest,
     ToolSpec,
     build_model,
 )
-from apollia_nb.runtime.models.anthropic import MAX_PAUSES, AnthropicModel
+from apollia_nb.runtime.models.anthropic import MAX_PAUSES
 from apollia_nb.runtime.models.base import ReasoningPart
-from apollia_nb.runtime.models.openai import OpenAIModel, OpenAIStreamParser, ThinkSplitter
+from apollia_nb.runtime.models.openai import OpenAIStreamParser, ThinkSplitter
 from apollia_nb.wire.schemas import Task
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-NO_RETRY = RetryPolicy(max_retries=0)
 USER = [Message("user", "What is 2+2?")]
 LIST_TOOL = ToolSpec("list_dir", "List a folder", {"type": "object", "properties": {"path": {"type": "string"}}})
 SIGNATURE = "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds"
@@ -69,16 +63,6 @@ def _usage_chunk(usage: dict) -> dict:
     """The last chunk of a stream asked with include_usage: no choices, the whole request's usage."""
     return {"id": "chatcmpl-r", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
             "usage": usage}
-
-
-def openai_model(server: FakeModelServer, **kw: object) -> OpenAIModel:
-    kw.setdefault("retry", NO_RETRY)
-    return OpenAIModel(model="m", base_url=f"{server.url}/v1", **kw)  # type: ignore[arg-type]
-
-
-def anthropic_model(server: FakeModelServer, **kw: object) -> AnthropicModel:
-    kw.setdefault("retry", NO_RETRY)
-    return AnthropicModel(model="claude-test", api_key="sk-ant", base_url=server.url, **kw)  # type: ignore[arg-type]
 
 
 async def events_of(model, messages=USER, tools=(), role: str = "actor") -> list:

@@ -29,7 +29,6 @@ from apollia_nb.errors import ManifestInvalid, ModelKeyMissing, ModelPermanent, 
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.models import (
     PLAN_TOOL,
-    Completed,
     Message,
     ReasoningDelta,
     RetryPolicy,
@@ -42,11 +41,6 @@ from apollia_nb.runtime.models import (
 )
 from apollia_nb.runtime.models.base import ReasoningPart
 from apollia_nb.runtime.models.responses import ResponsesModel
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 USER = [Message("system", "Be brief."), Message("user", "What is in the folder?")]

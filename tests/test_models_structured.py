@@ -13,7 +13,6 @@ import json
 
 import pytest
 from fake_model_servers import (
-    FakeModelServer,
     Reply,
     error_reply,
     fake_model_server,  # noqa: F401 - fixture
@@ -26,6 +25,8 @@ from fake_model_servers import (
     responses_json,
     responses_message,
     responses_stream,
+    responses_model,
+    openai_model as chat_model,
 )
 
 from apollia_nb.errors import ManifestInvalid, ModelPermanent
@@ -34,7 +35,6 @@ from apollia_nb.runtime.models import (
     PLAN_TOOL,
     VERDICT_TOOL,
     Message,
-    RetryPolicy,
     TextDelta,
     ToolCallArgumentsDelta,
     ToolCallStarted,
@@ -44,26 +44,10 @@ from apollia_nb.runtime.models import (
     parse_verdict,
 )
 from apollia_nb.runtime.models.base import structured_tool
-from apollia_nb.runtime.models.openai import OpenAIModel
-from apollia_nb.runtime.models.responses import ResponsesModel
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-NO_RETRY = RetryPolicy(max_retries=0)
 GOAL = [Message("system", "Plan."), Message("user", "Tidy the notes folder")]
 READ = ToolSpec("list_dir", "List a folder", {"type": "object", "properties": {"path": {"type": "string"}}})
-
-
-def chat_model(server: FakeModelServer, **kw: object) -> OpenAIModel:
-    return OpenAIModel(model="m", base_url=f"{server.url}/v1", retry=NO_RETRY, **kw)  # type: ignore[arg-type]
-
-
-def responses_model(server: FakeModelServer, **kw: object) -> ResponsesModel:
-    return ResponsesModel(model="m", base_url=f"{server.url}/v1", retry=NO_RETRY, **kw)  # type: ignore[arg-type]
 
 
 def _chunk(delta: dict, finish_reason: str | None = None, index: int = 0) -> dict:

@@ -15,26 +15,8 @@ from typing import Any
 
 from apollia_nb.errors import ManifestInvalid
 
-from .base import (
-    PLAN_TOOL,
-    VERDICT_TOOL,
-    Completed,
-    Message,
-    ModelProvider,
-    ModelResponse,
-    ReasoningDelta,
-    ReasoningPart,
-    RetryPolicy,
-    StreamEvent,
-    TextDelta,
-    ToolCallArgumentsDelta,
-    ToolCallRequest,
-    ToolCallStarted,
-    ToolSpec,
-    collect,
-    parse_plan,
-    parse_verdict,
-)
+from .base import PLAN_TOOL, VERDICT_TOOL, ModelProvider, collect, parse_plan, parse_verdict
+from .kit import *  # noqa: F403 - the values and stream events re-exported below (see .kit)
 from .scripted import ScriptedModel
 
 __all__ = [

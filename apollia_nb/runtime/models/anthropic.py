@@ -31,31 +31,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from apollia_nb.errors import ManifestInvalid, ModelKeyMissing, ModelPermanent, ModelTransient
-
-from .base import (
-    Completed,
-    HttpProvider,
-    HttpRequest,
-    Message,
-    ModelResponse,
-    ReasoningDelta,
-    ReasoningPart,
-    RetryPolicy,
-    StreamEvent,
-    TextDelta,
-    ToolCallArgumentsDelta,
-    ToolCallRequest,
-    ToolCallStarted,
-    ToolSpec,
-    check_keys,
-    check_role,
-    decode_arguments,
-    field_value,
-    http_stream,
-    loads_json,
-    tool_images,
-)
+from .kit import *  # noqa: F403 - the providers' one vocabulary (see .kit)
 
 __all__ = [
     "AnthropicModel",
@@ -215,10 +191,7 @@ class AnthropicStreamParser:
         self._usage: dict[str, Any] = {}
 
     def feed_sse(self, event: str | None, data: str) -> list[StreamEvent]:
-        payload = loads_json(data, PROVIDER)
-        if not isinstance(payload, dict):
-            raise ModelPermanent(f"{PROVIDER}: an event is not a JSON object: {data[:200]!r}")
-        kind = payload.get("type") or event
+        kind, payload = typed_event(event, data, PROVIDER)
         try:
             return self._feed(kind, payload)
         except (KeyError, TypeError, AttributeError):

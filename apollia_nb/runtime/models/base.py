@@ -620,6 +620,16 @@ def loads_json(data: str, provider: str) -> Any:
         raise ModelPermanent(f"{provider}: the server sent malformed JSON: {data[:200]!r}") from None
 
 
+def typed_event(event: str | None, data: str, provider: str) -> tuple[Any, dict[str, Any]]:
+    """A server-sent event of an API whose events are typed objects (Anthropic, the Responses
+    API): its ``type`` (else the SSE event name) and the object; one that is no JSON object is
+    ``MODEL_PERMANENT``."""
+    payload = loads_json(data, provider)
+    if not isinstance(payload, dict):
+        raise ModelPermanent(f"{provider}: an event is not a JSON object: {data[:200]!r}")
+    return payload.get("type") or event, payload
+
+
 def decode_arguments(raw: str, provider: str, name: str) -> dict[str, Any]:
     """A tool call's JSON arguments; empty means ``{}``; anything but an object is permanent."""
     if not raw.strip():

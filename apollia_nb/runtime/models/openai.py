@@ -30,28 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apollia_nb.errors import ManifestInvalid, ModelKeyMissing, ModelPermanent, ModelTransient
-
-from .base import (
-    STRUCTURED_MODES,
-    HttpProvider,
-    Message,
-    ModelResponse,
-    ReasoningDelta,
-    ReasoningPart,
-    RetryPolicy,
-    StreamEvent,
-    TextDelta,
-    ToolCallArgumentsDelta,
-    ToolCallRequest,
-    ToolCallStarted,
-    ToolSpec,
-    check_keys,
-    decode_arguments,
-    field_value,
-    loads_json,
-    tool_images,
-)
+from .kit import *  # noqa: F403 - the providers' one vocabulary (see .kit)
 
 __all__ = [
     "OpenAIModel",
@@ -64,30 +43,22 @@ __all__ = [
     "REASONING_EFFORTS",
     "APIS",
     "common_settings",
+    "COMMON_TABLE_KEYS",
+    "image_data_url",
+    "TRANSIENT_ERROR_WORDS",
 ]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 REASONING_EFFORTS = ("low", "medium", "high")
 PROVIDER = "openai"
-_TABLE_KEYS = (
-    "provider",
-    "base_url",
-    "model",
-    "api_key_env",
-    "timeout_secs",
-    "temperature",
-    "max_tokens",
-    "max_retries",
-    "force_tools",
-    "stream_usage",
-    "reasoning_effort",
-    "api",
-    "structured",
-    "images",
-)
+#: The ``[model]`` keys of both OpenAI APIs; each adds its own (``_TABLE_KEYS``, ``responses.TABLE_KEYS``).
+COMMON_TABLE_KEYS = ("provider", "api", "base_url", "model", "api_key_env", "timeout_secs", "temperature",
+                     "max_tokens", "max_retries", "force_tools", "reasoning_effort", "structured", "images")
+_TABLE_KEYS = (*COMMON_TABLE_KEYS, "stream_usage")
 APIS = ("chat", "responses")
-_TRANSIENT_ERROR_WORDS = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable")
+#: Error types or codes inside a 200 answer (chat completions and the Responses API) worth a retry.
+TRANSIENT_ERROR_WORDS = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable")
 
 
 def _reasoning_back(parts: Sequence[ReasoningPart]) -> dict[str, Any]:
@@ -113,7 +84,7 @@ def _images_message(shown: list[tuple[Message, list[tuple[dict[str, Any], bytes]
         parts.append({"type": "text", "text": f"The image{'s' if len(images) > 1 else ''} of the result of "
                       f"tool call {message.tool_call_id} ({message.name or 'tool'}):"})
         for descriptor, data in images:
-            url = f"data:{descriptor['mime_type']};base64,{base64.b64encode(data).decode('ascii')}"
+            url = image_data_url(descriptor, data)
             parts.append({"type": "image_url", "image_url": {"url": url}})
     return {"role": "user", "content": parts}
 
@@ -169,7 +140,7 @@ def _stream_error(error: Any) -> Exception:
         kind = f"{error.get('type', '')} {error.get('code', '')}".lower()
     else:
         message, kind = str(error), ""
-    if any(word in kind for word in _TRANSIENT_ERROR_WORDS):
+    if any(word in kind for word in TRANSIENT_ERROR_WORDS):
         return ModelTransient(f"{PROVIDER}: the server reported an error: {message}")
     return ModelPermanent(f"{PROVIDER}: the server reported an error: {message}")
 
@@ -511,11 +482,22 @@ class OpenAIStreamParser:
         )
 
 
+def image_data_url(descriptor: Mapping[str, Any], data: bytes) -> str:
+    """An image held for a model as the ``data:`` URL both OpenAI APIs take."""
+    return f"data:{descriptor['mime_type']};base64,{base64.b64encode(data).decode('ascii')}"
+
+
 def common_settings(
-    table: Mapping[str, Any], env: Mapping[str, str], where: str, retry: RetryPolicy | None
+    table: Mapping[str, Any], env: Mapping[str, str], where: str, retry: RetryPolicy | None, *,
+    keys: Sequence[str], structured: str,
 ) -> dict[str, Any]:
     """The keys both OpenAI APIs read (``model``, ``base_url``, the key, limits, retries, reasoning
-    effort), checked, as keyword arguments of either provider."""
+    effort, ``structured`` with its default, ``images``), checked — after every key of the table is
+    one of ``keys`` — as keyword arguments of either provider."""
+    check_keys(table, keys, where)
+    mode = field_value(table, "structured", "str", where, structured)
+    if mode not in STRUCTURED_MODES:
+        raise ManifestInvalid(f"{where}.structured: must be native or tools, got {mode!r}")
     model = field_value(table, "model", "str", where)
     base_url = field_value(table, "base_url", "str", where, DEFAULT_BASE_URL)
     effort = field_value(table, "reasoning_effort", "str", where, None)
@@ -553,6 +535,8 @@ def common_settings(
         "max_tokens": max_tokens,
         "force_tools": field_value(table, "force_tools", "bool", where, True),
         "reasoning_effort": effort,
+        "structured": mode,
+        "images": field_value(table, "images", "bool", where, False),
         "retry": RetryPolicy(max_retries, base.backoff_base_secs, base.max_delay_secs, base.sleep),
     }
 
@@ -612,15 +596,9 @@ class OpenAIModel(HttpProvider):
             from .responses import ResponsesModel
 
             return ResponsesModel.from_table(table, env, where, retry=retry)
-        check_keys(table, _TABLE_KEYS, where)
-        structured = field_value(table, "structured", "str", where, "tools")
-        if structured not in STRUCTURED_MODES:
-            raise ManifestInvalid(f"{where}.structured: must be native or tools, got {structured!r}")
         return cls(
-            **common_settings(table, env, where, retry),
+            **common_settings(table, env, where, retry, keys=_TABLE_KEYS, structured="tools"),
             stream_usage=field_value(table, "stream_usage", "bool", where, True),
-            structured=structured,
-            images=field_value(table, "images", "bool", where, False),
         )
 
     def request_body(self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
@@ -634,14 +612,21 @@ class OpenAIModel(HttpProvider):
         if target is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": target.name, "description": target.description, "schema": target.parameters, "strict": True}}
-        elif tools:
-            body["tools"] = to_openai_tools(tools)
+        return self.offer(body, role, tools if target is None else (), to_openai_tools, "max_tokens")
+
+    def offer(self, body: dict[str, Any], role: str, tools: Sequence[ToolSpec],
+              as_tools: Any, max_tokens_key: str) -> dict[str, Any]:
+        """The end of a request body both OpenAI APIs share: the tools offered (``as_tools`` gives
+        them in the API's shape; a planner or critic offered one is made to call it with
+        ``force_tools``), ``temperature`` and the token limit under ``max_tokens_key``."""
+        if tools:
+            body["tools"] = as_tools(tools)
             if self.force_tools and role in ("planner", "critic") and len(tools) == 1:
                 body["tool_choice"] = "required"
         if self.temperature is not None:
             body["temperature"] = self.temperature
         if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
+            body[max_tokens_key] = self.max_tokens
         return body
 
     def request_headers(self) -> dict[str, str]:

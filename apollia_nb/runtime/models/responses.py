@@ -33,33 +33,12 @@ Translation and parsing are pure; HTTP, error classification and retries live in
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apollia_nb.errors import ManifestInvalid, ModelPermanent, ModelTransient
-
-from .base import (
-    STRUCTURED_MODES,
-    Message,
-    ModelResponse,
-    ReasoningDelta,
-    ReasoningPart,
-    RetryPolicy,
-    StreamEvent,
-    TextDelta,
-    ToolCallArgumentsDelta,
-    ToolCallRequest,
-    ToolCallStarted,
-    ToolSpec,
-    check_keys,
-    decode_arguments,
-    field_value,
-    loads_json,
-    tool_images,
-)
-from .openai import OpenAIModel, common_settings
+from .kit import *  # noqa: F403 - the providers' one vocabulary (see .kit)
+from .openai import COMMON_TABLE_KEYS, TRANSIENT_ERROR_WORDS, OpenAIModel, common_settings, image_data_url
 
 __all__ = [
     "ResponsesModel",
@@ -72,25 +51,7 @@ __all__ = [
 
 PROVIDER = "openai"
 REASONING_SUMMARIES = ("auto", "concise", "detailed")
-TABLE_KEYS = (
-    "provider",
-    "api",
-    "base_url",
-    "model",
-    "api_key_env",
-    "timeout_secs",
-    "temperature",
-    "max_tokens",
-    "max_retries",
-    "force_tools",
-    "reasoning_effort",
-    "reasoning_summary",
-    "store",
-    "structured",
-    "images",
-)
-#: Error codes (of ``response.failed`` and ``error`` events) worth a retry.
-_TRANSIENT_WORDS = ("server_error", "rate_limit", "overloaded", "timeout", "unavailable")
+TABLE_KEYS = (*COMMON_TABLE_KEYS, "reasoning_summary", "store")
 
 
 # --------------------------------------------------------------------------- requests
@@ -100,10 +61,6 @@ def _reasoning_items(parts: Sequence[ReasoningPart]) -> list[dict[str, Any]]:
     """The turn's reasoning items, as the API gave them (their ``encrypted_content`` opaque).
     Reasoning from another provider cannot be sent back and is left out."""
     return [dict(p.detail) for p in parts if p.source == "reasoning_item" and p.detail is not None]
-
-
-def _image_url(descriptor: Mapping[str, Any], data: bytes) -> str:
-    return f"data:{descriptor['mime_type']};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def to_responses_input(messages: Sequence[Message], *, images: bool = False) -> list[dict[str, Any]]:
@@ -121,7 +78,7 @@ def to_responses_input(messages: Sequence[Message], *, images: bool = False) -> 
             found = tool_images(m) if images else []
             if found:
                 output = [{"type": "input_text", "text": m.content}] + [
-                    {"type": "input_image", "image_url": _image_url(d, data), "detail": "auto"} for d, data in found
+                    {"type": "input_image", "image_url": image_data_url(d, data), "detail": "auto"} for d, data in found
                 ]
             out.append({"type": "function_call_output", "call_id": m.tool_call_id, "output": output})
         elif m.role == "assistant":
@@ -159,7 +116,7 @@ def _error(error: Any, where: str) -> Exception:
     else:
         message, kind = str(error), ""
     text = f"{PROVIDER}: {where}: {message}"
-    return ModelTransient(text) if any(w in kind for w in _TRANSIENT_WORDS) else ModelPermanent(text)
+    return ModelTransient(text) if any(w in kind for w in TRANSIENT_ERROR_WORDS) else ModelPermanent(text)
 
 
 def _stop_reason(response: Mapping[str, Any], has_calls: bool) -> str:
@@ -187,10 +144,7 @@ class ResponsesStreamParser:
         self._response: dict[str, Any] = {}
 
     def feed_sse(self, event: str | None, data: str) -> list[StreamEvent]:
-        payload = loads_json(data, PROVIDER)
-        if not isinstance(payload, dict):
-            raise ModelPermanent(f"{PROVIDER}: an event is not a JSON object: {data[:200]!r}")
-        kind = payload.get("type") or event
+        kind, payload = typed_event(event, data, PROVIDER)
         try:
             return self._feed(str(kind), payload)
         except (KeyError, TypeError, AttributeError, ValueError):
@@ -407,21 +361,11 @@ class ResponsesModel(OpenAIModel):
         cls, table: Mapping[str, Any], env: Mapping[str, str], where: str = "model", *, retry: RetryPolicy | None = None
     ) -> ResponsesModel:
         """Build from a manifest's ``[model]`` table (``provider = "openai"``, ``api = "responses"``)."""
-        check_keys(table, TABLE_KEYS, where)
-        settings = common_settings(table, env, where, retry)
+        settings = common_settings(table, env, where, retry, keys=TABLE_KEYS, structured="native")
         summary = field_value(table, "reasoning_summary", "str", where, None)
         if summary is not None and summary not in REASONING_SUMMARIES:
             raise ManifestInvalid(f"{where}.reasoning_summary: must be one of auto, concise, detailed, got {summary!r}")
-        structured = field_value(table, "structured", "str", where, "native")
-        if structured not in STRUCTURED_MODES:
-            raise ManifestInvalid(f"{where}.structured: must be native or tools, got {structured!r}")
-        return cls(
-            **settings,
-            reasoning_summary=summary,
-            store=field_value(table, "store", "bool", where, False),
-            structured=structured,
-            images=field_value(table, "images", "bool", where, False),
-        )
+        return cls(**settings, reasoning_summary=summary, store=field_value(table, "store", "bool", where, False))
 
     def request_body(self, role: str, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -443,12 +387,4 @@ class ResponsesModel(OpenAIModel):
         if target is not None:
             body["text"] = {"format": {"type": "json_schema", "name": target.name, "description": target.description,
                                        "schema": target.parameters, "strict": True}}
-        elif tools:
-            body["tools"] = to_responses_tools(tools)
-            if self.force_tools and role in ("planner", "critic") and len(tools) == 1:
-                body["tool_choice"] = "required"
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            body["max_output_tokens"] = self.max_tokens
-        return body
+        return self.offer(body, role, tools if target is None else (), to_responses_tools, "max_output_tokens")
