@@ -47,6 +47,7 @@ Messages are for people and may change; codes may not.
     ├── HomeDamaged                   HOME_DAMAGED: a file the home had is missing or unusable
     │   ├── HomeFileMissing           HOME_FILE_MISSING: names the file and how to recover
     │   ├── HomeFileCorrupt           HOME_FILE_CORRUPT: names the file and how to recover
+    │   │   └── HomeFileRolledBack    HOME_FILE_ROLLED_BACK: runtime.db holds less than it acknowledged (its WAL lost or cut)
     │   ├── HomeKeyMismatch           HOME_KEY_MISMATCH: the signing key is not the journal's
     │   └── JournalTruncated          JOURNAL_TRUNCATED: the journal holds less than it acknowledged
     ├── StorageError                  STORAGE_ERROR: the disk refused a write (503); nothing was recorded
@@ -115,6 +116,7 @@ __all__ = [
     "HomeFileCorrupt",
     "HomeKeyMismatch",
     "JournalTruncated",
+    "HomeFileRolledBack",
     "StorageError",
     "StorageFull",
     "OutcomeUnknown",
@@ -360,6 +362,14 @@ class HomeFileMissing(HomeDamaged):
 
 class HomeFileCorrupt(HomeDamaged):
     code = "HOME_FILE_CORRUPT"
+
+
+class HomeFileRolledBack(HomeFileCorrupt):
+    """``runtime.db`` holds fewer committed changes than it acknowledged (its write-ahead log lost or
+    cut): the owner refuses to start rather than go on without them; names what is missing and how to
+    recover (a ``home repair --new-runtime-db`` takes it as it takes a damaged file)."""
+
+    code = "HOME_FILE_ROLLED_BACK"
 
 
 class HomeKeyMismatch(HomeDamaged):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from apollia_nb.errors import Conflict, IntegrityError
+from apollia_nb.errors import Conflict, HomeFileRolledBack, IntegrityError
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.acknowledged import REBUILT, SUBMITTED, LostTask, lost_submissions, rebuilt_record
 from runtime_helpers import call, manifest
@@ -159,6 +159,9 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert child.returncode == -signal.SIGKILL, child.stderr
     done_id, waiting_id = json.loads(child.stdout.splitlines()[0])
     _lose_wal(home)
+    with pytest.raises(HomeFileRolledBack, match="2 change.s. to agent registrations"):
+        await Runtime.open(home)  # the registrations were acknowledged: the start refuses to go on without them
+    (home / "runtime.db.acks").unlink()  # a home from before runtime.db kept its claims: nothing tells the loss
 
     rt, warnings = _opened(home)
     async with rt:

@@ -48,9 +48,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import os
 import queue
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
@@ -58,10 +60,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from apollia_nb.dbutil import fault_point, limit_memory, needs_reopen, storage_error
-from apollia_nb.errors import StorageError
+from apollia_nb.errors import HomeFileRolledBack, StorageError
 from apollia_nb.home import check_whole, damage_error, damaged_file
 
-__all__ = ["RuntimeRecords", "RETRY_SECS", "open_records"]
+__all__ = ["RuntimeRecords", "RETRY_SECS", "open_records", "rolled_back", "REBUILT_FROM_JOURNAL", "CLAIMS_SUFFIX"]
+
+#: The claims file beside ``runtime.db``: how many changes, by table, it committed and acknowledged.
+CLAIMS_SUFFIX = ".acks"
+_CLAIMS_SIZE = 512  # written in place, padded: one sector
+_COUNTS_ROW = 3  # the row of ``home_facts`` that holds the same counts, committed with the changes
 
 #: How often the writer tries again a write the disk refused, while nothing else asks it to.
 RETRY_SECS = 0.5
@@ -204,9 +211,87 @@ class RuntimeRecords:
         self._deferred_since = 0.0  # when the oldest deferred write was queued (monotonic)
         self._reopen_needed = False
         self._in_group = False  # the writer's group transaction is open (see _group)
+        # (a database in memory, a client's, claims nothing: it has no log to lose)
+        self._claims = None if str(path) == ":memory:" else path.with_name(path.name + CLAIMS_SUFFIX)
+        self._claims_fd: int | None = None
+        self._file_id, self._counts = self._load_counts()
+        self._stored_counts = dict(self._counts)  # as this file held them when it was opened
+        self._unsealed = False  # changes committed and not yet counted in the claims file
         self._writer = threading.Thread(target=self._run_writes, name=f"runtime-records:{path}", daemon=True)
         self._writer.start()
         atexit.register(self.close)  # a process that ends without closing still commits what is queued
+
+    # --- what was acknowledged (a lost write-ahead log is found at the next open) ------------------
+    def _load_counts(self) -> tuple[str, dict[str, int]]:
+        """This file's id and its committed changes by table (``home_facts`` row 3). A file without them
+        (new, or made before they were kept) gets an id, checkpointed at once: the id is never only in
+        the write-ahead log, so a file that lost its log still knows it is the file the claims speak of."""
+        import duckdb
+
+        rows = self._con.execute("SELECT facts FROM home_facts WHERE id = ?", [_COUNTS_ROW]).fetchall()
+        try:
+            kept = json.loads(rows[0][0])
+            return str(kept["file"]), {str(k): int(v) for k, v in kept["counts"].items()}
+        except (IndexError, ValueError, TypeError, KeyError, AttributeError):
+            pass
+        file_id = uuid.uuid4().hex
+        try:
+            self._con.execute("INSERT OR REPLACE INTO home_facts VALUES (?, ?)",
+                              [_COUNTS_ROW, json.dumps({"file": file_id, "counts": {}})])
+            self._con.execute("CHECKPOINT")
+        except duckdb.Error as exc:  # a full disk
+            self._con.close()
+            raise storage_error(exc, f"{self.path.name} could not be opened") or exc from None
+        return file_id, {}
+
+    def lost_changes(self) -> dict[str, int]:
+        """Pure but for two reads: how many acknowledged changes, by table, the claims file (what was
+        acknowledged, ``runtime.db.acks``) counts beyond what this file holds. Empty when nothing is lost,
+        or when the claims are not this file's (another file, none, or unreadable: nothing can be told)."""
+        if self._claims is None:
+            return {}
+        try:
+            claimed = json.loads(self._claims.read_bytes())
+            if str(claimed["file"]) != self._file_id:
+                return {}
+            counts = {str(k): int(v) for k, v in claimed["counts"].items()}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return {}
+        return {t: n - self._stored_counts.get(t, 0) for t, n in counts.items() if n > self._stored_counts.get(t, 0)}
+
+    def _tally(self, item: _Write, changed: Any = None) -> None:
+        """Count a committed write (by its table) among the changes to claim; ``changed`` (what the write
+        returned) ``False``: it changed nothing worth claiming (a row written again as it was, a delete)."""
+        table = item.key[0] if isinstance(item.key, tuple) and item.key else "idempotency"
+        if table != "home_facts" and self._claims is not None and changed is not False:
+            self._counts[table] = self._counts.get(table, 0) + 1
+            self._unsealed = True
+
+    def _counts_now(self) -> None:
+        """Write the counts into ``home_facts`` row 3 (in the writer's transaction when one is open)."""
+        with self._lock:
+            self._con.execute("UPDATE home_facts SET facts = ? WHERE id = ?",
+                              [json.dumps({"file": self._file_id, "counts": self._counts}), _COUNTS_ROW])
+
+    def _seal(self, *, counted: bool = False) -> None:
+        """Before anyone is told: the counts committed in ``runtime.db`` (``counted``: they already are),
+        then the claims file written and synced. Never more is claimed than is committed; a failure
+        leaves the claims behind (a later seal catches up) and never fails what it follows."""
+        if not self._unsealed:
+            return
+        try:
+            if not counted:
+                self._run(self._counts_now)
+            data = json.dumps({"file": self._file_id, "counts": self._counts}).encode()
+            if self._claims_fd is None:
+                self._claims_fd = os.open(self._claims, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.pwrite(self._claims_fd, data.ljust(_CLAIMS_SIZE), 0)
+            if len(data) > _CLAIMS_SIZE:
+                os.ftruncate(self._claims_fd, len(data))
+            os.fdatasync(self._claims_fd)
+        except Exception:  # noqa: BLE001 - the next seal tries again
+            return
+        self._unsealed = False
 
     def close(self) -> None:
         """Commit what is queued (trying once more what the disk refused), then close."""
@@ -222,6 +307,9 @@ class RuntimeRecords:
                 self._con.close()
             except Exception:  # noqa: BLE001 - an invalidated database: its WAL holds what it committed
                 pass
+        if self._claims_fd is not None:
+            os.close(self._claims_fd)
+            self._claims_fd = None
 
     @property
     def kept(self) -> int:
@@ -231,6 +319,8 @@ class RuntimeRecords:
     # --- the writer ------------------------------------------------------
     def _run_writes(self) -> None:
         while True:
+            if self._unsealed and not self._deferred and not self._kept and self._writes.empty():
+                self._seal()  # idle: what nobody waited for is claimed too
             timeout = RETRY_SECS if self._kept else None
             if self._deferred:
                 due = self._deferred_since + DEFER_SECS - time.monotonic()
@@ -253,6 +343,7 @@ class RuntimeRecords:
             if self._group(items):
                 if items[-1] is _STOP:
                     self._retry()
+                    self._seal()
                     return
                 continue
             for item in items:
@@ -267,6 +358,7 @@ class RuntimeRecords:
         self._commit_deferred()  # everything queued before, in order, first
         if item is _STOP:
             self._retry()
+            self._seal()
             return True
         if item.run is None:  # a flush
             self._retry()
@@ -316,11 +408,15 @@ class RuntimeRecords:
             except Exception:  # noqa: BLE001 - each on its own says what is wrong
                 return False
             self._in_group = True
+            before = dict(self._counts), self._unsealed
             try:
                 for write in writes:
                     assert write.run is not None
-                    self._run(write.run)
+                    self._tally(write, self._run(write.run))
+                if self._unsealed:
+                    self._counts_now()  # in the same transaction: no commit of its own
             except BaseException:  # noqa: BLE001 - rolled back: each is tried on its own
+                self._counts, self._unsealed = before
                 self._in_group = False
                 try:
                     con.execute("ROLLBACK")
@@ -333,6 +429,7 @@ class RuntimeRecords:
                 failure: BaseException | None = None
             except BaseException as exc:  # noqa: BLE001
                 failure = exc
+                self._counts, self._unsealed = before
                 if needs_reopen(exc):
                     self._reopen_needed = True
         if failure is not None and storage_error(failure, "") is None and damage_error(failure, self.path) is None:
@@ -344,6 +441,8 @@ class RuntimeRecords:
                     pass
                 return False  # not the disk: each on its own says what it is
         self._deferred, self._deferred_since = deferred, since
+        if failure is None:
+            self._seal(counted=True)
         for write, _held in plan:
             if write.run is None:
                 self._settle(write.done)
@@ -381,9 +480,11 @@ class RuntimeRecords:
     def _attempt(self, item: _Write) -> None:
         try:
             assert item.run is not None
-            self._run(item.run)
+            changed = self._run(item.run)
         except BaseException as exc:
             self._refused(item, exc)
+            return
+        self._tally(item, changed)
 
     def _refused(self, item: _Write, exc: BaseException) -> None:
         """A write nobody waits for failed: kept when the disk refused it, else reported once."""
@@ -401,12 +502,14 @@ class RuntimeRecords:
         """Try once: the caller is told either way and nothing of a refused write is kept."""
         assert item.done is not None and item.run is not None
         try:
-            self._run(item.run)
+            changed = self._run(item.run)
         except BaseException as exc:
             self._refused_acknowledged(item, exc)
             return
         if item.whole and item.key is not None:
             self._kept.pop(item.key, None)  # an older snapshot of the row must not overwrite this one
+        self._tally(item, changed)
+        self._seal()
         item.done.set_result(None)
 
     def _refused_acknowledged(self, item: _Write, exc: BaseException) -> None:
@@ -438,7 +541,7 @@ class RuntimeRecords:
             key, kept = next(iter(self._kept.items()))
             assert kept.run is not None
             try:
-                self._run(kept.run)
+                changed = self._run(kept.run)
             except BaseException as exc:
                 error = storage_error(exc, f"{self.path.name} could not record {len(self._kept)} change(s) "
                                            "(kept and tried again until the disk takes them)")
@@ -450,14 +553,16 @@ class RuntimeRecords:
                 self._kept_error = error
                 return
             self._kept.pop(key)
+            self._tally(kept, changed)
         self._kept_error = None
 
-    def _run(self, run: Callable[[], None]) -> None:
+    def _run(self, run: Callable[[], Any]) -> Any:
+        """Run a write (its result: ``False`` when it changed nothing worth claiming)."""
         if self._reopen_needed:
             self._reopen()
         fault_point(self.path.name)
         try:
-            run()
+            return run()
         except BaseException as exc:
             if needs_reopen(exc):
                 self._reopen_needed = True
@@ -491,6 +596,7 @@ class RuntimeRecords:
         if error is not None:  # reported once, to the first who waits
             done.set_exception(error)
         else:
+            self._seal()
             done.set_result(None)
 
     def _write(self, write: Callable[[], None], key: Hashable | None = None, *, whole: bool = True,
@@ -642,9 +748,18 @@ class RuntimeRecords:
                    acknowledged: bool = False, workspace: str | None = None) -> Future[None] | None:
         """Queue the agent's row; ``acknowledged``: returns the future of its commit (see the module).
         ``workspace``: the folder resolved when it was registered (a restart keeps it)."""
-        return self._upsert("agents", {"name": name},
-                            {"manifest": manifest, "state": state, "warnings": json.dumps(warnings),
-                             "registered_at": at, "workspace": workspace}, acknowledged=acknowledged)
+        values = {"manifest": manifest, "state": state, "warnings": json.dumps(warnings), "workspace": workspace}
+
+        def write() -> bool:
+            with self._lock:
+                row = self._con.execute("SELECT manifest, state, warnings, workspace FROM agents WHERE name = ?",
+                                        [name]).fetchone()
+                if row is not None and tuple(row) == tuple(values.values()):
+                    return False  # as it is (a start registering its agents again): nothing to claim
+                self._upsert_now("agents", {"name": name}, {**values, "registered_at": at})
+                return True
+
+        return self._write(write, ("agents", name), acknowledged=acknowledged)
 
     def set_agent_state(self, name: str, state: str) -> None:
         def write() -> None:
@@ -703,8 +818,10 @@ class RuntimeRecords:
         rows = self._exec("SELECT key, value FROM memory WHERE agent = ?", [agent])
         return {k: json.loads(v) for k, v in rows}
 
-    def memory_set(self, agent: str, key: str, value: Any) -> None:
-        self._upsert("memory", {"agent": agent, "key": key}, {"value": json.dumps(value, default=str)})
+    def memory_set(self, agent: str, key: str, value: Any) -> Future[None] | None:
+        """Queue the value (acknowledged: returns the future of its commit, see the module)."""
+        return self._upsert("memory", {"agent": agent, "key": key}, {"value": json.dumps(value, default=str)},
+                            acknowledged=True)
 
     # the REST API's idempotency keys ----------------------------------------
     def remember_response(self, scope: str, key: str, fingerprint: str, status: int,
@@ -733,9 +850,10 @@ class RuntimeRecords:
         if not keys:
             return
 
-        def write() -> None:
+        def write() -> bool:
             with self._lock:
                 self._con.executemany("DELETE FROM idempotency WHERE scope = ? AND key = ?", keys)
+            return False  # a forgotten key coming back with a lost log is a request answered once more
 
         self._write(write)
 
@@ -818,7 +936,29 @@ def open_records(home: Any) -> RuntimeRecords:
     try:
         with records._lock:
             check_whole(records._con, home.runtime_db)
+        lost = {table: n for table, n in records.lost_changes().items() if table not in REBUILT_FROM_JOURNAL}
+        if lost:
+            raise rolled_back(home, lost)
     except BaseException:
         records.close()
         raise
     return records
+
+
+#: Tables whose acknowledged rows a start rebuilds from the journal when ``runtime.db`` lost them
+#: (``runtime/acknowledged.py``); a loss of any other is refused at the open.
+REBUILT_FROM_JOURNAL = frozenset({"tasks"})
+_WHAT = {"agents": "agent registrations or states", "sessions": "chat sessions", "memory": "agents' memory",
+         "idempotency": "Idempotency-Key answers", "batches": "batches", "batch_items": "batch items"}
+
+
+def rolled_back(home: Any, lost: dict[str, int]) -> HomeFileRolledBack:
+    """``HOME_FILE_ROLLED_BACK``: what ``runtime.db`` acknowledged and no longer holds, and the way on."""
+    what = ", ".join(f"{n} change(s) to {_WHAT.get(t, t)}" for t, n in sorted(lost.items()))
+    path = home.runtime_db
+    return HomeFileRolledBack(
+        f"{path} holds less than it acknowledged: {what} committed and acknowledged are not in it (its "
+        f"write-ahead log {path.name}.wal was lost or cut after they were made); nothing was changed. Restore "
+        f"{path.name} together with {path.name}.wal from a backup taken with both, or start it anew on purpose "
+        f"with `apollia-os home repair --new-runtime-db --home {home.path}` (registered agents, tasks and "
+        "sessions are lost; the file is moved aside, journaled)")
