@@ -1,6 +1,6 @@
 """REST API under load: many unattended tasks from concurrent clients, every decision answered over HTTP.
 
-    .venv/bin/python benchmarks/api_load.py [--tasks 200] [--clients 16] [--rounds 1] [--baseline TREE]
+    .venv/bin/python benchmarks/api_load.py [--tasks 200] [--clients 16] [--rounds 1] [--baseline TREE] [--spy DIR]
 
 Starts ``apollia-os serve --port 0`` on a fresh home (its own process), registers
 two scripted agents — ``reader`` lists its workspace and completes, ``writer``
@@ -19,8 +19,10 @@ the server's CPU seconds (every thread; the steadier figure on a busy machine).
 ``--baseline TREE`` runs the same load on a server of another checkout (its
 package first on ``PYTHONPATH``), alternating with this tree's, ``--rounds``
 times each, and prints the medians side by side; each server is checked to
-import the tree it stands for. ``tests/test_api_load.py`` runs a small version
-of it and asserts the outcomes.
+import the tree it stands for. ``--spy DIR`` records the server with py-spy during
+each phase (``submit``, ``settle``, ``decide``, ``finish``), one file of collapsed stacks per phase and
+run, every thread (``--spy-executable``: the py-spy to run). ``tests/test_api_load.py`` runs a small
+version of it and asserts the outcomes.
 """
 
 from __future__ import annotations
@@ -210,8 +212,34 @@ def check_runs(api: Client, run_ids: dict[str, str], writers: set[str]) -> list[
     return problems
 
 
-def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None, tree: Path | None = None) -> LoadReport:
-    """The load on a fresh home, its server importing ``tree``'s package (None: this one's)."""
+class _Spy:
+    """py-spy on the server, one profile (collapsed stacks, every thread) per phase of the load:
+    ``DIR/<phase>.txt``. Nothing when ``directory`` is None."""
+
+    def __init__(self, executable: str, directory: Path | None, pid: int) -> None:
+        self.executable, self.directory, self.pid = executable, directory, pid
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def phase(self, name: str | None) -> None:
+        if self.directory is None:
+            return
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.wait(timeout=60)
+            self.proc = None
+        if name is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.proc = subprocess.Popen(
+                [self.executable, "record", "--pid", str(self.pid), "--rate", "100", "--format", "raw",
+                 "--threads", "--nonblocking", "-o", str(self.directory / f"{name}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(0.3)  # py-spy attaches
+
+
+def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None, tree: Path | None = None,
+             spy: Path | None = None, spy_executable: str = "py-spy") -> LoadReport:
+    """The load on a fresh home, its server importing ``tree``'s package (None: this one's);
+    ``spy``: a directory for a py-spy profile of the server per phase."""
     with tempfile.TemporaryDirectory(prefix="apollia-load-") as scratch:
         base = root or Path(scratch)
         home, workspace = base / "home", base / "workspace"
@@ -220,6 +248,7 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None, tree
         package = server_package(tree, base)
         proc, url = _serve(home, base, tree)
         cpu = float("nan")
+        profile = _Spy(spy_executable, spy, proc.pid)
         try:
             with Client(url, TOKEN, timeout=120) as api:
                 api.register_agent(reader_manifest(tasks - writers_n, workspace))
@@ -237,12 +266,14 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None, tree
                         submit_latencies.append(elapsed)
                     return sub
 
+                profile.phase("submit")
                 started = time.perf_counter()
                 subs = _in_parallel(clients, url, list(enumerate(agents_order)), submit)
                 submit_secs = time.perf_counter() - started
                 agents = {s.id: a for s, a in zip(subs, agents_order)}
                 run_ids = {s.id: s.run_id for s in subs}
 
+                profile.phase("settle")
                 settled = _in_parallel(clients, url, [s.id for s in subs], lambda c, tid: c.wait(tid))
                 settle_secs = time.perf_counter() - started
                 statuses_settled = {t.id: t.status for t in settled}
@@ -257,13 +288,16 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None, tree
                     with lat_lock:
                         latencies.append(elapsed)
 
+                profile.phase("decide")
                 d0 = time.perf_counter()
                 _in_parallel(clients, url, [p.id for p in pending], decide)
                 decide_secs = time.perf_counter() - d0
+                profile.phase("finish")
 
                 final = _in_parallel(clients, url, [s.id for s in subs],
                                      lambda c, tid: c.wait(tid, until="finished"))
                 total_secs = time.perf_counter() - started
+                profile.phase(None)
                 report = LoadReport(
                     tasks=tasks, clients=clients, submit_secs=submit_secs, settle_secs=settle_secs,
                     decide_secs=decide_secs, total_secs=total_secs, decide_latencies=latencies,
@@ -304,6 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tree, alternating (medians printed)")
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a second checkout whose server runs the same load, alternating with this one's")
+    parser.add_argument("--spy", type=Path, default=None,
+                        help="a directory for py-spy profiles of the server, one per phase and run")
+    parser.add_argument("--spy-executable", default="py-spy", help="the py-spy to run (default: on PATH)")
     args = parser.parse_args(argv)
     trees: list[tuple[str, Path | None]] = [("this tree", None)]
     if args.baseline is not None:
@@ -312,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = False
     for round_ in range(args.rounds):
         for name, tree in trees:
-            report = run_load(args.tasks, args.clients, tree=tree)
+            spy = None if args.spy is None else args.spy / f"{'base' if tree else 'this'}-{round_ + 1}"
+            report = run_load(args.tasks, args.clients, tree=tree, spy=spy, spy_executable=args.spy_executable)
             load = os.getloadavg()[0]
             print(f"--- {name}, round {round_ + 1} (load average {load:.1f})")
             print("\n".join(report.lines()))

@@ -2,17 +2,21 @@
 loop of ``submit`` calls (all submitted, then all awaited) in the same run, on one machine; and on a
 ``dask.distributed`` LocalCluster of 2 worker processes, each a client of an ``apollia-os serve`` subprocess
 (``--dask``, needs ``dask[distributed]``), with its ratio to the local batch at the same concurrency
-(target: at least 0.5x).
+(target: at least 0.5x), and how long the Dask batch's items ran on the workers (Dask's task stream).
+``--dask-only`` skips the local runs; ``--spy DIR`` records the server and each worker with py-spy
+during the Dask batch (``--spy-executable``: the py-spy to run).
 
 Each item is a task whose actor makes ``--calls`` allowed calls of a custom read tool, then ends; every
 run uses a fresh home. Run from the repository root::
 
-    .venv/bin/python benchmarks/batch.py [--items 64] [--calls 10] [--concurrency 1 4 16] [--dask 16]
+    .venv/bin/python benchmarks/batch.py [--items 64] [--calls 10] [--concurrency 1 4 16] [--dask 16] [--dask-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,9 +62,32 @@ def _serve(home: Path) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-async def on_dask(items: int, calls: int, concurrency: int) -> float:
+def _spy(executable: str, pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy recording ``pid`` (every thread, collapsed stacks) into ``out`` until it is sent SIGINT."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([executable, "record", "--pid", str(pid), "--rate", "100", "--format", "raw",
+                             "--threads", "--nonblocking", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _print_items(tasks: list[dict], t0: float, elapsed: float) -> None:
+    """Where a Dask batch's time went: each item's time on its worker, and how many ran at once."""
+    spans = sorted((s["start"], s["stop"]) for t in tasks for s in t.get("startstops", ())
+                   if s.get("action") == "compute")
+    if not spans:
+        return
+    busy = sorted(stop - start for start, stop in spans)
+    first, last = spans[0][0], max(stop for _, stop in spans)
+    print(f"  items on the workers: {len(busy)}, each {busy[len(busy) // 2] * 1000:.0f} ms median, "
+          f"{busy[-1] * 1000:.0f} ms max; {sum(busy):.1f} s in all over {last - first:.1f} s "
+          f"(on average {sum(busy) / max(last - first, 1e-9):.1f} at once) of the batch's {elapsed:.1f} s")
+
+
+async def on_dask(items: int, calls: int, concurrency: int, spy: Path | None = None,
+                  spy_executable: str = "py-spy") -> float:
     """Items per second: a batch at ``concurrency`` on a LocalCluster with 2 worker processes, the home
-    served by ``apollia-os serve`` (the driver and every worker its clients)."""
+    served by ``apollia-os serve`` (the driver and every worker its clients). ``spy``: a directory for
+    py-spy profiles of the server (``server.txt``) and of each worker (``worker-N.txt``) during the batch."""
     from distributed import Client, LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="apollia-bench-dask-") as tmp:
@@ -75,12 +102,25 @@ async def on_dask(items: int, calls: int, concurrency: int) -> float:
                     await rt.register_agent(manifest_text(calls, root / "workspace"),
                                             tools=[ToolDef.from_function(read_note, family="read")])
                     rows = [{"n": i} for i in range(items)]
-                    client.run(lambda: None)  # the workers are up before the clock starts
+                    pids = client.run(os.getpid)  # the workers are up before the clock starts
+                    spies = [] if spy is None else [
+                        _spy(spy_executable, pid, spy / name) for pid, name in
+                        [(server.pid, "server.txt"),
+                         *((p, f"worker-{i + 1}.txt") for i, p in enumerate(pids.values()))]]
+                    if spies:
+                        time.sleep(0.5)  # py-spy attaches
+                    from distributed import get_task_stream
+
                     t0 = time.perf_counter()
-                    batch = await rt.batch(AGENT, rows, goal="Read the notes of item {n}", concurrency=concurrency,
-                                           engine="dask", scheduler=client)
-                    await batch
+                    with get_task_stream(client) as stream:
+                        batch = await rt.batch(AGENT, rows, goal="Read the notes of item {n}",
+                                               concurrency=concurrency, engine="dask", scheduler=client)
+                        await batch
                     elapsed = time.perf_counter() - t0
+                    _print_items(stream.data, t0, elapsed)
+                    for proc in spies:
+                        proc.send_signal(signal.SIGINT)
+                        proc.wait(timeout=60)
                     statuses = [r["status"] for r in batch.rows()]
                     if statuses != ["completed"] * items:
                         raise SystemExit(f"not every item completed: {sorted(set(statuses))}")
@@ -99,20 +139,26 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--dask", type=int, nargs="*", default=[16], metavar="CONCURRENCY",
                         help="batches on a LocalCluster of 2 workers at these concurrencies (none: skip)")
+    parser.add_argument("--spy", type=Path, default=None,
+                        help="a directory for py-spy profiles of the server and each worker during the Dask batches")
+    parser.add_argument("--spy-executable", default="py-spy", help="the py-spy to run (default: on PATH)")
+    parser.add_argument("--dask-only", action="store_true", help="only the Dask batches (no ratio)")
     args = parser.parse_args()
     import apollia_nb
 
     print(f"apollia_nb from {Path(apollia_nb.__file__).parent} (the server and the workers import the same)")
     print(f"{args.items} items, tasks of {args.calls} governed calls each")
     print(f"{'how':<28}{'items/s':>10}")
-    figure = anyio.run(one, args.items, args.calls, None)
-    print(f"{'plain loop of submit':<28}{figure:>10.1f}")
     local: dict[int, float] = {}
-    for c in args.concurrency:
+    if not args.dask_only:
+        figure = anyio.run(one, args.items, args.calls, None)
+        print(f"{'plain loop of submit':<28}{figure:>10.1f}")
+    for c in [] if args.dask_only else args.concurrency:
         figure = local[c] = anyio.run(one, args.items, args.calls, c)
         print(f"{f'batch, concurrency {c}':<28}{figure:>10.1f}")
     for c in args.dask:
-        figure = anyio.run(on_dask, args.items, args.calls, c)
+        spy = None if args.spy is None else args.spy / f"dask-{c}"
+        figure = anyio.run(on_dask, args.items, args.calls, c, spy, args.spy_executable)
         versus = f"   {figure / local[c]:.2f}x the local batch (target >= 0.5x)" if c in local else ""
         print(f"{f'dask, 2 workers, conc. {c}':<28}{figure:>10.1f}{versus}")
 
