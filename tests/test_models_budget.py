@@ -31,6 +31,7 @@ from fake_model_servers import (
 )
 
 from apollia_nb.errors import ManifestInvalid
+from apollia_nb.notebook.render import budget_words
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.manifest import parse_manifest
 from apollia_nb.runtime.models import Message, collect
@@ -167,6 +168,7 @@ async def test_passing_the_token_budget_stops_the_run_before_its_next_step_journ
         shown = task.to_dict()
         assert shown["budget"]["tokens"] == {"used": 45, "ceiling": 44, "unmetered_turn": None}
         assert "tokens 45/44" in task_text(shown) and "tokens 45/44" in task_html(shown)
+        assert budget_words(shown) == "4/20 steps · tokens 45/44"  # beside the run view's bar
         entries = _entries(rt, task.run_id)
         status = [p for k, p in entries if k == "task_status"][-1]
         assert status["status"] == "failed" and status["error"]["code"] == "BUDGET_EXCEEDED"
@@ -207,6 +209,7 @@ async def test_a_provider_that_reports_no_usage_cannot_keep_a_token_budget(home,
         assert "reported no token usage for model turn 1" in task.error["message"]
         assert len(fake_model_server.requests) == 1  # nothing after the unmetered turn
         assert task.to_dict()["budget"]["tokens"] == {"used": 0, "ceiling": 1_000_000, "unmetered_turn": 1}
+        assert budget_words(task.to_dict()) == "1/20 steps · tokens 0/1000000 (turn 1 reported none)"
     finally:
         await rt.__aexit__(None, None, None)
 

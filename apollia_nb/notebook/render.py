@@ -242,6 +242,13 @@ def _budget(snap: Mapping[str, Any]) -> str:
     return f"{budget.get('used', 0)}/{budget.get('ceiling', 0)}"
 
 
+def budget_words(snap: Mapping[str, Any]) -> str:
+    """A task's budget in words, beside its bar: ``3/20 steps``, and with a token budget
+    ``3/20 steps · tokens 45/44``."""
+    tokens = _tokens(snap)
+    return f"{_budget(snap)} steps" + (f" · {tokens}" if tokens else "")
+
+
 def _tokens(snap: Mapping[str, Any]) -> str:
     """A run's token budget as shown (``tokens 45/44``), or "" when it has none."""
     tokens = (snap.get("budget") or {}).get("tokens")

@@ -262,7 +262,7 @@ class RunView:
         self.budget.max = max(1, budget["ceiling"])
         self.budget.value = min(budget["used"], self.budget.max)
         self.budget.bar_style = {"failed": "danger", "completed": "success"}.get(snap["status"], "info")
-        self.budget_label.value = f"{budget['used']}/{budget['ceiling']} steps"
+        self.budget_label.value = render.budget_words(snap)
         waiting = [v.snap for v in self.cards.values() if not v.frozen]
         self.timeline.value = render.timeline_html(snap, waiting)
         self.decisions.value = render.decisions_html(self.bridge.decisions(self.task.run_id))
