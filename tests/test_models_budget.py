@@ -228,3 +228,42 @@ async def test_without_a_token_budget_nothing_is_counted_or_refused(home, fake_m
         task = await (await rt.submit("noter", "Note it"))
         assert task.status == "completed", task.error
         assert "tokens" not in task.to_dict()["budget"]
+
+
+@pytest.mark.anyio
+async def test_an_mcp_servers_model_call_counts_its_tokens_against_the_budget(home, fake_model_server):
+    import anyio
+
+    from test_federation_support import EVERYTHING_JS, node, require_peer, write_config
+
+    write_config(home, servers={"everything": {
+        "command": node(), "args": [str(require_peer(EVERYTHING_JS)), "stdio"],
+        "families": {"trigger-sampling-request": "read"}}})
+    tool = "mcp:everything/trigger-sampling-request"
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    fake_model_server.reply(
+        openai_stream(openai_tool_chunks([("p", "submit_plan", ['{"steps": ["Ask"]}'])]) + [
+            {"id": "u", "object": "chat.completion.chunk", "choices": [], "usage": usage}]),
+        openai_stream(openai_tool_chunks([("c", tool, ['{"prompt": "Name a colour", "maxTokens": 20}'])]) + [
+            {"id": "u", "object": "chat.completion.chunk", "choices": [], "usage": usage}]),
+        # The server's model call: a large one.
+        openai_stream(openai_text_chunks(["Ultramarine."], usage={"prompt_tokens": 900, "completion_tokens": 100,
+                                                                   "total_tokens": 1000})),
+        openai_stream(openai_text_chunks(["Asked."], usage=usage)),
+    )
+    async with Runtime(home) as rt:
+        manifest = (f'name = "asker"\ndescription = "d"\ninstructions = "Ask."\n\n[model]\nprovider = "openai"\n'
+                    f'model = "m"\nbase_url = "{fake_model_server.url}/v1"\nmax_retries = 0\n\n'
+                    f'[tools]\nrequired = ["{tool}"]\n\n[budget]\nmax_tokens = 500\n')
+        await rt.register_agent(manifest)
+        handle = await rt.submit("asker", "Let the server ask the model")
+        with anyio.fail_after(60):
+            while not [c for c in handle.pending if c.tool.endswith("/sampling/createMessage")]:
+                await handle.settled()
+                assert handle.status not in ("completed", "failed"), handle.error
+        [card] = [c for c in handle.pending if c.tool.endswith("/sampling/createMessage")]
+        card.answer("once")
+        task = await handle
+        assert task.status == "failed" and task.error["code"] == "BUDGET_EXCEEDED"
+        assert task.to_dict()["budget"]["tokens"]["used"] == 15 + 15 + 1000
+        assert len(fake_model_server.requests) == 3  # the actor is not asked again

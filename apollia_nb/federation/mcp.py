@@ -773,6 +773,8 @@ class McpSource:
                 run._spend()  # counted against the run's budget like any model turn
             model = run.model if run is not None else scope.agent.model
             response = await model.complete("actor", messages)
+            if run is not None:
+                run.count_model_call(response.usage)  # and its tokens against the run's token budget
         except ApolliaError as exc:
             self._journal_result(owner, call_id, tool, {"message": exc.message}, status="error", error_code=exc.code)
             return t.ErrorData(code=-1, message=exc.message)

@@ -421,6 +421,12 @@ class TaskRun:
         self.r.budget.check()
         self.r.budget.used += 1
 
+    def count_model_call(self, usage: Mapping[str, Any] | None) -> None:
+        """A model call made for the run besides its own turns (an MCP server's sampling request, a
+        step already spent): its tokens count against the token budget like a turn's; one without
+        usage leaves the budget unknown from the run's last turn on."""
+        self.r.budget.count_turn(self.r.turns, usage)
+
     async def _status_entry(self, status: str) -> None:
         await self._journal("task_status", {"task_id": self.id, "status": status})
 
