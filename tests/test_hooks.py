@@ -580,3 +580,15 @@ def test_results_reported_after_a_call_are_journaled_whatever_the_shape_of_its_i
     seen = {(r["source"], r["tool"], r["source_tool"]) for r in results}
     assert {("codex", "custom_tool", "custom_tool"), ("cursor", "write_file", "afterFileEdit"),
             ("cursor", "bash_executor", "beforeShellExecution")} <= seen
+
+
+@pytest.mark.parametrize("damaged", ["journal.db", "apollia.toml"])
+def test_a_home_that_does_not_read_denies(tmp_path, project, damaged):
+    home = tmp_path / "home"
+    assert cli("hook", "install", "claude-code", "--project", str(project), home=home).returncode == 0
+    first = hook("claude-code", claude("PreToolUse", project, "Read", {"file_path": str(project / "a")}), home)
+    assert decision_of(first)[0] == "allow"
+    (home / damaged).write_bytes(b"\x00garbage\xff" * 4096 if damaged == "journal.db" else b"[hooks\n")
+    out = hook("claude-code", claude("PreToolUse", project, "Read", {"file_path": str(project / "a")}), home)
+    assert out.returncode == 2 and out.stderr.strip()
+    assert decision_of(out)[0] == "deny"
