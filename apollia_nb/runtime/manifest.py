@@ -381,21 +381,16 @@ class _Checker:
         if not root.strip():
             self.problem(("workspace", "root"), '"workspace.root" must not be empty (use "." for the current directory)')
 
-        max_steps = DEFAULT_MAX_STEPS
         budget = self.section(doc, "budget")
-        if "max_steps" in budget:
-            value = budget["max_steps"]
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                self.wrong(("budget", "max_steps"), "a positive integer", value)
-            else:
-                max_steps = value
-        max_tokens: int | None = None
-        if "max_tokens" in budget:
-            value = budget["max_tokens"]
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                self.wrong(("budget", "max_tokens"), "a positive integer (tokens)", value)
-            else:
-                max_tokens = value
+        limits: dict[str, int | None] = {"max_steps": DEFAULT_MAX_STEPS, "max_tokens": None}
+        for key, expected in (("max_steps", "a positive integer"), ("max_tokens", "a positive integer (tokens)")):
+            if key in budget:
+                value = budget[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    self.wrong(("budget", key), expected, value)
+                else:
+                    limits[key] = value
+        max_steps, max_tokens = limits["max_steps"] or DEFAULT_MAX_STEPS, limits["max_tokens"]
 
         drain: float | None = None
         runtime = self.section(doc, "runtime")
