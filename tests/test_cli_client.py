@@ -195,7 +195,7 @@ def test_commands_that_need_the_home_to_themselves_say_so_while_it_is_served(tmp
 
 
 def test_a_relative_workspace_is_sent_to_the_server_absolute(tmp_path):
-    from apollia_nb.cli.client import absolute_workspace
+    from apollia_nb.cli.backend import absolute_workspace
     from apollia_nb.runtime.manifest import parse_manifest
 
     def sent(text: str) -> tuple[str, str | None]:

@@ -470,3 +470,90 @@ def test_the_sql_route_refuses_what_is_not_a_read_of_the_journal_as_bad_input(au
         assert answer.status_code == 422 and answer.json()["code"] == "BAD_INPUT", (body, answer.text)
     assert http.post("/internal/journal/sql", json={"query": "SELECT 1"}, headers={"Authorization": "Bearer x"}
                      ).status_code == 401
+
+
+def test_stopping_an_agent_that_is_not_registered_says_the_same_on_both_homes(pair):
+    out = pair("agents", "stop", "ghost")
+    assert out["served"].returncode == 3 and "UNKNOWN_AGENT" in out["served"].stderr
+    pair("agents", "stop", "ghost", "--json")
+
+
+def test_the_refusal_of_a_served_home_names_the_server_and_how_to_stop_it_the_same_for_each_command(pair):
+    served = pair.users["served"]
+    pid = json.loads((served.home / "server.json").read_text())["pid"]
+    said = []
+    for args, what in ((["home", "repair", "--archive-journal"], "`home repair`"),
+                       (["policy", "remove", "--by", "alice"], "`policy remove`")):
+        out = served(*args)
+        assert out.returncode == 3, out.stdout + out.stderr
+        line = out.stderr.strip()
+        assert line.startswith(f"error: HOME_LOCKED: {what} needs the home "), line
+        assert f"process {pid}" in line and f"`kill {pid}`" in line, line
+        said.append(line.replace(what, "WHAT"))
+    assert said[0] == said[1]  # one answer, from one place
+    assert (served.home / "journal.db").exists() and not (served.home / "archive").exists()  # nothing moved
+
+
+def test_witness_push_reports_the_same_on_an_owned_and_a_served_home(tmp_path):
+    from witness_helpers import WitnessProcess, configure
+
+    homes = {w: tmp_path / w / "home" for w in ("owned", "served")}
+    users = {w: User(h, tmp_path / w) for w, h in homes.items()}
+    for user in users.values():
+        user.work.mkdir()
+        assert user("agents", "list").returncode == 0
+        out = user("witness", "push")  # no witness configured: the same refusal on both
+        assert out.returncode == 3 and "names no witness" in out.stderr
+    keys = [json.loads(u("audit", "verifier-key", "--json").stdout)["verifier_key"] for u in users.values()]
+    witness = WitnessProcess(tmp_path / "witness", *keys)
+    server = None
+    try:
+        for home in homes.values():
+            configure(Home.at(home), witness)
+        server = start_server(homes["served"], tmp_path)
+        for user in users.values():
+            user.seen.clear()
+            out = user("witness", "push", "--checkpoint", "--json")
+            assert out.returncode == 0, out.stdout + out.stderr
+            [state] = json.loads(out.stdout)["witnesses"]
+            assert state["last_error"] is None and not state["pending"] and state["cosigned_size"] >= 2, state
+            user("witness", "push", numbers=True)
+        owned, served = (users[w].seen for w in ("owned", "served"))
+        assert [s[:2] for s in served] == [s[:2] for s in owned]
+        assert served[-1][2].replace("<DIR>", "") == owned[-1][2].replace("<DIR>", ""), (served, owned)
+        for user in users.values():  # a cosigned checkpoint of every entry: the auditor's check passes
+            out = user("audit", "verify", "--witness", witness.key)
+            assert "witnesses: ok" in out.stdout, out.stdout + out.stderr
+    finally:
+        if server is not None:
+            stop_server(server)
+        witness.stop()
+
+
+# --- the commands choose nothing: the home's backend is chosen once -----------------------------------------
+
+
+def test_no_cli_command_asks_where_the_home_lives():
+    """Only ``cli/backend.py`` knows of a server: no other module of the CLI reaches the client runtime, the
+    SDK or the REST routes, or asks a runtime whether it is a client."""
+    import ast
+
+    import apollia_nb.cli as package
+
+    where = Path(package.__file__).parent
+    knowing = ("apollia_nb.runtime.remote", "apollia_nb.sdk", "apollia_nb.wire", "apollia_nb.cli.client")
+    found = []
+    for path in sorted(where.glob("*.py")):
+        if path.name == "backend.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(knowing):
+                found.append(f"{path.name}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                found += [f"{path.name}:{node.lineno} imports {a.name}" for a in node.names
+                          if a.name.startswith(knowing)]
+            elif isinstance(node, ast.Attribute) and node.attr in ("mode", "server", "served"):
+                found.append(f"{path.name}:{node.lineno} reads .{node.attr}")
+            elif isinstance(node, ast.Name) and node.id in ("served", "refuse_served", "remote", "route"):
+                found.append(f"{path.name}:{node.lineno} uses {node.id}")
+    assert found == []

@@ -63,9 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         try:
-            from apollia_nb.cli.client import route
-
-            return int(route(args)(args) or 0)
+            return int(args.handler(args) or 0)
         except ApolliaError:
             raise
         except Exception as exc:  # the disk refusing a write anywhere (the home's lock, a workspace)

@@ -118,34 +118,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(handler=_export)
 
 
-def _home(args: argparse.Namespace) -> Any:
-    from apollia_nb.home import Home
-
-    return Home.at(args.home, create=False)
-
-
 @contextmanager
 def _owned_journal(args: argparse.Namespace) -> Iterator[Any]:
-    """The home's existing journal, opened by a process that owns the home; the server's journal
-    when `apollia-os serve` owns the home."""
-    from apollia_nb.cli.client import remote
-    from apollia_nb.errors import NotFound
-    from apollia_nb.home import OwnerLock
-    from apollia_nb.journal.store import Journal
+    """The home's existing journal: opened by this command, which owns the home meanwhile, or the
+    server's when `apollia-os serve` owns it."""
+    from apollia_nb.cli.backend import open_home
 
-    with remote(args) as served:
-        if served is not None:
-            yield served.journal
-            return
-    home = _home(args)
-    if not home.journal_db.exists():
-        raise NotFound(f"no journal at {home.journal_db}")
-    with OwnerLock(home):
-        journal = Journal.open(home, create=False)
-        try:
-            yield journal
-        finally:
-            journal.close()
+    with open_home(args, reading=True) as home, home.journal() as journal:
+        yield journal
 
 
 def _read_checkpoint(path: Path | None) -> str | None:
@@ -168,28 +148,8 @@ def _pinned(text: str | None) -> Any:
     return NoteVerifier.from_key(text.strip())
 
 
-def _home_verifier(home: Any) -> Any:
-    """The verifier of a home nobody serves: its origin (from ``journal.db``, read-only) and public key."""
-    from apollia_nb.errors import IntegrityError, NotFound
-    from apollia_nb.journal.checkpoint import NoteVerifier
-    from apollia_nb.journal.keys import load_public_key
-    from apollia_nb.journal.store import connect_locked
-
-    if not home.journal_db.exists():
-        raise NotFound(f"no journal at {home.journal_db}")
-    con = connect_locked(home.journal_db, read_only=True)
-    try:
-        row = con.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
-    finally:
-        con.close()
-    if row is None:
-        raise IntegrityError(f"{home.journal_db} has no origin in its meta table")
-    return NoteVerifier(row[0], load_public_key(home))
-
-
 def _verify(args: argparse.Namespace) -> int:
-    from apollia_nb.cli.client import remote
-    from apollia_nb.journal.verify import cosigned_rows_of_bundle, cosigned_rows_of_file, verify_bundle, verify_home
+    from apollia_nb.journal.verify import cosigned_rows_of_bundle, verify_bundle
 
     external = _read_checkpoint(args.checkpoint)
     pinned = _pinned(args.key)  # a malformed key is BAD_INPUT before anything is read
@@ -214,19 +174,12 @@ def _verify(args: argparse.Namespace) -> int:
         if args.witness:
             cosigned = _cosigned(args, report, *cosigned_rows_of_bundle(args.bundle))
     else:
-        with remote(args) as served:  # served: verified here, under the home's key, a page of entries at a time
-            if served is not None:
-                journal = served.journal
-                checkpoints = journal.checkpoints() if args.witness else []  # before: none beyond the report
-                report = journal.verify_paged(external)
-                if args.witness:  # the server's checkpoints, and its cosignatures of them
-                    cosigned = _cosigned(args, report, checkpoints, [
-                        (size, line) for size, _w, _t, line in journal.cosignatures()])
-            else:
-                home = _home(args)
-                report = verify_home(home, external=external)
-                if args.witness:
-                    cosigned = _cosigned(args, report, *cosigned_rows_of_file(home.journal_db))
+        from apollia_nb.cli.backend import open_home
+
+        with open_home(args, reading=True) as home:
+            report, rows = home.verify(external, witnessed=bool(args.witness))
+        if rows is not None:
+            cosigned = _cosigned(args, report, *rows)
     report = _pin(args, report, pinned)
     if cosigned is None:
         emit(args, report.to_dict(), report.summary())
@@ -286,11 +239,11 @@ def _pin(args: argparse.Namespace, report: Any, pinned: Any) -> Any:
 
 
 def _log_verifier(args: argparse.Namespace) -> Any:
-    """The home's log verifier: the server's journal's (checked against the home's key) when served."""
-    from apollia_nb.cli.client import remote
+    """The home's log verifier (a served journal's is checked against the home's key)."""
+    from apollia_nb.cli.backend import open_home
 
-    with remote(args) as served:
-        return served.journal.verifier() if served is not None else _home_verifier(_home(args))
+    with open_home(args, reading=True) as home:
+        return home.verifier()
 
 
 def _verifier_key(args: argparse.Namespace) -> int:
@@ -411,31 +364,20 @@ def _prove(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import sys
 
-    from apollia_nb.cli.client import remote
-    from apollia_nb.journal.export import export_home, export_streamed
-    from apollia_nb.journal.verify import verify_home
+    from apollia_nb.cli.backend import open_home
 
-    with remote(args) as served:
-        home = _home(args)
-        if served is None:
-            report = verify_home(home)
-        else:  # the server verifies in place; the entries it verified are then read here a page at a time
-            checkpoints = served.journal.checkpoints()
-            report = served.journal.verify_in_place()
-        if not report.ok and not args.allow_invalid:
-            message = (f"the journal does not verify ({report.summary()}); nothing was exported. Export it "
-                       "anyway, marked invalid, with --allow-invalid")
-            if getattr(args, "json", False):
-                print(json.dumps({"code": "INTEGRITY_FAILURE", "message": message,
-                                  "verification": report.to_dict()}), file=sys.stderr)
-            else:
-                print(f"error: INTEGRITY_FAILURE: {message}", file=sys.stderr)
-            return EXIT_INTEGRITY
-        invalid = None if report.ok else report.to_dict()
-        result = (export_home(home, args.dir, invalid=invalid) if served is None
-                  else export_streamed(served.journal, args.dir, checkpoints=checkpoints,
-                                       size=report.entries if report.ok else served.journal.head()[0],
-                                       invalid=invalid))
+    with open_home(args, reading=True) as home:
+        report, result = home.export(args.dir, allow_invalid=args.allow_invalid)
+    if result is None:
+        message = (f"the journal does not verify ({report.summary()}); nothing was exported. Export it "
+                   "anyway, marked invalid, with --allow-invalid")
+        if getattr(args, "json", False):
+            print(json.dumps({"code": "INTEGRITY_FAILURE", "message": message,
+                              "verification": report.to_dict()}), file=sys.stderr)
+        else:
+            print(f"error: INTEGRITY_FAILURE: {message}", file=sys.stderr)
+        return EXIT_INTEGRITY
+    invalid = None if report.ok else report.to_dict()
     marked = "" if invalid is None else f"\nmarked INVALID (meta.json): {report.summary()}"
     emit(
         args,

@@ -24,10 +24,6 @@ from apollia_nb.errors import BadInput
 
 __all__ = ["progress_line", "read_items", "register"]
 
-#: How often the progress bar is redrawn (seconds).
-PROGRESS_SECS = 0.2
-
-
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "batch", parents=[common], help="run an agent over the items of a JSONL or CSV file",
@@ -104,10 +100,6 @@ def _draw(counts: dict[str, int], total: int, *, final: bool = False) -> None:
         sys.stderr.flush()
 
 
-def _settled(counts: dict[str, int]) -> bool:
-    return counts["pending"] == 0 and counts["running"] == 0
-
-
 def _finish(args: argparse.Namespace, out: Path, rows: list[dict[str, Any]], batch: dict[str, Any]) -> int:
     from apollia_nb.api.batches import results_text
 
@@ -123,78 +115,22 @@ def _finish(args: argparse.Namespace, out: Path, rows: list[dict[str, Any]], bat
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from apollia_nb.cli.client import served
+    from apollia_nb.cli.backend import open_home
 
     items = read_items(args.items)
     out = _out_path(args)
     if args.engine == "dask":
-        return _dask(args, items, out)
-    address = served(args)
-    if address is not None:
-        return _served(args, address, items, out)
-    import anyio
-
-    from apollia_nb.cli.runtime import _open
-
-    async def main() -> int:
-        async with _open(args) as rt:
-            handle = await rt.batch(args.agent, items, goal=args.goal, concurrency=args.concurrency,
-                                    max_steps=args.max_steps, key=args.key)
-            return await _follow(args, out, rt, handle)
-
-    return anyio.run(main)
-
-
-async def _follow(args: argparse.Namespace, out: Path, rt: Any, handle: Any) -> int:
-    """Draw the progress until no item is pending or running, then write the results."""
-    import anyio
-
-    while not _settled(handle.counts()) and handle.status == "running":
-        _draw(handle.counts(), len(handle.task_ids))
-        with anyio.move_on_after(PROGRESS_SECS):
-            await handle
-    await rt.committed()  # the results written are what runtime.db holds
-    return _finish(args, out, handle.rows(), handle.to_dict())
-
-
-def _dask(args: argparse.Namespace, items: list[dict[str, Any]], out: Path) -> int:
-    """``--engine dask``: this process is a client of the server; the agent's manifest is registered here
-    and travels to the workers, which run the items as clients of the same server."""
-    import anyio
-
-    from apollia_nb.cli.runtime import _open
-
-    manifest = Path(args.agent)
-    if not manifest.is_file():
-        raise BadInput(f"with --engine dask, AGENT is the agent's manifest file; {manifest} is not a file")
-    if not args.scheduler:
-        raise BadInput("--engine dask needs --scheduler ADDRESS (tcp://HOST:PORT)")
-
-    async def main() -> int:
-        async with _open(args, client_ok=True) as rt:
-            if rt.mode != "client":
-                raise BadInput("--engine dask needs the home served by `apollia-os serve` (its workers are "
-                               "clients of that server): start it, then run the batch again")
-            agent = await rt.register_agent(manifest, cwd=Path.cwd())
-            handle = await rt.batch(agent.name, items, goal=args.goal, concurrency=args.concurrency,
-                                    max_steps=args.max_steps, key=args.key, engine="dask",
-                                    scheduler=args.scheduler, server_url=args.server_url)
-            return await _follow(args, out, rt, handle)
-
-    return anyio.run(main)
-
-
-def _served(args: argparse.Namespace, address: Any, items: list[dict[str, Any]], out: Path) -> int:
-    from apollia_nb.sdk import Client
-
-    with Client(address.url, address.token) as client:
-        batch = client.batch(args.agent, items, args.goal, concurrency=args.concurrency,
-                             max_steps=args.max_steps, key=args.key)
-        data = batch.model_dump()
-        for event in client.batch_events(batch.id):
-            data = event.data
-            _draw(data["counts"], data["total"])
-            if _settled(data["counts"]):
-                break
-        rows = [r.model_dump() for r in client.batch_results(batch.id)]
-        return _finish(args, out, rows, client.get_batch(batch.id).model_dump())
+        manifest = Path(args.agent)
+        if not manifest.is_file():
+            raise BadInput(f"with --engine dask, AGENT is the agent's manifest file; {manifest} is not a file")
+        if not args.scheduler:
+            raise BadInput("--engine dask needs --scheduler ADDRESS (tcp://HOST:PORT)")
+        with open_home(args) as home:  # the workers are clients of the server that owns the home
+            rows, batch = home.dask_batch(manifest, items, progress=_draw, goal=args.goal,
+                                          concurrency=args.concurrency, max_steps=args.max_steps, key=args.key,
+                                          scheduler=args.scheduler, server_url=args.server_url)
+        return _finish(args, out, rows, batch)
+    with open_home(args) as home, home.runtime() as rt:
+        rows, batch = rt.batch(args.agent, items, goal=args.goal, concurrency=args.concurrency,
+                               max_steps=args.max_steps, key=args.key, progress=_draw)
+    return _finish(args, out, rows, batch)

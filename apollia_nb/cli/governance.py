@@ -3,7 +3,8 @@
 Reading commands open ``governance.db`` for the instant they read it.
 Commands that change governance own the home for their duration (``OwnerLock``;
 another owner is ``HOME_LOCKED``, naming it) and journal the change before it
-takes effect. ``policy keygen`` and ``policy sign`` touch only the files they
+takes effect. On a home ``apollia-os serve`` owns, each works through the server
+(``cli/backend.py``), which journals and stores the change. ``policy keygen`` and ``policy sign`` touch only the files they
 name; ``policy check`` says what the home makes of its deposited policy and
 exits 1 when it is refused; ``policy remove`` is the only way back from a
 policy to none (a policy file that just vanished is refused).
@@ -21,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from apollia_nb.cli.common import emit, who
-from apollia_nb.cli.common import who as _who  # noqa: F401 - the served commands import it by this name
 from apollia_nb.errors import BadInput
-from apollia_nb.home import Home, OwnerLock
+from apollia_nb.home import Home
 
 __all__ = ["register"]
 
@@ -87,58 +87,25 @@ def _home(args: argparse.Namespace, *, create: bool = True) -> Any:
     return Home.at(args.home, create=create)
 
 
-def _history(home: Any) -> Any:
-    """What the journal records the home has had (None: the journal is held by its owner)."""
-    from apollia_nb.journal.accounting import read_home_record_offline  # lazy: DuckDB, ~0.8 s
-
-    return read_home_record_offline(home)
-
-
 @contextmanager
-def _reader(args: argparse.Namespace) -> Iterator[Any]:
+def _reader(args: argparse.Namespace, *, reading: bool = False) -> Iterator[Any]:
     """A store for reading: it creates nothing, and expects what the journal records (the server's
     governance when `apollia-os serve` owns the home)."""
-    from apollia_nb.cli.client import remote  # lazy: the client runtime, ~1 s
-    from apollia_nb.governance.store import GovernanceStore  # lazy: DuckDB, ~0.8 s
+    from apollia_nb.cli.backend import open_home
 
-    with remote(args) as served:
-        if served is not None:
-            yield served.governance
-            return
-    home = _home(args, create=False)
-    record = _history(home)
-    if record is None:
-        yield GovernanceStore(home)
-        return
-    yield GovernanceStore(home, expect_db=record.governance_db, expect_db_id=record.governance_id,
-                          expect_policy=record.policy)
-
-
-def _open_journal(home: Any) -> Any:
-    """The home's journal, so the change is journaled before it takes effect."""
-    from apollia_nb.journal import Journal  # lazy: DuckDB, ~0.8 s
-
-    return Journal.open(home)
+    with open_home(args, reading=reading) as home, home.governance() as store:
+        yield store
 
 
 @contextmanager
-def _owned_store(args: argparse.Namespace) -> Iterator[Any]:
-    """A store on a home this process owns, journaling to the home's journal; the server's governance
-    (which journals and stores the change) when `apollia-os serve` owns the home."""
-    from apollia_nb.cli.client import remote  # lazy: the client runtime, ~1 s
-    from apollia_nb.governance.store import GovernanceStore  # lazy: DuckDB, ~0.8 s
+def _owned_store(args: argparse.Namespace, *, alone: str | None = None) -> Iterator[Any]:
+    """A store on a home this command owns, journaling each change before it takes effect; the server's
+    governance (which journals and stores the change) when `apollia-os serve` owns the home. ``alone``:
+    the change needs the home's files to itself (refused with ``HOME_LOCKED`` while it is served)."""
+    from apollia_nb.cli.backend import open_home
 
-    with remote(args) as served:
-        if served is not None:
-            yield served.governance
-            return
-    home = _home(args)
-    with OwnerLock(home):
-        journal = _open_journal(home)
-        try:
-            yield GovernanceStore.open(home, journal)
-        finally:
-            journal.close()
+    with open_home(args) as home, home.governance(write=True, alone=alone) as store:
+        yield store
 
 
 def _when(value: str | None) -> str:
@@ -162,7 +129,7 @@ def _rule_words(rule: dict[str, Any]) -> str:
 
 
 def _rules_list(args: argparse.Namespace) -> int:
-    with _reader(args) as store:
+    with _reader(args, reading=True) as store:
         rules = [r.to_dict() for r in store.rules()]
     if not rules:
         emit(args, rules, "no fine rules")
@@ -213,7 +180,7 @@ def _devmode(args: argparse.Namespace) -> int:
 
 
 def _consents_list(args: argparse.Namespace) -> int:
-    with _reader(args) as store:
+    with _reader(args, reading=True) as store:
         consents = [c.to_dict() for c in store.consents()]
     if not consents:
         emit(args, consents, "no standing consents")
@@ -259,20 +226,14 @@ def _policy_sign(args: argparse.Namespace) -> int:
 
 
 def _policy_check(args: argparse.Namespace) -> int:
-    from apollia_nb.governance.policy import load_policy  # lazy: PyNaCl, for the policy commands
+    from apollia_nb.cli.backend import open_home
 
-    from apollia_nb.cli.client import remote  # lazy: the client runtime, ~1 s
-
-    home = _home(args, create=False)
-    with remote(args) as served:
-        if served is not None:  # the server's view: what the home has had is in its journal
-            state, record = served.governance.policy_state(), True
-        else:
-            record = _history(home)
-            state = load_policy(home, expected=record is not None and record.policy)
+    with open_home(args) as where:
+        home = where.home
+        state, known = where.policy_state()
     data = {"path": str(home.policy_path), **state.to_dict()}
     lines = [f"policy: {state.status}", f"reason: {state.reason}"]
-    if record is None:
+    if not known:
         note = ("the journal is held by the process that owns the home, so the policy the home had could not be "
                 "checked here; the owner's view is in `%apollia status` and GET /api/v1/governance/policy")
         data["note"] = note
@@ -290,11 +251,8 @@ def _policy_check(args: argparse.Namespace) -> int:
 
 
 def _policy_remove(args: argparse.Namespace) -> int:
-    from apollia_nb.cli.client import refuse_served  # lazy: the client runtime, ~1 s
-
-    refuse_served(args, "`policy remove`")
     home = _home(args, create=False)
-    with _owned_store(args) as store:
+    with _owned_store(args, alone="`policy remove`") as store:
         state = store.remove_policy(by=who(args)).to_dict()
     emit(args, {"path": str(home.policy_path), **state},
          f"removed the organisation policy of {home.path} (journaled)\npolicy: {state['status']}")

@@ -81,29 +81,28 @@ def _move_aside(path: Path) -> Path | None:
 
 
 def _repair(args: argparse.Namespace) -> int:
-    from apollia_nb.cli.client import refuse_served
+    from apollia_nb.cli.backend import open_home
     from apollia_nb.cli.common import who as _who
-    from apollia_nb.home import Home, OwnerLock
 
-    refuse_served(args, "`home repair`")
-    home = Home.at(args.home, create=False)
-    if not home.path.is_dir():
-        from apollia_nb.errors import NotFound
+    with open_home(args) as backend:
+        home = backend.home
+        if not home.path.is_dir():
+            from apollia_nb.errors import NotFound
 
-        raise NotFound(f"no home at {home.path}")
-    if args.yes and not args.lost_entries:
-        from apollia_nb.errors import BadInput
+            raise NotFound(f"no home at {home.path}")
+        if args.yes and not args.lost_entries:
+            from apollia_nb.errors import BadInput
 
-        raise BadInput("--yes confirms --lost-entries; the other repairs need no confirmation")
-    with OwnerLock(home):
-        if args.lost_entries:
-            data = _lost_entries(home, _who(args), confirmed=args.yes)
-        elif args.archive_journal:
-            data = _archive_journal(home, _who(args))
-        elif args.new_runtime_db:
-            data = _new_runtime_db(home, _who(args))
-        else:
-            data = _new_governance_db(home, _who(args))
+            raise BadInput("--yes confirms --lost-entries; the other repairs need no confirmation")
+        with backend.exclusive("`home repair`"):  # a served home: HOME_LOCKED, naming the server to stop
+            if args.lost_entries:
+                data = _lost_entries(home, _who(args), confirmed=args.yes)
+            elif args.archive_journal:
+                data = _archive_journal(home, _who(args))
+            elif args.new_runtime_db:
+                data = _new_runtime_db(home, _who(args))
+            else:
+                data = _new_governance_db(home, _who(args))
     emit(args, data, data["text"])
     return 0
 

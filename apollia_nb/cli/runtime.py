@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,39 +79,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def _who(args: argparse.Namespace) -> str:
-    import getpass
+    from apollia_nb.cli.common import who
 
-    return getattr(args, "by", None) or getpass.getuser()
-
-
-def _open(args: argparse.Namespace, *, client_ok: bool = False) -> Any:
-    """The home's runtime. Agents live in the process that runs them, so commands about agents and
-    runs refuse to work as a client of `apollia-os serve` (use its REST API or SDK instead)."""
-    from apollia_nb.runtime import Runtime
-
-    return _OwnerOnly(Runtime(args.home), client_ok=client_ok)
-
-
-class _OwnerOnly:
-    def __init__(self, rt: Any, *, client_ok: bool) -> None:
-        self.rt = rt
-        self.client_ok = client_ok
-
-    async def __aenter__(self) -> Any:
-        rt = await self.rt.__aenter__()
-        if rt.mode == "client" and not self.client_ok:
-            from apollia_nb.errors import HomeLocked
-
-            await self.rt.__aexit__(None, None, None)
-            raise HomeLocked(
-                f"the home {rt.home.path} is served by `apollia-os serve`; agents and runs of this command "
-                "would live only in this process. Use the server's REST API or the SDK "
-                "(apollia_nb.sdk.Client.from_home()), or stop the server."
-            )
-        return rt
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.rt.__aexit__(*exc)
+    return who(args)
 
 
 def _task_line(task: dict[str, Any]) -> str:
@@ -130,59 +101,76 @@ def _card_text(card: dict[str, Any]) -> str:
 
 
 class _NoAnswer(Exception):
-    """The terminal gave no answer: Ctrl+C or the end of input at a prompt."""
+    """The terminal gave no answer: the end of input at a prompt."""
+
+
+def _ask(prompt: str) -> str:
+    """One line from the terminal; ``_NoAnswer`` at the end of input (never a refusal, nor a permission).
+    Ctrl+C stops the wait at once (``KeyboardInterrupt``)."""
+    print(prompt, end="", flush=True)
+    line = sys.stdin.readline()
+    if not line:
+        raise _NoAnswer()
+    return line
 
 
 def _run(args: argparse.Namespace) -> int:
-    import anyio
+    from apollia_nb.cli.backend import open_home
+    from apollia_nb.errors import ApolliaError
 
-    async def attend(rt: Any, handle: Any) -> None:
-        while True:
-            await handle.settled()
-            if handle.status != "waiting" or args.unattended:
-                return
-            if handle.awaiting_plan_approval:
-                print("plan:\n" + "\n".join(f"  {i + 1}. {s}" for i, s in enumerate(handle.record["plan"])))
-                reply = (await _ask("approve the plan? [y/N] ")).strip().lower()
-                if reply in ("y", "yes"):
-                    handle.approve_plan()
-                else:
-                    handle.reject_plan("rejected at the terminal")
-                await _until_changed(rt, handle)
-                continue
-            for card in handle.pending:
-                print(_card_text(card.to_dict()))
-                reply = (await _ask("answer: ")).strip()
-                while reply not in card.answers:
-                    print(f"please answer one of: {', '.join(card.answers)}")
-                    reply = (await _ask("answer: ")).strip()
-                card.answer(reply, by=_who(args))
-            await _until_changed(rt, handle)
+    with open_home(args) as home, home.runtime() as rt:
+        submitted = rt.submit(args.agent, args.goal, watched=not args.unattended, max_steps=args.max_steps,
+                              approve_plan=args.approve_plan)
+        for warning in submitted["warnings"]:
+            print(f"warning: {warning}", file=sys.stderr)
+        task_id = submitted["id"]
+        answered: set[str] = set()
+        try:
+            while True:
+                task = rt.settle(task_id)
+                if task["status"] != "waiting" or args.unattended:
+                    break
+                if task["awaiting_plan_approval"]:
+                    print("plan:\n" + "\n".join(f"  {i + 1}. {s}" for i, s in enumerate(task["plan"])))
+                    reply = _ask("approve the plan? [y/N] ").strip().lower()
+                    if reply in ("y", "yes"):
+                        rt.approve_plan(task_id)
+                    else:
+                        rt.reject_plan(task_id, "rejected at the terminal")
+                    continue
+                cards = [c for c in rt.pending() if c.get("task_id") == task_id and c["id"] not in answered]
+                if not cards:  # answered, its run not resumed yet: ask again shortly
+                    time.sleep(POLL_SECS)
+                    continue
+                for card in cards:
+                    print(_card_text(card))
+                    reply = _ask("answer: ").strip()
+                    while reply not in card["answers"]:
+                        print(f"please answer one of: {', '.join(card['answers'])}")
+                        reply = _ask("answer: ").strip()
+                    answered.add(card["id"])
+                    try:
+                        rt.decide(card["id"], reply, reason=None, by=_who(args))
+                    except ApolliaError as exc:
+                        if exc.code != "CONFLICT":  # answered elsewhere first: that answer stands
+                            raise
+        except (_NoAnswer, KeyboardInterrupt) as stop:
+            return _left_waiting(rt, task_id, "interrupted" if isinstance(stop, KeyboardInterrupt) else "end of input")
+        lines = [_task_line(task)]
+        if task["result"]:
+            lines.append(f"result: {task['result']}")
+        if task["status"] == "waiting":
+            lines += _waiting_lines(rt, task_id)
+        emit(args, task, "\n".join(lines))
+        return 0 if task["status"] in ("completed", "waiting") else 1
 
-    async def main() -> int:
-        async with _open(args) as rt:
-            handle = await rt.submit(args.agent, args.goal, max_steps=args.max_steps,
-                                     watched=not args.unattended, approve_plan=args.approve_plan)
-            for warning in handle.record["warnings"]:
-                print(f"warning: {warning}", file=sys.stderr)
-            stopped = await _until_answered_or_interrupted(attend(rt, handle))
-            if stopped is not None:
-                return await _left_waiting(rt, handle, stopped)
-            await rt.committed()  # what is printed is in runtime.db: a restart finds the task as shown
-            task = handle.to_dict()
-            lines = [_task_line(task)]
-            if task["result"]:
-                lines.append(f"result: {task['result']}")
-            if handle.status == "waiting":
-                lines += _waiting_lines(rt, handle)
-            emit(args, task, "\n".join(lines))
-            return 0 if handle.status in ("completed", "waiting") else 1
 
-    return anyio.run(main)
+#: How long an attended run waits before asking again for a task whose answered decision has not resumed yet.
+POLL_SECS = 0.2
 
 
-def _waiting_lines(rt: Any, handle: Any) -> list[str]:
-    return [waiting_line(p) for p in rt.pending_decisions() if p["task_id"] == handle.id]
+def _waiting_lines(rt: Any, task_id: str) -> list[str]:
+    return [waiting_line(p) for p in rt.pending() if p.get("task_id") == task_id]
 
 
 def waiting_line(p: dict[str, Any]) -> str:
@@ -194,88 +182,28 @@ def waiting_line(p: dict[str, Any]) -> str:
             f"answer with `apollia-os pending decide {p['id']} {'|'.join(p['answers'])}{values}`")
 
 
-async def _until_answered_or_interrupted(work: Any) -> str | None:
-    """Run ``work``; Ctrl+C (SIGINT) or the end of input at a prompt stops it at once.
-    None when it ran to its end, else what stopped it ("interrupted" / "end of input")."""
-    import signal
-
-    import anyio
-
-    stopped: list[str] = []
-    async with anyio.create_task_group() as tg:
-        async def on_sigint() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT) as signals:
-                async for _ in signals:
-                    stopped.append("interrupted")
-                    tg.cancel_scope.cancel()
-                    return
-
-        async def run() -> None:
-            try:
-                await work
-            except _NoAnswer:
-                stopped.append("end of input")
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(on_sigint)
-        tg.start_soon(run)
-    return stopped[0] if stopped else None
-
-
-async def _left_waiting(rt: Any, handle: Any, why: str) -> int:
+def _left_waiting(rt: Any, task_id: str, why: str) -> int:
     """No answer came from the terminal: the task goes on unattended, its decision left pending."""
-    import anyio
-
     print()
-    with anyio.CancelScope(shield=True):
-        await handle.unwatch()
-        await rt.committed()  # the suspended task is in runtime.db before it is said to be pending
-    lines = [f"{why}: no answer given. " + _task_line(handle.to_dict())]
-    waiting = _waiting_lines(rt, handle)
+    task = rt.leave(task_id)
+    lines = [f"{why}: no answer given. " + _task_line(task)]
+    waiting = _waiting_lines(rt, task_id)
     if waiting:
         lines.append("the decision stays pending; the run resumes when it is answered:")
         lines += waiting
-    elif handle.status not in ("completed", "failed", "cancelled"):
+    elif task["status"] not in ("completed", "failed", "cancelled") and not rt.outlives_command:
         lines.append("the task is cancelled as this command ends")
     print("\n".join(lines), file=sys.stderr)
     return 130 if why == "interrupted" else 1
 
 
-async def _until_changed(rt: Any, handle: Any) -> None:
-    await rt._changed(handle.id).wait()
-
-
-async def _ask(prompt: str) -> str:
-    """One line from the terminal, read in a daemon thread so that Ctrl+C stops the wait at once.
-    Raises ``_NoAnswer`` at the end of input: no answer is never a permission, nor a refusal."""
-    import asyncio
-    import threading
-
-    print(prompt, end="", flush=True)
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[str] = loop.create_future()
-
-    def read() -> None:
-        line = sys.stdin.readline()
-        loop.call_soon_threadsafe(lambda: future.done() or future.set_result(line))
-
-    threading.Thread(target=read, name="apollia-prompt", daemon=True).start()
-    line = await future
-    if not line:
-        raise _NoAnswer()
-    return line
-
-
 def _agents_list(args: argparse.Namespace) -> int:
-    import anyio
+    from apollia_nb.cli.backend import open_home
 
-    async def main() -> int:
-        async with _open(args) as rt:
-            agents = [a.to_dict() for a in rt.agents()]
-        emit(args, agents, _agents_text(agents))
-        return 0
-
-    return anyio.run(main)
+    with open_home(args, reading=True) as home, home.runtime() as rt:
+        agents = rt.agents()
+    emit(args, agents, _agents_text(agents))
+    return 0
 
 
 def _agents_text(agents: list[dict[str, Any]]) -> str:
@@ -285,48 +213,33 @@ def _agents_text(agents: list[dict[str, Any]]) -> str:
 
 
 def _agents_register(args: argparse.Namespace) -> int:
-    import anyio
-
+    from apollia_nb.cli.backend import open_home
     from apollia_nb.runtime.manifest import load_manifest
 
     manifest = load_manifest(args.file)  # errors name the key and line before the home is touched
-
-    async def main() -> int:
-        async with _open(args) as rt:
-            agent = await rt.register_agent(manifest, keep_consents=args.keep_consents)
-            data = agent.to_dict()
-        warn = "".join(f"\nwarning: {w}" for w in data["warnings"])
-        emit(args, data, f"registered {data['name']}: {data['state']}{warn}")
-        return 0
-
-    return anyio.run(main)
+    with open_home(args) as home, home.runtime() as rt:
+        data = rt.register_agent(args.file, manifest, args.keep_consents)
+    warn = "".join(f"\nwarning: {w}" for w in data["warnings"])
+    emit(args, data, f"registered {data['name']}: {data['state']}{warn}")
+    return 0
 
 
 def _agents_stop(args: argparse.Namespace) -> int:
-    import anyio
+    from apollia_nb.cli.backend import open_home
 
-    async def main() -> int:
-        async with _open(args) as rt:
-            agent = await rt.stop_agent(args.name)
-            data = agent.to_dict()
-        emit(args, data, f"{data['name']}: {data['state']}")
-        return 0
-
-    return anyio.run(main)
+    with open_home(args) as home, home.runtime() as rt:
+        data = rt.stop_agent(args.name)
+    emit(args, data, f"{data['name']}: {data['state']}")
+    return 0
 
 
 def _runs_list(args: argparse.Namespace) -> int:
-    import anyio
+    from apollia_nb.cli.backend import open_home
 
-    from apollia_nb.journal.views import list_runs
-
-    async def main() -> int:
-        async with _open(args, client_ok=True) as rt:  # the journal's runs: the same through the server
-            runs = list_runs(rt.journal)
-        emit(args, runs, _runs_text(runs))
-        return 0
-
-    return anyio.run(main)
+    with open_home(args, reading=True) as home, home.runtime() as rt:
+        runs = rt.runs()
+    emit(args, runs, _runs_text(runs))
+    return 0
 
 
 def _runs_text(runs: list[dict[str, Any]]) -> str:
@@ -353,17 +266,14 @@ def _short(text: str, limit: int = GOAL_SHOWN) -> str:
 
 
 def _pending_list(args: argparse.Namespace) -> int:
-    import anyio
+    from apollia_nb.cli.backend import open_home
 
-    async def main() -> int:
-        async with _open(args, client_ok=True) as rt:
-            items = rt.pending_decisions()
-            goals = _goals(rt, {p["task_id"] for p in items if p.get("task_id")})
-        text = "\n".join(_pending_text(p, goals) for p in items) or "nothing is waiting"
-        emit(args, items, text)
-        return 0
-
-    return anyio.run(main)
+    with open_home(args, reading=True) as home, home.runtime() as rt:
+        items = rt.pending()
+        goals = rt.goals({p["task_id"] for p in items if p.get("task_id")})
+    text = "\n".join(_pending_text(p, goals) for p in items) or "nothing is waiting"
+    emit(args, items, text)
+    return 0
 
 
 def _pending_text(p: dict[str, Any], goals: dict[str, str]) -> str:
@@ -376,30 +286,6 @@ def _pending_text(p: dict[str, Any], goals: dict[str, str]) -> str:
         whose = f"run {p['run_id']}"
     card = _card_text(p).replace("\n", "\n  ")
     return f"{p['id']}  {p['created_at']}  {whose}\n  {card}"
-
-
-def _goals(rt: Any, task_ids: set[str]) -> dict[str, str]:
-    """The goal of each task, from ``runtime.db`` (or from the server that owns the home)."""
-    from apollia_nb.errors import ApolliaError
-
-    goals: dict[str, str] = {}
-    api = None
-    if rt.mode == "client":
-        from apollia_nb.runtime.remote import ServerApi
-
-        api = ServerApi(rt.server, home=rt.home)
-    try:
-        for task_id in sorted(task_ids):
-            try:
-                record = api("task", task_id) if api is not None else rt.records.task(task_id)
-            except ApolliaError:  # a task the server no longer knows: the line shows its id alone
-                record = None
-            if record and isinstance(record.get("goal"), str):
-                goals[task_id] = record["goal"]
-    finally:
-        if api is not None:
-            api.close()
-    return goals
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -415,24 +301,24 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def _pending_decide(args: argparse.Namespace) -> int:
-    import anyio
+    from apollia_nb.cli.backend import open_home
+    from apollia_nb.errors import ApolliaError
 
-    async def main() -> int:
-        async with _open(args, client_ok=True) as rt:
-            extra = {"values": args.values} if args.values is not None else {}
-            decided = rt.answer(args.id, args.answer, by=_who(args), reason=args.reason, **extra)
-            lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"]
-            task_id = decided.get("task_id")
-            data: dict[str, Any] = {"decision": decided}
-            if task_id and task_id in rt._runs:
-                handle = rt.task(task_id)
-                await handle.settled()
-                data["task"] = handle.to_dict()
+    with open_home(args) as home, home.runtime() as rt:
+        decided = rt.decide(args.id, args.answer, reason=args.reason, by=_who(args), values=args.values)
+        lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"]
+        data: dict[str, Any] = {"decision": decided}
+        task_id = decided.get("task_id")
+        if task_id:
+            try:
+                data["task"] = rt.settle(task_id)
+            except ApolliaError as exc:
+                if exc.code != "UNKNOWN_TASK":  # a task of a kernel joined to the server: not the home's own
+                    raise
+            else:
                 lines.append(_task_line(data["task"]))
-            emit(args, data, "\n".join(lines))
-        return 0
-
-    return anyio.run(main)
+        emit(args, data, "\n".join(lines))
+    return 0
 
 
 def _shipped_notebooks() -> Path:

@@ -7,7 +7,7 @@ latest checkpoint it cosigned per origin (see ``apollia_nb/witness/server.py``).
 ``audit verify --witness``). ``witness push`` sends the home's newest checkpoint to
 every configured witness now (exit 1 when one of them has not cosigned it); on a home
 ``apollia-os serve`` owns, the server's sender does, and the command reports (waiting
-up to ``SERVED_WAIT_SECS`` for it).
+up to ``cli.backend.SERVED_WAIT_SECS`` for it).
 """
 
 from __future__ import annotations
@@ -89,58 +89,19 @@ def _key(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from apollia_nb.cli.client import served
+    from apollia_nb.cli.backend import open_home
     from apollia_nb.config import load_config
-    from apollia_nb.errors import BadInput, NotFound
-    from apollia_nb.home import Home, OwnerLock
-    from apollia_nb.journal.store import Journal
-    from apollia_nb.witness.sender import CosignSender, parse_witnesses
+    from apollia_nb.errors import BadInput
+    from apollia_nb.witness.sender import parse_witnesses
 
-    home = Home.at(args.home, create=False)
-    witnesses = parse_witnesses(load_config(home.config_path).raw, str(home.config_path))
-    if not witnesses:
-        raise BadInput(f"{home.config_path} names no witness: add [[journal.witnesses]] with url and key")
-    address = served(args)
-    if address is not None:  # the server's own sender sends them: wait (a little) and say where each stands
-        status = _served_status(args, address)
-    else:
-        if not home.journal_db.exists():
-            raise NotFound(f"no journal at {home.journal_db}")
-        with OwnerLock(home):
-            journal = Journal.open(home, create=False)
-            try:
-                if args.checkpoint:
-                    journal.checkpoint()
-                status = CosignSender(journal, witnesses).push()
-            finally:
-                journal.close()
+    with open_home(args) as home:
+        config = home.home.config_path
+        witnesses = parse_witnesses(load_config(config).raw, str(config))
+        if not witnesses:
+            raise BadInput(f"{config} names no witness: add [[journal.witnesses]] with url and key")
+        status = home.push_witnesses(witnesses, checkpoint=args.checkpoint)
     lines = [f"{w['key_name']} ({w['url']}): "
              + (f"FAILED: {w['last_error']}" if w["last_error"] else f"cosigned size {w['cosigned_size']}")
              for w in status]
     emit(args, {"witnesses": status}, "\n".join(lines))
     return 1 if any(w["pending"] or w["last_error"] for w in status) else 0
-
-
-#: How long `witness push` on a served home waits for the server's sender to reach every witness.
-SERVED_WAIT_SECS = 10.0
-
-
-def _served_status(args: argparse.Namespace, address: object) -> list[dict[str, object]]:
-    import time
-
-    from apollia_nb.cli.client import remote
-    from apollia_nb.runtime.remote import ServerApi
-
-    if args.checkpoint:
-        with remote(args) as connection:
-            connection.journal.checkpoint()
-    api = ServerApi(address, timeout=30)  # type: ignore[arg-type]
-    try:
-        deadline = time.monotonic() + SERVED_WAIT_SECS
-        while True:
-            status = api("verify").get("witnesses") or []
-            if not any(w["pending"] for w in status) or time.monotonic() > deadline:
-                return status
-            time.sleep(0.2)
-    finally:
-        api.close()

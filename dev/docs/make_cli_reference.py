@@ -27,11 +27,12 @@ printed as `error: CODE: message` (with `--json`, `{"code", "message"}` on stder
 `audit` command's help below gives its exit status and JSON keys; [journal.md](journal.md)
 gives the formats.
 
-While `apollia-os serve` owns the home, every command works as its client and prints
-the same: agents and tasks are the server's (`run` submits the task to the server and
+Each command opens its home once: owned by the command for as long as it runs, or, while
+`apollia-os serve` owns it, as a client of that server; the command then prints the same
+either way: agents and tasks are the server's (`run` submits the task to the server and
 asks at the terminal for its decisions), governance and the journal are read and
 changed through it. `policy remove` and `home repair` need the home to themselves and
-say so (`HOME_LOCKED`). A `server.json` left by a server that stopped, on a home another
+say so (`HOME_LOCKED`, naming the server's process and how to stop it). A `server.json` left by a server that stopped, on a home another
 process holds, is `SERVER_NOT_RUNNING`: start `apollia-os serve`, or remove the stale file.
 See [shared-home.md](shared-home.md).
 
