@@ -818,10 +818,10 @@ class RuntimeRecords:
         rows = self._exec("SELECT key, value FROM memory WHERE agent = ?", [agent])
         return {k: json.loads(v) for k, v in rows}
 
-    def memory_set(self, agent: str, key: str, value: Any) -> Future[None] | None:
-        """Queue the value (acknowledged: returns the future of its commit, see the module)."""
+    def memory_set(self, agent: str, key: str, value: Any, *, acknowledged: bool = False) -> Future[None] | None:
+        """Queue the value; ``acknowledged``: returns the future of its commit (see the module)."""
         return self._upsert("memory", {"agent": agent, "key": key}, {"value": json.dumps(value, default=str)},
-                            acknowledged=True)
+                            acknowledged=acknowledged)
 
     # the REST API's idempotency keys ----------------------------------------
     def remember_response(self, scope: str, key: str, fingerprint: str, status: int,
