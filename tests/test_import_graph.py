@@ -348,3 +348,52 @@ def test_a_cycle_between_packages_through_different_modules_is_found(tmp_path: P
     g = graph(all_imports(root))
     assert find_cycle(g) is None
     assert find_cycle(package_graph(g)) == ["apollia_nb.governance", "apollia_nb.journal", "apollia_nb.governance"]
+
+
+# --- the runtime is a composition root: its collaborators use what it hands them, never its privates -------
+
+#: The names a ``Runtime`` goes by where another module holds one.
+RUNTIME_NAMES = frozenset({"rt", "runtime", "_rt", "_runtime"})
+
+
+def private_reaches(root: Path) -> list[str]:
+    """Every ``rt._x`` (``runtime._x``, ``self.rt._x``, ``run.rt._x`` …) outside ``runtime/runtime.py``,
+    and every underscore member of a ``Protocol`` in ``runtime/capabilities.py``, as ``path:line what``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        if rel != "apollia_nb/runtime/runtime.py":
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                        and not node.attr.startswith("__")):
+                    continue
+                holder = node.value
+                name = holder.id if isinstance(holder, ast.Name) else (
+                    holder.attr if isinstance(holder, ast.Attribute) else None)
+                if name in RUNTIME_NAMES:
+                    found.append(f"{rel}:{node.lineno} {name}.{node.attr}")
+        if rel == "apollia_nb/runtime/capabilities.py":
+            for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+                for item in cls.body:
+                    if (isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("_")
+                            and not item.name.startswith("__")):
+                        found.append(f"{rel}:{item.lineno} {cls.name}.{item.name}")
+    return found
+
+
+def test_nothing_outside_the_runtime_reaches_its_private_members() -> None:
+    assert private_reaches(PACKAGE_DIR) == []
+
+
+def test_a_private_reach_into_the_runtime_is_found(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "runtime/__init__.py": "",
+        "runtime/runtime.py": "class Runtime:\n    def f(self, rt):\n        return rt._x\n",
+        "runtime/tasks.py": "def f(self):\n    self.rt._notify(1)\n    return self.rt.notify\n",
+        "runtime/capabilities.py": "class Host:\n    def _emit(self): ...\n    def emit(self): ...\n",
+        "api/internal.py": "def f(runtime):\n    return runtime._remote, runtime.__class__\n",
+    })
+    assert private_reaches(root) == ["apollia_nb/api/internal.py:2 runtime._remote",
+                                      "apollia_nb/runtime/capabilities.py:2 Host._emit",
+                                      "apollia_nb/runtime/tasks.py:2 rt._notify"]

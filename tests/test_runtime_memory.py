@@ -61,7 +61,7 @@ async def test_finished_tasks_leave_the_live_tables_and_stay_readable_by_id(home
         assert rt._runs == {}  # nothing in flight
         assert [h.id for h in rt.tasks()] == [t["id"] for t in finished[-KEPT:]]
         assert rt._cards == {}  # the answered decisions' cards went with their tasks
-        assert rt._events == {}
+        assert rt.events.watched() == set()
         assert list(rt._finished) == [t["id"] for t in finished[-KEPT:]]  # the latest few, bounded
         assert rt.agent("clerk").inflight == set()
 

@@ -363,7 +363,7 @@ class _Inflight:
         run, _ = run_of(self.scope.rt, self.scope.run_id)
         if run is not None:
             run.r.progress = self.last
-            self.scope.rt._notify(run)
+            self.scope.rt.events.notify(run)
         now = time.monotonic()
         if now - self.journaled_at >= PROGRESS_JOURNAL_SECS:
             self._journal()
@@ -382,7 +382,7 @@ class _Inflight:
         run, _ = run_of(self.scope.rt, self.scope.run_id)
         if run is not None and run.r.progress is self.last:
             run.r.progress = None
-            self.scope.rt._notify(run)
+            self.scope.rt.events.notify(run)
 
     def _journal(self) -> None:
         self.unjournaled = False
@@ -480,7 +480,7 @@ class McpSource:
         if required:
             raise ToolNameRefused("; ".join(said[name] for name in required))
         for name in refused:
-            self._rt._emit("warning", f"agent {getattr(manifest, 'name', '?')}: {said[name]}")
+            self._rt.events.emit("warning", f"agent {getattr(manifest, 'name', '?')}: {said[name]}")
         return [self._server_tooldef(own[name]) if name in own else self._tooldef(by_name[name])
                 for name in wanted if name in by_name or name in own]
 
@@ -895,7 +895,7 @@ class McpSource:
             if self.refused.get(name) != why:
                 text = f"{ToolNameRefused.code}: the tool {name!r} is not offered: {why}"
                 self._log_line(text)
-                self._rt._emit("warning", f"{self.name}: {text}")
+                self._rt.events.emit("warning", f"{self.name}: {text}")
         self.refused = refused
         return kept
 

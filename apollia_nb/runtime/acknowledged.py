@@ -242,7 +242,7 @@ async def rebuild_lost_tasks(rt: Any) -> list[dict[str, Any]]:
         await rt.journal.append_async("home_repaired", {
             "file": "runtime.db", "action": REBUILT, "by": "restart", "problem": problem, "tasks": rebuilt,
             "agents_lost": sorted(missing_agents)})
-        rt._emit("warning", f"{problem}; rebuilt from the journal: {said}")
+        rt.events.emit("warning", f"{problem}; rebuilt from the journal: {said}")
     if any(kind == SUBMITTED for _, kind, _, _, _ in entries):  # else the mark vouches for as much already
         rt.records.keep_journal_mark(head, digest)
     return rebuilt
@@ -271,7 +271,7 @@ async def _close_run(rt: Any, task: LostTask, record: dict[str, Any], why: str, 
         try:
             rt.answer(p.id, "refuse", by="restart", reason=why)
         except ApolliaError as exc:
-            rt._emit("warning", f"decision {p.id} of task {task.task_id}: {exc.message}")
+            rt.events.emit("warning", f"decision {p.id} of task {task.task_id}: {exc.message}")
     if opened and not sealed:
         error = record["error"]
         await rt.journal.seal_async(task.run_id, task.agent, [

@@ -273,7 +273,7 @@ class Batch:
         if index not in self._started:
             return None
         task_id = self.items[index]["task_id"]
-        run = self.rt._runs.get(task_id) or self.rt._finished.get(task_id)
+        run = self.rt.run_of(task_id)
         record = run.r if run is not None else self.rt.records.task(task_id)
         if record is None:
             return None
@@ -301,7 +301,7 @@ class Batch:
         def listener(kind: str, obj: Any) -> None:
             if kind == "task" and getattr(obj, "id", None) in self._by_task:
                 self._changed.set()
-                self.rt._emit("batch", self)
+                self.rt.events.emit("batch", self)
 
         self._unsubscribe = self.rt.subscribe(listener)
 
@@ -338,7 +338,7 @@ class Batch:
             self._fail_item(index, exc)
             return False
         self._started.add(index)
-        self.rt._emit("batch", self)
+        self.rt.events.emit("batch", self)
         if self.status == BatchStatus.CANCELLED:  # cancelled while this one was being submitted
             await self._cancel_task(item["task_id"])
         return True
@@ -347,7 +347,7 @@ class Batch:
         """An item that could not start: failed with the error's code, recorded; the batch goes on."""
         self.items[index]["error"] = {"code": exc.code, "message": exc.message}
         self.rt.records.set_batch_item_error(self.id, index, self.items[index]["error"])
-        self.rt._emit("batch", self)
+        self.rt.events.emit("batch", self)
 
     async def _move(self, status: BatchStatus, *, acknowledged: bool = False) -> None:
         self.r["status"] = transition(BATCH, self.status, status).value
@@ -356,9 +356,9 @@ class Batch:
         if written is not None:
             await asyncio.wrap_future(written)
         else:
-            await self.rt._recorded(f"batch {self.id} {status.value}")
+            await self.rt.recorded(f"batch {self.id} {status.value}")
         self.done.set()
-        self.rt._emit("batch", self)
+        self.rt.events.emit("batch", self)
 
     async def _cancel_task(self, task_id: str) -> None:
         try:
@@ -417,7 +417,7 @@ class DaskBatch(Batch):
         if summary["status"] == "failed" and summary.get("run_id") is None:
             self.items[index]["error"] = {"code": summary["error_code"], "message": summary.get("message", "")}
         self._changed.set()
-        self.rt._emit("batch", self)
+        self.rt.events.emit("batch", self)
 
     async def _start(self, index: int) -> bool:
         from apollia_nb.runtime.dask_engine import send_item
@@ -431,7 +431,7 @@ class DaskBatch(Batch):
         self._futures[index] = future
         self._started.add(index)
         future.add_done_callback(lambda f, i=index: self._settled(i, f))
-        self.rt._emit("batch", self)
+        self.rt.events.emit("batch", self)
         return True
 
     async def drive(self) -> None:
@@ -607,7 +607,7 @@ async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Call
     goals = fill_goals(goal, pairs)
     if batch_id is None:
         batch_id = f"batch-{uuid.uuid4().hex[:12]}"
-    elif batch_id in rt._batches or rt.records.batch(batch_id) is not None:
+    elif batch_id in rt.batch_handles or rt.records.batch(batch_id) is not None:
         raise Conflict(f"batch {batch_id} exists already")
     now = rt.now_iso()
     record = {"id": batch_id, "agent": agent, "status": BatchStatus.RUNNING.value,
@@ -643,9 +643,9 @@ async def start_batch(rt: BatchHost, agent: str, items: Any, *, goal: str | Call
         raise
     batch = (Batch(rt, record, rows, started=set()) if client is None
              else DaskBatch(rt, record, rows, spec=spec, client=client, owned=owned, server=server))
-    rt._batches[batch_id] = batch
-    rt._tg.start_soon(batch.drive)
-    rt._emit("batch", batch)
+    rt.batch_handles[batch_id] = batch
+    rt.start_soon(batch.drive)
+    rt.events.emit("batch", batch)
     return BatchHandle(batch)
 
 
@@ -658,13 +658,13 @@ async def restore_batches(rt: BatchHost) -> None:
     for record in rows:
         items = rt.records.batch_items(record["id"])
         batch = Batch(rt, record, items, started={i["index"] for i in items if i["task_id"] in recorded})
-        rt._batches[batch.id] = batch
-        rt._tg.start_soon(batch.drive)
+        rt.batch_handles[batch.id] = batch
+        rt.start_soon(batch.drive)
 
 
 def find_batch(rt: BatchHost, batch_id: str) -> BatchHandle:
     """This process's batch, or a finished one as ``runtime.db`` holds it; ``UNKNOWN_BATCH`` otherwise."""
-    batch = rt._batches.get(batch_id) if isinstance(batch_id, str) else None
+    batch = rt.batch_handles.get(batch_id) if isinstance(batch_id, str) else None
     if batch is None:
         record = rt.records.batch(batch_id) if isinstance(batch_id, str) else None
         if record is None:

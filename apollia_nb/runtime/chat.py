@@ -97,7 +97,7 @@ class Session:
         self._scope: anyio.CancelScope | None = None
         self._pause_requested = False
         # The session's own playthrough of a scripted agent's script: its turns consume it in order.
-        self.model = sessions.rt._run_model(agent, record.get("model_state"))
+        self.model = sessions.rt.run_model(agent, record.get("model_state"))
 
     # ------------------------------------------------------------------ views
     @property
@@ -114,7 +114,7 @@ class Session:
 
     @property
     def pending(self) -> list["Card"]:
-        return [c for c in self._sessions.rt._cards.values() if c.session_id == self.id and c.waiting]
+        return [c for c in self._sessions.rt.pending if c.session_id == self.id]
 
     @property
     def pending_plan(self) -> list[str] | None:
@@ -137,7 +137,7 @@ class Session:
         self.cell.move(target)
         self.r["state"] = self.cell.state.value
         self._save()
-        self._sessions.rt._emit("session", self)
+        self._sessions.rt.events.emit("session", self)
 
     def _save(self) -> None:
         rt = self._sessions.rt
@@ -225,7 +225,7 @@ class Session:
         _, stored = await rt.journal.seal_async(
             self.r["run_id"], self.agent.name,
             [("session_status", {"session_id": self.id, "status": "closed"})], {"status": "closed"})
-        rt._closing_checkpoint(self.r["run_id"], stored)
+        rt.closing_checkpoint(self.r["run_id"], stored)
 
     def approve_plan(self, steps: list[str] | None = None) -> Exchange:
         """Run the proposed plan (optionally edited)."""
@@ -296,7 +296,7 @@ class Session:
                     exchange._end("cancelled")
             self._scope = None
 
-        rt._tg.start_soon(owned)
+        rt.start_soon(owned)
         return exchange
 
     def _finish_exchange(self, exchange: Exchange, status: str) -> None:
@@ -358,7 +358,7 @@ class Session:
                 elif isinstance(event, Completed):
                     response = event.response
             assert response is not None
-            state = rt._model_state(self.model)
+            state = rt.model_state(self.model)
             if state is not None:
                 self.r["model_state"] = state  # saved with the session's record
             self.r["turns"] = self.r.get("turns", 0) + 1
@@ -442,7 +442,7 @@ class Sessions:
         self._sessions: dict[str, Session] = {}
         self._unloaded: dict[str, dict[str, Any]] = {}
         for record in rt.records.sessions():
-            agent = rt._agents.get(record["agent"])
+            agent = rt.find_agent(record["agent"])
             if record["state"] == SessionState.PROCESSING.value or agent is None:
                 self._unloaded[record["id"]] = record  # not reloaded at boot; resume brings it back
                 continue
@@ -467,7 +467,7 @@ class Sessions:
         }
         if forked_from is not None:  # a fork goes on with the script from where its source stands
             source = self.get(forked_from)
-            state = self.rt._model_state(source.model)
+            state = self.rt.model_state(source.model)
             if state is not None:
                 record["model_state"] = state
         session = Session(self, the_agent, record)

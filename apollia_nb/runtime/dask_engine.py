@@ -228,7 +228,7 @@ class _WorkerRuntime:
         async with self._agent_lock:
             name = manifest.name
             if self._batch_of.get(name) != spec.batch_id:  # another batch's agent of that name: its own version
-                if name in self.rt._agents:
+                if self.rt.find_agent(name) is not None:
                     await self.rt.stop_agent(name)  # drains the other batch's items on this worker first
                 await self.rt.register_agent(manifest, tools=list(spec.tools), model=spec.model, cwd=self.workspace,
                                              keep_consents=True)

@@ -285,7 +285,7 @@ async def governed_call(
                                        checked=True, shown=shown)
     await commit_entries(rt, run_id, agent, [*prefix, decided])
 
-    card = rt._open_card(
+    card = rt.open_card(
         agent=agent, run_id=run_id, call_id=call_id, tool=name, family=family, arguments=shown.arguments,
         decision=decision, task_id=task_id, session_id=session_id,
         hints=tooldef.annotations or None,
@@ -571,7 +571,7 @@ async def governed_request(
         return call_id, decision, None
     run, session_id = run_of(rt, scope.run_id)
     task_id = getattr(run, "id", None) if session_id is None else None
-    card = rt._open_card(agent=agent, run_id=scope.run_id, call_id=call_id, tool=tool,
+    card = rt.open_card(agent=agent, run_id=scope.run_id, call_id=call_id, tool=tool,
                          family=fam.value if fam else None, arguments=arguments, decision=decision,
                          task_id=task_id, session_id=session_id, hints=hints, request=request)
     shown = _show_waiting(run, card)
@@ -626,13 +626,13 @@ def _show_waiting(run: Any, card: Any) -> bool:
     if run is None or run.r.finished:
         return False
     run.r.asking.add(card.id)
-    run.rt._notify(run)
+    run.rt.events.notify(run)
     return True
 
 
 async def _show_waiting_done(run: Any, card: Any) -> None:
     run.r.asking.discard(card.id)
-    run.rt._notify(run)
+    run.rt.events.notify(run)
 
 
 def new_id(prefix: str) -> str:

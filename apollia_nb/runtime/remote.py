@@ -1163,7 +1163,7 @@ async def watch_answers(rt: "AnswerHost", remote: RemoteHome, *, poll_secs: floa
     """Deliver answers given in other processes to this runtime's waiting cards; owned by the runtime.
 
     Long-polls the server for the decisions of this process's waiting cards
-    and hands each answered one to ``rt._deliver_answer`` (the card resolves,
+    and hands each answered one to ``rt.deliver_answer`` (the card resolves,
     a suspended run resumes). A card opened or answered here restarts the poll
     with the new set. When the server does not answer, it tries again, less
     often, until it does. At close, this process's suspended unattended runs
@@ -1186,7 +1186,7 @@ async def watch_answers(rt: "AnswerHost", remote: RemoteHome, *, poll_secs: floa
                                      timeout=httpx.Timeout(poll_secs + 30.0, connect=5.0)) as http:
             while True:
                 changed = anyio.Event()
-                cards = sorted((c for c in list(rt._cards.values()) if c.waiting and c.id not in ignored),
+                cards = sorted((c for c in rt.pending if c.id not in ignored),
                                key=lambda c: (c.created_at, c.id))
                 waiting = [c.id for c in cards[:MAX_WATCHED]]
                 if not waiting:
@@ -1215,7 +1215,7 @@ async def watch_answers(rt: "AnswerHost", remote: RemoteHome, *, poll_secs: floa
                 try:
                     if isinstance(result, httpx.Response) and result.status_code == 200:
                         for answered in result.json():
-                            rt._deliver_answer(answered)
+                            rt.deliver_answer(answered)
                         delay = 0.5
                         continue
                     if isinstance(result, httpx.Response) and isinstance(_error(result), UnknownDecision):
@@ -1224,7 +1224,7 @@ async def watch_answers(rt: "AnswerHost", remote: RemoteHome, *, poll_secs: floa
                     problem = _error(result).message if isinstance(result, httpx.Response) else str(result)
                 except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
                     problem = f"{type(exc).__name__}: {exc}"
-                rt._emit("warning", f"answers given elsewhere cannot be read from {remote.url}: {problem}")
+                rt.events.emit("warning", f"answers given elsewhere cannot be read from {remote.url}: {problem}")
                 with anyio.move_on_after(delay):
                     await changed.wait()
                 delay = min(delay * 2, 10.0)
@@ -1247,9 +1247,9 @@ async def _unknown(http: "httpx.AsyncClient", ids: list[str]) -> set[str]:
 
 
 async def _cancel_suspended(rt: "AnswerHost") -> None:
-    for run in list(rt._runs.values()):
+    for run in rt.unfinished_runs():
         if run.status == "waiting" and not run._active and not run.done.is_set():
             try:
                 await rt.cancel(run.id)
             except ApolliaError as exc:
-                rt._emit("warning", f"task {run.id} could not be cancelled at close: {exc.message}")
+                rt.events.emit("warning", f"task {run.id} could not be cancelled at close: {exc.message}")

@@ -51,6 +51,7 @@ from apollia_nb.home import Home, OwnerLock
 from apollia_nb.runtime.acknowledged import journal_submitted, rebuild_lost_tasks
 from apollia_nb.runtime.agents import Agent, custom_tools, install_packages, new_state, startup_failure
 from apollia_nb.runtime.cards import QUESTION, Card
+from apollia_nb.runtime.events import Events
 from apollia_nb.runtime.states import ProcessState, TaskPhase, TaskStatus
 from apollia_nb.runtime.tasks import TaskRecord, TaskRun, recovery, task_json
 
@@ -185,7 +186,7 @@ class TaskHandle:
         """Until the task is finished or waiting on a person."""
         run = self._run
         while not (run.done.is_set() or self._parked()):
-            await self._rt._changed(self.id).wait()
+            await self._rt.events.changed(self.id).wait()
         return self
 
     async def unwatch(self) -> "TaskHandle":
@@ -264,13 +265,13 @@ class Runtime:
         self._asks: list[tuple[_Ask, asyncio.Future[dict[str, Any]]]] = []  # ``answer_async``: not yet taken
         self._asked: set[str] = set()  # decisions of the group being recorded off the loop
         self._asks_idle: anyio.Event | None = None  # set when that group is delivered
-        self._batches: dict[str, Any] = {}  # runtime/batch.py: this process's batches
-        self._events: dict[str, anyio.Event] = {}
+        self.batch_handles: dict[str, Any] = {}  # runtime/batch.py: this process's batches, by id
         self._recovered: list[TaskRun] = []  # runs a restart started or resumed (drained on close)
         self._tg: Any = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopped = anyio.Event()
-        self._listeners: list[Callable[[str, Any], None]] = []
+        #: What happens here, told to whoever listens; who waits for a task to change.
+        self.events = Events()
         self.sessions: Any = None
         self.tool_sources: list[Any] = []
         self.witnesses: Any = None  # witness.sender.CosignSender when apollia.toml names witnesses
@@ -439,7 +440,7 @@ class Runtime:
                 try:
                     await source.aclose()
                 except Exception as exc:  # a source that cannot close must not keep the home open
-                    self._emit("warning", f"closing {getattr(source, 'name', 'a tool source')}: {exc}")
+                    self.events.emit("warning", f"closing {getattr(source, 'name', 'a tool source')}: {exc}")
         for run in list(self._runs.values()):
             scope = getattr(run, "scope", None)
             if run._active and scope is not None:
@@ -501,33 +502,13 @@ class Runtime:
 
     def subscribe(self, listener: Callable[[str, Any], None]) -> Callable[[], None]:
         """Call ``listener(kind, obj)`` on every task/card/session change. Returns an unsubscribe function."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+        return self.events.subscribe(listener)
 
-    def _emit(self, kind: str, obj: Any) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(kind, obj)
-            except Exception:  # a broken view must not break a run
-                pass
+    def start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Start ``fn(*args)`` as a background task owned by the runtime (cancelled on close)."""
+        self._tg.start_soon(fn, *args)
 
-    def _changed(self, task_id: str) -> anyio.Event:
-        event = self._events.get(task_id)
-        if event is None:
-            event = self._events[task_id] = anyio.Event()
-        return event
-
-    def _notify(self, run: TaskRun) -> None:
-        self._wake(run.id)
-        self._emit("task", run)
-
-    def _wake(self, task_id: str) -> None:
-        """Wake whoever waits for a change of the task (``settled``), without an event to listeners."""
-        event = self._events.pop(task_id, None)
-        if event is not None:
-            event.set()
-
-    def _closing_checkpoint(self, run_id: str, stored: "Future[str]") -> None:
+    def closing_checkpoint(self, run_id: str, stored: "Future[str]") -> None:
         """A run's closing checkpoint is signed (``journal.seal_async``): once ``journal.db`` has
         stored it, the witnesses are told; a store the disk refuses (``STORAGE_*``) is a warning
         (the run keeps its outcome; the next checkpoint covers its entries)."""
@@ -544,7 +525,7 @@ class Runtime:
     def _checkpoint_stored(self, run_id: str, stored: Any) -> None:
         error = stored.exception()
         if error is not None:
-            self._emit("warning", f"run {run_id}: its closing checkpoint was not stored: {error}")
+            self.events.emit("warning", f"run {run_id}: its closing checkpoint was not stored: {error}")
         elif self.witnesses is not None:
             self.witnesses.notify()
 
@@ -637,7 +618,7 @@ class Runtime:
             # What its consents were given for cannot be checked: none applies to it in this process
             # until it is registered again with governance readable (they do not apply meanwhile anyway).
             self._consents_store().hold_back_consents(manifest.name, True)
-            self._emit("warning", f"agent {manifest.name}: its standing consents are held back until it is "
+            self.events.emit("warning", f"agent {manifest.name}: its standing consents are held back until it is "
                                   f"registered again: {exc.message}")
         agent = await self._start_agent(manifest, tools=tools, model=model, workspace=workspace,
                                         written=written, cell=cell)
@@ -765,8 +746,12 @@ class Runtime:
             else:
                 self._agents[manifest.name] = previous
             raise startup_failure(cell, exc) from None
-        self._emit("agent", agent)
+        self.events.emit("agent", agent)
         return agent
+
+    def find_agent(self, name: str) -> Agent | None:
+        """The agent registered here under ``name``, or None."""
+        return self._agents.get(name)
 
     def agents(self) -> list[Agent]:
         return [self._agents[name] for name in sorted(self._agents)]
@@ -801,7 +786,7 @@ class Runtime:
         agent = self.agent(name)
         agent.state.move(ProcessState.STOPPING)
         self.records.set_agent_state(name, agent.state.state.value)
-        self._emit("agent", agent)
+        self.events.emit("agent", agent)
         timeout = agent.manifest.drain_timeout_secs or self.config.drain_timeout_secs
         running = [r for r in agent.inflight if r.status not in ("completed", "failed", "cancelled")]
         if drain and running:
@@ -815,8 +800,8 @@ class Runtime:
                 scope.cancel()
         agent.state.move(ProcessState.STOPPED)
         self.records.set_agent_state(name, agent.state.state.value)
-        await self._recorded(f"agent {name} stopped", acknowledged=True)
-        self._emit("agent", agent)
+        await self.recorded(f"agent {name} stopped", acknowledged=True)
+        self.events.emit("agent", agent)
         return agent
 
     async def start_agent(self, name: str) -> Agent:
@@ -936,11 +921,19 @@ class Runtime:
         for card in answered:
             del self._cards[card.id]
         run.retired_cards = tuple(answered)  # type: ignore[attr-defined]  # kept with the run while it stays in memory (``cards_of``)
-        self._events.pop(run.id, None)
+        self.events.forget(run.id)
         self._finished[run.id] = run
         self._finished.move_to_end(run.id)
         while len(self._finished) > FINISHED_KEPT:
             self._finished.popitem(last=False)
+
+    def run_of(self, task_id: str) -> TaskRun | None:
+        """The run of a task of this process: not finished, or among the last finished (else None)."""
+        return self._runs.get(task_id) or self._finished.get(task_id)
+
+    def unfinished_runs(self) -> list[TaskRun]:
+        """The runs of this process not finished yet (running, waiting, suspended)."""
+        return list(self._runs.values())
 
     def cards_of(self, task_id: str) -> list[Any]:
         """Every card of a task this process ran, answered or waiting, oldest first (a finished
@@ -1011,7 +1004,7 @@ class Runtime:
             self._spawn(run)
 
     # ------------------------------------------------------------------ cards and pending decisions
-    def _open_card(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
+    def open_card(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
                    arguments: dict[str, Any], decision: Any, task_id: str | None, session_id: str | None,
                    hints: dict[str, Any] | None, request: str | None = None) -> Card:
         pending = self.governance.add_pending(
@@ -1026,7 +1019,7 @@ class Runtime:
             hints=hints, request=request, _runtime=self,
         )
         self._cards[card.id] = card
-        self._emit("card", card)
+        self.events.emit("card", card)
         return card
 
     def open_decision(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
@@ -1034,14 +1027,14 @@ class Runtime:
         """A pending decision for a call decided outside a task or chat (another agent's call, asked
         through its hook: ``apollia_nb/hooks``): listed and answerable like any other; the caller waits
         on the returned card and carries out (or refuses) the call itself."""
-        return self._open_card(agent=agent, run_id=run_id, call_id=call_id, tool=tool, family=family,
+        return self.open_card(agent=agent, run_id=run_id, call_id=call_id, tool=tool, family=family,
                                arguments=arguments, decision=decision, task_id=None, session_id=None, hints=None)
 
     def _owned(self) -> "GovernanceStore":
         """The owner's governance store: answers are stored by the owner (a client's go to its server)."""
         return cast("GovernanceStore", self.governance)
 
-    def _card(self, card_id: str) -> Card | None:
+    def card(self, card_id: str) -> Card | None:
         return self._cards.get(card_id)
 
     @property
@@ -1063,17 +1056,17 @@ class Runtime:
 
         ``values``: a server's question (elicitation) answered ``once`` — the form's fields."""
         answered = self._record_answer(decision_id, answer, by=by, reason=reason, values=values)
-        self._deliver_answer(answered, values)
+        self.deliver_answer(answered, values)
         card = self._cards.get(decision_id)
         return {**answered, "hints": answered.get("hints", card.hints if card is not None else None)}
 
-    def _deliver_answer(self, answered: dict[str, Any], values: dict[str, Any] | None = None) -> None:
+    def deliver_answer(self, answered: dict[str, Any], values: dict[str, Any] | None = None) -> None:
         """An answered decision reaches its card when it is this process's: it resolves, its run resumes."""
         card = self._cards.get(answered["id"])
         if card is not None and card.waiting:
             card.values = values if answered["answer"] == "once" else None
             card._resolve(answered["answer"], answered["answered_by"], answered["answered_at"] or self.now_iso())
-            self._emit("card", card)
+            self.events.emit("card", card)
             run = self._runs.get(card.task_id or "")
             if run is not None and run.status == "waiting" and not _is_running(run):
                 faults.point("answer.before_resume")
@@ -1113,7 +1106,7 @@ class Runtime:
                 for (ask, done), result in zip(group, results):
                     if not isinstance(result, BaseException):
                         try:
-                            self._deliver_answer(result, ask.values)
+                            self.deliver_answer(result, ask.values)
                         except Exception as exc:  # noqa: BLE001 - recorded; its waiter hears why it did not resume
                             result = exc
                     if done.done():
@@ -1302,13 +1295,13 @@ class Runtime:
                 await self._register(manifest, tools=(), model=None, workspace=workspace)
             except ApolliaError as exc:
                 self.records.set_agent_state(row["name"], ProcessState.STOPPED.value)
-                self._emit("warning", f"agent {row['name']} did not start: {exc}")
+                self.events.emit("warning", f"agent {row['name']} did not start: {exc}")
         await rebuild_lost_tasks(self)  # tasks runtime.db acknowledged and lost with its write-ahead log
         try:
             pending_by_id: dict[str, Any] | None = {p.id: p for p in self.governance.pending()}
         except GovernanceUnreadable as exc:
             pending_by_id = None
-            self._emit("warning", f"pending decisions cannot be read: {exc.message}")
+            self.events.emit("warning", f"pending decisions cannot be read: {exc.message}")
         for stored in self.records.tasks(unfinished=True):
             record = TaskRecord.from_json(stored)
             agent = self._agents.get(record.agent)
@@ -1401,7 +1394,7 @@ class Runtime:
                 try:
                     self._record_answer(p.id, "refuse", by="restart", reason=why)
                 except ApolliaError as exc:
-                    self._emit("warning", f"decision {p.id} of task {record.id}: {exc.message}")
+                    self.events.emit("warning", f"decision {p.id} of task {record.id}: {exc.message}")
             await run._finish(TaskStatus.FAILED, error=Interrupted(why))
             run.done.set()
             self._retire(run)
@@ -1422,9 +1415,9 @@ class Runtime:
         """Wait until ``runtime.db`` holds every row written so far; raises when a write failed.
 
         For a surface about to acknowledge a change (the REST API's write routes)."""
-        await self._recorded("a change about to be acknowledged", acknowledged=True)
+        await self.recorded("a change about to be acknowledged", acknowledged=True)
 
-    async def _recorded(self, what: str, *, acknowledged: bool = False) -> None:
+    async def recorded(self, what: str, *, acknowledged: bool = False) -> None:
         """Wait until ``runtime.db`` holds every row written so far (off the loop).
 
         ``acknowledged``: the caller is about to tell someone ``what`` is done (a
@@ -1437,10 +1430,10 @@ class Runtime:
         except Exception as exc:
             if acknowledged:
                 raise
-            self._emit("warning", f"runtime.db could not record {what}: {exc}")
+            self.events.emit("warning", f"runtime.db could not record {what}: {exc}")
 
     @staticmethod
-    def _run_model(agent: Agent, saved: Any = None) -> Any:
+    def run_model(agent: Agent, saved: Any = None) -> Any:
         """The model one task or chat session talks to.
 
         A model that can start over (``fresh()``, e.g. ``scripted``) gives each run
@@ -1455,7 +1448,7 @@ class Runtime:
         return model
 
     @staticmethod
-    def _model_state(model: Any) -> Any:
+    def model_state(model: Any) -> Any:
         state = getattr(model, "state", None)
         return state() if callable(getattr(model, "fresh", None)) and callable(state) else None
 
@@ -1496,7 +1489,7 @@ class _PersistedMemory(dict):  # type: ignore[type-arg]
         self._agent = agent
 
     def __setitem__(self, key: str, value: Any) -> None:
-        saved = self._rt.records.memory_set(self._agent, key, value, acknowledged=True)
+        saved = self._rt.records.memory_set(self._agent, key, value)
         if saved is not None:
             saved.result()  # committed before the tool says saved (a refused write fails the call)
         super().__setitem__(key, value)

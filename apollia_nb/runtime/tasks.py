@@ -394,7 +394,7 @@ class TaskRun:
     def model(self) -> Any:
         """This run's model: a scripted agent's script plays from the beginning for every task."""
         if self._model_instance is None:
-            self._model_instance = self.rt._run_model(self.agent, self.r.model_state)
+            self._model_instance = self.rt.run_model(self.agent, self.r.model_state)
         return self._model_instance
 
     def _set_status(self, status: TaskStatus) -> None:
@@ -402,7 +402,7 @@ class TaskRun:
         task, the status it has already) raises ``INVALID_TRANSITION`` and changes nothing."""
         self.r.move(status)
         self._save()
-        self.rt._notify(self)
+        self.rt.events.notify(self)
 
     def _save(self) -> None:
         self.r.updated_at = self.rt.now_iso()
@@ -466,15 +466,15 @@ class TaskRun:
             self._active = False  # from here an answer resumes the run anew
             if self.r.finished:
                 self.done.set()
-                self.rt._wake(self.id)  # the status changed before the closing checkpoint; now it is done
+                self.rt.events.wake(self.id)  # the status changed before the closing checkpoint; now it is done
             else:
                 if suspended:
                     # Suspended means recorded (a restart finds it, with what it needs to resume)
                     # before whoever waits for it to settle is told.
                     with anyio.CancelScope(shield=True):
-                        await self.rt._recorded(f"suspended task {self.id}")
+                        await self.rt.recorded(f"suspended task {self.id}")
                     faults.point("suspend.after_record")
-                self.rt._notify(self)  # suspended: parked with nothing running
+                self.rt.events.notify(self)  # suspended: parked with nothing running
 
     async def _drive(self) -> None:
         while True:
@@ -503,7 +503,7 @@ class TaskRun:
             await self._seal(status, error=error, result=result)
         except ApolliaError as exc:
             if self.r.finished:  # sealed and recorded: what failed after (its checkpoint) is not the run's end
-                self.rt._emit("warning", f"task {self.id}: {exc}")
+                self.rt.events.emit("warning", f"task {self.id}: {exc}")
                 return
             # The journal refused the closing entries (it is closed, or its server went away): the run
             # still ends, failed, and says why; the unsealed trace shows as incomplete on replay.
@@ -512,7 +512,7 @@ class TaskRun:
             if self.r.phase is not TaskPhase.DONE:
                 self.r.move_phase(TaskPhase.DONE)
             self._set_status(TaskStatus.FAILED)
-            self.rt._emit("warning", f"task {self.id}: {exc}")
+            self.rt.events.emit("warning", f"task {self.id}: {exc}")
 
     async def _seal(self, status: TaskStatus, *, error: ApolliaError | None, result: Any) -> None:
         last: list[tuple[str, dict[str, Any]]] = []  # the run's last entries, committed with its seal
@@ -550,7 +550,7 @@ class TaskRun:
         self.r.queued_calls = []
         faults.point("run.after_seal")
         self._set_status(status)
-        self.rt._closing_checkpoint(self.r.run_id, stored)
+        self.rt.closing_checkpoint(self.r.run_id, stored)
 
     # ---------------------------------------------------------------- phases
     async def _plan(self) -> None:
@@ -576,7 +576,7 @@ class TaskRun:
         # Not saved here: a running task is saved at its status changes and when it
         # suspends; one its process loses mid-run is failed at the next start (the
         # journal holds its whole trace), so a progress save would buy nothing.
-        self.rt._notify(self)
+        self.rt.events.notify(self)
 
     async def _await_plan_approval(self) -> None:
         if self.plan_answer is None:
@@ -639,7 +639,7 @@ class TaskRun:
                 self._push(Message(role="system", content=self.agent.system_prompt("actor")))
                 self._push(Message(role="user", content=f"Goal: {self.r.goal}\n"
                                    f"Step {index + 1} of {len(self.r.plan)}: {step.description}"))
-                self.rt._notify(self)
+                self.rt.events.notify(self)
             while True:
                 if self.r.queued_calls or self.r.awaiting:
                     failed = await self._work_queued_calls(step)
@@ -668,7 +668,7 @@ class TaskRun:
             self.r.step_index = index + 1
             self.r.messages = []
             self._history = []
-            self.rt._notify(self)  # saved at the next status change or suspension (see _plan)
+            self.rt.events.notify(self)  # saved at the next status change or suspension (see _plan)
         self.r.move_phase(TaskPhase.CRITIC)
         return True
 
@@ -681,7 +681,7 @@ class TaskRun:
         while self.r.queued_calls:
             queued = self.r.queued_calls[0]
             if self.r.awaiting:
-                card = self.rt._card(self.r.awaiting)
+                card = self.rt.card(self.r.awaiting)
                 if card is None or card.waiting:
                     if not self.r.watched and self.rt.suspend_unattended:
                         raise _Suspend()
@@ -735,7 +735,7 @@ class TaskRun:
                                        "error_code": result.error_code})
             self._push(Message(role="tool", content=result.for_model(), tool_call_id=result.call_id,
                                name=result.tool))
-            self.rt._notify(self)
+            self.rt.events.notify(self)
             if result.status == "refused":
                 return Refused(f"{result.tool}: {result.error_message}")
         return None
@@ -794,7 +794,7 @@ class TaskRun:
         from apollia_nb.runtime.models.base import ToolCallRequest
 
         response = await self.model.complete(role, messages, tools)
-        state = self.rt._model_state(self.model)
+        state = self.rt.model_state(self.model)
         if state is not None:
             self.r.model_state = state  # saved with the record: a resumed run continues its script
         turn = self.r.turns + 1
