@@ -248,3 +248,29 @@ def test_no_permission_request_reaches_the_client_around_the_proxy(acp_python, p
     assert result["reply"] == [{"id": "100", "outcome": "selected", "option": "no", "meta": None},
                                {"id": "101", "outcome": "selected", "option": "no", "meta": None}]
     assert journal_rows(home, "SELECT tool, outcome, line FROM decisions") == [("bash_executor", "refuse", 2)] * 2
+
+
+def test_a_served_home_whose_server_stops_mid_session_rejects_the_next_permissions(acp_python, places):
+    home, project = places
+    calls = [call("edit", "edit", {"path": "a.txt"})]
+    srv = ServerThread(home, token=TOKEN)
+    srv.start()
+    try:
+        with httpx.Client(base_url=srv.url + "/api/v1", headers={"Authorization": f"Bearer {TOKEN}"},
+                          timeout=30) as api:
+            proc = subprocess.Popen(client_command(acp_python, home.path, calls, "--ask-timeout", "3"), cwd=project,
+                                    env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                wait_pending(api, "write_file", proc)
+                srv.stop()  # the home goes down while the agent waits on a person
+                out, err = proc.communicate(timeout=120)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+    finally:
+        srv.stop()
+    assert proc.returncode == 0, err
+    got = by_id(json.loads(out))
+    assert got["edit"]["option"] == "no", got  # answered, and no, whatever the home does meanwhile
+    assert "the home did not answer within 33 s" in got["edit"]["meta"]["reason"], got

@@ -53,6 +53,8 @@ __all__ = ["AcpGovernor", "run_proxy", "ASK_TIMEOUT_SECS", "SOURCE"]
 ASK_TIMEOUT_SECS = 300.0
 #: What the entries the proxy writes say they come from.
 SOURCE = "acp"
+#: How long past its ask timeout a permission may take before the agent is told no: the home did not answer.
+GRACE_SECS = 30.0
 #: The longest JSON-RPC line relayed (an agent's file contents ride on its messages).
 MAX_LINE = 64 * 1024 * 1024
 
@@ -150,6 +152,12 @@ class AcpGovernor:
         answer = card.answer_value if card is not None else None
         reason = decision.reason if card is None else f"{decision.reason}; {carried.reason}"
         return self._answer(options, carried, answer, reason, card_id=card.id if card is not None else None)
+
+    def unanswered(self, params: Any) -> dict[str, Any]:
+        """The answer when the home gave none in time (it stopped answering): a rejection."""
+        options = params.get("options") if isinstance(params, dict) else None
+        return self._answer(options, Decision(Outcome.REFUSE, 0, reason=""), None,
+                            f"the home did not answer within {self.ask_timeout + GRACE_SECS:g} s")
 
     @staticmethod
     def _answer(options: Any, decision: Decision, answer: str | None, reason: str,
@@ -270,8 +278,21 @@ async def _relay(governor: AcpGovernor, command: Sequence[str], client_in: anyio
         async with to_client:
             await client_out(data + b"\n")
 
-    async def answer_permission(message: dict[str, Any]) -> None:
-        result = await governor.permission(message.get("params"))
+    async def answer_permission(message: dict[str, Any], tg: anyio.abc.TaskGroup) -> None:
+        # Whatever happens to the home meanwhile (a server that stops answering), the agent hears a
+        # rejection once the wait and a grace have passed; the decision may still land in the home.
+        params = message.get("params")
+        found: list[dict[str, Any]] = []
+        decided = anyio.Event()
+
+        async def decide() -> None:
+            found.append(await governor.permission(params))
+            decided.set()
+
+        tg.start_soon(decide)
+        with anyio.move_on_after(governor.ask_timeout + GRACE_SECS):
+            await decided.wait()
+        result = found[0] if found else governor.unanswered(params)
         await send_agent(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode())
 
     async def from_agent(tg: anyio.abc.TaskGroup) -> None:
@@ -284,7 +305,7 @@ async def _relay(governor: AcpGovernor, command: Sequence[str], client_in: anyio
             for message in messages:
                 if isinstance(message, dict) and message.get("method") == "session/request_permission":
                     if "id" in message:
-                        tg.start_soon(answer_permission, message)
+                        tg.start_soon(answer_permission, message, tg)
                     else:
                         _log("a permission request sent as a notification was not passed on")
                     continue
