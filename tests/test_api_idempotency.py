@@ -16,34 +16,33 @@ import httpx
 import pytest
 
 from apollia_nb.api.idempotency import Claim, Idempotency, fingerprint, parse_key, scope_of
-from apollia_nb.api.server import ServerThread
 from apollia_nb.errors import BadInput, IdempotencyInProgress, IdempotencyKeyReused
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.records import RuntimeRecords
 from apollia_nb.sdk import AsyncClient, Client
+from api_helpers import api_url, auth, keyed, served
 from runtime_helpers import call, manifest
 
 TOKEN = "idem-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+AUTH = auth(TOKEN)
 WRITER = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="b")]}, {"text": "Done."}])
 TASK = {"agent": "clerk", "goal": "Write a.txt"}
 
 
 @pytest.fixture
-def server(home):
-    with ServerThread(home, token=TOKEN) as srv:
-        yield srv
+def served_home(home):
+    with served(home, TOKEN, WRITER, timeout=30) as server_and_api:
+        yield server_and_api
 
 
 @pytest.fixture
-def api(server):
-    with httpx.Client(base_url=server.url + "/api/v1", headers=AUTH, timeout=30) as client:
-        assert client.post("/agents", json={"manifest": WRITER}).status_code == 201
-        yield client
+def server(served_home):
+    return served_home[0]
 
 
-def keyed(key: str) -> dict[str, str]:
-    return {"Idempotency-Key": key}
+@pytest.fixture
+def api(served_home):
+    return served_home[1]
 
 
 def error_code(response: httpx.Response, status: int) -> str:
@@ -286,8 +285,7 @@ def test_an_answered_submit_survives_kill_9_and_a_restart(tmp_path):
     home = tmp_path / "home"
     proc, _ = start(home, "--token", TOKEN)
     try:
-        url = proc_url(home)
-        with httpx.Client(base_url=url + "/api/v1", headers=AUTH, timeout=30) as api:
+        with httpx.Client(base_url=api_url(home), headers=AUTH, timeout=30) as api:
             assert api.post("/agents", json={"manifest": WRITER}).status_code == 201
             first = api.post("/tasks", json=TASK, headers=keyed("before-the-crash"))
             assert first.status_code == 202
@@ -295,7 +293,7 @@ def test_an_answered_submit_survives_kill_9_and_a_restart(tmp_path):
         stop(proc, signal.SIGKILL)  # right after the answer: no shutdown, nothing flushed on the way out
     proc, _ = start(home, "--token", TOKEN)
     try:
-        with httpx.Client(base_url=proc_url(home) + "/api/v1", headers=AUTH, timeout=30) as api:
+        with httpx.Client(base_url=api_url(home), headers=AUTH, timeout=30) as api:
             again = api.post("/tasks", json=TASK, headers=keyed("before-the-crash"))
             assert again.status_code == 202 and again.json() == first.json(), again.text
             assert again.headers["Idempotent-Replayed"] == "true"
@@ -311,7 +309,7 @@ def test_a_submit_cut_off_between_its_task_and_its_answer_is_found_by_its_retry_
     # The fault point: the task is recorded, the submission not answered (its key taken, no answer yet).
     faulty, _ = start(home, "--token", TOKEN, env={"APOLLIA_FAULT": "submit.after_commit:kill"})
     try:
-        with httpx.Client(base_url=proc_url(home) + "/api/v1", headers=AUTH, timeout=60) as api:
+        with httpx.Client(base_url=api_url(home), headers=AUTH, timeout=60) as api:
             assert api.post("/agents", json={"manifest": WRITER}).status_code == 201
             with pytest.raises(httpx.TransportError):  # killed there: the client never hears back
                 api.post("/tasks", json=TASK, headers=keyed("cut-off"))
@@ -319,7 +317,7 @@ def test_a_submit_cut_off_between_its_task_and_its_answer_is_found_by_its_retry_
         assert stop(faulty) == -signal.SIGKILL
     proc, _ = start(home, "--token", TOKEN)
     try:
-        with httpx.Client(base_url=proc_url(home) + "/api/v1", headers=AUTH, timeout=30) as api:
+        with httpx.Client(base_url=api_url(home), headers=AUTH, timeout=30) as api:
             [task] = api.get("/tasks").json()  # the submit took effect before the crash
             again = api.post("/tasks", json=TASK, headers=keyed("cut-off"))  # found by the id its key holds
             assert again.status_code == 202 and again.headers["Idempotent-Replayed"] == "true", again.text
@@ -330,14 +328,6 @@ def test_a_submit_cut_off_between_its_task_and_its_answer_is_found_by_its_retry_
             assert fresh.status_code == 202
     finally:
         assert stop(proc) == 0
-
-
-def proc_url(home) -> str:
-    from apollia_nb.api.server import read_server_json
-
-    info = read_server_json(home / "server.json")
-    assert info is not None
-    return info.url
 
 
 # --- the SDK -----------------------------------------------------------------------------------------

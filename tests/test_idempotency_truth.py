@@ -19,35 +19,34 @@ import httpx
 import pytest
 
 from apollia_nb import faults
-from apollia_nb.api.server import ServerThread, read_server_json
 from apollia_nb.dbutil import FAULT_ENV
 from apollia_nb.errors import Conflict, OutcomeUnknown
 from apollia_nb.runtime import Runtime
 from apollia_nb.sdk import Client
+from api_helpers import api_url, auth, keyed, served
 from runtime_helpers import call, manifest
 
 TOKEN = "truth-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+AUTH = auth(TOKEN)
 WRITER = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="b")]}, {"text": "Done."}])
 SCRIBE = WRITER.replace('"clerk"', '"scribe"')
 TASK = {"agent": "clerk", "goal": "Write a.txt"}
 
 
-def keyed(key: str) -> dict[str, str]:
-    return {"Idempotency-Key": key}
+@pytest.fixture
+def served_home(home):
+    with served(home, TOKEN, WRITER) as server_and_api:
+        yield server_and_api
 
 
 @pytest.fixture
-def server(home):
-    with ServerThread(home, token=TOKEN) as srv:
-        yield srv
+def server(served_home):
+    return served_home[0]
 
 
 @pytest.fixture
-def api(server):
-    with httpx.Client(base_url=server.url + "/api/v1", headers=AUTH, timeout=60) as client:
-        assert client.post("/agents", json={"manifest": WRITER}).status_code == 201
-        yield client
+def api(served_home):
+    return served_home[1]
 
 
 @pytest.fixture
@@ -326,7 +325,7 @@ def test_a_server_killed_after_the_effect_and_before_the_keys_answer_finds_the_e
     home = tmp_path / "home"
     faulty, _ = start(home, "--token", TOKEN, env={"APOLLIA_FAULT": "idempotency.before_finish:kill"})
     try:
-        with httpx.Client(base_url=_url(home), headers=AUTH, timeout=60) as api:
+        with httpx.Client(base_url=api_url(home), headers=AUTH, timeout=60) as api:
             for agent in (WRITER, PLANNER):  # no key: not the point
                 assert api.post("/agents", json={"manifest": agent}).status_code == 201
             path, body, check = KILLED[route](api)
@@ -336,7 +335,7 @@ def test_a_server_killed_after_the_effect_and_before_the_keys_answer_finds_the_e
         assert stop(faulty) == -signal.SIGKILL
     proc, _ = start(home, "--token", TOKEN)
     try:
-        with httpx.Client(base_url=_url(home), headers=AUTH, timeout=60) as api:
+        with httpx.Client(base_url=api_url(home), headers=AUTH, timeout=60) as api:
             again = api.post(path, json=body, headers=keyed("cut-off"))
             assert 200 <= again.status_code < 300 and again.headers["Idempotent-Replayed"] == "true", again.text
             assert check(api, again), again.json()  # done once: found, not done again
@@ -361,12 +360,6 @@ def test_every_writing_route_can_find_what_an_unanswered_request_did():
     assert blind == []
     paths = {r.path for r in keyed_routes}
     assert {"/sessions/{session_id}/inject", "/batches/{batch_id}/cancel", "/agents/{name}/start"} <= paths
-
-
-def _url(home) -> str:
-    info = read_server_json(home / "server.json")
-    assert info is not None
-    return info.url + "/api/v1"
 
 
 # --- rows not yet committed: OUTCOME_UNKNOWN, never a refusal ----------------------------------------
@@ -585,7 +578,7 @@ def test_a_governed_call_journaled_before_the_server_was_killed_is_answered_from
     home = tmp_path / "home"
     faulty, _ = start(home, "--token", TOKEN, env={"APOLLIA_FAULT": "calls.after_commit:kill"})
     try:
-        with httpx.Client(base_url=_url(home), headers=AUTH, timeout=60) as api:
+        with httpx.Client(base_url=api_url(home), headers=AUTH, timeout=60) as api:
             body = _governed_call(outcome, api)
             with pytest.raises(httpx.TransportError):  # decided and journaled; killed before the answer
                 api.post("/internal/calls", json=body)
@@ -593,7 +586,7 @@ def test_a_governed_call_journaled_before_the_server_was_killed_is_answered_from
         assert stop(faulty) == -signal.SIGKILL
     proc, _ = start(home, "--token", TOKEN)
     try:
-        with httpx.Client(base_url=_url(home), headers=AUTH, timeout=60) as api:
+        with httpx.Client(base_url=api_url(home), headers=AUTH, timeout=60) as api:
             journaled = api.get("/audit/entries", params={"run_id": "run-retried", "limit": 100}).json()["entries"]
             shown = {**body["decision"], "arguments": {"path": "z.txt"}}  # the journal holds another decision
             moved = api.post("/internal/calls", json={**body, "decision": shown})
