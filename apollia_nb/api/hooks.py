@@ -29,9 +29,11 @@ __all__ = ["router"]
 
 router = APIRouter(dependencies=[Depends(authorize)], responses=error_responses(401, 422))
 
-_BODY = {"content": {"application/json": {"schema": {"type": "object", "additionalProperties": True,
-                                                      "description": "the tool's hook input, as the tool sends it"}}},
-         "required": True}
+#: Any body: the tool's hook input as the tool sends it. Nothing is refused with a 4xx (Claude Code takes
+#: a 4xx for "no opinion"): a body that is not what the tool documents is answered with its deny JSON.
+_BODY = {"content": {"application/json": {"schema": {
+    "description": "the tool's hook input, as the tool sends it (anything else is answered with the deny JSON)"}}},
+    "required": False}
 
 
 @router.post(
