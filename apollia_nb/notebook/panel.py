@@ -65,8 +65,6 @@ LATEST_ENTRIES = 20
 #: The most entries one ``entries`` request returns (the default: ``DEFAULT_ENTRIES``).
 MAX_ENTRIES = 500
 DEFAULT_ENTRIES = 50
-#: How often, in served mode, the server's inbox and runs are looked at for changes made elsewhere.
-SERVED_POLL_SECS = 2.0
 #: A verification that follows new entries starts at least this long after the last one ended,
 #: and at least ``REVERIFY_FACTOR`` times as long as the last one took (a big journal is not
 #: verified over and over).
@@ -373,7 +371,9 @@ class PanelHome:
         self._last_push = 0.0
         self._timer: Any = None
         self._poller: Any = None
-        self._served_seen: Any = None
+        from apollia_nb.notebook.served import elsewhere
+
+        self.elsewhere = elsewhere(bridge)  # the rest of the home (the server's share), chosen once
         self._unsubscribe = bridge.call(bridge.rt.subscribe, self._on_change)
 
     @classmethod
@@ -384,17 +384,13 @@ class PanelHome:
                 home = bridge._panel_home = cls(bridge)  # type: ignore[attr-defined]
             return home
 
-    @property
-    def served(self) -> bool:
-        return self.bridge.rt.server is not None
-
     # ------------------------------------------------------------------ panels and pushes
     def add(self, panel: PanelComm) -> None:
         with self._lock:
             if panel not in self.panels:
                 self.panels.append(panel)
-            if self.served and self._poller is None:
-                self._poller = self.bridge.start(self._poll_server)
+            if self._poller is None:  # changes made elsewhere in the home (none for an owner)
+                self._poller = self.bridge.start(self.elsewhere.changes, self.changed)
 
     def remove(self, panel: PanelComm) -> None:
         with self._lock:
@@ -439,22 +435,6 @@ class PanelHome:
         for panel in panels:
             panel.push(event)
 
-    async def _poll_server(self) -> None:
-        """Served mode: the server's inbox and runs change in other processes too; look every few seconds."""
-        import anyio
-
-        api = self._api()
-        while True:
-            try:
-                seen = await anyio.to_thread.run_sync(_served_fingerprint, api)
-            except Exception:  # the server is away for now: the snapshot will say so when asked
-                seen = None
-            if seen is not None and seen != self._served_seen:
-                if self._served_seen is not None:
-                    self.changed()
-                self._served_seen = seen
-            await anyio.sleep(SERVED_POLL_SECS)
-
     def close(self) -> None:
         with self._lock:
             timer, self._timer = self._timer, None
@@ -476,11 +456,6 @@ class PanelHome:
                 pass
 
     # ------------------------------------------------------------------ the operations (runtime's loop)
-    def _api(self) -> Any:
-        from apollia_nb.notebook.served import server_api
-
-        return server_api(self.bridge)
-
     async def handle(self, request: Request) -> Any:
         op = request["op"]
         if op == "snapshot":
@@ -501,7 +476,7 @@ class PanelHome:
         from apollia_nb.errors import ApolliaError
 
         rt = self.bridge.rt
-        served = self.served
+        there = self.elsewhere
         problems: list[dict[str, str]] = []
         cards = {c.id: c.to_dict() for c in rt.pending}  # waiting: tasks' and chats'
         for handle in rt.tasks():  # with the answered cards of the tasks in memory
@@ -518,24 +493,18 @@ class PanelHome:
         runs += [chat_summary(s.to_dict(), waiting_cards=waiting_by_run.get(s.id, 0)) for s in rt.sessions.all()]
         plans = [plan_item(t) for t in tasks if t.get("awaiting_plan_approval")]
         waiting: list[dict[str, Any]] = []
-        url: str | None = None
         try:
-            if served:
-                api = self._api()
-                url = api.url
-                server = await anyio.to_thread.run_sync(_served_state, api)
-                agents += [{**a, "runs": "server"} for a in server["agents"]]
-                local = {r["id"] for r in runs}
-                remote = [t for t in server["tasks"] if t["id"] not in local]
-                runs += [run_summary(t, runs="server") for t in remote]
-                plans += [plan_item(t, runs="server") for t in remote if t.get("awaiting_plan_approval")]
-                waiting = server["pending"]
-            else:
-                waiting = rt.pending_decisions()
+            state = await there.state()
+            agents += [{**a, "runs": there.runs} for a in state["agents"]]
+            local = {r["id"] for r in runs}
+            remote = [t for t in state["tasks"] if t["id"] not in local]
+            runs += [run_summary(t, runs=there.runs) for t in remote]
+            plans += [plan_item(t, runs=there.runs) for t in remote if t.get("awaiting_plan_approval")]
+            waiting = state["pending"]
         except ApolliaError as exc:  # shown, never hidden: the inbox cannot be read now
             problems.append({"part": "inbox", "code": exc.code, "message": exc.message})
             waiting = [c for c in cards.values() if c.get("answer") is None]
-        inbox = [inbox_item(d, cards.get(d["id"]), runs="kernel" if d["id"] in cards or not served else "server")
+        inbox = [inbox_item(d, cards.get(d["id"]), runs="kernel" if d["id"] in cards else there.runs)
                  for d in waiting]
         listed = {d["id"] for d in waiting}
         answered = sorted((c for c in cards.values() if c.get("answer") is not None and c["id"] not in listed),
@@ -554,8 +523,8 @@ class PanelHome:
             self._verify_soon()
         journal["verify"] = dict(self.verification)
         return {
-            "mode": "served" if served else "owner", "home": str(rt.home.path), "server": url,
-            "kernel_agents_only": not served, "user": self.bridge.user, "version": self.version,
+            "mode": there.mode, "home": str(rt.home.path), "server": there.url,
+            "kernel_agents_only": there.mode == "owner", "user": self.bridge.user, "version": self.version,
             "agents": agents, "runs": runs, "inbox": inbox, "journal": journal, "problems": problems,
         }
 
@@ -588,22 +557,14 @@ class PanelHome:
                           reason: str | None) -> dict[str, Any]:
         """Approve (as proposed, or as edited) or reject a plan: a task of this kernel through the
         runtime, as the cell's plan widget does; a task of the server through its REST API."""
-        import anyio
-
         from apollia_nb.errors import UnknownTask
 
         rt = self.bridge.rt
         reason = (reason or "").strip() or None
         try:
             rt.task(task_id)
-        except UnknownTask:
-            if not self.served:
-                raise
-            api = self._api()
-            if verdict == "approve":
-                task = await anyio.to_thread.run_sync(api, "approve_plan", task_id, steps)
-            else:
-                task = await anyio.to_thread.run_sync(api, "reject_plan", task_id, reason or "no reason given")
+        except UnknownTask:  # not this kernel's: the server's, when it joined one (UNKNOWN_TASK otherwise)
+            task = await self.elsewhere.answer_plan(task_id, verdict, steps, reason or "no reason given")
         else:
             if verdict == "approve":
                 rt.approve_plan(task_id, steps)
@@ -675,15 +636,10 @@ class PanelHome:
         return dict(self.verification)
 
     async def _verify(self) -> None:
-        import anyio
-
         rt = self.bridge.rt
         started = time.monotonic()
         try:
-            if self.served:
-                report = await anyio.to_thread.run_sync(self._api(), "verify")
-            else:
-                report = (await anyio.to_thread.run_sync(rt.verify)).to_dict()
+            report = await self.elsewhere.verify()  # the server's journal, or this kernel's own
         except Exception as exc:  # could not be verified: not ok (fail closed)
             state = {"state": "failed", "checked_size": None, "first_bad_seq": None,
                      "problem": f"the journal could not be verified: {exc}"}
@@ -706,16 +662,6 @@ class _AlreadyAnswered(Exception):
 
 
 _homes_lock = threading.Lock()
-
-
-def _served_state(api: Any) -> dict[str, Any]:
-    return {"agents": list(api("agents")), "tasks": list(api("tasks", None, None)), "pending": list(api("pending"))}
-
-
-def _served_fingerprint(api: Any) -> tuple[Any, ...]:
-    pending = tuple(sorted(p["id"] for p in api("pending")))
-    tasks = tuple(sorted((t["id"], t["status"], t["updated_at"]) for t in api("tasks", None, None)))
-    return pending, tasks
 
 
 # --- one open panel -------------------------------------------------------------------------------
@@ -829,12 +775,13 @@ def publish(comm: Any, data: Any) -> None:
     """
     kernel = getattr(comm, "kernel", None)
     session = getattr(kernel, "session", None)
-    if session is None or getattr(kernel, "iopub_socket", None) is None:
+    socket = getattr(kernel, "iopub_socket", None)
+    if session is None or socket is None:
         comm.send(data)
         return
     from ipykernel.jsonutil import json_clean
 
-    session.send(kernel.iopub_socket, "comm_msg", json_clean({"data": data, "comm_id": comm.comm_id}),
+    session.send(socket, "comm_msg", json_clean({"data": data, "comm_id": comm.comm_id}),
                  parent={}, ident=comm.topic)
 
 

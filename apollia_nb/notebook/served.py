@@ -27,8 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.notebook.bridge import KernelRuntime
     from apollia_nb.runtime.remote import ServerApi
 
-__all__ = ["server_api", "server_agents", "ServerTask", "ServerCard"]
+__all__ = ["server_api", "server_agents", "ServerTask", "ServerCard", "Elsewhere", "elsewhere"]
 
+#: How often the server's inbox and runs are looked at for changes made in other processes.
+SERVED_POLL_SECS = 2.0
 #: How long one wait for a server task is held by the server before it is asked again.
 WAIT_SECS = 25.0
 #: How often a displayed server task is looked at again while it runs.
@@ -47,7 +49,8 @@ def server_api(bridge: "KernelRuntime") -> "ServerApi | None":
     with _lock:
         api = getattr(bridge, "_server_api", None)
         if api is None:
-            api = bridge._server_api = ServerApi(address, timeout=WAIT_SECS + 30)
+            api = ServerApi(address, timeout=WAIT_SECS + 30)
+            setattr(bridge, "_server_api", api)  # one per kernel runtime; closed with it (bridge.close)
         return api
 
 
@@ -55,6 +58,100 @@ def server_agents(bridge: "KernelRuntime") -> list[dict[str, Any]]:
     """The server's agents (``Agent.to_dict()`` as the server sends it); none for an owner."""
     api = server_api(bridge)
     return [] if api is None else list(api("agents"))
+
+
+class Elsewhere:
+    """What the home holds beyond this kernel's own runtime, for the side panel: nothing for a kernel that
+    owns the home (its runtime is the home's), the server's agents, tasks and waiting decisions for a
+    kernel that joined `apollia-os serve`. Chosen once per kernel (``elsewhere``); the panel only asks."""
+
+    #: The panel's ``mode``; where what is listed from here runs.
+    mode = "owner"
+    runs = "kernel"
+    url: str | None = None
+
+    def __init__(self, bridge: "KernelRuntime") -> None:
+        self._bridge = bridge
+
+    async def state(self) -> dict[str, Any]:
+        """``{"agents", "tasks", "pending"}``: what is not this kernel's, and every waiting decision."""
+        return {"agents": [], "tasks": [], "pending": self._bridge.rt.pending_decisions()}
+
+    async def changes(self, changed: Any) -> None:
+        """Call ``changed()`` whenever something changes there that this kernel is not told of: never."""
+        return None
+
+    async def answer_plan(self, task_id: str, verdict: str, steps: list[str] | None,
+                          reason: str) -> dict[str, Any]:
+        from apollia_nb.errors import UnknownTask
+
+        raise UnknownTask(f"no task {task_id!r}")
+
+    async def verify(self) -> dict[str, Any]:
+        import anyio
+
+        return (await anyio.to_thread.run_sync(self._bridge.rt.verify)).to_dict()
+
+
+class _Server(Elsewhere):
+    """The server this kernel joined, over its REST API (in worker threads)."""
+
+    mode = "served"
+    runs = "server"
+
+    def __init__(self, bridge: "KernelRuntime", api: "ServerApi") -> None:
+        super().__init__(bridge)
+        self._api = api
+        self.url = api.url
+
+    async def state(self) -> dict[str, Any]:
+        import anyio
+
+        api = self._api
+        return await anyio.to_thread.run_sync(lambda: {
+            "agents": list(api("agents")), "tasks": list(api("tasks", None, None)), "pending": list(api("pending"))})
+
+    async def changes(self, changed: Any) -> None:
+        """The server's inbox and runs change in other processes too: look every few seconds."""
+        import anyio
+
+        api = self._api
+
+        def fingerprint() -> tuple[Any, ...]:
+            pending = tuple(sorted(p["id"] for p in api("pending")))
+            tasks = tuple(sorted((t["id"], t["status"], t["updated_at"]) for t in api("tasks", None, None)))
+            return pending, tasks
+
+        seen: Any = None
+        while True:
+            try:
+                now = await anyio.to_thread.run_sync(fingerprint)
+            except Exception:  # the server is away for now: the snapshot will say so when asked
+                now = None
+            if now is not None and now != seen:
+                if seen is not None:
+                    changed()
+                seen = now
+            await anyio.sleep(SERVED_POLL_SECS)
+
+    async def answer_plan(self, task_id: str, verdict: str, steps: list[str] | None,
+                          reason: str) -> dict[str, Any]:
+        import anyio
+
+        if verdict == "approve":
+            return await anyio.to_thread.run_sync(self._api, "approve_plan", task_id, steps)
+        return await anyio.to_thread.run_sync(self._api, "reject_plan", task_id, reason)
+
+    async def verify(self) -> dict[str, Any]:
+        import anyio
+
+        return dict(await anyio.to_thread.run_sync(self._api, "verify"))
+
+
+def elsewhere(bridge: "KernelRuntime") -> Elsewhere:
+    """The rest of the home as this kernel sees it: the server's share when it joined one, else nothing."""
+    api = server_api(bridge)
+    return Elsewhere(bridge) if api is None else _Server(bridge, api)
 
 
 class ServerCard(Displayable):
