@@ -481,15 +481,19 @@ async def test_a_chat_turn_streams_reasoning_apart_and_sends_the_thinking_back(h
         anthropic_stream(anthropic_blocks_events([
             thinking_block(["Look first."], SIGNATURE), tool_block("toolu_c", "list_dir", ['{"path": "."}'])],
             "tool_use")),
-        anthropic_stream(anthropic_blocks_events([text_block(["Nothing there."])], "end_turn")),
+        anthropic_stream(anthropic_blocks_events([redacted_block(REDACTED), text_block(["Nothing there."])],
+                                                 "end_turn")),
     )
     async with Runtime(home) as rt:
         await rt.register_agent(_thinker(fake_model_server.url))
         session = rt.sessions.open("thinker")
         exchange = session.send("What is in the folder?")
         assert (await exchange).reply == "Nothing there."
-        assert [e["text"] for e in exchange.events if e["type"] == "reasoning"] == ["Look first."]
-        assert "Look first." in exchange_body_html("thinker", "What is in the folder?", exchange.events)
+        # The second turn's redacted thinking is shown as such, never its data.
+        assert [e["text"] for e in exchange.events if e["type"] == "reasoning"] == [
+            "Look first.", "\n\n[redacted reasoning]"]
+        shown = exchange_body_html("thinker", "What is in the folder?", exchange.events)
+        assert "Look first." in shown and "[redacted reasoning]" in shown and REDACTED not in shown
         second = fake_model_server.requests[1].json()["messages"]
         assert second[1]["content"][0] == {"type": "thinking", "thinking": "Look first.", "signature": SIGNATURE}
 

@@ -338,7 +338,9 @@ class Session:
 
     async def _run_exchange(self, exchange: Exchange, planning: bool) -> None:
         from apollia_nb.runtime.governed import NULL_DIGEST, governed_call, shown_tool_calls
-        from apollia_nb.runtime.models.base import Completed, ReasoningDelta, TextDelta, ToolCallStarted, parse_plan
+        from apollia_nb.runtime.models.base import (
+            REDACTED_REASONING, Completed, ReasoningDelta, TextDelta, ToolCallStarted, parse_plan,
+        )
         from apollia_nb.runtime.tasks import turn_extras
 
         rt = self._sessions.rt
@@ -358,6 +360,9 @@ class Session:
                 elif isinstance(event, Completed):
                     response = event.response
             assert response is not None
+            if any(part.redacted and not part.text for part in response.reasoning):  # shown as such, never its data
+                before = any(e["type"] == "reasoning" for e in exchange.events)
+                exchange._push({"type": "reasoning", "text": ("\n\n" if before else "") + REDACTED_REASONING})
             state = rt.model_state(self.model)
             if state is not None:
                 self.r["model_state"] = state  # saved with the session's record
