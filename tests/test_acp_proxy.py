@@ -128,8 +128,11 @@ def test_a_denied_command_is_rejected_with_the_reason_and_an_allowed_read_passes
     assert calls["search"] == ("read_file", "ok")  # reported by the agent alone, still on the record
     assert calls["read"] == ("read_file", "ok") and calls["rm"] == ("bash_executor", "error")
     sources = journal_rows(home, "SELECT DISTINCT payload->>'source' FROM journal WHERE kind IN "
-                                 "('tool_call', 'tool_result')")
-    assert sources == [("acp",)]
+                                 "('decision', 'tool_call', 'tool_result')")
+    assert sources == [("acp",)]  # every entry of the agent's calls says where it comes from
+    said = journal_rows(home, "SELECT kind, payload->>'source_tool' FROM journal WHERE payload->>'call_id' = 'rm' "
+                              "OR payload->>'caused_by' = 'rm' ORDER BY seq")
+    assert said == [("tool_call", "execute"), ("decision", "execute"), ("tool_result", "execute")]
     verify = subprocess.run([sys.executable, "-m", "apollia_nb", "audit", "verify", "--home", str(home.path)],
                             capture_output=True, text=True, env=environment(), timeout=120)
     assert verify.returncode == 0, verify.stdout + verify.stderr

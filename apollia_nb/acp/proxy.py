@@ -69,6 +69,7 @@ class _Session:
     cancel: anyio.CancelScope | None = None
     waits: set[anyio.CancelScope] = field(default_factory=set)
     tools: dict[str, str] = field(default_factory=dict)  # toolCallId: the tool it was decided as
+    kinds: dict[str, str] = field(default_factory=dict)  # toolCallId: its ACP kind, as first said
 
 
 class AcpGovernor:
@@ -143,12 +144,14 @@ class AcpGovernor:
             decision = decide(found.call, rt.governance.view())
         tool_call_id = str(tool_call.get("toolCallId") or uuid.uuid4().hex[:12])
         session.tools[tool_call_id] = found.tool
+        session.kinds.setdefault(tool_call_id, _kind(tool_call))
         hints = {k: v for k, v in (("title", tool_call.get("title")), ("kind", tool_call.get("kind")))
                  if isinstance(v, str)}
         scope = CallScope(rt, agent, session.run_id, tool_call_id, found.tool)
         _, carried, card = await governed_request(
             rt, scope, tool=found.tool, family=found.family.value if found.family else None, arguments=arguments,
-            connection=self.connection, hints=hints or None, decided=decision, timeout_secs=self.ask_timeout)
+            connection=self.connection, hints=hints or None, decided=decision, timeout_secs=self.ask_timeout,
+            fields={"source": SOURCE, "source_tool": _kind(tool_call)})
         answer = card.answer_value if card is not None else None
         reason = decision.reason if card is None else f"{decision.reason}; {carried.reason}"
         return self._answer(options, carried, answer, reason, card_id=card.id if card is not None else None)
@@ -199,6 +202,8 @@ class AcpGovernor:
         secrets = secret_values(self.rt.config)
         call_id = str(update.get("toolCallId") or "")
         kind = update.get("kind")
+        said = session.kinds.setdefault(call_id, _kind(update)) if isinstance(kind, str) and kind \
+            else session.kinds.get(call_id, "other")
         tool = session.tools.get(call_id)
         if tool is None and isinstance(kind, str):
             tool = KIND_TOOLS[kind][0] if kind in KIND_TOOLS else f"acp:{kind if kind.isidentifier() else 'other'}"
@@ -210,6 +215,7 @@ class AcpGovernor:
         if first:
             arguments = dict(redact(raw if isinstance(raw, dict) else ({} if raw is None else {"input": raw}), secrets))
             out.append(("tool_call", {"call_id": call_id, "tool": tool, "arguments": arguments, "source": SOURCE,
+                                      "source_tool": said,
                                       **({"title": title} if isinstance(title, str) else {})}))
         status = update.get("status")
         if status in ("completed", "failed"):
@@ -220,12 +226,20 @@ class AcpGovernor:
             kept, digest, _ = capped_output(shown) if shown is not None else (None, NULL_DIGEST, False)
             out.append(("tool_result", {"call_id": call_id, "tool": tool, "status": "ok" if status == "completed"
                                         else "error", "output": kept, "output_digest": digest, "source": SOURCE,
+                                        "source_tool": said,
                                         **({"error_code": "TOOL_ERROR"} if status == "failed" else {})}))
         elif not first:
             shown_update = {k: v for k, v in update.items() if k in ("status", "title", "kind", "rawInput")}
             out.append(("tool_progress", {"call_id": call_id, "tool": tool, "source": SOURCE,
+                                          "source_tool": said,
                                           **dict(redact(shown_update, secrets))}))
         return out
+
+
+def _kind(tool_call: dict[str, Any]) -> str:
+    """The agent's own name for what a call does (its ACP ``kind``), as journaled in ``source_tool``."""
+    kind = tool_call.get("kind")
+    return kind if isinstance(kind, str) and kind else "other"
 
 
 # --- the relay -------------------------------------------------------------------------------

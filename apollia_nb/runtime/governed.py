@@ -541,7 +541,7 @@ async def run_approved_call(
 async def governed_request(
     rt: "GovernedHost", scope: CallScope, *, tool: str, family: Any, arguments: dict[str, Any],
     connection: str | None, hints: dict[str, Any] | None = None, decided: Decision | None = None,
-    timeout_secs: float | None = None, request: str | None = None,
+    timeout_secs: float | None = None, request: str | None = None, fields: dict[str, Any] | None = None,
 ) -> tuple[str, Decision, "Card | None"]:
     """Decide a request a tool's connection makes during a call (a server's model call, its question).
 
@@ -552,6 +552,7 @@ async def governed_request(
     ``cards.MODEL_CALL``), marked on the card. Returns the request's own call id, the decision and
     the card; the decision's outcome is ``refuse`` when refused or answered
     ``refuse`` (the card says by whom), ``allow`` otherwise. Nothing is run here.
+    ``fields``: more of the ``decision`` entry's payload (another agent's call: its ``source``).
     """
 
     agent = scope.agent
@@ -565,7 +566,7 @@ async def governed_request(
         {"call_id": call_id, "tool": tool, "family": fam.value if fam else None, "arguments": arguments,
          "outcome": decision.outcome.value, "line": decision.line, "answers": [a.value for a in decision.answers],
          "reason": decision.reason, "connection": connection, "caused_by": scope.call_id,
-         **({"hints": hints} if hints else {})},
+         **({"hints": hints} if hints else {}), **(fields or {})},
     )])
     if decision.outcome is not Outcome.ASK:
         return call_id, decision, None
