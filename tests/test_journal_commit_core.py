@@ -422,3 +422,29 @@ def test_the_batch_and_idle_time_are_the_shells_to_set():
     core.handle(Sequenced(2, 1))
     core.handle(Seal(fits=True))
     assert WakeCopier() in core.handle(LogSynced(now=0.0)) and core.copy_due(now=0.0)
+
+
+# ---------------------------------------------------------------------- the shell drives the core
+def test_an_open_journal_moves_its_core_through_every_commit_and_copy(tmp_path):
+    """A real journal (files, threads, DuckDB): what it acknowledged and copied is what its core says."""
+    from apollia_nb.home import Home
+    from apollia_nb.journal.store import Journal
+
+    with Journal.open(Home.at(tmp_path / "home")) as journal:
+        core = journal._core
+        assert (core.writer, core.copier, core.acknowledged) == (W.IDLE, C.IDLE, 0)
+        journal.append("plan", {"n": 1})
+        soon = journal.append_soon("plan", {"n": 2}, run_id="r")
+        journal.append_many([("plan", {"n": 3}), ("plan", {"n": 4})])
+        soon.result(timeout=30)
+        assert core.acknowledged == journal.head()[0] == 4 and core.sequenced == 4
+        assert core.writer is W.IDLE
+        assert [e.seq for e in journal.entries()] == [1, 2, 3, 4]  # a read waits for the copy
+        assert core.copied == 4 and core.pending == 0 and core.copier is C.IDLE
+        assert journal.stats == {"transactions": core.transactions, "largest_batch": core.largest_batch,
+                                 "imports": core.copies}
+    assert (core.writer, core.copier) == (W.CLOSED, C.STOPPED)
+    with Journal.open(Home.at(tmp_path / "home")) as journal:  # the next open starts at the head
+        assert journal._core.acknowledged == journal._core.copied == 4
+        journal.append("plan", {"n": 5})
+        assert journal._core.acknowledged == 5

@@ -22,6 +22,15 @@ full (it starts over once ``journal.db`` holds everything in it). Opening the
 journal finishes a copy a crash interrupted; closing it leaves every entry in
 ``journal.db`` and no log.
 
+What is sequenced, acknowledged and copied, and when a copy is due, is kept by the
+commit path's core (``commit.CommitCore``: the writer's and the copier's states as tables,
+events in, actions out, no I/O); this module is its shell: the threads, the queue and
+futures, ``journal.log`` and DuckDB. It tells the core each step (``Sequenced``, ``Seal``,
+``LogSynced``, ``CopyStart``, ``Copied``, ...) and carries out what it answers
+(``WriteLog``, ``AwaitCopy`` then ``ResetLog``, ``Acknowledge``, ``WakeCopier``,
+``CopyRows``). Opening — the schema, migrations, what a previous owner left in the log —
+is ``recovery.py``.
+
 Checkpoints are signed by the writer between two commits, so a checkpoint
 always describes a committed prefix of the journal, and stored by the copier.
 Reads use their own cursor; every read through the journal first waits for the
@@ -123,6 +132,26 @@ from apollia_nb.journal.merkle import (
     root as merkle_root,
     verify_consistency,
     verify_inclusion,
+)
+from apollia_nb.journal.commit import (
+    IMPORT_BATCH,
+    IMPORT_IDLE_SECS,
+    IMPORT_RETRY_SECS,
+    AwaitCopy,
+    Close,
+    CommitCore,
+    Copied,
+    CopyBroke,
+    CopyRefused,
+    CopyStart,
+    Drained,
+    LogFailed,
+    LogSynced,
+    Seal,
+    Sequenced,
+    Stop,
+    WakeCopier,
+    WriterState,
 )
 from apollia_nb.journal.recovery import (
     COLUMNS,
@@ -340,16 +369,10 @@ SOON_WAIT_SECS = 0.002
 #: call, and the interpreter lock taken from the run at its busiest); idle longer, it sleeps until
 #: a request wakes it.
 WRITER_POLL_SECS = 0.1
-#: Entries the log holds before the copier copies them into ``journal.db``. A copy's cost is
-#: mostly per statement (measured: 512 entries 230 µs each, 2,048 entries 75 µs each), and the
-#: copier makes it while the writer goes on committing, so batches are large.
-IMPORT_BATCH = 2048
 #: Rows handed to DuckDB's appender at a time (it holds the GIL while it converts them).
 APPEND_SLICE = 64
-#: Idle time after which the copier copies what the log holds.
-IMPORT_IDLE_SECS = 0.1
-#: After ``journal.db`` refused a copy (a full disk), the copier tries again this often.
-IMPORT_RETRY_SECS = 0.5
+#: ``IMPORT_BATCH``, ``IMPORT_IDLE_SECS`` and ``IMPORT_RETRY_SECS`` (commit.py) are read from
+#: this module when a journal opens, so a test may set them here.
 #: Most entries, and most payload bytes, one transaction copies into ``journal.db``: a larger
 #: copy (one large ``append_many``, a long backlog) is made in pieces, each a consistent
 #: prefix with its own frontier, so the copy's memory stays within the database's cap
@@ -412,7 +435,10 @@ class Journal:
         self._queue_cond = threading.Condition(threading.Lock())
         self._commit_lock = threading.Lock()
         self._writer_looks = False  # the writer waits with a timeout: it looks at the queue again by itself
-        self._crowded = False  # the last commit served more than one waiting appender
+        # The commit path's state (commit.py): what is sequenced, acknowledged and copied, the writer's
+        # and the copier's states. Its writer half is moved by whoever holds ``_commit_lock``, the rest
+        # under ``_state_lock``; the rows, futures, files and DuckDB stay here.
+        self._core = CommitCore(0)
         self._closed = False
         self._state_lock = threading.Lock()
         self._head: tuple[int, bytes] = (0, GENESIS_HASH)
@@ -422,17 +448,13 @@ class Journal:
         # for it (``_stored``), the run that asked for it does not (``checkpoint_signed_async``).
         self._storing: Future[str] | None = None
         self._storing_size = -1
-        self._transactions = 0
-        self._largest_batch = 0
         self._close_error: BaseException | None = None
         self._appender = con.appender("entries")
         self._tail: TailLog | None = None
         self._pending: list[tuple[Any, ...]] = []  # in the log, not yet in journal.db (writer's)
-        self._imports = 0
         self._broken: BaseException | None = None  # journal.db refused a copy for a reason other than the disk
         self._refusing: IntegrityError | None = None  # its verification failed: appends refused, reads go on
         self._copy_error: StorageError | None = None  # why the last copy into journal.db failed
-        self._retry_at = 0.0  # monotonic time before which the writer does not retry a failed copy
         self._reopen_needed = False  # DuckDB invalidated journal.db after a failed write
         self._opened_at = 0  # entries journal.db held when opened (after recovery)
         self._run_counts: dict[str, int] = {}  # entries per run appended since open
@@ -440,21 +462,14 @@ class Journal:
         self._failed_runs: dict[str, BaseException] = {}  # runs whose append_soon failed (writer's)
         # The copier: a second thread, the only one that writes journal.db once the journal is
         # open (``_con``), while the writer goes on committing to the log. ``_pending``,
-        # ``_copied``, ``_wanted``, ``_jobs`` and the attempt counters are shared through
-        # ``_copy_cond`` (on ``_state_lock``).
+        # ``_jobs`` and the core's copy counters are shared through ``_copy_cond`` (on ``_state_lock``).
         self._copy_cond = threading.Condition(self._state_lock)
         self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # writes the copier makes
         # Jobs held back (a run's closing checkpoint): run with the next copy, once the journal is
         # idle or as soon as somebody waits for one of them (``_hurry``); any other job runs at once.
         self._lazy = 0  # how many of ``_jobs``, from the front, are held back
-        self._copied = 0  # the highest seq journal.db holds
         self._copy_acc = self._acc  # the frontier the rows being copied end at (the copier's)
         self._stored_acc = self._acc  # the frontier journal.db holds (the copier's)
-        self._wanted = 0  # a seq somebody waits for journal.db to hold (copied at once)
-        self._attempts = 0  # copies started
-        self._failed_attempt = 0  # the last copy that failed
-        self._last_commit = 0.0  # monotonic time of the last commit
-        self._early_copy = False  # asked for a copy since the log is half full (the writer's)
         self._copier_stop = False
         self._copier_done = False
         self._thread = threading.Thread(target=self._run_writer, name=f"journal-writer:{path}", daemon=True)
@@ -484,7 +499,7 @@ class Journal:
         than it acknowledged (``truncation_problems``): it never takes a seq again.
 
         ``record_loss`` (``apollia-os home repair --lost-entries --yes``): open such a journal
-        anyway, recording the loss first (``_record_loss``; the dict's items go into the
+        anyway, recording the loss first (``recovery.loss_rows``; the dict's items go into the
         record's payload, e.g. ``by``); ``BadInput`` when nothing is lost.
         """
         path = home.journal_db
@@ -550,7 +565,8 @@ class Journal:
         if record_loss is not None:
             self._record_loss(found, record_loss)
         self._tail = TailLog(tail_path(self.path))  # starts the file over: everything in it is in journal.db now
-        self._opened_at = self._copied = self._head[0]
+        self._opened_at = self._head[0]
+        self._core = CommitCore(self._head[0], batch=IMPORT_BATCH, idle=IMPORT_IDLE_SECS)
 
     def _record_loss(self, found: TailRecovery, extra: dict[str, Any]) -> None:
         """Record in ``journal.db`` that acknowledged entries are gone (``recovery.loss_rows``), in
@@ -600,8 +616,9 @@ class Journal:
         """Commits since open (durable log records), the largest batch among them, and the
         copies into ``journal.db``."""
         with self._state_lock:
-            return {"transactions": self._transactions, "largest_batch": self._largest_batch,
-                    "imports": self._imports}
+            core = self._core
+            return {"transactions": core.transactions, "largest_batch": core.largest_batch,
+                    "imports": core.copies}
 
     def refuse_appends(self, error: IntegrityError) -> None:
         """From now on refuse every append with ``error`` (its verification failed: the chain
@@ -639,7 +656,7 @@ class Journal:
         writer and back), else hand it to whoever does. Either way after every request submitted
         before it (``append_soon`` entries included), and in one group with them when they fit."""
         # (Never on the copier's thread: a commit may have to wait for the copier when the log is full.)
-        if (self._crowded or threading.current_thread() is self._copier
+        if (self._core.crowded or threading.current_thread() is self._copier
                 or not self._commit_lock.acquire(blocking=False)):
             return self._submit(items).result()
         request = _Request(items)
@@ -756,7 +773,7 @@ class Journal:
             with cond:
                 while True:
                     if not self._queue:
-                        if time.monotonic() - self._last_commit < WRITER_POLL_SECS:
+                        if time.monotonic() - self._core.last_commit < WRITER_POLL_SECS:
                             self._wait_looking(SOON_WAIT_SECS)
                         else:
                             cond.wait()
@@ -772,6 +789,7 @@ class Journal:
                 if self._take():
                     break
         self._finish()
+        self._core.handle(Close())
 
     def _wait_looking(self, timeout: float) -> None:
         """With ``_queue_cond`` held: wait at most ``timeout``; ``append_soon`` does not wake it meanwhile."""
@@ -844,6 +862,7 @@ class Journal:
                 h = entry_hash(seq, ts, run_id, agent, kind, payload, prev)
                 entries.append(Entry(seq, ts, run_id, agent, kind, payload, prev, h, sign(h), key_id))
                 prev = h
+            self._core.handle(Sequenced(group.seq + 1, len(entries), not request.soon))
         except BaseException as exc:  # this request fails alone; the group goes on
             self._mark_failed(request, exc)
             request.future.set_exception(exc)
@@ -853,26 +872,31 @@ class Journal:
         group.rows.extend(e.as_row() for e in entries)
 
     def _commit(self, group: _Group) -> None:
-        """Insert and commit the group, then release every waiter (or fail them all)."""
+        """Write the group's record and sync it, then release every waiter (or fail them all): the
+        core's ``Seal`` → ``WriteLog`` (or ``AwaitCopy``, ``Drained`` → ``ResetLog``, ``WriteLog`` when the
+        log has no room) → ``LogSynced`` → ``Acknowledge``."""
         if not group.rows:
             return
-        # Appenders waited together for this commit: while they do, they queue for the writer to
-        # commit them in one group rather than each leading a commit of its own.
-        self._crowded = sum(not request.soon for request, _ in group.requests) > 1
+        core = self._core
         try:
+            tail = self._tail
+            assert tail is not None
+            record = encode_rows(group.rows)
+            # Appenders waited together for this commit (``core.crowded``): while they do, they queue
+            # for the writer to commit them in one group rather than each leading a commit of its own.
+            actions = core.handle(Seal(tail.fits(len(record))))
             if self._broken is not None:
                 raise self._broken
             if self._refusing is not None:
                 raise self._refusing
-            tail = self._tail
-            assert tail is not None
-            record = encode_rows(group.rows)
-            if not tail.fits(len(record)):
+            if isinstance(actions[0], AwaitCopy):
                 self._drain()  # the file starts over only once journal.db holds all it has
+                core.handle(Drained())  # ResetLog, WriteLog
                 tail.reset(len(record))
-                self._early_copy = False
             tail.write(record)
         except BaseException as exc:
+            if core.writer is not WriterState.IDLE:
+                core.handle(LogFailed())  # FailGroup: nothing of it counts, its seqs are given again
             what = f"the journal could not record {len(group.requests)} request(s)"
             error: BaseException = storage_error(exc, what) or IntegrityError(
                 f"{what}; nothing of them was written: {exc}")
@@ -887,19 +911,12 @@ class Journal:
                 for entry in entries:
                     self._acc.append(leaf_hash(entry.hash))
             self._head = (group.seq, group.prev)
-            self._transactions += 1
-            self._largest_batch = max(self._largest_batch, len(group.rows))
-            before = len(self._pending)
             self._pending.extend(group.rows)
-            self._last_commit = time.monotonic()
-            if not self._early_copy and 2 * tail.length >= tail.capacity:
-                # Half the log is used: have everything copied now, so that when it is full
-                # and starts over, journal.db already holds what it has (no wait then).
-                self._early_copy = True
-                self._wanted = max(self._wanted, group.seq)
+            # Acknowledge (below, once the run counters are kept); WakeCopier when a copy becomes due:
+            # the copier starts its idle wait, copies a full batch, or (half the log used) copies all now.
+            if isinstance(core.handle(LogSynced(time.monotonic(), 2 * tail.length >= tail.capacity))[0],
+                          WakeCopier):
                 self._copy_cond.notify()
-            elif before == 0 or before < IMPORT_BATCH <= len(self._pending):
-                self._copy_cond.notify()  # the copier starts its idle wait, or copies a full batch
         counts = self._run_counts
         for row in group.rows:
             if row[2] is not None:
@@ -935,7 +952,7 @@ class Journal:
         pieces (``_insert``), one DuckDB transaction each, while the writer goes on
         committing to the log. It copies
         when ``IMPORT_BATCH`` entries are pending, when no commit came for
-        ``IMPORT_IDLE_SECS``, and at once when somebody asks for it (``_wanted``:
+        ``IMPORT_IDLE_SECS``, and at once when somebody asks for it (``CommitCore.want``:
         the writer when half the log is used; ``_drain``: a read, the log starting
         over, close). So a commit never waits for a copy unless the log is full
         and not yet copied.
@@ -957,6 +974,7 @@ class Journal:
                     cond.wait(self._copy_wait())
                 if self._copier_stop:
                     self._copier_done = True
+                    self._core.handle(Stop())
                     left, self._jobs = list(self._jobs), deque()
                     cond.notify_all()
                     for _, future in left:
@@ -966,10 +984,9 @@ class Journal:
                 job = self._jobs.popleft() if self._jobs else None
                 self._lazy = max(0, self._lazy - 1)
                 if job is None:
+                    copy = self._core.handle(CopyStart())[0]  # CopyRows(first, last)
                     rows = list(self._pending)
                     acc = self._acc.copy()  # ends at rows[-1]: the writer extends both under this lock
-                    self._attempts += 1
-                    attempt = self._attempts
             if job is not None:
                 fn, future = job
                 if future.set_running_or_notify_cancel():
@@ -979,17 +996,23 @@ class Journal:
                         future.set_exception(exc)
                 continue
             try:
-                self._copy(rows, acc)
+                if (rows[0][0], rows[-1][0]) != (copy.first, copy.last):  # type: ignore[union-attr]
+                    with cond:
+                        self._broken = IntegrityError(
+                            f"the log's pending entries {rows[0][0]}..{rows[-1][0]} are not the copy's "
+                            f"{copy.first}..{copy.last}")  # type: ignore[union-attr]
+                    raise self._broken
+                self._copy(rows, acc)  # sets _broken, or _copy_error (the disk), when it raises
             except BaseException:  # kept for the waiters; the entries stay in the log
                 with cond:
-                    self._failed_attempt = attempt
-                    self._wanted = 0  # the next waiter asks again
+                    # the next waiter asks again; a refused copy is tried again IMPORT_RETRY_SECS later
+                    self._core.handle(CopyBroke() if self._broken is not None
+                                      else CopyRefused(time.monotonic() + IMPORT_RETRY_SECS))
                     cond.notify_all()
                 continue
             with cond:
                 del self._pending[:len(rows)]
-                self._copied = rows[-1][0]
-                self._imports += 1
+                self._core.handle(Copied(rows[-1][0]))
                 self._copy_error = None
                 cond.notify_all()
 
@@ -998,7 +1021,8 @@ class Journal:
         held back and the journal was committed to within ``IMPORT_IDLE_SECS``."""
         if not self._jobs:
             return False
-        return len(self._jobs) > self._lazy or time.monotonic() - self._last_commit >= IMPORT_IDLE_SECS
+        core = self._core
+        return len(self._jobs) > self._lazy or time.monotonic() - core.last_commit >= core.idle
 
     def _hurry(self) -> None:
         """Have the copier run the jobs it holds back now (somebody waits for one of them)."""
@@ -1012,24 +1036,15 @@ class Journal:
             self._copy_cond.notify_all()
 
     def _copy_due(self) -> bool:
-        """Whether the copier copies now (called holding ``_copy_cond``)."""
-        if self._broken is not None or not self._pending:
-            return False
-        if self._wanted > self._copied:
-            return True
-        now = time.monotonic()
-        if now < self._retry_at:
-            return False
-        return len(self._pending) >= IMPORT_BATCH or now - self._last_commit >= IMPORT_IDLE_SECS
+        """Whether the copier copies now (called holding ``_copy_cond``): ``CommitCore.copy_due``."""
+        return self._core.copy_due(time.monotonic())
 
     def _copy_wait(self) -> float | None:
         """How long the copier sleeps before looking again (None: until notified)."""
+        core = self._core
         if self._jobs:  # held back: they run once the journal is idle
-            return max(0.001, self._last_commit + IMPORT_IDLE_SECS - time.monotonic())
-        if self._broken is not None or not self._pending:
-            return None
-        due = max(self._retry_at, self._last_commit + IMPORT_IDLE_SECS)
-        return max(0.001, due - time.monotonic())
+            return max(0.001, core.last_commit + core.idle - time.monotonic())
+        return core.copy_wait(time.monotonic())
 
     def _copy(self, rows: list[tuple[Any, ...]], acc: MerkleAccumulator) -> None:
         """One copy attempt of ``rows`` (ending at ``acc``'s size) into ``journal.db``; on the copier."""
@@ -1056,7 +1071,6 @@ class Journal:
                     self._broken = broken
                     raise broken from exc
                 self._copy_error = error
-                self._retry_at = time.monotonic() + IMPORT_RETRY_SECS
             if error is exc:
                 raise
             raise error from exc
@@ -1074,17 +1088,17 @@ class Journal:
         cond = self._copy_cond
         with cond:
             self._hold_none()  # a copy runs the jobs queued before it
-            target = self._head[0]
-            ticket = self._attempts
-            while self._copied < target:
+            core = self._core
+            target = core.acknowledged
+            ticket = core.attempts
+            while core.copied < target:
                 if self._broken is not None:
                     raise self._broken
-                if self._failed_attempt > ticket and self._copy_error is not None:
+                if core.failed_attempt > ticket and self._copy_error is not None:
                     raise self._copy_error
                 if self._copier_done:
                     return
-                if self._wanted < target:
-                    self._wanted = target
+                if core.want(target):
                     cond.notify_all()
                 cond.wait()
             if self._broken is not None:
@@ -1153,7 +1167,7 @@ class Journal:
                         raise  # still busy after CLOSE_WAIT_SECONDS: the next copy tries again
                     except Exception:  # noqa: BLE001 - an invalidated database may refuse even this
                         pass
-                self._reader = None
+                self._reader = None  # type: ignore[assignment]  # closed: opened again before a read
                 self._cursors.clear()  # closed with their connection
             con = connect_locked(self.path)
             try:
@@ -1493,7 +1507,7 @@ class Journal:
             params.append(run_id)
         if since_seq is not None:
             where.append("seq > ?")
-            params.append(int(since_seq))
+            params.append(int(since_seq))  # type: ignore[arg-type]  # DuckDB takes any value
         if kinds is not None:
             kinds = list(kinds)
             if not kinds:
@@ -1552,7 +1566,7 @@ class Journal:
         """Close the reader cursor and every cursor ``cursor()`` handed out, interrupting a query
         still running on one (``_close_interrupting``)."""
         with self._read_lock:  # a read through _read holds it: it finishes first
-            reader, self._reader = self._reader, None
+            reader, self._reader = self._reader, None  # type: ignore[assignment]  # as above
             handed = list(self._cursors)
         if reader is not None:
             _close_interrupting(reader, handed)
