@@ -489,8 +489,8 @@ class _Rules:
                 if entries is not None:
                     found.extend((pos, prefix) for pos, prefix, rest in entries if all(w in text for w in rest))
             limit = before
-            for word in search.globs:
-                named = self._first_named(word, limit)
+            for glob in search.globs:
+                named = self._first_named(glob, limit)
                 if named is not None:
                     found.append(named)
                     limit = named[0]

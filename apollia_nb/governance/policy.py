@@ -203,9 +203,9 @@ def verify_signature(data: bytes, signature: bytes, trusted_keys: Sequence[str])
             keys.append((key.strip(), VerifyKey(raw)))
         except Exception as exc:  # pragma: no cover - 32 bytes always make a key
             raise PolicyRefused(f"trusted key #{index + 1} is not an Ed25519 key: {exc}") from None
-    for text, key in keys:
+    for text, verify_key in keys:
         try:
-            key.verify(data, sig)
+            verify_key.verify(data, sig)
         except BadSignatureError:
             continue
         return text

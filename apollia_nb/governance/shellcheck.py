@@ -309,7 +309,7 @@ def _program_ok(word: str) -> bool:
     )
 
 
-def simple_words(command: str) -> tuple[str, ...] | None:
+def simple_words(command: object) -> tuple[str, ...] | None:
     """The argv of ``command`` if it is provably one simple command, else ``None``.
 
     Quotes are removed: ``'git' "status"`` gives ``("git", "status")``.
@@ -333,7 +333,7 @@ def _simple_words(command: str) -> tuple[str, ...] | None:
     return words
 
 
-def evaluating_builtin(command: str) -> str | None:
+def evaluating_builtin(command: object) -> str | None:
     """The shell builtin (not in :data:`PLAIN_BUILTINS`) that ``command`` starts with, if any.
 
     Only reads commands made of the accepted subset; for any other, None.
@@ -515,6 +515,8 @@ def _text_variants(text: str) -> tuple[str, ...] | None:
     """The text as seen through quote removal, with expansions taken as empty or as a
     space and punctuation as a space; None when expansions nest too deep to read."""
     plain = _dequote(text)
+    stripped: str | None
+    spaced: str | None
     if "$" not in plain and "`" not in plain:
         stripped = spaced = plain
     else:
@@ -572,7 +574,7 @@ def _command_matches(forms: set[tuple[str, ...]], command: str, depth: int) -> b
     return _words_match(forms, words, depth)
 
 
-def deny_prefix_matches(prefix: str, command: str) -> bool:
+def deny_prefix_matches(prefix: object, command: object) -> bool:
     """Deny rules: broad. Whether ``command`` may run what the prefix names.
 
     A simple command matches when its program (or the program's basename) is the
@@ -595,7 +597,7 @@ def deny_prefix_matches(prefix: str, command: str) -> bool:
         return True
 
 
-def deny_search_text(command: str) -> str | None:
+def deny_search_text(command: object) -> str | None:
     """Every text deny matching reads words from, joined by newlines; None when it may
     match without reading words (too long, nested too deep, an internal failure).
 

@@ -1304,7 +1304,7 @@ class GovernanceStore:
             payload["by"] = by
             return _Change(
                 "rule_removed", payload, None if record.agent == "*" else record.agent,
-                lambda c: c.execute("DELETE FROM rules WHERE id = ?", [rule_id]), record,
+                lambda c: c.execute("DELETE FROM rules WHERE id = ?", [rule_id]), record,  # type: ignore[arg-type]  # what it returns is not read
             )
 
         return self._write(prepare)
@@ -1345,7 +1345,7 @@ class GovernanceStore:
             record = ConsentRecord(agent, fam, by, now)
             return _Change(
                 "consent_granted", {"agent": agent, "family": fam.value, "by": by}, agent,
-                lambda c: c.execute("INSERT INTO consents VALUES (?, ?, ?, ?)", [agent, fam.value, by, _naive(now)]),
+                lambda c: c.execute("INSERT INTO consents VALUES (?, ?, ?, ?)", [agent, fam.value, by, _naive(now)]),  # type: ignore[arg-type]  # what it returns is not read
                 record,
             )
 
@@ -1365,7 +1365,7 @@ class GovernanceStore:
                 raise NotFound(f"agent {agent!r} holds no standing consent for {fam.value!r}")
             return _Change(
                 "consent_revoked", {"agent": agent, "family": fam.value, "by": by}, agent,
-                lambda c: c.execute("DELETE FROM consents WHERE agent = ? AND family = ?", [agent, fam.value]),
+                lambda c: c.execute("DELETE FROM consents WHERE agent = ? AND family = ?", [agent, fam.value]),  # type: ignore[arg-type]  # what it returns is not read
                 ConsentRecord(agent, fam, row[0], _utc(row[1])),  # type: ignore[arg-type]
             )
 
@@ -1694,7 +1694,7 @@ class GovernanceStore:
             rows = con.execute(
                 f"SELECT {_PENDING_COLUMNS} FROM pending_decisions WHERE status = ? AND created_at <= ? "
                 "ORDER BY created_at, id",
-                [PENDING, _naive(cutoff)],
+                [PENDING, _naive(cutoff)],  # type: ignore[arg-type]  # at - timedelta is a datetime
             ).fetchall()
             expired = [
                 replace(d, status=EXPIRED, answer=Answer.REFUSE, answered_by="timeout", answered_at=at, answer_reason=why)

@@ -263,7 +263,8 @@ def compact_json_encoder(*, sort_keys: bool, ensure_ascii: bool, allow_nan: bool
     of the containers it is inside (no cycle check): give it only values that cannot
     hold a cycle (walked already, or built of plain rows)."""
     try:
-        from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii
+        from json.encoder import (  # type: ignore[attr-defined]  # the C accelerator typeshed leaves out
+            c_make_encoder, encode_basestring, encode_basestring_ascii)
     except ImportError:  # pragma: no cover - a Python without the C accelerator
         return None
     if c_make_encoder is None:  # pragma: no cover
@@ -379,7 +380,7 @@ def entry_bytes(
         if value is None:
             append(b"\x00")
         else:
-            data = value.encode("utf-8") if type(value) is str else bytes(value)
+            data = value.encode("utf-8") if type(value) is str else bytes(value)  # type: ignore[arg-type]  # not str: bytes
             append(b"\x01" + _U32.pack(len(data)))
             append(data)
     append(prev_hash)

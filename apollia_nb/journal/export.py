@@ -478,7 +478,7 @@ def export_streamed(journal: Any, directory: Path, *, size: int, checkpoints: li
     kept = [(int(s), bytes(r), n) for s, r, n in checkpoints if int(s) <= size]
     largest = max((s for s, _r, _n in kept), default=0)
     cosignatures = [c for c in journal.cosignatures() if kept and int(c[0]) <= largest]
-    counted = {"entries": 0, "head": None}
+    counted: dict[str, Any] = {"entries": 0, "head": None}
 
     def pages() -> Any:
         for rows in journal.entry_pages(size):

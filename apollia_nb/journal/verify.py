@@ -581,8 +581,8 @@ class _Scan:
             return self.fail(seq, f"entry {seq}: prev_hash does not match the hash of entry {seq - 1}"
                              if seq > 1 else "entry 1: prev_hash is not the genesis value (32 zero bytes)")
         try:
-            computed = entry_hash(seq, ts, run_id, agent, kind, _as_bytes(payload) if payload is not None else None,
-                                  prev_hash)  # type: ignore[arg-type]
+            computed = entry_hash(seq, ts, run_id, agent, kind, _as_bytes(payload) if payload is not None else None,  # type: ignore[arg-type]  # None raises TypeError, caught below
+                                  prev_hash)
         except (TypeError, ValueError, AttributeError, OverflowError):
             return self.fail(seq, f"entry {seq} has a column of the wrong type")
         if computed != digest:

@@ -311,7 +311,7 @@ def serve(state: WitnessState, *, host: str = "127.0.0.1", port: int = 0,
     httpd = ThreadingHTTPServer((host, port), _handler(state))
     httpd.daemon_threads = True
     bound_host, bound_port = httpd.server_address[:2]
-    url = f"http://{bound_host if ':' not in str(bound_host) else f'[{bound_host}]'}:{bound_port}"
+    url = f"http://{str(bound_host) if ':' not in str(bound_host) else f'[{str(bound_host)}]'}:{bound_port}"
 
     def stop(*_: object) -> None:
         threading.Thread(target=httpd.shutdown, daemon=True).start()
