@@ -125,7 +125,7 @@ def _with_event_schemas(app: FastAPI) -> None:
                 for op in item.values():
                     for response in op.get("responses", {}).values():
                         response.get("content", {}).get("text/event-stream", {}).pop("itemSchema", None)
-        return app.openapi_schema
+        return app.openapi_schema  # type: ignore[return-value]  # set above
 
     app.openapi = openapi  # type: ignore[method-assign]
 

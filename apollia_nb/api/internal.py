@@ -623,10 +623,10 @@ def _decided_call(body: CallIn, view: Any) -> tuple[Any, dict[str, Any]]:
         # A built-in tool is what the server knows it to be: its family, and whether bash reads its first argument.
         raise BadInput(f"{body.tool} is the built-in tool of family {builtin.value}: it is decided as such")
     try:
-        places = (CodePlaces.of([tuple(p) for p in body.code_places.places], body.code_places.unknown)
+        places = (CodePlaces.of([tuple(p) for p in body.code_places.places], body.code_places.unknown)  # type: ignore[misc]  # the schema makes each a triple
                   if body.code_places is not None else None)
-        call = Call(agent=body.agent, tool=body.tool, family=body.family, arguments=body.arguments,
-                    connection=body.connection, run_grants=frozenset(body.run_grants),
+        call = Call(agent=body.agent, tool=body.tool, family=body.family, arguments=body.arguments,  # type: ignore[arg-type]  # Family is a str enum
+                    connection=body.connection, run_grants=frozenset(body.run_grants),  # type: ignore[arg-type]  # as above
                     paths=tuple(body.paths) if body.paths is not None else None, shell=body.shell,
                     aliases=tuple(body.aliases), code_places=places)
     except (ValueError, TypeError) as exc:

@@ -730,11 +730,11 @@ class McpSource:
         action = elicitation_action(card.answer_value, card.answered_by)
         content = card.delivered_values if action == "accept" else None  # in clear to the server that asked
         try:
-            result = t.ElicitResult(action=action, content=content)
+            result = t.ElicitResult(action=action, content=content)  # type: ignore[arg-type]  # validated here
         except ValidationError:  # not sent, and its values not repeated in any message
             self._log_line("an answer the protocol cannot carry was not sent: the question is cancelled")
             action, content = "cancel", None
-            result = t.ElicitResult(action=action)
+            result = t.ElicitResult(action=action)  # type: ignore[arg-type]  # "cancel"
         self._journal_result(owner, call_id, f"{self.name}/{ELICITATION}",
                              {"action": action, **({"content": card.values} if content is not None else {})})
         return result
@@ -792,7 +792,7 @@ class McpSource:
         if owner is None or owner.scope is None:
             return t.ListRootsResult(roots=[])
         workspace = Path(owner.scope.agent.workspace)
-        return t.ListRootsResult(roots=[t.Root(uri=workspace.resolve().as_uri(), name="workspace")])
+        return t.ListRootsResult(roots=[t.Root(uri=workspace.resolve().as_uri(), name="workspace")])  # type: ignore[arg-type]  # pydantic reads the URL
 
     async def _offer_roots(self, client: Any, scope: Any) -> None:
         """Before a call of another workspace's agent, tell a handshake-era server its roots changed,
@@ -873,7 +873,7 @@ class McpSource:
         self._listing = list(tools)
         for tool in tools:
             tooldef = self._tooldefs.get(f"{self.name}/{tool.name}")
-            if tooldef is None:
+            if tooldef is None or tooldef.annotations is None:  # (an MCP tool's hints are always a dict)
                 continue
             hints, schema = dict(tool_hints(tool) or {}), _schema(tool)
             if hints != {k: v for k, v in tooldef.annotations.items() if k != "changed"} \

@@ -89,7 +89,7 @@ def _check_value(name: str, field: Mapping[str, Any], value: Any) -> None:
     if allowed is not None and not isinstance(value, list) and value not in allowed:
         raise BadAnswer(f"the form's field {name!r} takes one of {allowed}, not {shown(value)}")
     if kind == "array":
-        items = field.get("items") if isinstance(field.get("items"), Mapping) else {}
+        items: Mapping[str, Any] = field.get("items") if isinstance(field.get("items"), Mapping) else {}  # type: ignore[assignment]  # a Mapping
         choices = _allowed(items)
         for item in value:
             if choices is not None and item not in choices:

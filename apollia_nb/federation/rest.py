@@ -162,15 +162,15 @@ def _operation(doc: Mapping[str, Any], path: str, method: str, item: Mapping[str
             merged[(param["name"], str(param.get("in")))] = param
     params: list[Parameter] = []
     for (name, location), param in merged.items():
-        required = bool(param.get("required", location == "path"))
+        needed = bool(param.get("required", location == "path"))
         if location == "header" and name.lower() == "authorization":
             continue  # credentials come from token_env, never from arguments
         if location not in ("path", "query", "header"):
-            if required:
+            if needed:
                 return f"{op_id}: required {location} parameter {name!r} is not supported"
             continue
-        schema = param.get("schema") if isinstance(param.get("schema"), Mapping) else {}
-        params.append(Parameter(name, location, required, dict(schema), str(param.get("description", ""))))
+        schema: Mapping[str, Any] = param.get("schema") if isinstance(param.get("schema"), Mapping) else {}  # type: ignore[assignment]  # a Mapping
+        params.append(Parameter(name, location, needed, dict(schema), str(param.get("description", ""))))  # type: ignore[arg-type]  # location checked above
     order = {"path": 0, "query": 1, "header": 2}
     params.sort(key=lambda p: order[p.location])  # stable: document order within a location
     names = [p.name for p in params]

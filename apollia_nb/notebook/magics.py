@@ -149,7 +149,8 @@ class ApolliaMagics(Magics):
             shell = self.shell
             with widgets_on_first_use():  # DuckDB's first connection in a kernel would import them
                 self.runtime = KernelRuntime(self.home or None, ui_loop=_running_loop(), user=self.user or None,
-                                             show_widgets=self.show_widgets, namespace=lambda: shell.user_ns)
+                                             show_widgets=self.show_widgets,
+                                             namespace=lambda: shell.user_ns)  # type: ignore[union-attr]  # a magic has its shell
         except ApolliaError as exc:
             self.open_error = exc  # what the side panel says instead of "no home is open"
             from apollia_nb.errors import HomeLocked
@@ -455,8 +456,8 @@ class ApolliaMagics(Magics):
         self._no_cell("serve", cell)
         _parser("%apollia serve").parse_args(args)
         opened = self.runtime is not None and not self.runtime.closed
-        home = self.runtime.rt.home.path if opened else (self.home or "$APOLLIA_HOME")
-        joined = opened and getattr(self.runtime.rt, "mode", None) == "client"
+        home = self.runtime.rt.home.path if opened else (self.home or "$APOLLIA_HOME")  # type: ignore[union-attr]  # opened: a runtime
+        joined = opened and getattr(self.runtime.rt, "mode", None) == "client"  # type: ignore[union-attr]  # as above
         print((SERVE_JOINED if joined else SERVE_MESSAGE).format(home=home))
 
     def _help(self, args: list[str], cell: str | None) -> None:

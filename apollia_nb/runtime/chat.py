@@ -418,7 +418,7 @@ class Session:
                 if planning and c["name"] not in allowed_names:
                     from apollia_nb.runtime.governed import CallResult
 
-                    result = CallResult(c["id"], c["name"], "refused", error_code="REFUSED",
+                    result = CallResult(c["id"], c["name"], "refused", error_code="REFUSED",  # type: ignore[arg-type]  # a call's fields are str
                                         error_message="only read-only tools before the plan is approved")
                     await rt.journal.append_async("tool_result", {
                         "call_id": c["id"], "tool": c["name"], "status": "refused", "error_code": "REFUSED",
@@ -430,8 +430,8 @@ class Session:
                         exchange._push({"type": "card", "card": card.to_dict()})
 
                     result = await governed_call(
-                        rt, self.agent, run_id=self.r["run_id"], call_id=c["id"], name=c["name"],
-                        arguments=c["arguments"], mode="chat", session_id=self.id, waiting_hook=on_wait,
+                        rt, self.agent, run_id=self.r["run_id"], call_id=c["id"], name=c["name"],  # type: ignore[arg-type]  # as above
+                        arguments=c["arguments"], mode="chat", session_id=self.id, waiting_hook=on_wait,  # type: ignore[arg-type]  # as above
                     )
                 exchange._push({"type": "tool_result", "call_id": c["id"], "tool": c["name"],
                                 "status": result.status, "error_code": result.error_code})
@@ -480,7 +480,7 @@ class Sessions:
         self.rt.journal.append("run_open", {"run_kind": "chat", "session_id": session_id,
                                             **({"parent_id": parent_id} if parent_id else {}),
                                             **({"forked_from": forked_from} if forked_from else {})},
-                               run_id=record["run_id"], agent=agent)
+                               run_id=record["run_id"], agent=agent)  # type: ignore[arg-type]  # a run id is a str
         session._save()
         if parent_id is not None:
             parent = self.get(parent_id)

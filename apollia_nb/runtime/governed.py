@@ -253,7 +253,7 @@ async def governed_call(
     family = tooldef.family.value if tooldef.family is not None else None
     call = Call(
         agent=agent.name, tool=name, family=tooldef.family, arguments=ordered,
-        connection=tooldef.connection, run_grants=frozenset(grants),
+        connection=tooldef.connection, run_grants=frozenset(grants),  # type: ignore[arg-type]  # Family is a str enum
         paths=path.names if path is not None else None, shell=tooldef.shell, aliases=aliases,
         code_places=_code_places(agent) if path is not None and tooldef.family is Family.WRITE else None,
     )

@@ -308,7 +308,7 @@ class _Checker:
     # -- typed getters ---------------------------------------------------------------
 
     def string(self, table: dict[str, Any], path: KeyPath, default: str) -> str:
-        value = table.get(path[-1], default)
+        value = table.get(path[-1], default)  # type: ignore[arg-type]  # a table's key is a str
         if not isinstance(value, str):
             self.wrong(path, "a string", value)
             return default
@@ -318,7 +318,7 @@ class _Checker:
         return value
 
     def string_list(self, table: dict[str, Any], path: KeyPath) -> tuple[str, ...]:
-        value = table.get(path[-1], [])
+        value = table.get(path[-1], [])  # type: ignore[arg-type]  # a table's key is a str
         if not isinstance(value, list):
             self.wrong(path, "an array of strings", value)
             return ()

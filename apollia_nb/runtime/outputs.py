@@ -332,7 +332,7 @@ def secret_values(config: Any) -> dict[str, str]:
         env = table.get("token_env") if isinstance(table, Mapping) else None
         value = os.environ.get(env) if isinstance(env, str) and env else None
         if value and len(value) >= MIN_SECRET:
-            found[value] = env
+            found[value] = env  # type: ignore[assignment]  # env is a str here
     return found
 
 

@@ -109,7 +109,7 @@ def _hold(held: OrderedDict[Hashable, _Write], item: _Write) -> None:
     else:
         first, then = earlier.run, item.run
         assert first is not None and then is not None
-        held[key] = earlier._replace(run=lambda: (first(), then()))
+        held[key] = earlier._replace(run=lambda: (first(), then()))  # type: ignore[arg-type]  # its value is not read
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS home_facts (
@@ -284,7 +284,7 @@ class RuntimeRecords:
                 self._run(self._counts_now)
             data = json.dumps({"file": self._file_id, "counts": self._counts}).encode()
             if self._claims_fd is None:
-                self._claims_fd = os.open(self._claims, os.O_WRONLY | os.O_CREAT, 0o600)
+                self._claims_fd = os.open(self._claims, os.O_WRONLY | os.O_CREAT, 0o600)  # type: ignore[arg-type]  # claims are kept only for a file
             os.pwrite(self._claims_fd, data.ljust(_CLAIMS_SIZE), 0)
             if len(data) > _CLAIMS_SIZE:
                 os.ftruncate(self._claims_fd, len(data))
@@ -698,7 +698,7 @@ class RuntimeRecords:
                         if self._in_group:
                             raise  # in a transaction (a group): it is aborted, the group tries each on its own
                 if not insert:
-                    (count,) = con.execute(f"UPDATE {table} SET {sets} WHERE {where}",
+                    (count,) = con.execute(f"UPDATE {table} SET {sets} WHERE {where}",  # type: ignore[misc]  # an UPDATE returns its count
                                            [*values.values(), *keys.values()]).fetchone()
                 if not count:
                     con.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
@@ -759,7 +759,7 @@ class RuntimeRecords:
                 self._upsert_now("agents", {"name": name}, {**values, "registered_at": at})
                 return True
 
-        return self._write(write, ("agents", name), acknowledged=acknowledged)
+        return self._write(write, ("agents", name), acknowledged=acknowledged)  # type: ignore[arg-type]  # what it returns is not read
 
     def set_agent_state(self, name: str, state: str) -> None:
         def write() -> None:
@@ -855,7 +855,7 @@ class RuntimeRecords:
                 self._con.executemany("DELETE FROM idempotency WHERE scope = ? AND key = ?", keys)
             return False  # a forgotten key coming back with a lost log is a request answered once more
 
-        self._write(write)
+        self._write(write)  # type: ignore[arg-type]  # what it returns is not read
 
     # batches (runtime/batch.py) -------------------------------------------
     def save_batch(self, record: dict[str, Any], items: list[dict[str, Any]], at: str) -> Future[None]:

@@ -712,7 +712,7 @@ class TaskRun:
                     result = await governed_call(
                         self.rt, self.agent, run_id=self.r.run_id, call_id=queued["call_id"],
                         name=queued["name"], arguments=clear if clear is not None else queued["arguments"],
-                        mode=mode, grants=frozenset(self.r.grants), task_id=self.id, waiting_hook=waiting_hook,
+                        mode=mode, grants=frozenset(self.r.grants), task_id=self.id, waiting_hook=waiting_hook,  # type: ignore[arg-type]  # watched or unattended
                         prefix=prefix,
                     )
                 if self.r.awaiting and result.status != "waiting":
@@ -753,7 +753,7 @@ class TaskRun:
             if tc["id"] in self._shown_calls:
                 tc["arguments"] = _json_copy(self._shown_calls[tc["id"]])
         self.r.messages.append(kept)
-        self._history.append(message)
+        self._history.append(message)  # type: ignore[union-attr]  # _messages() made it
 
     async def _on_waiting(self, card: Any) -> None:
         """A watched run is about to wait on a card: show it as waiting."""

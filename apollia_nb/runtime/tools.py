@@ -185,8 +185,8 @@ class ToolDef:
         doc = inspect.getdoc(fn) or ""
         summary = doc.split("\n\n", 1)[0].strip() if doc else ""
         return cls(
-            name=name or getattr(fn, "__name__", ""),
-            family=family,
+            name=name or getattr(fn, "__name__", ""),  # type: ignore[arg-type]  # a function has a name
+            family=family,  # type: ignore[arg-type]  # ToolDef reads a family's name
             fn=fn,
             parameters=schema_from_signature(fn),
             description=summary if description is None else description,
