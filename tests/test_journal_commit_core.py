@@ -448,3 +448,64 @@ def test_an_open_journal_moves_its_core_through_every_commit_and_copy(tmp_path):
         assert journal._core.acknowledged == journal._core.copied == 4
         journal.append("plan", {"n": 5})
         assert journal._core.acknowledged == 5
+
+
+@pytest.mark.parametrize("point", ["journal.before_frontier", "journal.after_piece", "journal.after_copy"])
+def test_a_process_killed_at_a_crash_point_leaves_what_the_table_says(tmp_path, point):
+    """A real process appends 4 entries over a stored head of 1 and is killed (``APOLLIA_FAULT``) at
+    ``point`` while copying them: journal.db holds what ``crash`` says it may, the log everything
+    acknowledged, and the next open takes the rest."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from apollia_nb.dbutil import connect_locked
+    from apollia_nb.home import Home
+    from apollia_nb.journal.store import Journal
+    from apollia_nb.journal.tail import read_tail, tail_path
+    from apollia_nb.journal.verify import verify_journal
+
+    home = Home.at(tmp_path / "home")
+    with Journal.open(home) as journal:
+        journal.append("plan", {"n": 0})
+    script = textwrap.dedent(f"""
+        import json
+        from apollia_nb.home import Home
+        from apollia_nb.journal import Journal, store
+        store.COPY_PIECE_BYTES = 1024  # one entry a piece: a copy of 4 is 4 pieces
+        journal = Journal.open(Home.at({str(home.path)!r}))
+        entries = journal.append_many([("plan", {{"n": i, "text": "x" * 2000}}, "run-1", "clerk")
+                                       for i in range(1, 5)])
+        print(json.dumps([[e.seq, e.hash.hex()] for e in entries]), flush=True)
+        journal.entries()  # waits for the copy: killed at the crash point
+        print("survived", flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "APOLLIA_FAULT": f"{point}:kill"})
+    assert out.returncode == -signal.SIGKILL, (out.stdout[-300:], out.stderr[-2000:])
+    assert "survived" not in out.stdout
+    acknowledged = json.loads(out.stdout.splitlines()[0])
+
+    core = CommitCore(1)  # the same moves, as data: 2..5 acknowledged, their copy under way
+    for event in (Sequenced(2, 4), Seal(fits=True), LogSynced(now=0.0), CopyStart()):
+        core.handle(event)
+    predicted = crash(core, point)
+    assert predicted.acknowledged == acknowledged[-1][0] == 5
+    con = connect_locked(home.journal_db, read_only=True)
+    try:
+        [(held,)] = con.execute("SELECT coalesce(max(seq), 0) FROM entries").fetchall()
+        [(frontier,)] = con.execute("SELECT size FROM frontier").fetchall()
+    finally:
+        con.close()
+    assert predicted.db[0] <= held <= predicted.db[1] and frontier == held  # a prefix, its frontier with it
+    assert {"journal.before_frontier": held == 1, "journal.after_piece": 1 < held < 5,
+            "journal.after_copy": held == 5}[point], held
+    log = read_tail(tail_path(home.journal_db))
+    assert [[r[0], bytes(r[7]).hex()] for r in log.rows if r[0] > 1] == acknowledged  # all of it durable
+    with Journal.open(home) as journal:
+        assert [[e.seq, e.hash.hex()] for e in journal.entries(since_seq=1)] == acknowledged
+        assert journal._core.acknowledged == journal._core.copied == journal.head()[0] == 5
+        assert verify_journal(journal).ok
