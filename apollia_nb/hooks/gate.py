@@ -115,25 +115,34 @@ async def answer_hook(rt: Any, tool: str, raw: bytes | str | dict[str, Any], *, 
                                      f"({type(exc).__name__}: {exc})", data)
 
 
-#: ``apollia.toml`` as last read: ``{path: ((mtime_ns, size), parsed)}``; read again when it changes.
-_read_config: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
+#: ``apollia.toml`` as last read: ``{path: (checked at, (mtime_ns, size), parsed)}``; its ``stat()`` is
+#: looked at again at most every ``CONFIG_RECHECK_SECS``, and the file read again when it changed.
+_read_config: dict[str, tuple[float, tuple[int, int] | None, dict[str, Any]]] = {}
+CONFIG_RECHECK_SECS = 1.0
 
 
 def _config_text(path: Any) -> dict[str, Any]:
-    """``apollia.toml`` as it is now (a hook reads ``[hooks]`` changes without a restart); a file that does
-    not read is ``BAD_INPUT`` (the hook denies)."""
+    """``apollia.toml`` as it is now, within a second (a hook reads ``[hooks]`` changes without a restart); a
+    file that does not read is ``BAD_INPUT`` (the hook denies, and reads it again on its next call)."""
+    import time
+
     from apollia_nb.config import load_config
 
+    now = time.monotonic()
+    held = _read_config.get(str(path))
+    if held is not None and now - held[0] < CONFIG_RECHECK_SECS:
+        return held[2]
     try:
         st = os.stat(path)
     except FileNotFoundError:
+        _read_config[str(path)] = (now, None, {})
         return {}
     key = (st.st_mtime_ns, st.st_size)
-    held = _read_config.get(str(path))
-    if held is not None and held[0] == key:
-        return held[1]
+    if held is not None and held[1] == key:
+        _read_config[str(path)] = (now, key, held[2])
+        return held[2]
     raw = load_config(path).raw
-    _read_config[str(path)] = (key, raw)
+    _read_config[str(path)] = (now, key, raw)
     return raw
 
 
