@@ -275,6 +275,7 @@ class Runtime:
         self.sessions: Any = None
         self.tool_sources: list[Any] = []
         self.witnesses: Any = None  # witness.sender.CosignSender when apollia.toml names witnesses
+        self.telemetry: Any = None  # runtime.telemetry.TelemetryExporter when [telemetry] enabled = true
         self.opened = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -455,17 +456,24 @@ class Runtime:
                     session._scope.cancel()
 
     def _start_witnesses(self) -> None:
-        """The thread sending this journal's checkpoints to ``[[journal.witnesses]]`` (docs/journal.md)."""
-        if "journal" not in self.config.raw:  # no [journal] table: no witnesses (nothing to import)
-            return
-        from apollia_nb.witness.sender import CosignSender, parse_witnesses
-
+        """The thread sending this journal's checkpoints to ``[[journal.witnesses]]`` (docs/journal.md),
+        and the one exporting its spans when ``[telemetry]`` is enabled (docs/evidence.md)."""
         try:
+            if "telemetry" in self.config.raw:
+                from apollia_nb.runtime.telemetry import start_telemetry
+
+                self.telemetry = start_telemetry(self.journal, self.config.raw, str(self.home.config_path))
+            if "journal" not in self.config.raw:  # no [journal] table: no witnesses (nothing to import)
+                return
+            from apollia_nb.witness.sender import CosignSender, parse_witnesses
+
             witnesses = parse_witnesses(self.config.raw, str(self.home.config_path))
             if witnesses:
                 self.witnesses = CosignSender(cast("Journal", self.journal), witnesses)  # the owner's
                 self.witnesses.start()
         except BaseException:
+            if self.telemetry is not None:
+                self.telemetry.close()
             self.governance.close()
             self.journal.close()
             self.records.close()
@@ -482,6 +490,8 @@ class Runtime:
         self.opened = False
         if self.witnesses is not None:
             self.witnesses.close()
+        if self.telemetry is not None:  # its last entries read before the journal closes
+            self.telemetry.close()
         try:
             self.governance.close()
             self.journal.close()

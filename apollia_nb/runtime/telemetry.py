@@ -1,0 +1,439 @@
+"""OpenTelemetry spans derived from the journal as it commits (``[telemetry]`` in apollia.toml).
+
+Two parts:
+
+``SpanDeriver`` (pure)
+    Takes committed journal entries in seq order and returns span moves
+    (``Open`` / ``Close`` values): ``invoke_agent`` for a run, one step span per
+    stretch of the same model role (``plan`` for the planner, ``act`` for the
+    actor, ``critic`` for the critic), ``chat`` per model turn and
+    ``execute_tool`` per governed call (allowed, asked, refused), each carrying
+    the seq and entry hash of the entry it comes from, so ``audit prove`` proves it.
+    No clock, no I/O: times are the entries' own ``ts``.
+
+``TelemetryExporter`` (the edge)
+    A thread following the journal (reads ``entries(since_seq=...)`` every
+    ``interval_secs``) and feeding the OpenTelemetry SDK's batching span
+    processor and its OTLP exporter (HTTP/protobuf or gRPC, set by the standard
+    ``OTEL_*`` variables). It is never in a governed call's path: a call is
+    decided, journalled and carried out before its entries are read here, and a
+    collector that is down loses spans, never calls.
+
+The attribute names follow the OpenTelemetry GenAI semantic conventions
+(semantic-conventions-genai, status Development); the decision attributes are
+``apollia.*`` (docs/evidence.md gives the mapping and the proposals they match).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from apollia_nb.errors import BadInput
+
+__all__ = ["Open", "Close", "SpanDeriver", "TelemetryConfig", "parse_telemetry", "TelemetryExporter",
+           "DECISION_RULES", "start_telemetry"]
+
+#: decide()'s lines by name (apollia.decision.rule): which of its six lines decided.
+DECISION_RULES: dict[int, str] = {
+    0: "governance_unreadable",
+    1: "organisation_policy",
+    2: "deny_rule",
+    3: "reads_only",
+    4: "execute",
+    5: "consent",
+    6: "ask",
+}
+
+_STEP_NAMES = {"planner": "plan", "actor": "act", "critic": "critic"}
+
+
+@dataclass(frozen=True)
+class Open:
+    """Start a span ``key`` under ``parent`` (None: a root span) at ``start_ns``."""
+
+    key: tuple[Any, ...]
+    parent: tuple[Any, ...] | None
+    name: str
+    start_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Close:
+    """End span ``key`` at ``end_ns``, adding ``attributes``; ``error`` marks its status an error."""
+
+    key: tuple[Any, ...]
+    end_ns: int
+    attributes: dict[str, Any]
+    error: str | None = None
+
+
+def _ns(ts: str) -> int:
+    parsed = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    return int(parsed.timestamp()) * 1_000_000_000 + parsed.microsecond * 1000
+
+
+def _proof(entry: Any, prefix: str = "apollia.journal") -> dict[str, Any]:
+    return {f"{prefix}.seq": int(entry.seq), f"{prefix}.entry_hash": bytes(entry.hash).hex()}
+
+
+@dataclass
+class _Run:
+    agent: str | None
+    last_ns: int
+    step: tuple[Any, ...] | None = None
+    step_role: str | None = None
+    steps: int = 0
+    calls: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+
+class SpanDeriver:
+    """Entries in, span moves out. Keeps only what open spans need (pure)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, _Run] = {}
+        self._models: dict[str, dict[str, Any]] = {}  # agent → its manifest's model table
+        self._loose: dict[str, tuple[Any, ...]] = {}  # call id → execute_tool span outside a run
+        self._asked: dict[tuple[Any, ...], int] = {}  # execute_tool span → the ask's time
+
+    def feed(self, entries: Iterable[Any]) -> list[Open | Close]:
+        moves: list[Open | Close] = []
+        for entry in entries:
+            try:
+                payload = json.loads(entry.payload)
+            except ValueError:
+                continue
+            if not isinstance(payload, dict):
+                continue
+            moves.extend(self._one(entry, payload))
+        return moves
+
+    def _run(self, entry: Any, at: int, moves: list[Open | Close], payload: Mapping[str, Any]) -> _Run:
+        run = self._runs.get(entry.run_id)
+        if run is None:
+            run = self._runs[entry.run_id] = _Run(entry.agent, at)
+            attrs = {"gen_ai.operation.name": "invoke_agent", "apollia.run.id": entry.run_id,
+                     "gen_ai.conversation.id": entry.run_id, **_proof(entry)}
+            if entry.agent:
+                attrs["gen_ai.agent.name"] = attrs["gen_ai.agent.id"] = entry.agent
+            if entry.kind == "run_open":
+                for key in ("run_kind", "task_id"):
+                    if isinstance(payload.get(key), str):
+                        attrs[f"apollia.{key.replace('_', '.')}"] = payload[key]
+            model = self._models.get(entry.agent or "")
+            if model and isinstance(model.get("provider"), str):
+                attrs["gen_ai.provider.name"] = model["provider"]
+            name = f"invoke_agent {entry.agent}" if entry.agent else "invoke_agent"
+            moves.append(Open(("run", entry.run_id), None, name, at, attrs))
+        return run
+
+    def _close_step(self, run: _Run, moves: list[Open | Close]) -> None:
+        if run.step is not None:
+            moves.append(Close(run.step, run.last_ns, {}))
+            run.step = run.step_role = None
+
+    def _one(self, entry: Any, payload: dict[str, Any]) -> list[Open | Close]:
+        moves: list[Open | Close] = []
+        at = _ns(entry.ts)
+        kind = entry.kind
+        if kind == "agent_identity":
+            identity = payload.get("identity")
+            if isinstance(identity, dict) and isinstance(identity.get("model"), dict) and entry.agent:
+                self._models[entry.agent] = identity["model"]
+            return moves
+        if entry.run_id is None:
+            if kind in ("decision", "answer", "tool_result"):
+                moves.extend(self._call(entry, payload, at, None, None))
+            return moves
+        run = self._run(entry, at, moves, payload)
+        if kind == "model_response":
+            role = str(payload.get("role") or "actor")
+            if role != run.step_role:
+                self._close_step(run, moves)
+                run.steps += 1
+                run.step = ("step", entry.run_id, run.steps)
+                run.step_role = role
+                step = _STEP_NAMES.get(role, role)
+                attrs = {"apollia.step": step, "apollia.role": role, **_proof(entry)}
+                if step == "plan":
+                    attrs["gen_ai.operation.name"] = "plan"
+                moves.append(Open(run.step, ("run", entry.run_id), step, run.last_ns, attrs))
+            moves.extend(self._chat(entry, payload, run))
+        elif kind in ("decision", "answer", "tool_result"):
+            moves.extend(self._call(entry, payload, at, run, ("run", entry.run_id)))
+        elif kind == "run_seal":
+            for key in list(run.calls.values()):
+                moves.append(Close(key, at, {}))
+            self._close_step(run, moves)
+            run.last_ns = at
+            status = payload.get("status")
+            error = payload.get("error") if isinstance(payload.get("error"), dict) else None
+            attrs = {"apollia.run.status": str(status), "apollia.journal.seal_seq": int(entry.seq),
+                     "apollia.journal.seal_hash": bytes(entry.hash).hex()}
+            code = str(error.get("code")) if error else None
+            if code:
+                attrs["error.type"] = code
+            moves.append(Close(("run", entry.run_id), at, attrs, error=code))
+            del self._runs[entry.run_id]
+            return moves
+        run.last_ns = max(run.last_ns, at)
+        return moves
+
+    def _chat(self, entry: Any, payload: Mapping[str, Any], run: _Run) -> list[Open | Close]:
+        at = _ns(entry.ts)
+        model = self._models.get(entry.agent or "") or {}
+        attrs: dict[str, Any] = {"gen_ai.operation.name": "chat", "apollia.role": str(payload.get("role")),
+                                 **_proof(entry)}
+        if isinstance(payload.get("turn"), int):
+            attrs["apollia.turn"] = payload["turn"]
+        if isinstance(model.get("provider"), str):
+            attrs["gen_ai.provider.name"] = model["provider"]
+        name = model.get("name") or model.get("model")
+        if isinstance(name, str):
+            attrs["gen_ai.request.model"] = name
+        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+        for ours, theirs in (("gen_ai.usage.input_tokens", ("input_tokens", "prompt_tokens")),
+                             ("gen_ai.usage.output_tokens", ("output_tokens", "completion_tokens"))):
+            for key in theirs:
+                if isinstance(usage.get(key), int):
+                    attrs[ours] = usage[key]
+                    break
+        calls = payload.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            attrs["gen_ai.response.finish_reasons"] = ["tool_calls"]
+        key = ("chat", entry.run_id, int(entry.seq))
+        span_name = f"chat {name}" if isinstance(name, str) else "chat"
+        return [Open(key, run.step, span_name, run.last_ns, attrs), Close(key, at, {})]
+
+    def _call(self, entry: Any, payload: Mapping[str, Any], at: int, run: _Run | None,
+              parent: tuple[Any, ...] | None) -> list[Open | Close]:
+        call_id = payload.get("call_id")
+        if not isinstance(call_id, str):
+            return []
+        calls = run.calls if run is not None else self._loose
+        if run is not None and run.step is not None:
+            parent = run.step
+        if entry.kind == "decision":
+            if call_id in calls:  # a call decided twice (a server's request re-decided): keep the first
+                return []
+            key = ("tool", entry.run_id, call_id, int(entry.seq))
+            calls[call_id] = key
+            line = payload.get("line")
+            attrs: dict[str, Any] = {
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": str(payload.get("tool")),
+                "gen_ai.tool.call.id": call_id, "gen_ai.tool.type": "function",
+                "apollia.decision.outcome": str(payload.get("outcome")),
+                "apollia.decision.reason": str(payload.get("reason", "")),
+                **_proof(entry)}
+            if isinstance(line, int):
+                attrs["apollia.decision.line"] = line
+                attrs["apollia.decision.rule"] = DECISION_RULES.get(line, str(line))
+            if payload.get("family") is not None:
+                attrs["apollia.decision.family"] = str(payload["family"])
+            for extra in ("source", "source_tool", "connection"):
+                if isinstance(payload.get(extra), str):
+                    attrs[f"apollia.call.{extra}"] = payload[extra]
+            if entry.agent:
+                attrs["gen_ai.agent.name"] = entry.agent
+            if payload.get("outcome") == "ask":
+                self._asked[key] = at
+            return [Open(key, parent, f"execute_tool {payload.get('tool')}", at, attrs)]
+        key_or_none = calls.get(call_id)
+        if key_or_none is None:
+            return []
+        key = key_or_none
+        if entry.kind == "answer":
+            asked = self._asked.pop(key, at)
+            attrs = {"apollia.decision.answer": str(payload.get("answer")),
+                     "apollia.decision.answered_by": str(payload.get("answered_by")),
+                     "apollia.decision.wait_ms": max(0, (at - asked) // 1_000_000),
+                     **_proof(entry, "apollia.journal.answer")}
+            # an answer is told on the span when it closes: keep it on the call's key
+            calls[call_id] = key
+            return [Close(key, -1, attrs)]  # -1: attributes only, the span stays open
+        del calls[call_id]
+        self._asked.pop(key, None)
+        status = str(payload.get("status"))
+        attrs = {"apollia.tool.status": status, **_proof(entry, "apollia.journal.result")}
+        error = None
+        if status != "ok":
+            error = str(payload.get("error_code") or status.upper())
+            attrs["error.type"] = error
+        return [Close(key, at, attrs, error=error)]
+
+
+# --- configuration ------------------------------------------------------------------
+
+_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """``[telemetry]``: off unless ``enabled = true``; the rest falls back to the ``OTEL_*`` variables."""
+
+    enabled: bool = False
+    endpoint: str | None = None
+    protocol: str | None = None
+    service_name: str | None = None
+    interval_secs: float = 1.0
+
+
+def parse_telemetry(raw: Mapping[str, Any], where: str = "apollia.toml") -> TelemetryConfig:
+    """Validate ``[telemetry]``: unknown keys and wrong types are ``BAD_INPUT`` naming the key."""
+    table = raw.get("telemetry")
+    if table is None:
+        return TelemetryConfig()
+    if not isinstance(table, dict):
+        raise BadInput(f"{where}: [telemetry] must be a table")
+    known = {"enabled", "endpoint", "protocol", "service_name", "interval_secs"}
+    for key in table:
+        if key not in known:
+            raise BadInput(f"{where}: [telemetry] has no key {key!r} (known: {', '.join(sorted(known))})")
+    enabled = table.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise BadInput(f"{where}: [telemetry] enabled must be true or false")
+    endpoint = table.get("endpoint")
+    if endpoint is not None and (not isinstance(endpoint, str)
+                                 or not endpoint.lower().startswith(("http://", "https://"))):
+        raise BadInput(f"{where}: [telemetry] endpoint must be an http:// or https:// URL")
+    protocol = table.get("protocol")
+    if protocol is not None and protocol not in _PROTOCOLS:
+        raise BadInput(f"{where}: [telemetry] protocol must be one of {', '.join(_PROTOCOLS)}")
+    service = table.get("service_name")
+    if service is not None and (not isinstance(service, str) or not service):
+        raise BadInput(f"{where}: [telemetry] service_name must be a non-empty string")
+    interval = table.get("interval_secs", 1.0)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval <= 60:
+        raise BadInput(f"{where}: [telemetry] interval_secs must be a number above 0 and at most 60")
+    return TelemetryConfig(enabled, endpoint, protocol, service, float(interval))
+
+
+# --- the edge: the thread and the SDK -------------------------------------------------
+
+
+def _exporter(config: TelemetryConfig) -> Any:
+    env = os.environ
+    protocol = (config.protocol or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
+    try:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+
+            return Grpc(endpoint=config.endpoint) if config.endpoint else Grpc()
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+    except ImportError:
+        raise BadInput("[telemetry] enabled = true needs the OpenTelemetry packages: "
+                       "pip install 'apollia-nb[otel]'") from None
+    if config.endpoint:
+        endpoint = config.endpoint.rstrip("/")
+        return Http(endpoint=endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces")
+    return Http()
+
+
+class TelemetryExporter:
+    """One thread reading new journal entries and handing their spans to the SDK's batch processor."""
+
+    def __init__(self, journal: Any, config: TelemetryConfig, *, since_seq: int | None = None,
+                 exporter: Any = None) -> None:
+        try:
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError:
+            raise BadInput("[telemetry] enabled = true needs the OpenTelemetry packages: "
+                           "pip install 'apollia-nb[otel]'") from None
+        from apollia_nb import __version__
+
+        attrs: dict[str, Any] = {"service.name": config.service_name or os.environ.get("OTEL_SERVICE_NAME")
+                                 or "apollia-nb", "service.version": __version__,
+                                 "apollia.journal.origin": str(journal.origin)}
+        self._provider = TracerProvider(resource=Resource.create(attrs))
+        self._provider.add_span_processor(BatchSpanProcessor(exporter if exporter is not None
+                                                             else _exporter(config)))
+        self._tracer = self._provider.get_tracer("apollia_nb", __version__)
+        self._journal = journal
+        self._interval = config.interval_secs
+        self._cursor = int(journal.head()[0]) if since_seq is None else int(since_seq)
+        self._deriver = SpanDeriver()
+        self._open: dict[tuple[Any, ...], Any] = {}
+        self._pending: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="journal-telemetry", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.poll()
+
+    def poll(self) -> int:
+        """Read the entries committed since the last poll and start/end their spans; returns how many."""
+        with self._lock:
+            try:
+                entries = self._journal.entries(since_seq=self._cursor, limit=2000)
+            except Exception:  # a journal that cannot be read now: tried again next time
+                self.failures += 1
+                return 0
+            if entries:
+                self._cursor = int(entries[-1].seq)
+                for move in self._deriver.feed(entries):
+                    self._apply(move)
+            return len(entries)
+
+    def _apply(self, move: Open | Close) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        if isinstance(move, Open):
+            context = None
+            parent = self._open.get(move.parent) if move.parent is not None else None
+            if parent is not None:
+                context = trace.set_span_in_context(parent)
+            kind = SpanKind.INTERNAL
+            span = self._tracer.start_span(move.name, context=context, kind=kind, start_time=move.start_ns,
+                                           attributes=move.attributes)
+            self._open[move.key] = span
+            return
+        span = self._open.get(move.key)
+        if span is None:
+            return
+        span.set_attributes(move.attributes)
+        if move.end_ns < 0:
+            return
+        if move.error:
+            span.set_status(Status(StatusCode.ERROR, move.error))
+        span.end(end_time=max(move.end_ns, 0))
+        del self._open[move.key]
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Stop the thread, read what is left, hand every span to the exporter, within ``timeout``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        while self.poll() >= 2000:
+            pass
+        provider = self._provider
+        done = threading.Thread(target=provider.shutdown, name="journal-telemetry-close", daemon=True)
+        done.start()
+        done.join(timeout)  # a collector that does not answer keeps nothing waiting longer
+
+
+def start_telemetry(journal: Any, raw: Mapping[str, Any], where: str = "apollia.toml") -> TelemetryExporter | None:
+    """The owner's exporter when ``[telemetry] enabled = true`` (and ``OTEL_SDK_DISABLED`` is not true)."""
+    config = parse_telemetry(raw, where)
+    if not config.enabled or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    exporter = TelemetryExporter(journal, config)
+    exporter.start()
+    return exporter

@@ -1,0 +1,209 @@
+"""OpenTelemetry export: spans of a governed run sent to a real OTLP/HTTP receiver on 127.0.0.1.
+
+The receiver decodes ``ExportTraceServiceRequest`` protobuf with opentelemetry-proto; every
+span's journal seq and entry hash are proven with ``apollia-os audit prove``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk")
+pytest.importorskip("opentelemetry.proto")
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+
+from apollia_nb.cli import main  # noqa: E402
+from apollia_nb.errors import BadInput  # noqa: E402
+from apollia_nb.runtime import Runtime  # noqa: E402
+from runtime_helpers import call, manifest  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver: POST /v1/traces with a protobuf body."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.resources: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                receiver.paths.append(self.path)
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for rs in request.resource_spans:
+                    receiver.resources.append({a.key: _value(a.value) for a in rs.resource.attributes})
+                    for ss in rs.scope_spans:
+                        for span in ss.spans:
+                            receiver.spans.append({
+                                "name": span.name, "trace": span.trace_id.hex(), "id": span.span_id.hex(),
+                                "parent": span.parent_span_id.hex() or None,
+                                "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
+                                "status": span.status.code,
+                                "attrs": {a.key: _value(a.value) for a in span.attributes},
+                            })
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _value(v: Any) -> Any:
+    which = v.WhichOneof("value")
+    if which == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    return getattr(v, which) if which else None
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+def _enable(home: Any, url: str, **extra: Any) -> None:
+    home.path.mkdir(parents=True, exist_ok=True)
+    lines = ["[telemetry]", "enabled = true", f'endpoint = "{url}"', "interval_secs = 0.05"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
+    home.config_path.write_text("\n".join(lines) + "\n")
+
+
+async def _governed_run(rt: Any) -> Any:
+    rt.governance.add_rule("write_file", "deny", prefix="secrets/", by="test")
+    await rt.register_agent(manifest(
+        planner=[{"steps": ["look", "write"]}],
+        actor=[{"tool_calls": [call("list_dir", path="."), call("write_file", path="a.txt", content="hi")]},
+               {"tool_calls": [call("write_file", path="secrets/k", content="x")]}]))
+    handle = await rt.submit("clerk", "Look, then write")
+    await handle.settled()
+    handle.pending[0].answer("once")
+    return await handle
+
+
+async def test_a_run_s_spans_reach_a_real_otlp_receiver_and_prove_against_the_journal(home, receiver, capsys):
+    _enable(home, receiver.url)
+    async with Runtime(home) as rt:
+        task = await _governed_run(rt)
+        assert task.status == "failed" and task.error["code"] == "REFUSED"
+        run_id = task.run_id
+    assert receiver.paths and set(receiver.paths) == {"/v1/traces"}
+    assert receiver.resources[0]["service.name"] == "apollia-nb"
+    spans = [s for s in receiver.spans if s["trace"] == next(
+        x["trace"] for x in receiver.spans if x["attrs"].get("apollia.run.id") == run_id)]
+    by_id = {s["id"]: s for s in spans}
+    [root] = [s for s in spans if s["parent"] is None]
+    assert root["name"] == "invoke_agent clerk"
+    assert root["attrs"]["gen_ai.operation.name"] == "invoke_agent"
+    assert root["attrs"]["gen_ai.agent.name"] == "clerk" and root["attrs"]["apollia.run.status"] == "failed"
+    assert root["attrs"]["error.type"] == "REFUSED" and root["status"] == 2  # STATUS_CODE_ERROR
+
+    steps = [s for s in spans if s["parent"] == root["id"]]
+    assert [s["name"] for s in sorted(steps, key=lambda s: s["start"])] == ["plan", "act"]
+    plan = next(s for s in steps if s["name"] == "plan")
+    assert plan["attrs"]["gen_ai.operation.name"] == "plan"
+    chats = [s for s in spans if s["attrs"].get("gen_ai.operation.name") == "chat"]
+    assert len(chats) == 3  # the planner's turn and two of the actor's
+    assert all(by_id[c["parent"]]["name"] in ("plan", "act") for c in chats)
+    assert all(c["attrs"]["gen_ai.provider.name"] == "scripted" for c in chats)
+
+    tools = sorted((s for s in spans if s["attrs"].get("gen_ai.operation.name") == "execute_tool"),
+                   key=lambda s: s["start"])
+    assert [(t["attrs"]["gen_ai.tool.name"], t["attrs"]["apollia.decision.outcome"]) for t in tools] == [
+        ("list_dir", "allow"), ("write_file", "ask"), ("write_file", "refuse")]
+    assert all(by_id[t["parent"]]["name"] == "act" for t in tools)
+    allowed, asked, refused = tools
+    assert allowed["attrs"]["apollia.decision.line"] == 3 and allowed["attrs"]["apollia.decision.rule"] == "reads_only"
+    assert allowed["attrs"]["apollia.decision.family"] == "read" and allowed["status"] != 2
+    assert asked["attrs"]["apollia.decision.answer"] == "once"
+    assert asked["attrs"]["apollia.decision.answered_by"] == "user"
+    assert asked["attrs"]["apollia.decision.wait_ms"] >= 0 and asked["attrs"]["apollia.tool.status"] == "ok"
+    assert refused["attrs"]["apollia.decision.rule"] == "deny_rule" and refused["attrs"]["apollia.decision.line"] == 2
+    assert refused["attrs"]["error.type"] == "REFUSED" and refused["status"] == 2
+    assert "apollia.decision.answer" not in refused["attrs"]
+    for t in tools:
+        assert t["start"] <= t["end"] and t["attrs"]["gen_ai.tool.call.id"]
+
+    # Every span's seq and entry hash prove against the journal, with the CLI an auditor runs.
+    capsys.readouterr()
+    proven = 0
+    for span in spans:
+        for prefix in ("apollia.journal", "apollia.journal.result", "apollia.journal.answer"):
+            seq = span["attrs"].get(f"{prefix}.seq")
+            if seq is None:
+                continue
+            assert main(["audit", "prove", str(seq), "--home", str(home.path), "--json"]) == 0
+            proof = json.loads(capsys.readouterr().out)
+            assert proof["entry_hash"] == span["attrs"][f"{prefix}.entry_hash"]
+            proven += 1
+    assert proven >= len(spans) + 3  # every span, and the results and the answer of the calls
+
+
+async def test_a_dead_collector_loses_spans_and_never_a_call(home):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on any more
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _enable(home, f"http://127.0.0.1:{port}")
+    async with Runtime(home) as rt:
+        assert rt.telemetry is not None
+        task = await _governed_run(rt)
+        assert task.error["code"] == "REFUSED"
+        kinds = [e.kind for e in rt.journal.entries(run_id=task.run_id)]
+        assert kinds.count("decision") == 3 and kinds[-1] == "run_seal"
+
+
+async def test_telemetry_is_off_unless_enabled(home, receiver):
+    home.path.mkdir(parents=True, exist_ok=True)
+    home.config_path.write_text(f'[telemetry]\nendpoint = "{receiver.url}"\n')
+    async with Runtime(home) as rt:
+        assert rt.telemetry is None
+        await _governed_run(rt)
+    assert receiver.spans == []
+
+
+@pytest.mark.parametrize("table, word", [
+    ("enabled = 1", "enabled"),
+    ('enabled = true\nendpoint = "ftp://x"', "endpoint"),
+    ('enabled = true\nprotocol = "http/json"', "protocol"),
+    ("enabled = true\ninterval_secs = 0", "interval_secs"),
+    ("enabled = true\ninterval_secs = true", "interval_secs"),
+    ('enabled = true\nservice_name = ""', "service_name"),
+    ("enabled = true\nsampler = 1", "sampler"),
+])
+async def test_a_bad_telemetry_table_refuses_to_open_the_home_naming_the_key(home, table, word):
+    home.path.mkdir(parents=True, exist_ok=True)
+    home.config_path.write_text(f"[telemetry]\n{table}\n")
+    with pytest.raises(BadInput, match=word):
+        async with Runtime(home):
+            pass
+    async with Runtime(home.path.parent / "other"):  # nothing was left holding a home
+        pass
+
+
+async def test_otel_sdk_disabled_turns_it_off(home, receiver, monkeypatch):
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    _enable(home, receiver.url)
+    async with Runtime(home) as rt:
+        assert rt.telemetry is None
