@@ -592,3 +592,15 @@ def test_a_home_that_does_not_read_denies(tmp_path, project, damaged):
     out = hook("claude-code", claude("PreToolUse", project, "Read", {"file_path": str(project / "a")}), home)
     assert out.returncode == 2 and out.stderr.strip()
     assert decision_of(out)[0] == "deny"
+
+
+@pytest.mark.parametrize("named, server", [
+    ({"tool_name": "MCP:notes:delete_note", "url": "http://127.0.0.1:9000/mcp"}, "notes"),
+    ({"tool_name": "delete_note", "url": "http://notes.internal:9000/mcp"}, "notes.internal"),
+    ({"tool_name": "delete_note", "command": "/usr/local/bin/notes-server --stdio"}, "notes-server"),
+])
+def test_a_cursor_mcp_call_is_decided_as_its_servers_tool(served, project, named, server):
+    agent = _agent("cursor", project)
+    serve_rule(served, f"mcp:{server}/delete_note", None, agent)
+    body = served.hook("cursor", cursor("beforeMCPExecution", project, tool_input=json.dumps({"id": 3}), **named))
+    assert body["permission"] == "deny" and f"mcp:{server}/delete_note" in body["agent_message"]

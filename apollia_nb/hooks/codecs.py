@@ -161,8 +161,14 @@ def parse(tool: str, raw: bytes | str | dict[str, Any]) -> HookEvent:
             server = data.get("url") or data.get("command") or data.get("server") or "unknown"
             if not isinstance(server, str):
                 raise MalformedHook("the hook input's MCP server ('url' or 'command') must be a string")
-            return HookEvent(native=_text(data, "tool_name"), tool_input=_object(data, "tool_input"),
-                             response=data.get("result_json"), mcp_server=_server_name(server),
+            native = _text(data, "tool_name")
+            named = native.split(":", 2) if native.startswith("MCP:") else []
+            if len(named) == 3 and named[1] and named[2]:  # Cursor's "MCP:<server>:<tool>"
+                server_name, native = named[1], named[2]
+            else:
+                server_name = _server_name(server)
+            return HookEvent(native=native, tool_input=_object(data, "tool_input"),
+                             response=data.get("result_json"), mcp_server=server_name,
                              **common)  # type: ignore[arg-type]
         if event in ("beforeReadFile", "afterFileEdit"):
             native = "beforeReadFile" if event == "beforeReadFile" else "afterFileEdit"

@@ -86,8 +86,8 @@ def _write(path: Path, data: dict[str, Any], style: str | None) -> None:
 
 
 def _entry(tool: str, command: str) -> dict[str, Any]:
-    if tool == "cursor":
-        return {"command": command, "timeout": INSTALLED_TIMEOUT_SECS}
+    if tool == "cursor":  # failClosed: a hook that fails or times out blocks the call instead of letting it go
+        return {"command": command, "timeout": INSTALLED_TIMEOUT_SECS, "failClosed": True}
     return {"hooks": [{"type": "command", "command": command, "timeout": INSTALLED_TIMEOUT_SECS}]}
 
 
