@@ -197,12 +197,13 @@ class SpanDeriver:
         name = model.get("name") or model.get("model")
         if isinstance(name, str):
             attrs["gen_ai.request.model"] = name
-        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+        given = payload.get("usage")
+        usage: dict[str, Any] = given if isinstance(given, dict) else {}
         for ours, theirs in (("gen_ai.usage.input_tokens", ("input_tokens", "prompt_tokens")),
                              ("gen_ai.usage.output_tokens", ("output_tokens", "completion_tokens"))):
-            for key in theirs:
-                if isinstance(usage.get(key), int):
-                    attrs[ours] = usage[key]
+            for word in theirs:
+                if isinstance(usage.get(word), int):
+                    attrs[ours] = usage[word]
                     break
         calls = payload.get("tool_calls")
         if isinstance(calls, list) and calls:
@@ -404,9 +405,10 @@ class TelemetryExporter:
                                            attributes=move.attributes)
             self._open[move.key] = span
             return
-        span = self._open.get(move.key)
-        if span is None:
+        found = self._open.get(move.key)
+        if found is None:
             return
+        span = found
         span.set_attributes(move.attributes)
         if move.end_ns < 0:
             return
