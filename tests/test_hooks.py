@@ -604,3 +604,26 @@ def test_a_cursor_mcp_call_is_decided_as_its_servers_tool(served, project, named
     serve_rule(served, f"mcp:{server}/delete_note", None, agent)
     body = served.hook("cursor", cursor("beforeMCPExecution", project, tool_input=json.dumps({"id": 3}), **named))
     assert body["permission"] == "deny" and f"mcp:{server}/delete_note" in body["agent_message"]
+
+
+def test_an_asked_call_on_a_home_nobody_serves_is_denied_at_once_saying_how_to_answer(tmp_path, project):
+    home = tmp_path / "home"
+    assert cli("hook", "install", "codex", "--project", str(project), home=home).returncode == 0
+    started = time.monotonic()
+    out = hook("codex", codex("PermissionRequest", project, "make deploy"), home)
+    assert time.monotonic() - started < 60
+    decision = json.loads(out.stdout)["hookSpecificOutput"]["decision"]
+    assert decision["behavior"] == "deny" and "apollia-os serve" in decision["message"]
+    pending = cli("pending", "list", "--json", home=home)
+    assert json.loads(pending.stdout) == []  # answered refuse by timeout, journaled, nothing left waiting
+
+
+def test_a_stopped_agent_has_every_call_denied_until_it_is_started(served, project):
+    read = claude("PreToolUse", project, "Read", {"file_path": str(project / "a.txt")})
+    assert served.hook("claude-code", read)["hookSpecificOutput"]["permissionDecision"] == "allow"
+    agent = _agent("claude-code", project)
+    assert served.post(f"/agents/{agent}/stop", {}).status_code == 200
+    spec = served.hook("claude-code", read)["hookSpecificOutput"]
+    assert spec["permissionDecision"] == "deny" and "stopped" in spec["permissionDecisionReason"]
+    assert served.post(f"/agents/{agent}/start", {}).status_code == 200
+    assert served.hook("claude-code", read)["hookSpecificOutput"]["permissionDecision"] == "allow"
