@@ -627,3 +627,40 @@ def test_a_stopped_agent_has_every_call_denied_until_it_is_started(served, proje
     assert spec["permissionDecision"] == "deny" and "stopped" in spec["permissionDecisionReason"]
     assert served.post(f"/agents/{agent}/start", {}).status_code == 200
     assert served.hook("claude-code", read)["hookSpecificOutput"]["permissionDecision"] == "allow"
+
+
+def test_a_project_that_holds_the_home_or_odd_input_is_denied(served):
+    around = served.home.parent  # the folder the home lives in: an agent working there could read the keys
+    body = served.hook("claude-code", claude("PreToolUse", around, "Read", {"file_path": str(around / "a")}))
+    spec = body["hookSpecificOutput"]
+    assert spec["permissionDecision"] == "deny" and "WORKSPACE_OVERLAPS_HOME" in spec["permissionDecisionReason"]
+    inside = served.home / "keys"
+    body = served.hook("codex", codex("PreToolUse", inside, "ls"))
+    assert body["hookSpecificOutput"]["permissionDecision"] == "deny"
+
+
+@pytest.mark.parametrize("tool_input", [{"command": 5}, {"command": ["rm", "-rf", "/"]}, {"command": None}, {}])
+def test_a_command_that_is_not_text_is_never_allowed(served, project, tool_input):
+    agent = _agent("claude-code", project)
+    serve_rule(served, "bash_executor", "rm", agent)
+    served.http.put("/governance/developer-mode", json={"enabled": True})
+    serve_rule(served, "bash_executor", "ls", agent, effect="allow")
+    try:
+        data = claude("PermissionRequest", project, "Bash", tool_input)
+        with httpx.Client(base_url=served.url + "/api/v1", headers={"Authorization": f"Bearer {served.token}"},
+                          timeout=130) as c:
+            import threading
+
+            got: dict[str, Any] = {}
+            t = threading.Thread(target=lambda: got.update(c.post("/hooks/claude-code", json=data).json()))
+            t.start()
+            end = time.monotonic() + 30
+            while t.is_alive() and time.monotonic() < end:  # asked: answer refuse, else it was decided at once
+                waiting = [p for p in served.http.get("/pending-decisions").json() if p["agent"] == agent]
+                for p in waiting:
+                    served.post("/pending-decisions/decide", {"id": p["id"], "answer": "refuse", "by": "t"})
+                time.sleep(0.05)
+            t.join(60)
+    finally:
+        served.http.put("/governance/developer-mode", json={"enabled": False})
+    assert got["hookSpecificOutput"]["decision"]["behavior"] == "deny"
