@@ -229,3 +229,34 @@ def test_a_servers_question_during_a_call_is_a_pending_decision_answered_over_re
     rows = journal_rows(home, "SELECT tool, answer FROM decisions ORDER BY seq")
     assert rows == [("mcp:everything/trigger-elicitation-request", "once"),
                     ("mcp:everything/elicitation/create", "refuse")]
+
+
+def test_a_served_home_whose_server_stops_during_an_asked_call_answers_the_client_with_an_error(gateway_home):
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    home = gateway_home
+    srv = ServerThread(home, token=TOKEN)
+    srv.start()
+    try:
+        with httpx.Client(base_url=srv.url + "/api/v1", headers={"Authorization": f"Bearer {TOKEN}"},
+                          timeout=30) as api:
+            params = StdioServerParameters(command=sys.executable, env=environment(), args=[
+                "-m", "apollia_nb", "mcp-gateway", "--home", str(home.path), "--ask-timeout", "2"])
+
+            async def main() -> Any:
+                async with Client(stdio_client(params)) as client:
+                    got: dict[str, Any] = {}
+                    async with anyio.create_task_group() as tg:
+                        async def ask() -> None:
+                            got["result"] = await client.call_tool("everything__get-sum", {"a": 1, "b": 1})
+                        tg.start_soon(ask)
+                        await anyio.to_thread.run_sync(wait_pending, api, "mcp:everything/get-sum")
+                        await anyio.to_thread.run_sync(srv.stop)  # the home goes down while the call waits
+                    return got["result"]
+
+            result = anyio.run(main)
+    finally:
+        srv.stop()
+    assert result.is_error, text_of(result)
+    assert "the home did not answer within" in text_of(result), text_of(result)

@@ -36,6 +36,8 @@ __all__ = ["Gateway", "open_gateway", "serve_stdio", "serve_http", "parse_listen
 
 #: How long an asked call waits for a person by default.
 ASK_TIMEOUT_SECS = 300.0
+#: How long past its ask timeout a call may take before the client is told the home did not answer.
+GRACE_SECS = 30.0
 _SEPARATOR = "__"
 
 
@@ -96,20 +98,48 @@ class Gateway:
         return listed
 
     async def call(self, exposed: str, arguments: dict[str, Any] | None) -> Any:
-        """One call of a listed tool, governed; the client's ``CallToolResult``."""
+        """One call of a listed tool, governed; the client's ``CallToolResult``. Whatever the home does
+        meanwhile (a server that stops answering), the client has an answer once the ask timeout, a
+        grace and the MCP server's own timeout have passed: an error result, the call owned by the
+        runtime until it ends."""
+        if exposed not in self.names:
+            return _error(f"UNKNOWN_TOOL: the gateway offers no tool {exposed!r}")
+        found: list[Any] = []
+        ended = anyio.Event()
+
+        async def governed() -> None:
+            try:
+                found.append(await self._call(self.names[exposed], dict(arguments or {})))
+            finally:
+                ended.set()
+
+        self.rt.start_soon(governed)
+        bound = self.ask_timeout + GRACE_SECS + self._server_timeout(self.names[exposed])
+        with anyio.move_on_after(bound):
+            await ended.wait()
+        if found:
+            return found[0]
+        return _error(f"the home did not answer within {bound:g} s; the call may still be carried out "
+                      "and journaled")
+
+    def _server_timeout(self, name: str) -> float:
+        """How long the call's server is given to answer (``timeout_secs`` of its configuration)."""
+        server = name[len("mcp:"):].partition("/")[0]
+        for source in self.rt.tool_sources:
+            config = getattr(source, "config", None)
+            if getattr(source, "server", None) == server and config is not None:
+                return float(getattr(config, "timeout_secs", 0.0) or 0.0)
+        return 0.0
+
+    async def _call(self, name: str, arguments: dict[str, Any]) -> Any:
         import mcp_types as t
 
         from apollia_nb.runtime.governed import continue_after_answer, governed_call, new_id
 
-        def error(text: str) -> Any:
-            return t.CallToolResult(content=[t.TextContent(type="text", text=text)], is_error=True)
-
-        name = self.names.get(exposed)
-        if name is None:
-            return error(f"UNKNOWN_TOOL: the gateway offers no tool {exposed!r}")
+        error = _error
         rt, agent = self.rt, self.agent
         result = await governed_call(rt, agent, run_id=self.run_id, call_id=new_id("gw"), name=name,
-                                     arguments=dict(arguments or {}), mode="unattended")
+                                     arguments=arguments, mode="unattended")
         card = result.card
         asked = result.decision.reason if result.decision is not None else None
         if result.status == "waiting" and card is not None:
@@ -153,6 +183,12 @@ class Gateway:
         return Server("apollia-mcp-gateway", version=_version(),
                       instructions="The tools of this home's MCP servers; every call is decided and journaled.",
                       on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _error(text: str) -> Any:
+    import mcp_types as t
+
+    return t.CallToolResult(content=[t.TextContent(type="text", text=text)], is_error=True)
 
 
 def _version() -> str:
