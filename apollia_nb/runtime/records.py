@@ -217,6 +217,7 @@ class RuntimeRecords:
         self._file_id, self._counts = self._load_counts()
         self._stored_counts = dict(self._counts)  # as this file held them when it was opened
         self._unsealed = False  # changes committed and not yet counted in the claims file
+        self._uncounted = False  # changes committed whose counts runtime.db does not hold yet
         self._writer = threading.Thread(target=self._run_writes, name=f"runtime-records:{path}", daemon=True)
         self._writer.start()
         atexit.register(self.close)  # a process that ends without closing still commits what is queued
@@ -273,25 +274,60 @@ class RuntimeRecords:
             self._con.execute("UPDATE home_facts SET facts = ? WHERE id = ?",
                               [json.dumps({"file": self._file_id, "counts": self._counts}), _COUNTS_ROW])
 
-    def _seal(self, *, counted: bool = False) -> None:
-        """Before anyone is told: the counts committed in ``runtime.db`` (``counted``: they already are),
-        then the claims file written and synced. Never more is claimed than is committed; a failure
-        leaves the claims behind (a later seal catches up) and never fails what it follows."""
+    def _seal(self) -> None:
+        """Before anyone is told: the counts committed in ``runtime.db`` (unless the write's own
+        transaction committed them), then written into the claims file. Never more is claimed than is
+        committed; a failure leaves the claims behind (a later seal catches up) and never fails what it
+        follows. The claims file is not synced: a process killed (``kill -9``) leaves what it wrote in the
+        page cache, which is what a later open reads; after a power loss it may tell less, never more."""
         if not self._unsealed:
             return
         try:
-            if not counted:
+            if self._uncounted:
                 self._run(self._counts_now)
+                self._uncounted = False
             data = json.dumps({"file": self._file_id, "counts": self._counts}).encode()
             if self._claims_fd is None:
                 self._claims_fd = os.open(self._claims, os.O_WRONLY | os.O_CREAT, 0o600)  # type: ignore[arg-type]  # claims are kept only for a file
             os.pwrite(self._claims_fd, data.ljust(_CLAIMS_SIZE), 0)
             if len(data) > _CLAIMS_SIZE:
                 os.ftruncate(self._claims_fd, len(data))
-            os.fdatasync(self._claims_fd)
         except Exception:  # noqa: BLE001 - the next seal tries again
             return
         self._unsealed = False
+
+    def _run_counted(self, item: _Write) -> None:
+        """Run one write with the counts in its own transaction (one commit, one sync of the log) and
+        count it; a write that cannot run in a transaction (a new row that was there after all) is run
+        as before, its counts written by the next seal."""
+        assert item.run is not None
+        if self._claims is None or self._in_group or self._reopen_needed:
+            self._tally(item, self._run(item.run))
+            self._uncounted = self._uncounted or self._unsealed
+            return
+        before = dict(self._counts), self._unsealed, self._uncounted
+        with self._lock:
+            con = self._con
+            try:
+                con.execute("BEGIN TRANSACTION")
+                self._in_group = True
+                try:
+                    self._tally(item, self._run(item.run))
+                    if self._unsealed:
+                        self._counts_now()
+                finally:
+                    self._in_group = False
+                con.execute("COMMIT")
+                self._uncounted = False
+                return
+            except BaseException:  # noqa: BLE001 - as before: on its own, then the counts
+                self._counts, self._unsealed, self._uncounted = before
+                try:
+                    con.execute("ROLLBACK")
+                except Exception:  # noqa: BLE001 - a failed commit ended the transaction
+                    pass
+        self._tally(item, self._run(item.run))
+        self._uncounted = self._uncounted or self._unsealed
 
     def close(self) -> None:
         """Commit what is queued (trying once more what the disk refused), then close."""
@@ -442,7 +478,8 @@ class RuntimeRecords:
                 return False  # not the disk: each on its own says what it is
         self._deferred, self._deferred_since = deferred, since
         if failure is None:
-            self._seal(counted=True)
+            self._uncounted = False
+            self._seal()
         for write, _held in plan:
             if write.run is None:
                 self._settle(write.done)
@@ -484,7 +521,8 @@ class RuntimeRecords:
         except BaseException as exc:
             self._refused(item, exc)
             return
-        self._tally(item, changed)
+        self._tally(item, changed)  # nobody waits: its counts are committed when the writer falls idle
+        self._uncounted = self._uncounted or self._unsealed
 
     def _refused(self, item: _Write, exc: BaseException) -> None:
         """A write nobody waits for failed: kept when the disk refused it, else reported once."""
@@ -502,13 +540,12 @@ class RuntimeRecords:
         """Try once: the caller is told either way and nothing of a refused write is kept."""
         assert item.done is not None and item.run is not None
         try:
-            changed = self._run(item.run)
+            self._run_counted(item)
         except BaseException as exc:
             self._refused_acknowledged(item, exc)
             return
         if item.whole and item.key is not None:
             self._kept.pop(item.key, None)  # an older snapshot of the row must not overwrite this one
-        self._tally(item, changed)
         self._seal()
         item.done.set_result(None)
 
@@ -554,6 +591,7 @@ class RuntimeRecords:
                 return
             self._kept.pop(key)
             self._tally(kept, changed)
+            self._uncounted = self._uncounted or self._unsealed
         self._kept_error = None
 
     def _run(self, run: Callable[[], Any]) -> Any:
