@@ -14,6 +14,11 @@ so the rules, consents and policy written for our own tools guard the agent's to
     think, switch_mode,
     other, none               acp:<kind>        unclassified  the raw input as sent
 
+The kind is the agent's own word, so it never lowers what a call is decided as: a call of any
+kind (``other`` and unknown kinds too) whose raw input carries a command (``command``, ``cmd``) is
+decided as ``execute``, and a ``read`` or ``search`` whose raw input carries text to write
+(``content``, ``new_string``, ``edits``, ``patch``…) or whose content holds a diff as ``edit``.
+
 A path is resolved the way our file tools resolve theirs (``paths.resolve_tool_path``, against the
 agent's workspace, never into the home): a path that escapes the workspace or reaches into the
 home refuses the call. A file call whose path cannot be found in its raw input or locations, and
@@ -48,6 +53,14 @@ PATH_KEYS = ("path", "file_path", "filePath", "abs_path", "absPath", "notebook_p
              "source", "from", "old_path", "oldPath", "destination", "to", "new_path", "newPath")
 _COMMAND_KEYS = ("command", "cmd")
 _URL_KEYS = ("url", "uri")
+#: Keys of a raw input that carry text to write (an edit, whatever kind the agent calls it).
+_WRITE_KEYS = ("content", "new_string", "newString", "old_string", "oldString", "new_text", "newText", "edits",
+               "patch", "diff")
+
+
+def _has_diff(tool_call: Mapping[str, Any]) -> bool:
+    content = tool_call.get("content")
+    return isinstance(content, list) and any(isinstance(c, Mapping) and c.get("type") == "diff" for c in content)
 
 
 @dataclass(frozen=True)
@@ -138,27 +151,36 @@ def acp_call(agent: str, tool_call: Mapping[str, Any], *, workspace: str, home: 
     kind = tool_call.get("kind")
     kind = kind if isinstance(kind, str) and kind else "other"
     raw = _raw(tool_call)
+    if any(key in raw for key in _COMMAND_KEYS):  # the command it runs decides, whatever the kind says
+        kind = "execute"
     mapped = KIND_TOOLS.get(kind)
     if mapped is None:
         name = f"acp:{kind}" if kind.replace("_", "").isalnum() else "acp:other"
         return AcpCall(name, None, raw, Call(agent=agent, tool=name, family=None, arguments=raw,
                                              connection=connection))
     tool, family = mapped
+    # The kind is the agent's own word: a call whose input carries a command is decided as the
+    # command it runs, and a reading call whose input carries new text or a diff as a write.
+    if family is Family.READ and (any(key in raw for key in _WRITE_KEYS) or _has_diff(tool_call)):
+        tool, family = KIND_TOOLS["edit"]
     if family is Family.EXECUTE:
         command = _command(raw)
         if command is None:  # not one command line: nothing a rule or the simple-command check can read
             arguments = {"command": raw.get("command"), **{k: v for k, v in raw.items() if k != "command"}}
             return AcpCall(tool, None, arguments, Call(agent=agent, tool=tool, family=None, arguments=arguments,
-                                                       connection=connection))
+                                                       connection=connection, shell=False))
         arguments = {"command": command, **{k: v for k, v in raw.items() if k not in (*_COMMAND_KEYS, "args")}}
         return AcpCall(tool, family, arguments, Call(agent=agent, tool=tool, family=family, arguments=arguments,
                                                      connection=connection, shell=True))
     if family is Family.SEND:
         url = next((raw[k] for k in _URL_KEYS if isinstance(raw.get(k), str) and raw[k]), None)
         arguments = {"url": url, **{k: v for k, v in raw.items() if k not in _URL_KEYS}}
+        from apollia_nb.runtime.builtins import url_aliases
+
         fam = family if url is not None else None
+        aliases = url_aliases(url) if url is not None else ()  # the URL as the HTTP client reads it, as ours
         return AcpCall(tool, fam, arguments, Call(agent=agent, tool=tool, family=fam, arguments=arguments,
-                                                  connection=connection))
+                                                  connection=connection, aliases=tuple(aliases)))
     paths = _paths(raw, tool_call)
     arguments = {"path": paths[0] if paths else None,
                  **{k: v for k, v in raw.items() if k not in ("path",)}}
