@@ -110,8 +110,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "verify (nothing written; the error names the first bad seq) unless --allow-invalid, "
                         "which writes it with meta.json `verified: false` and `invalid` (the failed "
                         "verification); 3 DIR holds a bundle. JSON: directory, entries, checkpoints, files, "
-                        "verified, verification.")
-    p.add_argument("--format", choices=["parquet"], default="parquet")
+                        "verified, verification. With --format ocsf, DIR is a file: OCSF events as JSON "
+                        "Lines (governed calls as API Activity, consent and mode changes as Authorize Session), "
+                        "each with its entry's hash and signature (docs/evidence.md); 3 the file exists.")
+    p.add_argument("--format", choices=["parquet", "ocsf"], default="parquet")
+    p.add_argument("--since", type=int, default=0, metavar="SEQ",
+                   help="with --format ocsf: only entries after SEQ")
     p.add_argument("--allow-invalid", action="store_true",
                    help="export a journal that does not verify, marked invalid in meta.json (else: refused, exit 1)")
     p.add_argument("dir", type=Path, metavar="DIR")
@@ -366,6 +370,8 @@ def _export(args: argparse.Namespace) -> int:
 
     from apollia_nb.cli.backend import open_home
 
+    if args.format == "ocsf":
+        return _export_ocsf(args)
     with open_home(args, reading=True) as home:
         report, result = home.export(args.dir, allow_invalid=args.allow_invalid)
     if result is None:
@@ -385,6 +391,50 @@ def _export(args: argparse.Namespace) -> int:
         f"exported {result.entries} entries and {result.checkpoints} checkpoint(s) to {result.directory}{marked}\n"
         f"verify with: apollia-os audit verify --bundle {json.dumps(str(result.directory))}",
     )
+    return 0
+
+
+def _export_ocsf(args: argparse.Namespace) -> int:
+    """``audit export --format ocsf``: verify, then write the mapped entries after ``--since``."""
+    import sys
+
+    from apollia_nb.cli.backend import open_home
+    from apollia_nb.errors import BadInput
+    from apollia_nb.journal.ocsf import KINDS, ocsf_event
+
+    out: Path = args.dir
+    if out.exists():
+        print(f"error: CONFLICT: {out} exists; nothing was written", file=sys.stderr)
+        return 3
+    if args.since < 0:
+        raise BadInput(f"--since takes a sequence number, 0 or more, got {args.since}")
+    with open_home(args, reading=True) as home:
+        report, _ = home.verify(None, witnessed=False)
+        if not report.ok and not args.allow_invalid:
+            print(f"error: INTEGRITY_FAILURE: the journal does not verify ({report.summary()}); nothing was "
+                  "exported", file=sys.stderr)
+            return EXIT_INTEGRITY
+        with home.journal() as journal:
+            origin, key_id = journal.origin, journal.key_id
+            written, since = 0, args.since
+            tools: dict[str, Any] = {}  # call id → its decision, so an answer names its tool
+            tmp = out.with_name(out.name + ".part")
+            with tmp.open("w", encoding="utf-8") as f:
+                while True:
+                    page = journal.entries(since_seq=since, limit=5000)
+                    if not page:
+                        break
+                    since = int(page[-1].seq)
+                    for entry in page:
+                        event = ocsf_event(entry, origin, key_id, tools) if entry.kind in KINDS else None
+                        if event is None:
+                            continue
+                        f.write(json.dumps(event, sort_keys=True, ensure_ascii=False) + "\n")
+                        written += 1
+            tmp.replace(out)
+    emit(args, {"file": str(out), "events": written, "since": args.since, "through": since,
+                "verified": report.ok},
+         f"wrote {written} OCSF events (entries {args.since + 1}..{since}) to {out}")
     return 0
 
 
