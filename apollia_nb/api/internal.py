@@ -269,6 +269,15 @@ class RuleRemoveIn(_In):
 # --- the journal ----------------------------------------------------------------------------------
 
 
+def _json(content: Any, status: int = 200) -> Response:
+    """``content`` as the JSON body FastAPI would send for it (the same encoding), without checking it again
+    against the route's ``response_model``: for hot routes whose answer is built here to that model from
+    values the server made (the model still documents the route)."""
+    return Response(json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None,
+                               separators=(",", ":")).encode("utf-8"),
+                    status_code=status, media_type="application/json")
+
+
 def _row(entry: Any) -> dict[str, Any]:
     return {
         "seq": entry.seq, "ts": entry.ts, "run_id": entry.run_id, "agent": entry.agent, "kind": entry.kind,
@@ -290,12 +299,12 @@ async def journal_head(rt: Any = Depends(_runtime)) -> dict[str, Any]:
              summary="Append entries (atomic, durable on return)", responses=_errors(413, 422),
              description="The entries get consecutive seqs in one transaction of the server's journal writer "
                          "(group commit with every other appender) and are committed when this answers.")
-async def append_entries(body: AppendIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+async def append_entries(body: AppendIn, rt: Any = Depends(_runtime)) -> Any:
     from apollia_nb.journal.store import Draft
 
     drafts = [Draft(d.kind, d.payload, d.run_id, d.agent) for d in body.entries]
     entries = await rt.journal.append_many_async(drafts)
-    return {"entries": [_row(e) for e in entries]}
+    return _json({"entries": [_row(e) for e in entries]}, 201)
 
 
 @router.get("/journal/entries", response_model=JournalRowsPage, operation_id="internalEntries",
@@ -451,6 +460,14 @@ class _Generations:
         self.count = 0
         self.seen: tuple[Any, Any] | None = None
         self.body: dict[str, Any] | None = None
+        self.wire: tuple[str, dict[str, Any]] | None = None  # (generation, the body as GovernanceSnapshot sends it)
+
+    def sent(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` (one this made) as the ``GovernanceSnapshot`` model sends it: checked once per generation."""
+        wire = self.wire
+        if wire is None or wire[0] != body["generation"]:
+            wire = self.wire = (body["generation"], GovernanceSnapshot.model_validate(body).model_dump(mode="json"))
+        return wire[1]
 
     def current(self, governance: Any) -> dict[str, Any]:
         view = governance.view()
@@ -647,7 +664,7 @@ def _decided_call(body: CallIn, view: Any) -> tuple[Any, dict[str, Any]]:
                          "`refused`; committed when this answers. The client runs the tool only when allowed. A "
                          "retry of the same request (same `run_id` and `call_id`, same body) answers as the first "
                          "did and journals nothing; another body under a used `call_id` is 409 `CONFLICT`.")
-async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runtime)) -> Any:
     import hashlib
 
     from apollia_nb.journal.entry import canonical_json
@@ -705,9 +722,11 @@ async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runti
                 "entries": [_row(e) for e in entries], "generation": snapshot["generation"], "snapshot": snapshot}
 
     answer = await _calls(request).once((body.run_id, body.call_id), digest, make, found)
-    if body.generation == answer["generation"]:
-        answer = {**answer, "snapshot": None}
-    return answer
+    snapshot = answer["snapshot"]
+    # Built here to CallOut from values the server made; the snapshot checked once per generation.
+    answer = {**answer, "snapshot": None if body.generation == answer["generation"] or snapshot is None
+              else _generations(request).sent(snapshot)}
+    return _json(answer)
 
 
 # --- pending decisions ----------------------------------------------------------------------------
