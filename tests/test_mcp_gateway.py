@@ -7,7 +7,6 @@ pending decisions are answered over REST. Each test has its own home under ``tmp
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,13 +18,13 @@ import anyio
 import duckdb
 import httpx
 import pytest
+from test_federation_support import EVERYTHING_JS, node, require_peer, write_config
 
 from apollia_nb.api.server import ServerThread
 from apollia_nb.errors import BadInput
 from apollia_nb.federation.gateway import exposed_name, parse_listen
 from apollia_nb.home import Home
 from apollia_nb.runtime import Runtime
-from test_federation_support import EVERYTHING_JS, node, require_peer, write_config
 
 TOKEN = "gateway-token"
 
@@ -144,8 +143,8 @@ def test_over_http_an_asked_call_is_answered_over_rest_on_a_served_home(gateway_
                         seen["pending"] = (answer_sum, answer_links)
                         for pending, answer in ((answer_sum, "once"), (answer_links, "refuse")):
                             done = await anyio.to_thread.run_sync(
-                                lambda: api.post("/pending-decisions/decide", json={"id": pending["id"],
-                                                                                     "answer": answer}))
+                                lambda p=pending, a=answer: api.post("/pending-decisions/decide",
+                                                                     json={"id": p["id"], "answer": a}))
                             assert done.status_code == 200, done.text
                 return seen
 

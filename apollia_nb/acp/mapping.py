@@ -36,7 +36,7 @@ from typing import Any
 from apollia_nb.errors import ApolliaError
 from apollia_nb.governance.decision import Call, Decision, Family, Outcome
 
-__all__ = ["KIND_TOOLS", "PATH_KEYS", "AcpCall", "acp_call", "permission_outcome", "agent_name"]
+__all__ = ["KIND_TOOLS", "PATH_KEYS", "AcpCall", "acp_call", "agent_name", "permission_outcome"]
 
 #: ACP tool kind: (the tool it is decided as, its family).
 KIND_TOOLS: dict[str, tuple[str, Family]] = {

@@ -45,9 +45,9 @@ import anyio.abc
 
 from apollia_nb.acp.mapping import acp_call, agent_name, permission_outcome
 from apollia_nb.errors import ApolliaError
-from apollia_nb.governance.decision import Answer, Decision, Outcome
+from apollia_nb.governance.decision import Decision, Outcome
 
-__all__ = ["AcpGovernor", "run_proxy", "ASK_TIMEOUT_SECS", "SOURCE"]
+__all__ = ["ASK_TIMEOUT_SECS", "SOURCE", "AcpGovernor", "run_proxy"]
 
 #: How long an asked permission waits for a person by default (a conversation's card waits as long).
 ASK_TIMEOUT_SECS = 300.0
@@ -66,7 +66,6 @@ def _log(text: str) -> None:
 @dataclass
 class _Session:
     run_id: str
-    cancel: anyio.CancelScope | None = None
     waits: set[anyio.CancelScope] = field(default_factory=set)
     tools: dict[str, str] = field(default_factory=dict)  # toolCallId: the tool it was decided as
     kinds: dict[str, str] = field(default_factory=dict)  # toolCallId: its ACP kind, as first said
@@ -88,7 +87,7 @@ class AcpGovernor:
         self.sessions: dict[str, _Session] = {}
 
     @classmethod
-    def closed(cls, why: str, *, connection: str) -> "AcpGovernor":
+    def closed(cls, why: str, *, connection: str) -> AcpGovernor:
         return cls(None, None, connection=connection, why=why)
 
     def session(self, session_id: str) -> _Session:

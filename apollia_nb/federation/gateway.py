@@ -31,8 +31,16 @@ import anyio
 
 from apollia_nb.errors import ApolliaError, BadInput, Conflict
 
-__all__ = ["Gateway", "open_gateway", "serve_stdio", "serve_http", "parse_listen", "exposed_name", "exposed_names",
-           "ASK_TIMEOUT_SECS"]
+__all__ = [
+    "ASK_TIMEOUT_SECS",
+    "Gateway",
+    "exposed_name",
+    "exposed_names",
+    "open_gateway",
+    "parse_listen",
+    "serve_http",
+    "serve_stdio",
+]
 
 #: How long an asked call waits for a person by default.
 ASK_TIMEOUT_SECS = 300.0
@@ -134,7 +142,11 @@ class Gateway:
     async def _call(self, name: str, arguments: dict[str, Any]) -> Any:
         import mcp_types as t
 
-        from apollia_nb.runtime.governed import continue_after_answer, governed_call, new_id
+        from apollia_nb.runtime.governed import (
+            continue_after_answer,
+            governed_call,
+            new_id,
+        )
 
         error = _error
         rt, agent = self.rt, self.agent

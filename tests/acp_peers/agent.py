@@ -9,10 +9,23 @@ or failed. The reply is one agent message: a JSON list of ``{"id", "outcome", "o
 import asyncio
 import json
 
-from acp import PROTOCOL_VERSION, run_agent, start_tool_call, text_block, update_agent_message, update_tool_call
+from acp import (
+    PROTOCOL_VERSION,
+    run_agent,
+    start_tool_call,
+    text_block,
+    update_agent_message,
+    update_tool_call,
+)
 from acp.interfaces import Client
-from acp.schema import AgentCapabilities, InitializeResponse, NewSessionResponse, PermissionOption, PromptResponse, \
-    ToolCallUpdate
+from acp.schema import (
+    AgentCapabilities,
+    InitializeResponse,
+    NewSessionResponse,
+    PermissionOption,
+    PromptResponse,
+    ToolCallUpdate,
+)
 
 OPTIONS = [PermissionOption(option_id="yes", name="Allow once", kind="allow_once"),
            PermissionOption(option_id="yes-always", name="Always allow", kind="allow_always"),
