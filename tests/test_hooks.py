@@ -664,3 +664,23 @@ def test_a_command_that_is_not_text_is_never_allowed(served, project, tool_input
     finally:
         served.http.put("/governance/developer-mode", json={"enabled": False})
     assert got["hookSpecificOutput"]["decision"]["behavior"] == "deny"
+
+
+def test_an_asked_cursor_command_is_answered_with_the_cli_while_the_hook_waits(served, project):
+    agent = _agent("cursor", project)
+    data = cursor("beforeShellExecution", project, command="make deploy", cwd=str(project))
+    env = {k: v for k, v in os.environ.items() if k not in ("APOLLIA_TOKEN", "APOLLIA_HOME")}
+    proc = subprocess.Popen([*APOLLIA, "hook", "cursor", "--home", str(served.home)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc.stdin.write(json.dumps(data))
+    proc.stdin.close()
+    pending = _pending_for(served, agent)
+    assert pending["tool"] == "bash_executor" and pending["arguments"] == {"command": "make deploy"}
+    answered = cli("pending", "decide", pending["id"], "refuse", home=served.home)
+    assert answered.returncode == 0, answered.stderr
+    proc.wait(timeout=60)
+    out = json.loads(proc.stdout.read())
+    proc.stdout.close()
+    proc.stderr.close()
+    assert proc.returncode == 0
+    assert out["permission"] == "deny" and "refused by" in out["agent_message"]
