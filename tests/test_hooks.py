@@ -233,7 +233,7 @@ def test_an_asked_write_waits_for_a_person_and_is_allowed_by_the_answer_given_ov
     proc.stderr.close()
     assert proc.returncode == 0, err
     spec = json.loads(out)["hookSpecificOutput"]
-    assert spec["permissionDecision"] == "allow"
+    assert spec["permissionDecision"] == "allow" and "answered once by alice" in spec["permissionDecisionReason"]
     answers = [e for e in served.entries("answer") if e["payload"]["call_id"] == "toolu_w1"]
     assert [(a["payload"]["answer"], a["payload"]["answered_by"]) for a in answers] == [("once", "alice")]
 

@@ -222,6 +222,7 @@ async def _decide(rt: Any, agent: Any, event: HookEvent, settings: Any, *, wait:
     # standing: allowed by an allow rule or a standing consent, or answered always (each of its calls)
     standing = all(d.outcome is Outcome.ASK or d.line in (4, 5) for _, d, _, _ in decided)
     left = wait
+    answered: list[str] = []
     for m, decision, shown_arguments, call_id in decided:
         if decision.outcome is not Outcome.ASK:
             continue
@@ -233,8 +234,10 @@ async def _decide(rt: Any, agent: Any, event: HookEvent, settings: Any, *, wait:
             await commit_entries(rt, run_id, agent, [_refused_result(call_id, m, event)])
             return Verdict("deny", f"apollia: {m.native} was refused by {by}" + (f": {why}" if why else ""))
         standing = standing and answer == "always"
+        answered.append(f"answered {answer} by {by}")
     first = decided[0][0]
-    return Verdict("allow", f"apollia allowed {first.native}: {decided[0][1].reason}", standing=standing,
+    why = "; ".join(answered) if answered else decided[0][1].reason
+    return Verdict("allow", f"apollia allowed {first.native}: {why}", standing=standing,
                    rule=_claude_rule(first) if standing else None)
 
 
