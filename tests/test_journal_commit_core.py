@@ -31,6 +31,9 @@ from apollia_nb.journal.commit import (
     CrashOutcome,
     Drained,
     FailGroup,
+    Hurry,
+    JobQueued,
+    JobTaken,
     LogFailed,
     LogSynced,
     ReleaseWaiters,
@@ -325,6 +328,49 @@ def test_the_seqs_never_pass_each_other_whatever_legal_events_come():
         assert core.sequenced >= core.acknowledged >= core.copied >= 0
         assert core.copying >= core.copied and core.pending == core.acknowledged - core.copied
     assert core.acknowledged > 0 and core.copies > 0
+
+
+def test_a_held_back_job_waits_for_the_journal_to_go_idle_or_for_somebody_to_ask():
+    core = CommitCore(0, idle=0.1)
+    core.handle(Sequenced(1, 1))
+    core.handle(Seal(fits=True))
+    core.handle(LogSynced(now=1.0))
+    assert core.handle(JobQueued(lazy=True)) == [WakeCopier()]  # a run's closing checkpoint
+    assert (core.jobs, core.held) == (1, 1)
+    assert not core.jobs_due(now=1.05) and core.copy_wait(now=1.05) == pytest.approx(0.05)
+    assert core.jobs_due(now=1.1)  # idle: it runs
+    assert core.handle(Hurry()) == [WakeCopier()] and core.held == 0 and core.jobs_due(now=1.0)
+    assert core.handle(Hurry()) == []  # nothing held back: nobody to wake
+    core.handle(JobTaken())
+    assert (core.jobs, core.held, core.jobs_due(now=100.0)) == (0, 0, False)
+
+
+def test_a_job_is_held_back_only_behind_held_back_jobs():
+    core = CommitCore(0)
+    core.handle(JobQueued(lazy=False))  # a cosignature: at once
+    core.handle(JobQueued(lazy=True))  # behind a job that runs at once: runs with it
+    assert (core.jobs, core.held) == (2, 0) and core.jobs_due(now=0.0)
+    core.handle(JobTaken())
+    core.handle(JobTaken())
+    core.handle(JobQueued(lazy=True))
+    core.handle(JobQueued(lazy=True))
+    core.handle(JobQueued(lazy=False))  # not held: the ones before it run first, at once
+    assert (core.jobs, core.held) == (3, 2) and core.jobs_due(now=0.0)
+    core.handle(JobTaken())
+    assert (core.jobs, core.held) == (2, 1)
+    with pytest.raises(InvalidTransition):
+        CommitCore().handle(JobTaken())  # no job queued
+
+
+def test_a_stopped_copier_takes_no_job_and_forgets_those_it_held():
+    core = CommitCore(0)
+    core.handle(JobQueued(lazy=True))
+    core.handle(Stop())
+    assert (core.jobs, core.held) == (0, 0)
+    before = snapshot(core)
+    with pytest.raises(InvalidTransition):
+        core.handle(JobQueued())
+    assert snapshot(core) == before
 
 
 # ---------------------------------------------------------------------- crash windows

@@ -24,6 +24,10 @@ leaves at each step, and what the next open does about it, is :func:`crash` over
 :data:`CRASH_POINTS` (the fault points of ``apollia_nb/faults.py`` and ``dbutil``'s storage
 faults, at the same places).
 
+Events and actions are values made for one step and dropped (slotted dataclasses compared by
+class and fields; not frozen: a frozen one costs five times as much to make, and the writer
+makes several per commit).
+
 The shell keeps what is not protocol: the rows themselves, the futures of the appenders,
 the locks, the log file and the DuckDB connection. Times are given to the core as numbers
 (``now``, monotonic seconds) and never read by it.
@@ -52,6 +56,9 @@ __all__ = [
     "CopyRefused",
     "CopyBroke",
     "Stop",
+    "JobQueued",
+    "JobTaken",
+    "Hurry",
     "Event",
     "WriteLog",
     "AwaitCopy",
@@ -105,7 +112,7 @@ class CopierState(StrEnum):
 
 
 # ---------------------------------------------------------------------- events
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sequenced:
     """The writer numbered one request's ``count`` entries onto its group (hashed and signed
     them, starting at ``first``); ``waiting``: an appender waits for them (not ``append_soon``)."""
@@ -115,19 +122,19 @@ class Sequenced:
     waiting: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Seal:
     """The group takes nothing more; ``fits``: the log has room for its record."""
 
     fits: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Drained:
     """``journal.db`` holds every acknowledged entry: the log may start over."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LogSynced:
     """The group's record is written and synced (``fdatasync`` returned) at ``now``;
     ``half_full``: the log is half used or more."""
@@ -136,31 +143,31 @@ class LogSynced:
     half_full: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LogFailed:
     """The group's record could not be made durable (or the journal refuses appends): none of it
     counts; its seqs are given again."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Close:
     """The writer has taken every request queued before close."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CopyStart:
     """The copier takes every acknowledged entry ``journal.db`` lacks (it does when
     :meth:`CommitCore.copy_due` says so, or when somebody waits)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Copied:
     """``journal.db`` holds every entry up to ``last`` (with the frontier they end at)."""
 
     last: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CopyRefused:
     """The disk refused the copy (full, read-only, I/O error); tried again at ``retry_at``. The
     entries stay in the log; a piece committed before the refusal is counted by ``stored``."""
@@ -169,21 +176,41 @@ class CopyRefused:
     stored: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CopyBroke:
     """``journal.db`` refused the copy for another reason (it holds rows the journal did not write)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Stop:
-    """The copier stops (close)."""
+    """The copier stops (close); the jobs it has not run are the shell's to refuse."""
 
 
-Event = Union[Sequenced, Seal, Drained, LogSynced, LogFailed, Close, CopyStart, Copied, CopyRefused, CopyBroke, Stop]
+@dataclass(slots=True)
+class JobQueued:
+    """A write to ``journal.db`` other than a copy (a checkpoint's store, a cosignature) is queued for
+    the copier; ``lazy``: held back (a run's closing checkpoint) until the journal is idle or somebody
+    waits for it — only behind jobs held back too, so no job waits behind one that is."""
+
+    lazy: bool = False
+
+
+@dataclass(slots=True)
+class JobTaken:
+    """The copier takes the first queued job (it runs it whatever its state: IDLE, RETRYING or BROKEN)."""
+
+
+@dataclass(slots=True)
+class Hurry:
+    """Somebody waits for a held-back job (or for a copy, which runs the jobs queued before it)."""
+
+
+Event = Union[Sequenced, Seal, Drained, LogSynced, LogFailed, Close, CopyStart, Copied, CopyRefused, CopyBroke, Stop,
+              JobQueued, JobTaken, Hurry]
 
 
 # ---------------------------------------------------------------------- actions
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WriteLog:
     """Write entries ``first..last`` as one record of the log and ``fdatasync`` it; then send
     ``LogSynced`` (or ``LogFailed``)."""
@@ -192,19 +219,19 @@ class WriteLog:
     last: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AwaitCopy:
     """Wait until ``journal.db`` holds every entry up to ``upto``; then send ``Drained`` (or ``LogFailed``)."""
 
     upto: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ResetLog:
     """Start the log over (everything in it is in ``journal.db``), with room for the next record."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Acknowledge:
     """Entries ``first..last`` are durable: resolve their appenders' futures. ``crowded``: more than one
     appender waited for this commit (while that holds, appenders queue rather than lead a commit)."""
@@ -214,7 +241,7 @@ class Acknowledge:
     crowded: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FailGroup:
     """Fail the requests of ``first..last``: nothing of them counts (their seqs are given again)."""
 
@@ -222,12 +249,12 @@ class FailGroup:
     last: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WakeCopier:
     """Wake the copier: a copy may be due, or ``journal.db`` is wanted up to a seq."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CopyRows:
     """Copy entries ``first..last`` (acknowledged, in the log) into ``journal.db`` with their frontier."""
 
@@ -235,7 +262,7 @@ class CopyRows:
     last: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReleaseWaiters:
     """Wake whoever waits on the copier (a read, a drain, close)."""
 
@@ -281,7 +308,19 @@ TRIGGERS: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType({
 })
 
 
-_MAY_COPY = frozenset({CopierState.IDLE, CopierState.RETRYING})
+def _moves(table: Mapping[Any, Mapping[str, Any]]) -> dict[Any, dict[str, tuple[Any, Any]]]:
+    """The table as the core walks it: each state's moves by trigger, each to its target and the
+    target's own moves (so a move hashes a trigger string, never a state: an enum's hash is
+    Python code, and the writer moves several times per commit)."""
+    moves: dict[Any, dict[str, tuple[Any, Any]]] = {state: {} for state in table}
+    for state, row in table.items():
+        for trigger, target in row.items():
+            moves[state][trigger] = (target, moves[target])
+    return moves
+
+
+_WRITER_MOVES = _moves(WRITER_TRANSITIONS)
+_COPIER_MOVES = _moves(COPIER_TRANSITIONS)
 
 
 def _refuse(role: str, state: str, trigger: str) -> InvalidTransition:
@@ -296,13 +335,15 @@ class CommitCore:
 
     __slots__ = ("writer", "copier", "sequenced", "group_first", "waiting", "acknowledged", "copied",
                  "copying", "wanted", "early_copy", "last_commit", "retry_at", "crowded",
-                 "transactions", "largest_batch", "copies", "attempts", "failed_attempt", "batch", "idle")
+                 "transactions", "largest_batch", "copies", "attempts", "failed_attempt", "batch", "idle", "jobs", "held", "_wm", "_cm")
 
     def __init__(self, head: int = 0, *, batch: int = IMPORT_BATCH, idle: float = IMPORT_IDLE_SECS) -> None:
         self.batch = batch  # entries pending that make a copy due (``IMPORT_BATCH``)
         self.idle = idle  # seconds without a commit that make a copy due (``IMPORT_IDLE_SECS``)
         self.writer = WriterState.IDLE
         self.copier = CopierState.IDLE
+        self._wm = _WRITER_MOVES[WriterState.IDLE]  # the writer's moves from where it is
+        self._cm = _COPIER_MOVES[CopierState.IDLE]
         self.sequenced = head  # highest seq given (in the open group, or acknowledged)
         self.group_first = head + 1  # first seq of the open group
         self.waiting = 0  # appenders waiting on the open group
@@ -319,6 +360,8 @@ class CommitCore:
         self.copies = 0  # copies that succeeded
         self.attempts = 0  # copies started
         self.failed_attempt = 0  # the last copy that failed (a waiter that asked before it raises its error)
+        self.jobs = 0  # jobs queued for the copier (run before its next copy)
+        self.held = 0  # how many of them, from the front, are held back
 
     # -- questions (pure)
     @property
@@ -329,7 +372,8 @@ class CommitCore:
     def copy_due(self, now: float) -> bool:
         """Whether the copier copies now: somebody waits for a seq it lacks, or (unless a refused
         copy is not due again) ``IMPORT_BATCH`` entries wait, or no commit came for ``IMPORT_IDLE_SECS``."""
-        if self.copier not in _MAY_COPY or not self.pending:
+        copier = self.copier
+        if not (copier is CopierState.IDLE or copier is CopierState.RETRYING) or not self.pending:
             return False
         if self.wanted > self.copied:
             return True
@@ -337,9 +381,19 @@ class CommitCore:
             return False
         return self.pending >= self.batch or now - self.last_commit >= self.idle
 
+    def jobs_due(self, now: float) -> bool:
+        """Whether the copier runs its jobs now: at once, unless all are held back and the journal was
+        committed to within ``idle`` seconds."""
+        if not self.jobs:
+            return False
+        return self.jobs > self.held or now - self.last_commit >= self.idle
+
     def copy_wait(self, now: float) -> float | None:
         """How long the copier sleeps before it looks again (None: until woken)."""
-        if self.copier not in _MAY_COPY or not self.pending:
+        if self.jobs:  # held back: they run once the journal is idle
+            return max(0.001, self.last_commit + self.idle - now)
+        copier = self.copier
+        if not (copier is CopierState.IDLE or copier is CopierState.RETRYING) or not self.pending:
             return None
         due = max(self.retry_at, self.last_commit + self.idle)
         return max(0.001, due - now)
@@ -354,13 +408,13 @@ class CommitCore:
     # -- moves
     def _writer_to(self, trigger: str) -> None:
         try:
-            self.writer = WRITER_TRANSITIONS[self.writer][trigger]
+            self.writer, self._wm = self._wm[trigger]  # WRITER_TRANSITIONS[self.writer][trigger]
         except KeyError:
             raise _refuse("writer", self.writer, trigger) from None
 
     def _copier_to(self, trigger: str) -> None:
         try:
-            self.copier = COPIER_TRANSITIONS[self.copier][trigger]
+            self.copier, self._cm = self._cm[trigger]  # COPIER_TRANSITIONS[self.copier][trigger]
         except KeyError:
             raise _refuse("copier", self.copier, trigger) from None
 
@@ -474,7 +528,30 @@ class CommitCore:
 
     def _stop(self, event: Stop) -> list[Action]:
         self._copier_to("stop")
+        self.jobs = self.held = 0
         return [ReleaseWaiters()]
+
+    # the copier's jobs: counted, not states (it runs them in whatever state it is)
+    def _job_queued(self, event: JobQueued) -> list[Action]:
+        if self.copier is CopierState.STOPPED:
+            raise _refuse("copier", self.copier, "job_queued")
+        if event.lazy and self.jobs == self.held:  # held back only behind held-back jobs
+            self.held += 1
+        self.jobs += 1
+        return [WakeCopier()]
+
+    def _job_taken(self, event: JobTaken) -> list[Action]:
+        if not self.jobs:
+            raise InvalidTransition("the copier has no job to take")
+        self.jobs -= 1
+        self.held = max(0, self.held - 1)
+        return []
+
+    def _hurry(self, event: Hurry) -> list[Action]:
+        if not self.held:
+            return []
+        self.held = 0
+        return [WakeCopier()]
 
 
 _HANDLERS: dict[type, Callable[[CommitCore, Any], list[Action]]] = {
@@ -489,6 +566,9 @@ _HANDLERS: dict[type, Callable[[CommitCore, Any], list[Action]]] = {
     CopyRefused: CommitCore._copy_refused,
     CopyBroke: CommitCore._copy_broke,
     Stop: CommitCore._stop,
+    JobQueued: CommitCore._job_queued,
+    JobTaken: CommitCore._job_taken,
+    Hurry: CommitCore._hurry,
 }
 
 

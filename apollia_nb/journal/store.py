@@ -145,6 +145,9 @@ from apollia_nb.journal.commit import (
     CopyRefused,
     CopyStart,
     Drained,
+    Hurry,
+    JobQueued,
+    JobTaken,
     LogFailed,
     LogSynced,
     Seal,
@@ -467,7 +470,6 @@ class Journal:
         self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # writes the copier makes
         # Jobs held back (a run's closing checkpoint): run with the next copy, once the journal is
         # idle or as soon as somebody waits for one of them (``_hurry``); any other job runs at once.
-        self._lazy = 0  # how many of ``_jobs``, from the front, are held back
         self._copy_acc = self._acc  # the frontier the rows being copied end at (the copier's)
         self._stored_acc = self._acc  # the frontier journal.db holds (the copier's)
         self._copier_stop = False
@@ -982,7 +984,8 @@ class Journal:
                             future.set_exception(Conflict(f"the journal {self.path} is closed"))
                     return
                 job = self._jobs.popleft() if self._jobs else None
-                self._lazy = max(0, self._lazy - 1)
+                if job is not None:
+                    self._core.handle(JobTaken())
                 if job is None:
                     copy = self._core.handle(CopyStart())[0]  # CopyRows(first, last)
                     rows = list(self._pending)
@@ -1017,12 +1020,9 @@ class Journal:
                 cond.notify_all()
 
     def _jobs_due(self) -> bool:
-        """Whether the copier runs its jobs now (called holding ``_copy_cond``): at once, unless all are
-        held back and the journal was committed to within ``IMPORT_IDLE_SECS``."""
-        if not self._jobs:
-            return False
-        core = self._core
-        return len(self._jobs) > self._lazy or time.monotonic() - core.last_commit >= core.idle
+        """Whether the copier runs its jobs now (called holding ``_copy_cond``): ``CommitCore.jobs_due``
+        (at once, unless all are held back and the journal was committed to within ``IMPORT_IDLE_SECS``)."""
+        return self._core.jobs_due(time.monotonic())
 
     def _hurry(self) -> None:
         """Have the copier run the jobs it holds back now (somebody waits for one of them)."""
@@ -1031,8 +1031,7 @@ class Journal:
 
     def _hold_none(self) -> None:
         """``_hurry``, holding ``_copy_cond``."""
-        if self._lazy:
-            self._lazy = 0
+        if self._core.handle(Hurry()):  # WakeCopier: jobs were held back
             self._copy_cond.notify_all()
 
     def _copy_due(self) -> bool:
@@ -1040,11 +1039,9 @@ class Journal:
         return self._core.copy_due(time.monotonic())
 
     def _copy_wait(self) -> float | None:
-        """How long the copier sleeps before looking again (None: until notified)."""
-        core = self._core
-        if self._jobs:  # held back: they run once the journal is idle
-            return max(0.001, core.last_commit + core.idle - time.monotonic())
-        return core.copy_wait(time.monotonic())
+        """How long the copier sleeps before looking again (None: until notified): ``CommitCore.copy_wait``
+        (held-back jobs run once the journal is idle)."""
+        return self._core.copy_wait(time.monotonic())
 
     def _copy(self, rows: list[tuple[Any, ...]], acc: MerkleAccumulator) -> None:
         """One copy attempt of ``rows`` (ending at ``acc``'s size) into ``journal.db``; on the copier."""
@@ -1114,8 +1111,7 @@ class Journal:
         with self._copy_cond:
             if self._copier_done:
                 raise Conflict(f"the journal {self.path} is closed")
-            if lazy and len(self._jobs) == self._lazy:  # held back only behind held-back jobs
-                self._lazy += 1
+            self._core.handle(JobQueued(lazy))  # held back only behind held-back jobs
             self._jobs.append((fn, future))
             self._copy_cond.notify_all()
         return future
