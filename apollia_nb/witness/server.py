@@ -17,6 +17,10 @@ State, all in the witness's folder (``--home-dir``):
 under one lock; on success the new record is committed (SQLite, synchronous) before
 the 200 carrying the cosignature, so a restart never forgets what it cosigned and
 two racing requests cannot roll a log back. ``GET /`` answers the name and verifier key.
+``GET /<origin hash>/checkpoint`` is the monitoring API (the monitoring prefix is the same as
+the submission prefix, ``/``): the latest checkpoint cosigned for the log whose origin's SHA-256 is
+that lowercase hex, with the log signatures the witness verifies and its cosignature as
+add-checkpoint returned it; 404 when it never cosigned one for that log.
 
 Every request the witness cannot read is answered, never dropped: 400 for a malformed
 body or ``Content-Length`` (not ASCII decimal digits, given twice, or a ``Transfer-Encoding``
@@ -28,6 +32,7 @@ arrive within ``REQUEST_TIMEOUT`` seconds, 503 when the record cannot be stored.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import socket
 import sqlite3
@@ -41,7 +46,7 @@ from pathlib import Path
 import nacl.signing
 
 from apollia_nb.errors import BadInput, IntegrityError
-from apollia_nb.journal.checkpoint import NoteVerifier
+from apollia_nb.journal.checkpoint import NoteVerifier, parse_note
 from apollia_nb.journal.witness import Cosigner, WitnessRecord, witness_decide
 
 __all__ = ["DRAIN_BYTES", "MAX_REQUEST_BYTES", "REQUEST_TIMEOUT", "WitnessState", "serve", "trust_map"]
@@ -206,6 +211,29 @@ class WitnessState:
         line = self.cosigner.cosign(answer.checkpoint.body(), now).line()
         return 200, "text/plain; charset=utf-8", line
 
+    def monitored_checkpoint(self, origin_hash: str) -> str | None:
+        """The monitoring API's answer for ``sha256(origin)`` in lowercase hex: the latest checkpoint
+        cosigned for that log, with the log's signatures this witness verifies and the cosignature
+        add-checkpoint returned; None when it never cosigned one for that log."""
+        if len(origin_hash) != 64 or any(ch not in "0123456789abcdef" for ch in origin_hash):
+            return None
+        with self._lock:
+            self._reload_trust()
+            rows = self._db.execute("SELECT origin, note, updated_at FROM logs").fetchall()
+            trusted = dict(self.trusted)
+        for origin, note, updated_at in rows:
+            if hashlib.sha256(origin.encode("utf-8")).hexdigest() != origin_hash:
+                continue
+            body, signatures = parse_note(note)
+            keys = {(v.name, v.key_id): v for v in trusted.get(origin, [])}
+            verified = [sig for sig in signatures
+                        if (sig.name, sig.key_id) in keys and keys[(sig.name, sig.key_id)].verifies(body, sig)]
+            # the cosignature returned then: cosignature/v1 over the same body and time (Ed25519 is
+            # deterministic, so it is the same line)
+            cosignature = self.cosigner.cosign(body, int(updated_at)).line()
+            return body + "\n" + "".join(sig.line() for sig in verified) + cosignature
+        return None
+
     def close(self) -> None:
         self._db.close()
 
@@ -236,8 +264,16 @@ def _handler(state: WitnessState) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path.rstrip("/") == "":
                 self._reply(200, "text/plain; charset=utf-8", f"{state.name}\n{state.verifier_key()}\n")
-            else:
-                self._reply(404, "text/plain; charset=utf-8", "not found\n")
+                return
+            parts = self.path.split("/")
+            if len(parts) == 3 and parts[0] == "" and parts[2] == "checkpoint":  # the monitoring API
+                note = state.monitored_checkpoint(parts[1])
+                if note is not None:
+                    self._reply(200, "text/plain; charset=utf-8", note)
+                    return
+                self._reply(404, "text/plain; charset=utf-8", "this witness never cosigned a checkpoint of that log\n")
+                return
+            self._reply(404, "text/plain; charset=utf-8", "not found\n")
 
         def _body_length(self) -> int | None:
             """The body's length, or None once a refusal was sent."""
