@@ -16,6 +16,7 @@ Messages are for people and may change; codes may not.
     ├── HostNotAllowed                HOST_NOT_ALLOWED: a request whose Host is not served (421)
     ├── OriginNotAllowed              ORIGIN_NOT_ALLOWED: a browser Origin that is not allowed (403)
     ├── Unauthorized                  UNAUTHORIZED: a missing or wrong bearer token (401)
+    ├── Forbidden                     FORBIDDEN: a person's token without the role a route needs (403; names the role)
     ├── MethodNotAllowed              METHOD_NOT_ALLOWED: the route exists, the method does not (405)
     ├── NotFound                      NOT_FOUND
     │   ├── UnknownAgent              UNKNOWN_AGENT
@@ -83,6 +84,7 @@ __all__ = [
     "HostNotAllowed",
     "OriginNotAllowed",
     "Unauthorized",
+    "Forbidden",
     "MethodNotAllowed",
     "NotFound",
     "UnknownAgent",
@@ -201,6 +203,11 @@ class OriginNotAllowed(ApolliaError):
 class Unauthorized(ApolliaError):
     code = "UNAUTHORIZED"
     http_status = 401
+
+
+class Forbidden(ApolliaError):
+    code = "FORBIDDEN"
+    http_status = 403
 
 
 class MethodNotAllowed(ApolliaError):

@@ -58,7 +58,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__, faults
-from apollia_nb.api import batches, hooks
+from apollia_nb.api import batches, hooks, people
 from apollia_nb.api.deps import API_PREFIX, authorize, error_responses, json_route
 from apollia_nb.api.deps import STORAGE_STATUSES as _STORAGE_STATUSES
 from apollia_nb.api.deps import closing as _closing
@@ -125,6 +125,9 @@ def _with_event_schemas(app: FastAPI) -> None:
                 for op in item.values():
                     for response in op.get("responses", {}).values():
                         response.get("content", {}).get("text/event-stream", {}).pop("itemSchema", None)
+            from apollia_nb.api.roles import with_roles
+
+            with_roles(doc, API_PREFIX)
         return app.openapi_schema  # type: ignore[return-value]  # set above
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -1081,6 +1084,7 @@ def create_app(
     app.include_router(batches.router, prefix=API_PREFIX)
     app.include_router(_internal.router, prefix=API_PREFIX)
     app.include_router(hooks.router, prefix=API_PREFIX)
+    app.include_router(people.router, prefix=API_PREFIX)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 

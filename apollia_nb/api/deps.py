@@ -22,7 +22,7 @@ from apollia_nb.api.idempotency import (
     Effect,
     IdempotentRoute,
 )
-from apollia_nb.errors import Unauthorized
+from apollia_nb.errors import Forbidden, Unauthorized
 from apollia_nb.wire import schemas as s
 
 __all__ = [
@@ -33,6 +33,8 @@ __all__ = [
     "STORAGE_STATUSES",
     "TOKEN_REQUIRED",
     "authorize",
+    "check_role",
+    "identity_of",
     "bearer",
     "closing",
     "commit",
@@ -50,7 +52,8 @@ API_PREFIX = "/api/v1"
 
 STATUS_WORDS = {
     401: "the bearer token is missing or wrong (`UNAUTHORIZED`)",
-    403: "a browser's `Origin` is neither the server's own nor an allowed origin (`ORIGIN_NOT_ALLOWED`)",
+    403: "a browser's `Origin` is neither the server's own nor an allowed origin (`ORIGIN_NOT_ALLOWED`), or "
+         "a person's token lacks the role the route needs (`FORBIDDEN`, naming the role)",
     421: "the `Host` is not a loopback name or an allowed host (`HOST_NOT_ALLOWED`)",
     404: "no such thing (`NOT_FOUND` or a specific `UNKNOWN_*` code)",
     409: "the thing is not in a state that allows this (`CONFLICT` or a specific code), or a request with "
@@ -134,9 +137,47 @@ TOKEN_REQUIRED = (
 )
 
 
+async def identity_of(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Any:
+    """Who sends the request: the owner (the server's token), a person (their token, not revoked), or None.
+
+    A person's token is looked up by its SHA-256 in ``governance.db`` on every request, so a revoked or
+    rotated token stops working on the next one; a ``governance.db`` that cannot be read authenticates
+    nobody but the owner."""
+    from apollia_nb.errors import ApolliaError
+    from apollia_nb.governance.people import OWNER, People
+
+    if credentials is None:
+        return None
+    if token_matches(request, credentials):
+        return OWNER
+    rt = request.app.state.runtime
+    store = getattr(rt, "governance", None)
+    if store is None:
+        return None
+    try:
+        return await anyio.to_thread.run_sync(People(store).identify, credentials.credentials)
+    except ApolliaError:
+        return None
+
+
+def check_role(request: Request, identity: Any) -> None:
+    """403 ``FORBIDDEN`` naming the role the request's route needs, when ``identity`` lacks it."""
+    from apollia_nb.api.roles import role_of
+
+    route = request.scope.get("route")
+    template = getattr(route, "path", "").removeprefix(API_PREFIX)
+    role = role_of(request.method, template)
+    request.state.identity = identity
+    if role is not None and not identity.has(role):
+        raise Forbidden(f"{request.method} {API_PREFIX}{template} needs the role {role!r}; "
+                        f"{identity.name} has {', '.join(sorted(identity.roles))}")
+
+
 async def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
-    if not token_matches(request, credentials):
+    identity = await identity_of(request, credentials)
+    if identity is None:
         raise Unauthorized(TOKEN_REQUIRED)
+    check_role(request, identity)
 
 
 async def idempotency_key(

@@ -45,8 +45,9 @@ from typing import Any
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials
 
-from apollia_nb.api.deps import API_PREFIX, bearer, token_matches
+from apollia_nb.api.deps import API_PREFIX, bearer, check_role, identity_of, token_matches
 from apollia_nb.errors import BadInput, Unauthorized, UnknownDecision
+from apollia_nb.governance.people import OWNER
 from apollia_nb.runtime.dask_engine import item_task_prefix
 
 __all__ = ["WORKER_KINDS", "WORKER_ROUTES", "WorkerScope", "WorkerTokens", "authorize_internal", "scope_of",
@@ -276,10 +277,15 @@ async def authorize_internal(request: Request,
     """The internal routes' guard: the server's token opens them all; a worker credential opens the routes of
     :data:`WORKER_ROUTES` for its batch only; anything else is 401 ``UNAUTHORIZED``."""
     if token_matches(request, credentials):
+        check_role(request, OWNER)
         return
     scope = tokens_of(request).scope(credentials.credentials) if credentials is not None else None
     if scope is None:
-        raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+        person = await identity_of(request, credentials)  # a person: the route's role (``api.roles``)
+        if person is None:
+            raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+        check_role(request, person)
+        return
     route = request.scope.get("route")
     template = getattr(route, "path", "").removeprefix(API_PREFIX)
     check = WORKER_ROUTES.get((request.method, template))

@@ -37,13 +37,13 @@ def _common() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from apollia_nb.cli import audit, batch, governance, home, hook, runtime, witness
+    from apollia_nb.cli import audit, batch, governance, home, hook, people, runtime, witness
 
     parser = _Parser(prog="apollia-os", description="Governed AI agents with a signed journal.")
     common = _common()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for module in (runtime, batch, governance, audit, home, witness, hook):
+    for module in (runtime, batch, governance, people, audit, home, witness, hook):
         module.register(sub, common)
     try:
         from apollia_nb.cli import serve

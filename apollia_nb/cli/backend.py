@@ -121,7 +121,7 @@ def _server_of(home: "Home") -> "ServerAddress | None":
     if not home.server_json.exists():
         return None
     try:
-        return find_server(home, HomeLocked("no server"))
+        address = find_server(home, HomeLocked("no server"))
     except ServerNotRunning:
         holder = _read_json(home.owner_lock_path) or {}
         pid = holder.get("pid")
@@ -130,6 +130,11 @@ def _server_of(home: "Home") -> "ServerAddress | None":
         return None
     except HomeLocked:  # not advertised: the command owns the home, and says who holds it if another does
         return None
+    import dataclasses
+    import os
+
+    token = os.environ.get("APOLLIA_TOKEN")  # a person's own token: the server checks its roles
+    return dataclasses.replace(address, token=token) if token else address
 
 
 @contextlib.contextmanager
