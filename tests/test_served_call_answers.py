@@ -1,13 +1,19 @@
 """What a client's governed call and journal append are answered with, as sent on the wire: exactly the JSON
 their documented models (``CallOut``, ``JournalRows``) give, though the server builds these answers itself
-rather than checking them against the models on every request.
+rather than checking them against the models on every request. And how the client sends its call requests:
+on kept connections of the standard library's HTTP, a connection the server closed replaced once, a stopped
+server told apart from one that may have got the request.
 
-Against a real server (uvicorn on 127.0.0.1 on a port of its own, the home's journal and governance).
+Against a real server (uvicorn on 127.0.0.1 on a port of its own, the home's journal and governance), and a
+plain HTTP server on 127.0.0.1 (port 0) for the connections.
 """
 
 from __future__ import annotations
 
+import http.server
 import json
+import socket
+import threading
 from typing import Any
 
 import httpx
@@ -15,6 +21,7 @@ import pytest
 
 from apollia_nb.api.internal import CallOut, GovernanceSnapshot, JournalRows
 from apollia_nb.api.server import ServerThread
+from apollia_nb.runtime.remote import JsonPosts, NotSent
 
 TOKEN = "served-call-answers-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -22,7 +29,7 @@ CALLS = "/api/v1/internal/calls"
 
 
 @pytest.fixture
-def http(home):
+def served(home):
     with ServerThread(home, token=TOKEN) as srv, httpx.Client(base_url=srv.url, headers=AUTH, timeout=30) as client:
         yield client
 
@@ -43,14 +50,14 @@ def as_documented(model: Any, response: httpx.Response) -> dict[str, Any]:
     return sent
 
 
-def test_a_call_answer_is_its_documented_model_with_the_snapshot_only_when_the_client_holds_another(http):
-    snapshot = http.get("/api/v1/internal/governance/snapshot").json()
-    stale = as_documented(CallOut, http.post(CALLS, json=call_body("run-a", "c1", generation="old.1")))
+def test_a_call_answer_is_its_documented_model_with_the_snapshot_only_when_the_client_holds_another(served):
+    snapshot = served.get("/api/v1/internal/governance/snapshot").json()
+    stale = as_documented(CallOut, served.post(CALLS, json=call_body("run-a", "c1", generation="old.1")))
     assert stale["snapshot"] == GovernanceSnapshot.model_validate(snapshot).model_dump(mode="json")
     assert stale["generation"] == snapshot["generation"]
-    none_held = as_documented(CallOut, http.post(CALLS, json=call_body("run-a", "c2")))
+    none_held = as_documented(CallOut, served.post(CALLS, json=call_body("run-a", "c2")))
     assert none_held["snapshot"] == stale["snapshot"]
-    held = as_documented(CallOut, http.post(CALLS, json=call_body("run-a", "c3", generation=snapshot["generation"])))
+    held = as_documented(CallOut, served.post(CALLS, json=call_body("run-a", "c3", generation=snapshot["generation"])))
     assert held["snapshot"] is None
     assert held["decision"] == {"outcome": "allow", "line": held["decision"]["line"], "answers": [],
                                 "reason": held["decision"]["reason"], "rule_id": None}
@@ -58,27 +65,124 @@ def test_a_call_answer_is_its_documented_model_with_the_snapshot_only_when_the_c
     assert kinds == ["model_response", "decision", "tool_call"]
     assert json.loads(held["entries"][0]["payload"])["text"] == "é ✓"  # not escaped, not re-encoded
     # a retry is answered as the first was
-    again = as_documented(CallOut, http.post(CALLS, json=call_body("run-a", "c1", generation="old.1")))
+    again = as_documented(CallOut, served.post(CALLS, json=call_body("run-a", "c1", generation="old.1")))
     assert again == stale
 
 
-def test_a_refused_call_answer_is_its_documented_model(http):
-    http.post("/api/v1/governance/rules", json={"tool": "list_dir", "effect": "deny", "agent": "clerk"}).raise_for_status()
-    refused = as_documented(CallOut, http.post(CALLS, json=call_body("run-r", "c1")))
+def test_a_refused_call_answer_is_its_documented_model(served):
+    served.post("/api/v1/governance/rules", json={"tool": "list_dir", "effect": "deny", "agent": "clerk"}).raise_for_status()
+    refused = as_documented(CallOut, served.post(CALLS, json=call_body("run-r", "c1")))
     assert refused["decision"]["outcome"] == "refuse" and refused["decision"]["rule_id"]
     assert [row["kind"] for row in refused["entries"]] == ["model_response", "decision", "tool_result"]
 
 
-def test_an_append_answer_is_its_documented_model_and_201(http):
-    response = http.post("/api/v1/internal/journal/entries", json={"entries": [
+def test_an_append_answer_is_its_documented_model_and_201(served):
+    response = served.post("/api/v1/internal/journal/entries", json={"entries": [
         {"kind": "note", "payload": {"text": "ü"}, "run_id": "run-n", "agent": None}]})
     assert response.status_code == 201
     rows = as_documented(JournalRows, response)["entries"]
     assert [(r["kind"], json.loads(r["payload"])) for r in rows] == [("note", {"text": "ü"})]
 
 
-def test_a_bad_call_is_still_refused_before_anything_is_journaled(http):
-    head = http.get("/api/v1/internal/journal/head").json()["seq"]
-    bad = http.post(CALLS, json=call_body("run-b", "c1", family="bogus"))
+def test_a_bad_call_is_still_refused_before_anything_is_journaled(served):
+    head = served.get("/api/v1/internal/journal/head").json()["seq"]
+    bad = served.post(CALLS, json=call_body("run-b", "c1", family="bogus"))
     assert bad.status_code == 422
-    assert http.get("/api/v1/internal/journal/head").json()["seq"] == head
+    assert served.get("/api/v1/internal/journal/head").json()["seq"] == head
+
+
+# --- the client's call requests: keep-alive connections of the standard library ---------------------------
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """Answers each POST with its body; closes the connection after each answer without saying so when the
+    server's ``drop`` is set (as a server does with a connection idle past its keep-alive time)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # the name http.server calls
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.seen.append((self.path, self.headers["Authorization"], json.loads(body)))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        if self.server.drop:  # type: ignore[attr-defined]
+            self.close_connection = True
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def echo():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    server.seen, server.drop, server.connections = [], False, 0  # type: ignore[attr-defined]
+    accept = server.get_request
+
+    def counted() -> Any:
+        server.connections += 1  # type: ignore[attr-defined]
+        return accept()
+
+    server.get_request = counted  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def posts_to(server: Any, *, timeout: float = 10.0) -> JsonPosts:
+    host, port = server.server_address[:2]
+    posts = JsonPosts.of(f"http://{host}:{port}", {"Authorization": "Bearer t"}, timeout=timeout, connect=5.0)
+    assert posts is not None
+    return posts
+
+
+def test_call_requests_share_one_kept_connection(echo):
+    posts = posts_to(echo)
+    try:
+        answers = [posts.post("/api/v1/internal/calls", {"n": n, "text": "é"}) for n in range(5)]
+    finally:
+        posts.close()
+    assert [(status, json.loads(body)) for status, body in answers] == [(200, {"n": n, "text": "é"}) for n in range(5)]
+    assert echo.connections == 1
+    assert [(p, a) for p, a, _ in echo.seen] == [("/api/v1/internal/calls", "Bearer t")] * 5
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_once_and_the_request_sent_on_a_new_one(echo):
+    echo.drop = True
+    posts = posts_to(echo)
+    try:
+        assert [posts.post("/x", {"n": n})[0] for n in range(3)] == [200, 200, 200]
+    finally:
+        posts.close()
+    assert [b for _, _, b in echo.seen] == [{"n": 0}, {"n": 1}, {"n": 2}]  # each sent once, none lost
+    assert echo.connections == 3
+
+
+def test_a_stopped_server_is_not_sent_to_and_a_silent_one_times_out():
+    with socket.socket() as held:  # a port nobody listens on
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+    posts = JsonPosts.of(f"http://127.0.0.1:{port}", {}, timeout=1.0, connect=1.0)
+    assert posts is not None
+    with pytest.raises(NotSent):
+        posts.post("/x", {})
+    with socket.socket() as silent:  # accepts, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        posts = JsonPosts.of("http://127.0.0.1:%d" % silent.getsockname()[1], {}, timeout=0.5, connect=1.0)
+        assert posts is not None
+        with pytest.raises(OSError) as raised:
+            posts.post("/x", {})
+        assert not isinstance(raised.value, NotSent)  # it may have been sent: the caller decides to retry
+
+
+def test_only_a_plain_http_server_url_is_carried_on_the_standard_library():
+    for url in ("https://127.0.0.1:8443", "http://127.0.0.1", "http://127.0.0.1:80/prefix", "unix:///x"):
+        assert JsonPosts.of(url, {}, timeout=1, connect=1) is None, url
+    assert JsonPosts.of("http://[::1]:8080", {}, timeout=1, connect=1) is not None

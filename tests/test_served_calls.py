@@ -53,6 +53,14 @@ def count_requests(rt: Runtime) -> collections.Counter:
         counts[(request.method, request.url.path.removeprefix("/api/v1"))] += 1
 
     rt._remote.http.event_hooks["request"].append(seen)
+    posts = rt._remote.posts  # a call's request: on the standard library's HTTP
+    post = posts.post
+
+    def counted(path: str, body: Any) -> Any:
+        counts[("POST", path.removeprefix("/api/v1"))] += 1
+        return post(path, body)
+
+    posts.post = counted
     return counts
 
 
@@ -168,29 +176,25 @@ async def test_a_retried_call_request_is_answered_as_the_first_and_journals_once
     assert first.json()["decision"]["outcome"] == "ask"
 
 
-class DropFirstAnswer(httpx.HTTPTransport):
-    """Sends each request; the answer of the first call request is lost on the way back."""
+class DropFirstAnswer:
+    """Sends each call request; the answer of the first is lost on the way back (the connection reset)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, posts: Any) -> None:
+        self.posts, self.post = posts, posts.post
         self.dropped = 0
+        posts.post = self.send
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        response = super().handle_request(request)
-        if request.url.path.endswith("/internal/calls") and not self.dropped:
-            response.read()
-            response.close()
+    def send(self, path: str, body: Any) -> Any:
+        answer = self.post(path, body)
+        if path.endswith("/internal/calls") and not self.dropped:
             self.dropped += 1
-            raise httpx.ReadError("connection reset before the answer was read", request=request)
-        return response
+            raise ConnectionResetError("connection reset before the answer was read")
+        return answer
 
 
 async def test_a_call_whose_answer_was_lost_is_sent_again_and_journaled_once(home, server, api):
     async with Runtime(home) as rt:
-        transport = DropFirstAnswer()
-        remote = rt._remote
-        remote.http = httpx.Client(base_url=remote.address.url + "/api/v1", headers=remote.headers,
-                                   transport=transport, timeout=30)
+        transport = DropFirstAnswer(rt._remote.posts)
         await rt.register_agent(lister("reader", 3))
         handle = await run_task(rt, "reader")
         assert handle.status == "completed" and transport.dropped == 1

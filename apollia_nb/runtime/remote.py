@@ -178,17 +178,106 @@ def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
 
 def _error(response: "httpx.Response") -> ApolliaError:
     """The error an answer of the server stands for: its code's class, as the SDK raises it."""
+    return _error_of(response.status_code, response.content)
+
+
+def _error_of(status: int, content: bytes) -> ApolliaError:
     from apollia_nb.wire.http import raise_for_error
 
     try:
-        raise_for_error(response.status_code, response.content)
+        raise_for_error(status, content)
     except ApolliaError as exc:
         return exc
-    return ApolliaError(f"HTTP {response.status_code} from the server that owns the home")
+    return ApolliaError(f"HTTP {status} from the server that owns the home")
 
 
 def _unanswered(url: str, exc: Exception) -> str:
     return f"the server that owns the home ({url}) did not answer: {type(exc).__name__}: {exc}"
+
+
+class NotSent(OSError):
+    """The connection was refused: nothing of the request was sent (the server has stopped)."""
+
+
+class JsonPosts:
+    """JSON POSTs to the server on keep-alive connections of the standard library's ``http.client``: what a
+    governed call's request costs the client (httpx's client layers take several times its CPU a request).
+
+    A connection serves one request at a time; idle ones are kept for the next. ``post`` answers the status
+    and the body; it raises ``NotSent`` when the server refuses the connection, any other ``OSError`` or
+    ``http.client.HTTPException`` when the request may have been sent and got no answer. A kept connection
+    the server closed meanwhile is replaced by a new one once, silently (what it carried is sent again, as a
+    retry would)."""
+
+    def __init__(self, host: str, port: int, headers: dict[str, str], *, timeout: float, connect: float) -> None:
+        self.host, self.port, self.timeout, self.connect = host, port, timeout, connect
+        self.headers = {**headers, "Content-Type": "application/json", "Accept": "application/json"}
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def of(cls, url: str, headers: dict[str, str], *, timeout: float, connect: float) -> "JsonPosts | None":
+        """For a plain ``http://`` server URL; None for any other (httpx carries those)."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme != "http" or parts.hostname is None or parts.port is None or parts.path not in ("", "/"):
+            return None
+        return cls(parts.hostname, parts.port, headers, timeout=timeout, connect=connect)
+
+    def _open(self) -> Any:
+        import http.client
+
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect)
+        try:
+            conn.connect()
+        except ConnectionRefusedError:
+            conn.close()
+            raise NotSent(f"{self.host}:{self.port} refuses connections") from None
+        except BaseException:
+            conn.close()
+            raise
+        conn.sock.settimeout(self.timeout)
+        return conn
+
+    def post(self, path: str, body: Any) -> tuple[int, bytes]:
+        import http.client
+
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        kept = conn is not None
+        while True:
+            if conn is None:
+                conn = self._open()
+            try:
+                conn.request("POST", path, body=data, headers=self.headers)
+                response = conn.getresponse()
+                content = response.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                if kept:  # closed by the server while it was idle: once more on a new connection
+                    conn, kept = None, False
+                    continue
+                raise
+            break
+        if response.will_close:
+            conn.close()
+        else:
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                else:
+                    self._idle.append(conn)
+        return response.status, content
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
 
 _WIRE_TYPES = ("blob", "ts", "date", "time", "dec", "td", "uuid", "float", "map")
@@ -281,6 +370,8 @@ class RemoteHome:
         self.headers = {"Authorization": f"Bearer {address.token}"}
         self.http = httpx.Client(base_url=address.url + API, headers=self.headers,
                                  timeout=httpx.Timeout(timeout, connect=5.0))
+        # a governed call's request (one per call) on the standard library's HTTP
+        self.posts = JsonPosts.of(address.url, self.headers, timeout=timeout, connect=5.0)
         try:
             self.journal = RemoteJournal(self)
             self.governance = RemoteGovernance(self)
@@ -313,6 +404,8 @@ class RemoteHome:
         return _refused(self.home, self.address, what)
 
     def close(self) -> None:
+        if self.posts is not None:
+            self.posts.close()
         self.http.close()
 
 
@@ -583,6 +676,8 @@ class RemoteJournal:
         handed over. Returns the server's decision and the ``decision`` entry as journaled; the append of
         those drafts that follows returns them as committed. A request that got no answer is sent
         again with the same call id (the server journals it once)."""
+        import http.client
+
         import httpx
 
         from apollia_nb.governance.decision import Answer, Decision, Outcome
@@ -607,11 +702,23 @@ class RemoteJournal:
         }
         prefix_drafts = [_draft(k, p, run_id, agent) for k, p in prefix]
 
+        def post(request: dict[str, Any]) -> tuple[int, bytes]:
+            posts = self._remote.posts
+            if posts is not None:
+                try:
+                    return posts.post(API + "/internal/calls", request)
+                except NotSent as exc:
+                    raise httpx.ConnectError(str(exc)) from None
+                except (OSError, http.client.HTTPException) as exc:
+                    raise httpx.ReadError(f"{type(exc).__name__}: {exc}") from None
+            response = self._remote.http.post("/internal/calls", json=request)
+            return response.status_code, response.content
+
         def send(all_: list[dict[str, Any]]) -> tuple[list["Entry"], dict[str, Any]]:
             request = {**body, "before": all_}
             for attempt in range(CALL_RETRIES + 1):
                 try:
-                    response = self._remote.http.post("/internal/calls", json=request)
+                    status, content = post(request)
                 except httpx.TransportError as exc:
                     if attempt < CALL_RETRIES:
                         continue  # no answer: the same call id again (the server journals it once)
@@ -619,9 +726,9 @@ class RemoteJournal:
                         raise self._remote.not_running("the call could not be decided") from None
                     raise IntegrityError(f"the call could not be decided: {_unanswered(self._remote.url, exc)} "
                                          "(its entries may or may not be recorded)") from None
-                if response.status_code >= 400:
-                    raise _error(response)
-                data = response.json()
+                if status >= 400:
+                    raise _error_of(status, content)
+                data = json.loads(content)
                 return [_entry(row) for row in data["entries"]], data
             raise AssertionError("unreachable")  # pragma: no cover
 
