@@ -1,7 +1,7 @@
 """Cost per governed tool call, beside pydantic-ai calling a plain tool in the same process.
 
 Run: ``.venv/bin/python benchmarks/governed_call.py [--sizes 50 400] [--repeats 5] [--profile]
-[--floor] [--served | --served-only] [--home-root DIR]``
+[--floor] [--served | --served-only | --telemetry] [--home-root DIR]``
 
 Ours: the real ``Runtime`` on a fresh temporary home per repetition. A
 scripted agent plans one step, makes N turns of one call each to a tool of
@@ -44,6 +44,11 @@ writer goes on committing), which cProfile does not see.
 in one run: ``apollia-os serve`` (a subprocess of the same interpreter, importing the same tree) owns a
 fresh home and this process's ``Runtime`` is its client, whose every call is decided and journaled by the
 server over HTTP on 127.0.0.1; the ratio's target is at most 2x. ``--served-only`` measures only that.
+
+``--telemetry`` measures only ours with the OpenTelemetry export on (``[telemetry]`` in the home's
+``apollia.toml``, spans sent over OTLP/HTTP to a receiver on 127.0.0.1) against off, alternating in one
+run, timed from submit through the runtime's close so the last export is counted; the target is at most
+5 % more per call.
 
 ``--floor`` shows what the journal's two fixed costs take of a call: ours at
 the first size, alternating four ways in one process — as it is; with the
@@ -478,6 +483,89 @@ async def floor(n: int, repeats: int) -> None:
           f"two thread hand-offs, the task's fixed cost spread over its calls): {m['neither']:.3f} ms")
 
 
+def _otlp_sink() -> tuple[str, Callable[[], None], list[int]]:
+    """An OTLP/HTTP receiver on 127.0.0.1 that counts the bytes it is sent and answers 200."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[int] = []
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            received.append(len(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    def stop() -> None:
+        httpd.shutdown()
+        httpd.server_close()
+
+    return f"http://127.0.0.1:{httpd.server_address[1]}", stop, received
+
+
+async def telemetry_once(n: int, endpoint: str | None, cpu: list[float]) -> float:
+    """Ours at N calls with ``[telemetry]`` on (spans sent to ``endpoint``) or off (None), timed from
+    submit through closing the runtime, so the spans' last export is counted too."""
+    with tempfile.TemporaryDirectory(prefix="apollia-bench-otel-", dir=HOME_ROOT) as tmp:
+        root = Path(tmp)
+        (root / "home").mkdir()
+        if endpoint is not None:
+            (root / "home" / "apollia.toml").write_text(
+                f'[telemetry]\nenabled = true\nendpoint = "{endpoint}"\ninterval_secs = 0.2\n')
+        rt = Runtime(root / "home")
+        await rt.__aenter__()
+        try:
+            assert (rt.telemetry is not None) == (endpoint is not None)
+            tool = ToolDef.from_function(read_note, family="read")
+            await rt.register_agent(manifest_text(n, root / "workspace"), tools=[tool])
+            c0, t0 = cpu_seconds(), time.perf_counter()
+            handle = await (await rt.submit(AGENT, "Read every note"))
+            if handle.status != "completed":
+                raise SystemExit(f"telemetry: the task ended {handle.status}: {handle.error}")
+        finally:
+            await rt.__aexit__(None, None, None)
+        elapsed = time.perf_counter() - t0
+        cpu.append(cpu_seconds() - c0)
+    return elapsed
+
+
+async def telemetry(sizes: list[int], repeats: int) -> None:
+    """A governed call with the OpenTelemetry export on and off, alternating in one run."""
+    endpoint, stop, received = _otlp_sink()
+    try:
+        print("\ntelemetry on vs off (spans of every run, step, turn and call sent over OTLP/HTTP to a "
+              "receiver on 127.0.0.1; timed from submit through the runtime's close), median of "
+              f"{repeats} runs:")
+        for n in sizes:
+            wall: dict[str, list[float]] = {"off": [], "on": []}
+            cpu: dict[str, list[float]] = {"off": [], "on": []}
+            for i in range(repeats + 1):  # the first round warms up
+                for way in ("off", "on"):
+                    c: list[float] = []
+                    elapsed = await telemetry_once(n, endpoint if way == "on" else None, c)
+                    if i:
+                        wall[way].append(elapsed / n * 1000)
+                        cpu[way].append(c[0] / n * 1000)
+            w = {k: statistics.median(v) for k, v in wall.items()}
+            u = {k: statistics.median(v) for k, v in cpu.items()}
+            print(f"  N={n:<4} wall ms per call: off {w['off']:.3f}  on {w['on']:.3f}  "
+                  f"(+{(w['on'] / w['off'] - 1) * 100:.1f} %, target <= 5 %)")
+            print(f"         CPU ms per call:  off {u['off']:.3f}  on {u['on']:.3f}  "
+                  f"(+{(u['on'] / u['off'] - 1) * 100:.1f} %)")
+            print("         wall runs: off " + " ".join(f"{x:.3f}" for x in wall["off"])
+                  + " | on " + " ".join(f"{x:.3f}" for x in wall["on"]))
+        print(f"  the receiver took {len(received)} export requests, {sum(received)} bytes")
+    finally:
+        stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 400], help="calls per task (default 50 400)")
@@ -492,6 +580,8 @@ def main() -> None:
     parser.add_argument("--served", action="store_true",
                         help="also a call in a client of a home served by apollia-os serve beside an owned home")
     parser.add_argument("--served-only", action="store_true", help="only the served vs owned figure")
+    parser.add_argument("--telemetry", action="store_true",
+                        help="only the figure with [telemetry] on vs off, alternating in one run (needs apollia-nb[otel])")
     args = parser.parse_args()
     global HOME_ROOT
     HOME_ROOT = args.home_root
@@ -500,6 +590,9 @@ def main() -> None:
     sizes = sorted(args.sizes)
 
     async def run() -> None:
+        if args.telemetry:
+            await telemetry(sizes, args.repeats)
+            return
         if args.served_only:
             await served(sizes, args.repeats)
             return

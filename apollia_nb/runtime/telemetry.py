@@ -26,6 +26,7 @@ The attribute names follow the OpenTelemetry GenAI semantic conventions
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -51,6 +52,9 @@ DECISION_RULES: dict[int, str] = {
 }
 
 _STEP_NAMES = {"planner": "plan", "actor": "act", "critic": "critic"}
+
+#: The kinds spans are derived from (the rest is never read).
+_READ_KINDS = ("agent_identity", "run_open", "run_seal", "model_response", "decision", "answer", "tool_result")
 
 
 @dataclass(frozen=True)
@@ -338,32 +342,39 @@ def _exporter(config: TelemetryConfig) -> Any:
 
 
 class TelemetryExporter:
-    """One thread reading new journal entries and handing their spans to the SDK's batch processor."""
+    """One thread reading new journal entries and handing their finished spans to the SDK's batch
+    processor. Spans are built whole when they end (``ReadableSpan``), with ids derived from the
+    journal's origin and the span's key: the trace id from the run, so a span's parent is known
+    without keeping it, and the same entries always give the same ids."""
 
     def __init__(self, journal: Any, config: TelemetryConfig, *, since_seq: int | None = None,
                  exporter: Any = None) -> None:
         try:
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace import ReadableSpan
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+            from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
         except ImportError:
             raise BadInput("[telemetry] enabled = true needs the OpenTelemetry packages: "
                            "pip install 'apollia-nb[otel]'") from None
         from apollia_nb import __version__
 
+        self._origin = str(journal.origin)
         attrs: dict[str, Any] = {"service.name": config.service_name or os.environ.get("OTEL_SERVICE_NAME")
                                  or "apollia-nb", "service.version": __version__,
-                                 "apollia.journal.origin": str(journal.origin)}
-        self._provider = TracerProvider(resource=Resource.create(attrs))
-        self._provider.add_span_processor(BatchSpanProcessor(exporter if exporter is not None
-                                                             else _exporter(config)))
-        self._tracer = self._provider.get_tracer("apollia_nb", __version__)
+                                 "apollia.journal.origin": self._origin}
+        self._resource = Resource.create(attrs)
+        self._scope = InstrumentationScope("apollia_nb", __version__)
+        self._processor = BatchSpanProcessor(exporter if exporter is not None else _exporter(config))
+        self._span, self._span_context, self._sampled = ReadableSpan, SpanContext, TraceFlags(TraceFlags.SAMPLED)
+        self._unset, self._error = Status(StatusCode.UNSET), lambda text: Status(StatusCode.ERROR, text)
+        self._contexts: dict[tuple[Any, ...], Any] = {}  # of the spans still open, and their parents
         self._journal = journal
         self._interval = config.interval_secs
         self._cursor = int(journal.head()[0]) if since_seq is None else int(since_seq)
         self._deriver = SpanDeriver()
-        self._open: dict[tuple[Any, ...], Any] = {}
-        self._pending: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._open: dict[tuple[Any, ...], tuple[Open, dict[str, Any]]] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -378,44 +389,56 @@ class TelemetryExporter:
             self.poll()
 
     def poll(self) -> int:
-        """Read the entries committed since the last poll and start/end their spans; returns how many."""
+        """Read the entries committed since the last poll and hand on the spans they end; returns how many."""
         with self._lock:
             try:
-                entries = self._journal.entries(since_seq=self._cursor, limit=2000)
+                head = int(self._journal.head()[0])  # read first: the query below sees every entry up to it
+                entries = self._journal.entries(since_seq=self._cursor, kinds=_READ_KINDS, limit=2000)
             except Exception:  # a journal that cannot be read now: tried again next time
                 self.failures += 1
                 return 0
-            if entries:
+            for move in self._deriver.feed(entries):
+                self._apply(move)
+            if len(entries) == 2000:  # more may follow: on from the last one read
                 self._cursor = int(entries[-1].seq)
-                for move in self._deriver.feed(entries):
-                    self._apply(move)
+            else:
+                self._cursor = max(self._cursor, head, int(entries[-1].seq) if entries else 0)
             return len(entries)
 
-    def _apply(self, move: Open | Close) -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+    def _id(self, key: tuple[Any, ...], size: int) -> int:
+        digest = hashlib.sha256(f"{self._origin}\n{key!r}".encode()).digest()
+        return int.from_bytes(digest[:size], "big") or 1
 
-        if isinstance(move, Open):
-            context = None
-            parent = self._open.get(move.parent) if move.parent is not None else None
-            if parent is not None:
-                context = trace.set_span_in_context(parent)
-            kind = SpanKind.INTERNAL
-            span = self._tracer.start_span(move.name, context=context, kind=kind, start_time=move.start_ns,
-                                           attributes=move.attributes)
-            self._open[move.key] = span
-            return
-        found = self._open.get(move.key)
+    def _context(self, key: tuple[Any, ...]) -> Any:
+        found = self._contexts.get(key)
         if found is None:
+            trace_key = ("run", key[1]) if key[1] is not None else key
+            found = self._span_context(self._id(trace_key, 16), self._id(key, 8), is_remote=False,
+                                       trace_flags=self._sampled)
+            if key[0] in ("run", "step"):  # parents: asked for by each child
+                self._contexts[key] = found
+        return found
+
+    def _apply(self, move: Open | Close) -> None:
+        if isinstance(move, Open):
+            self._open[move.key] = (move, dict(move.attributes))
             return
-        span = found
-        span.set_attributes(move.attributes)
+        held = self._open.get(move.key)
+        if held is None:
+            return
+        opened, attributes = held
+        attributes.update(move.attributes)
         if move.end_ns < 0:
             return
-        if move.error:
-            span.set_status(Status(StatusCode.ERROR, move.error))
-        span.end(end_time=max(move.end_ns, 0))
         del self._open[move.key]
+        span = self._span(
+            opened.name, context=self._context(opened.key),
+            parent=self._context(opened.parent) if opened.parent is not None else None,
+            resource=self._resource, attributes=attributes, instrumentation_scope=self._scope,
+            status=self._error(move.error) if move.error else self._unset,
+            start_time=opened.start_ns, end_time=max(move.end_ns, opened.start_ns))
+        self._contexts.pop(move.key, None)
+        self._processor.on_end(span)
 
     def close(self, timeout: float = 3.0) -> None:
         """Stop the thread, read what is left, hand every span to the exporter, within ``timeout``."""
@@ -425,8 +448,8 @@ class TelemetryExporter:
             self._thread = None
         while self.poll() >= 2000:
             pass
-        provider = self._provider
-        done = threading.Thread(target=provider.shutdown, name="journal-telemetry-close", daemon=True)
+        processor = self._processor
+        done = threading.Thread(target=processor.shutdown, name="journal-telemetry-close", daemon=True)
         done.start()
         done.join(timeout)  # a collector that does not answer keeps nothing waiting longer
 
