@@ -59,7 +59,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apollia_nb import __version__, faults
 from apollia_nb.api import batches, hooks, people
-from apollia_nb.api.deps import API_PREFIX, authorize, error_responses, json_route
+from apollia_nb.api.deps import API_PREFIX, acting, authorize, error_responses, json_route
 from apollia_nb.api.deps import STORAGE_STATUSES as _STORAGE_STATUSES
 from apollia_nb.api.deps import closing as _closing
 from apollia_nb.api.deps import error_responses as _errors
@@ -100,7 +100,6 @@ from apollia_nb.wire import schemas as s
 __all__ = ["create_app", "API_PREFIX"]
 
 _TERMINAL = ("completed", "failed", "cancelled")
-_DEFAULT_BY = "api"
 
 _TASK_EVENTS = {"task": "Task"}
 _EXCHANGE_EVENT_SCHEMAS = {name: model.__name__ for name, model in s.EXCHANGE_EVENTS.items()}
@@ -885,10 +884,11 @@ async def _find_answer(request: Request, ref: dict[str, Any] | None) -> Found | 
                     "the standing consent, or the allow rule for a simple command in developer mode), `refuse` "
                     "refuses it and fails its step. 422 `BAD_ANSWER` for an answer not on offer, 404 "
                     "`UNKNOWN_DECISION`, 409 `CONFLICT` when it was already answered.")
-async def decide(body: s.DecideIn, background: BackgroundTasks, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+async def decide(body: s.DecideIn, background: BackgroundTasks, request: Request,
+                 rt: Any = Depends(_runtime)) -> dict[str, Any]:
     extra = {"values": body.values} if body.values is not None else {}
     # Committed (journaled and stored) when it returns; answers given meanwhile share the commits.
-    answered = await rt.answer_async(body.id, body.answer, by=body.by or _DEFAULT_BY, reason=body.reason, **extra)
+    answered = await rt.answer_async(body.id, body.answer, by=acting(request, body.by), reason=body.reason, **extra)
     faults.point("decide.after_commit")
     background.add_task(_after_decide_response)
     return answered
@@ -923,17 +923,18 @@ async def _find_rule(request: Request, ref: dict[str, Any] | None) -> Found | No
 @_route("POST", "/governance/rules", 201, response_model=s.Rule, operation_id="addRule", tags=["governance"],
         summary="Add a fine rule", responses=_errors(413, 422), effect=Effect(find=_find_rule),
         description="An identical rule already stored is returned as it is.")
-async def add_rule(response: Response, body: s.RuleIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+async def add_rule(response: Response, body: s.RuleIn, request: Request,
+                   rt: Any = Depends(_runtime)) -> dict[str, Any]:
     rule = rt.governance.add_rule(body.tool, body.effect, prefix=body.prefix, agent=body.agent,
-                                  by=body.by or _DEFAULT_BY)
+                                  by=acting(request, body.by))
     response.headers["Location"] = f"{API_PREFIX}/governance/rules/{rule.id}"
     return rule.to_dict()
 
 
 @_route("DELETE", "/governance/rules/{rule_id}", 204, operation_id="removeRule", tags=["governance"],
         summary="Remove a fine rule", responses=_errors(404), response_class=Response)
-async def remove_rule(rule_id: str, rt: Any = Depends(_runtime)) -> Response:
-    rt.governance.remove_rule(rule_id, by=_DEFAULT_BY)
+async def remove_rule(rule_id: str, request: Request, rt: Any = Depends(_runtime)) -> Response:
+    rt.governance.remove_rule(rule_id, by=acting(request, None))
     return Response(status_code=204)
 
 
@@ -948,9 +949,10 @@ async def list_consents(rt: Any = Depends(_runtime)) -> list[dict[str, Any]]:
 async def revoke_consent(
     agent: Annotated[str, FastPath(pattern=r"^[a-z0-9_-]+$", max_length=200, description="an agent name")],
     family: Annotated[s.FamilyName, FastPath(description="a family of action")],
+    request: Request,
     rt: Any = Depends(_runtime),
 ) -> Response:
-    rt.governance.revoke_consent(agent, family, by=_DEFAULT_BY)
+    rt.governance.revoke_consent(agent, family, by=acting(request, None))
     return Response(status_code=204)
 
 
@@ -962,8 +964,9 @@ async def get_developer_mode(rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
 @_route("PUT", "/governance/developer-mode", response_model=s.DeveloperMode, operation_id="setDeveloperMode",
         tags=["governance"], summary="Turn developer mode on or off", responses=_errors(413, 422))
-async def set_developer_mode(body: s.DeveloperModeIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    return rt.governance.set_developer_mode(body.enabled, by=body.by or _DEFAULT_BY).to_dict()
+async def set_developer_mode(body: s.DeveloperModeIn, request: Request,
+                             rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.set_developer_mode(body.enabled, by=acting(request, body.by)).to_dict()
 
 
 @_route("GET", "/governance/policy", response_model=s.Policy, operation_id="getPolicy", tags=["governance"],

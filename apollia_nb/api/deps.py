@@ -27,6 +27,7 @@ from apollia_nb.wire import schemas as s
 
 __all__ = [
     "API_PREFIX",
+    "acting",
     "EVERY_ROUTE",
     "ITEM_SCHEMA",
     "STATUS_WORDS",
@@ -171,6 +172,15 @@ def check_role(request: Request, identity: Any) -> None:
     if role is not None and not identity.has(role):
         raise Forbidden(f"{request.method} {API_PREFIX}{template} needs the role {role!r}; "
                         f"{identity.name} has {', '.join(sorted(identity.roles))}")
+
+
+def acting(request: Request, by: str | None, default: str = "api") -> str:
+    """Who a change is journaled as: a person by their token is always themselves (a ``by`` in the body is
+    ignored); the owner's token keeps the body's ``by`` (a client naming who acts through it), else ``default``."""
+    identity = getattr(request.state, "identity", None)
+    if identity is None or identity.via == "owner":
+        return by or default
+    return str(identity.name)
 
 
 async def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:

@@ -39,6 +39,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool
 
 from apollia_nb import faults
+from apollia_nb.api.deps import acting
 from apollia_nb.api.deps import error_responses as _errors
 from apollia_nb.api.deps import runtime_of as _runtime
 from apollia_nb.api.worker_tokens import authorize_internal, scope_of, tokens_of
@@ -839,20 +840,20 @@ async def review_agent_identity(body: IdentityIn, rt: Any = Depends(_runtime)) -
 @router.post("/governance/consents", status_code=201, response_model=s.Consent,
              operation_id="internalGrantConsent", summary="Grant a standing consent", responses=_errors(413, 422),
              description="Journaled `consent_granted` before it takes effect; an existing consent is returned as is.")
-async def grant_consent(body: ConsentIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    return rt.governance.grant_consent(body.agent, body.family, by=body.by).to_dict()
+async def grant_consent(body: ConsentIn, request: Request, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.grant_consent(body.agent, body.family, by=acting(request, body.by)).to_dict()
 
 
 @router.post("/governance/consents/revoke", response_model=s.Consent, operation_id="internalRevokeConsent",
              summary="Revoke a standing consent", responses=_errors(404, 413, 422))
-async def revoke_consent(body: RevokeIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    return rt.governance.revoke_consent(body.agent, body.family, by=body.by).to_dict()
+async def revoke_consent(body: RevokeIn, request: Request, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.revoke_consent(body.agent, body.family, by=acting(request, body.by)).to_dict()
 
 
 @router.post("/governance/rules/remove", response_model=s.Rule, operation_id="internalRemoveRule",
              summary="Remove a fine rule", responses=_errors(404, 413, 422))
-async def remove_rule(body: RuleRemoveIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    return rt.governance.remove_rule(body.id, by=body.by).to_dict()
+async def remove_rule(body: RuleRemoveIn, request: Request, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    return rt.governance.remove_rule(body.id, by=acting(request, body.by)).to_dict()
 
 
 # --- worker credentials ---------------------------------------------------------------------------
