@@ -362,7 +362,7 @@ def _task_dict(rt: Any, task_id: str) -> dict[str, Any]:
 def _live_task(rt: Any, task_id: str) -> None:
     """404 for a task nobody knows; 409 for one that finished in an earlier process (nothing to act on)."""
     _task_dict(rt, task_id)
-    if task_id not in {h.id for h in rt.tasks()}:
+    if rt.run_of(task_id) is None:  # one look-up, not a list of every task
         raise Conflict(f"task {task_id} has already finished")
 
 
@@ -598,7 +598,7 @@ async def wait_task(
     rt: Any = Depends(_runtime),
 ) -> dict[str, Any]:
     _task_dict(rt, task_id)
-    if task_id in {h.id for h in rt.tasks()}:
+    if rt.run_of(task_id) is not None:  # a task of this process (one look-up, not a list of every task)
         handle = rt.task(task_id)
         with anyio.move_on_after(timeout):
             finished = handle.wait if until == "finished" else handle.settled
