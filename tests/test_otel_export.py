@@ -207,3 +207,45 @@ async def test_otel_sdk_disabled_turns_it_off(home, receiver, monkeypatch):
     _enable(home, receiver.url)
     async with Runtime(home) as rt:
         assert rt.telemetry is None
+
+
+async def test_the_spans_go_over_grpc_when_the_protocol_says_so(home):
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    names: list[str] = []
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: N802
+            names.extend(s.name for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        _enable(home, f"http://127.0.0.1:{port}", protocol="grpc")
+        async with Runtime(home) as rt:
+            await _governed_run(rt)
+    finally:
+        server.stop(None)
+    assert "invoke_agent clerk" in names and names.count("execute_tool write_file") == 2
+
+
+async def test_a_dead_collector_keeps_closing_the_home_short(home):
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _enable(home, f"http://127.0.0.1:{port}")
+    rt = Runtime(home)
+    await rt.__aenter__()
+    await _governed_run(rt)
+    started = time.monotonic()
+    await rt.__aexit__(None, None, None)
+    assert time.monotonic() - started < 15  # the last export is given 3 s, never the exporter's retries
