@@ -75,8 +75,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
         "the Responses model reuses the Chat Completions model's helpers instead of a shared module",
     ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
         "a handle draws its widget, and the widgets read the handles",
-    ("apollia_nb.notebook.bridge", "apollia_nb.notebook.panel"):
-        "the kernel runtime starts the side panel, which reads the kernel runtime",
 }
 
 

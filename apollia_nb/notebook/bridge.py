@@ -169,6 +169,8 @@ class KernelRuntime:
         self._watch_lock = threading.Lock()
         self._owned: set[concurrent.futures.Future[Any]] = set()
         self._closed = False
+        #: The side panel's state for this runtime (``notebook/panel.py``, ``PanelHome.of``), closed first.
+        self.panel_home: Any = None
         self.loop = LoopThread()
         try:
             self.rt = self.loop.call(Runtime.open, home, **runtime_options)
@@ -305,9 +307,9 @@ class KernelRuntime:
         atexit.unregister(self.close)
         for future in list(self._owned):
             future.cancel()
-        from apollia_nb.notebook.panel import close_for
-
-        close_for(self)  # the side panel's pushes stop before the runtime does
+        panel_home, self.panel_home = self.panel_home, None
+        if panel_home is not None:
+            panel_home.close()  # the side panel's pushes stop before the runtime does
         api = getattr(self, "_server_api", None)  # notebook/served.py
         if api is not None:
             api.close()

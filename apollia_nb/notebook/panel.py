@@ -379,9 +379,9 @@ class PanelHome:
     @classmethod
     def of(cls, bridge: KernelRuntime) -> PanelHome:
         with _homes_lock:
-            home = getattr(bridge, "_panel_home", None)
+            home = bridge.panel_home
             if home is None:
-                home = bridge._panel_home = cls(bridge)  # type: ignore[attr-defined]
+                home = bridge.panel_home = cls(bridge)
             return home
 
     # ------------------------------------------------------------------ panels and pushes
@@ -817,10 +817,3 @@ def unregister(ipython: Any) -> None:
     if manager is not None and TARGET in getattr(manager, "targets", {}):
         manager.unregister_target(TARGET, None)
 
-
-def close_for(bridge: KernelRuntime) -> None:
-    """Stop the panels' pushes of a home being closed (called before its runtime closes)."""
-    panel_home = getattr(bridge, "_panel_home", None)
-    if panel_home is not None:
-        bridge._panel_home = None  # type: ignore[attr-defined]
-        panel_home.close()
