@@ -186,3 +186,56 @@ def test_only_a_plain_http_server_url_is_carried_on_the_standard_library():
     for url in ("https://127.0.0.1:8443", "http://127.0.0.1", "http://127.0.0.1:80/prefix", "unix:///x"):
         assert JsonPosts.of(url, {}, timeout=1, connect=1) is None, url
     assert JsonPosts.of("http://[::1]:8080", {}, timeout=1, connect=1) is not None
+
+
+# --- listing a waiting call: the store's write off the event loop ----------------------------------------
+
+
+class _Asked:
+    """governance.db's lock in this process, telling when a thread other than its holder asks for it."""
+
+    def __init__(self) -> None:
+        self.lock, self.asked, self.holder = threading.RLock(), threading.Event(), None
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self.holder is not None and self.holder != threading.get_ident():
+            self.asked.set()
+        return self.lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def test_the_server_answers_others_while_a_waiting_call_is_being_listed(home, monkeypatch):
+    """The store's write of a pending decision waits for governance.db (held here, as a long write would
+    hold it); the server's event loop answers other requests meanwhile, and the listing completes after."""
+    from apollia_nb.governance import store
+
+    lock = _Asked()
+    monkeypatch.setitem(store._PATH_LOCKS, str(home.governance_db), lock)
+    pending = {"run_id": "run-p", "task_id": "task-p", "agent": "clerk", "tool": "write_file", "family": "write",
+               "arguments": {"path": "x.txt"}, "answers": ["once", "refuse"], "reason": "asks", "line": 6,
+               "call_id": "call-1"}
+    with ServerThread(home, token=TOKEN) as srv, httpx.Client(base_url=srv.url, headers=AUTH, timeout=30) as http:
+        listed: list[httpx.Response] = []
+        with lock:
+            lock.holder = threading.get_ident()
+            adding = threading.Thread(target=lambda: listed.append(
+                http.post("/api/v1/internal/pending-decisions", json=pending)))
+            adding.start()
+            assert lock.asked.wait(30)  # the listing waits for the store now
+            with httpx.Client(base_url=srv.url, timeout=10) as other:
+                assert other.get("/api/v1/health").status_code == 200  # not held up by it
+            assert not listed
+            lock.holder = None
+        adding.join(30)
+        assert listed and listed[0].status_code == 201, listed
+        decision = listed[0].json()
+        assert decision["status"] == "pending" and decision["tool"] == "write_file"
+        assert [d["id"] for d in http.get("/api/v1/internal/pending-decisions").json()] == [decision["id"]]

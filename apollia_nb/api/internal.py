@@ -738,11 +738,12 @@ async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runti
              responses=_errors(413, 422),
              description="The runtime that asks journals the decision itself, before it lists it here.")
 async def add_pending(body: PendingIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    pending = rt.governance.add_pending(
+    # the store's write (a DuckDB transaction, synced) in a worker thread: the event loop serves meanwhile
+    pending = await anyio.to_thread.run_sync(lambda: rt.governance.add_pending(
         run_id=body.run_id, task_id=body.task_id, agent=body.agent, tool=body.tool, family=body.family,
         arguments=body.arguments, answers=list(body.answers), reason=body.reason, line=body.line,
         call_id=body.call_id,
-    )
+    ))
     return pending.to_dict()
 
 
