@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ def load_config(path: Path) -> Config:
     """Read ``apollia.toml``; a missing file is the defaults, a broken one is BAD_INPUT."""
     if not path.exists():
         return Config()
+    import tomllib  # only with a file to read: its import costs about 2 ms of CPU a kernel's load does not need
+
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -26,7 +26,6 @@ arrays of inline tables. TOML syntax errors reuse tomllib's line and column.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -96,6 +95,8 @@ _SECRET_KEYS = frozenset({"api_key", "apikey", "api-key", "key", "token", "api_t
 
 def _close(word: str, choices: Any) -> str | None:
     """The one choice closest to ``word`` (difflib), or None when none is close."""
+    import difflib  # only for a mistake's suggestion: about 0.6 ms of CPU each opening of a home would pay
+
     found = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)
     return found[0] if found else None
 

@@ -1293,11 +1293,13 @@ class Runtime:
     # ------------------------------------------------------------------ restart
     async def _restore(self) -> None:
         """Re-register persisted agents, reload suspended tasks, close runs a crash cut short."""
-        from apollia_nb.runtime.manifest import parse_manifest
-
         for row in self.records.agents():
             if row["state"] == ProcessState.STOPPED.value:
                 continue
+            # imported only with an agent to restore: about 2 ms of CPU (the manifest reader and
+            # tomllib) that opening a home without one does not pay
+            from apollia_nb.runtime.manifest import parse_manifest
+
             try:
                 manifest = parse_manifest(row["manifest"])
                 # The workspace resolved when it was registered, not from this process's directory.
