@@ -177,10 +177,10 @@ def test_a_persons_changes_are_journaled_as_that_person_whatever_by_the_body_nam
             assert removed.status_code == 200, removed.text
             owner = send(OWNER_TOKEN, "PUT", "/governance/developer-mode", {"enabled": False, "by": "bob"})
             assert owner.json()["changed_by"] == "bob"  # the owner's clients name who acts through them
-    by = [(e.kind, json.loads(e.payload)["by"]) for e in journal_of(home)
+    by = [(e.kind, *(json.loads(e.payload).get(k) for k in ("by", "by_role", "auth"))) for e in journal_of(home)
           if e.kind in ("rule_added", "rule_removed", "devmode_changed")]
-    assert by == [("rule_added", "rita"), ("devmode_changed", "rita"), ("rule_removed", "rita"),
-                  ("devmode_changed", "bob")]
+    assert by == [("rule_added", "rita", "rules", "token"), ("devmode_changed", "rita", "rules", "token"),
+                  ("rule_removed", "rita", "rules", "token"), ("devmode_changed", "bob", "admin", "owner")]
 
 
 def test_people_on_a_home_nobody_serves_are_managed_by_its_owner(tmp_path):

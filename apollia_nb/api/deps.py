@@ -164,11 +164,13 @@ async def identity_of(request: Request, credentials: HTTPAuthorizationCredential
 def check_role(request: Request, identity: Any) -> None:
     """403 ``FORBIDDEN`` naming the role the request's route needs, when ``identity`` lacks it."""
     from apollia_nb.api.roles import role_of
+    from apollia_nb.governance.acting import ACTING
 
     route = request.scope.get("route")
     template = getattr(route, "path", "").removeprefix(API_PREFIX)
     role = role_of(request.method, template)
     request.state.identity = identity
+    ACTING.set((identity.name, identity.role, identity.via))
     if role is not None and not identity.has(role):
         raise Forbidden(f"{request.method} {API_PREFIX}{template} needs the role {role!r}; "
                         f"{identity.name} has {', '.join(sorted(identity.roles))}")

@@ -71,6 +71,7 @@ from apollia_nb.errors import (
     UnknownDecision,
     UnknownRule,
 )
+from apollia_nb.governance.acting import with_actor
 from apollia_nb.governance.decision import (
     READ_ONLY_FAMILIES,
     Answer,
@@ -1155,9 +1156,9 @@ class GovernanceStore:
                         con.execute("ROLLBACK")
                     return change.result
                 if change.kind is not None and self.journal is not None:
-                    self.journal.append(change.kind, change.payload, agent=change.agent)
+                    self.journal.append(change.kind, with_actor(change.payload), agent=change.agent)
                     for kind, payload in change.then:
-                        self.journal.append(kind, payload, agent=change.agent)
+                        self.journal.append(kind, with_actor(payload), agent=change.agent)
                 try:
                     change.apply(con)
                     con.execute("COMMIT")
