@@ -249,3 +249,55 @@ async def test_a_dead_collector_keeps_closing_the_home_short(home):
     started = time.monotonic()
     await rt.__aexit__(None, None, None)
     assert time.monotonic() - started < 15  # the last export is given 3 s, never the exporter's retries
+
+
+def _entry(seq: int, kind: str, payload: dict, run_id: str | None = "run-1", agent: str | None = "clerk",
+           ts: str = "2026-12-07T10:00:00.000000Z") -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(seq=seq, ts=ts, run_id=run_id, agent=agent, kind=kind,
+                           payload=json.dumps(payload).encode(), hash=bytes([seq]) * 32)
+
+
+def test_the_deriver_reads_the_model_usage_and_a_hook_s_call_is_a_root_span():
+    from apollia_nb.runtime.telemetry import Close, Open, SpanDeriver
+
+    moves = SpanDeriver().feed([
+        _entry(1, "agent_identity", {"identity": {"model": {"provider": "openai", "model": "gpt-x"}}}, run_id=None),
+        _entry(2, "run_open", {"run_kind": "chat"}),
+        _entry(3, "model_response", {"role": "actor", "turn": 1, "text": "", "tool_calls": [],
+                                     "usage": {"prompt_tokens": 12, "completion_tokens": 5}}),
+        _entry(4, "decision", {"call_id": "h1", "tool": "Bash", "outcome": "refuse", "line": 1, "family": "execute",
+                               "reason": "policy", "source": "claude-code", "source_tool": "Bash"},
+               run_id=None, agent="claude-code"),
+        _entry(5, "tool_result", {"call_id": "h1", "tool": "Bash", "status": "refused", "error_code": "REFUSED"},
+               run_id=None, agent="claude-code"),
+        _entry(6, "run_seal", {"status": "completed", "entries": 2}),
+    ])
+    opened = {m.key: m for m in moves if isinstance(m, Open)}
+    chat = next(m for m in opened.values() if m.attributes.get("gen_ai.operation.name") == "chat")
+    assert chat.name == "chat gpt-x" and chat.attributes["gen_ai.request.model"] == "gpt-x"
+    assert chat.attributes["gen_ai.usage.input_tokens"] == 12 and chat.attributes["gen_ai.usage.output_tokens"] == 5
+    assert chat.attributes["gen_ai.provider.name"] == "openai"
+    hook = next(m for m in opened.values() if m.attributes.get("gen_ai.tool.name") == "Bash")
+    assert hook.parent is None and hook.attributes["apollia.call.source"] == "claude-code"
+    assert hook.attributes["apollia.decision.rule"] == "organisation_policy"
+    closed = [m for m in moves if isinstance(m, Close) and m.key == hook.key]
+    assert closed[-1].error == "REFUSED"
+    # every span opened is closed by the seal
+    ends = {m.key for m in moves if isinstance(m, Close) and m.end_ns >= 0}
+    assert set(opened) == ends
+
+
+def test_an_entry_that_does_not_parse_is_skipped_not_fatal():
+    from types import SimpleNamespace
+
+    from apollia_nb.runtime.telemetry import SpanDeriver
+
+    broken = SimpleNamespace(seq=1, ts="2026-12-07T10:00:00Z", run_id="r", agent="a", kind="decision",
+                             payload=b"{not json", hash=bytes(32))
+    listed = SimpleNamespace(seq=2, ts="2026-12-07T10:00:00Z", run_id="r", agent="a", kind="decision",
+                             payload=b"[1]", hash=bytes(32))
+    no_call = _entry(3, "decision", {"tool": "x", "outcome": "allow"})
+    moves = SpanDeriver().feed([broken, listed, no_call])
+    assert [getattr(m, "name", None) for m in moves] == ["invoke_agent a"]  # the run, and no call span
