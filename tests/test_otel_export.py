@@ -300,4 +300,4 @@ def test_an_entry_that_does_not_parse_is_skipped_not_fatal():
                              payload=b"[1]", hash=bytes(32))
     no_call = _entry(3, "decision", {"tool": "x", "outcome": "allow"})
     moves = SpanDeriver().feed([broken, listed, no_call])
-    assert [getattr(m, "name", None) for m in moves] == ["invoke_agent a"]  # the run, and no call span
+    assert [getattr(m, "name", None) for m in moves] == ["invoke_agent clerk"]  # the run, and no call span
