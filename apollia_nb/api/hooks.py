@@ -46,6 +46,8 @@ _BODY = {"content": {"application/json": {"schema": {
                 "422 `BAD_INPUT` for another tool name (the body itself is never refused with a 4xx).",
     openapi_extra={"requestBody": _BODY},
     response_model=None,
+    responses={200: {"description": "the tool's hook JSON", "content": {"application/json": {"schema": {
+        "type": "object", "description": "the tool's hook answer, in the shape the tool documents"}}}}},
 )
 async def answer_hook_route(tool: Literal["claude-code", "codex", "cursor"], request: Request,
                             rt: Any = Depends(runtime_of)) -> JSONResponse:

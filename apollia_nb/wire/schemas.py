@@ -137,7 +137,8 @@ class TokenBudget(_Out):
 class Budget(_Out):
     used: int
     ceiling: int
-    tokens: TokenBudget | None = None
+    # Absent without a token budget, as the owner's task JSON has it (``None`` is never sent).
+    tokens: TokenBudget | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class StepCall(_Out):
@@ -153,7 +154,9 @@ class Step(_Out):
     status: str
     tool_calls: list[StepCall] = []
     text: str | None = None
-    reasoning: list[str] = []  # the readable reasoning of each model turn of the step that gave any
+    # The readable reasoning of each model turn of the step that gave any; absent when none did,
+    # as the owner's task JSON has it.
+    reasoning: list[str] = Field(default_factory=list, exclude_if=lambda v: not v)
 
 
 class Verdict(_Out):
