@@ -47,6 +47,7 @@ from apollia_nb.errors import (
     UnknownDecision,
     UnknownTask,
 )
+from apollia_nb.governance.acting import ACTING
 from apollia_nb.home import Home, OwnerLock
 from apollia_nb.runtime.acknowledged import journal_submitted, rebuild_lost_tasks
 from apollia_nb.runtime.agents import Agent, custom_tools, install_packages, new_state, startup_failure
@@ -97,6 +98,7 @@ class _Ask(NamedTuple):
     by: str
     reason: str | None
     values: dict[str, Any] | None
+    actor: tuple[str, str, str] | None = None  # (by, role, auth) of the REST request that gave it (``ACTING``)
 
 
 class _Finished:
@@ -1094,7 +1096,7 @@ class Runtime:
         if self.mode == "client":
             return self.answer(decision_id, answer, by=by, reason=reason, values=values)
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._asks.append((_Ask(decision_id, answer, by, reason, values), done))
+        self._asks.append((_Ask(decision_id, answer, by, reason, values, ACTING.get()), done))
         if self._asks_idle is None:  # nobody records a group now: this request does, until none is left
             with anyio.CancelScope(shield=True):
                 await self._record_asks()
@@ -1144,7 +1146,7 @@ class Runtime:
             if values is not None:
                 raise BadAnswer("a server's question is answered in the process that runs its call")
             return self._remote.governance.record_answer(decision_id, answer, by=by, reason=reason)
-        (result,) = self._record_answers([_Ask(decision_id, answer, by, reason, values)])
+        (result,) = self._record_answers([_Ask(decision_id, answer, by, reason, values, ACTING.get())])
         if isinstance(result, BaseException):
             raise result
         return result  # type: ignore[no-any-return]
@@ -1202,7 +1204,8 @@ class Runtime:
                     results[i] = exc
                     continue
                 payload = {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer,
-                           "answered_by": ask.by, **({"reason": ask.reason} if ask.reason else {}), **shown}
+                           "answered_by": ask.by, **({"reason": ask.reason} if ask.reason else {}), **shown,
+                           **({"by_role": ask.actor[1], "auth": ask.actor[2]} if ask.actor else {})}
                 new.append((i, pending, payload))
                 taken[decision_id] = payload
             if new:
@@ -1249,8 +1252,13 @@ class Runtime:
         faults.point("answer.after_commit")
         for i, pending, payload, answered in done:
             try:
-                if payload["answer"] == "always":
-                    self._apply_always(pending, by=payload["answered_by"])
+                if payload["answer"] == "always":  # journaled as given by whoever gave it, not this group's recorder
+                    actor = ACTING.set((payload["answered_by"], payload["by_role"], payload["auth"])
+                                       if "auth" in payload else None)
+                    try:
+                        self._apply_always(pending, by=payload["answered_by"])
+                    finally:
+                        ACTING.reset(actor)
                 results[i] = answered.to_dict()
             except Exception as exc:  # noqa: BLE001 - stored; its consent or rule is not
                 results[i] = exc
