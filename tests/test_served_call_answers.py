@@ -239,3 +239,14 @@ def test_the_server_answers_others_while_a_waiting_call_is_being_listed(home, mo
         decision = listed[0].json()
         assert decision["status"] == "pending" and decision["tool"] == "write_file"
         assert [d["id"] for d in http.get("/api/v1/internal/pending-decisions").json()] == [decision["id"]]
+
+
+def test_a_body_that_is_not_json_is_refused_before_anything_is_sent(echo):
+    posts = posts_to(echo)
+    try:
+        for bad in ({"x": float("nan")}, {"x": float("inf")}, {"x": object()}):
+            with pytest.raises((ValueError, TypeError)):
+                posts.post("/x", bad)
+    finally:
+        posts.close()
+    assert echo.seen == [] and echo.connections == 0

@@ -244,7 +244,7 @@ class JsonPosts:
     def post(self, path: str, body: Any) -> tuple[int, bytes]:
         import http.client
 
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         kept = conn is not None
