@@ -1,7 +1,7 @@
 """``%load_ext apollia_nb`` in a fresh kernel, beside jupyter-ai's magics extensions loaded the same way.
 
 Run: ``.venv/bin/python benchmarks/load_ext.py [--runs 7] [--peer-dir DIR] [--no-peers] [--home DIR]
-[--baseline TREE] [--breakdown]``
+[--baseline TREE] [--breakdown] [--phases]``
 
 Every run starts a fresh IPython kernel (jupyter_client) and times, inside the
 kernel, ``get_ipython().run_line_magic('load_ext', NAME)`` with
@@ -25,7 +25,14 @@ tree this script is in (checked in each kernel: ``apollia_nb.__file__``).
 each tree on homes of its own. ``--breakdown`` adds three kernels per tree started
 with ``python -X importtime``: how many modules ``%load_ext`` imported and the
 largest by their own import time, medians (wall time inside a loaded kernel, so
-read them as shares, not exact costs).
+read them as shares, not exact costs). ``--phases`` adds kernels per tree on the existing home
+that take the load apart, each phase timed as CPU of the kernel process: DuckDB's import, the
+imports of the package's modules the load imports, DuckDB's first connection in the process (an
+in-memory one), the journal's open, ``runtime.db``'s open and its
+whole-file read (``home.check_whole``), the home's record from the journal, the governance read, and
+then ``%load_ext`` itself with all of that imported and the files closed again (what is left: opening
+the same files again in one owner, the runtime's start and the panel's comm target). The phases open
+the same files the load opens, so their sum is more than one load; read them as where the time goes.
 
 The peers are jupyter-ai's magics packages, each installed by pip into its own
 virtual environment (not a dependency of this project): ``jupyter-ai-magics``
@@ -39,6 +46,7 @@ comparable with each other; the machine's load moves all of them.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import shutil
@@ -80,6 +88,49 @@ _bench_file = getattr(_bench_sys.modules.get(%(extension)r), "__file__", None)
 _bench_new = len(set(_bench_sys.modules) - _bench_before)
 """
 START, END = "--- load_ext starts ---", "--- load_ext ends ---"
+
+PHASES = """
+import time as _bench_time
+_bench_phases = []
+def _bench_phase(name, c0):
+    _bench_phases.append((name, (_bench_time.process_time() - c0) * 1000))
+    return _bench_time.process_time()
+_bench_c = _bench_time.process_time()
+import duckdb
+_bench_c = _bench_phase("import duckdb", _bench_c)
+import apollia_nb.notebook.magics, apollia_nb.notebook.panel, apollia_nb.notebook.bridge, apollia_nb.notebook.render
+import apollia_nb.runtime, apollia_nb.runtime.records, apollia_nb.runtime.chat, apollia_nb.runtime.batch
+import apollia_nb.runtime.breaker, apollia_nb.journal.store, apollia_nb.journal.accounting, apollia_nb.governance.store
+import apollia_nb.config
+_bench_c = _bench_phase("import apollia_nb's modules", _bench_c)
+from apollia_nb.home import Home, check_whole
+from apollia_nb.journal.store import Journal
+from apollia_nb.journal.accounting import HomeFacts, read_home_facts
+from apollia_nb.runtime.records import RuntimeRecords
+from apollia_nb.governance.store import GovernanceStore
+_bench_home = Home.at(None, create=False)
+_bench_c = _bench_time.process_time()
+from apollia_nb.notebook.deferred import widgets_on_first_use  # as the load does: widgets found, not run
+with widgets_on_first_use():
+    duckdb.connect(":memory:").close()
+_bench_c = _bench_phase("DuckDB's first connection (an in-memory one)", _bench_c)
+_bench_journal = Journal.open(_bench_home)
+_bench_c = _bench_phase("journal open (journal.db)", _bench_c)
+_bench_records = RuntimeRecords(_bench_home.runtime_db)
+_bench_c = _bench_phase("runtime.db open", _bench_c)
+check_whole(_bench_records._con, _bench_home.runtime_db)
+_bench_c = _bench_phase("runtime.db whole-file read", _bench_c)
+_bench_facts = _bench_records.home_facts()
+_bench_record = read_home_facts(_bench_journal, since=HomeFacts.from_json(_bench_facts) if _bench_facts else None).record()
+_bench_c = _bench_phase("home record from the journal", _bench_c)
+_bench_gov = GovernanceStore.open(_bench_home, _bench_journal, record=_bench_record, trusted_keys=None)
+_bench_gov.view()
+_bench_c = _bench_phase("governance read (governance.db)", _bench_c)
+_bench_gov.close(); _bench_records.close(); _bench_journal.close()
+_bench_c = _bench_time.process_time()
+get_ipython().run_line_magic('load_ext', 'apollia_nb')
+_bench_c = _bench_phase("%load_ext after these (files opened again, runtime start, panel comm)", _bench_c)
+"""
 
 
 @dataclass(frozen=True)
@@ -160,6 +211,26 @@ def load_once(specs: KernelSpecManager, kernel: str, extension: str, env: dict[s
     return Load(float(values["ms"]), float(values["cpu"]), int(values["new"]), lines)
 
 
+def phases_once(specs: KernelSpecManager, env: dict[str, str], cwd: Path) -> dict[str, float]:
+    """A fresh kernel running ``PHASES``: the CPU ms of each phase, in order."""
+    km = KernelManager(kernel_name="ours", kernel_spec_manager=specs)
+    km.start_kernel(env=env, cwd=str(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = km.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        reply = client.execute_interactive(PHASES, timeout=120, output_hook=lambda msg: None,
+                                           user_expressions={"phases": "__import__('json').dumps(_bench_phases)"})
+        content = reply["content"]
+        if content["status"] != "ok":
+            raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
+        text = content["user_expressions"]["phases"]["data"]["text/plain"]
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=False)
+    return dict(json.loads(ast.literal_eval(text)))  # the repr of a JSON string
+
+
 def kernel_env(base: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")
@@ -231,6 +302,8 @@ def main() -> int:
                         help="also measure the apollia_nb of this checkout, alternating with this tree's")
     parser.add_argument("--breakdown", action="store_true",
                         help="three more kernels per tree under -X importtime: what the load imported")
+    parser.add_argument("--phases", action="store_true",
+                        help="more kernels per tree (--runs) taking the load apart into phases, CPU ms each")
     args = parser.parse_args()
 
     scratch = Path(tempfile.mkdtemp(prefix="apollia-bench-load-ext-"))
@@ -279,6 +352,14 @@ def main() -> int:
                 home = scratch / ("existing-home" + tag.replace(" ", "-"))
                 lines = [load_ours(tree, home, importtime=True).importtime for _ in range(3)]
                 details += breakdown(f"existing home{tag} ({tree})", lines)
+        if args.phases:
+            for tag, tree in trees:
+                home = scratch / ("existing-home" + tag.replace(" ", "-"))
+                env = kernel_env(scratch, APOLLIA_HOME=str(home), PYTHONPATH=str(tree))
+                runs = [phases_once(specs, env, work) for _ in range(args.runs)]
+                details.append(f"phases, existing home{tag} ({tree}): CPU ms, median of {len(runs)} kernels")
+                for name in runs[0]:
+                    details.append(f"  {name:<72} {statistics.median(run[name] for run in runs):7.1f}")
         for peer, python, why in peers:
             label = f"%load_ext {peer.extension}"
             if python is None:
