@@ -276,4 +276,6 @@ async def test_a_journal_that_does_not_verify_is_not_exported(home, tmp_path):
     con.close()
     out = tmp_path / "e.jsonl"
     assert _export(home, out) == 1
-    assert not out.exists()
+    assert not out.exists() and list(tmp_path.glob("e.jsonl*")) == []
+    assert _export(home, out, "--allow-invalid") == 0  # asked for: written, and said so in --json
+    assert out.exists() and list(tmp_path.glob("*.part")) == []

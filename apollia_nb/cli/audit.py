@@ -400,7 +400,6 @@ def _export_ocsf(args: argparse.Namespace) -> int:
 
     from apollia_nb.cli.backend import open_home
     from apollia_nb.errors import BadInput
-    from apollia_nb.journal.ocsf import KINDS, ocsf_event
 
     out: Path = args.dir
     if out.exists():
@@ -415,27 +414,38 @@ def _export_ocsf(args: argparse.Namespace) -> int:
                   "exported", file=sys.stderr)
             return EXIT_INTEGRITY
         with home.journal() as journal:
-            origin, key_id = journal.origin, journal.key_id
-            written, since = 0, args.since
-            tools: dict[str, Any] = {}  # call id → its decision, so an answer names its tool
             tmp = out.with_name(out.name + ".part")
-            with tmp.open("w", encoding="utf-8") as f:
-                while True:
-                    page = journal.entries(since_seq=since, limit=5000)
-                    if not page:
-                        break
-                    since = int(page[-1].seq)
-                    for entry in page:
-                        event = ocsf_event(entry, origin, key_id, tools) if entry.kind in KINDS else None
-                        if event is None:
-                            continue
-                        f.write(json.dumps(event, sort_keys=True, ensure_ascii=False) + "\n")
-                        written += 1
-            tmp.replace(out)
-    emit(args, {"file": str(out), "events": written, "since": args.since, "through": since,
+            try:
+                written, through = _write_ocsf(journal, tmp, args.since)
+                tmp.replace(out)
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # nothing half-written is left under either name
+                raise
+    emit(args, {"file": str(out), "events": written, "since": args.since, "through": through,
                 "verified": report.ok},
-         f"wrote {written} OCSF events (entries {args.since + 1}..{since}) to {out}")
+         f"wrote {written} OCSF events (entries {args.since + 1}..{through}) to {out}")
     return 0
+
+
+def _write_ocsf(journal: Any, path: Path, since: int) -> tuple[int, int]:
+    """The OCSF events of the entries after ``since`` into ``path``, a page at a time: (events, last seq)."""
+    from apollia_nb.journal.ocsf import KINDS, ocsf_event
+
+    origin, key_id = journal.origin, journal.key_id
+    tools: dict[str, Any] = {}  # call id → its decision, so an answer names its tool
+    written = 0
+    with path.open("w", encoding="utf-8") as f:
+        while True:
+            page = journal.entries(since_seq=since, limit=5000)
+            if not page:
+                break
+            since = int(page[-1].seq)
+            for entry in page:
+                event = ocsf_event(entry, origin, key_id, tools) if entry.kind in KINDS else None
+                if event is not None:
+                    f.write(json.dumps(event, sort_keys=True, ensure_ascii=False) + "\n")
+                    written += 1
+    return written, since
 
 
 def _replay(args: argparse.Namespace) -> int:
