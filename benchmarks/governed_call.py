@@ -520,7 +520,7 @@ async def telemetry_once(n: int, endpoint: str | None, cpu: list[float]) -> floa
         (root / "home").mkdir()
         if endpoint is not None:
             (root / "home" / "apollia.toml").write_text(
-                f'[telemetry]\nenabled = true\nendpoint = "{endpoint}"\ninterval_secs = 0.2\n')
+                f'[telemetry]\nenabled = true\nendpoint = "{endpoint}"\n')  # the default interval
         rt = Runtime(root / "home")
         await rt.__aenter__()
         try:
