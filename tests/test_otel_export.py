@@ -301,3 +301,100 @@ def test_an_entry_that_does_not_parse_is_skipped_not_fatal():
     no_call = _entry(3, "decision", {"tool": "x", "outcome": "allow"})
     moves = SpanDeriver().feed([broken, listed, no_call])
     assert [getattr(m, "name", None) for m in moves] == ["invoke_agent clerk"]  # the run, and no call span
+
+
+class _Kept:
+    """A span exporter keeping the spans it is given (the SDK's batch processor calls it)."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def test_spans_come_from_the_entries_as_they_commit_and_never_force_a_copy_into_journal_db(home):
+    from apollia_nb.journal.store import Journal
+    from apollia_nb.runtime.telemetry import TelemetryConfig, TelemetryExporter
+
+    kept = _Kept()
+    with Journal.open(home) as journal:
+        journal._core.idle = 3600.0  # the copier copies only when somebody asks (or a batch fills)
+        before = journal.stats["imports"]
+        tel = TelemetryExporter(journal, TelemetryConfig(enabled=True, interval_secs=60), exporter=kept)
+        for i in range(20):
+            journal.append("decision", {"call_id": f"c{i}", "tool": "read_note", "outcome": "allow", "line": 3},
+                           agent="clerk")
+            journal.append("tool_result", {"call_id": f"c{i}", "status": "ok" if i % 2 else "error"}, agent="clerk")
+            journal.append("tool_args", {"call_id": f"c{i}"}, agent="clerk")  # a kind no span is made of
+            assert tel.poll() == 2
+        assert journal.stats["imports"] == before  # nothing was read back: no copy asked for
+        tel.close()
+        assert journal.stats["imports"] == before
+        assert len(kept.spans) == 20 and tel.dropped == 0
+        by_seq = {e.seq: e for e in journal.entries()}
+        for span in kept.spans:
+            entry = by_seq[span.attributes["apollia.journal.seq"]]
+            assert entry.kind == "decision" and entry.hash.hex() == span.attributes["apollia.journal.entry_hash"]
+            result = by_seq[span.attributes["apollia.journal.result.seq"]]
+            assert result.kind == "tool_result" and json.loads(result.payload)["call_id"] == span.attributes[
+                "gen_ai.tool.call.id"]
+        assert sum(s.status.is_ok is False for s in kept.spans) == 10
+        # the hook is gone once closed: later entries are not queued
+        journal.append("decision", {"call_id": "late", "tool": "t", "outcome": "allow"})
+        assert tel.poll() == 0
+
+
+def test_telemetry_since_a_seq_reads_the_entries_before_the_hook_once_then_takes_the_rest_from_it(home):
+    from apollia_nb.journal.store import Journal
+    from apollia_nb.runtime.telemetry import TelemetryConfig, TelemetryExporter
+
+    kept = _Kept()
+    with Journal.open(home) as journal:
+        for i in range(3):
+            journal.append("decision", {"call_id": f"a{i}", "tool": "t", "outcome": "allow"})
+            journal.append("tool_result", {"call_id": f"a{i}", "status": "ok"})
+        journal.append("decision", {"call_id": "open", "tool": "t", "outcome": "allow"})
+        tel = TelemetryExporter(journal, TelemetryConfig(enabled=True, interval_secs=60), since_seq=0, exporter=kept)
+        journal.append("tool_result", {"call_id": "open", "status": "ok"})  # queued by the hook meanwhile
+        assert tel.poll() == 8  # seven read back, one from the hook, none twice
+        assert tel.poll() == 0
+        tel.close()
+    assert sorted(s.attributes["gen_ai.tool.call.id"] for s in kept.spans) == ["a0", "a1", "a2", "open"]
+
+
+async def test_a_full_span_queue_drops_spans_and_never_slows_or_fails_a_governed_call(home):
+    import anyio
+
+    from apollia_nb.runtime.telemetry import TelemetryConfig, TelemetryExporter
+
+    kept = _Kept()
+    async with Runtime(home) as rt:
+        assert rt.telemetry is None
+        tel = TelemetryExporter(rt.journal, TelemetryConfig(enabled=True, interval_secs=0.01), exporter=kept,
+                                queue_size=1)
+        tel.start()
+        tel._lock.acquire()  # the exporter's thread is stuck: nothing is taken from the queue
+        try:
+            await rt.register_agent(manifest(actor=[{"tool_calls": [call("list_dir", path=".")]}] * 6))
+            with anyio.fail_after(60):  # a hook that waited for room would hang the run here
+                task = await (await rt.submit("clerk", "Look six times"))
+            assert task.status == "completed"
+            kinds = [e.kind for e in rt.journal.entries(run_id=task.run_id)]
+            assert kinds.count("decision") == 6 and kinds.count("tool_result") == 6
+            assert tel.dropped >= len([k for k in kinds if k in ("run_open", "model_response", "decision",
+                                                                   "tool_result", "run_seal")]) - 1
+            assert len(tel._queue) == 1
+        finally:
+            tel._lock.release()
+        tel.close()
+    assert tel.dropped > 0 and len(kept.spans) <= 1  # what one queued entry can give, nothing more

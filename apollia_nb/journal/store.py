@@ -463,6 +463,8 @@ class Journal:
         self._run_counts: dict[str, int] = {}  # entries per run appended since open
         self._run_base: dict[str, int] = {}  # entries per run before open, as asked for
         self._failed_runs: dict[str, BaseException] = {}  # runs whose append_soon failed (writer's)
+        # Callbacks told each acknowledged group's entries (``observe``); replaced whole, never changed.
+        self._observers: tuple[Callable[[list[Entry]], None], ...] = ()
         # The copier: a second thread, the only one that writes journal.db once the journal is
         # open (``_con``), while the writer goes on committing to the log. ``_pending``,
         # ``_jobs`` and the core's copy counters are shared through ``_copy_cond`` (on ``_state_lock``).
@@ -938,6 +940,29 @@ class Journal:
                     request.stored = Future()
                     request.stored.set_exception(exc)
             request.future.set_result(entries)
+        observers = self._observers
+        if observers:
+            acknowledged = [entry for _, entries in group.requests for entry in entries]
+            for observer in observers:
+                try:
+                    observer(acknowledged)
+                except Exception:  # an observer's fault is its own: the commit stands, the writer goes on
+                    pass
+
+    def observe(self, callback: Callable[[list[Entry]], None]) -> Callable[[], None]:
+        """Have ``callback`` told the entries of every group from now on, once acknowledged, in seq
+        order, from the thread that committed them (the writer, or an appender leading a commit),
+        with the entries already in memory: nothing is read back and no copy into ``journal.db`` is
+        asked for. It must return at once (hand the entries on, never wait); what it raises is
+        ignored. Returns a function that stops telling it."""
+        with self._commit_lock:  # no group is being told while the set changes
+            self._observers = (*self._observers, callback)
+
+        def stop() -> None:
+            with self._commit_lock:
+                self._observers = tuple(o for o in self._observers if o is not callback)
+
+        return stop
 
     def _mark_failed(self, request: _Request, error: BaseException) -> None:
         if request.soon:

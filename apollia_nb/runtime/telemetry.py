@@ -12,12 +12,13 @@ Two parts:
     No clock, no I/O: times are the entries' own ``ts``.
 
 ``TelemetryExporter`` (the edge)
-    A thread following the journal (reads ``entries(since_seq=...)`` every
-    ``interval_secs``) and feeding the OpenTelemetry SDK's batching span
-    processor and its OTLP exporter (HTTP/protobuf or gRPC, set by the standard
-    ``OTEL_*`` variables). It is never in a governed call's path: a call is
-    decided, journalled and carried out before its entries are read here, and a
-    collector that is down loses spans, never calls.
+    Told each acknowledged group's entries by the journal's observer hook
+    (``Journal.observe``: a bounded queue, nothing read back), a thread turns
+    them into spans every ``interval_secs`` and feeds the OpenTelemetry SDK's
+    batching span processor and its OTLP exporter (HTTP/protobuf or gRPC, set by
+    the standard ``OTEL_*`` variables). It is never in a governed call's path: the
+    hook only queues (or drops and counts, when full), and a collector that is
+    down loses spans, never calls.
 
 The attribute names follow the OpenTelemetry GenAI semantic conventions
 (semantic-conventions-genai, status Development); the decision attributes are
@@ -30,6 +31,7 @@ import hashlib
 import json
 import os
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -55,6 +57,7 @@ _STEP_NAMES = {"planner": "plan", "actor": "act", "critic": "critic"}
 
 #: The kinds spans are derived from (the rest is never read).
 _READ_KINDS = ("agent_identity", "run_open", "run_seal", "model_response", "decision", "answer", "tool_result")
+_READ_SET = frozenset(_READ_KINDS)
 
 
 @dataclass(frozen=True)
@@ -342,13 +345,21 @@ def _exporter(config: TelemetryConfig) -> Any:
 
 
 class TelemetryExporter:
-    """One thread reading new journal entries and handing their finished spans to the SDK's batch
-    processor. Spans are built whole when they end (``ReadableSpan``), with ids derived from the
-    journal's origin and the span's key: the trace id from the run, so a span's parent is known
-    without keeping it, and the same entries always give the same ids."""
+    """The journal's acknowledged entries, handed over by its observer hook (``Journal.observe``),
+    turned into finished spans on one thread of its own and handed to the SDK's batch processor.
+
+    The hook only queues the entries of the kinds spans come from, into a bounded queue
+    (``queue_size`` entries): it never waits and never raises into the journal's writer; when the
+    queue is full the entries are dropped and counted (``dropped``), and the spans they would have
+    given are lost, never a call. Nothing is read back from the journal, so no copy into
+    ``journal.db`` is asked for; only ``since_seq`` below the head reads the entries before it once.
+
+    Spans are built whole when they end (``ReadableSpan``), with ids derived from the journal's
+    origin and the span's key: the trace id from the run, so a span's parent is known without
+    keeping it, and the same entries always give the same ids."""
 
     def __init__(self, journal: Any, config: TelemetryConfig, *, since_seq: int | None = None,
-                 exporter: Any = None) -> None:
+                 exporter: Any = None, queue_size: int = 50_000) -> None:
         try:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import ReadableSpan
@@ -372,13 +383,32 @@ class TelemetryExporter:
         self._contexts: dict[tuple[Any, ...], Any] = {}  # of the spans still open, and their parents
         self._journal = journal
         self._interval = config.interval_secs
-        self._cursor = int(journal.head()[0]) if since_seq is None else int(since_seq)
         self._deriver = SpanDeriver()
         self._open: dict[tuple[Any, ...], tuple[Open, dict[str, Any]]] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.failures = 0
+        self._capacity = max(1, int(queue_size))
+        self._queue: deque[Any] = deque()  # appended by the journal's hook only, taken by poll only
+        self.failures = 0  # reads of the entries before ``since_seq``'s head that failed
+        self.dropped = 0  # entries the hook found no room for (their spans are lost)
+        self._unobserve = journal.observe(self._offer)
+        # Entries up to the head when the hook was set are read from the journal (``since_seq``
+        # below it: once); the hook's entries at or below the cursor are skipped.
+        head = int(journal.head()[0])
+        self._cursor = head if since_seq is None else min(int(since_seq), head)
+        self._backlog_end = head
+
+    def _offer(self, entries: list[Any]) -> None:
+        """The journal's hook (on its writer): queue what spans are made of, or drop and count it."""
+        wanted = [entry for entry in entries if entry.kind in _READ_SET]
+        if not wanted:
+            return
+        room = self._capacity - len(self._queue)  # only poll takes from it meanwhile: room only grows
+        if room < len(wanted):
+            self.dropped += len(wanted) - max(room, 0)
+            wanted = wanted[:max(room, 0)]
+        self._queue.extend(wanted)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="journal-telemetry", daemon=True)
@@ -388,21 +418,32 @@ class TelemetryExporter:
         while not self._stop.wait(self._interval):
             self.poll()
 
+    def _backlog(self) -> list[Any]:
+        try:
+            read = self._journal.entries(since_seq=self._cursor, kinds=_READ_KINDS, limit=2000)
+        except Exception:  # a journal that cannot be read now: tried again next time
+            self.failures += 1
+            return []
+        read = [entry for entry in read if int(entry.seq) <= self._backlog_end]
+        if len(read) < 2000 or not read:
+            self._cursor = max(self._cursor, self._backlog_end)
+        if read:
+            self._cursor = max(self._cursor, int(read[-1].seq))
+        return read
+
     def poll(self) -> int:
-        """Read the entries committed since the last poll and hand on the spans they end; returns how many."""
+        """Turn the entries handed over since the last poll into spans and hand on those that end;
+        returns how many entries were taken."""
         with self._lock:
-            try:
-                head = int(self._journal.head()[0])  # read first: the query below sees every entry up to it
-                entries = self._journal.entries(since_seq=self._cursor, kinds=_READ_KINDS, limit=2000)
-            except Exception:  # a journal that cannot be read now: tried again next time
-                self.failures += 1
-                return 0
+            entries = self._backlog() if self._cursor < self._backlog_end else []
+            if self._cursor >= self._backlog_end:
+                queue, cursor = self._queue, self._cursor
+                for _ in range(len(queue)):
+                    entry = queue.popleft()
+                    if int(entry.seq) > cursor:
+                        entries.append(entry)
             for move in self._deriver.feed(entries):
                 self._apply(move)
-            if len(entries) == 2000:  # more may follow: on from the last one read
-                self._cursor = int(entries[-1].seq)
-            else:
-                self._cursor = max(self._cursor, head, int(entries[-1].seq) if entries else 0)
             return len(entries)
 
     def _id(self, key: tuple[Any, ...], size: int) -> int:
@@ -441,12 +482,13 @@ class TelemetryExporter:
         self._processor.on_end(span)
 
     def close(self, timeout: float = 3.0) -> None:
-        """Stop the thread, read what is left, hand every span to the exporter, within ``timeout``."""
+        """Stop the thread, turn what is left into spans, hand every span to the exporter, within ``timeout``."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        while self.poll() >= 2000:
+        self._unobserve()
+        while self.poll():
             pass
         processor = self._processor
         done = threading.Thread(target=processor.shutdown, name="journal-telemetry-close", daemon=True)
