@@ -183,6 +183,31 @@ def test_a_persons_changes_are_journaled_as_that_person_whatever_by_the_body_nam
                   ("rule_removed", "rita", "rules", "token"), ("devmode_changed", "bob", "admin", "owner")]
 
 
+def test_a_persons_retry_with_the_same_key_is_answered_once_even_after_a_rotation_and_keys_are_per_person(tmp_path):
+    home = tmp_path / "home"
+    with serving(home) as (url, _):
+        rita, sam = person(home, "rita", "rules"), person(home, "sam", "rules")
+        body = {"tool": "bash_executor", "effect": "deny", "prefix": "rm"}
+        with httpx.Client(base_url=url, timeout=30) as http:
+            def add(token: str, body: dict = body) -> httpx.Response:
+                return http.post("/governance/rules", json=body, headers={
+                    "Authorization": f"Bearer {token}", "Idempotency-Key": "rule-once"})
+
+            first, again = add(rita), add(rita)
+            assert first.status_code == again.status_code == 201, (first.text, again.text)
+            assert again.json()["id"] == first.json()["id"] and again.headers.get("Idempotent-Replayed") == "true"
+            rotated = cli(home, "people", "rotate", "rita")
+            assert rotated.returncode == 0, rotated.stderr
+            after = add(rotated.stdout.strip())
+            assert after.json()["id"] == first.json()["id"] and after.headers.get("Idempotent-Replayed") == "true"
+            assert add(rita).status_code == 401  # the old token, revoked by the rotation, finds nothing
+            theirs = add(sam, {**body, "prefix": "rmdir"})  # the same key from someone else: a request of its own
+            assert theirs.status_code == 201 and theirs.json()["id"] != first.json()["id"]
+            assert theirs.headers.get("Idempotent-Replayed") is None
+    added = [json.loads(e.payload)["by"] for e in journal_of(home) if e.kind == "rule_added"]
+    assert added == ["rita", "sam"]
+
+
 def test_people_on_a_home_nobody_serves_are_managed_by_its_owner(tmp_path):
     home = tmp_path / "home"
     token = person(home, "dora", "approver")

@@ -137,19 +137,30 @@ def _with_event_schemas(app: FastAPI) -> None:
 # --- idempotency keys -----------------------------------------------------------------------------
 
 
-def _idempotency_for(request: Request) -> tuple[Idempotency, bytes] | None:
-    """The keys of the app's runtime and the token, for a request with a valid token (else ``None``)."""
+async def _idempotency_for(request: Request) -> tuple[Idempotency, bytes] | None:
+    """The keys of the app's runtime and the scope of the sender's keys, for a request from the owner or a
+    person (else ``None``): the owner's keys are scoped by the server's token, a person's by their name, so a
+    person's retry is answered once whatever token they hold after a rotation, and never by another's keys."""
     from fastapi.security.utils import get_authorization_scheme_param
+
+    from apollia_nb.api.deps import identity_of
 
     scheme, value = get_authorization_scheme_param(request.headers.get("Authorization"))
     credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=value) if value else None
-    if scheme.lower() != "bearer" or not _token_matches(request, credentials):
+    if scheme.lower() != "bearer" or credentials is None:
         return None
     state = request.app.state
+    if _token_matches(request, credentials):
+        scope = state.token
+    else:
+        identity = await identity_of(request, credentials)
+        if identity is None:
+            return None
+        scope = b"person\0" + str(identity.name).encode("utf-8")
     records = state.runtime.records
     if getattr(state, "idempotency", None) is None or state.idempotency.records is not records:
         state.idempotency = Idempotency(records)
-    return state.idempotency, state.token
+    return state.idempotency, scope
 
 
 # --- errors ---------------------------------------------------------------------------------------

@@ -370,8 +370,8 @@ def _unknown(what: str) -> OutcomeUnknown:
 class IdempotentRoute(APIRoute):
     """A route that honours ``Idempotency-Key``, and never refuses a request it carried out.
 
-    ``request.app.state.idempotency_for(request)`` gives ``(Idempotency, token)``
-    for a request with a valid token, or ``None`` (the route then runs as
+    ``await request.app.state.idempotency_for(request)`` gives ``(Idempotency, scope)``
+    for a request from the owner or a person, or ``None`` (the route then runs as
     usual, and refuses the request itself). ``effect`` (an ``Effect``) lets a
     retry find what an unanswered request did; ``settle(request)`` is awaited
     after the route's work and before its answer (runtime.db's rows committed):
@@ -422,7 +422,7 @@ class IdempotentRoute(APIRoute):
 
         async def route(request: Request) -> Response:
             values = request.headers.getlist(KEY_HEADER)
-            found = request.app.state.idempotency_for(request) if values else None
+            found = await request.app.state.idempotency_for(request) if values else None
             if found is None:  # no key, or no valid token (the route then refuses it)
                 return await unkeyed(request)
             keys, token = found
