@@ -1509,7 +1509,7 @@ class _PersistedMemory(dict):  # type: ignore[type-arg]
         self._agent = agent
 
     def __setitem__(self, key: str, value: Any) -> None:
-        saved = self._rt.records.memory_set(self._agent, key, value)
+        saved = self._rt.records.memory_set(self._agent, key, value, acknowledged=True)
         if saved is not None:
             saved.result()  # committed before the tool says saved (a refused write fails the call)
         super().__setitem__(key, value)
