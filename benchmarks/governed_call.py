@@ -1,7 +1,7 @@
 """Cost per governed tool call, beside pydantic-ai calling a plain tool in the same process.
 
 Run: ``.venv/bin/python benchmarks/governed_call.py [--sizes 50 400] [--repeats 5] [--profile]
-[--floor] [--served | --served-only | --telemetry] [--home-root DIR]``
+[--floor] [--served | --served-only | --telemetry [--interval S]] [--home-root DIR]``
 
 Ours: the real ``Runtime`` on a fresh temporary home per repetition. A
 scripted agent plans one step, makes N turns of one call each to a tool of
@@ -48,8 +48,9 @@ server over HTTP on 127.0.0.1; the ratio's target is at most 2x. ``--served-only
 ``--telemetry`` measures only ours with the OpenTelemetry export on (``[telemetry]`` in the home's
 ``apollia.toml``, spans sent over OTLP/HTTP to a receiver on 127.0.0.1) against off, alternating in one
 run: wall time from submit to the finished task (what a call waits), CPU time from submit through the
-runtime's close (every span's derivation, encoding and export, the last included); the target is at most
-5 % more wall time per call.
+runtime's close (every span's derivation, encoding and export, the last included), and the journal's
+copies into ``journal.db`` per task on and off (telemetry takes the entries from the journal's observer
+hook, so it should add none); the target is at most 5 % more per call.
 
 ``--floor`` shows what the journal's two fixed costs take of a call: ours at
 the first size, alternating four ways in one process — as it is; with the
@@ -511,25 +512,31 @@ def _otlp_sink() -> tuple[str, Callable[[], None], list[int]]:
     return f"http://127.0.0.1:{httpd.server_address[1]}", stop, received
 
 
-async def telemetry_once(n: int, endpoint: str | None, cpu: list[float]) -> float:
+async def telemetry_once(n: int, endpoint: str | None, cpu: list[float], copies: list[int] | None = None,
+                         interval: float | None = None) -> float:
     """Ours at N calls with ``[telemetry]`` on (spans sent to ``endpoint``) or off (None): the wall
-    seconds from submit to the finished task, and into ``cpu`` the process's CPU seconds from submit
-    through closing the runtime, so every span's derivation, encoding and export is counted."""
+    seconds from submit to the finished task, into ``cpu`` the process's CPU seconds from submit
+    through closing the runtime, so every span's derivation, encoding and export is counted, and
+    into ``copies`` the journal's copies into ``journal.db`` during the task."""
     with tempfile.TemporaryDirectory(prefix="apollia-bench-otel-", dir=HOME_ROOT) as tmp:
         root = Path(tmp)
         (root / "home").mkdir()
         if endpoint is not None:
             (root / "home" / "apollia.toml").write_text(
-                f'[telemetry]\nenabled = true\nendpoint = "{endpoint}"\n')  # the default interval
+                f'[telemetry]\nenabled = true\nendpoint = "{endpoint}"\n'  # the default interval unless given
+                + (f"interval_secs = {interval}\n" if interval is not None else ""))
         rt = Runtime(root / "home")
         await rt.__aenter__()
         try:
             assert (rt.telemetry is not None) == (endpoint is not None)
             tool = ToolDef.from_function(read_note, family="read")
             await rt.register_agent(manifest_text(n, root / "workspace"), tools=[tool])
+            k0 = rt.journal.stats["imports"]
             c0, t0 = cpu_seconds(), time.perf_counter()
             handle = await (await rt.submit(AGENT, "Read every note"))
             elapsed = time.perf_counter() - t0
+            if copies is not None:
+                copies.append(rt.journal.stats["imports"] - k0)
             if handle.status != "completed":
                 raise SystemExit(f"telemetry: the task ended {handle.status}: {handle.error}")
         finally:
@@ -538,7 +545,7 @@ async def telemetry_once(n: int, endpoint: str | None, cpu: list[float]) -> floa
     return elapsed
 
 
-async def telemetry(sizes: list[int], repeats: int) -> None:
+async def telemetry(sizes: list[int], repeats: int, interval: float | None = None) -> None:
     """A governed call with the OpenTelemetry export on and off, alternating in one run."""
     endpoint, stop, received = _otlp_sink()
     try:
@@ -549,11 +556,14 @@ async def telemetry(sizes: list[int], repeats: int) -> None:
         for n in sizes:
             wall: dict[str, list[float]] = {"off": [], "on": []}
             cpu: dict[str, list[float]] = {"off": [], "on": []}
+            copies: dict[str, list[int]] = {"off": [], "on": []}
             for i in range(repeats + 1):  # the first round warms up
                 for way in ("off", "on"):
                     c: list[float] = []
-                    elapsed = await telemetry_once(n, endpoint if way == "on" else None, c)
+                    k: list[int] = []
+                    elapsed = await telemetry_once(n, endpoint if way == "on" else None, c, k, interval)
                     if i:
+                        copies[way] += k
                         wall[way].append(elapsed / n * 1000)
                         cpu[way].append(c[0] / n * 1000)
             w = {k: statistics.median(v) for k, v in wall.items()}
@@ -563,6 +573,10 @@ async def telemetry(sizes: list[int], repeats: int) -> None:
                   f"{'met' if w['on'] <= w['off'] * 1.05 else 'NOT met'})")
             print(f"         CPU ms per call:  off {u['off']:.3f}  on {u['on']:.3f}  "
                   f"({(u['on'] / u['off'] - 1) * 100:+.1f} %)")
+            print(f"         copies into journal.db per task: off {statistics.median(copies['off']):g}  "
+                  f"on {statistics.median(copies['on']):g}")
+            print("         CPU runs:  off " + " ".join(f"{x:.3f}" for x in cpu["off"])
+                  + " | on " + " ".join(f"{x:.3f}" for x in cpu["on"]))
             print("         wall runs: off " + " ".join(f"{x:.3f}" for x in wall["off"])
                   + " | on " + " ".join(f"{x:.3f}" for x in wall["on"]))
         print(f"  the receiver took {len(received)} export requests, {sum(received)} bytes")
@@ -578,6 +592,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="profile lines to print")
     parser.add_argument("--floor", action="store_true",
                         help="also show what the log's sync and the signatures cost a call (first size)")
+    parser.add_argument("--interval", type=float, default=None,
+                        help="with --telemetry: [telemetry] interval_secs (default: the home's default, 1 s)")
     parser.add_argument("--home-root", default=None,
                         help="directory for the temporary homes (default: the system temp directory; "
                              "/dev/shm takes the disk's fsync out of the figures)")
@@ -595,7 +611,7 @@ def main() -> None:
 
     async def run() -> None:
         if args.telemetry:
-            await telemetry(sizes, args.repeats)
+            await telemetry(sizes, args.repeats, args.interval)
             return
         if args.served_only:
             await served(sizes, args.repeats)
