@@ -14,7 +14,8 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 DISTRIBUTION = {"nacl": "pynacl", "IPython": "ipython", "yaml": "pyyaml", "ed25519_zebra": "py-ed25519-zebra-bindings"}
 PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp", "comm": "ipykernel"}  # installed with (and pinned by) another dependency
 # An import name -> the optional extra (not `test`) that installs it: imported only where that feature runs.
-EXTRA = {"distributed": "dask", "dask": "dask"}
+#: (the extra, a distribution of it that provides the module)
+EXTRA = {"distributed": ("dask", "dask"), "dask": ("dask", "dask"), "opentelemetry": ("otel", "opentelemetry-sdk")}
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -43,8 +44,8 @@ def test_every_module_the_runtime_imports_is_a_dependency():
     runtime = names(PROJECT["dependencies"])
     for module in imported_top_level_modules():
         if module in EXTRA:
-            extra = EXTRA[module]
-            assert extra != "test" and "dask" in names(PROJECT["optional-dependencies"][extra]), (module, extra)
+            extra, dist = EXTRA[module]
+            assert extra != "test" and dist in names(PROJECT["optional-dependencies"][extra]), (module, extra)
             continue
         dist = PROVIDED_BY.get(module) or DISTRIBUTION.get(module, module).lower()
         assert dist in runtime, f"apollia_nb imports {module!r}: add {dist!r} to [project] dependencies"
