@@ -154,6 +154,7 @@ def test_a_person_with_auditor_verifies_from_the_cli_and_is_refused_governance_c
             assert auditor not in out.stdout + out.stderr
         policy = cli(home, "policy", "check", token=auditor)  # the snapshot is not theirs: refused, fail closed
         assert policy.returncode == 1 and "refused" in policy.stdout
+        assert "FORBIDDEN" in policy.stdout and "rules" in policy.stdout, policy.stdout  # says why: the role
         wrong = cli(home, "audit", "verify", token="not-a-token-" + "x" * 32)
         assert wrong.returncode == 3 and "UNAUTHORIZED" in wrong.stderr
 

@@ -1147,7 +1147,8 @@ class RemoteGovernance:
         if response.status_code == 304 and held is not None:
             return held[1]
         if response.status_code != 200:
-            return self._closed(f"governance cannot be read: {_error(response).message}")
+            error = _error(response)
+            return self._closed(f"governance cannot be read: {error.code}: {error.message}")
         try:
             data = response.json()
             view, state = _snapshot_view(data), _policy_state(data["policy"])
@@ -1169,10 +1170,11 @@ class RemoteGovernance:
         """The organisation policy as the current ``view()`` sees it."""
         from apollia_nb.governance.policy import PolicyState
 
-        self.view()
+        view = self.view()
         held = self._held
-        if held is None:
-            return PolicyState(status="refused", reason="governance cannot be read from the server")
+        if held is None:  # why it could not be read (a token without the role: FORBIDDEN, naming it)
+            return PolicyState(status="refused", reason=view.unreadable_reason
+                               or "governance cannot be read from the server")
         return held[2]
 
     def developer_mode(self) -> bool:
