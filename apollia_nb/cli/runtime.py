@@ -108,10 +108,56 @@ def _ask(prompt: str) -> str:
     """One line from the terminal; ``_NoAnswer`` at the end of input (never a refusal, nor a permission).
     Ctrl+C stops the wait at once (``KeyboardInterrupt``)."""
     print(prompt, end="", flush=True)
+    _until_a_line()
     line = sys.stdin.readline()
     if not line:
         raise _NoAnswer()
     return line
+
+
+def _until_a_line() -> None:
+    """Wait until the terminal has a line for ``readline``, or Ctrl+C (``KeyboardInterrupt``).
+
+    The kernel may hand SIGINT to any thread of the process (the runtime's loop, a database's); its
+    handler then only notes it and writes to the wakeup fd, and a ``read`` blocked in this thread would
+    never return. Waiting on the terminal and on that fd, the wait ends either way, and the interrupt is
+    raised here. Only for a terminal reading whole lines (each ``read`` returns one line, so nothing
+    is left buffered after ``readline``); other input is read as it is."""
+    import os
+    import select
+    import signal
+    import threading
+
+    try:
+        import termios
+    except ImportError:  # no terminal of this kind (Windows): readline as it is
+        return
+    try:
+        fd = sys.stdin.fileno()
+        if (not os.isatty(fd) or threading.current_thread() is not threading.main_thread()
+                or not termios.tcgetattr(fd)[3] & termios.ICANON):
+            return
+    except (AttributeError, OSError, ValueError, termios.error):
+        return
+    wake_r, wake_w = os.pipe()
+    try:
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        earlier = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    except (OSError, ValueError):
+        os.close(wake_r)
+        os.close(wake_w)
+        return
+    try:
+        while fd not in select.select([fd, wake_r], [], [])[0]:
+            try:
+                os.read(wake_r, 512)  # a signal: its handler runs here (Ctrl+C: KeyboardInterrupt)
+            except BlockingIOError:
+                pass
+    finally:
+        signal.set_wakeup_fd(earlier)
+        os.close(wake_r)
+        os.close(wake_w)
 
 
 def _run(args: argparse.Namespace) -> int:
