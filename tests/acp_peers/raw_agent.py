@@ -4,7 +4,6 @@ whose ``method`` key is given twice, and a line that is not JSON. Its reply (one
 lists the answers it got, by request id."""
 
 import json
-import select
 import sys
 
 PERMISSION = {"sessionId": "s-1", "toolCall": {"toolCallId": "t", "title": "rm", "kind": "execute",
@@ -38,10 +37,12 @@ def main() -> None:
             send(dup[:-1] + ', "method": "session/request_permission"}')
             send("this is not JSON")
             while len(answers) < 2:
-                ready, _, _ = select.select([sys.stdin], [], [], 30)
-                if not ready:
+                # A plain readline: both replies may already sit in stdin's buffer, where a select on its
+                # descriptor would not see the second (the test's own timeout bounds the wait).
+                text = sys.stdin.readline()
+                if not text:
                     break
-                reply = json.loads(sys.stdin.readline())
+                reply = json.loads(text)
                 if reply.get("id") in (100, 101):
                     answers[str(reply["id"])] = reply.get("result", {}).get("outcome")
             update = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": json.dumps(
