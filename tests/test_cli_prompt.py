@@ -60,8 +60,10 @@ def test_ctrl_c_at_the_prompt_stops_at_once_and_leaves_the_decision_pending(home
     assert cli("agents", "register", str(tmp_path / "clerk.toml"), home=home.path).returncode == 0
     controller, terminal = pty.openpty()
     env = {**os.environ, "APOLLIA_HOME": str(home.path)}
+    # As from a shell: SIGINT at its default (a pytest-xdist worker ignores it, and an ignored signal is inherited).
     proc = subprocess.Popen([*APOLLIA, "run", "clerk", "Write out.txt"], stdin=terminal, stdout=terminal,
-                            stderr=terminal, env=env, close_fds=True)
+                            stderr=terminal, env=env, close_fds=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(terminal)
     try:
         shown = read_until(controller, "answer: ")
