@@ -9,6 +9,7 @@ Messages are for people and may change; codes may not.
     │   ├── ManifestInvalid           MANIFEST_INVALID: names the key and line
     │   │   └── ModelKeyMissing       MODEL_KEY_MISSING: the model's key variable is not set (names it)
     │   ├── BadAnswer                 BAD_ANSWER: an answer not on offer
+    │   ├── BadDuration               BAD_DURATION: a standing consent's lifetime that does not read (e.g. "8h")
     │   ├── BadArgument               BAD_ARGUMENT: a tool called with bad arguments
     │   ├── PayloadTooLarge           PAYLOAD_TOO_LARGE: a request body over the server's limit (413)
     │   ├── WorkspaceOverlapsHome     WORKSPACE_OVERLAPS_HOME: a workspace that contains the home or lies inside it
@@ -35,7 +36,8 @@ Messages are for people and may change; codes may not.
     │   ├── HomeLocked                HOME_LOCKED: another process owns the home
     │   │   └── ServerNotRunning      SERVER_NOT_RUNNING: server.json names a server that does not answer
     │   ├── IdempotencyInProgress     IDEMPOTENCY_IN_PROGRESS: the first request with this key has not finished
-    │   └── ConsentsToReview          CONSENTS_TO_REVIEW: a changed manifest for an agent with standing consents
+    │   ├── ConsentsToReview          CONSENTS_TO_REVIEW: a changed manifest for an agent with standing consents
+    │   └── StaleApproval             STALE_APPROVAL: an answer that names another digest than the card's (it saw something else)
     ├── Refused                       REFUSED: governance refused a call
     ├── Rejected                      REJECTED: an operator rejected a plan
     ├── BudgetExceeded                BUDGET_EXCEEDED: the step ceiling was reached
@@ -77,6 +79,7 @@ __all__ = [
     "ManifestInvalid",
     "ModelKeyMissing",
     "BadAnswer",
+    "BadDuration",
     "BadArgument",
     "PayloadTooLarge",
     "WorkspaceOverlapsHome",
@@ -104,6 +107,7 @@ __all__ = [
     "ServerNotRunning",
     "IdempotencyInProgress",
     "ConsentsToReview",
+    "StaleApproval",
     "Refused",
     "Rejected",
     "BudgetExceeded",
@@ -171,6 +175,10 @@ class ModelKeyMissing(ManifestInvalid):
 
 class BadAnswer(BadInput):
     code = "BAD_ANSWER"
+
+
+class BadDuration(BadInput):
+    code = "BAD_DURATION"
 
 
 class BadArgument(BadInput):
@@ -304,6 +312,13 @@ class ConsentsToReview(Conflict):
     consents: the operator keeps or drops them (``keep_consents``)."""
 
     code = "CONSENTS_TO_REVIEW"
+
+
+class StaleApproval(Conflict):
+    """An answer or plan approval that names the digest of something other than what the card or plan
+    shows now: the person approved what they saw, and that is not this."""
+
+    code = "STALE_APPROVAL"
 
 
 class Refused(ApolliaError):
