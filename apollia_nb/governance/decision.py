@@ -238,11 +238,14 @@ class Rule:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """An accepted organisation policy's refusals."""
+    """An accepted organisation policy's refusals, and who must approve which calls."""
 
     refuse_tools: frozenset[str] = frozenset()
     refuse_connections: frozenset[str] = frozenset()
     refuse_families: frozenset[Family] = frozenset()
+    #: Who must approve calls (``governance/approvals.py``): ``(kind, name, four_eyes, approvers)``,
+    #: kind ``tool`` or ``family``. Never decides a call; read when a card is answered.
+    approvals: tuple[tuple[str, str, bool, int], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "refuse_tools", frozenset(_text("tool", t) for t in (self.refuse_tools or ())))

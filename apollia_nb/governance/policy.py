@@ -3,12 +3,20 @@
 An organisation deposits ``policy/organisation.toml`` in the home together with
 ``policy/organisation.toml.sig`` (base64 of the 64-byte Ed25519 signature over
 the file's exact bytes). The home trusts the base64 32-byte public keys listed
-in ``[policy] trusted_keys`` of ``apollia.toml``. The policy's only table is::
+in ``[policy] trusted_keys`` of ``apollia.toml``. The policy holds refusals, and may say who must
+approve calls (``governance/approvals.py``)::
 
     [refuse]
     tools = ["http_request"]
     connections = ["mcp:crm"]
     families = ["send"]
+
+    [approvals.families.send]
+    four_eyes = true        # not the person who started the run
+    approvers = 2           # two distinct people
+
+    [approvals.tools."mcp:crm/delete_contact"]
+    four_eyes = true
 
 A policy is ``none`` (nothing deposited: no organisation refusals),
 ``accepted`` (it parses and a trusted key signed these exact bytes) or
@@ -103,13 +111,18 @@ class PolicyState:
 
 
 def policy_to_dict(policy: Policy) -> dict[str, Any]:
-    """``{"refuse": {"tools", "connections", "families"}}`` with sorted lists."""
+    """``{"refuse": {"tools", "connections", "families"}}`` with sorted lists, and ``approvals`` when it
+    requires any (``{"families": {name: {"four_eyes", "approvers"}}, "tools": {...}}``)."""
     return {
         "refuse": {
             "tools": sorted(policy.refuse_tools),
             "connections": sorted(policy.refuse_connections),
             "families": sorted(f.value for f in policy.refuse_families),
-        }
+        },
+        **({"approvals": {
+            group: {name: {"four_eyes": four, "approvers": count}
+                    for kind, name, four, count in policy.approvals if kind == singular}
+            for group, singular in (("families", "family"), ("tools", "tool"))}} if policy.approvals else {}),
     }
 
 
@@ -141,11 +154,12 @@ def parse_policy(data: bytes) -> Policy:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyRefused(f"the policy is not valid TOML: {exc}") from None
-    unknown = sorted(set(doc) - {"refuse"})
+    unknown = sorted(set(doc) - {"refuse", "approvals"})
     if unknown:
         raise PolicyRefused(
-            f"unknown top-level key or table {unknown[0]!r} in the policy (only [refuse] is allowed)"
+            f"unknown top-level key or table {unknown[0]!r} in the policy (only [refuse] and [approvals] are allowed)"
         )
+    approvals = _parse_approvals(doc.get("approvals", {}))
     refuse = doc.get("refuse", {})
     if not isinstance(refuse, dict):
         raise PolicyRefused("'refuse' must be a table: [refuse]")
@@ -166,7 +180,47 @@ def parse_policy(data: bytes) -> Policy:
         refuse_tools=frozenset(tools),
         refuse_connections=frozenset(connections),
         refuse_families=frozenset(Family(f) for f in families),
+        approvals=approvals,
     )
+
+
+#: The most distinct approvers a policy may require of one call.
+MAX_APPROVERS = 10
+
+
+def _parse_approvals(table: object) -> tuple[tuple[str, str, bool, int], ...]:
+    """``[approvals.families.<family>]`` and ``[approvals.tools."<tool>"]``, each with ``four_eyes``
+    (a boolean) and ``approvers`` (1 to 10): who must approve those calls. Anything else refuses."""
+    if not isinstance(table, dict):
+        raise PolicyRefused("'approvals' must be a table: [approvals.families.send] or [approvals.tools.\"NAME\"]")
+    unknown = sorted(set(table) - {"families", "tools"})
+    if unknown:
+        raise PolicyRefused(f"unknown key {unknown[0]!r} in [approvals] (allowed: families, tools)")
+    out: list[tuple[str, str, bool, int]] = []
+    for group, kind in (("families", "family"), ("tools", "tool")):
+        entries = table.get(group, {})
+        if not isinstance(entries, dict):
+            raise PolicyRefused(f"[approvals] {group} must be a table of tables")
+        for name, req in entries.items():
+            where = f"[approvals.{group}.{name}]"
+            if kind == "family" and name not in _FAMILY_NAMES:
+                raise PolicyRefused(f"unknown family {name!r} in {where} (known: {', '.join(_FAMILY_NAMES)})")
+            if not isinstance(name, str) or not name.strip():
+                raise PolicyRefused(f"[approvals] {group} holds an empty name")
+            if not isinstance(req, dict):
+                raise PolicyRefused(f"{where} must be a table (four_eyes = true, approvers = 2)")
+            bad = sorted(set(req) - {"four_eyes", "approvers"})
+            if bad:
+                raise PolicyRefused(f"unknown key {bad[0]!r} in {where} (allowed: four_eyes, approvers)")
+            four_eyes = req.get("four_eyes", False)
+            approvers = req.get("approvers", 1)
+            if not isinstance(four_eyes, bool):
+                raise PolicyRefused(f"{where} four_eyes must be true or false, not {four_eyes!r}")
+            if isinstance(approvers, bool) or not isinstance(approvers, int) or not 1 <= approvers <= MAX_APPROVERS:
+                raise PolicyRefused(f"{where} approvers must be a whole number from 1 to {MAX_APPROVERS}, "
+                                    f"not {approvers!r}")
+            out.append((kind, name, four_eyes, approvers))
+    return tuple(sorted(out))
 
 
 def _b64(text: str | bytes, what: str, size: int) -> bytes:

@@ -64,6 +64,7 @@ from apollia_nb.dbutil import lock_holder_pid, needs_reopen, raise_if_locked, st
 from apollia_nb.errors import (
     ApolliaError,
     BadAnswer,
+    BadDuration,
     BadInput,
     Conflict,
     GovernanceUnreadable,
@@ -99,9 +100,13 @@ __all__ = [
     "identity_digest",
     "identity_difference",
     "without_consents",
+    "parse_lifetime",
+    "UNTIL_REVOKED",
 ]
 
-SCHEMA_VERSION = 1
+#: 2: a standing consent may have an end (``consents.until``) and names the card it came from. A version
+#: that reads only 1 refuses such a database rather than apply a consent with an end as given forever.
+SCHEMA_VERSION = 2
 #: Committed writes between two explicit checkpoints of ``governance.db``. DuckDB keeps each
 #: UPDATE's version data in memory (about 130 KB for one answered decision) until a checkpoint,
 #: and checkpoints by itself only once the write-ahead log reaches 16 MB — thousands of small
@@ -168,14 +173,69 @@ class RuleRecord(Rule):
         }
 
 
+#: What a standing consent without an end lasts for: until someone revokes it.
+UNTIL_REVOKED = "until revoked"
+#: The longest lifetime a standing consent may be given for (longer: until revoked, on purpose).
+MAX_LIFETIME = timedelta(days=366)
+_LIFETIME = re.compile(r"([1-9][0-9]{0,5})\s*(m|min|h|d)")
+_LIFETIME_UNIT = {"m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_lifetime(text: str | None) -> timedelta | None:
+    """How long a standing consent is given for: ``"30m"``, ``"8h"``, ``"7d"`` (a whole number of minutes,
+    hours or days, at most ``MAX_LIFETIME``); None or ``"until revoked"`` is None (no end).
+    ``BadDuration`` for anything else: a lifetime that does not read is never read as "forever"."""
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise BadDuration(f"a lifetime is text such as '8h', not {text!r}")
+    words = text.strip().lower()
+    if words == UNTIL_REVOKED:
+        return None
+    found = _LIFETIME.fullmatch(words)
+    if found is None:
+        raise BadDuration(f"a lifetime is a whole number of minutes, hours or days such as '30m', '8h' or "
+                          f"'7d' (or {UNTIL_REVOKED!r}), not {text!r}")
+    lifetime = timedelta(seconds=int(found.group(1)) * _LIFETIME_UNIT[found.group(2)])
+    if lifetime > MAX_LIFETIME:
+        raise BadDuration(f"a lifetime of {text!r} is longer than {MAX_LIFETIME.days} days; give the consent "
+                          f"{UNTIL_REVOKED!r} instead, on purpose")
+    return lifetime
+
+
+def _read_until(text: Any) -> tuple[datetime | None, bool]:
+    """A stored end: ``(None, True)`` until revoked, ``(end, True)``, or ``(None, False)`` when it does not
+    read (then the consent does not apply: an end that cannot be read is never "forever")."""
+    if text is None:
+        return None, True
+    try:
+        end = datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        end = None
+    if end is None or end.tzinfo is None:
+        return None, False
+    return end.astimezone(timezone.utc), True
+
+
 @dataclass(frozen=True, slots=True)
 class ConsentRecord:
-    """A standing consent of one agent for one family."""
+    """A standing consent of one agent for one family: who gave it, when, from which card (None: given
+    directly, not by answering a card) and until when (``until`` None: until revoked). ``state`` is how it
+    stands when it was read: ``in force``, ``ended`` (its end has passed; the home's owner journals
+    ``consent_expired`` and removes it when it first notices) or ``unreadable`` (its end does not read: it
+    does not apply)."""
 
     agent: str
     family: Family
     granted_by: str
     granted_at: datetime
+    until: datetime | None = None
+    card: str | None = None
+    state: str = "in force"
+
+    def in_force(self, now: datetime) -> bool:
+        """Whether it applies to a call decided at ``now``."""
+        return self.state != "unreadable" and (self.until is None or _utc(now) < self.until)  # type: ignore[operator]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -183,7 +243,20 @@ class ConsentRecord:
             "family": self.family.value,
             "granted_by": self.granted_by,
             "granted_at": _iso(self.granted_at),
+            "card": self.card,
+            "until": _iso(self.until),
+            "state": self.state,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ConsentRecord":
+        """A consent from its JSON (``to_dict``; a server of an older version sends no end: until revoked)."""
+        until, readable = _read_until(data.get("until"))
+        return cls(
+            str(data["agent"]), Family(data["family"]), str(data["granted_by"]),
+            _utc(datetime.fromisoformat(data["granted_at"])) if data.get("granted_at") else None,  # type: ignore[arg-type]
+            until, data.get("card"), str(data.get("state") or ("in force" if readable else "unreadable")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +298,14 @@ class PendingDecision:
     answered_at: datetime | None = None
     answer_reason: str | None = None
 
+    @property
+    def digest(self) -> str:
+        """The digest of the call as its card shows it: what an answer approves (``governance/approvals.py``)."""
+        from apollia_nb.governance.approvals import action_digest
+
+        return action_digest(decision_id=self.id, run_id=self.run_id, agent=self.agent, tool=self.tool,
+                             call_id=self.call_id, arguments=dict(self.arguments))
+
     def to_dict(self) -> dict[str, Any]:
         """The pending decision's JSON, plus its state and context."""
         return {
@@ -245,6 +326,7 @@ class PendingDecision:
             "reason": self.reason,
             "line": self.line,
             "call_id": self.call_id,
+            "digest": self.digest,
         }
 
 
@@ -452,9 +534,10 @@ class _DbState:
     sig: tuple[_Stat, ...]
     recheck: bool
     rules: tuple[Rule, ...] = ()
-    consents: frozenset[tuple[str, Family]] = frozenset()
+    consents: frozenset[tuple[str, Family]] = frozenset()  # those until revoked
     developer_mode: bool = False
     error: str | None = None
+    timed: tuple[tuple[str, Family, datetime], ...] = ()  # those with an end: (agent, family, end)
 
 
 @dataclass(frozen=True)
@@ -472,6 +555,7 @@ class _Cached:
     view: GovernanceView
     watch: FileWatch | None = None  # armed before ``sig`` was taken: quiet, nothing changed since
     until: float = 0.0  # when the stat() results are compared again however quiet the watch
+    ends: datetime | None = None  # when the first standing consent in the view ends (the view is made again)
 
 
 @dataclass(frozen=True)
@@ -505,7 +589,7 @@ _SCHEMA = [
         agent VARCHAR NOT NULL, created_by VARCHAR NOT NULL, created_at TIMESTAMP NOT NULL)""",
     """CREATE TABLE consents (
         agent VARCHAR NOT NULL, family VARCHAR NOT NULL, granted_by VARCHAR NOT NULL,
-        granted_at TIMESTAMP NOT NULL, PRIMARY KEY (agent, family))""",
+        granted_at TIMESTAMP NOT NULL, card VARCHAR, until VARCHAR, PRIMARY KEY (agent, family))""",
     """CREATE TABLE developer_mode (
         enabled BOOLEAN NOT NULL, changed_by VARCHAR NOT NULL, changed_at TIMESTAMP NOT NULL)""",
     """CREATE TABLE pending_decisions (

@@ -192,6 +192,8 @@ class Task(_Out):
 
 class PlanApprovalIn(_In):
     steps: list[Text] | None = Field(None, min_length=1, description="an edited plan; omit to run it as proposed")
+    digest: str | None = Field(None, max_length=200, description="the `plan_digest` of the plan as shown; another "
+                                                                 "plan's is 409 `STALE_APPROVAL`")
 
 
 class PlanRejectionIn(_In):
@@ -307,6 +309,13 @@ class DecideIn(_In):
     values: dict[str, Any] | None = Field(
         None, description="a server's question (`mcp:<server>/elicitation/create`) answered `once`: the form's "
                           "values, checked against its `requestedSchema` (else 422 `BAD_ANSWER`)")
+    digest: str | None = Field(None, max_length=200, description="the decision's `digest` as shown to whoever "
+                               "answers; another is 409 `STALE_APPROVAL` (omit it and the answer is bound to the "
+                               "card as it is)")
+    expires_in: float | None = Field(None, description="an approval's lifetime in seconds: the call is refused "
+                                     "(and the refusal journaled) when it would run later")
+    expires_at: str | None = Field(None, max_length=64, description="an approval's end, ISO 8601 with offset "
+                                   "(not with `expires_in`)")
 
 
 class PendingDecision(_Out):
@@ -330,6 +339,12 @@ class PendingDecision(_Out):
     hints: dict[str, Any] | None = Field(
         None, description="what the tool's server says of it (MCP annotations: `readOnlyHint`, `destructiveHint`, "
                           "`idempotentHint`, `openWorldHint`, `title`): shown to whoever answers, never used to decide")
+    digest: str | None = Field(None, description="`sha256:` of the call as shown (card id, run, agent, tool, call "
+                                                 "id, arguments as shown): what an answer approves")
+    may_answer: dict[str, Any] | None = Field(
+        None, description="who may answer: `roles`, `four_eyes`, `started_by`, `excluded` (people who may not "
+                          "approve it), `approvers`, `approved_by`, `approvals_needed`")
+    expires_at: str | None = Field(None, description="when the approval given ends (null: it does not)")
 
 
 # --- governance --------------------------------------------------------------------------
@@ -379,6 +394,8 @@ class PolicyRefusals(_Out):
 
 class PolicyDocument(_Out):
     refuse: PolicyRefusals
+    approvals: dict[str, dict[str, dict[str, Any]]] | None = Field(
+        None, description="who must approve calls: `families` and `tools`, each name with `four_eyes` and `approvers`")
 
 
 class Policy(_Out):
