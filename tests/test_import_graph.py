@@ -71,8 +71,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("apollia_nb.api.internal", "apollia_nb.notebook.sql"):
         "the read-only SQL rules of %%apollia sql live in the notebook; they belong beside the journal's views",
     # circles
-    ("apollia_nb.runtime.models.responses", "apollia_nb.runtime.models.openai"):
-        "the Responses model reuses the Chat Completions model's helpers instead of a shared module",
     ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
         "a handle draws its widget, and the widgets read the handles",
 }

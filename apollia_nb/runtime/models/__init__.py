@@ -65,9 +65,13 @@ def build_model(
     environ: Mapping[str, str] = os.environ if env is None else env
     if provider == "scripted":
         return ScriptedModel.from_table(model_table, "model")
-    if provider == "openai":
-        from .openai import OpenAIModel
+    if provider == "openai":  # lazy: the HTTP providers import httpx when used
+        from .openai import OpenAIModel, api_of
 
+        if api_of(model_table, "model") == "responses":
+            from .responses import ResponsesModel
+
+            return ResponsesModel.from_table(model_table, environ, "model", retry=retry)
         return OpenAIModel.from_table(model_table, environ, "model", retry=retry)
     if provider == "anthropic":
         from .anthropic import AnthropicModel

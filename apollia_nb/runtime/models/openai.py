@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_KEY_ENV",
     "REASONING_EFFORTS",
     "APIS",
+    "api_of",
     "common_settings",
     "COMMON_TABLE_KEYS",
     "image_data_url",
@@ -541,6 +542,14 @@ def common_settings(
     }
 
 
+def api_of(table: Mapping[str, Any], where: str = "model") -> str:
+    """Which OpenAI API a ``[model]`` table names (``api``: ``chat``, the default, or ``responses``)."""
+    api = field_value(table, "api", "str", where, "chat")
+    if api not in APIS:
+        raise ManifestInvalid(f"{where}.api: must be chat or responses, got {api!r}")
+    return str(api)
+
+
 class OpenAIModel(HttpProvider):
     """A provider for an OpenAI-compatible ``/chat/completions`` endpoint.
 
@@ -587,15 +596,11 @@ class OpenAIModel(HttpProvider):
     def from_table(
         cls, table: Mapping[str, Any], env: Mapping[str, str], where: str = "model", *, retry: RetryPolicy | None = None
     ) -> Any:
-        """Build from a manifest's ``[model]`` table (``provider = "openai"``); ``api = "responses"``
-        builds the Responses API provider instead."""
-        api = field_value(table, "api", "str", where, "chat")
-        if api not in APIS:
-            raise ManifestInvalid(f"{where}.api: must be chat or responses, got {api!r}")
-        if api == "responses":
-            from .responses import ResponsesModel
-
-            return ResponsesModel.from_table(table, env, where, retry=retry)
+        """Build from a manifest's ``[model]`` table (``provider = "openai"``, ``api = "chat"``, the
+        default); ``api = "responses"`` is the Responses API provider's (``build_model`` picks it)."""
+        if api_of(table, where) != "chat":
+            raise ManifestInvalid(f"{where}.api: the Chat Completions provider is api = \"chat\"; "
+                                  "api = \"responses\" is built by build_model (the Responses API provider)")
         return cls(
             **common_settings(table, env, where, retry, keys=_TABLE_KEYS, structured="tools"),
             stream_usage=field_value(table, "stream_usage", "bool", where, True),
