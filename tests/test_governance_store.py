@@ -199,6 +199,7 @@ def test_grant_list_revoke_consents(store: GovernanceStore, journal: RecordingJo
     ]
     assert store.consents()[2].to_dict() == {
         "agent": "clerk", "family": "write", "granted_by": "ana", "granted_at": "2026-01-02T03:04:05Z",
+        "card": None, "until": None, "state": "in force",
     }
     store.revoke_consent("clerk", "send", by="cy")
     assert ("clerk", Family.SEND) not in store.view().consents

@@ -428,6 +428,30 @@ def _unreadable_identities(con: "duckdb.DuckDBPyConnection") -> set[str]:
             .fetchall() if _read_identity(text, digest) is None}
 
 
+def _consent_rows(con: "duckdb.DuckDBPyConnection", now: datetime, agent: str | None = None,
+                  family: Family | None = None) -> list[ConsentRecord]:
+    """The standing consents stored (of ``agent``, for ``family`` when given), by agent then family, each
+    with its state at ``now``. A database from before ends were kept has no ``until`` column: until revoked."""
+    where, params = [], []
+    if agent is not None:
+        where.append("agent = ?")
+        params.append(agent)
+    if family is not None:
+        where.append("family = ?")
+        params.append(family.value)
+    cursor = con.execute("SELECT * FROM consents" + (" WHERE " + " AND ".join(where) if where else "")
+                         + " ORDER BY agent, family", params)
+    names = [d[0] for d in cursor.description]
+    out = []
+    for row in cursor.fetchall():
+        cells = dict(zip(names, row))
+        until, readable = _read_until(cells.get("until"))
+        state = "unreadable" if not readable else "ended" if until is not None and until <= now else "in force"
+        out.append(ConsentRecord(cells["agent"], Family(cells["family"]), cells["granted_by"],
+                                 _utc(cells["granted_at"]), until, cells.get("card"), state))  # type: ignore[arg-type]
+    return out
+
+
 def _without(consents: frozenset[tuple[str, Family]], agents: frozenset[str]) -> frozenset[tuple[str, Family]]:
     """``consents`` but those of ``agents``."""
     return frozenset(c for c in consents if c[0] not in agents) if agents else consents
@@ -698,6 +722,7 @@ class GovernanceStore:
         self._writes = 0  # committed writes since the last checkpoint (see CHECKPOINT_EVERY)
         self._counts = {"commits": 0, "snapshot_reads": 0, "schema_reads": 0}  # see ``stats``
         self._held_back: frozenset[str] = frozenset()  # agents whose consents do not apply here
+        self._ended: tuple[tuple[str, Family, datetime], ...] = ()  # ended, seen by the last view, not yet recorded
 
     #: ``(inode, problem)``: a block of governance.db did not read when the store opened (``_read_whole``).
     _open_problem: tuple[Any, str] | None = None
@@ -933,7 +958,7 @@ class GovernanceStore:
         every ``FULL_CHECK_SECS``, their ``stat()`` results are compared.
         """
         cached = self._cached
-        if cached is not None and not cached.recheck:
+        if cached is not None and not cached.recheck and (cached.ends is None or self._now() < cached.ends):
             watch = cached.watch
             if watch is not None and time.monotonic() < cached.until and watch.quiet():
                 return cached.view
@@ -946,7 +971,10 @@ class GovernanceStore:
                 return cached.view
             watch.close()
         with self._lock:
-            return self._refresh()
+            view = self._refresh()
+            if self._ended and self.journal is not None and self._record_ended(self._ended):
+                view = self._refresh()  # made again from what the record left
+            return view
 
     def policy_state(self) -> PolicyState:
         """The organisation policy as the current ``view()`` sees it."""
@@ -968,14 +996,19 @@ class GovernanceStore:
         if snap is None or snap.recheck or snap.sig != policy_sig:
             snap = self._load_policy(policy_sig, now)
             self._policy = snap
-        view = self._combine(db, snap)
+        now_at = self._now() if db.timed else None
+        view = self._combine(db, snap, now_at)
+        ends = min((end for _, _, end in db.timed if now_at is not None and now_at < end), default=None)
+        self._ended = tuple(t for t in db.timed if now_at is not None and t[2] <= now_at)
         old, self._cached = self._cached, _Cached(sig, db.recheck or snap.recheck, view, watch,
-                                                  time.monotonic() + FULL_CHECK_SECS)
+                                                  time.monotonic() + FULL_CHECK_SECS, ends)
         if old is not None and old.watch is not None:
             old.watch.close()
         return view
 
-    def _combine(self, db: _DbState, snap: _PolicySnap) -> GovernanceView:
+    def _combine(self, db: _DbState, snap: _PolicySnap, now: datetime | None = None) -> GovernanceView:
+        """The view of ``db`` and the policy; a standing consent with an end is in it only while ``now``
+        (the store's clock, taken when the view is made) is before its end."""
         reasons: list[str] = []
         if db.error is not None:
             reasons.append(db.error)
@@ -990,10 +1023,41 @@ class GovernanceStore:
                 rules=tuple(r for r in db.rules if r.effect is Effect.DENY),
                 policy=policy, readable=False, unreadable_reason="; ".join(reasons),
             )
+        consents = db.consents
+        if db.timed and now is not None:
+            consents = consents | {(agent, family) for agent, family, end in db.timed if now < end}
         return GovernanceView(
-            rules=db.rules, consents=_without(db.consents, self._held_back), developer_mode=db.developer_mode,
+            rules=db.rules, consents=_without(consents, self._held_back), developer_mode=db.developer_mode,
             policy=policy,
         )
+
+    def _record_ended(self, ended: tuple[tuple[str, Family, datetime], ...]) -> bool:
+        """Journal ``consent_expired`` for each standing consent whose end has passed and remove it (the
+        view leaves it out whether or not this succeeds). True when recorded; when the journal or the file
+        refuses, the view is made again on the next ``view()`` and the record tried again."""
+        now = self._now()
+        try:
+            for agent, family, end in ended:
+                self._write(lambda con, agent=agent, family=family, end=end: self._expiry(con, agent, family, end, now))
+        except Exception:  # noqa: BLE001 - fail closed: the consent stays out of the view; tried again
+            cached = self._cached
+            if cached is not None:
+                self._cached = replace(cached, recheck=True)
+            return False
+        return True
+
+    @staticmethod
+    def _expiry(con: "duckdb.DuckDBPyConnection", agent: str, family: Family, end: datetime,
+                now: datetime) -> "_Change | _NoChange":
+        found = _consent_rows(con, now, agent, family)
+        if not found or found[0].until != end or found[0].state != "ended":
+            return _NoChange()  # revoked, given again or recorded meanwhile
+        record = found[0]
+        payload = {"agent": agent, "family": family.value, "until": _iso(end), "granted_by": record.granted_by,
+                   "granted_at": _iso(record.granted_at), "card": record.card, "noticed_at": _iso(now)}
+        return _Change("consent_expired", payload, agent,
+                       lambda c: c.execute("DELETE FROM consents WHERE agent = ? AND family = ?",  # type: ignore[arg-type]
+                                           [agent, family.value]), record)
 
     def hold_back_consents(self, agent: str, held: bool) -> None:
         """In this process, apply none of ``agent``'s standing consents (``held``) or apply them again:
@@ -1033,13 +1097,12 @@ class GovernanceStore:
                     "SELECT id, tool, prefix, effect, agent, created_by, created_at FROM rules ORDER BY created_at, id"
                 ).fetchall())
             )
-            consents = frozenset(
-                (agent, Family(family))
-                for agent, family in con.execute("SELECT agent, family FROM consents").fetchall()
-            )
-            unbound = _unreadable_identities(con)
-            if unbound:  # what those consents were given for cannot be read: they do not apply
-                consents = frozenset(c for c in consents if c[0] not in unbound)
+            stored = _consent_rows(con, datetime.min.replace(tzinfo=timezone.utc))  # states: at the view's now
+            unbound = _unreadable_identities(con)  # what those consents were given for cannot be read
+            consents = frozenset((c.agent, c.family) for c in stored
+                                 if c.state != "unreadable" and c.until is None and c.agent not in unbound)
+            timed = tuple((c.agent, c.family, c.until) for c in stored
+                          if c.state != "unreadable" and c.until is not None and c.agent not in unbound)
             row = con.execute("SELECT enabled FROM developer_mode").fetchone()
         except (duckdb.Error, ValueError) as exc:
             self._forget_invalidated(exc)
@@ -1053,7 +1116,8 @@ class GovernanceStore:
         # Seen: from now on this database must stay (with this id) while the home is open.
         self._expect_db = True
         self._expect_id = self._expect_id or store_id
-        return _DbState(sig, recheck, rules=rules, consents=consents, developer_mode=bool(row and row[0]))
+        return _DbState(sig, recheck, rules=rules, consents=consents, developer_mode=bool(row and row[0]),
+                        timed=timed)  # type: ignore[arg-type]
 
     def _load_policy(self, sig: tuple[_Stat, ...], now: int) -> _PolicySnap:
         recheck = _racy(_newest(sig), now)
@@ -1414,59 +1478,90 @@ class GovernanceStore:
 
     # --- standing consents ----------------------------------------------------------
 
-    def grant_consent(self, agent: str, family: Family | str, *, by: str) -> ConsentRecord:
-        """Record a standing consent (journaled ``consent_granted``); an existing one is returned."""
+    def grant_consent(self, agent: str, family: Family | str, *, by: str, until: datetime | None = None,
+                      card: str | None = None) -> ConsentRecord:
+        """Record a standing consent (journaled ``consent_granted``) until ``until`` (None: until revoked),
+        given by answering ``card`` (None: given directly). A consent in force that lasts at least as long
+        is returned as is; one that ends sooner (or has ended, or whose end does not read) is replaced."""
         agent = validate_agent(agent)
         fam = _consent_family(family)
         by = _validate_by(by)
+        if until is not None and (not isinstance(until, datetime) or until.tzinfo is None):
+            raise BadDuration(f"a standing consent ends at a time with its zone, not {until!r}")
+        until = _utc(until)
+        if card is not None and not isinstance(card, str):
+            raise BadInput(f"card must be a card's id, not {card!r}")
         now = self._now()
+        if until is not None and until <= now:
+            raise BadDuration(f"a standing consent cannot end before it is given ({_iso(until)})")
 
         def prepare(con: "duckdb.DuckDBPyConnection") -> _Change | _NoChange:
-            row = con.execute(
-                "SELECT granted_by, granted_at FROM consents WHERE agent = ? AND family = ?", [agent, fam.value]
-            ).fetchone()
-            if row is not None:
-                return _NoChange(ConsentRecord(agent, fam, row[0], _utc(row[1])))  # type: ignore[arg-type]
-            record = ConsentRecord(agent, fam, by, now)
+            columns = {name for (name,) in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
+                "AND schema_name = 'main' AND table_name = 'consents'").fetchall()}
+            found = _consent_rows(con, now, agent, fam)
+            held = found[0] if found else None
+            if held is not None and held.state == "in force" and (
+                    held.until is None or (until is not None and until <= held.until)):
+                return _NoChange(held)
+            record = ConsentRecord(agent, fam, by, now, until, card)
+            payload: dict[str, Any] = {"agent": agent, "family": fam.value, "by": by}
+            if card is not None:
+                payload["card"] = card
+            if until is not None:
+                payload["until"] = _iso(until)
+            if held is not None:  # what it replaces
+                payload["replaces"] = {"granted_by": held.granted_by, "until": _iso(held.until), "state": held.state}
+
+            def apply(c: "duckdb.DuckDBPyConnection") -> None:
+                if not {"card", "until"} <= columns:  # a database from before ends were kept
+                    c.execute("ALTER TABLE consents ADD COLUMN IF NOT EXISTS card VARCHAR")
+                    c.execute("ALTER TABLE consents ADD COLUMN IF NOT EXISTS until VARCHAR")
+                    c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION)])
+                c.execute("DELETE FROM consents WHERE agent = ? AND family = ?", [agent, fam.value])
+                c.execute("INSERT INTO consents (agent, family, granted_by, granted_at, card, until) "
+                          "VALUES (?, ?, ?, ?, ?, ?)", [agent, fam.value, by, _naive(now), card, _iso(until)])
+
+            return _Change("consent_granted", payload, agent, apply, record)
+
+        return self._write(prepare)
+
+    def revoke_consent(self, agent: str, family: Family | str, *, by: str) -> ConsentRecord:
+        """Revoke a standing consent (journaled ``consent_revoked``); ``NotFound`` if none. It stops applying
+        on the next call."""
+        agent = validate_agent(agent)
+        fam = _validate_family(family)
+        by = _validate_by(by)
+        now = self._now()
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change:
+            found = _consent_rows(con, now, agent, fam)
+            if not found:
+                raise NotFound(f"agent {agent!r} holds no standing consent for {fam.value!r}")
+            record = found[0]
+            payload: dict[str, Any] = {"agent": agent, "family": fam.value, "by": by}
+            if record.card is not None:
+                payload["card"] = record.card
+            if record.until is not None or record.state == "unreadable":
+                payload["until"] = _iso(record.until)
+                payload["state"] = record.state
             return _Change(
-                "consent_granted", {"agent": agent, "family": fam.value, "by": by}, agent,
-                lambda c: c.execute("INSERT INTO consents VALUES (?, ?, ?, ?)", [agent, fam.value, by, _naive(now)]),  # type: ignore[arg-type]  # what it returns is not read
+                "consent_revoked", payload, agent,
+                lambda c: c.execute("DELETE FROM consents WHERE agent = ? AND family = ?", [agent, fam.value]),  # type: ignore[arg-type]  # what it returns is not read
                 record,
             )
 
         return self._write(prepare)
 
-    def revoke_consent(self, agent: str, family: Family | str, *, by: str) -> ConsentRecord:
-        """Revoke a standing consent (journaled ``consent_revoked``); ``NotFound`` if none."""
-        agent = validate_agent(agent)
-        fam = _validate_family(family)
-        by = _validate_by(by)
-
-        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change:
-            row = con.execute(
-                "SELECT granted_by, granted_at FROM consents WHERE agent = ? AND family = ?", [agent, fam.value]
-            ).fetchone()
-            if row is None:
-                raise NotFound(f"agent {agent!r} holds no standing consent for {fam.value!r}")
-            return _Change(
-                "consent_revoked", {"agent": agent, "family": fam.value, "by": by}, agent,
-                lambda c: c.execute("DELETE FROM consents WHERE agent = ? AND family = ?", [agent, fam.value]),  # type: ignore[arg-type]  # what it returns is not read
-                ConsentRecord(agent, fam, row[0], _utc(row[1])),  # type: ignore[arg-type]
-            )
-
-        return self._write(prepare)
-
-    def consents(self) -> list[ConsentRecord]:
-        """Every standing consent, by agent then family, with who granted it and when."""
-        return self._read(
-            lambda con: [
-                ConsentRecord(a, Family(f), by, _utc(at))  # type: ignore[arg-type]
-                for a, f, by, at in con.execute(
-                    "SELECT agent, family, granted_by, granted_at FROM consents ORDER BY agent, family"
-                ).fetchall()
-            ],
-            [],
-        )
+    def consents(self, agent: str | None = None) -> list[ConsentRecord]:
+        """Every standing consent (of ``agent``), by agent then family: who granted it, when, from which card,
+        until when, and its state now. The home's owner first records those that have ended (``view``)."""
+        if agent is not None:
+            agent = validate_agent(agent)
+        if self.journal is not None:
+            self.view()
+        now = self._now()
+        return self._read(lambda con: _consent_rows(con, now, agent), [])
 
     # --- what standing consents are given for ---------------------------------------
 
