@@ -74,7 +74,7 @@ class HomeRuntime(Protocol):
     def task(self, task_id: str) -> dict[str, Any]: ...
     def pending(self) -> list[dict[str, Any]]: ...
     def decide(self, decision_id: str, answer: str, *, reason: str | None, by: str,
-               values: dict[str, Any] | None = None) -> dict[str, Any]: ...
+               values: dict[str, Any] | None = None, lasting: str | None = None) -> dict[str, Any]: ...
     def approve_plan(self, task_id: str) -> None: ...
     def reject_plan(self, task_id: str, reason: str) -> None: ...
     def leave(self, task_id: str) -> dict[str, Any]: ...
@@ -370,8 +370,10 @@ class OwnedRuntime:
         return self._call(self.rt.pending_decisions)
 
     def decide(self, decision_id: str, answer: str, *, reason: str | None, by: str,
-               values: dict[str, Any] | None = None) -> dict[str, Any]:
-        extra = {"values": values} if values is not None else {}
+               values: dict[str, Any] | None = None, lasting: str | None = None) -> dict[str, Any]:
+        extra: dict[str, Any] = {"values": values} if values is not None else {}
+        if lasting is not None:
+            extra["lasting"] = lasting
         return self._call(lambda: self.rt.answer(decision_id, answer, by=by, reason=reason, **extra))
 
     def approve_plan(self, task_id: str) -> None:
@@ -592,8 +594,8 @@ class ServedRuntime:
         return list(self.api("pending"))
 
     def decide(self, decision_id: str, answer: str, *, reason: str | None, by: str,
-               values: dict[str, Any] | None = None) -> dict[str, Any]:
-        return dict(self.api("decide", decision_id, answer, reason, by, values))
+               values: dict[str, Any] | None = None, lasting: str | None = None) -> dict[str, Any]:
+        return dict(self.api("decide", decision_id, answer, reason, by, values, lasting))
 
     def approve_plan(self, task_id: str) -> None:
         self.api("approve_plan", task_id, None)

@@ -52,6 +52,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     a = psub.add_parser("decide", parents=[common], help="answer a waiting decision; its run resumes")
     a.add_argument("id")
     a.add_argument("answer", help="once, always or refuse (only those on offer)")
+    a.add_argument("--for", dest="lasting", default=None, metavar="LIFETIME",
+                   help="with always: how long the standing consent lasts (30m, 8h, 7d; default: until revoked)")
     a.add_argument("--reason", default=None)
     a.add_argument("--by", default=None, help="who answers (default: the user name)")
     a.add_argument("--values", default=None, type=_json_object, metavar="JSON",
@@ -351,7 +353,8 @@ def _pending_decide(args: argparse.Namespace) -> int:
     from apollia_nb.errors import ApolliaError
 
     with open_home(args) as home, home.runtime() as rt:
-        decided = rt.decide(args.id, args.answer, reason=args.reason, by=_who(args), values=args.values)
+        decided = rt.decide(args.id, args.answer, reason=args.reason, by=_who(args), values=args.values,
+                            **({"lasting": args.lasting} if args.lasting is not None else {}))
         lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"]
         data: dict[str, Any] = {"decision": decided}
         task_id = decided.get("task_id")

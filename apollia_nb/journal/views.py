@@ -33,7 +33,7 @@ __all__ = [
     "rebuild_calls", "bundle_sql", "list_runs",
 ]
 
-VIEW_NAMES = ("journal", "decisions", "tool_calls", "runs")
+VIEW_NAMES = ("journal", "decisions", "tool_calls", "runs", "oversight")
 
 #: The entry kinds whose payload fields the views read.
 FIELD_KINDS = ("decision", "answer", "tool_call", "tool_result", "run_open", "run_seal")
@@ -226,7 +226,49 @@ LEFT JOIN s USING (run_id)
 ORDER BY n.first_seq
 """
 
-VIEWS_SQL: tuple[str, ...] = (_JOURNAL, _DECISIONS, _TOOL_CALLS, _RUNS)
+#: ``oversight``: one row per answer a person gave to a card (``answer``), per approval short of the
+#: approvers a policy needs (``approval``) and per answer refused (``answer_refused``): which card, when
+#: it was asked (the call's first ``ask`` decision), when and by whom it was answered, their role and how
+#: they authenticated, how long the card waited, and the digest of what they were shown (NULL where the
+#: entry names none). Answers are few beside calls, so their fields are read from the payload here.
+_OVERSIGHT = """
+CREATE OR REPLACE VIEW oversight AS
+WITH a AS (
+    SELECT seq, kind, CAST(ts AS TIMESTAMPTZ) AS ts, run_id, agent,
+           json_extract_string(CAST(decode(payload) AS JSON), ['$.decision_id', '$.call_id', '$.answer',
+               '$.answered_by', '$.by', '$.by_role', '$.auth', '$.digest', '$.for', '$.until', '$.code']) AS f
+    FROM entries WHERE kind IN ('answer', 'approval', 'answer_refused')
+), d AS (
+    SELECT run_id, call_id, ts, tool, family
+    FROM entry_fields WHERE kind = 'decision' AND outcome = 'ask'
+    QUALIFY row_number() OVER (PARTITION BY run_id, call_id ORDER BY seq) = 1
+)
+SELECT
+    a.seq,
+    a.f[1] AS card,
+    a.kind AS event,
+    a.run_id,
+    a.agent,
+    d.tool,
+    d.family,
+    d.ts AS asked_at,
+    a.ts AS answered_at,
+    a.ts - d.ts AS waited,
+    a.f[3] AS answer,
+    coalesce(a.f[4], a.f[5]) AS answered_by,
+    a.f[6] AS by_role,
+    a.f[7] AS auth,
+    a.f[8] AS digest,
+    a.f[9] AS consent_for,
+    CAST(a.f[10] AS TIMESTAMPTZ) AS consent_until,
+    a.f[11] AS refused_code
+FROM a
+LEFT JOIN d
+  ON d.run_id IS NOT DISTINCT FROM a.run_id AND d.call_id = a.f[2]
+ORDER BY a.seq
+"""
+
+VIEWS_SQL: tuple[str, ...] = (_JOURNAL, _DECISIONS, _TOOL_CALLS, _RUNS, _OVERSIGHT)
 
 
 #: The SQL the views are made from, as ``meta.views`` records it.

@@ -239,8 +239,9 @@ class Client(Session):
 
     def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
                by: str | None = None, values: dict[str, Any] | None = None,
-               idempotency_key: str | None = None) -> s.PendingDecision:
-        return self._do(_Routes.decide(decision_id, answer, reason, by, values), idempotency_key)
+               idempotency_key: str | None = None, lasting: str | None = None) -> s.PendingDecision:
+        """Answer a waiting decision; ``lasting`` ("8h"): how long the standing consent of ``always`` lasts."""
+        return self._do(_Routes.decide(decision_id, answer, reason, by, values, lasting), idempotency_key)
 
     # governance
     def rules(self) -> list[s.Rule]:
@@ -462,8 +463,9 @@ class AsyncClient:
 
     async def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
                      by: str | None = None, values: dict[str, Any] | None = None,
-                     idempotency_key: str | None = None) -> s.PendingDecision:
-        return await self._do(_Routes.decide(decision_id, answer, reason, by, values), idempotency_key)
+                     idempotency_key: str | None = None, lasting: str | None = None) -> s.PendingDecision:
+        """Answer a waiting decision; ``lasting`` ("8h"): how long the standing consent of ``always`` lasts."""
+        return await self._do(_Routes.decide(decision_id, answer, reason, by, values, lasting), idempotency_key)
 
     async def rules(self) -> list[s.Rule]:
         return await self._do(_Routes.rules())

@@ -233,10 +233,12 @@ class Routes:
 
     @staticmethod
     def decide(decision_id: str, answer: str, reason: str | None, by: str | None,
-               values: dict[str, Any] | None = None) -> Req:
+               values: dict[str, Any] | None = None, lasting: str | None = None) -> Req:
         body: dict[str, Any] = {"id": decision_id, "answer": answer}
         if values is not None:
             body["values"] = values
+        if lasting is not None:  # `always` for a while ("8h")
+            body["for"] = lasting
         if reason is not None:
             body["reason"] = reason
         if by is not None:

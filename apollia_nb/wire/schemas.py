@@ -316,6 +316,10 @@ class DecideIn(_In):
                                      "(and the refusal journaled) when it would run later")
     expires_at: str | None = Field(None, max_length=64, description="an approval's end, ISO 8601 with offset "
                                    "(not with `expires_in`)")
+    lasting: str | None = Field(None, alias="for", max_length=64, description="with `always`: how long the "
+                                "standing consent lasts, a whole number of minutes, hours or days (`30m`, `8h`, "
+                                "`7d`, at most 366 days) or `until revoked` (the default); anything else, or a "
+                                "lifetime with another answer, is 422 `BAD_DURATION`")
 
 
 class PendingDecision(_Out):
@@ -373,6 +377,12 @@ class Consent(_Out):
     family: FamilyName
     granted_by: str
     granted_at: str | None
+    card: str | None = Field(None, description="the card whose `always` gave it (null: given directly)")
+    until: str | None = Field(None, description="when it ends, ISO 8601 (null: until revoked)")
+    state: Literal["in force", "ended", "unreadable"] = Field(
+        "in force", description="`ended`: its end has passed (it no longer applies; the home's owner journals "
+                                "`consent_expired` and removes it when it first notices); `unreadable`: its end "
+                                "does not read, so it does not apply")
 
 
 class DeveloperModeIn(_In):
