@@ -68,8 +68,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
         "the runtime answers an MCP server's requests; the federation should hand it the answerer",
     ("apollia_nb.runtime.runtime", "apollia_nb.witness.sender"):
         "the runtime starts the journal's witness sender, which belongs beside journal/witness.py",
-    ("apollia_nb.api.internal", "apollia_nb.notebook.sql"):
-        "the read-only SQL rules of %%apollia sql live in the notebook; they belong beside the journal's views",
     # circles
     ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
         "a handle draws its widget, and the widgets read the handles",

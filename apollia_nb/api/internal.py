@@ -407,16 +407,16 @@ class ConsistencyOut(_Out):
                          "`timeout` seconds; anything else is 422 `BAD_INPUT`.")
 async def journal_sql(body: SqlIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     from apollia_nb.errors import ApolliaError, BadInput
-    from apollia_nb.notebook.sql import run_query
+    from apollia_nb.journal.sql import read_only_query
     from apollia_nb.runtime.remote import from_wire, wire_value
 
     try:
         params = [from_wire(p) for p in body.params] if body.params is not None else None
     except (ApolliaError, ValueError, TypeError, KeyError) as exc:
         raise BadInput(f"a parameter is not a value of the journal: {exc}"[:300]) from None
-    result = await anyio.to_thread.run_sync(lambda: run_query(rt.journal, body.query, params=params,
-                                                              want_frame=False, timeout=body.timeout))
-    return {"columns": result.columns, "rows": [[wire_value(v) for v in row] for row in result.rows]}
+    columns, rows, _ = await anyio.to_thread.run_sync(
+        lambda: read_only_query(rt.journal, body.query, params=params, timeout=body.timeout))
+    return {"columns": columns, "rows": [[wire_value(v) for v in row] for row in rows or ()]}
 
 
 @router.post("/journal/inclusion-proof", response_model=InclusionOut, operation_id="internalInclusionProof",
