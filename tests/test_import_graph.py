@@ -66,8 +66,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
         "the runtime opens the federated tool sources itself; the surface opening it should hand them in",
     ("apollia_nb.runtime.runtime", "apollia_nb.federation.mcp_requests"):
         "the runtime answers an MCP server's requests; the federation should hand it the answerer",
-    ("apollia_nb.runtime.runtime", "apollia_nb.witness.sender"):
-        "the runtime starts the journal's witness sender, which belongs beside journal/witness.py",
     # circles
     ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
         "a handle draws its widget, and the widgets read the handles",

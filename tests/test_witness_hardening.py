@@ -28,7 +28,7 @@ from apollia_nb.journal.witness import (
     format_add_checkpoint,
     witness_decide,
 )
-from apollia_nb.witness.sender import parse_witnesses
+from apollia_nb.journal.witness_sender import parse_witnesses
 from apollia_nb.witness.server import TRUST_FILE, WitnessState
 
 ORIGIN = "example.org/log"

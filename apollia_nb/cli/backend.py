@@ -270,7 +270,7 @@ class OwnedHome:
         return load_policy(self.home, expected=record is not None and record.policy), record is not None
 
     def push_witnesses(self, witnesses: Any, *, checkpoint: bool) -> list[dict[str, Any]]:
-        from apollia_nb.witness.sender import CosignSender
+        from apollia_nb.journal.witness_sender import CosignSender
 
         with self.journal() as journal:
             if checkpoint:

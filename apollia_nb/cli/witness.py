@@ -92,7 +92,7 @@ def _push(args: argparse.Namespace) -> int:
     from apollia_nb.cli.backend import open_home
     from apollia_nb.config import load_config
     from apollia_nb.errors import BadInput
-    from apollia_nb.witness.sender import parse_witnesses
+    from apollia_nb.journal.witness_sender import parse_witnesses
 
     with open_home(args) as home:
         config = home.home.config_path

@@ -276,7 +276,7 @@ class Runtime:
         self.events = Events()
         self.sessions: Any = None
         self.tool_sources: list[Any] = []
-        self.witnesses: Any = None  # witness.sender.CosignSender when apollia.toml names witnesses
+        self.witnesses: Any = None  # journal.witness_sender.CosignSender when apollia.toml names witnesses
         self.telemetry: Any = None  # runtime.telemetry.TelemetryExporter when [telemetry] enabled = true
         self.opened = False
 
@@ -467,7 +467,7 @@ class Runtime:
                 self.telemetry = start_telemetry(self.journal, self.config.raw, str(self.home.config_path))
             if "journal" not in self.config.raw:  # no [journal] table: no witnesses (nothing to import)
                 return
-            from apollia_nb.witness.sender import CosignSender, parse_witnesses
+            from apollia_nb.journal.witness_sender import CosignSender, parse_witnesses
 
             witnesses = parse_witnesses(self.config.raw, str(self.home.config_path))
             if witnesses:

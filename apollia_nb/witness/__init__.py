@@ -1,4 +1,5 @@
-"""Witnesses for journals: the witness server (``server``) and the home's sender (``sender``).
+"""A witness for journals: the witness server (``server``, ``apollia-os witness serve``).
 
-The formats and the decisions are pure, in :mod:`apollia_nb.journal.witness`.
+The formats and the decisions are pure, in :mod:`apollia_nb.journal.witness`; the home's
+sender of its checkpoints to its witnesses is :mod:`apollia_nb.journal.witness_sender`.
 """
