@@ -27,7 +27,7 @@ EXIT_INTEGRITY = 1
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add ``audit verify|verifier-key|views|consistency|checkpoint|prove|replay|export``."""
+    """Add ``audit verify|oversight|verifier-key|views|consistency|checkpoint|prove|replay|export``."""
     audit = sub.add_parser("audit", help="verify, checkpoint, prove, replay and export the journal")
     asub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
@@ -54,12 +54,27 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = asub.add_parser("views", parents=[common],
                         help="print this install's SQL views for an exported bundle (for duckdb -cmd)",
                         description="Print the SQL that maps a bundle's Parquet files and creates the views "
-                        "journal, decisions, tool_calls and runs, from this install (never from the bundle): "
+                        "journal, decisions, tool_calls, runs and oversight, from this install (never from the bundle): "
                         "duckdb -cmd \"$(apollia-os audit views --bundle DIR)\". Exit 0; 3 DIR is not a bundle. "
                         "JSON: sql.")
     p.add_argument("--bundle", type=Path, default=None, metavar="DIR",
                    help="name the bundle's files by their absolute paths in DIR (default: relative, run it there)")
     p.set_defaults(handler=_views)
+
+    p = asub.add_parser("oversight", parents=[common],
+                        help="who answered which card, in what role, after how long, having seen what (the "
+                             "oversight view)",
+                        description="Print the oversight view: one row per answer given to a card, per approval "
+                        "short of the approvers a policy needs and per answer refused; the card, when it was "
+                        "asked, when and by whom it was answered, their role and how they authenticated, how "
+                        "long it waited, and the digest of what they were shown. Exit 0. JSON: the rows, each "
+                        "with seq, card, event, run_id, agent, tool, family, asked_at, answered_at, "
+                        "waited_seconds, answer, answered_by, by_role, auth, digest, consent_for, consent_until, "
+                        "refused_code.")
+    p.add_argument("--since", default=None, metavar="SEQ|TIME",
+                   help="only entries after sequence number SEQ, or answered at or after TIME (ISO 8601; UTC "
+                        "when it names no zone)")
+    p.set_defaults(handler=_oversight)
 
     p = asub.add_parser("verifier-key", parents=[common],
                         help="print the log's verifier key (<origin>+<key id>+<key>) to pin with --key",
@@ -130,6 +145,52 @@ def _owned_journal(args: argparse.Namespace) -> Iterator[Any]:
 
     with open_home(args, reading=True) as home, home.journal() as journal:
         yield journal
+
+
+def _since(text: str | None) -> tuple[int | None, Any]:
+    """``--since``: ``(seq, None)`` for a sequence number, ``(None, time)`` for an ISO 8601 time."""
+    if text is None:
+        return None, None
+    from datetime import datetime, timezone
+
+    from apollia_nb.errors import BadInput
+
+    words = text.strip()
+    if words.isdigit():
+        return int(words), None
+    try:
+        when = datetime.fromisoformat(words)
+    except ValueError:
+        raise BadInput(f"--since takes a sequence number or an ISO 8601 time, not {text!r}") from None
+    return None, when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def _oversight(args: argparse.Namespace) -> int:
+    from apollia_nb.journal.views import list_oversight
+
+    since_seq, since = _since(args.since)
+    with _owned_journal(args) as journal:
+        rows = list_oversight(journal, since_seq=since_seq, since=since)
+    if not rows:
+        emit(args, rows, "no answers yet" if args.since is None else f"no answers since {args.since}")
+        return 0
+    head = ["SEQ", "CARD", "EVENT", "AGENT", "TOOL", "ASKED", "ANSWERED", "WAITED", "ANSWER", "BY", "ROLE", "AUTH",
+            "DIGEST"]
+    lines = []
+    for r in rows:
+        waited = f"{r['waited_seconds']:.1f}s" if r["waited_seconds"] is not None else "-"
+        answer = r["answer"] or "-"
+        if r["consent_for"]:
+            answer += f" for {r['consent_for']}"
+        if r["refused_code"]:
+            answer += f" ({r['refused_code']})"
+        lines.append([str(r["seq"]), r["card"] or "-", r["event"], r["agent"] or "-", r["tool"] or "-",
+                      r["asked_at"] or "-", r["answered_at"] or "-", waited, answer, r["answered_by"] or "-",
+                      r["by_role"] or "-", r["auth"] or "-", (r["digest"] or "-")[:19]])
+    widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(head)]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *lines])
+    emit(args, rows, text)
+    return 0
 
 
 def _read_checkpoint(path: Path | None) -> str | None:

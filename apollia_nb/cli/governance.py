@@ -54,7 +54,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
     consents = sub.add_parser("consents", help="standing consents of agents for families")
     csub = consents.add_subparsers(dest="consents_command", metavar="ACTION", required=True)
-    p = csub.add_parser("list", parents=[common], help="every standing consent")
+    p = csub.add_parser("list", parents=[common],
+                        help="every standing consent: who gave it, when, from which card, when it ends")
+    p.add_argument("--agent", default=None, help="only this agent's consents")
     p.set_defaults(handler=_consents_list)
     p = csub.add_parser("revoke", parents=[common], help="revoke an agent's standing consent for a family")
     p.add_argument("agent")
@@ -179,14 +181,27 @@ def _devmode(args: argparse.Namespace) -> int:
 # --- consents -----------------------------------------------------------------------
 
 
+def _consent_ends(consent: dict[str, Any]) -> str:
+    state, until = consent.get("state") or "in force", consent.get("until")
+    if state == "unreadable":
+        return "its end does not read (it does not apply)"
+    if until is None:
+        return "until revoked"
+    return f"ended {until}" if state == "ended" else until
+
+
 def _consents_list(args: argparse.Namespace) -> int:
+    from apollia_nb.governance.store import validate_agent
+
+    agent = validate_agent(args.agent) if args.agent is not None else None
     with _reader(args, reading=True) as store:
-        consents = [c.to_dict() for c in store.consents()]
+        consents = [c.to_dict() for c in store.consents() if agent is None or c.agent == agent]
     if not consents:
-        emit(args, consents, "no standing consents")
+        emit(args, consents, "no standing consents" + (f" of {agent}" if agent else ""))
         return 0
-    rows = [[c["agent"], c["family"], f"{_when(c['granted_at'])} by {c['granted_by']}"] for c in consents]
-    emit(args, consents, _table(["AGENT", "FAMILY", "GRANTED"], rows))
+    rows = [[c["agent"], c["family"], c["granted_by"], _when(c["granted_at"]), c.get("card") or "-",
+             _consent_ends(c)] for c in consents]
+    emit(args, consents, _table(["AGENT", "FAMILY", "GIVEN BY", "AT", "CARD", "ENDS"], rows))
     return 0
 
 

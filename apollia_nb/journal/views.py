@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = [
     "VIEW_NAMES", "VIEWS_SQL", "ENTRY_FIELDS_DDL", "CALLS_DDL", "FIELD_KINDS", "create_views", "copy_entry_fields",
-    "rebuild_calls", "bundle_sql", "list_runs",
+    "rebuild_calls", "bundle_sql", "list_runs", "list_oversight", "OVERSIGHT_COLUMNS",
 ]
 
 VIEW_NAMES = ("journal", "decisions", "tool_calls", "runs", "oversight")
@@ -304,6 +304,28 @@ def list_runs(journal: Any) -> list[dict[str, Any]]:
     """The ``runs`` view as JSON-ready rows, oldest first (times in UTC, ``...Z``)."""
     rows = journal.sql(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs")
     return [{k: _utc(v) for k, v in zip(_RUN_COLUMNS, row, strict=True)} for row in rows]
+
+
+#: The columns ``list_oversight`` returns (``waited_seconds``: the view's ``waited`` in seconds).
+OVERSIGHT_COLUMNS = ("seq", "card", "event", "run_id", "agent", "tool", "family", "asked_at", "answered_at",
+                     "waited_seconds", "answer", "answered_by", "by_role", "auth", "digest", "consent_for",
+                     "consent_until", "refused_code")
+
+
+def list_oversight(journal: Any, *, since_seq: int | None = None, since: datetime | None = None) -> list[dict[str, Any]]:
+    """The ``oversight`` view as JSON-ready rows, oldest first: those after entry ``since_seq``, or answered at
+    or after ``since`` (times in UTC, ``...Z``)."""
+    where, params = [], []
+    if since_seq is not None:
+        where.append("seq > ?")
+        params.append(int(since_seq))
+    if since is not None:
+        where.append("answered_at >= CAST(? AS TIMESTAMPTZ)")
+        params.append(since.astimezone(timezone.utc).isoformat())
+    select = ", ".join("epoch(waited) AS waited_seconds" if c == "waited_seconds" else c for c in OVERSIGHT_COLUMNS)
+    rows = journal.sql(f"SELECT {select} FROM oversight" + (" WHERE " + " AND ".join(where) if where else "")
+                       + " ORDER BY seq", params or None)
+    return [{k: _utc(v) for k, v in zip(OVERSIGHT_COLUMNS, row, strict=True)} for row in rows]
 
 
 def bundle_sql(directory: Any = None) -> str:
