@@ -64,8 +64,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     # layers
     ("apollia_nb.runtime.runtime", "apollia_nb.federation"):
         "the runtime opens the federated tool sources itself; the surface opening it should hand them in",
-    ("apollia_nb.runtime.runtime", "apollia_nb.federation.mcp_requests"):
-        "the runtime answers an MCP server's requests; the federation should hand it the answerer",
     # circles
     ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
         "a handle draws its widget, and the widgets read the handles",

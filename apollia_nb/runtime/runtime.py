@@ -1156,7 +1156,7 @@ class Runtime:
         effect), all stored in one governance.db commit, then ``always`` applied. Each gets its
         decision as answered or its error; an answer a decision already had in the group is a
         ``CONFLICT``, as it would be after it. Thread-safe: one group at a time."""
-        from apollia_nb.federation.mcp_requests import check_form_values
+        from apollia_nb.runtime.questions import check_form_values
 
         results: list[dict[str, Any] | BaseException | None] = [None] * len(asks)
         with self._answers_lock:
