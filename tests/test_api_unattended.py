@@ -69,7 +69,8 @@ def test_an_unattended_task_waits_on_write_file_is_decided_over_http_and_complet
         run = api.get("/audit/entries", params={"run_id": sub["run_id"], "limit": 1000}).json()["entries"]
         answers = [e["payload"] for e in run if e["kind"] == "answer"]
         assert answers == [{"call_id": pending["call_id"], "decision_id": pending["id"], "answer": "once",
-                            "answered_by": "alice@phone", "by_role": "admin", "auth": "owner"}]
+                            "answered_by": "alice@phone", "by_role": "admin", "auth": "owner",
+                            "digest": pending["digest"]}]
         assert run[-1]["kind"] == "run_seal" and api.get("/audit/verify").json()["ok"] is True
         assert api.post(f"/audit/replay/{sub['run_id']}").json()["verdict"] == "identical"
 

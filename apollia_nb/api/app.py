@@ -646,19 +646,21 @@ def _task_plan_answered(approved: bool) -> Effect:
 @_route("POST", "/tasks/{task_id}/plan/approve", 202, response_model=s.Task, effect=_task_plan_answered(True), operation_id="approveTaskPlan",
         tags=["tasks"], summary="Approve (optionally edit) a task's plan", responses=_errors(404, 409, 413, 422),
         description="Only while the task is `waiting` with `awaiting_plan_approval`; the run continues.")
-async def approve_task_plan(task_id: str, body: s.PlanApprovalIn | None = Body(None),
+async def approve_task_plan(task_id: str, request: Request, body: s.PlanApprovalIn | None = Body(None),
                             rt: Any = Depends(_runtime)) -> dict[str, Any]:
     _live_task(rt, task_id)
-    rt.approve_plan(task_id, list(body.steps) if body is not None and body.steps is not None else None)
+    rt.approve_plan(task_id, list(body.steps) if body is not None and body.steps is not None else None,
+                    by=acting(request, None), digest=body.digest if body is not None else None)
     return _task_dict(rt, task_id)
 
 
 @_route("POST", "/tasks/{task_id}/plan/reject", 202, response_model=s.Task, effect=_task_plan_answered(False), operation_id="rejectTaskPlan",
         tags=["tasks"], summary="Reject a task's plan", responses=_errors(404, 409, 413, 422),
         description="The task fails with code `REJECTED` and the reason, without calling the agent again.")
-async def reject_task_plan(task_id: str, body: s.PlanRejectionIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+async def reject_task_plan(task_id: str, body: s.PlanRejectionIn, request: Request,
+                           rt: Any = Depends(_runtime)) -> dict[str, Any]:
     _live_task(rt, task_id)
-    rt.reject_plan(task_id, body.reason)
+    rt.reject_plan(task_id, body.reason, by=acting(request, None))
     return _task_dict(rt, task_id)
 
 
@@ -890,14 +892,23 @@ async def _find_answer(request: Request, ref: dict[str, Any] | None) -> Found | 
 
 @_route("POST", "/pending-decisions/decide", response_model=s.PendingDecision, operation_id="decide",
         tags=["pending decisions"], summary="Answer a waiting decision; its run resumes",
-        responses=_errors(404, 409, 413, 422), effect=Effect(find=_find_answer),
+        responses=_errors(403, 404, 409, 413, 422), effect=Effect(find=_find_answer),
         description="Validated, journaled, then applied: `once`/`always` let the call run (`always` also records "
                     "the standing consent, or the allow rule for a simple command in developer mode), `refuse` "
                     "refuses it and fails its step. 422 `BAD_ANSWER` for an answer not on offer, 404 "
-                    "`UNKNOWN_DECISION`, 409 `CONFLICT` when it was already answered.")
+                    "`UNKNOWN_DECISION`, 409 `CONFLICT` when it was already answered, 409 `STALE_APPROVAL` when "
+                    "`digest` is not the decision's, 403 `FORBIDDEN` when the policy's four eyes or approvers "
+                    "keep this person from approving it (each refusal journaled `answer_refused`). An approval "
+                    "is used once, for this call; with `expires_in`/`expires_at` the call is refused after it "
+                    "ends. When the policy needs several approvers, an approval short of them is journaled "
+                    "`approval` and the decision stays `pending`.")
 async def decide(body: s.DecideIn, background: BackgroundTasks, request: Request,
                  rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    extra = {"values": body.values} if body.values is not None else {}
+    extra: dict[str, Any] = {"values": body.values} if body.values is not None else {}
+    extra.update({k: v for k, v in (("digest", body.digest), ("expires_in", body.expires_in),
+                                    ("expires_at", body.expires_at)) if v is not None})
+    if body.lasting is not None:  # `always` for a while: the standing consent ends then
+        extra["lasting"] = body.lasting
     # Committed (journaled and stored) when it returns; answers given meanwhile share the commits.
     answered = await rt.answer_async(body.id, body.answer, by=acting(request, body.by), reason=body.reason, **extra)
     faults.point("decide.after_commit")

@@ -72,7 +72,8 @@ class Answering(Protocol):
     """What a card needs: answering it through the runtime (validated, journaled, applied once)."""
 
     def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
-               values: dict[str, Any] | None = None) -> dict[str, Any]: ...
+               values: dict[str, Any] | None = None, digest: str | None = None, expires_in: Any = None,
+               expires_at: Any = None) -> dict[str, Any]: ...
 
 
 class GovernedHost(Answering, Protocol):

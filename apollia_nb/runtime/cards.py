@@ -331,6 +331,11 @@ class Card:
     answered_at: str | None = None
     #: ``QUESTION`` or ``MODEL_CALL`` when a server's connection asked; set by the code that received it.
     request: str | None = None
+    #: When the approval given ends (ISO 8601, UTC), and the digest it was given for (``approvals.py``).
+    expires_at: str | None = None
+    approved_digest: str | None = None
+    #: The call this approval carried out: an approval is used once (``governed.continue_after_answer``).
+    used: bool = False
     _runtime: "Answering | None" = field(default=None, repr=False)
     _event: anyio.Event = field(default_factory=anyio.Event, repr=False)
     _shown: dict[str, Any] | None = field(default=None, repr=False)
@@ -340,6 +345,26 @@ class Card:
     @property
     def waiting(self) -> bool:
         return self.answer_value is None
+
+    @property
+    def digest(self) -> str:
+        """The digest of the call as this card shows it: what an answer approves (``governance/approvals.py``)."""
+        from apollia_nb.governance.approvals import action_digest
+
+        return action_digest(decision_id=self.id, run_id=self.run_id, agent=self.agent, tool=self.tool,
+                             call_id=self.call_id, arguments=self.arguments)
+
+    @property
+    def may_answer(self) -> dict[str, Any] | None:
+        """Who may answer this card (roles, the person excluded, approvals still needed), as its runtime
+        reads the policy now; None when it cannot say."""
+        reader = getattr(self._runtime, "may_answer", None)
+        if reader is None:
+            return None
+        try:
+            return reader(self)  # type: ignore[no-any-return]
+        except Exception:  # noqa: BLE001 - shown as unknown; answering checks again
+            return None
 
     @property
     def takes_values(self) -> bool:
@@ -382,7 +407,8 @@ class Card:
         return dict(redact(shown, secret_values(getattr(self._runtime, "config", None))))
 
     def answer(self, answer: str, by: str = "user", reason: str | None = None,
-               values: dict[str, Any] | None = None) -> "Card":
+               values: dict[str, Any] | None = None, *, digest: str | None = None, expires_in: Any = None,
+               expires_at: Any = None) -> "Card":
         """Answer this card (``once``, ``always`` or ``refuse`` — only those on offer).
 
         A server's question (``mcp:<server>/elicitation/create``, ``request`` set) is
@@ -391,7 +417,10 @@ class Card:
 
         Answering again with the answer it already has changes nothing and returns
         the card (a click and a cell that both say ``once``); another answer is a
-        ``Conflict`` that says who answered what, and when."""
+        ``Conflict`` that says who answered what, and when.
+
+        ``digest``: the card's digest as shown (another is ``STALE_APPROVAL``); ``expires_in``
+        (seconds) or ``expires_at`` (ISO 8601): when the approval ends (``governance/approvals.py``)."""
         if self._runtime is None:
             raise RuntimeError("card is not attached to a runtime")
         if self.answer_value is not None:
@@ -400,10 +429,12 @@ class Card:
             from apollia_nb.errors import Conflict
 
             raise Conflict(f"already answered {self.answer_value} by {self.answered_by} at {self.answered_at}")
+        terms: dict[str, Any] = {k: v for k, v in (("digest", digest), ("expires_in", expires_in),
+                                                   ("expires_at", expires_at)) if v is not None}
         if values is not None:
-            self._runtime.answer(self.id, answer, by=by, reason=reason, values=values)
+            self._runtime.answer(self.id, answer, by=by, reason=reason, values=values, **terms)
         else:
-            self._runtime.answer(self.id, answer, by=by, reason=reason)
+            self._runtime.answer(self.id, answer, by=by, reason=reason, **terms)
         return self
 
     def _resolve(self, answer: str, by: str, at: str) -> None:
@@ -443,6 +474,9 @@ class Card:
             "answer": self.answer_value,
             "answered_by": self.answered_by,
             "answered_at": self.answered_at,
+            "digest": self.digest,
+            "may_answer": self.may_answer,
+            "expires_at": self.expires_at,
         }
 
     def __repr__(self) -> str:

@@ -237,16 +237,23 @@ class Session:
         self.r["pending_plan"] = None
         self.r["approved_plan"] = plan
         self.r["plan_approved"] = True
-        self._journal("plan", {"session_id": self.id, "approved": True, "steps": plan, "edited": steps is not None})
+        self._journal("plan", {"session_id": self.id, "approved": True, "steps": plan, "edited": steps is not None,
+                               **_plan_answerer(), "digest": self._plan_digest(plan)})
         self._append({"role": "user", "content": "Approved plan:\n" + "\n".join(f"{i + 1}. {s}" for i, s in enumerate(plan))})
         return self._start("(approved plan)", planning=False)
 
     def reject_plan(self, reason: str = "") -> None:
-        self._plan_to_answer()
+        shown = self._plan_to_answer()
         self.r["pending_plan"] = None
-        self._journal("plan", {"session_id": self.id, "approved": False, "reason": reason})
+        self._journal("plan", {"session_id": self.id, "approved": False, "reason": reason, **_plan_answerer(),
+                               "digest": self._plan_digest(shown)})
         self._append({"role": "user", "content": f"Plan rejected: {reason}" if reason else "Plan rejected."})
         self._save()
+
+    def _plan_digest(self, steps: list[str]) -> str:
+        from apollia_nb.governance.approvals import plan_digest
+
+        return plan_digest(task_id=self.id, run_id=self.r["run_id"], agent=self.agent.name, steps=steps)
 
     def _plan_to_answer(self) -> list[str]:
         self._check_open()
@@ -543,3 +550,12 @@ class Sessions:
 
     def _after_answer(self, card: "Card") -> None:
         """Cards in chat are awaited in place; nothing to resume."""
+
+
+def _plan_answerer() -> dict[str, Any]:
+    """Who answers a plan, for its ``plan`` entry: the REST request's person (``by``, ``by_role``, ``auth``),
+    else ``user`` (a kernel)."""
+    from apollia_nb.governance.acting import ACTING
+
+    actor = ACTING.get()
+    return {"by": actor[0], "by_role": actor[1], "auth": actor[2]} if actor is not None else {"by": "user"}

@@ -39,6 +39,7 @@ import dataclasses
 import json
 import os
 import posixpath
+import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
@@ -386,9 +387,21 @@ async def continue_after_answer(
     if card.answer_value == "refuse":
         why = f"refused by {card.answered_by}"
         return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, decision)
+    unbound = _unbound(rt, card)
     tooldef = agent.tools.get(card.tool)
     arguments = card.call_arguments
-    shown = ShownCall(card.arguments, shown_call(tooldef, arguments, known_secrets(rt, agent)).secrets)
+    recomputed = shown_call(tooldef, arguments, known_secrets(rt, agent))
+    if unbound is None and arguments is not card.arguments and recomputed.arguments != card.arguments:
+        unbound = ("changed", "the call's arguments are not those its approval was given for")
+    if unbound is not None:
+        why, words = unbound
+        void = ("approval_refused", {"call_id": card.call_id, "decision_id": card.id, "why": why, "reason": words,
+                                     "answered_by": card.answered_by, "digest": card.digest,
+                                     **({"expires_at": card.expires_at} if card.expires_at else {})})
+        return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, words, decision,
+                              prefix=[void])
+    card.used = True
+    shown = ShownCall(card.arguments, recomputed.secrets)
     if arguments is card.arguments and _has_redaction(arguments):
         # Opened by a process that has ended: the clear value was kept nowhere, the call cannot be made.
         return await lost_call(rt, agent, run_id=card.run_id, call_id=card.call_id, name=card.tool,
@@ -412,6 +425,23 @@ async def continue_after_answer(
             return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, again)
     return await run_approved_call(rt, agent, run_id=card.run_id, call_id=card.call_id, name=card.tool,
                                    arguments=arguments, decision=decision, shown=shown)
+
+
+def _unbound(rt: Any, card: "Card") -> tuple[str, str] | None:
+    """Why an approval no longer carries out its card's call, as ``(used|expired|stale, words)``, or None:
+    it does. It is used once; it holds until its ``expires_at``; and it was given for what the card
+    shows (its ``digest``)."""
+    from apollia_nb.governance.approvals import expired
+
+    if card.used:
+        return "used", f"the approval given by {card.answered_by} was used already, for call {card.call_id}"
+    clock = getattr(rt, "clock", None)
+    if card.expires_at is not None and expired(clock() if clock is not None else time.time(), card.expires_at):
+        return "expired", f"the approval given by {card.answered_by} expired at {card.expires_at}"
+    if card.approved_digest is not None and card.approved_digest != card.digest:
+        return "stale", (f"the approval given by {card.answered_by} was for {card.approved_digest}, and the card "
+                         f"now shows {card.digest}")
+    return None
 
 
 async def lost_call(rt: "GovernedHost", agent: "Agent", *, run_id: str, call_id: str, name: str,

@@ -1254,9 +1254,11 @@ class RemoteGovernance:
         return _pending(self._call("GET", f"/internal/pending-decisions/{quote(decision_id, safe='')}",
                                    what="the decision cannot be read"))
 
-    def record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None) -> dict[str, Any]:
-        """Answer through the server's ``Runtime.answer`` (validated, journaled, stored, ``always`` applied)."""
-        body: dict[str, Any] = {"id": decision_id, "answer": answer, "by": by}
+    def record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None,
+                      **terms: Any) -> dict[str, Any]:
+        """Answer through the server's ``Runtime.answer`` (validated, journaled, stored, ``always`` applied).
+        ``terms``: ``digest``, ``expires_in``, ``expires_at`` (``governance/approvals.py``)."""
+        body: dict[str, Any] = {"id": decision_id, "answer": answer, "by": by, **terms}
         if reason is not None:
             body["reason"] = reason
         return self._call("POST", "/pending-decisions/decide", json=body, what="the answer cannot be recorded")

@@ -38,10 +38,12 @@ from apollia_nb.errors import (
     BadInput,
     Conflict,
     Expired,
+    Forbidden,
     GovernanceUnreadable,
     HomeLocked,
     Interrupted,
     OutcomeUnknown,
+    StaleApproval,
     StorageError,
     UnknownAgent,
     UnknownDecision,
@@ -99,6 +101,19 @@ class _Ask(NamedTuple):
     reason: str | None
     values: dict[str, Any] | None
     actor: tuple[str, str, str] | None = None  # (by, role, auth) of the REST request that gave it (``ACTING``)
+    digest: str | None = None  # the digest of the card as its answerer saw it (``governance/approvals.py``)
+    expires_in: Any = None  # the approval's lifetime in seconds, or
+    expires_at: Any = None  # its end (ISO 8601)
+
+
+def local_person() -> str:
+    """Who acts where no token says so (a kernel, the CLI owning a home): the operating system's user."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name to read: one name for every such answer
+        return "owner"
 
 
 class _Finished:
@@ -170,11 +185,12 @@ class TaskHandle:
     def awaiting_plan_approval(self) -> bool:
         return self._run.r.awaiting_plan_approval
 
-    def approve_plan(self, steps: list[str] | None = None) -> None:
-        self._rt.approve_plan(self.id, steps)
+    def approve_plan(self, steps: list[str] | None = None, *, by: str | None = None,
+                     digest: str | None = None) -> None:
+        self._rt.approve_plan(self.id, steps, by=by, digest=digest)
 
-    def reject_plan(self, reason: str) -> None:
-        self._rt.reject_plan(self.id, reason)
+    def reject_plan(self, reason: str, *, by: str | None = None) -> None:
+        self._rt.reject_plan(self.id, reason, by=by)
 
     def to_dict(self) -> dict[str, Any]:
         return task_json(self._run.r)
@@ -262,6 +278,9 @@ class Runtime:
         #: Answers journaled that governance.db did not store (a storage fault between the two), by decision:
         #: the journal is the record, so answering one again stores it and never journals a second answer.
         self._unstored_answers: dict[str, dict[str, Any]] = {}
+        #: Approvals given so far to decisions that need several people (``approvers``), by decision: each
+        #: ``{"by", ...}`` as journaled (``approval``); a restart reads them back from the journal.
+        self._approvals: dict[str, list[dict[str, Any]]] = {}
         # Answers are recorded one group at a time (``_record_answers``), from the loop or from a thread.
         self._answers_lock = threading.RLock()
         self._asks: list[tuple[_Ask, asyncio.Future[dict[str, Any]]]] = []  # ``answer_async``: not yet taken
@@ -854,6 +873,8 @@ class Runtime:
             ceiling=max_steps or the_agent.manifest.max_steps, watched=watched, grants=grant_list,
             approve_plan=approve_plan, warnings=warnings, created_at=self.now_iso(),
         )
+        actor = ACTING.get()
+        record.started_by = actor[0] if actor is not None else local_person()
         recorded = self.records.save_task(record.to_json(), record.created_at, acknowledged=True)
         run = TaskRun(self, the_agent, record)
         self._runs[task_id] = run
@@ -993,15 +1014,18 @@ class Runtime:
             self._retire(run)
         return handle
 
-    def approve_plan(self, task_id: str, steps: list[str] | None = None) -> None:
+    def approve_plan(self, task_id: str, steps: list[str] | None = None, *, by: str | None = None,
+                     digest: str | None = None) -> None:
+        """Approve a task's plan (``steps``: edited). Journaled with who approved and the plan's digest;
+        ``digest``: the plan's as shown to them (another is ``STALE_APPROVAL``)."""
         run = self._plan_run(task_id)
         if steps is not None and (not isinstance(steps, list) or not all(isinstance(s, str) and s for s in steps)):
             raise BadInput("edited steps must be a non-empty list of strings")
-        self._answer_plan(run, "approve", None, steps)
+        self._answer_plan(run, "approve", None, steps, by=by, digest=digest)
 
-    def reject_plan(self, task_id: str, reason: str) -> None:
+    def reject_plan(self, task_id: str, reason: str, *, by: str | None = None) -> None:
         run = self._plan_run(task_id)
-        self._answer_plan(run, "reject", reason or "no reason given", None)
+        self._answer_plan(run, "reject", reason or "no reason given", None, by=by)
 
     def _plan_run(self, task_id: str) -> TaskRun:
         run = self.task(task_id)._run
@@ -1009,8 +1033,9 @@ class Runtime:
             raise Conflict(f"task {task_id} is not waiting for plan approval")
         return run
 
-    def _answer_plan(self, run: TaskRun, verdict: str, reason: str | None, steps: list[str] | None) -> None:
-        run.answer_plan(verdict, reason, steps)  # journaled: a restart takes it if the run does not
+    def _answer_plan(self, run: TaskRun, verdict: str, reason: str | None, steps: list[str] | None, *,
+                     by: str | None = None, digest: str | None = None) -> None:
+        run.answer_plan(verdict, reason, steps, by=by, digest=digest)  # journaled: a restart takes it if the run does not
         if not _is_running(run):
             faults.point("answer.before_resume")
             self._spawn(run)
@@ -1059,15 +1084,55 @@ class Runtime:
         out = []
         for p in self.governance.pending():
             card = self._cards.get(p.id)
-            out.append({**p.to_dict(), "hints": card.hints if card is not None else None})
+            out.append({**p.to_dict(), "hints": card.hints if card is not None else None,
+                        "may_answer": self.may_answer(p)})
         return out
 
+    # ------------------------------------------------------------------ who may approve (governance/approvals.py)
+    def _requirement(self, tool: str, family: Any) -> Any:
+        """What the organisation policy requires of approvals of a call (``[approvals]``). A policy
+        that cannot be read requires what cannot be given: nobody approves (fail closed)."""
+        from apollia_nb.governance.approvals import Requirement, requirement
+
+        view = self.governance.view()
+        if not view.readable:
+            raise GovernanceUnreadable(f"governance cannot be read, so nobody may approve a call: "
+                                       f"{view.unreadable_reason or 'unreadable'}")
+        if view.policy is None:
+            return Requirement()
+        return requirement(view.policy.approvals, tool, getattr(family, "value", family))
+
+    def started_by(self, task_id: str | None) -> str | None:
+        """Who started the task or session ``task_id`` (None: not known here)."""
+        run = self._runs.get(task_id or "") or self._finished.get(task_id or "")
+        if run is not None:
+            return run.r.started_by
+        session = getattr(self, "_sessions", {}).get(task_id or "") if task_id else None
+        return getattr(session, "started_by", None) if session is not None else None
+
+    def may_answer(self, decision: Any) -> dict[str, Any] | None:
+        """Who may answer a waiting decision (a card or a pending decision); None when governance cannot
+        be read (nobody may approve then)."""
+        from apollia_nb.governance.approvals import may_answer
+
+        try:
+            req = self._requirement(decision.tool, decision.family)
+        except GovernanceUnreadable:
+            return None
+        task_id = getattr(decision, "task_id", None) or getattr(decision, "session_id", None)
+        return may_answer(req, started_by=self.started_by(task_id) or (local_person() if req.four_eyes else None),
+                          approved_by=[a["by"] for a in self._approvals.get(decision.id, [])])
+
     def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
-               values: dict[str, Any] | None = None) -> dict[str, Any]:
+               values: dict[str, Any] | None = None, digest: str | None = None, expires_in: Any = None,
+               expires_at: Any = None) -> dict[str, Any]:
         """Answer a waiting decision: validated, journaled, applied once; the run resumes.
 
-        ``values``: a server's question (elicitation) answered ``once`` — the form's fields."""
-        answered = self._record_answer(decision_id, answer, by=by, reason=reason, values=values)
+        ``values``: a server's question (elicitation) answered ``once`` — the form's fields.
+        ``digest``: the decision's digest as shown to whoever answers (another: ``STALE_APPROVAL``);
+        ``expires_in`` (seconds) / ``expires_at`` (ISO 8601): when an approval ends."""
+        answered = self._record_answer(decision_id, answer, by=by, reason=reason, values=values, digest=digest,
+                                       expires_in=expires_in, expires_at=expires_at)
         self.deliver_answer(answered, values)
         card = self._cards.get(decision_id)
         return {**answered, "hints": answered.get("hints", card.hints if card is not None else None)}
@@ -1075,8 +1140,14 @@ class Runtime:
     def deliver_answer(self, answered: dict[str, Any], values: dict[str, Any] | None = None) -> None:
         """An answered decision reaches its card when it is this process's: it resolves, its run resumes."""
         card = self._cards.get(answered["id"])
+        if answered.get("status") == "pending":  # one approval of several: the card waits for the others
+            if card is not None:
+                self.events.emit("card", card)
+            return
         if card is not None and card.waiting:
             card.values = values if answered["answer"] == "once" else None
+            card.expires_at = answered.get("expires_at")
+            card.approved_digest = answered.get("digest")
             card._resolve(answered["answer"], answered["answered_by"], answered["answered_at"] or self.now_iso())
             self.events.emit("card", card)
             run = self._runs.get(card.task_id or "")
@@ -1085,7 +1156,8 @@ class Runtime:
                 self._spawn(run)
 
     async def answer_async(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
-                           values: dict[str, Any] | None = None) -> dict[str, Any]:
+                           values: dict[str, Any] | None = None, digest: str | None = None,
+                           expires_in: Any = None, expires_at: Any = None) -> dict[str, Any]:
         """``answer`` for an event loop that serves many people at once (the REST API).
 
         The answer is recorded off the loop, and answers given while a group is being recorded
@@ -1094,9 +1166,11 @@ class Runtime:
         as ``answer`` acknowledges one: once journaled and stored; its run then resumes. Once
         queued, an answer is recorded whatever happens to the request that gave it."""
         if self.mode == "client":
-            return self.answer(decision_id, answer, by=by, reason=reason, values=values)
+            return self.answer(decision_id, answer, by=by, reason=reason, values=values, digest=digest,
+                               expires_in=expires_in, expires_at=expires_at)
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._asks.append((_Ask(decision_id, answer, by, reason, values, ACTING.get()), done))
+        self._asks.append((_Ask(decision_id, answer, by, reason, values, ACTING.get(), digest, expires_in,
+                                expires_at), done))
         if self._asks_idle is None:  # nobody records a group now: this request does, until none is left
             with anyio.CancelScope(shield=True):
                 await self._record_asks()
@@ -1140,13 +1214,17 @@ class Runtime:
                 await idle.wait()
 
     def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None,
-                       values: dict[str, Any] | None = None) -> dict[str, Any]:
+                       values: dict[str, Any] | None = None, digest: str | None = None, expires_in: Any = None,
+                       expires_at: Any = None) -> dict[str, Any]:
         """Validate, journal (before the effect), store, and apply ``always``."""
         if self.mode == "client":  # the server records it, in one step (docs/shared-home.md)
             if values is not None:
                 raise BadAnswer("a server's question is answered in the process that runs its call")
-            return self._remote.governance.record_answer(decision_id, answer, by=by, reason=reason)
-        (result,) = self._record_answers([_Ask(decision_id, answer, by, reason, values, ACTING.get())])
+            terms = {k: v for k, v in (("digest", digest), ("expires_in", expires_in), ("expires_at", expires_at))
+                     if v is not None}
+            return self._remote.governance.record_answer(decision_id, answer, by=by, reason=reason, **terms)
+        (result,) = self._record_answers([_Ask(decision_id, answer, by, reason, values, ACTING.get(), digest,
+                                               expires_in, expires_at)])
         if isinstance(result, BaseException):
             raise result
         return result  # type: ignore[no-any-return]
@@ -1169,6 +1247,7 @@ class Runtime:
             taken: dict[str, dict[str, Any]] = {}
             for i, ask in enumerate(asks):
                 decision_id, answer = ask.decision_id, ask.answer
+                pending = None
                 try:
                     pending = found.get(decision_id)
                     if pending is None:
@@ -1200,12 +1279,18 @@ class Runtime:
                         shown = {"values": card.shown_values(values)} if values is not None else {}
                     elif values is not None:
                         raise BadAnswer(f"values answer a server's question; {decision_id} asks about {pending.tool}")
+                    terms = self._approval_terms(ask, pending)
+                    if terms.get("status") == "pending":  # one approval of several: journaled, the card waits
+                        results[i] = terms
+                        continue
                 except Exception as exc:  # noqa: BLE001 - this answer's error; the others go on
+                    if pending is not None and isinstance(exc, (Conflict, Forbidden)):
+                        exc = self._refused_answer(ask, pending, exc)
                     results[i] = exc
                     continue
                 payload = {"call_id": pending.call_id, "decision_id": decision_id, "answer": answer,
                            "answered_by": ask.by, **({"reason": ask.reason} if ask.reason else {}), **shown,
-                           **({"by_role": ask.actor[1], "auth": ask.actor[2]} if ask.actor else {})}
+                           **({"by_role": ask.actor[1], "auth": ask.actor[2]} if ask.actor else {}), **terms}
                 new.append((i, pending, payload))
                 taken[decision_id] = payload
             if new:
@@ -1246,6 +1331,7 @@ class Runtime:
                 results[i] = unknown
                 continue
             self._unstored_answers.pop(pending.id, None)
+            self._approvals.pop(pending.id, None)
             done.append((i, pending, payload, answered))
         if not done:
             return
@@ -1259,9 +1345,68 @@ class Runtime:
                         self._apply_always(pending, by=payload["answered_by"])
                     finally:
                         ACTING.reset(actor)
-                results[i] = answered.to_dict()
+                results[i] = {**answered.to_dict(), **{k: payload[k] for k in ("expires_at", "approved_by")
+                                                        if k in payload}}
             except Exception as exc:  # noqa: BLE001 - stored; its consent or rule is not
                 results[i] = exc
+
+    def _approval_terms(self, ask: "_Ask", pending: Any) -> dict[str, Any]:
+        """What binds an answer to the action (``governance/approvals.py``): the ``digest`` of the card as
+        shown (an answer naming another is ``STALE_APPROVAL``), the approval's end (``expires_at``), and
+        who approved when the policy asks for four eyes or several approvers: ``FORBIDDEN`` for the run's
+        starter or a second approval by one person. An approval short of the number needed is journaled
+        (``approval``) and returned as the decision still ``pending``; the last one answers it."""
+        from apollia_nb.governance.approvals import APPROVING, expiry, may_answer, refusal
+
+        digest = pending.digest
+        if ask.digest is not None and ask.digest != digest:
+            raise StaleApproval(f"decision {pending.id} shows the digest {digest}, not {ask.digest}: what was "
+                                "answered is not what it asks now; read it again before answering")
+        terms: dict[str, Any] = {"digest": digest}
+        if ask.answer not in APPROVING:
+            if ask.expires_in is not None or ask.expires_at is not None:
+                raise BadInput("a refusal does not expire: expires_in and expires_at go with once or always")
+            return terms
+        ends = expiry(self.clock(), expires_in=ask.expires_in, expires_at=ask.expires_at)
+        if ends is not None:
+            terms["expires_at"] = ends
+        req = self._requirement(pending.tool, pending.family)
+        if req.plain:
+            return terms
+        who = ask.actor[0] if ask.actor is not None else local_person()
+        started = self.started_by(pending.task_id) or local_person()
+        earlier = self._approvals.get(pending.id, [])
+        why = refusal(req, started_by=started, by=who, approved_by=[a["by"] for a in earlier])
+        if why is not None:
+            raise Forbidden(why)
+        approval = {"by": who, "answer": ask.answer, **terms,
+                    **({"by_role": ask.actor[1], "auth": ask.actor[2]} if ask.actor else {})}
+        approved_by = [*(a["by"] for a in earlier), who]
+        if len(approved_by) < req.approvers:
+            self.journal.append("approval", {"call_id": pending.call_id, "decision_id": pending.id, **approval,
+                                             "approved_by": approved_by, "needed": req.approvers},
+                                run_id=pending.run_id, agent=pending.agent)
+            self._approvals.setdefault(pending.id, []).append(approval)
+            return {**pending.to_dict(), "may_answer": may_answer(req, started_by=started, approved_by=approved_by)}
+        if req.approvers > 1:
+            terms["approved_by"] = approved_by
+            ends_all = [e for e in (*(a.get("expires_at") for a in earlier), ends) if e is not None]
+            if ends_all:  # the approval holds while every approver's does
+                terms["expires_at"] = min(ends_all)
+        return terms
+
+    def _refused_answer(self, ask: "_Ask", pending: Any, exc: ApolliaError) -> ApolliaError:
+        """Journal an answer refused (``answer_refused``: who, with what, why) and return its error. When
+        the journal refuses the entry the answer is refused all the same."""
+        payload = {"call_id": pending.call_id, "decision_id": pending.id, "answer": ask.answer, "by": ask.by,
+                   **({"by_role": ask.actor[1], "auth": ask.actor[2], "person": ask.actor[0]} if ask.actor else {}),
+                   "code": exc.code, "reason": exc.message, "digest": pending.digest,
+                   **({"given_digest": ask.digest} if ask.digest is not None else {})}
+        try:
+            self.journal.append("answer_refused", payload, run_id=pending.run_id, agent=pending.agent)
+        except Exception as journal_error:  # noqa: BLE001 - refused either way
+            exc.__context__ = journal_error
+        return exc
 
     def _apply_always(self, pending: Any, *, by: str) -> None:
         """``always``: the allow rule for a simple command (line 4), else the standing consent. Idempotent."""
@@ -1353,7 +1498,7 @@ class Runtime:
                 except GovernanceUnreadable:
                     state = "unreadable"
         trace = self.journal.entries(run_id=record.run_id, kinds=[
-            "run_open", "model_response", "plan", "answer", "tool_call", "tool_result", "run_seal"])
+            "run_open", "model_response", "plan", "answer", "approval", "tool_call", "tool_result", "run_seal"])
         payloads = [(e.kind, _payload(e)) for e in trace]
         if state == "pending":
             journaled = [p for k, p in payloads if k == "answer" and p.get("decision_id") == awaiting]
@@ -1378,7 +1523,17 @@ class Runtime:
         agent = run.agent
         if action in ("park", "resume"):
             if decision is not None:
-                self._cards[decision.id] = self._restored_card(decision, record, agent)
+                card = self._cards[decision.id] = self._restored_card(decision, record, agent)
+                answers = [p for k, p in payloads if k == "answer" and p.get("decision_id") == decision.id]
+                if answers and card.answer_value is not None:  # the approval's terms, as journaled
+                    card.expires_at = answers[-1].get("expires_at")
+                    card.approved_digest = answers[-1].get("digest")
+                elif card.answer_value is None:  # approvals given so far, of several needed
+                    approvals = [{k: v for k, v in p.items() if k not in ("call_id", "decision_id", "approved_by",
+                                                                          "needed")}
+                                 for k, p in payloads if k == "approval" and p.get("decision_id") == decision.id]
+                    if approvals:
+                        self._approvals[decision.id] = approvals
             elif action == "resume" and plan_answer is not None:
                 run.plan_answer_from(plan_answer)
             if action == "resume" and decision is not None and decision.answer is not None \

@@ -130,7 +130,7 @@ class Budget:
 _KEYS = ("id", "run_id", "agent", "goal", "status", "error", "result", "warnings", "watched", "grants",
          "approve_plan", "budget", "phase", "plan", "steps", "step_index", "attempt", "feedback", "messages",
          "queued_calls", "awaiting", "plan_decision", "verdict", "created_at", "updated_at")
-_OPTIONAL = ("model_state", "turns", "progress")
+_OPTIONAL = ("model_state", "turns", "progress", "started_by")
 
 
 @dataclass(eq=False)
@@ -171,6 +171,9 @@ class TaskRecord:
     model_state: Any = None  # a scripted model's place in its script (a resumed run continues it)
     turns: int = 0  # model turns taken (the engine's call ids count them)
     progress: dict[str, Any] | None = None  # the last progress a long-running call reported
+    #: Who started the run: the person of the REST request that submitted it, else the local owner.
+    #: Four eyes (``governance/approvals.py``) keeps them from approving its calls.
+    started_by: str | None = None
     #: Cards of questions asked during a call still in flight (a server's question, its model call):
     #: shown as waiting, never saved — a restart must find the run as it was, running.
     asking: set[str] = field(default_factory=set)
@@ -250,6 +253,8 @@ class TaskRecord:
             out["turns"] = self.turns
         if self.progress is not None:
             out["progress"] = self.progress
+        if self.started_by is not None:
+            out["started_by"] = self.started_by
         return out
 
     @classmethod
@@ -275,6 +280,7 @@ class TaskRecord:
                 created_at=str(data["created_at"]), updated_at=str(data["updated_at"]),
                 model_state=data.get("model_state"), turns=int(data.get("turns") or 0),
                 progress=data.get("progress"),
+                started_by=str(data["started_by"]) if data.get("started_by") is not None else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError, InvalidTransition) as exc:
             what = data.get("id") if isinstance(data, Mapping) else None
@@ -297,6 +303,12 @@ def as_record(record: "TaskRecord | Mapping[str, Any]") -> TaskRecord:
     return record if isinstance(record, TaskRecord) else TaskRecord.from_json(record)
 
 
+def _plan_digest(r: TaskRecord) -> str:
+    from apollia_nb.governance.approvals import plan_digest
+
+    return plan_digest(task_id=r.id, run_id=r.run_id, agent=r.agent, steps=r.plan)
+
+
 def task_json(record: "TaskRecord | Mapping[str, Any]") -> dict[str, Any]:
     """The task as the REST API and the SDK show it."""
     r = as_record(record)
@@ -306,6 +318,8 @@ def task_json(record: "TaskRecord | Mapping[str, Any]") -> dict[str, Any]:
         "budget": r.budget.to_json(), "result": r.result, "warnings": list(r.warnings),
         "plan": list(r.plan), "verdict": r.verdict,
         "awaiting_plan_approval": r.awaiting_plan_approval,
+        "plan_digest": _plan_digest(r) if r.awaiting_plan_approval else None,
+        "started_by": r.started_by,
         "progress": r.progress,
         "created_at": r.created_at, "updated_at": r.updated_at,
     }
@@ -602,17 +616,46 @@ class TaskRun:
         self.r.move_phase(TaskPhase.EXECUTE)
         self._save()
 
-    def answer_plan(self, verdict: str, reason: str | None = None, steps: list[str] | None = None) -> None:
+    @property
+    def plan_digest(self) -> str:
+        """The digest of the plan as shown for approval (``governance/approvals.py``)."""
+        from apollia_nb.governance.approvals import plan_digest
+
+        return plan_digest(task_id=self.id, run_id=self.r.run_id, agent=self.agent.name, steps=self.r.plan)
+
+    def answer_plan(self, verdict: str, reason: str | None = None, steps: list[str] | None = None, *,
+                    by: str | None = None, digest: str | None = None) -> None:
         """Take the answer to the plan: journaled (durable when this returns, so a restart finds it),
-        then the run is woken. A second answer before the run took the first is a ``Conflict``."""
-        from apollia_nb.errors import Conflict
+        then the run is woken. A second answer before the run took the first is a ``Conflict``; an
+        answer naming the digest of another plan than the one shown is ``STALE_APPROVAL``.
+
+        The entry names who answered (``by``, and ``by_role``/``auth`` over REST) and ``digest``: the
+        digest of the steps that run (those shown, or the edited ones), and ``shown_digest`` of those
+        shown when they were edited."""
+        from apollia_nb.errors import Conflict, StaleApproval
+        from apollia_nb.governance.acting import ACTING
+        from apollia_nb.governance.approvals import plan_digest
 
         if self.plan_answer is not None:
             raise Conflict(f"the plan of task {self.id} was already answered")
+        shown = self.plan_digest
+        if digest is not None and digest != shown:
+            raise StaleApproval(f"the plan of task {self.id} shown now has the digest {shown}, not {digest}: "
+                                "read it again before answering")
+        actor = ACTING.get()
+        who: dict[str, Any] = {"by": by if by is not None else actor[0] if actor else "user"}
+        if actor is not None:
+            who.update(by_role=actor[1], auth=actor[2])
         if verdict == "reject":
-            payload: dict[str, Any] = {"task_id": self.id, "approved": False, "reason": reason}
+            payload: dict[str, Any] = {"task_id": self.id, "approved": False, "reason": reason, **who,
+                                       "digest": shown}
         else:
-            payload = {"task_id": self.id, "approved": True, "steps": list(steps or self.r.plan)}
+            run = list(steps or self.r.plan)
+            payload = {"task_id": self.id, "approved": True, "steps": run, **who,
+                       "digest": plan_digest(task_id=self.id, run_id=self.r.run_id, agent=self.agent.name,
+                                             steps=run)}
+            if run != self.r.plan:
+                payload["shown_digest"] = shown
         self.rt.journal.append("plan", payload, run_id=self.r.run_id, agent=self.agent.name)
         self.plan_answer = (verdict, reason, steps)
         self._plan_event.set()

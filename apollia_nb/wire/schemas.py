@@ -178,6 +178,10 @@ class Task(_Out):
     plan: list[str] = []
     verdict: Verdict | None = None
     awaiting_plan_approval: bool = False
+    plan_digest: str | None = Field(None, description="while the plan awaits approval: the digest of the plan as "
+                                                      "shown, what an approval names (`digest`)")
+    started_by: str | None = Field(None, description="who started the run (four eyes keeps them from approving "
+                                                     "its calls)")
     progress: dict[str, Any] | None = Field(
         None, description="the progress the tool call in flight last reported (an MCP server's progress "
                           "notifications, a long-running call's status): `{\"call_id\", \"tool\", \"progress\", "
