@@ -18,6 +18,7 @@ Messages are for people and may change; codes may not.
     ├── OriginNotAllowed              ORIGIN_NOT_ALLOWED: a browser Origin that is not allowed (403)
     ├── Unauthorized                  UNAUTHORIZED: a missing or wrong bearer token (401)
     ├── Forbidden                     FORBIDDEN: a person's token without the role a route needs (403; names the role)
+    ├── HubUnreachable                HUB_UNREACHABLE: the JupyterHub that vouches for tokens did not answer (503)
     ├── MethodNotAllowed              METHOD_NOT_ALLOWED: the route exists, the method does not (405)
     ├── NotFound                      NOT_FOUND
     │   ├── UnknownAgent              UNKNOWN_AGENT
@@ -88,6 +89,7 @@ __all__ = [
     "OriginNotAllowed",
     "Unauthorized",
     "Forbidden",
+    "HubUnreachable",
     "MethodNotAllowed",
     "NotFound",
     "UnknownAgent",
@@ -216,6 +218,11 @@ class Unauthorized(ApolliaError):
 class Forbidden(ApolliaError):
     code = "FORBIDDEN"
     http_status = 403
+
+
+class HubUnreachable(ApolliaError):
+    code = "HUB_UNREACHABLE"
+    http_status = 503
 
 
 class MethodNotAllowed(ApolliaError):

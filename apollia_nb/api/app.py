@@ -154,7 +154,7 @@ async def _idempotency_for(request: Request) -> tuple[Idempotency, bytes] | None
         scope = state.token
     else:
         identity = await identity_of(request, credentials)
-        if identity is None:
+        if identity is None or not identity.roles:  # no role: the route refuses it, and replays nothing
             return None
         scope = b"person\0" + str(identity.name).encode("utf-8")
     records = state.runtime.records

@@ -143,7 +143,9 @@ async def identity_of(request: Request, credentials: HTTPAuthorizationCredential
 
     A person's token is looked up by its SHA-256 in ``governance.db`` on every request, so a revoked or
     rotated token stops working on the next one; a ``governance.db`` that cannot be read authenticates
-    nobody but the owner."""
+    nobody but the owner. Any other token, on a home served with a JupyterHub (``app.state.hub``,
+    :mod:`apollia_nb.api.hub`), is the hub user's who holds it, with the roles of the person of that name
+    (none when there is no such person)."""
     from apollia_nb.errors import ApolliaError
     from apollia_nb.governance.people import OWNER, People
 
@@ -156,7 +158,17 @@ async def identity_of(request: Request, credentials: HTTPAuthorizationCredential
     if store is None:
         return None
     try:
-        return await anyio.to_thread.run_sync(People(store).identify, credentials.credentials)
+        person = await anyio.to_thread.run_sync(People(store).identify, credentials.credentials)
+    except ApolliaError:
+        return None
+    hub = getattr(request.app.state, "hub", None)
+    if person is not None or hub is None:
+        return person
+    user = await hub.identify(credentials.credentials)  # HUB_UNREACHABLE, or FORBIDDEN for a token not for us
+    if user is None:
+        return None
+    try:  # the hub vouches for the name; the roles are the home's (none for a name that is no person here)
+        return await anyio.to_thread.run_sync(People(store).by_name, user.name, "hub")
     except ApolliaError:
         return None
 
@@ -172,8 +184,8 @@ def check_role(request: Request, identity: Any) -> None:
     request.state.identity = identity
     ACTING.set((identity.name, identity.role, identity.via))
     if role is not None and not identity.has(role):
-        raise Forbidden(f"{request.method} {API_PREFIX}{template} needs the role {role!r}; "
-                        f"{identity.name} has {', '.join(sorted(identity.roles))}")
+        held = f"has {', '.join(sorted(identity.roles))}" if identity.roles else "has no role on this home"
+        raise Forbidden(f"{request.method} {API_PREFIX}{template} needs the role {role!r}; {identity.name} {held}")
 
 
 def acting(request: Request, by: str | None, default: str = "api") -> str:

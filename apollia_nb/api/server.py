@@ -121,14 +121,19 @@ async def serve(
     log_level: str = "warning",
     runtime_options: dict[str, Any] | None = None,
     stop: asyncio.Event | None = None,
+    hub: str | None = None,
+    hub_service: str | None = None,
 ) -> None:
     """Open the home's runtime, serve the API until a signal (or ``stop``), then close everything.
 
     Requests are served for the loopback names, the bound address (when it is
     one address, not ``0.0.0.0`` or ``::``) and ``allowed_hosts``; browser
-    pages only from the server's own origin and ``cors_origins``.
+    pages only from the server's own origin and ``cors_origins``. ``hub`` (a JupyterHub's API URL, else
+    ``$JUPYTERHUB_API_URL`` when run as a hub service) lets hub users in by their hub tokens, as the
+    people of the home of the same names (:mod:`apollia_nb.api.hub`).
     """
     from apollia_nb.api.app import create_app
+    from apollia_nb.api.hub import hub_from
     from apollia_nb.runtime import Runtime
 
     if not is_loopback(host) and not allow_remote:
@@ -137,12 +142,14 @@ async def serve(
         raise BadInput(f"port must be 0..65535, not {port!r}")
     the_home = home if isinstance(home, Home) else Home.at(home)
     the_token = resolve_token(token)
+    the_hub = hub_from(hub, hub_service)
     rt = await Runtime.open(the_home, **(runtime_options or {}))
     server_json = the_home.server_json
     try:
         hosts = (*allowed_hosts, *(() if host in ("0.0.0.0", "::", "") else (host,)))
         app = create_app(rt, token=the_token, cors_origins=cors_origins, allowed_hosts=hosts,
                          max_body_bytes=max_body_bytes)
+        app.state.hub = the_hub
         _answer_damage(app, the_home)
 
         def listening(real_port: int) -> None:
@@ -176,6 +183,8 @@ async def serve(
             await rt.aclose()
         finally:
             _remove_if_ours(server_json)
+            if the_hub is not None:
+                await the_hub.aclose()
 
 
 def _answer_damage(app: Any, home: Home) -> None:

@@ -7,7 +7,6 @@ The package's ``__init__`` assembles the groups; the groups (and the served comm
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 
 __all__ = ["emit", "who"]
@@ -22,10 +21,10 @@ def emit(args: argparse.Namespace, data: object, text: str) -> None:
 
 
 def who(args: argparse.Namespace) -> str:
-    """The person a change is recorded as made by: ``--by``, else the login name, else ``cli``."""
+    """The person a change is recorded as made by: ``--by``, else the JupyterHub user (in a hub's terminal),
+    else the login name, else ``cli``."""
+    from apollia_nb.governance.people import login_name
+
     if getattr(args, "by", None):
         return str(args.by)
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # pragma: no cover - no user name in the environment
-        return "cli"
+    return login_name("cli")

@@ -34,6 +34,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser calls from this origin (repeatable; default: no CORS)")
     p.add_argument("--max-body-bytes", type=int, default=1_000_000, help="largest request body (default 1000000)")
+    p.add_argument("--hub", default=None, metavar="URL",
+                   help="also let JupyterHub users in: check a token that is not the owner's nor a person's at "
+                        "this hub API (e.g. http://127.0.0.1:8081/hub/api); the hub user is the person of the "
+                        "same name (default: $JUPYTERHUB_API_URL when run as a JupyterHub service, else none)")
+    p.add_argument("--hub-service", default=None, metavar="NAME",
+                   help="the JupyterHub service name whose access scope a hub token needs "
+                        "(default: $JUPYTERHUB_SERVICE_NAME, else apollia)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(handler=_serve)
 
@@ -58,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     run(args.home, host=args.host, port=args.port, token=args.token, allow_remote=args.allow_remote,
         allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors_origin), max_body_bytes=args.max_body_bytes, on_listening=told,
-        log_level=args.log_level)
+        log_level=args.log_level, hub=args.hub, hub_service=args.hub_service)
     if listened:
         print(f"apollia-os serve: stopped; {left_for_next_start(args.home)}", file=sys.stderr)
     return 0

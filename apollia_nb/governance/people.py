@@ -37,7 +37,8 @@ from apollia_nb.governance.store import GovernanceStore, _Change, _iso, _naive, 
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["ROLES", "ROLE_WORDS", "Identity", "OWNER", "People", "Person", "hash_token", "validate_roles"]
+__all__ = ["ROLES", "ROLE_WORDS", "Identity", "OWNER", "People", "Person", "hash_token", "login_name",
+           "validate_roles"]
 
 #: Every role, in the order the docs list them.
 ROLES: tuple[str, ...] = ("runner", "approver", "rules", "auditor", "admin")
@@ -59,7 +60,9 @@ _PEOPLE = """CREATE TABLE IF NOT EXISTS people (
 
 @dataclass(frozen=True)
 class Identity:
-    """Who a request is: a person by their token, or the home's owner (``via`` ``token`` / ``owner``)."""
+    """Who a request is: a person by their token, by their JupyterHub token, or the home's owner
+    (``via`` ``token`` / ``hub`` / ``owner``). An identity may hold no role at all (a hub user who is no
+    person of the home): every route that needs a role refuses it."""
 
     name: str
     roles: frozenset[str]
@@ -95,6 +98,22 @@ class Person:
         return {"name": self.name, "roles": list(self.roles), "created_by": self.created_by,
                 "created_at": _iso(self.created_at), "rotated_at": _iso(self.rotated_at),
                 "revoked_at": _iso(self.revoked_at), "revoked": self.revoked_at is not None}
+
+
+def login_name(fallback: str) -> str:
+    """Who works in this process, as the journal names them: the JupyterHub user in a process a hub
+    started (``$JUPYTERHUB_USER``, set by its spawner for the single-user server, its kernels and
+    terminals), else the login name, else ``fallback``."""
+    import getpass
+    import os
+
+    hub_user = os.environ.get("JUPYTERHUB_USER", "").strip()
+    if hub_user:
+        return hub_user
+    try:
+        return getpass.getuser() or fallback
+    except Exception:  # no login name in this environment
+        return fallback
 
 
 def hash_token(token: str) -> str:
@@ -167,6 +186,24 @@ class People:
             return Identity(found[0], frozenset(roles), "token") if roles else None
 
         return self.store._read(work, None)
+
+    def by_name(self, name: str, via: str) -> Identity:
+        """The person named ``name`` as vouched for elsewhere (``via``, e.g. ``hub``): their roles, or no role
+        at all when there is no such person, they are revoked, their row cannot be read, or ``name`` could not
+        be a person's name (fail closed: a name alone never grants a role)."""
+        nobody = Identity(name, frozenset(), via)
+        if not isinstance(name, str) or not _NAME.fullmatch(name) or name == OWNER.name:
+            return nobody
+
+        def work(con: "duckdb.DuckDBPyConnection") -> Identity:
+            if not self._has_table(con):
+                return nobody
+            row = con.execute("SELECT roles, revoked_at FROM people WHERE name = ?", [name]).fetchone()
+            if row is None or row[1] is not None:
+                return nobody
+            return Identity(name, frozenset(json_roles(row[0])), via)
+
+        return self.store._read(work, nobody)
 
     def add(self, name: str, roles: Sequence[str], *, by: Identity) -> tuple[Person, str]:
         """Add a person; returns them and their token (shown once, never stored)."""

@@ -322,13 +322,10 @@ class KernelRuntime:
 
 
 def login_name() -> str:
-    """Who answers from this kernel, as the CLI names them."""
-    import getpass
+    """Who answers from this kernel, as the CLI names them (the JupyterHub user in a hub's kernel)."""
+    from apollia_nb.governance.people import login_name as named
 
-    try:
-        return getpass.getuser()
-    except Exception:  # no login name in this environment
-        return "user"
+    return named("user")
 
 
 def _quietly(fn: Callable[..., None], *args: Any) -> None:

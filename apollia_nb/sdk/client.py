@@ -51,7 +51,7 @@ from apollia_nb.sdk.batches import Routes as _BatchRoutes
 from apollia_nb.sdk.batches import batch_request
 from apollia_nb.serverinfo import read_server_json
 from apollia_nb.wire import schemas as s
-from apollia_nb.wire.http import Event, Session, SSEDecoder, raise_for_error
+from apollia_nb.wire.http import Event, Session, SSEDecoder, person_token, raise_for_error
 from apollia_nb.wire.http import Req as _Req
 from apollia_nb.wire.http import Retry as _Retry
 from apollia_nb.wire.http import Routes as _Routes
@@ -99,7 +99,10 @@ def _settled(task: s.Task, until: Until) -> bool:
 
 
 class Client(Session):
-    """The REST API, synchronously. ``with Client(url, token) as api: api.tasks()``."""
+    """The REST API, synchronously. ``with Client(url, token) as api: api.tasks()``.
+
+    Without ``token``: ``$APOLLIA_TOKEN``, else ``$JUPYTERHUB_API_TOKEN`` (in a JupyterHub user's server,
+    so a home served with that hub sees the hub user)."""
 
     @classmethod
     def from_home(cls, home: str | Path | None = None, **kwargs: Any) -> "Client":
@@ -294,9 +297,10 @@ class Client(Session):
 class AsyncClient:
     """The REST API for asyncio code: the same methods as ``Client``, awaited; events with ``async for``."""
 
-    def __init__(self, base_url: str, token: str, *, timeout: float | None = 30.0,
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float | None = 30.0,
                  transport: httpx.AsyncBaseTransport | None = None, retries: int = 3, backoff: float = 0.25,
                  retry_for: float | None = 60.0) -> None:
+        token = person_token(token)
         self.base_url = _base(base_url)
         self.timeout = timeout
         self._retry = _Retry(retries, backoff, retry_for)

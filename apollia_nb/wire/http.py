@@ -24,7 +24,7 @@ from apollia_nb.errors import ApolliaError, error_for_code
 from apollia_nb.wire import schemas as s
 
 __all__ = ["API_PREFIX", "KEY_HEADER", "Event", "Req", "Retry", "Routes", "SSEDecoder", "Session", "api_base",
-           "post", "q", "raise_for_error", "stream_timeout"]
+           "person_token", "post", "q", "raise_for_error", "stream_timeout"]
 
 API_PREFIX = "/api/v1"
 KEY_HEADER = "Idempotency-Key"
@@ -283,12 +283,28 @@ def stream_timeout(timeout: float | None) -> httpx.Timeout:
     return httpx.Timeout(timeout, read=None)
 
 
+def person_token(token: str | None) -> str:
+    """The token a client sends: ``token``, else ``$APOLLIA_TOKEN`` (a person's own), else
+    ``$JUPYTERHUB_API_TOKEN`` (in a server, kernel or terminal a JupyterHub started: a home served with a
+    hub asks the hub whose it is)."""
+    import os
+
+    found = token or os.environ.get("APOLLIA_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN")
+    if not found:
+        from apollia_nb.errors import BadInput
+
+        raise BadInput("no token to send: pass one, set $APOLLIA_TOKEN, or use Client.from_home() on the "
+                       "server's own machine")
+    return found
+
+
 class Session:
     """A connection to the server's REST API that sends described requests (``Routes``)."""
 
-    def __init__(self, base_url: str, token: str, *, timeout: float | None = 30.0,
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float | None = 30.0,
                  transport: httpx.BaseTransport | None = None, retries: int = 3, backoff: float = 0.25,
                  retry_for: float | None = 60.0) -> None:
+        token = person_token(token)
         self.base_url = api_base(base_url)
         self.timeout = timeout
         self._retry = Retry(retries, backoff, retry_for)
