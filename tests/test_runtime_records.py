@@ -111,19 +111,26 @@ def _rows(home, query: str) -> list[tuple]:
 
 
 def _counting_runs(records: RuntimeRecords, monkeypatch) -> tuple[list[float], threading.Event]:
-    """Every write the writer commits, as the moment it ran (``time.monotonic``); the event is set at each."""
+    """Every row write the writer commits, as the moment it ran (``time.monotonic``; rows written by one
+    statement count one each); the event is set at each."""
     import time
 
     ran: list[float] = []
     each = threading.Event()
-    real = records._run
+    real, real_rows = records._run, records._rows_now
+    together: list[int] = []
+
+    def rows_now(rows) -> None:
+        real_rows(rows)
+        together.append(len(rows))
 
     def counted(run) -> None:
         real(run)
-        ran.append(time.monotonic())
+        ran.extend([time.monotonic()] * (together.pop() if together else 1))
         each.set()
 
     monkeypatch.setattr(records, "_run", counted)
+    monkeypatch.setattr(records, "_rows_now", rows_now)
     return ran, each
 
 
