@@ -95,6 +95,7 @@ class GovernedHost(Answering, Protocol):
     def open_card(self, *, agent: "Agent", run_id: str, call_id: str, tool: str, family: str | None,
                    arguments: dict[str, Any], decision: Any, task_id: str | None, session_id: str | None,
                    hints: dict[str, Any] | None, request: str | None = None) -> Any: ...
+    async def open_card_async(self, **call: Any) -> Any: ...
 
 
 class RunHost(GovernedHost, Protocol):

@@ -286,7 +286,7 @@ async def governed_call(
                                        checked=True, shown=shown)
     await commit_entries(rt, run_id, agent, [*prefix, decided])
 
-    card = rt.open_card(
+    card = await rt.open_card_async(
         agent=agent, run_id=run_id, call_id=call_id, tool=name, family=family, arguments=shown.arguments,
         decision=decision, task_id=task_id, session_id=session_id,
         hints=tooldef.annotations or None,
@@ -602,9 +602,9 @@ async def governed_request(
         return call_id, decision, None
     run, session_id = run_of(rt, scope.run_id)
     task_id = getattr(run, "id", None) if session_id is None else None
-    card = rt.open_card(agent=agent, run_id=scope.run_id, call_id=call_id, tool=tool,
-                         family=fam.value if fam else None, arguments=arguments, decision=decision,
-                         task_id=task_id, session_id=session_id, hints=hints, request=request)
+    card = await rt.open_card_async(agent=agent, run_id=scope.run_id, call_id=call_id, tool=tool,
+                                     family=fam.value if fam else None, arguments=arguments, decision=decision,
+                                     task_id=task_id, session_id=session_id, hints=hints, request=request)
     shown = _show_waiting(run, card)
     try:
         from apollia_nb.runtime.cards import CHAT_CARD_TIMEOUT_SECS

@@ -1043,12 +1043,12 @@ class Runtime:
     # ------------------------------------------------------------------ cards and pending decisions
     def open_card(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
                    arguments: dict[str, Any], decision: Any, task_id: str | None, session_id: str | None,
-                   hints: dict[str, Any] | None, request: str | None = None) -> Card:
-        pending = self.governance.add_pending(
-            run_id=run_id, task_id=task_id or session_id, agent=agent.name, tool=tool, family=family,
-            arguments=arguments, answers=[a.value for a in decision.answers], reason=decision.reason,
-            line=decision.line, call_id=call_id,
-        )
+                   hints: dict[str, Any] | None, request: str | None = None, stored: Any = None) -> Card:
+        """List a call as waiting for a person (its pending decision stored in governance.db) and show its
+        card. ``stored``: the pending decision, stored already (``open_card_async``)."""
+        pending = stored if stored is not None else self._store_pending(
+            agent=agent, run_id=run_id, call_id=call_id, tool=tool, family=family, arguments=arguments,
+            decision=decision, task_id=task_id, session_id=session_id)
         card = Card(
             id=pending.id, run_id=run_id, agent=agent.name, tool=tool, family=family, arguments=arguments,
             answers=tuple(a.value for a in decision.answers), reason=decision.reason, line=decision.line,
@@ -1058,6 +1058,27 @@ class Runtime:
         self._cards[card.id] = card
         self.events.emit("card", card)
         return card
+
+    async def open_card_async(self, **call: Any) -> Card:
+        """``open_card`` for an event loop that serves many at once (a task's or a chat's call that asks):
+        the pending decision is stored in governance.db by a worker thread while the loop goes on; the
+        card is shown once it is stored, as ``open_card`` shows it, and never without it (a store that
+        fails raises here, and the call is not made). A client's runtime asks its server (``open_card``)."""
+        if self.mode == "client":
+            return self.open_card(**call)
+        with anyio.CancelScope(shield=True):  # once stored, its card is shown: nothing waits unlisted
+            stored = await anyio.to_thread.run_sync(lambda: self._store_pending(**call))
+        return self.open_card(**call, stored=stored)
+
+    def _store_pending(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
+                       arguments: dict[str, Any], decision: Any, task_id: str | None, session_id: str | None,
+                       **_shown: Any) -> Any:
+        """The call's pending decision, stored in governance.db (``GovernanceStore.add_pending``)."""
+        return self.governance.add_pending(
+            run_id=run_id, task_id=task_id or session_id, agent=agent.name, tool=tool, family=family,
+            arguments=arguments, answers=[a.value for a in decision.answers], reason=decision.reason,
+            line=decision.line, call_id=call_id,
+        )
 
     def open_decision(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
                       arguments: dict[str, Any], decision: Any) -> Card:

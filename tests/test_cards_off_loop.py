@@ -1,0 +1,84 @@
+"""A task's call that asks stores its pending decision in governance.db off the event loop: the loop
+serves everything else meanwhile, the card is shown only once the decision is stored, and a store
+that fails leaves the call unmade (fail closed)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import anyio
+import pytest
+
+from apollia_nb.errors import GovernanceUnreadable
+from apollia_nb.runtime import Runtime
+from runtime_helpers import call, manifest
+
+pytestmark = pytest.mark.anyio
+
+WRITER = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="b")]}, {"text": "Done."}])
+READER = manifest("reader", actor=[{"text": "Read."}])
+
+
+def _holding(rt: Runtime) -> tuple[threading.Event, threading.Event]:
+    """governance.db's ``add_pending`` held (in whatever thread calls it) until the second event is set."""
+    entered, release = threading.Event(), threading.Event()
+    real = rt.governance.add_pending
+
+    def held(**fields):
+        entered.set()
+        release.wait(5)  # without the fix, this is the event loop: nothing else runs until it gives up
+        return real(**fields)
+
+    rt.governance.add_pending = held  # type: ignore[method-assign]
+    return entered, release
+
+
+async def test_the_loop_runs_other_tasks_while_a_pending_decision_is_stored(home, tmp_path) -> None:
+    async with Runtime(home) as rt:
+        await rt.register_agent(WRITER)
+        await rt.register_agent(READER)
+        entered, release = _holding(rt)
+        writer = await rt.submit("clerk", "Write a.txt", watched=False)
+        with anyio.fail_after(30):
+            assert await anyio.to_thread.run_sync(entered.wait, 10)
+        try:
+            # The decision is being stored: another task runs to its end on the same loop meanwhile,
+            # and the writer's card is not shown before its decision is stored.
+            with anyio.fail_after(4):
+                other = await rt.submit("reader", "Read", watched=False)
+                await other.wait()
+            assert other.status == "completed"
+            assert rt.pending == [] and writer.status == "running"
+        finally:
+            release.set()
+        with anyio.fail_after(30):
+            await writer.settled()
+        assert writer.status == "waiting"
+        (card,) = rt.pending
+        assert [p["id"] for p in rt.pending_decisions()] == [card.id]
+        assert card.task_id == writer.id
+        rt.answer(card.id, "once", by="ops")
+        with anyio.fail_after(30):
+            await writer.wait()
+        assert writer.status == "completed"
+
+
+async def test_a_pending_decision_governance_db_does_not_store_leaves_the_call_unmade(home) -> None:
+    async with Runtime(home) as rt:
+        await rt.register_agent(WRITER)
+
+        def refused(**fields):
+            raise GovernanceUnreadable("governance.db cannot be written: held by a test")
+
+        rt.governance.add_pending = refused  # type: ignore[method-assign]
+        writer = await rt.submit("clerk", "Write a.txt", watched=False)
+        with anyio.fail_after(30):
+            await writer.wait()
+        assert writer.status == "failed" and writer.error["code"] == "GOVERNANCE_UNREADABLE"
+        assert rt.pending == [] and rt.pending_decisions() == []
+        kinds = [e.kind for e in rt.journal.entries(run_id=writer.run_id)]
+        assert "decision" in kinds and "tool_call" not in kinds and "answer" not in kinds
+        assert kinds[-1] == "run_seal"
+        results = [json.loads(e.payload) for e in rt.journal.entries(run_id=writer.run_id, kinds=["tool_result"])]
+        assert [r["tool"] for r in results] == ["write_file"] and results[0]["status"] != "ok"
