@@ -487,3 +487,21 @@ def test_which_hub_a_served_home_asks():
             hub_from(bad, None, {})
     with pytest.raises(BadInput):
         HubCheck("http://127.0.0.1:8081/hub/api", service="")
+
+
+def test_a_kernel_a_hub_started_journals_its_hub_user_on_the_home_it_owns(home, monkeypatch):
+    from IPython.testing import globalipapp
+
+    from apollia_nb.notebook.extension import unload_ipython_extension
+
+    monkeypatch.setenv("JUPYTERHUB_USER", "ann")  # what the hub's spawner sets for ann's server and kernels
+    monkeypatch.setenv("USER", "root")
+    globalipapp.start_ipython()
+    shell = globalipapp.get_ipython()
+    try:
+        shell.run_line_magic("load_ext", "apollia_nb")
+        shell.run_line_magic("apollia", "devmode on")
+    finally:
+        unload_ipython_extension(shell)
+        shell.extension_manager.loaded.discard("apollia_nb")
+    assert [b for b, *_ in who_changed_devmode(home.path)] == ["ann"]
