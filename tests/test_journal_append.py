@@ -56,7 +56,7 @@ def test_appends_are_contiguous_and_chained(home):
 
 def test_timestamps_are_utc_text_with_microseconds_exactly_as_hashed(home):
     t0 = datetime(2026, 11, 29, 12, 34, 56, 120000, tzinfo=timezone(timedelta(hours=2)))
-    with Journal.open(home, clock=lambda: t0) as journal:
+    with Journal.open(home, clock=lambda: t0, entry_format="1") as journal:
         entry = journal.append("plan", {"steps": []})
     assert entry.ts == "2026-11-29T10:34:56.120000Z"
     assert entry.hash == entry_hash(1, entry.ts, None, None, "plan", entry.payload, GENESIS_HASH)
@@ -67,7 +67,7 @@ def test_payload_is_stored_as_the_exact_canonical_bytes(home):
     expected = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False).encode()
     assert canonical_json(payload) == expected
-    with Journal.open(home) as journal:
+    with Journal.open(home, entry_format="1") as journal:  # format 2 stores salts beside the fields
         entry = journal.append("tool_call", payload, run_id="r", agent="a")
         assert entry.payload == expected
         assert entry.data() == payload

@@ -24,7 +24,7 @@ KINDS = ["run_open", "decision", "answer", "tool_call", "tool_result", "model_re
 def base(tmp_path_factory) -> tuple[Home, str]:
     """A closed journal of N entries and the checkpoint note exported from it."""
     home = Home.at(tmp_path_factory.mktemp("base") / "home")
-    with Journal.open(home) as journal:
+    with Journal.open(home, entry_format="1") as journal:  # payloads hashed whole, as the helpers below hash them
         for start in range(0, N, 100):
             journal.append_many(
                 Draft(

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from apollia_nb.cli import main
+from apollia_nb.journal import Journal
 from apollia_nb.journal.entry import entry_hash
 from apollia_nb.runtime import Runtime
 from runtime_helpers import call, manifest
@@ -154,6 +155,7 @@ def _check_newer(event: dict[str, Any]) -> None:
 
 
 async def _filled(home: Any) -> str:
+    Journal.open(home, entry_format="1").close()  # payloads hashed whole, as the verifier below hashes them
     async with Runtime(home) as rt:
         rt.governance.add_rule("write_file", "deny", prefix="secrets/", by="test")
         await rt.register_agent(manifest(actor=[

@@ -31,7 +31,7 @@ from apollia_nb.journal.checkpoint import (
     parse_checkpoint,
     parse_note,
 )
-from apollia_nb.journal.entry import GENESIS_HASH, canonical_payload, entry_hash
+from apollia_nb.journal.entry import GENESIS_HASH, canonical_payload, readable_payload, stored_entry_hash
 from apollia_nb.journal.keys import load_or_create
 from apollia_nb.journal.merkle import consistency_proof, leaf_hash, root
 from apollia_nb.journal.witness import (
@@ -198,8 +198,8 @@ def _rewrite(home: Home, seq: int) -> None:
         for s, ts, run_id, agent, kind, payload, digest in rows:
             payload = bytes(payload)
             if s == seq:
-                payload = canonical_payload({**json.loads(payload), "rewritten": True})
-            h = entry_hash(s, ts, run_id, agent, kind, payload, prev)
+                payload = canonical_payload({**readable_payload(payload), "rewritten": True})
+            h = stored_entry_hash(s, ts, run_id, agent, kind, payload, prev)  # salted payloads: format 2
             if s >= seq:
                 con.execute("UPDATE entries SET payload = ?, prev_hash = ?, hash = ?, signature = ? WHERE seq = ?",
                             [payload, prev, h, key.sign(h), s])

@@ -8,6 +8,8 @@ failure, printing the first bad sequence number and what was wrong. ``verify
 --bundle`` first checks the files a bundle's README tells the auditor to run or read
 (``BUNDLE_FILE_ALTERED`` naming the file, exit 1); ``views`` prints the bundle views
 from this install, so that querying a bundle runs nothing the bundle brought.
+``erase`` owns the home (it must not be in use) and removes payload fields from the journal
+and every copy of them (``runtime.erasure``), recording a signed ``erasure`` entry first.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ EXIT_INTEGRITY = 1
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add ``audit verify|oversight|verifier-key|views|consistency|checkpoint|prove|replay|export``."""
+    """Add ``audit verify|oversight|verifier-key|views|consistency|checkpoint|prove|replay|export|erase``."""
     audit = sub.add_parser("audit", help="verify, checkpoint, prove, replay and export the journal")
     asub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
 
@@ -135,6 +137,24 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="export a journal that does not verify, marked invalid in meta.json (else: refused, exit 1)")
     p.add_argument("dir", type=Path, metavar="DIR")
     p.set_defaults(handler=_export)
+
+    p = asub.add_parser("erase", parents=[common],
+                        help="erase payload fields from the journal and its copies, recording a signed erasure entry",
+                        description="Append a signed `erasure` entry naming what goes (seq and field, who, why; never "
+                        "the value), then remove those fields' values and salts from journal.db and journal.log, "
+                        "their copies from runtime.db's records, and rewrite every database file of the home from "
+                        "its live rows. The entries' hashes, signatures, checkpoints and cosignatures stay valid "
+                        "(the journal's format 2 commits to salted fields); `audit verify` then counts the fields "
+                        "erased. The home must not be in use (HOME_LOCKED). A journal of format 1 is BAD_INPUT: it "
+                        "hashes payloads whole. Exit 0. JSON: erasure_seq, erased, fields, runtime_rows, scrubbed.")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--seq", type=int, default=None, metavar="N", help="the entry whose fields go")
+    what.add_argument("--subject", default=None, metavar="ID",
+                      help="every field tagged with this data subject, across runs")
+    p.add_argument("--field", default=None, metavar="PATH",
+                   help="with --seq: only this payload field (e.g. output of a tool_result; default: every field)")
+    p.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded in the erasure entry)")
+    p.set_defaults(handler=_erase)
 
 
 @contextmanager
@@ -423,6 +443,26 @@ def _prove(args: argparse.Namespace) -> int:
         proof.checkpoint.rstrip("\n"),
     ]
     emit(args, proof_document(proof, entry), "\n".join(lines))
+    return 0
+
+
+def _erase(args: argparse.Namespace) -> int:
+    from apollia_nb.cli.backend import _home
+    from apollia_nb.errors import BadInput
+    from apollia_nb.runtime.erasure import erase_home
+
+    if args.field is not None and args.seq is None:
+        raise BadInput("--field names a field of the entry --seq names")
+    if args.subject is not None:
+        raise BadInput("--subject: no tool of this install tags data subjects yet; erase by --seq N [--field PATH]")
+    import getpass
+
+    result = erase_home(_home(args), seq=args.seq, field_path=args.field, reason=args.reason,
+                        by=f"owner ({getpass.getuser()})")
+    data = result.to_dict()
+    names = "; ".join(f"entry {e['seq']}: {', '.join(e['fields'])}" for e in data["erased"]) or "nothing left to remove"
+    emit(args, data, f"erasure recorded as entry {result.seq}; erased {data['fields']} field(s) ({names}); "
+                     f"{result.runtime_rows} runtime record(s) changed; {len(result.scrubbed)} file(s) rewritten")
     return 0
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from apollia_nb.errors import BadInput, IntegrityError
 from apollia_nb.journal.checkpoint import Checkpoint, NoteVerifier, open_checkpoint
-from apollia_nb.journal.entry import Entry, entry_bytes
+from apollia_nb.journal.entry import Entry, stored_entry_bytes
 from apollia_nb.journal.merkle import leaf_hash, root, verify_consistency
 
 __all__ = [
@@ -195,7 +195,8 @@ def _cp_dict(cp: Checkpoint, note: str | None) -> dict[str, Any]:
 
 def hashed_bytes(entry: Entry) -> bytes:
     """The exact bytes whose SHA-256 is the entry hash (``docs/journal.md``, "Entry hash")."""
-    return entry_bytes(entry.seq, entry.ts, entry.run_id, entry.agent, entry.kind, entry.payload, entry.prev_hash)
+    return stored_entry_bytes(entry.seq, entry.ts, entry.run_id, entry.agent, entry.kind, entry.payload,
+                              entry.prev_hash)
 
 
 def stored_entry(entry: Entry) -> dict[str, Any]:

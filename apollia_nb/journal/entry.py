@@ -22,6 +22,21 @@ Entry hash (``ENTRY_HASH_DOMAIN`` version 1)
     hash (32 zero bytes for seq 1). ``signature`` is Ed25519 over the 32-byte
     ``hash``; ``key_id`` names the signing key (see ``keys.key_id``).
 
+Salted commitments (``ENTRY_HASH_DOMAIN_V2``, journal format 2)
+    A journal of format 2 hashes commitments to its payload's fields instead of
+    the payload. Each top-level key ``k`` of the payload (a *field*) gets a fresh
+    random salt of ``SALT_SIZE`` bytes and the commitment
+    ``c(k) = SHA-256( salt(k) || canonical_json(payload[k]) )``; the *committed
+    bytes* are ``canonical_json({k: hex(c(k)) for every field k})``, and the entry
+    hash is the version 1 formula with ``ENTRY_HASH_DOMAIN_V2`` and the committed
+    bytes in place of ``field(payload)``. The stored ``payload`` (the column and the
+    log record) is the canonical JSON of the present fields plus ``"@salts"``
+    (``{k: hex(salt)}``, one per present field) and, once fields were erased,
+    ``"@erased"`` (``{k: hex(c(k))}``, the commitments of fields whose value and
+    salt are gone). Salts never enter the hashed bytes, so a field's value and
+    salt can be removed and the entry still hashes the same. Top-level keys that
+    start with ``@`` are the format's own; a payload may not use them.
+
 Payload kinds
     The runtime writes the kinds below; the SQL views read the first seven.
     They are typed as ``Literal``-tagged ``TypedDict`` s for readers and tools;
@@ -36,14 +51,30 @@ import re
 import struct
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from collections.abc import Callable
-from typing import Any, Literal, NotRequired, TypedDict
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, NamedTuple, NotRequired, TypedDict
 
 from apollia_nb.errors import BadInput
 
 __all__ = [
     "Entry",
     "ENTRY_HASH_DOMAIN",
+    "ENTRY_HASH_DOMAIN_V2",
+    "SALT_SIZE",
+    "SALTS_KEY",
+    "ERASED_KEY",
+    "Sealed",
+    "seal_payload",
+    "commitment",
+    "open_sealed",
+    "is_sealed",
+    "committed_bytes",
+    "erase_sealed",
+    "readable_payload",
+    "stored_entry_hash",
+    "stored_entry_bytes",
+    "entry_hash_v2",
+    "erased_fields",
     "GENESIS_HASH",
     "HASH_SIZE",
     "SIGNATURE_SIZE",
@@ -72,6 +103,13 @@ HASH_SIZE = 32
 SIGNATURE_SIZE = 64
 GENESIS_HASH = bytes(HASH_SIZE)
 ENTRY_HASH_DOMAIN = b"apollia-nb/journal-entry/v1\n"
+ENTRY_HASH_DOMAIN_V2 = b"apollia-nb/journal-entry/v2\n"
+#: Bytes of one field's salt (format 2).
+SALT_SIZE = 16
+#: The stored payload's own keys (format 2): the present fields' salts, the erased fields' commitments.
+SALTS_KEY = "@salts"
+ERASED_KEY = "@erased"
+_SALTS_MARK = b'"@salts":'
 KIND_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 _sha256 = hashlib.sha256
@@ -204,6 +242,7 @@ KINDS: frozenset[str] = frozenset(
         "plan",
         "verdict",
         "tool_progress",
+        "erasure",
     }
 )
 
@@ -387,6 +426,259 @@ def entry_bytes(
     return b"".join(parts)
 
 
+
+def entry_hash_v2(
+    seq: int,
+    ts: str,
+    run_id: str | None,
+    agent: str | None,
+    kind: str,
+    committed: bytes,
+    prev_hash: bytes,
+) -> bytes:
+    """The format 2 entry hash: the version 1 encoding under ``ENTRY_HASH_DOMAIN_V2``, with the
+    committed bytes (``committed_bytes``) where version 1 has the payload."""
+    t, k = ts.encode("utf-8"), kind.encode("utf-8")
+    r = b"\x00" if run_id is None else _text_field(run_id)
+    a = b"\x00" if agent is None else _text_field(agent)
+    return _sha256(b"".join((
+        ENTRY_HASH_DOMAIN_V2, _U64.pack(seq), b"\x01", _U32.pack(len(t)), t, r, a,
+        b"\x01", _U32.pack(len(k)), k, b"\x01", _U32.pack(len(committed)), committed, prev_hash,
+    ))).digest()
+
+
+# --- salted commitments (format 2) ---------------------------------------------------
+
+
+try:
+    from json.encoder import c_encode_basestring as _c_key  # type: ignore[attr-defined]  # C accelerator
+except ImportError:  # pragma: no cover - a Python without the C accelerator
+    _c_key = None
+_encode_key: Callable[[str], str] = _c_key or (lambda k: json.dumps(k, ensure_ascii=False))
+
+
+def commitment(salt: bytes, value_bytes: bytes) -> bytes:
+    """``SHA-256(salt || canonical_json(value))``: one field's commitment (``value_bytes`` canonical)."""
+    return _sha256(salt + value_bytes).digest()
+
+
+def seal_payload(payload: Any, salts: bytes) -> tuple[bytes, bytes]:
+    """A payload as format 2 stores and hashes it: ``(stored, committed)``.
+
+    ``salts`` holds ``SALT_SIZE`` random bytes per field, taken in sorted key order (the
+    caller draws them: this stays a function of values). ``stored`` is
+    ``canonical_json({**payload, "@salts": {k: hex(salt)}})``, ``committed`` the bytes the
+    entry hash covers. ``BadInput`` for what ``canonical_payload`` refuses, a key starting
+    with ``@``, or salts of the wrong length."""
+    if not isinstance(payload, dict):
+        raise BadInput(f"a journal payload must be a JSON object, not {type(payload).__name__}")
+    if not _plain_json(payload):
+        canonical_json(payload)  # raises BadInput naming what is wrong
+        payload = json.loads(json.dumps(payload, ensure_ascii=False))  # subclasses as plain JSON
+    keys = sorted(payload)
+    if len(salts) != SALT_SIZE * len(keys):
+        raise BadInput(f"{len(keys)} field(s) need {SALT_SIZE * len(keys)} bytes of salt, not {len(salts)}")
+    encode: Callable[[Any], str | bytes] = _encode_canonical or canonical_json
+    parts: list[bytes] = []
+    commits: list[bytes] = []
+    salt_parts: list[bytes] = []
+    offset = 0
+    at = 0
+    try:
+        for key in keys:
+            if key[:1] == "@":
+                raise BadInput(f"payload key {key!r} starts with '@', which the journal keeps for itself")
+            if key < SALTS_KEY:
+                at += 1
+            text = encode(payload[key])
+            value = text.encode("utf-8") if isinstance(text, str) else text
+            salt = salts[offset:offset + SALT_SIZE]
+            offset += SALT_SIZE
+            name = _encode_key(key).encode("utf-8")
+            parts.append(name + b":" + value)
+            commits.append(b'%s:"%s"' % (name, _sha256(salt + value).hexdigest().encode("ascii")))
+            salt_parts.append(b'%s:"%s"' % (name, salt.hex().encode("ascii")))
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:  # NaN/inf, lone surrogates
+        raise BadInput(f"payload is not canonical JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput("payload is nested too deeply") from None
+    # "@" sorts after digits and most punctuation, before letters: the salts go where sort_keys puts them
+    parts.insert(at, b'"@salts":{' + b",".join(salt_parts) + b"}")
+    return b"{" + b",".join(parts) + b"}", b"{" + b",".join(commits) + b"}"
+
+
+class Sealed(NamedTuple):
+    """A format 2 stored payload taken apart: the present fields, their salts, the erased fields' commitments."""
+
+    fields: dict[str, Any]
+    salts: dict[str, bytes]
+    erased: dict[str, str]
+
+
+def is_sealed(stored: bytes) -> bool:
+    """Whether stored payload bytes are a format 2 payload (a JSON object with ``"@salts"``)."""
+    if _SALTS_MARK not in stored:
+        return False
+    try:
+        data = json.loads(stored)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and SALTS_KEY in data
+
+
+def _hex_map(value: Any, size: int, what: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ValueError(f"its {what} are not an object")
+    for key, item in value.items():
+        if not isinstance(item, str) or len(item) != 2 * size:
+            raise ValueError(f"field {key!r}: its {what[:-1]} is not {size} bytes of hex")
+        try:
+            bytes.fromhex(item)
+        except ValueError:
+            raise ValueError(f"field {key!r}: its {what[:-1]} is not {size} bytes of hex") from None
+    return value
+
+
+def open_sealed(stored: bytes | dict[str, Any]) -> Sealed:
+    """Take a format 2 stored payload apart; ``ValueError`` naming the field when it does not hold
+    together (a field without its salt, a salt without its field, a field both present and erased)."""
+    data = json.loads(stored) if not isinstance(stored, dict) else dict(stored)
+    if not isinstance(data, dict) or SALTS_KEY not in data:
+        raise ValueError("it is not a salted payload")
+    salts_hex = _hex_map(data.pop(SALTS_KEY), SALT_SIZE, "salts")
+    erased = _hex_map(data.pop(ERASED_KEY, {}), HASH_SIZE, "commitments")
+    for key in data:
+        if key.startswith("@"):
+            raise ValueError(f"field {key!r} is not a payload field")
+        if key not in salts_hex:
+            raise ValueError(f"field {key!r} has no salt")
+        if key in erased:
+            raise ValueError(f"field {key!r} is both present and erased")
+    for key in salts_hex:
+        if key not in data:
+            raise ValueError(f"field {key!r} has a salt but no value")
+    return Sealed(data, {k: bytes.fromhex(v) for k, v in salts_hex.items()}, erased)
+
+
+def _committed_of_parsed(data: dict[str, Any]) -> bytes | None:
+    """``committed_bytes(open_sealed(data))`` for a parsed stored payload, the way a verifier takes
+    every entry: None when anything is out of the ordinary (``open_sealed`` then says what)."""
+    salts = data.pop(SALTS_KEY)
+    erased = data.pop(ERASED_KEY, None)
+    if type(salts) is not dict or len(salts) != len(data) or (erased is not None and type(erased) is not dict):
+        return None
+    encode = _encode_canonical
+    if encode is None:  # pragma: no cover - a Python without the C accelerator
+        return None
+    commits: dict[str, str] = {}
+    try:
+        for key, value in data.items():
+            salt = salts[key]
+            if type(salt) is not str or len(salt) != 2 * SALT_SIZE:
+                return None
+            commits[key] = _sha256(bytes.fromhex(salt) + encode(value).encode("utf-8")).hexdigest()
+        if erased:
+            for key, digest in erased.items():
+                if key in commits or key[:1] == "@" or type(digest) is not str or len(digest) != 2 * HASH_SIZE:
+                    return None
+                bytes.fromhex(digest)
+                commits[key] = digest
+    except (KeyError, ValueError, TypeError, UnicodeEncodeError, RecursionError):
+        return None
+    for key in data:
+        if key[:1] == "@":
+            return None
+    return encode(commits).encode("utf-8")
+
+
+def committed_bytes(sealed: Sealed) -> bytes:
+    """The bytes a format 2 entry hash covers: every field's commitment, present or erased."""
+    commits = {key: _sha256(sealed.salts[key] + canonical_json(value)).hexdigest()
+               for key, value in sealed.fields.items()}
+    commits.update(sealed.erased)
+    return canonical_json(commits)
+
+
+def erase_sealed(stored: bytes, names: Iterable[str]) -> bytes:
+    """The stored payload with fields ``names`` erased: value and salt gone, commitment kept under
+    ``"@erased"``. Fields erased already stay so; a field the payload never had is ``BadInput``."""
+    try:
+        sealed = open_sealed(stored)
+    except ValueError as exc:
+        raise BadInput(f"the payload cannot be erased from: {exc}") from None
+    fields, salts, erased = dict(sealed.fields), dict(sealed.salts), dict(sealed.erased)
+    for name in names:
+        if name in erased:
+            continue
+        if name not in fields:
+            raise BadInput(f"the payload has no field {name!r}")
+        erased[name] = commitment(salts.pop(name), canonical_json(fields.pop(name))).hex()
+    out: dict[str, Any] = {**fields, SALTS_KEY: {k: v.hex() for k, v in salts.items()}}
+    if erased:
+        out[ERASED_KEY] = erased
+    return canonical_json(out)
+
+
+def readable_payload(stored: bytes) -> dict[str, Any]:
+    """The payload a reader sees: its present fields (a format 2 payload without its own ``@`` keys)."""
+    data = json.loads(stored)
+    if isinstance(data, dict) and SALTS_KEY in data:
+        data.pop(SALTS_KEY, None)
+        data.pop(ERASED_KEY, None)
+    return data
+
+
+def erased_fields(stored: bytes) -> list[str]:
+    """The fields of a stored payload that were erased (sorted; empty for format 1)."""
+    if b'"@erased":' not in stored:
+        return []
+    data = json.loads(stored)
+    erased = data.get(ERASED_KEY) if isinstance(data, dict) and SALTS_KEY in data else None
+    return sorted(erased) if isinstance(erased, dict) else []
+
+
+def stored_entry_bytes(
+    seq: int,
+    ts: str,
+    run_id: str | None,
+    agent: str | None,
+    kind: str,
+    payload: bytes,
+    prev_hash: bytes,
+) -> bytes:
+    """The exact bytes an entry's hash is the SHA-256 of, from its stored columns: for a salted
+    payload (format 2) the v2 encoding of its committed bytes, else ``entry_bytes``."""
+    if is_sealed(payload):
+        committed = committed_bytes(open_sealed(payload))
+        return ENTRY_HASH_DOMAIN_V2 + entry_bytes(seq, ts, run_id, agent, kind, committed, prev_hash)[
+            len(ENTRY_HASH_DOMAIN):]
+    return entry_bytes(seq, ts, run_id, agent, kind, payload, prev_hash)
+
+
+def stored_entry_hash(
+    seq: int,
+    ts: str,
+    run_id: str | None,
+    agent: str | None,
+    kind: str,
+    payload: bytes,
+    prev_hash: bytes,
+) -> bytes:
+    """The hash of an entry as stored: format 2 for a salted payload, version 1 otherwise.
+    ``ValueError`` (naming the field) for a salted payload that does not hold together."""
+    if _SALTS_MARK in payload:
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and SALTS_KEY in data:
+            committed = _committed_of_parsed(dict(data))
+            if committed is None:
+                committed = committed_bytes(open_sealed(data))  # raises naming the field, or gives the same bytes
+            return entry_hash_v2(seq, ts, run_id, agent, kind, committed, prev_hash)
+    return entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
+
+
 # --- the entry ----------------------------------------------------------------------
 
 
@@ -426,13 +718,20 @@ class Entry:
         )  # fmt: skip
 
     def computed_hash(self) -> bytes:
-        return entry_hash(
+        """The hash the entry's columns give (format 2 when its payload is salted); ``ValueError``
+        for a salted payload that does not hold together."""
+        return stored_entry_hash(
             self.seq, self.ts, self.run_id, self.agent, self.kind, self.payload, self.prev_hash
         )
 
     def data(self) -> dict[str, Any]:
-        """The payload as a Python object (parsed from the stored bytes)."""
-        return json.loads(self.payload)
+        """The payload as a Python object: its present fields (a salted payload's salts and
+        erased commitments left out)."""
+        return readable_payload(self.payload)
+
+    def erased(self) -> list[str]:
+        """The payload fields erased from this entry (its value and salt gone)."""
+        return erased_fields(self.payload)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: payload parsed, binary columns as lowercase hex."""

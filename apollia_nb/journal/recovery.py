@@ -59,6 +59,9 @@ __all__ = [
     "TailRecovery",
     "connect_journal",
     "prepare",
+    "journal_format",
+    "FORMATS",
+    "FORMAT_WHOLE_PAYLOAD",
     "load",
     "migrate",
     "migrate_calls",
@@ -73,7 +76,12 @@ __all__ = [
     "stored_rows",
 ]
 
-FORMAT_VERSION = "1"
+#: The entry format of a journal made now: its entries commit to salted payload fields
+#: (``entry.seal_payload``), so a field can be erased and the chain still verifies.
+FORMAT_VERSION = "2"
+#: The format of journals made before: each entry hashes its payload whole. They keep it.
+FORMAT_WHOLE_PAYLOAD = "1"
+FORMATS = (FORMAT_WHOLE_PAYLOAD, FORMAT_VERSION)
 COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id"
 
 SCHEMA = (
@@ -144,8 +152,11 @@ def connect_journal(home: Home) -> duckdb.DuckDBPyConnection:
         raise damaged_file(path, f"it cannot be opened: {first}", home=home.path) from None
 
 
-def prepare(con: duckdb.DuckDBPyConnection) -> str:
-    """Create the schema and views if missing; return the log's origin."""
+def prepare(con: duckdb.DuckDBPyConnection, new_format: str = FORMAT_VERSION) -> str:
+    """Create the schema and views if missing; return the log's origin. A journal made now
+    takes ``new_format`` (``FORMATS``); one made before keeps the format it has."""
+    if new_format not in FORMATS:
+        raise BadInput(f"journal format {new_format!r} is not one of {', '.join(FORMATS)}")
     con.begin()
     try:
         for ddl in SCHEMA:
@@ -155,17 +166,26 @@ def prepare(con: duckdb.DuckDBPyConnection) -> str:
             origin = f"apollia-nb/{os.urandom(8).hex()}"
             con.executemany(
                 "INSERT INTO meta VALUES (?, ?)",
-                [("format", FORMAT_VERSION), ("origin", origin), ("created_at", format_ts(_utcnow()))],
+                [("format", new_format), ("origin", origin), ("created_at", format_ts(_utcnow()))],
             )
-            meta = {"format": FORMAT_VERSION, "origin": origin}
-        if meta["format"] != FORMAT_VERSION:
-            raise IntegrityError(f"journal format {meta['format']!r} is not supported (want {FORMAT_VERSION})")
+            meta = {"format": new_format, "origin": origin}
+        if meta["format"] not in FORMATS:
+            raise IntegrityError(f"journal format {meta['format']!r} is not supported "
+                                 f"(this version reads {' and '.join(FORMATS)})")
         create_views(con)
         con.commit()
     except BaseException:
         con.rollback()
         raise
     return meta["origin"]
+
+
+def journal_format(con: duckdb.DuckDBPyConnection) -> str:
+    """The journal's entry format (``meta.format``, one of ``FORMATS``)."""
+    row = con.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+    if row is None or row[0] not in FORMATS:
+        raise IntegrityError(f"journal format {row[0] if row else None!r} is not supported")
+    return str(row[0])
 
 
 @dataclass

@@ -37,9 +37,10 @@ Reads use their own cursor; every read through the journal first waits for the
 copy of everything committed before it, so it sees every entry an ``append``
 has returned.
 
-Tables (format 1)::
+Tables (the same in both entry formats: '2', salted commitments per payload field, for a journal
+made now; '1', payloads hashed whole, kept by a journal made before — see ``entry.py``)::
 
-    meta(key PRIMARY KEY, value)            -- 'format' = '1', 'origin', 'created_at', 'frontier' = '1', 'calls' = '1',
+    meta(key PRIMARY KEY, value)            -- 'format' = '2' or '1', 'origin', 'created_at', 'frontier' = '1', 'calls' = '1',
                                             -- 'views' (the SQL the views were made from: views.VIEWS_DIGEST)
     entries(seq PRIMARY KEY, ts, run_id, agent, kind, payload BLOB,
             prev_hash BLOB, hash BLOB, signature BLOB, key_id)
@@ -117,12 +118,15 @@ from apollia_nb.journal.checkpoint import (
 )
 from apollia_nb.journal.entry import (
     GENESIS_HASH,
+    SALT_SIZE,
     Entry,
     canonical_payload,
     check_kind,
     check_text,
     entry_hash,
+    entry_hash_v2,
     format_ts,
+    seal_payload,
 )
 from apollia_nb.journal.merkle import (
     MerkleAccumulator,
@@ -160,6 +164,8 @@ from apollia_nb.journal.recovery import (
     COLUMNS,
     ENTRY_LOST,
     FORMAT_VERSION,
+    FORMAT_WHOLE_PAYLOAD,
+    journal_format,
     LOSS_ACTION,
     SCHEMA,
     SEQ_RANGE,
@@ -323,9 +329,10 @@ class ConsistencyProof:
 
 class _Item(NamedTuple):
     kind: str
-    payload: bytes
+    payload: bytes  # as stored
     run_id: str | None
     agent: str | None
+    committed: bytes | None = None  # format 2: the commitments the hash covers (None: the payload)
 
 
 class _Request:
@@ -430,6 +437,10 @@ class Journal:
         self._cursors: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()  # handed out by cursor()
         self._key = key
         self._origin = origin
+        #: the journal's entry format (``recovery.FORMAT_VERSION`` for a home made now); ``sealed``:
+        #: its entries commit to salted payload fields (format 2), so fields can be erased
+        self.format = FORMAT_WHOLE_PAYLOAD
+        self.sealed = False
         self._signer = NoteSigner(origin, key.signing_key)
         self._clock = clock
         # Requests in order, on ``_queue_cond``; whoever holds ``_commit_lock`` (the writer thread, or an
@@ -488,8 +499,13 @@ class Journal:
         create: bool = True,
         clock: Callable[[], datetime] | None = None,
         record_loss: dict[str, Any] | None = None,
+        entry_format: str | None = None,
     ) -> Journal:
         """Open (or create) ``home.journal_db``; keys are created on first use.
+
+        A journal made now has entry format ``recovery.FORMAT_VERSION`` (salted commitments per
+        payload field), or ``entry_format`` when given ("1": payloads hashed whole, as journals
+        made before; for tests and tools that need one); an existing journal keeps its own.
 
         A journal with entries needs the key that signed them
         (``accounting.check_key``: ``HOME_FILE_MISSING``, ``HOME_KEY_MISMATCH``);
@@ -524,12 +540,15 @@ class Journal:
                 # per-statement overhead (measured: 10-20% of an append).
                 con.execute("SET threads = 1")
                 limit_memory(con)  # the cache of a growing journal stays bounded (see dbutil)
-                origin = prepare(con)
+                origin = prepare(con, entry_format or FORMAT_VERSION)
+                entry_format = journal_format(con)
                 key = _accounting.check_key(home, _accounting.last_key_id(con, path))
                 # Every read of this database (the auditor's SQL included) reads the journal and
                 # nothing else: no files, URLs or extensions, no setting changed back.
                 lock_down(con)
                 journal = cls(path, con, key, origin, clock or _utcnow)
+                journal.format = entry_format
+                journal.sealed = entry_format != FORMAT_WHOLE_PAYLOAD
                 journal._recover_tail(load(con, path, rebuild_calls), record_loss)
             except BaseException as exc:
                 if journal is not None and journal._tail is not None:
@@ -646,11 +665,11 @@ class Journal:
         agent: str | None = None,
     ) -> Entry:
         """Append one entry; it is committed when this returns. Thread-safe."""
-        return self._append_here([_item(kind, payload, run_id, agent)])[0]
+        return self._append_here([_item(kind, payload, run_id, agent, self.sealed)])[0]
 
     def append_many(self, drafts: Iterable[Draft | tuple[Any, ...]]) -> list[Entry]:
         """Append entries atomically (consecutive seqs, one transaction); committed on return."""
-        items = [_item(*Draft(*d)) for d in drafts]
+        items = [_item(*Draft(*d), sealed=self.sealed) for d in drafts]
         if not items:
             return []
         return self._append_here(items)
@@ -717,11 +736,11 @@ class Journal:
         Cancelled while still queued, the entry is not written; once the writer
         has taken it, it is committed whatever happens to the awaiting task.
         """
-        entries = await asyncio.wrap_future(self._submit([_item(kind, payload, run_id, agent)]))
+        entries = await asyncio.wrap_future(self._submit([_item(kind, payload, run_id, agent, self.sealed)]))
         return entries[0]
 
     async def append_many_async(self, drafts: Iterable[Draft | tuple[Any, ...]]) -> list[Entry]:
-        items = [_item(*Draft(*d)) for d in drafts]
+        items = [_item(*Draft(*d), sealed=self.sealed) for d in drafts]
         if not items:
             return []
         return await asyncio.wrap_future(self._submit(items))
@@ -745,7 +764,7 @@ class Journal:
         """
         if not run_id:
             raise BadInput("append_soon needs the run the entry belongs to")
-        return self._submit([_item(kind, payload, run_id, agent)], soon=True)
+        return self._submit([_item(kind, payload, run_id, agent, self.sealed)], soon=True)
 
     def _submit(self, items: list[_Item] | None, job: Callable[[], Any] | None = None,
                 soon: bool = False) -> Future[Any]:
@@ -856,14 +875,15 @@ class Journal:
             if request.seal is not None:  # the run's entries before its seal: committed, then in this group
                 fields, sealed, agent = request.seal
                 count = self.run_size(sealed) + sum(row[2] == sealed for row in group.rows) + len(items or ())
-                items = [*(items or ()), _item("run_seal", {**fields, "entries": count}, sealed, agent)]
+                items = [*(items or ()), _item("run_seal", {**fields, "entries": count}, sealed, agent, self.sealed)]
             seq, prev = group.seq, group.prev
             key_id, sign = self._key.key_id, self._key.sign
             ts = format_ts(self._clock())  # the request's moment: its entries are committed together
             entries = []
-            for kind, payload, run_id, agent in items:  # type: ignore[union-attr]
+            for kind, payload, run_id, agent, committed in items:  # type: ignore[union-attr]
                 seq += 1
-                h = entry_hash(seq, ts, run_id, agent, kind, payload, prev)
+                h = (entry_hash(seq, ts, run_id, agent, kind, payload, prev) if committed is None
+                     else entry_hash_v2(seq, ts, run_id, agent, kind, committed, prev))
                 entries.append(Entry(seq, ts, run_id, agent, kind, payload, prev, h, sign(h), key_id))
                 prev = h
             self._core.handle(Sequenced(group.seq + 1, len(entries), not request.soon))
@@ -1331,8 +1351,8 @@ class Journal:
             raise BadInput("seal_async needs the run it ends")
         if "entries" in seal:
             raise BadInput("the seal's entries are counted by the journal")
-        items = [_item(kind, payload, run_id, agent) for kind, payload in before]
-        _item("run_seal", {**seal, "entries": 0}, run_id, agent)  # bad input raises here, not when sequenced
+        items = [_item(kind, payload, run_id, agent, self.sealed) for kind, payload in before]
+        _item("run_seal", {**seal, "entries": 0}, run_id, agent, self.sealed)  # bad input raises here, not when sequenced
         request = _Request(items, seal=(dict(seal), run_id, agent))
         entries = await asyncio.wrap_future(self._enqueue(request))
         assert request.stored is not None
@@ -1645,9 +1665,16 @@ def copy_pieces(rows: list[tuple[Any, ...]], entries: int | None = None,
     return pieces
 
 
-def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: str | None = None) -> _Item:
-    """Validate in the caller's thread, so bad input raises there and nothing is queued."""
+def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: str | None = None,
+          sealed: bool = False) -> _Item:
+    """Validate in the caller's thread, so bad input raises there and nothing is queued. ``sealed``
+    (a format 2 journal): the payload salted, one fresh salt per field, and its commitments."""
     check_kind(kind)
     check_text("run_id", run_id, nullable=True)
     check_text("agent", agent, nullable=True)
+    if sealed:
+        if not isinstance(payload, dict):
+            raise BadInput(f"a journal payload must be a JSON object, not {type(payload).__name__}")
+        stored, committed = seal_payload(payload, os.urandom(SALT_SIZE * len(payload)))
+        return _Item(kind, stored, run_id, agent, committed)
     return _Item(kind, canonical_payload(payload), run_id, agent)

@@ -9,13 +9,17 @@ Checks, for entries in ``seq`` order:
 
 1. ``seq`` runs 1, 2, 3, … with no gap and no duplicate;
 2. ``prev_hash`` is the previous entry's ``hash`` (32 zero bytes for seq 1);
-3. ``hash`` is the SHA-256 of the entry's encoding (``entry.entry_hash``);
+3. ``hash`` is the SHA-256 of the entry's encoding (``entry.entry_hash``; for a salted
+   payload, format 2, ``entry.entry_hash_v2`` over the commitments its present fields'
+   values and salts give, with the commitments of its erased fields);
 4. ``key_id`` names the journal key, and ``signature`` is its valid Ed25519
    signature of ``hash``;
 5. every stored checkpoint and the given external one verifies as a signed note
    under the journal's key and origin, and the first ``size`` entry hashes have
    exactly its Merkle root; a checkpoint larger than the journal means entries
-   were deleted from its end.
+   were deleted from its end;
+6. a field erased from a salted payload (value and salt gone, commitment kept) is named by
+   a later ``erasure`` entry; one that is not was removed behind the journal's back.
 
 The result names the first bad sequence number. Signatures dominate the cost
 (libsodium's Ed25519 verify ≈ 18,000–20,000/s on one core, ed25519-zebra's about
@@ -26,6 +30,7 @@ them in a pool of worker processes while this process checks hashes, links and r
 from __future__ import annotations
 
 import functools
+import json as _json
 import os
 import queue
 import struct
@@ -42,7 +47,17 @@ from apollia_nb.dbutil import MEMORY_LIMIT, limit_memory
 from apollia_nb.errors import BadInput, IntegrityError, NotFound
 from apollia_nb.journal.bundle import BUNDLE_FILES, read_bundle_key, read_bundle_meta
 from apollia_nb.journal.checkpoint import Checkpoint, NoteVerifier, open_checkpoint
-from apollia_nb.journal.entry import GENESIS_HASH, entry_hash
+from apollia_nb.journal.entry import (
+    ERASED_KEY,
+    GENESIS_HASH,
+    SALTS_KEY,
+    canonical_json,
+    committed_bytes,
+    entry_hash,
+    entry_hash_v2,
+    open_sealed,
+)
+from apollia_nb.journal.entry import _committed_of_parsed
 from apollia_nb.journal.merkle import EMPTY_ROOT, MerkleAccumulator, leaf_hash
 
 if TYPE_CHECKING:
@@ -75,6 +90,14 @@ RANGE = 50_000
 STREAM_MEMORY = "8MB"
 
 _COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id"
+_SALTS_MARK = b'"@salts":'
+
+
+def _encode(value: Any) -> bytes:
+    try:
+        return canonical_json(value)
+    except BadInput as exc:
+        raise ValueError(exc.message) from None
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,10 @@ class VerifyReport:
     checked_checkpoints: int
     notes: tuple[str, ...] = ()
     losses: tuple[dict[str, Any], ...] = ()
+    #: payload fields erased (value and salt gone, commitment verified), each named by an ``erasure`` entry
+    erased: int = 0
+    #: the journal's entry format when the reader knows it (``meta.format``): "1" whole payloads, "2" salted
+    format: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -116,6 +143,10 @@ class VerifyReport:
             data["notes"] = list(self.notes)
         if self.losses:  # only when a repair recorded a loss
             data["losses"] = [dict(loss) for loss in self.losses]
+        if self.format is not None:
+            data["format"] = self.format
+        if self.erased:
+            data["erased"] = self.erased
         return data
 
     def summary(self) -> str:
@@ -124,13 +155,22 @@ class VerifyReport:
 
     def _outcome(self) -> str:
         if self.ok:
-            return (
+            text = (
                 f"ok: {self.entries} entries verified (chain, hashes, signatures), "
                 f"{self.checked_checkpoints} checkpoint(s)"
             )
+            if self.format is not None:
+                text += f"; format {self.format} ({_FORMAT_WORDS.get(self.format, 'unknown')})"
+            if self.erased:
+                text += f"; {self.erased} field(s) erased (commitments verified, payloads gone)"
+            return text
         if self.first_bad_seq is None:  # a checkpoint or key failed without pointing at one entry
             return f"FAILED: {self.problem}"
         return f"FAILED at seq {self.first_bad_seq}: {self.problem}"
+
+
+_FORMAT_WORDS = {"1": "payloads hashed whole: nothing can be erased",
+                 "2": "salted commitments per payload field: fields can be erased"}
 
 
 def _loss_text(loss: dict[str, Any]) -> str:
@@ -517,6 +557,43 @@ class _Scan:
     failure: _Failure | None = None
     bad_signature_seqs: list[int] = field(default_factory=list)
     losses: list[dict[str, Any]] = field(default_factory=list)
+    #: fields found erased, by seq; and the (seq, field) pairs ``erasure`` entries name, with the erasure's seq
+    erased: dict[int, list[str]] = field(default_factory=dict)
+    named: dict[tuple[int, str], int] = field(default_factory=dict)
+
+    def hash_of(self, seq: int, ts: Any, run_id: Any, agent: Any, kind: Any, payload: bytes,
+                prev_hash: bytes) -> bytes:
+        """The entry's hash from its columns: format 2 for a salted payload (keeping what it says
+        was erased, and what an ``erasure`` entry names), version 1 otherwise. ``ValueError``
+        naming the field for a salted payload that does not hold together."""
+        if _SALTS_MARK not in payload:
+            return entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
+        data = _json.loads(payload)
+        if type(data) is not dict or SALTS_KEY not in data:
+            return entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
+        if _encode(data) != payload:  # the very bytes it was stored as, or someone changed them
+            raise ValueError("it is not stored as its canonical JSON")
+        gone = data.get(ERASED_KEY)
+        erasure = data.get("erased") if kind == "erasure" else None
+        committed = _committed_of_parsed(dict(data))
+        if committed is None:
+            committed = committed_bytes(open_sealed(data))  # raises naming the field, or gives the same bytes
+        digest = entry_hash_v2(seq, ts, run_id, agent, kind, committed, prev_hash)
+        if gone:
+            self.erased[seq] = list(gone)
+        if erasure is not None:
+            self._named(seq, erasure)
+        return digest
+
+    def _named(self, seq: int, erased: Any) -> None:
+        """Keep what an ``erasure`` entry names (checked against its hash before it counts)."""
+        if not isinstance(erased, list):
+            return
+        for item in erased:
+            if isinstance(item, dict) and type(item.get("seq")) is int and isinstance(item.get("fields"), list):
+                for name in item["fields"]:
+                    if isinstance(name, str) and item["seq"] < seq:
+                        self.named.setdefault((item["seq"], name), seq)
 
     def fail(self, seq: int | None, problem: str) -> None:
         self.failure = _Failure(seq, problem)
@@ -536,7 +613,7 @@ class _Scan:
                 if (type(seq) is int and seq == expected and type(prev_hash) is bytes and prev_hash == prev
                         and type(digest) is bytes and type(payload) is bytes and kid == key_id):
                     try:
-                        computed = entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
+                        computed = self.hash_of(seq, ts, run_id, agent, kind, payload, prev_hash)
                     except Exception:  # noqa: BLE001 - row() checks it again and says what is wrong
                         computed = None
                     if computed == digest:
@@ -580,11 +657,19 @@ class _Scan:
         if prev_hash != self.prev:
             return self.fail(seq, f"entry {seq}: prev_hash does not match the hash of entry {seq - 1}"
                              if seq > 1 else "entry 1: prev_hash is not the genesis value (32 zero bytes)")
-        try:
-            computed = entry_hash(seq, ts, run_id, agent, kind, _as_bytes(payload) if payload is not None else None,  # type: ignore[arg-type]  # None raises TypeError, caught below
-                                  prev_hash)
-        except (TypeError, ValueError, AttributeError, OverflowError):
-            return self.fail(seq, f"entry {seq} has a column of the wrong type")
+        if payload is not None and _SALTS_MARK in _as_bytes(payload):
+            try:
+                computed = self.hash_of(seq, ts, run_id, agent, kind, _as_bytes(payload), prev_hash)
+            except ValueError as exc:
+                return self.fail(seq, f"entry {seq}: its salted payload does not hold together: {exc}")
+            except (TypeError, AttributeError, OverflowError, RecursionError):
+                return self.fail(seq, f"entry {seq} has a column of the wrong type")
+        else:
+            try:
+                computed = entry_hash(seq, ts, run_id, agent, kind, _as_bytes(payload) if payload is not None else None,  # type: ignore[arg-type]  # None raises TypeError, caught below
+                                      prev_hash)
+            except (TypeError, ValueError, AttributeError, OverflowError):
+                return self.fail(seq, f"entry {seq} has a column of the wrong type")
         if computed != digest:
             return self.fail(seq, f"entry {seq}: hash does not match its contents")
         if kid != self.key_id:
@@ -717,6 +802,16 @@ def verify_rows(
 
     if scan.failure is not None:
         failures.append(scan.failure)
+    erased = 0
+    for seq, names in sorted(scan.erased.items()):
+        if scan.failure is not None and scan.failure.seq is not None and seq >= scan.failure.seq:
+            break  # only what verified counts
+        unnamed = [name for name in names if (seq, name) not in scan.named]
+        if unnamed:
+            failures.append(_Failure(seq, f"entry {seq}: field(s) {', '.join(map(repr, sorted(unnamed)))} were "
+                                          "removed without an erasure entry naming them"))
+            break
+        erased += len(names)
     for seq in scan.bad_signature_seqs:
         if isinstance(seq, int):
             failures.append(_Failure(seq, f"entry {seq}: signature does not verify under the journal key"))
@@ -752,8 +847,8 @@ def verify_rows(
     if failures:
         first = min(failures, key=_Failure.key)
         good = scan.count if first.seq is None else min(scan.count, first.seq - 1)
-        return VerifyReport(False, good, first.seq, first.problem, checked, tuple(notes), losses)
-    return VerifyReport(True, scan.count, None, None, checked, tuple(notes), losses)
+        return VerifyReport(False, good, first.seq, first.problem, checked, tuple(notes), losses, erased)
+    return VerifyReport(True, scan.count, None, None, checked, tuple(notes), losses, erased)
 
 
 # --- readers -----------------------------------------------------------------------
@@ -866,10 +961,12 @@ def verify_file(
         except IntegrityError as exc:
             return VerifyReport(False, 0, None, exc.message, 0)
         con.execute("SET threads = 1")  # one reader: this process hashes, its workers check signatures
+        fmt = con.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
         report = _verify_connection(
             con, entries=tail.expression, checkpoints="checkpoints", public_key=public_key,
             origin=row[0], external=external, workers=workers, memory=(STREAM_MEMORY, MEMORY_LIMIT),
         )
+        report = replace(report, format=None if fmt is None else str(fmt[0]))
         if tail.cut is None:
             return report
         if report.ok:  # every entry there verifies, but the log says entries after them are gone
@@ -908,6 +1005,8 @@ def verify_journal(journal: JournalFace, checkpoint: str | None = None, *, worke
         )
     finally:
         cursor.close()
+    fmt = getattr(journal, "format", None)
+    report = replace(report, format=fmt if isinstance(fmt, str) else None)
     refuse = getattr(journal, "refuse_appends", None)
     if not report.ok and checkpoint is None and refuse is not None:
         # Its own entries and stored checkpoints do not verify: it takes no more (fail closed).
@@ -944,7 +1043,9 @@ def verify_bundle(directory: Path, *, external: str | None = None, workers: int 
         )
     finally:
         con.close()
-    return _marked(report, read_bundle_meta(directory).get("invalid"))
+    meta = read_bundle_meta(directory)
+    fmt = meta.get("format")
+    return _marked(replace(report, format=fmt if isinstance(fmt, str) else None), meta.get("invalid"))
 
 
 def _marked(report: VerifyReport, invalid: object) -> VerifyReport:

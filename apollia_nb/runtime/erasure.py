@@ -1,0 +1,190 @@
+"""``apollia-os audit erase``: erase payload fields from a home's journal and every copy of them.
+
+The home must not be in use (the erase owns it: ``OwnerLock``; a running runtime or server
+is ``HOME_LOCKED``). In order, each step safe to repeat:
+
+1. the journal (format 2) is opened and a signed ``erasure`` entry appended naming what goes
+   (``journal.erasure``), then closed: everything is in ``journal.db`` and ``journal.log``
+   is gone;
+2. the values still present of every field an erasure names are looked up, and their text
+   is replaced by ``[erased]`` wherever the runtime's records copy it (``runtime.db``: task,
+   session and batch records, the model state, memory, remembered REST answers);
+3. ``journal.db``'s rows lose those fields (``journal.erasure.apply_erasures``);
+4. every DuckDB file of the home is rewritten from its live rows (``journal.scrub.scrub_home``),
+   so no freed block or old row version keeps the bytes.
+
+A crash anywhere leaves a home that opens and verifies; the next erase finishes what an
+erasure entry names and is still present.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from apollia_nb.errors import BadInput
+from apollia_nb.home import Home, OwnerLock
+
+__all__ = ["Erased", "erase_home", "ERASED_TEXT", "needles_of"]
+
+#: What a copy of an erased value reads in the runtime's records.
+ERASED_TEXT = "[erased]"
+#: Strings shorter than this inside an erased value are not looked for in the records (they
+#: would match unrelated text); the value's whole text always is.
+MIN_NEEDLE = 6
+
+#: ``runtime.db``'s text columns that may hold a copy of a tool's arguments or output.
+_RUNTIME_COLUMNS = (
+    ("tasks", "record"), ("sessions", "record"), ("batches", "record"), ("batch_items", "item"),
+    ("batch_items", "goal"), ("model_state", "state"), ("memory", "value"), ("idempotency", "response"),
+)
+
+
+@dataclass
+class Erased:
+    """What an erase did: its ``erasure`` entry's seq, the fields erased now by seq (an earlier
+    interrupted erase's included), the runtime rows changed, the files rewritten."""
+
+    seq: int
+    erased: dict[int, list[str]]
+    runtime_rows: int = 0
+    scrubbed: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"erasure_seq": self.seq, "erased": [{"seq": s, "fields": f} for s, f in sorted(self.erased.items())],
+                "fields": sum(len(f) for f in self.erased.values()), "runtime_rows": self.runtime_rows,
+                "scrubbed": self.scrubbed}
+
+
+def needles_of(values: Iterable[Any]) -> list[str]:
+    """The texts to look for: each value's canonical JSON (a string: itself) and every string
+    inside it of at least ``MIN_NEEDLE`` characters; longest first."""
+    from apollia_nb.journal.entry import canonical_json
+
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            if len(value) >= MIN_NEEDLE:
+                found.add(value)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(key)
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for value in values:
+        if isinstance(value, str):
+            if value:
+                found.add(value)
+        else:
+            text = canonical_json(value).decode("utf-8")
+            if len(text) >= MIN_NEEDLE:
+                found.add(text)
+        walk(value)
+    return sorted(found, key=lambda s: (-len(s), s))
+
+
+def _forms(needle: str) -> list[str]:
+    """A text as a record may hold it: raw, JSON-escaped (ASCII or not)."""
+    forms = {needle, json.dumps(needle)[1:-1], json.dumps(needle, ensure_ascii=False)[1:-1]}
+    return sorted(forms, key=lambda s: (-len(s), s))
+
+
+def scrub_runtime_records(home: Home, needles: list[str]) -> int:
+    """Replace every copy of ``needles`` in ``runtime.db``'s records by ``ERASED_TEXT``; rows changed."""
+    from apollia_nb.dbutil import connect_locked
+
+    path = home.path / "runtime.db"
+    if not needles or not path.exists():
+        return 0
+    con = connect_locked(path)
+    changed = 0
+    try:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        con.begin()
+        try:
+            for table, column in _RUNTIME_COLUMNS:
+                if table not in tables:
+                    continue
+                rows = con.execute(f'SELECT rowid, "{column}" FROM "{table}"').fetchall()
+                for rowid, text in rows:
+                    if not isinstance(text, str):
+                        continue
+                    new = text
+                    for needle in needles:
+                        for form in _forms(needle):
+                            if form and form in new:
+                                new = new.replace(form, ERASED_TEXT)
+                    if new != text:
+                        con.execute(f'UPDATE "{table}" SET "{column}" = ? WHERE rowid = ?', [new, rowid])
+                        changed += 1
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+    finally:
+        con.close()
+    return changed
+
+
+def _default_scrub(home: Home) -> list[str]:
+    from apollia_nb.journal.scrub import scrub_home
+
+    return [str(getattr(c, "path", c)) for c in scrub_home(home)]
+
+
+def erase_home(home: Home, *, seq: int | None = None, field_path: str | None = None,
+               reason: str, by: str, scrub: Callable[[Home], list[str]] | None = None) -> Erased:
+    """Erase ``field_path`` of entry ``seq`` (or every field of it), as the module docstring says.
+
+    ``BadInput`` for a format 1 journal, an entry of a kind never erased, a field the entry
+    does not have, or no reason; ``NotFound`` for no such entry; ``HOME_LOCKED`` when the home
+    is in use."""
+    from apollia_nb.dbutil import connect_locked
+    from apollia_nb.journal.erasure import (
+        ERASURE_KIND, apply_erasures, erasure_payload, erased_values, named_by, pending, targets_of_entry)
+    from apollia_nb.journal.store import Journal
+
+    if seq is None:
+        raise BadInput("say what to erase: --seq N [--field PATH]")
+    if not isinstance(reason, str) or not reason.strip():
+        raise BadInput("an erasure needs a reason (--reason TEXT)")
+    with OwnerLock(home):
+        with Journal.open(home, create=False) as journal:
+            if not journal.sealed:
+                raise BadInput(
+                    f"the journal in {home.path} is of format {journal.format}: each entry hashes its payload "
+                    "whole, so nothing in it can be erased without breaking the chain (homes made now use "
+                    "format 2, salted commitments per field)")
+            target = targets_of_entry(journal.get(seq), field_path)
+            entry = journal.append(ERASURE_KIND, erasure_payload([target], by=by, reason=reason))
+        con = connect_locked(home.journal_db)
+        try:
+            named = named_by(Entry for Entry in _erasures(con))
+            stored = {s: bytes(p) for s, p in con.execute(
+                "SELECT seq, payload FROM entries WHERE seq IN (SELECT unnest(?))", [sorted(named)]).fetchall()}
+        finally:
+            con.close()
+        todo = pending(named, stored)
+        values = [v for s, fields in todo.items() for v in erased_values(stored[s], fields)]
+        rows = scrub_runtime_records(home, needles_of(values))
+        con = connect_locked(home.journal_db)
+        try:
+            erased = apply_erasures(con)
+        finally:
+            con.close()
+        scrubbed = (scrub or _default_scrub)(home)
+    return Erased(entry.seq, erased, rows, scrubbed)
+
+
+def _erasures(con: Any) -> list[Any]:
+    from apollia_nb.journal.entry import Entry
+    from apollia_nb.journal.recovery import COLUMNS
+
+    return [Entry.from_row(r) for r in con.execute(
+        f"SELECT {COLUMNS} FROM entries WHERE kind = 'erasure' ORDER BY seq").fetchall()]
