@@ -33,7 +33,7 @@ from typing import Any
 
 from apollia_nb.errors import BadInput
 
-__all__ = ["Requirement", "APPROVING", "action_digest", "plan_digest", "requirement", "refusal", "may_answer",
+__all__ = ["Requirement", "APPROVING", "local_person", "action_digest", "plan_digest", "requirement", "refusal", "may_answer",
            "expiry", "expired", "MAX_EXPIRY_SECS"]
 
 #: Answers that approve (a refusal is not an approval).
@@ -151,3 +151,14 @@ def expired(now: float, expires_at: Any) -> bool:
         return False
     at = _parse(expires_at)
     return at is None or now >= at
+
+
+def local_person() -> str:
+    """Who acts where no token says so (a kernel, the CLI owning a home): the operating system's user.
+    The one edge here: it reads the environment."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name to read: one name for every such answer
+        return "owner"

@@ -475,7 +475,7 @@ class Sessions:
             "id": session_id, "agent": agent, "state": SessionState.ACTIVE.value, "plan_mode": plan_mode,
             "parent_id": parent_id, "forked_from": forked_from, "children": [],
             "history": list(history or []), "run_id": f"run-{uuid.uuid4().hex[:12]}",
-            "pending_plan": None, "created_at": self.rt.now_iso(),
+            "pending_plan": None, "created_at": self.rt.now_iso(), "started_by": _starter(),
         }
         if forked_from is not None:  # a fork goes on with the script from where its source stands
             source = self.get(forked_from)
@@ -559,3 +559,12 @@ def _plan_answerer() -> dict[str, Any]:
 
     actor = ACTING.get()
     return {"by": actor[0], "by_role": actor[1], "auth": actor[2]} if actor is not None else {"by": "user"}
+
+
+def _starter() -> str:
+    """Who starts a session: the REST request's person, else the local owner (four eyes reads it)."""
+    from apollia_nb.governance.acting import ACTING
+    from apollia_nb.governance.approvals import local_person
+
+    actor = ACTING.get()
+    return actor[0] if actor is not None else local_person()

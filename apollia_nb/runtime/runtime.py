@@ -50,6 +50,7 @@ from apollia_nb.errors import (
     UnknownTask,
 )
 from apollia_nb.governance.acting import ACTING
+from apollia_nb.governance.approvals import local_person
 from apollia_nb.home import Home, OwnerLock
 from apollia_nb.runtime.acknowledged import journal_submitted, rebuild_lost_tasks
 from apollia_nb.runtime.agents import Agent, custom_tools, install_packages, new_state, startup_failure
@@ -104,16 +105,6 @@ class _Ask(NamedTuple):
     digest: str | None = None  # the digest of the card as its answerer saw it (``governance/approvals.py``)
     expires_in: Any = None  # the approval's lifetime in seconds, or
     expires_at: Any = None  # its end (ISO 8601)
-
-
-def local_person() -> str:
-    """Who acts where no token says so (a kernel, the CLI owning a home): the operating system's user."""
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name to read: one name for every such answer
-        return "owner"
 
 
 class _Finished:
@@ -1128,8 +1119,14 @@ class Runtime:
         run = self._runs.get(task_id or "") or self._finished.get(task_id or "")
         if run is not None:
             return run.r.started_by
-        session = getattr(self, "_sessions", {}).get(task_id or "") if task_id else None
-        return getattr(session, "started_by", None) if session is not None else None
+        if self.sessions is None or not task_id:
+            return None
+        try:
+            session = self.sessions.get(task_id)
+        except ApolliaError:
+            return None
+        started = session.r.get("started_by")
+        return str(started) if started is not None else None
 
     def may_answer(self, decision: Any) -> dict[str, Any] | None:
         """Who may answer a waiting decision (a card or a pending decision); None when governance cannot
