@@ -256,10 +256,14 @@ def test_a_token_the_hub_does_not_know_is_401_and_one_not_meant_for_this_home_is
     with serving(home, "--hub", hub.api) as (url, _):
         add_person(home, "ann", "admin")
         add_person(home, "dave", "admin")
-        for token in ("not-a-token", revoked, secrets.token_hex(16)):
+        for token in ("not-a-token", revoked, secrets.token_hex(16), "x" * 5000):
             r = send(url, token)
             assert r.status_code == 401, r.text
             assert r.json()["code"] == "UNAUTHORIZED" and r.headers["www-authenticate"] == "Bearer"
+        for raw in (b"Bearer t\xf6ken", b"Bearer a b", b"Bearer \x7f"):  # never passed on, never a 500
+            r = httpx.put(f"{url}/governance/developer-mode", json={"enabled": True}, timeout=60,
+                          headers={"Authorization": raw})
+            assert r.status_code == 401 and r.json()["code"] == "UNAUTHORIZED", (raw, r.text)
         for token, who in ((dave, "'dave'"), (narrow, "'ann'")):
             r = send(url, token)
             assert r.status_code == 403, r.text

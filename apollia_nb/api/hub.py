@@ -50,6 +50,8 @@ TIMEOUT_SECS = 5.0
 #: The service name whose access scope a token needs when neither ``--hub-service`` nor
 #: ``$JUPYTERHUB_SERVICE_NAME`` names one.
 DEFAULT_SERVICE = "apollia"
+#: A longer token is no hub token (JupyterHub's are 32 hex digits) and is not sent to the hub.
+_TOKEN_LIMIT = 1024
 #: At most this many verified tokens are kept at once (the oldest go first).
 _CACHE_LIMIT = 4096
 
@@ -130,6 +132,8 @@ class HubCheck:
         """The hub user holding ``token`` (``None``: not a hub token); raises as :func:`read_hub_answer`."""
         import httpx
 
+        if not token.isascii() or not token.isprintable() or len(token) > _TOKEN_LIMIT:
+            return None  # no hub token looks like this: not sent anywhere
         key = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
         now = self._clock()
         kept = self._cache.get(key)
