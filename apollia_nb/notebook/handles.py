@@ -173,9 +173,12 @@ class NotebookCard(Displayable):
     def waiting(self) -> bool:
         return self._card.answer_value is None
 
-    def answer(self, answer: str, by: str | None = None, reason: str | None = None) -> "NotebookCard":
-        """Answer it (only an answer on offer; validated, journaled, applied once); the run resumes."""
-        self._bridge.call(self._card.answer, answer, by=by or self._bridge.user, reason=reason)
+    def answer(self, answer: str, by: str | None = None, reason: str | None = None, *,
+               lasting: str | None = None) -> "NotebookCard":
+        """Answer it (only an answer on offer; validated, journaled, applied once); the run resumes.
+        ``lasting`` ("8h"): how long the standing consent of ``always`` lasts (default: until revoked)."""
+        extra = {"lasting": lasting} if lasting is not None else {}
+        self._bridge.call(self._card.answer, answer, by=by or self._bridge.user, reason=reason, **extra)
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 heavy); the panel opens a comm to it and talks in requests and replies::
 
     front → kernel   {"id": "r1", "op": "snapshot"}
-                     {"id": "r2", "op": "answer", "card_id": "…", "answer": "once"}
+                     {"id": "r2", "op": "answer", "card_id": "…", "answer": "once"}   ("for": "8h" with always)
                      {"id": "r3", "op": "entries", "run_id": "…", "limit": 50}
                      {"id": "r4", "op": "verify"}
                      {"id": "r5", "op": "approve_plan", "task_id": "…", "steps": ["…"]}   (steps: as edited, or absent)
@@ -85,6 +85,7 @@ class Request(TypedDict, total=False):
     op: Op
     card_id: str
     answer: str
+    lasting: str  # sent as ``for``: how long the standing consent of ``always`` lasts ("8h")
     reason: str
     run_id: str
     limit: int
@@ -146,6 +147,13 @@ def parse_request(data: Any) -> Request:
         if not isinstance(answer, str) or not answer:
             raise BadAnswer("`answer` must be one of the answers the card offers")
         request["answer"] = answer
+        lasting = data.get("for")
+        if lasting is not None:
+            if not isinstance(lasting, str) or len(lasting) > 64:
+                from apollia_nb.errors import BadDuration
+
+                raise BadDuration("`for` is how long always lasts, such as '8h', as a string")
+            request["lasting"] = lasting
         _reason(data, request)
     elif op in ("approve_plan", "reject_plan"):
         request["task_id"] = _text(data, "task_id")  # type: ignore[typeddict-item]
@@ -461,7 +469,7 @@ class PanelHome:
         if op == "snapshot":
             return await self.snapshot()
         if op == "answer":
-            return self.answer(request["card_id"], request["answer"], request.get("reason"))
+            return self.answer(request["card_id"], request["answer"], request.get("reason"), request.get("lasting"))
         if op == "entries":
             return await self.entries(request["run_id"], request["limit"])
         if op == "approve_plan":
@@ -542,13 +550,15 @@ class PanelHome:
         return {"size": seq, "head": bytes(digest).hex(), "root": last["root"] if last else None,
                 "last_checkpoint": last, "latest": [_entry_json(r) for r in rows]}
 
-    def answer(self, card_id: str, answer: str, reason: str | None) -> dict[str, Any]:
-        """The one path every answer takes (``Runtime.answer``: validated, journaled, applied once)."""
+    def answer(self, card_id: str, answer: str, reason: str | None, lasting: str | None = None) -> dict[str, Any]:
+        """The one path every answer takes (``Runtime.answer``: validated, journaled, applied once);
+        ``lasting``: how long the standing consent of ``always`` lasts."""
         from apollia_nb.errors import Conflict
 
         rt = self.bridge.rt
+        extra = {"lasting": lasting} if lasting is not None else {}
         try:
-            answered = rt.answer(card_id, answer, by=self.bridge.user, reason=reason)
+            answered = rt.answer(card_id, answer, by=self.bridge.user, reason=reason, **extra)
         except Conflict as exc:
             raise _AlreadyAnswered(exc, self._answered(card_id)) from None
         return inbox_item(answered)

@@ -172,9 +172,11 @@ class ServerCard(Displayable):
     def waiting(self) -> bool:
         return self._data.get("answer") is None
 
-    def answer(self, answer: str, by: str | None = None, reason: str | None = None) -> "ServerCard":
-        """Answer it on the server (validated, journaled, applied once); the server's run resumes."""
-        self._data = self._api("decide", self._data["id"], answer, reason, by or self._bridge.user)
+    def answer(self, answer: str, by: str | None = None, reason: str | None = None, *,
+               lasting: str | None = None) -> "ServerCard":
+        """Answer it on the server (validated, journaled, applied once); the server's run resumes.
+        ``lasting`` ("8h"): how long the standing consent of ``always`` lasts (default: until revoked)."""
+        self._data = self._api("decide", self._data["id"], answer, reason, by or self._bridge.user, None, lasting)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,8 +185,8 @@ class ServerCard(Displayable):
     def _make_widget(self) -> Any:
         from apollia_nb.notebook.widgets import ConsentCardView
 
-        def answer(value: str) -> dict[str, Any]:
-            return self.answer(value).to_dict()
+        def answer(value: str, lasting: str | None = None) -> dict[str, Any]:
+            return self.answer(value, lasting=lasting).to_dict()
 
         return ConsentCardView(self._bridge, dict(self._data), answer_with=answer)
 

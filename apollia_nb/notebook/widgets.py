@@ -41,6 +41,11 @@ _TERMINAL = ("completed", "failed", "cancelled")
 _BOX = W.Layout(border="1px solid #d0d7de", padding="4px 8px", margin="2px 0")
 
 
+#: How long an ``always`` lasts, as the select beside it offers (the value is the answer's ``lasting``).
+LIFETIMES: tuple[tuple[str, str | None], ...] = (("until revoked", None), ("for 1 h", "1h"), ("for 8 h", "8h"),
+                                                  ("for 24 h", "24h"))
+
+
 def _nothing() -> None:
     return None
 
@@ -53,7 +58,7 @@ class ConsentCardView:
     """One card: who asks for what and why, the answers on offer as buttons; frozen once answered."""
 
     def __init__(self, bridge: "KernelRuntime", snap: dict[str, Any], *,
-                 answer_with: Callable[[str], dict[str, Any]] | None = None) -> None:
+                 answer_with: Callable[..., dict[str, Any]] | None = None) -> None:
         self.bridge = bridge
         self.snap = snap
         self.frozen = False
@@ -72,7 +77,15 @@ class ConsentCardView:
                 button.style.text_color = "#ffffff"
             button.on_click(functools.partial(self._clicked, answer))
             self.buttons[answer] = button
-        self.button_row = W.HBox(list(self.buttons.values()))
+        # ``always`` for a family (not a command's rule, which has no end): until revoked or for a while
+        self.lifetime: W.Dropdown | None = None
+        row: list[Any] = list(self.buttons.values())
+        if "always" in self.buttons and snap.get("line") != 4:
+            self.lifetime = W.Dropdown(options=list(LIFETIMES), value=None, description="",
+                                       tooltip="how long the standing consent of always lasts",
+                                       layout=W.Layout(width="9em"))
+            row.insert(row.index(self.buttons["always"]) + 1, self.lifetime)
+        self.button_row = W.HBox(row)
         self.state = W.HTML()
         self.error = W.HTML()
         self.box = W.VBox([self.header, self.arguments, self.reason, self.button_row, self.state, self.error],
@@ -92,9 +105,11 @@ class ConsentCardView:
     def _clicked(self, answer: str, _button: Any = None) -> None:
         if self.frozen:
             return
+        lasting = self.lifetime.value if answer == "always" and self.lifetime is not None else None
+        extra = {"lasting": lasting} if lasting is not None else {}
         if self._answer_with is not None:
             try:
-                stored = self._answer_with(answer)
+                stored = self._answer_with(answer, **extra)
             except ApolliaError as exc:
                 self.error.value = _error_html(exc)
                 return
@@ -103,7 +118,7 @@ class ConsentCardView:
             return
         rt = self.bridge.rt
         try:
-            self.bridge.call(rt.answer, self.snap["id"], answer, by=self.bridge.user)
+            self.bridge.call(rt.answer, self.snap["id"], answer, by=self.bridge.user, **extra)
             self.error.value = ""
         except ApolliaError as exc:
             self.error.value = _error_html(exc)
@@ -153,6 +168,8 @@ class ConsentCardView:
         self.frozen = True
         for button in self.buttons.values():
             button.disabled = True
+        if self.lifetime is not None:
+            self.lifetime.disabled = True
         self.button_row.layout.display = "none"
         if self._stop_tick is not None:
             self._stop_tick()
@@ -319,9 +336,9 @@ class ServerRunView:
     def _show_error(self, exc: ApolliaError) -> None:
         self.error.value = _error_html(exc)
 
-    def _answer(self, card_id: str, answer: str) -> dict[str, Any]:
+    def _answer(self, card_id: str, answer: str, lasting: str | None = None) -> dict[str, Any]:
         api = self.task._api
-        return api("decide", card_id, answer, None, self.bridge.user)
+        return api("decide", card_id, answer, None, self.bridge.user, None, lasting)
 
     def apply(self, state: dict[str, Any]) -> None:
         if self.final:

@@ -73,7 +73,7 @@ class Answering(Protocol):
 
     def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
                values: dict[str, Any] | None = None, digest: str | None = None, expires_in: Any = None,
-               expires_at: Any = None) -> dict[str, Any]: ...
+               expires_at: Any = None, lasting: str | None = None) -> dict[str, Any]: ...
 
 
 class GovernedHost(Answering, Protocol):

@@ -408,7 +408,7 @@ class Card:
 
     def answer(self, answer: str, by: str = "user", reason: str | None = None,
                values: dict[str, Any] | None = None, *, digest: str | None = None, expires_in: Any = None,
-               expires_at: Any = None) -> "Card":
+               expires_at: Any = None, lasting: str | None = None) -> "Card":
         """Answer this card (``once``, ``always`` or ``refuse`` — only those on offer).
 
         A server's question (``mcp:<server>/elicitation/create``, ``request`` set) is
@@ -420,7 +420,8 @@ class Card:
         ``Conflict`` that says who answered what, and when.
 
         ``digest``: the card's digest as shown (another is ``STALE_APPROVAL``); ``expires_in``
-        (seconds) or ``expires_at`` (ISO 8601): when the approval ends (``governance/approvals.py``)."""
+        (seconds) or ``expires_at`` (ISO 8601): when the approval ends (``governance/approvals.py``).
+        ``lasting`` ("8h"; with ``always``): how long the standing consent lasts (default: until revoked)."""
         if self._runtime is None:
             raise RuntimeError("card is not attached to a runtime")
         if self.answer_value is not None:
@@ -430,7 +431,8 @@ class Card:
 
             raise Conflict(f"already answered {self.answer_value} by {self.answered_by} at {self.answered_at}")
         terms: dict[str, Any] = {k: v for k, v in (("digest", digest), ("expires_in", expires_in),
-                                                   ("expires_at", expires_at)) if v is not None}
+                                                   ("expires_at", expires_at), ("lasting", lasting))
+                                  if v is not None}
         if values is not None:
             self._runtime.answer(self.id, answer, by=by, reason=reason, values=values, **terms)
         else:

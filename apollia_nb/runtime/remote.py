@@ -1014,11 +1014,9 @@ def _rule_record(d: dict[str, Any]) -> "RuleRecord":
 
 
 def _consent_record(d: dict[str, Any]) -> "ConsentRecord":
-    from apollia_nb.governance.decision import Family
     from apollia_nb.governance.store import ConsentRecord
 
-    granted_at = _when(d["granted_at"])
-    return ConsentRecord(d["agent"], Family(d["family"]), d["granted_by"], granted_at)  # type: ignore[arg-type]
+    return ConsentRecord.from_dict(d)  # its end, card and state too
 
 
 def _pending(d: dict[str, Any]) -> "PendingDecision":

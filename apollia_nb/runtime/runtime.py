@@ -105,6 +105,7 @@ class _Ask(NamedTuple):
     digest: str | None = None  # the digest of the card as its answerer saw it (``governance/approvals.py``)
     expires_in: Any = None  # the approval's lifetime in seconds, or
     expires_at: Any = None  # its end (ISO 8601)
+    lasting: str | None = None  # how long the standing consent of an ``always`` lasts ("8h"; None: until revoked)
 
 
 class _Finished:
@@ -1143,14 +1144,14 @@ class Runtime:
 
     def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
                values: dict[str, Any] | None = None, digest: str | None = None, expires_in: Any = None,
-               expires_at: Any = None) -> dict[str, Any]:
+               expires_at: Any = None, lasting: str | None = None) -> dict[str, Any]:
         """Answer a waiting decision: validated, journaled, applied once; the run resumes.
 
         ``values``: a server's question (elicitation) answered ``once`` — the form's fields.
         ``digest``: the decision's digest as shown to whoever answers (another: ``STALE_APPROVAL``);
         ``expires_in`` (seconds) / ``expires_at`` (ISO 8601): when an approval ends."""
         answered = self._record_answer(decision_id, answer, by=by, reason=reason, values=values, digest=digest,
-                                       expires_in=expires_in, expires_at=expires_at)
+                                       expires_in=expires_in, expires_at=expires_at, lasting=lasting)
         self.deliver_answer(answered, values)
         card = self._cards.get(decision_id)
         return {**answered, "hints": answered.get("hints", card.hints if card is not None else None)}
@@ -1175,7 +1176,8 @@ class Runtime:
 
     async def answer_async(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
                            values: dict[str, Any] | None = None, digest: str | None = None,
-                           expires_in: Any = None, expires_at: Any = None) -> dict[str, Any]:
+                           expires_in: Any = None, expires_at: Any = None,
+                           lasting: str | None = None) -> dict[str, Any]:
         """``answer`` for an event loop that serves many people at once (the REST API).
 
         The answer is recorded off the loop, and answers given while a group is being recorded
@@ -1185,10 +1187,10 @@ class Runtime:
         queued, an answer is recorded whatever happens to the request that gave it."""
         if self.mode == "client":
             return self.answer(decision_id, answer, by=by, reason=reason, values=values, digest=digest,
-                               expires_in=expires_in, expires_at=expires_at)
+                               expires_in=expires_in, expires_at=expires_at, lasting=lasting)
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._asks.append((_Ask(decision_id, answer, by, reason, values, ACTING.get(), digest, expires_in,
-                                expires_at), done))
+                                expires_at, lasting), done))
         if self._asks_idle is None:  # nobody records a group now: this request does, until none is left
             with anyio.CancelScope(shield=True):
                 await self._record_asks()
@@ -1233,16 +1235,16 @@ class Runtime:
 
     def _record_answer(self, decision_id: str, answer: str, *, by: str, reason: str | None,
                        values: dict[str, Any] | None = None, digest: str | None = None, expires_in: Any = None,
-                       expires_at: Any = None) -> dict[str, Any]:
+                       expires_at: Any = None, lasting: str | None = None) -> dict[str, Any]:
         """Validate, journal (before the effect), store, and apply ``always``."""
         if self.mode == "client":  # the server records it, in one step (docs/shared-home.md)
             if values is not None:
                 raise BadAnswer("a server's question is answered in the process that runs its call")
-            terms = {k: v for k, v in (("digest", digest), ("expires_in", expires_in), ("expires_at", expires_at))
-                     if v is not None}
+            terms = {k: v for k, v in (("digest", digest), ("expires_in", expires_in), ("expires_at", expires_at),
+                                       ("for", lasting)) if v is not None}
             return self._remote.governance.record_answer(decision_id, answer, by=by, reason=reason, **terms)
         (result,) = self._record_answers([_Ask(decision_id, answer, by, reason, values, ACTING.get(), digest,
-                                               expires_in, expires_at)])
+                                               expires_in, expires_at, lasting)])
         if isinstance(result, BaseException):
             raise result
         return result  # type: ignore[no-any-return]
@@ -1297,7 +1299,7 @@ class Runtime:
                         shown = {"values": card.shown_values(values)} if values is not None else {}
                     elif values is not None:
                         raise BadAnswer(f"values answer a server's question; {decision_id} asks about {pending.tool}")
-                    terms = self._approval_terms(ask, pending)
+                    terms = {**self._approval_terms(ask, pending), **self._consent_terms(ask, pending)}
                     if terms.get("status") == "pending":  # one approval of several: journaled, the card waits
                         results[i] = terms
                         continue
@@ -1360,7 +1362,7 @@ class Runtime:
                     actor = ACTING.set((payload["answered_by"], payload["by_role"], payload["auth"])
                                        if "auth" in payload else None)
                     try:
-                        self._apply_always(pending, by=payload["answered_by"])
+                        self._apply_always(pending, by=payload["answered_by"], until=payload.get("until"))
                     finally:
                         ACTING.reset(actor)
                 results[i] = {**answered.to_dict(), **{k: payload[k] for k in ("expires_at", "approved_by")
@@ -1426,13 +1428,37 @@ class Runtime:
             exc.__context__ = journal_error
         return exc
 
-    def _apply_always(self, pending: Any, *, by: str) -> None:
-        """``always``: the allow rule for a simple command (line 4), else the standing consent. Idempotent."""
+    def _consent_terms(self, ask: "_Ask", pending: Any) -> dict[str, Any]:
+        """How long the standing consent of an ``always`` lasts (``lasting``: "8h", journaled as ``for`` and
+        ``until``, counted from the runtime's clock); nothing when it is given until revoked. ``BAD_DURATION``
+        for a lifetime that does not read, or one given with another answer or for a command's rule."""
+        from apollia_nb.errors import BadDuration
+        from apollia_nb.governance.store import parse_lifetime
+
+        if ask.lasting is None:
+            return {}
+        if ask.answer != "always":
+            raise BadDuration(f"a lifetime ({ask.lasting!r}) goes with always only, not with {ask.answer}")
+        if pending.line == 4:
+            raise BadDuration("always for a command adds a fine allow rule, which has no lifetime: answer always "
+                              "without one, or once")
+        lifetime = parse_lifetime(ask.lasting)
+        if lifetime is None:
+            return {"for": "until revoked"}
+        ends = _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc) + lifetime
+        return {"for": ask.lasting.strip().lower(), "until": ends.isoformat().replace("+00:00", "Z")}
+
+    def _apply_always(self, pending: Any, *, by: str, until: str | None = None) -> None:
+        """``always``: the allow rule for a simple command (line 4), else the standing consent (until ``until``,
+        ISO 8601, as journaled with the answer; None: until revoked), naming its card. Idempotent."""
         if pending.line == 4:
             command = next(iter(pending.arguments.values()), None)
             self.governance.add_rule(pending.tool, "allow", prefix=str(command), agent=pending.agent, by=by)
         elif pending.family is not None:
-            self.governance.grant_consent(pending.agent, pending.family, by=by)
+            ends = _dt.datetime.fromisoformat(until) if until is not None else None
+            if ends is not None and ends <= _dt.datetime.fromtimestamp(self.clock(), _dt.timezone.utc):
+                return  # it ended before it could be stored (a restart long after the answer): nothing to give
+            self.governance.grant_consent(pending.agent, pending.family, by=by, until=ends, card=pending.id)
 
     def expire_overdue(self) -> list[str]:
         """Refuse decisions older than ``[hitl] timeout_hours`` (no-op when unset). Returns their ids."""
@@ -1556,7 +1582,9 @@ class Runtime:
                 run.plan_answer_from(plan_answer)
             if action == "resume" and decision is not None and decision.answer is not None \
                     and decision.answer.value == "always":
-                self._apply_always(decision, by=decision.answered_by or "restart")
+                until = next((p.get("until") for k, p in reversed(payloads)
+                              if k == "answer" and p.get("decision_id") == decision.id), None)
+                self._apply_always(decision, by=decision.answered_by or "restart", until=until)
             agent.inflight.add(run)
             if action == "resume":
                 self._recovered.append(run)

@@ -165,7 +165,7 @@ export class KernelLink {
     }
   }
 
-  async answer(cardId: string, answer: string): Promise<void> {
+  async answer(cardId: string, answer: string, lasting?: string): Promise<void> {
     const client = this.client;
     if (!client) {
       this.dispatch({ type: 'answer-failed', cardId, error: { code: 'PANEL_CLOSED', message: 'not connected to the kernel' } });
@@ -173,7 +173,7 @@ export class KernelLink {
     }
     this.dispatch({ type: 'answer-sent', cardId, answer });
     try {
-      await client.answer(cardId, answer);
+      await client.answer(cardId, answer, lasting);
       this.dispatch({ type: 'answer-done', cardId });
     } catch (err) {
       this.dispatch({ type: 'answer-failed', cardId, error: errorBody(err) });

@@ -43,6 +43,9 @@ export class ApolliaPanel extends Widget {
   private tick: ReturnType<typeof setInterval> | null = null;
   private readonly handlers: Handlers;
 
+  /** The lifetime chosen beside each card's `always` (kept across renders; '' until revoked). */
+  private lifetimes: Record<string, string> = {};
+
   constructor(private readonly options: PanelOptions = {}) {
     super();
     this.id = 'apollia-panel';
@@ -51,7 +54,10 @@ export class ApolliaPanel extends Widget {
     this.node.setAttribute('aria-label', 'apollia: inbox, agents and runs, journal');
     this.node.tabIndex = -1;
     this.handlers = {
-      answer: (cardId, answer) => void this.link?.answer(cardId, answer),
+      answer: (cardId, answer) => void this.link?.answer(cardId, answer,
+        answer === 'always' ? this.lifetimes[cardId] || undefined : undefined),
+      chooseLifetime: (cardId, lifetime) => { this.lifetimes[cardId] = lifetime; },
+      lifetimeOf: cardId => this.lifetimes[cardId] ?? '',
       approvePlan: taskId => {
         const plan = plansOf(this._state.snapshot).find(p => p.task_id === taskId);
         if (plan) {

@@ -278,8 +278,9 @@ export class PanelClient {
     return this.request<Snapshot>('snapshot');
   }
 
-  answer(cardId: string, answer: string): Promise<unknown> {
-    return this.request('answer', { card_id: cardId, answer });
+  /** `lasting` (with `always`): how long the standing consent lasts, sent as `for` ("8h"). */
+  answer(cardId: string, answer: string, lasting?: string): Promise<unknown> {
+    return this.request('answer', lasting ? { card_id: cardId, answer, for: lasting } : { card_id: cardId, answer });
   }
 
   /** Approve a plan as proposed (`steps` null) or as edited. */

@@ -14,6 +14,9 @@ import {
 
 export interface Handlers {
   answer(cardId: string, answer: string): void;
+  /** How long a card's `always` lasts ('' until revoked, else its `for`: 1h, 8h, 24h): chosen, and as chosen. */
+  chooseLifetime?(cardId: string, lifetime: string): void;
+  lifetimeOf?(cardId: string): string;
   /** Approve a plan: as edited in the panel, or as proposed. */
   approvePlan(taskId: string): void;
   rejectPlan(taskId: string): void;
@@ -177,6 +180,9 @@ export function renderCard(card: Card, state: PanelState, handlers: Handlers, no
         b.setAttribute('disabled', '');
       }
       buttons.append(b);
+      if (answer === 'always' && String(card.line ?? '') !== '4') {  // a command's rule has no lifetime
+        buttons.append(lifetimeSelect(card, title, handlers, doc, Boolean(sending)));
+      }
     }
     el.append(buttons);
     if (sending) {
@@ -187,6 +193,21 @@ export function renderCard(card: Card, state: PanelState, handlers: Handlers, no
     el.append(h(doc, 'p', { class: 'apollia-card-error', role: 'alert' }, `${failed.code}: ${failed.message}`));
   }
   return el;
+}
+
+/** How long an `always` lasts, as the select beside it offers: the answer's `for` ('' until revoked). */
+export const LIFETIMES: ReadonlyArray<readonly [string, string]> = [
+  ['', 'until revoked'], ['1h', 'for 1 h'], ['8h', 'for 8 h'], ['24h', 'for 24 h']
+];
+
+function lifetimeSelect(card: Card, title: string, handlers: Handlers, doc: Document, disabled: boolean): HTMLElement {
+  const chosen = handlers.lifetimeOf?.(card.id) ?? '';
+  const select = h(doc, 'select', {
+    class: 'apollia-lifetime', 'data-lifetime-for': card.id, 'aria-label': `How long always lasts: ${title}`,
+    disabled: disabled ? '' : undefined
+  }, ...LIFETIMES.map(([value, words]) => h(doc, 'option', { value, selected: value === chosen ? '' : undefined }, words)));
+  select.addEventListener('change', () => handlers.chooseLifetime?.(card.id, (select as HTMLSelectElement).value));
+  return select;
 }
 
 /** A plan waiting for approval: its steps, editable one per line; approve (as edited) or reject with a reason. */
