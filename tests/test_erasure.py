@@ -318,3 +318,26 @@ def test_commitment_is_sha256_of_salt_and_canonical_value():
     assert stored_entry_hash(1, "t", None, None, "plan", stored, bytes(32)) == stored_entry_hash(
         1, "t", None, None, "plan", erase_sealed(stored, ["a"]), bytes(32))
     assert open_sealed(erase_sealed(stored, ["a"])).erased == {"a": commitment(salt, b'"x"').hex()}
+
+
+async def test_replay_of_a_run_with_an_erased_field_is_incomplete_naming_it_never_diverged(runs_home, capsys):
+    home = runs_home
+    h = ["--home", str(home.path)]
+    [seq] = _result_seqs(home, CANARY)
+    run_id = [r[2] for r in _entries(home) if r[0] == seq][0]
+    code, out, _ = run_cli(capsys, "audit", "replay", *h, run_id, "--json")
+    assert (code, json.loads(out)["verdict"]) == (0, "identical")
+    for field in ("output", "arguments"):  # the result's output, then the call's arguments
+        target = seq if field == "output" else [r[0] for r in _entries(home) if r[2] == run_id
+                                                and r[4] == "tool_call"][0]
+        assert run_cli(capsys, "audit", "erase", *h, "--seq", str(target), "--field", field, "--reason", "x")[0] == 0
+        code, out, _ = run_cli(capsys, "audit", "replay", *h, run_id, "--json")
+        result = json.loads(out)
+        assert (code, result["verdict"], result["divergences"]) == (2, "incomplete", []), result
+        assert any(f"entry {target} (" in m and field in m and "erased" in m for m in result["missing"])
+    # the model's own calls erased: which calls it asked for is unknown, not a divergence
+    response = [r[0] for r in _entries(home) if r[2] == run_id and r[4] == "model_response"][0]
+    assert run_cli(capsys, "audit", "erase", *h, "--seq", str(response), "--reason", "x")[0] == 0
+    code, out, _ = run_cli(capsys, "audit", "replay", *h, run_id, "--json")
+    result = json.loads(out)
+    assert (code, result["verdict"], result["divergences"]) == (2, "incomplete", []), result

@@ -236,6 +236,7 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
         head = con.execute(f"SELECT hash FROM {entries_sql} ORDER BY seq DESC LIMIT 1").fetchone()
         latest = con.execute("SELECT note FROM checkpoints ORDER BY size DESC LIMIT 1").fetchone()
         checkpoints = con.execute("SELECT count(*) FROM checkpoints").fetchone()[0]
+        fmt = con.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
         copy_entries(con, entries_sql, directory / BUNDLE_FILES["entries"])
         copy(con, "SELECT size, root, note, created_at FROM checkpoints ORDER BY size",
              directory / BUNDLE_FILES["checkpoints"])
@@ -248,11 +249,13 @@ def _export(con: Any, directory: Path, *, verifier: NoteVerifier, key_id: str,
         con.commit()
     return _finish(directory, verifier=verifier, key_id=key_id, entries=int(entries),
                    head=bytes(head[0]) if head else None, checkpoints=int(checkpoints),
-                   latest=latest[0] if latest is not None else None, cosigned=bool(cosigned), invalid=invalid)
+                   latest=latest[0] if latest is not None else None, cosigned=bool(cosigned), invalid=invalid,
+                   entry_format=str(fmt[0]) if fmt else FORMAT_VERSION)
 
 
 def _finish(directory: Path, *, verifier: NoteVerifier, key_id: str, entries: int, head: bytes | None,
-            checkpoints: int, latest: str | None, cosigned: bool, invalid: dict[str, Any] | None) -> ExportResult:
+            checkpoints: int, latest: str | None, cosigned: bool, invalid: dict[str, Any] | None,
+            entry_format: str = FORMAT_VERSION) -> ExportResult:
     """Write the bundle's small files beside its Parquet files; the result names every file."""
 
     files = [BUNDLE_FILES["entries"], BUNDLE_FILES["checkpoints"]]
@@ -263,7 +266,7 @@ def _finish(directory: Path, *, verifier: NoteVerifier, key_id: str, entries: in
         files.append(BUNDLE_FILES["checkpoint"])
     facts = BundleFacts(verifier, key_id, entries, head.hex() if head else "0" * 64, checkpoints)
     texts = {**_key_texts(verifier), "meta": json.dumps(
-        {**_meta_facts(facts), "format": FORMAT_VERSION, "verified": invalid is None, "invalid": invalid},
+        {**_meta_facts(facts), "format": entry_format, "verified": invalid is None, "invalid": invalid},
         indent=2,
     ) + "\n", "views": bundle_sql(), "readme": bundle_readme(facts)}
     for name, text in texts.items():
@@ -507,4 +510,4 @@ def export_streamed(journal: Any, directory: Path, *, size: int, checkpoints: li
     latest = max(kept, default=None)
     return _finish(directory, verifier=journal.verifier(), key_id=journal.key_id, entries=counted["entries"],
                    head=counted["head"], checkpoints=len(kept), latest=latest[2] if latest else None,
-                   cosigned=True, invalid=invalid)
+                   cosigned=True, invalid=invalid, entry_format=str(getattr(journal, "format", FORMAT_VERSION)))

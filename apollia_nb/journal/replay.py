@@ -18,7 +18,11 @@ answer is
   a list of parts, or does not hash to its recorded digest);
 - ``incomplete``: the trace lacks its start (``run_open``), its end
   (``run_seal``), entries its seal counts, or an output a call needed (a tool
-  that started has no result). Divergences found on the way are still listed.
+  that started has no result), or fields that were erased (``audit erase``:
+  their values are unknown, so nothing that depends on them is a divergence —
+  whatever they would have shown about their entry, their call, or, for a
+  model response's erased calls, the run's calls is left out, and the erased
+  fields are named). Divergences found on the way are still listed.
 
 Arguments: the runtime fills in a tool's declared defaults before deciding, so
 a decision may carry arguments the model left out; every argument the model
@@ -90,13 +94,28 @@ class ReplayResult:
                 "responses": self.responses, "calls": self.calls, "entries": self.entries}
 
 
-def _payload(entry: Any) -> dict[str, Any]:
+def _stored(entry: Any) -> dict[str, Any]:
     raw = entry.payload
     if isinstance(raw, (bytes, bytearray, memoryview)):
         return json.loads(bytes(raw))
     if isinstance(raw, str):
         return json.loads(raw)
     return dict(raw)
+
+
+def _payload(entry: Any) -> dict[str, Any]:
+    """The payload's fields (a salted payload's salts and erased commitments left out)."""
+    data = _stored(entry)
+    if isinstance(data, dict) and "@salts" in data:
+        data = {k: v for k, v in data.items() if k not in ("@salts", "@erased")}
+    return data
+
+
+def _erased(entry: Any) -> list[str]:
+    """The fields erased from an entry (``audit erase``): their values are unknown."""
+    data = _stored(entry)
+    gone = data.get("@erased") if isinstance(data, dict) and "@salts" in data else None
+    return sorted(gone) if isinstance(gone, dict) else []
 
 
 def _digest(value: Any) -> str:
@@ -184,6 +203,16 @@ def replay_entries(run_id: str, entries: list[Any]) -> ReplayResult:
                       "the next model response")
         elif seal is not None:
             state.add(seal.seq, "missing_output", call.call_id, f"an output of {call.name}", "the end of the run")
+    erased = {e.seq: (e, names) for e in entries if (names := _erased(e))}
+    if erased:
+        # What an erased field would have shown is unknown: nothing that depends on it is a divergence.
+        unknown_calls = {_payload(e).get("call_id") for e, _ in erased.values()} - {None}
+        calls_unknown = any(e.kind == "model_response" and {"tool_calls", "structured"} & set(names)
+                            for e, names in erased.values())
+        state.divergences = [d for d in state.divergences if d.position not in erased
+                             and d.call_id not in unknown_calls and not calls_unknown]
+        missing.extend(f"entry {seq} ({e.kind}): {', '.join(names)} erased, so unknown"
+                       for seq, (e, names) in sorted(erased.items()))
     if missing:
         verdict: Literal["identical", "diverged", "incomplete"] = "incomplete"
     elif state.divergences:
