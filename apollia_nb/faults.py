@@ -39,6 +39,11 @@ The points (see docs/runtime.md):
   its ``Idempotency-Key`` not yet recorded (``full``: runtime.db refuses that answer);
 * ``verify.signature_worker`` — a journal verification's signature worker has started, checked nothing yet
   (the verification checks its signatures in process and says so in the report's notes).
+* ``scrub.before_rename`` — a DuckDB file's compacted copy is written and synced beside it
+  (``journal.db.scrub``), not yet renamed over it (``journal/scrub.py``; ``full``: it is refused, the old file kept);
+* ``scrub.after_rename`` — the compacted copy replaced the file, the folder not yet synced;
+* ``scrub.log_before_rename`` — ``journal.log``'s rewrite is written and synced beside it, not yet renamed over it;
+* ``scrub.log_after_rename`` — the rewrite replaced ``journal.log``, the folder not yet synced.
 """
 
 from __future__ import annotations
