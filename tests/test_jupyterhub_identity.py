@@ -313,6 +313,41 @@ def test_the_home_jupyterhub_starts_as_its_service_checks_tokens_at_that_hub(hub
         assert refused.status_code == 403 and "access:services!service=apollia" in refused.json()["message"]
 
 
+def test_a_hub_user_runs_and_another_answers_its_card_each_journaled_by_their_hub_name(hub, home):
+    from apollia_nb.api.server import ServerThread
+    from runtime_helpers import call, manifest
+
+    writer = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="b")]}, {"text": "Done."}])
+    ann, _ = hub.token("ann")
+    bob, _ = hub.token("bob")
+
+    def client(url: str, token: str) -> httpx.Client:
+        return httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60,
+                            trust_env=False)
+
+    with ServerThread(home, token=OWNER, hub=hub.api) as srv, client(srv.url, OWNER) as owner, \
+            client(srv.url, ann) as as_ann, client(srv.url, bob) as as_bob:
+        for name, role in (("ann", "runner"), ("bob", "approver")):
+            assert owner.post("/people", json={"name": name, "roles": [role]}).status_code == 201
+        assert as_ann.post("/agents", json={"manifest": writer}).status_code == 201
+        task = as_ann.post("/tasks", json={"agent": "clerk", "goal": "Write a"}).json()
+        deadline = time.monotonic() + 60
+        while not (pending := as_bob.get("/pending-decisions").json()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        [card] = pending
+        assert card["task_id"] == task["id"]
+        refused = as_ann.post("/pending-decisions/decide", json={"id": card["id"], "answer": "once"})
+        assert refused.status_code == 403 and "'approver'" in refused.json()["message"]
+        answered = as_bob.post("/pending-decisions/decide", json={"id": card["id"], "answer": "once", "by": "x"})
+        assert answered.status_code == 200, answered.text
+        entries = owner.get("/audit/entries", params={"limit": 1000}).json()["entries"]
+    [answer] = [e["payload"] for e in entries if e["kind"] == "answer"]
+    assert {k: answer[k] for k in ("answered_by", "by_role", "auth")} == {
+        "answered_by": "bob", "by_role": "approver", "auth": "hub"}
+    assert ann not in json.dumps(entries) and bob not in json.dumps(entries)
+
+
 # --- the kernel side ------------------------------------------------------------------------------
 
 
