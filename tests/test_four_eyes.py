@@ -87,23 +87,24 @@ def test_the_policy_says_who_must_approve_per_family_and_tool_and_the_strictest_
     assert "approvals" not in policy_to_dict(parse_policy(b""))
 
 
-@pytest.mark.parametrize("text", [
-    b'[approvals.families.write]\napprovers = 0\n',
-    b'[approvals.families.write]\napprovers = 11\n',
-    b'[approvals.families.write]\napprovers = true\n',
-    b'[approvals.families.write]\napprovers = "2"\n',
-    b'[approvals.families.write]\napprovers = 1.5\n',
-    b'[approvals.families.write]\nfour_eyes = "yes"\n',
-    b'[approvals.families.write]\nfour_eye = true\n',
-    b'[approvals.families.writes]\nfour_eyes = true\n',
-    b'[approvals.family.write]\nfour_eyes = true\n',
-    b'[approvals]\nfamilies = ["write"]\n',
-    b'[approvals]\ntools = { write_file = true }\n',
-    b'approvals = 2\n',
+@pytest.mark.parametrize("text, why", [
+    (b'[approvals.families.write]\napprovers = 0\n', "approvers must be a whole number from 1 to 10"),
+    (b'[approvals.families.write]\napprovers = 11\n', "approvers must be a whole number from 1 to 10"),
+    (b'[approvals.families.write]\napprovers = true\n', "approvers must be a whole number from 1 to 10"),
+    (b'[approvals.families.write]\napprovers = "2"\n', "approvers must be a whole number from 1 to 10"),
+    (b'[approvals.families.write]\napprovers = 1.5\n', "approvers must be a whole number from 1 to 10"),
+    (b'[approvals.families.write]\nfour_eyes = "yes"\n', "four_eyes must be true or false"),
+    (b'[approvals.families.write]\nfour_eye = true\n', "unknown key 'four_eye' in [approvals.families.write]"),
+    (b'[approvals.families.writes]\nfour_eyes = true\n', "unknown family 'writes'"),
+    (b'[approvals.family.write]\nfour_eyes = true\n', "unknown key 'family' in [approvals]"),
+    (b'[approvals]\nfamilies = ["write"]\n', "[approvals] families must be a table of tables"),
+    (b'[approvals]\ntools = { write_file = true }\n', "[approvals.tools.write_file] must be a table"),
+    (b'approvals = 2\n', "'approvals' must be a table"),
 ])
-def test_an_approvals_table_that_does_not_read_refuses_the_whole_policy(text):
-    with pytest.raises(PolicyRefused):
-        parse_policy(text)
+def test_an_approvals_table_that_does_not_read_refuses_the_whole_policy_saying_what_is_wrong(text, why):
+    with pytest.raises(PolicyRefused) as info:
+        parse_policy(text + b'[refuse]\nfamilies = ["send"]\n')
+    assert why in info.value.message
 
 
 def test_who_may_not_approve_and_why():
