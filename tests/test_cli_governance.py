@@ -170,7 +170,8 @@ def test_consents_list_and_revoke(capsys: pytest.CaptureFixture[str], home: Path
         ("clerk", "send", "ana"), ("clerk", "write", "ana"),
     ]
     code, out, _ = run(capsys, "consents", "list", "--home", str(home))
-    assert out.splitlines()[0].split() == ["AGENT", "FAMILY", "GRANTED"]
+    assert out.splitlines()[0].split() == ["AGENT", "FAMILY", "GIVEN", "BY", "AT", "CARD", "ENDS"]
+    assert out.splitlines()[1].split()[-2:] == ["until", "revoked"]
     code, out, _ = run(capsys, "consents", "revoke", "clerk", "send", "--home", str(home), "--by", "cy")
     assert (code, out.strip()) == (0, "revoked the standing consent of clerk for send")
     assert [c.family.value for c in store.consents()] == ["write"]
