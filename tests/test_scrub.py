@@ -22,7 +22,7 @@ import duckdb
 import pytest
 
 from apollia_nb.dbutil import connect_locked
-from apollia_nb.errors import BadInput, Conflict, HomeLocked, IntegrityError
+from apollia_nb.errors import BadInput, Conflict, HomeFileCorrupt, HomeLocked, IntegrityError
 from apollia_nb.home import Home
 from apollia_nb.journal.scrub import compact_duckdb, leftovers, rewrite_log, scrub_home, scrub_path
 from apollia_nb.journal.store import Journal
@@ -220,6 +220,49 @@ def test_compaction_refuses_a_file_somebody_holds_and_changes_nothing(tmp_path):
     assert _bytes_in(home.journal_db, CANARY)  # untouched by the refusals
     with pytest.raises(BadInput):
         compact_duckdb(home.path / "nothing.db")
+
+
+def test_compaction_refuses_a_link_and_a_file_that_is_not_a_database(tmp_path):
+    real = tmp_path / "real.db"
+    _canary_file(real)
+    link = tmp_path / "link.db"
+    link.symlink_to(real)
+    with pytest.raises(BadInput, match="link"):
+        compact_duckdb(link)
+    assert link.is_symlink() and _bytes_in(real, CANARY)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database " * 1000)
+    with pytest.raises(HomeFileCorrupt, match="junk.db"):
+        compact_duckdb(junk)
+    assert junk.read_bytes() == b"not a database " * 1000 and not leftovers(junk)
+
+
+def test_a_file_a_killed_writer_left_with_its_wal_is_compacted_with_what_the_wal_committed(tmp_path):
+    """The WAL is replayed into the copy and gone after it: a delete only in the WAL takes the value too."""
+    path = tmp_path / "data.db"
+    out = _child(f"""
+        import os, signal
+        from pathlib import Path
+        from apollia_nb.dbutil import connect_locked
+        con = connect_locked(Path({str(path)!r}))
+        con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v VARCHAR)")
+        con.execute("INSERT INTO t VALUES (1, ?), (2, 'kept')", [{CANARY!r}])
+        con.execute("CHECKPOINT")
+        con.execute("DELETE FROM t WHERE id = 1")
+        con.execute("INSERT INTO t VALUES (3, 'after')")
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    assert path.with_name("data.db.wal").exists() and _bytes_in(path, CANARY)
+    done = compact_duckdb(path)
+    assert done.rows == {"t": 2}
+    assert not path.with_name("data.db.wal").exists()
+    assert_absent(tmp_path, CANARY)
+    con = connect_locked(path, read_only=True)
+    try:
+        assert con.execute("SELECT * FROM t ORDER BY id").fetchall() == [(2, "kept"), (3, "after")]
+    finally:
+        con.close()
 
 
 def test_a_leftover_of_an_interrupted_compaction_is_removed_by_the_next(tmp_path):

@@ -68,6 +68,7 @@ from typing import Any
 from apollia_nb import faults
 from apollia_nb.dbutil import STORAGE_VERSION, raise_if_locked, storage_error
 from apollia_nb.errors import ApolliaError, BadInput, Conflict, IntegrityError, StorageError
+from apollia_nb.home import damaged_file
 
 __all__ = [
     "SCRUB_SUFFIX",
@@ -183,12 +184,13 @@ def compact_duckdb(path: Path) -> Compacted:
     survives in it (see the module). Crash-safe: the old file or the new one, never neither.
 
     Raises ``HomeLocked`` when another process holds the file, ``Conflict`` when it is open in
-    this process, ``BadInput`` when there is no such file, ``IntegrityError`` when the new file
+    this process, ``BadInput`` when there is no such file (or it is a link), ``HomeFileCorrupt``
+    when DuckDB cannot open it, ``IntegrityError`` when the new file
     does not hold the very same catalog and rows, and the disk's ``STORAGE_*`` errors; in each
     case the old file is left as it was and the unfinished new one removed."""
     path = Path(path)
-    if not path.is_file():
-        raise BadInput(f"{path} is not a database file")
+    if path.is_symlink() or not path.is_file():  # a link would be replaced by a file, its target left as it was
+        raise BadInput(f"{path} is not a database file (a link, a folder or nothing)")
     before, mode = path.stat().st_size, path.stat().st_mode
     new = scrub_path(path)
     remove_leftovers(path)
@@ -240,7 +242,10 @@ def _connect_alone(path: Path, what: str) -> Any:
         raise
     except duckdb.Error as exc:
         raise_if_locked(exc, path)
-        raise
+        if storage_error(exc, "") is not None:
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise damaged_file(path, f"it cannot be opened: {first}") from None
 
 
 def _check_copy(con: Any, old: str, new: str, path: Path) -> dict[str, int]:
