@@ -451,7 +451,7 @@ def test_rewrite_log_changes_payloads_keeps_records_and_refuses_any_other_change
         Journal.open(home)
 
 
-def test_rewrite_log_refuses_a_cut_log_and_leaves_it(tmp_path):
+def test_rewrite_log_refuses_a_cut_log_or_a_link_and_leaves_it(tmp_path):
     home = Home.at(tmp_path / "home")
     _crashed_with_log(home)
     log = tail_path(home.journal_db)
@@ -462,6 +462,13 @@ def test_rewrite_log_refuses_a_cut_log_and_leaves_it(tmp_path):
         rewrite_log(log, lambda row: row)
     assert log.read_bytes() == cut and not leftovers(log)
     assert rewrite_log(tmp_path / "none.log", lambda row: row).rows == 0  # no log: nothing to do
+    elsewhere = tmp_path / "elsewhere.log"
+    elsewhere.write_bytes(cut)
+    link = tmp_path / "linked.log"
+    link.symlink_to(elsewhere)
+    with pytest.raises(BadInput, match="link"):
+        rewrite_log(link, lambda row: row)
+    assert link.is_symlink() and elsewhere.read_bytes() == cut
 
 
 _REWRITE = """

@@ -304,6 +304,8 @@ def rewrite_log(path: Path, transform: Callable[[tuple[Any, ...]], tuple[Any, ..
     path = Path(path)
     new = scrub_path(path)
     remove_leftovers(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise BadInput(f"{path} is not a journal log (a link or a folder); it is left as it is")
     if not path.exists():
         return LogRewrite(path, 0, 0, 0, 0)
     database = path.with_suffix(".db")
