@@ -265,13 +265,16 @@ def test_a_file_a_killed_writer_left_with_its_wal_is_compacted_with_what_the_wal
         con.close()
 
 
-def test_a_leftover_of_an_interrupted_compaction_is_removed_by_the_next(tmp_path):
+def test_leftovers_of_an_interrupted_compaction_and_of_a_killed_query_are_removed_by_the_next(tmp_path):
     home = Home.at(tmp_path / "home")
     _journal_with_scratch(home)
     scrub_path(home.journal_db).write_bytes(home.journal_db.read_bytes())  # as a crash before the rename leaves it
     assert [p.name for p in leftovers(home.journal_db)] == ["journal.db.scrub"]
+    spill = home.path / "journal.db.tmp"  # DuckDB's spill folder, as a process killed in a large query leaves it
+    spill.mkdir()
+    (spill / "duckdb_temp_storage_DEFAULT-0.tmp").write_bytes(CANARY.encode() * 100)
     compact_duckdb(home.journal_db)
-    assert not leftovers(home.journal_db)
+    assert not leftovers(home.journal_db) and not spill.exists()
     assert_absent(home.path, CANARY)
 
 

@@ -11,8 +11,9 @@ append-only file whose records stay after they are copied into ``journal.db``. S
     Rewrites a DuckDB file from its live rows only: ``ATTACH`` a new file beside it (same
     storage version), ``COPY FROM DATABASE`` old to new (tables, constraints, views), check
     that the new file holds the very same catalog and rows (count and a hash of every row
-    of every table), close both, ``fsync`` the new file, rename it over the old one and
-    ``fsync`` the folder. No freed block or old row version survives: the new file was
+    of every table), close both, remove what DuckDB spilled beside the file
+    (``<file>.tmp/duckdb_temp*``, left by a process killed in a large query), ``fsync`` the
+    new file, rename it over the old one and ``fsync`` the folder. No freed block or old row version survives: the new file was
     written from the live rows and nothing else.
 
 ``rewrite_log(path, transform)``
@@ -210,6 +211,7 @@ def compact_duckdb(path: Path) -> Compacted:
             con.execute("CHECKPOINT")
         finally:
             con.close()
+        _remove_spill(path)
         for side in (path.with_name(path.name + ".wal"), new.with_name(new.name + ".wal")):
             if side.exists():  # a close checkpoints and removes it; one left would be replayed onto the new file
                 raise StorageError(f"{side.name} in {path.parent} is still there after the copy was closed; "
@@ -261,6 +263,19 @@ def _check_copy(con: Any, old: str, new: str, path: Path) -> dict[str, int]:
                                  f"{path.name} was left as it was")
         rows[table if schema == "main" else f"{schema}.{table}"] = want[0]
     return rows
+
+
+def _remove_spill(path: Path) -> None:
+    """Remove what DuckDB spilled beside ``path`` (``<file>.tmp/duckdb_temp*``: intermediates of a large
+    query, rows among them) and a process killed meanwhile left; nobody holds the file now."""
+    spill = path.with_name(path.name + ".tmp")
+    if spill.is_symlink() or not spill.is_dir():
+        return
+    for item in spill.iterdir():
+        if item.name.startswith("duckdb_temp") and (item.is_symlink() or item.is_file()):
+            item.unlink()
+    if not any(spill.iterdir()):
+        spill.rmdir()
 
 
 def _discard(path: Path, new: Path) -> None:
