@@ -406,3 +406,16 @@ def test_the_notebook_card_offers_how_long_always_lasts(ip):
     [consent] = rt.call(lambda: rt.rt.governance.consents())
     assert consent.card == view.snap["id"]
     assert timedelta(hours=8) - timedelta(minutes=5) < consent.until - consent.granted_at <= timedelta(hours=8)
+
+
+async def test_a_client_of_a_served_home_gives_a_timed_consent_through_its_server(home):
+    ends = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(hours=2)
+    with ServerThread(home, token="t-" + "c" * 40) as srv, _client(srv.url, srv.token) as api:
+        async with Runtime(home) as rt:
+            assert rt.mode == "client"
+            given = rt.governance.grant_consent("clerk", "send", by="ann", until=ends, card="pd-z")
+            assert (given.until, given.card) == (ends, "pd-z")
+            [listed] = rt.governance.consents()
+            assert (listed.until, listed.card, listed.state) == (ends, "pd-z", "in force")
+        [served] = api.get("/governance/consents").json()
+    assert (served["until"], served["card"]) == (_z(ends), "pd-z")

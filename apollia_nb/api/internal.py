@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from pydantic import AfterValidator, BeforeValidator, Field, StrictBool
+from pydantic import AfterValidator, AwareDatetime, BeforeValidator, Field, StrictBool
 
 from apollia_nb import faults
 from apollia_nb.api.deps import acting
@@ -226,6 +226,8 @@ class ConsentIn(_In):
     agent: s.AgentName
     family: ConsentFamily = Field(description="a family a standing consent can cover")
     by: s.Who
+    until: AwareDatetime | None = Field(None, description="when it ends (null: until revoked)")
+    card: str | None = Field(None, max_length=200, description="the card whose `always` gave it")
 
 
 class RevokeIn(_In):
@@ -842,7 +844,8 @@ async def review_agent_identity(body: IdentityIn, rt: Any = Depends(_runtime)) -
              operation_id="internalGrantConsent", summary="Grant a standing consent", responses=_errors(413, 422),
              description="Journaled `consent_granted` before it takes effect; an existing consent is returned as is.")
 async def grant_consent(body: ConsentIn, request: Request, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    return rt.governance.grant_consent(body.agent, body.family, by=acting(request, body.by)).to_dict()
+    return rt.governance.grant_consent(body.agent, body.family, by=acting(request, body.by), until=body.until,
+                                       card=body.card).to_dict()
 
 
 @router.post("/governance/consents/revoke", response_model=s.Consent, operation_id="internalRevokeConsent",

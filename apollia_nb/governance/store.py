@@ -1035,10 +1035,12 @@ class GovernanceStore:
         """Journal ``consent_expired`` for each standing consent whose end has passed and remove it (the
         view leaves it out whether or not this succeeds). True when recorded; when the journal or the file
         refuses, the view is made again on the next ``view()`` and the record tried again."""
+        import functools
+
         now = self._now()
         try:
             for agent, family, end in ended:
-                self._write(lambda con, agent=agent, family=family, end=end: self._expiry(con, agent, family, end, now))
+                self._write(functools.partial(self._expiry, agent=agent, family=family, end=end, now=now))
         except Exception:  # noqa: BLE001 - fail closed: the consent stays out of the view; tried again
             cached = self._cached
             if cached is not None:

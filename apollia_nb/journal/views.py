@@ -315,7 +315,8 @@ OVERSIGHT_COLUMNS = ("seq", "card", "event", "run_id", "agent", "tool", "family"
 def list_oversight(journal: Any, *, since_seq: int | None = None, since: datetime | None = None) -> list[dict[str, Any]]:
     """The ``oversight`` view as JSON-ready rows, oldest first: those after entry ``since_seq``, or answered at
     or after ``since`` (times in UTC, ``...Z``)."""
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if since_seq is not None:
         where.append("seq > ?")
         params.append(int(since_seq))

@@ -178,7 +178,7 @@ class NotebookCard(Displayable):
         """Answer it (only an answer on offer; validated, journaled, applied once); the run resumes.
         ``lasting`` ("8h"): how long the standing consent of ``always`` lasts (default: until revoked)."""
         extra = {"lasting": lasting} if lasting is not None else {}
-        self._bridge.call(self._card.answer, answer, by=by or self._bridge.user, reason=reason, **extra)
+        self._bridge.call(lambda: self._card.answer(answer, by=by or self._bridge.user, reason=reason, **extra))
         return self
 
     def to_dict(self) -> dict[str, Any]:

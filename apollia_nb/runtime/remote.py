@@ -1218,8 +1218,10 @@ class RemoteGovernance:
         return [_consent_record(c) for c in self._call("GET", "/governance/consents",
                                                        what="standing consents cannot be read")]
 
-    def grant_consent(self, agent: str, family: Any, *, by: str) -> "ConsentRecord":
-        body = {"agent": agent, "family": getattr(family, "value", family), "by": by}
+    def grant_consent(self, agent: str, family: Any, *, by: str, until: Any = None,
+                      card: str | None = None) -> "ConsentRecord":
+        body = {"agent": agent, "family": getattr(family, "value", family), "by": by,
+                **({"until": until.isoformat()} if until is not None else {}), **({"card": card} if card else {})}
         return _consent_record(self._call("POST", "/internal/governance/consents", json=body,
                                           what="the consent cannot be granted"))
 
