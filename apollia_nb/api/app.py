@@ -60,6 +60,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from apollia_nb import __version__, faults
 from apollia_nb.api import batches, hooks, people
 from apollia_nb.api.deps import API_PREFIX, acting, authorize, error_responses, json_route
+from apollia_nb.api.hot import HotRoutes, hot_routes
 from apollia_nb.api.deps import STORAGE_STATUSES as _STORAGE_STATUSES
 from apollia_nb.api.deps import closing as _closing
 from apollia_nb.api.deps import error_responses as _errors
@@ -1117,6 +1118,7 @@ def create_app(
                            allow_methods=["GET", "POST", "PUT", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", KEY_HEADER],
                            expose_headers=["Location", REPLAYED_HEADER])
+    app.add_middleware(HotRoutes, routes=hot_routes())  # inside the host and size rules (``api/hot.py``)
     app.add_middleware(BodyLimit, limit=max_body_bytes)
     app.add_middleware(HostGuard, allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(cors_origins))
     return app

@@ -302,11 +302,12 @@ async def journal_head(rt: Any = Depends(_runtime)) -> dict[str, Any]:
              summary="Append entries (atomic, durable on return)", responses=_errors(413, 422),
              description="The entries get consecutive seqs in one transaction of the server's journal writer "
                          "(group commit with every other appender) and are committed when this answers.")
-async def append_entries(body: AppendIn, rt: Any = Depends(_runtime)) -> Any:
+async def append_entries(body: AppendIn, request: Request, rt: Any = Depends(_runtime)) -> Any:
     from apollia_nb.journal.store import Draft
 
     drafts = [Draft(d.kind, d.payload, d.run_id, d.agent) for d in body.entries]
     entries = await rt.journal.append_many_async(drafts)
+    _calls(request).noted(entries)  # the runs it opens, the decisions it journals (``_Calls``)
     return _json({"entries": [_row(e) for e in entries]}, 201)
 
 
@@ -324,6 +325,21 @@ async def read_entries(
     entries = entry_page(rt.journal, run_id=run_id, since_seq=since_seq, kinds=kinds, limit=limit)
     rows = [_row(e) for e in entries]
     return {"entries": rows, "next_since_seq": rows[-1]["seq"] if len(rows) == limit else None}
+
+
+class RunSize(_Out):
+    run_id: str
+    entries: int = Field(description="how many entries the run has, every one committed before the request")
+
+
+@router.get("/journal/run-size", response_model=RunSize, operation_id="internalRunSize",
+            summary="How many entries a run has (what its `run_seal` counts)",
+            description="For a run not sealed yet: the count its `run_seal` states. Counted where the journal "
+                        "keeps it (no read of the run's entries, no wait for them to be copied into `journal.db`).")
+async def run_size(run_id: str = Query(..., min_length=1, max_length=200, description="the run"),
+                   rt: Any = Depends(_runtime)) -> Any:
+    count = await anyio.to_thread.run_sync(rt.journal.run_size, run_id)  # one query for a run older than the process
+    return _json({"run_id": run_id, "entries": count})
 
 
 @router.get("/journal/checkpoints", response_model=Checkpoints, operation_id="internalCheckpoints",
@@ -589,7 +605,10 @@ class _Calls:
 
     What an earlier server process answered is in the journal, not here: the first request of a run
     this process sees reads the run's journaled decisions once (``runs``), and a request whose call id
-    is among them is answered from its journaled entries (``found``), never decided or journaled again."""
+    is among them is answered from its journaled entries (``found``), never decided or journaled again.
+    A run this process opened itself (its ``run_open`` came through these routes) is known whole from
+    then on (``noted``): no earlier process wrote to it, so nothing is read back (a read waits for the
+    journal's newest entries to be copied into ``journal.db``)."""
 
     def __init__(self) -> None:
         from collections import OrderedDict
@@ -597,6 +616,24 @@ class _Calls:
         self.answers: OrderedDict[tuple[str, str], tuple[str, dict[str, Any]]] = OrderedDict()
         self.busy: dict[tuple[str, str], anyio.Event] = {}
         self.runs: OrderedDict[str, dict[str, int]] = OrderedDict()  # run → its journaled call ids (seqs)
+
+    def noted(self, entries: Any) -> None:
+        """What the client routes of this process committed (a call's group, an append): a run they open is
+        known whole from its ``run_open`` on (no earlier process wrote to it, so its first call request
+        reads nothing back), and a ``decision`` of a known run is noted with its call id."""
+        for entry in entries:
+            if entry.kind == "run_open" and entry.run_id is not None and entry.run_id not in self.runs:
+                self.runs[entry.run_id] = {}
+                while len(self.runs) > CALLS_KEPT:
+                    self.runs.popitem(last=False)
+            elif entry.kind == "decision" and entry.run_id in self.runs:
+                try:
+                    call_id = json.loads(bytes(entry.payload)).get("call_id")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(call_id, str):
+                    self.runs[entry.run_id].setdefault(call_id, entry.seq)
+
 
     async def once(self, key: tuple[str, str], digest: str, make: Any, found: Any = None) -> dict[str, Any]:
         from apollia_nb.errors import Conflict
@@ -693,7 +730,7 @@ async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runti
                                                 "error_code": "REFUSED", "output": None,
                                                 "output_digest": NULL_DIGEST}, body.run_id, body.agent))
         entries = await rt.journal.append_many_async(drafts)
-        _calls(request).runs.get(body.run_id, {})[body.call_id] = entries[len(body.before)].seq
+        _calls(request).noted(entries)
         faults.point("calls.after_commit")
         return {"decision": {"outcome": decision.outcome.value, "line": decision.line,
                              "answers": [a.value for a in decision.answers], "reason": payload["reason"],

@@ -90,6 +90,7 @@ ROUTE_ROLES: dict[tuple[str, str], str | None] = {
     ("GET", "/audit/entries"): U,
     ("GET", "/internal/journal/head"): U,
     ("GET", "/internal/journal/entries"): U,
+    ("GET", "/internal/journal/run-size"): U,
     ("GET", "/internal/journal/checkpoints"): U,
     ("GET", "/internal/journal/cosignatures"): U,
     ("POST", "/internal/journal/verify"): U,

@@ -19,7 +19,7 @@ and only for the batch's agent and its tasks (:data:`WORKER_ROUTES`):
   each of the batch's agent: a run is opened (``run_open``) only for a task of
   the batch under a run id the journal has never seen, and every other entry
   belongs to a run the credential opened (or, for ``packages_install``, to no run);
-* reading the entries of the runs it opened;
+* reading the entries of the runs it opened, and how many they are;
 * listing, reading and waiting for answers to the pending decisions of the
   batch's tasks, and listing a new one for them;
 * the server's review of the agent's identity, for the batch's agent with the tools and model the
@@ -262,6 +262,7 @@ WORKER_ROUTES: dict[tuple[str, str], Check] = {
     ("POST", "/internal/journal/entries"): _append,
     ("POST", "/internal/calls"): _call,
     ("GET", "/internal/journal/entries"): _read_entries,
+    ("GET", "/internal/journal/run-size"): _read_entries,
     ("POST", "/internal/journal/checkpoint"): _nothing,
     ("GET", "/internal/governance/snapshot"): _nothing,
     ("POST", "/internal/pending-decisions"): _add_pending,

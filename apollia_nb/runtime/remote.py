@@ -877,7 +877,9 @@ class RemoteJournal:
                             int(d["checked_checkpoints"]), tuple(d.get("notes") or ()))
 
     def run_size(self, run_id: str) -> int:
-        return len(self.entries(run_id=run_id))
+        """How many entries the run has (for a run not sealed yet), counted by the server's journal."""
+        return int(self._call("GET", "/internal/journal/run-size", params={"run_id": run_id},
+                              what="the run's entries cannot be counted")["entries"])
 
     async def checkpoint_async(self) -> str:
         return await anyio.to_thread.run_sync(self.checkpoint)
