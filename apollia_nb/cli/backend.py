@@ -10,7 +10,7 @@ talks to what it got:
   is a client of that server and prints what it prints without a server.
 
 Both give the same faces (``HomeBackend``): ``runtime()`` for the home's agents,
-tasks, waiting decisions and batches (``HomeRuntime``: the owner's ``Runtime`` in
+tasks, waiting decisions and batches (``runtime/served.py``, ``HomeRuntime``: the owner's ``Runtime`` in
 this process, or the server's over its REST API, where a task then runs);
 ``journal()``, ``verify()``, ``verifier()`` and ``export()`` for the journal (a
 served journal is verified here, under the home's own key, a page of entries at a
@@ -31,59 +31,35 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from apollia_nb.errors import ApolliaError, BadInput, HomeLocked, NotFound
+from apollia_nb.errors import BadInput, HomeLocked, NotFound
+from apollia_nb.runtime.served import (
+    WAIT_SECS,
+    HomeRuntime,
+    Progress,
+    ServedRuntime,
+    absolute_workspace,
+    settled_counts,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.home import Home
-    from apollia_nb.runtime.remote import RemoteHome, ServerAddress, ServerApi
+    from apollia_nb.runtime.remote import RemoteHome, ServerAddress
     from apollia_nb.runtime import Runtime
 
 __all__ = ["open_home", "HomeBackend", "HomeRuntime", "OwnedHome", "ServedHome", "kernel_owner",
            "absolute_workspace"]
 
-#: How long one wait for a served task asks the server to hold the request.
-WAIT_SECS = 25.0
 #: How long a served task whose answered decision has not resumed yet waits before it is asked again.
 POLL_SECS = 0.2
 #: How often a batch's progress is looked at.
 PROGRESS_SECS = 0.2
 #: How long `witness push` on a served home waits for the server's sender to reach every witness.
 SERVED_WAIT_SECS = 10.0
-
-Progress = Callable[[dict[str, int], int], None]
-
-
-class HomeRuntime(Protocol):
-    """The home's agents, tasks, waiting decisions, runs and batches, as JSON (``to_dict()`` shapes)."""
-
-    #: A task left without an answer at the terminal goes on after the command ends (in the server).
-    outlives_command: bool
-
-    def agents(self) -> list[dict[str, Any]]: ...
-    def register_agent(self, file: Path, manifest: Any, keep: bool | None) -> dict[str, Any]: ...
-    def stop_agent(self, name: str) -> dict[str, Any]: ...
-    def submit(self, agent: str, goal: str, *, watched: bool, max_steps: int | None,
-               approve_plan: bool) -> dict[str, Any]: ...
-    def settle(self, task_id: str) -> dict[str, Any]: ...
-    def task(self, task_id: str) -> dict[str, Any]: ...
-    def pending(self) -> list[dict[str, Any]]: ...
-    def decide(self, decision_id: str, answer: str, *, reason: str | None, by: str,
-               values: dict[str, Any] | None = None, lasting: str | None = None) -> dict[str, Any]: ...
-    def approve_plan(self, task_id: str) -> None: ...
-    def reject_plan(self, task_id: str, reason: str) -> None: ...
-    def leave(self, task_id: str) -> dict[str, Any]: ...
-    def goals(self, task_ids: set[str]) -> dict[str, str]: ...
-    def runs(self) -> list[dict[str, Any]]: ...
-    def batch(self, agent: str, items: list[dict[str, Any]], *, goal: str, concurrency: int,
-              max_steps: int | None, key: str | None,
-              progress: Progress) -> tuple[list[dict[str, Any]], dict[str, Any]]: ...
-
 
 class HomeBackend(Protocol):
     """One home, owned by this command or served by `apollia-os serve`: the faces every command uses."""
@@ -426,16 +402,12 @@ async def follow_batch(rt: "Runtime", handle: Any, progress: Progress) -> tuple[
     """Show the progress until no item is pending or running; then the rows and the batch, as stored."""
     import anyio
 
-    while not _settled(handle.counts()) and handle.status == "running":
+    while not settled_counts(handle.counts()) and handle.status == "running":
         progress(handle.counts(), len(handle.task_ids))
         with anyio.move_on_after(PROGRESS_SECS):
             await handle
     await rt.committed()  # the results written are what runtime.db holds
     return handle.rows(), handle.to_dict()
-
-
-def _settled(counts: dict[str, int]) -> bool:
-    return counts["pending"] == 0 and counts["running"] == 0
 
 
 # --- a home `apollia-os serve` owns ----------------------------------------------------------------------
@@ -479,7 +451,7 @@ class ServedHome:
 
         api = ServerApi(self.address, timeout=WAIT_SECS + 30, home=self.home)
         try:
-            yield ServedRuntime(api, self)
+            yield ServedRuntime(api, journal=lambda: self.remote.journal)
         finally:
             api.close()
 
@@ -554,115 +526,6 @@ class ServedHome:
                 return await follow_batch(rt, handle, progress)
 
         return anyio.run(main)
-
-
-class ServedRuntime:
-    """The server's agents, tasks and decisions, over its REST API: a task runs in the server."""
-
-    outlives_command = True
-
-    def __init__(self, api: "ServerApi", home: ServedHome) -> None:
-        self.api = api
-        self._home = home
-
-    def agents(self) -> list[dict[str, Any]]:
-        return list(self.api("agents"))
-
-    def register_agent(self, file: Path, manifest: Any, keep: bool | None) -> dict[str, Any]:
-        text, warning = absolute_workspace(file.read_text(encoding="utf-8"), manifest, Path.cwd())
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-        return dict(self.api("register_agent", text, keep))
-
-    def stop_agent(self, name: str) -> dict[str, Any]:
-        return dict(self.api("stop_agent", name))
-
-    def submit(self, agent: str, goal: str, *, watched: bool, max_steps: int | None,
-               approve_plan: bool) -> dict[str, Any]:
-        return dict(self.api("submit", agent, goal, watched, max_steps, (), approve_plan))
-
-    def settle(self, task_id: str) -> dict[str, Any]:
-        while True:
-            task = self.api("wait", task_id, "settled", WAIT_SECS)
-            if task["status"] != "running":
-                return dict(task)
-
-    def task(self, task_id: str) -> dict[str, Any]:
-        return dict(self.api("task", task_id))
-
-    def pending(self) -> list[dict[str, Any]]:
-        return list(self.api("pending"))
-
-    def decide(self, decision_id: str, answer: str, *, reason: str | None, by: str,
-               values: dict[str, Any] | None = None, lasting: str | None = None) -> dict[str, Any]:
-        return dict(self.api("decide", decision_id, answer, reason, by, values, lasting))
-
-    def approve_plan(self, task_id: str) -> None:
-        self.api("approve_plan", task_id, None)
-
-    def reject_plan(self, task_id: str, reason: str) -> None:
-        self.api("reject_plan", task_id, reason)
-
-    def leave(self, task_id: str) -> dict[str, Any]:
-        return self.task(task_id)  # the run waits in the server, its decision pending there
-
-    def goals(self, task_ids: set[str]) -> dict[str, str]:
-        found: dict[str, str] = {}
-        for task_id in sorted(task_ids):
-            try:
-                record = self.api("task", task_id)
-            except ApolliaError:  # a task the server no longer knows: the line shows its id alone
-                continue
-            if isinstance(record.get("goal"), str):
-                found[task_id] = record["goal"]
-        return found
-
-    def runs(self) -> list[dict[str, Any]]:
-        from apollia_nb.journal.views import list_runs
-
-        return list_runs(self._home.remote.journal)
-
-    def batch(self, agent: str, items: list[dict[str, Any]], *, goal: str, concurrency: int,
-              max_steps: int | None, key: str | None,
-              progress: Progress) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        from apollia_nb.sdk import Client
-
-        address = self._home.address
-        with Client(address.url, address.token) as client:
-            batch = client.batch(agent, items, goal, concurrency=concurrency, max_steps=max_steps, key=key)
-            for event in client.batch_events(batch.id):
-                data = event.data
-                progress(data["counts"], data["total"])
-                if _settled(data["counts"]):
-                    break
-            rows = [r.model_dump() for r in client.batch_results(batch.id)]
-            return rows, client.get_batch(batch.id).model_dump()
-
-
-def absolute_workspace(text: str, manifest: Any, cwd: Path) -> tuple[str, str | None]:
-    """The manifest text with a relative workspace root made absolute against ``cwd`` (as the CLI
-    resolves it without a server), and a warning when that could not be done."""
-    import json
-
-    from apollia_nb.runtime.manifest import parse_manifest
-
-    root = Path(manifest.workspace_root)
-    if root.is_absolute():
-        return text, None
-    target = str((cwd / root).resolve())
-    table = re.compile(r"^\s*\[workspace\]\s*(#.*)?$", re.M)
-    if table.search(text) is None:
-        candidate = text.rstrip("\n") + f"\n\n[workspace]\nroot = {json.dumps(target)}\n"
-    else:
-        candidate = re.sub(r"(^\s*\[workspace\][^\[]*?^\s*root\s*=\s*)(\"[^\"\n]*\"|'[^'\n]*')",
-                           lambda m: m.group(1) + json.dumps(target), text, count=1, flags=re.M | re.S)
-    try:
-        if parse_manifest(candidate).workspace_root == target:
-            return candidate, None
-    except ApolliaError:
-        pass
-    return text, (f"the workspace root {manifest.workspace_root!r} is relative: the server resolves it "
-                  "against its own working directory")
 
 
 # --- a home a Jupyter kernel owns ------------------------------------------------------------------------
