@@ -41,7 +41,7 @@ def _child(script: str, fault: str | None = None) -> subprocess.CompletedProcess
     env = {k: v for k, v in os.environ.items() if k != "APOLLIA_FAULT"}
     if fault:
         env["APOLLIA_FAULT"] = fault
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], check=False, capture_output=True, text=True,
                           timeout=120, env=env)
 
 
