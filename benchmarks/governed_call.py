@@ -122,11 +122,17 @@ def process_cpu_seconds(pid: int) -> float:
 
 async def ours_once(n: int, *, around: Callable[[Callable[[], Any]], Any] | None = None,
                     runtime_hook: Callable[[Runtime], None] | None = None,
-                    cpu: list[float] | None = None) -> float:
+                    cpu: list[float] | None = None, journal_format: str | None = None) -> float:
     """One task of N allowed calls on a fresh home; seconds from submit to the finished task
-    (and, into ``cpu``, the process's CPU seconds over the same span, every thread)."""
+    (and, into ``cpu``, the process's CPU seconds over the same span, every thread). ``journal_format``:
+    the home's journal is made in that entry format first ("1": payloads hashed whole)."""
     with tempfile.TemporaryDirectory(prefix="apollia-bench-", dir=HOME_ROOT) as tmp:
         root = Path(tmp)
+        if journal_format is not None:
+            from apollia_nb.home import Home
+            from apollia_nb.journal import Journal
+
+            Journal.open(Home.at(root / "home"), entry_format=journal_format).close()
         async with Runtime(root / "home") as rt:
             tool = ToolDef.from_function(read_note, family="read")
             await rt.register_agent(manifest_text(n, root / "workspace"), tools=[tool])
@@ -584,6 +590,24 @@ async def telemetry(sizes: list[int], repeats: int, interval: float | None = Non
         stop()
 
 
+async def formats(sizes: list[int], repeats: int) -> None:
+    """Ours on a journal of format 2 (salted commitments per payload field, what a home made now
+    writes) against format 1 (payloads hashed whole), alternating in one run."""
+    print(f"\njournal format 2 vs 1, median of {repeats} runs, CPU (every thread) and wall ms per call")
+    await ours_once(sizes[0])
+    for n in sizes:
+        figures: dict[str, tuple[list[float], list[float]]] = {"1": ([], []), "2": ([], [])}
+        for i in range(repeats):
+            for fmt in ("1", "2") if i % 2 == 0 else ("2", "1"):  # each goes first half the time
+                cpu, wall = figures[fmt]
+                wall.append(await ours_once(n, cpu=cpu, journal_format=fmt) / n)
+                cpu[-1] /= n
+        (c1, w1), (c2, w2) = ((statistics.median(c), statistics.median(w)) for c, w in figures.values())
+        print(f"N={n}: format 1 CPU {c1 * 1e3:.3f} wall {w1 * 1e3:.3f} | format 2 CPU {c2 * 1e3:.3f} "
+              f"wall {w2 * 1e3:.3f} | ratio CPU {c2 / c1:.3f} wall {w2 / w1:.3f}")
+    print(f"load average {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 400], help="calls per task (default 50 400)")
@@ -600,6 +624,8 @@ def main() -> None:
     parser.add_argument("--served", action="store_true",
                         help="also a call in a client of a home served by apollia-os serve beside an owned home")
     parser.add_argument("--served-only", action="store_true", help="only the served vs owned figure")
+    parser.add_argument("--formats", action="store_true",
+                        help="only ours on a journal of format 2 (salted commitments) vs format 1, alternating")
     parser.add_argument("--telemetry", action="store_true",
                         help="only the figure with [telemetry] on vs off, alternating in one run (needs apollia-nb[otel])")
     args = parser.parse_args()
@@ -610,6 +636,9 @@ def main() -> None:
     sizes = sorted(args.sizes)
 
     async def run() -> None:
+        if args.formats:
+            await formats(sizes, args.repeats)
+            return
         if args.telemetry:
             await telemetry(sizes, args.repeats, args.interval)
             return

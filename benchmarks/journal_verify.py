@@ -22,6 +22,12 @@ takes ``--home``, then prints:
   workers, and peak RSS. ``--baseline TREE`` measures another checkout's command
   in the same run, the two alternating, and prints the ratios.
 
+``--formats`` instead builds two journals of ``--entries`` entries, one of format 2
+(salted commitments per payload field, what a home made now writes) and one of
+format 1 (payloads hashed whole), and verifies them in turn ``--repeat`` times
+(``verify_home``, 2 worker processes): median wall time and CPU seconds (this
+process and its workers) per entry, and the ratios.
+
 On a shared machine wall-clock rates drop with the load, so the CPU seconds
 spent are printed too, with the rate they allow on 2 idle cores.
 """
@@ -54,8 +60,8 @@ PAYLOAD = {
 }
 
 
-def build(home: Home, entries: int) -> None:
-    with Journal.open(home) as journal:
+def build(home: Home, entries: int, entry_format: str | None = None) -> None:
+    with Journal.open(home, entry_format=entry_format) as journal:
         done = 0
         while done < entries:
             n = min(1000, entries - done)
@@ -232,6 +238,32 @@ def _cpu() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
+def formats(entries: int, repeat: int) -> None:
+    """Format 2 against format 1, the same entries, verified alternately in one run."""
+    import statistics
+
+    with tempfile.TemporaryDirectory() as d:
+        homes = {fmt: Home.at(os.path.join(d, f"format{fmt}")) for fmt in ("1", "2")}
+        for fmt, home in homes.items():
+            build(home, entries, fmt)
+        figures: dict[str, tuple[list[float], list[float]]] = {fmt: ([], []) for fmt in homes}
+        for _ in range(repeat):
+            for fmt, home in homes.items():
+                s0, c0 = _cpu()
+                t = time.perf_counter()
+                report = verify_home(home, workers=2)
+                wall = time.perf_counter() - t
+                s1, c1 = _cpu()
+                assert report.ok and report.entries == entries and report.format == fmt, report
+                figures[fmt][0].append(wall / entries)
+                figures[fmt][1].append((s1 - s0 + c1 - c0) / entries)
+        med = {fmt: (statistics.median(w), statistics.median(c)) for fmt, (w, c) in figures.items()}
+        for fmt, (w, c) in med.items():
+            print(f"format {fmt}: {1 / w:9,.0f} entries/s wall, {c * 1e6:.1f} us CPU per entry (here + workers)")
+        print(f"format 2 / format 1: throughput {med['1'][0] / med['2'][0]:.3f}, "
+              f"CPU per entry {med['2'][1] / med['1'][1]:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=50_000, help="entries of the journal built")
@@ -239,7 +271,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="best of N for each verify figure")
     parser.add_argument("--sample", type=int, default=100_000, help="entries the time is broken down over")
     parser.add_argument("--baseline", help="another checkout whose `audit verify` is measured in the same run")
+    parser.add_argument("--formats", action="store_true",
+                        help="only journals of format 2 (salted commitments) vs format 1, verified alternately")
     args = parser.parse_args()
+    if args.formats:
+        formats(args.entries, args.repeat)
+        print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+        return
 
     for label, rate in raw_rates(20_000).items():
         print(f"raw {label:<47}: {rate:9,.0f} signatures/s, 1 core")

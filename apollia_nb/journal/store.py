@@ -1665,6 +1665,31 @@ def copy_pieces(rows: list[tuple[Any, ...]], entries: int | None = None,
     return pieces
 
 
+class _SaltSource:
+    """Random bytes for salts from the OS, drawn 4 KiB at a time (a ``getrandom`` per entry cost
+    about as much as its salting); a child made by ``fork`` draws its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buf = b""
+        self._at = 0
+
+    def take(self, n: int) -> bytes:
+        with self._lock:
+            if self._at + n > len(self._buf):
+                self._buf, self._at = os.urandom(max(4096, n)), 0
+            out = self._buf[self._at:self._at + n]
+            self._at += n
+            return out
+
+    def forget(self) -> None:
+        self._buf, self._at = b"", 0
+
+
+_SALTS = _SaltSource()
+os.register_at_fork(after_in_child=_SALTS.forget)
+
+
 def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: str | None = None,
           sealed: bool = False) -> _Item:
     """Validate in the caller's thread, so bad input raises there and nothing is queued. ``sealed``
@@ -1675,6 +1700,6 @@ def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: 
     if sealed:
         if not isinstance(payload, dict):
             raise BadInput(f"a journal payload must be a JSON object, not {type(payload).__name__}")
-        stored, committed = seal_payload(payload, os.urandom(SALT_SIZE * len(payload)))
+        stored, committed = seal_payload(payload, _SALTS.take(SALT_SIZE * len(payload)))
         return _Item(kind, stored, run_id, agent, committed)
     return _Item(kind, canonical_payload(payload), run_id, agent)
