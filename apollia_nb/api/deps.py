@@ -115,8 +115,10 @@ def stream_errors(*statuses: int, events: dict[str, str]) -> dict[int | str, dic
 bearer = HTTPBearer(
     auto_error=False, scheme_name="bearerToken",
     description="The token `apollia-os serve` was started with (`--token`, `$APOLLIA_TOKEN`, or generated "
-                "and written to `<home>/server.json`). Not needed for `/api/v1/health`, `/api/v1/openapi.json` "
-                "or `/api/v1/docs`.",
+                "and written to `<home>/server.json`), a person's own token (`apollia-os people add`), or, on a "
+                "home served with a JupyterHub (`--hub`), a hub user's token, which the hub vouches for (a hub "
+                "that does not answer: 503 `HUB_UNREACHABLE` on any route). Not needed for `/api/v1/health`, "
+                "`/api/v1/openapi.json` or `/api/v1/docs`.",
 )
 
 
