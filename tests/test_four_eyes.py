@@ -16,7 +16,9 @@ from apollia_nb.errors import Forbidden, PolicyRefused
 from apollia_nb.governance.approvals import Requirement, local_person, refusal, requirement
 from apollia_nb.governance.policy import keygen, parse_policy, policy_to_dict, sign
 from apollia_nb.runtime import Runtime
+from notebook_fixtures import ip  # noqa: F401 - the fixture
 from runtime_helpers import call, manifest
+from test_notebook_panel import WAIT, ask, open_panel
 
 OWNER = "four-eyes-owner-" + "f" * 32
 WRITER = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="one")]}, {"text": "Done."}])
@@ -247,3 +249,20 @@ async def test_in_a_kernel_the_local_owner_started_the_run_and_may_not_approve_i
         assert len(rt.journal.entries(run_id=handle.run_id, kinds=["answer_refused"])) == 2
         card.answer("refuse", by="user")
         assert (await handle).status == "failed"
+
+
+def test_the_panel_says_who_you_are_and_why_you_may_not_approve_the_run_you_started(home, ip):
+    _deposit(home, FOUR_EYES)  # governance reads the new policy on its next snapshot
+    ip.run_cell_magic("apollia", "agent", WRITER)
+    task = ip.run_cell_magic("apollia", "task clerk", "Write a.txt").join(WAIT, settled=True)
+    p, comm = open_panel(ip)
+    data = ask(p, comm, "s1", op="snapshot")["data"]
+    assert data["me"] == {"name": local_person(), "role": "owner of this home", "auth": "local"}
+    [item] = [i for i in data["inbox"] if i.get("kind") == "card"]
+    assert item["may_answer"]["excluded"] == [local_person()]
+    assert item["you"]["answers"] == ["refuse"]
+    assert item["you"]["why"].startswith(f"Four eyes: you ({local_person()}) started this run")
+    refused = ask(p, comm, "a1", op="answer", card_id=item["id"], answer="once")
+    assert refused["ok"] is False and refused["error"]["code"] == "FORBIDDEN", refused
+    assert ask(p, comm, "a2", op="answer", card_id=item["id"], answer="refuse")["ok"] is True
+    assert task.join(WAIT).status == "failed"

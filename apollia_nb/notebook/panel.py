@@ -292,6 +292,39 @@ def inbox_item(decision: dict[str, Any], card: dict[str, Any] | None = None, *, 
     return item
 
 
+def me_of(mode: str) -> dict[str, str]:
+    """Who answers from this panel, as four eyes counts them: in a kernel that owns the home, the local
+    user (the home's owner); in one that joined a served home, the owner token it sends (``owner``)."""
+    from apollia_nb.governance.approvals import local_person
+
+    if mode == "owner":
+        return {"name": local_person(), "role": "owner of this home", "auth": "local"}
+    return {"name": "owner", "role": "admin", "auth": "owner"}
+
+
+def yours(item: dict[str, Any], me: str) -> dict[str, Any]:
+    """What ``me`` may answer a waiting card (``answers``), and why not the others (``why``, None when
+    every answer on offer is theirs): read from the card's ``may_answer``. Refusing is always theirs."""
+    answers = list(item.get("answers") or [])
+    if item.get("answered") is not None or "may_answer" not in item:
+        return {"answers": answers, "why": None}
+    may = item.get("may_answer")
+    refuse = [a for a in answers if a == "refuse"]
+    if not isinstance(may, dict):  # governance cannot be read: nobody approves now
+        return {"answers": refuse, "why": "Governance cannot be read now, so no approval is accepted; "
+                                           "you may refuse."}
+    if me not in (may.get("excluded") or []):
+        return {"answers": answers, "why": None}
+    if may.get("four_eyes") and me == may.get("started_by"):
+        why = (f"Four eyes: you ({me}) started this run, so another person with the approver role must "
+               "approve it. You may refuse it.")
+    else:
+        needed = may.get("approvals_needed")
+        why = (f"You ({me}) approved this already; it needs {needed} more approval"
+               f"{'' if needed == 1 else 's'} from other people. You may refuse it.")
+    return {"answers": refuse, "why": why}
+
+
 def plan_item(task: dict[str, Any], *, runs: str = "kernel") -> dict[str, Any]:
     """One inbox row for a task waiting for its plan to be approved (the REST API's ``Task``)."""
     return {
@@ -518,7 +551,8 @@ class PanelHome:
         answered = sorted((c for c in cards.values() if c.get("answer") is not None and c["id"] not in listed),
                           key=lambda c: c.get("answered_at") or "", reverse=True)[:LATEST_ENTRIES]
         inbox += [inbox_item(c, c) for c in answered]
-        inbox = with_goals(inbox, runs) + plans
+        me = me_of(there.mode)
+        inbox = [{**item, "you": yours(item, me["name"])} for item in with_goals(inbox, runs)] + plans
         runs.sort(key=lambda r: (r["finished_at"] is not None, r.get("created_at") or "", r["id"]))
         try:
             journal = await anyio.to_thread.run_sync(self._journal_head)
@@ -532,7 +566,8 @@ class PanelHome:
         journal["verify"] = dict(self.verification)
         return {
             "mode": there.mode, "home": str(rt.home.path), "server": there.url,
-            "kernel_agents_only": there.mode == "owner", "user": self.bridge.user, "version": self.version,
+            "kernel_agents_only": there.mode == "owner", "user": self.bridge.user, "me": me,
+            "version": self.version,
             "agents": agents, "runs": runs, "inbox": inbox, "journal": journal, "problems": problems,
         }
 

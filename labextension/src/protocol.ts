@@ -54,6 +54,29 @@ export interface Card {
   answer?: string | null;
   answered_by?: string | null;
   answered_at?: string | null;
+  /** The digest of the call as shown: what an answer approves. */
+  digest?: string;
+  /** Who may answer it (the policy's four eyes and approvers); null when governance cannot be read. */
+  may_answer?: MayAnswer | null;
+  /** What the person at this panel may answer, and why not the rest (null: every answer on offer). */
+  you?: { answers: string[]; why: string | null };
+}
+
+export interface MayAnswer {
+  roles: string[];
+  four_eyes: boolean;
+  started_by: string | null;
+  excluded: string[];
+  approvers: number;
+  approved_by: string[];
+  approvals_needed: number;
+}
+
+/** Who answers from this panel, as four eyes counts them. */
+export interface Me {
+  name: string;
+  role: string;
+  auth: string;
 }
 
 /** A task waiting for its plan to be approved, as the kernel sends it in the inbox. */
@@ -147,6 +170,7 @@ export interface Snapshot {
   home: string;
   server: string | null;
   user?: string;
+  me?: Me;
   /** The change counter the pushes carry, as of this snapshot. */
   version?: number;
   kernel_agents_only?: boolean;

@@ -169,8 +169,11 @@ export function renderCard(card: Card, state: PanelState, handlers: Handlers, no
       answered.by ? ` by ${answered.by}` : '',
       answered.at ? ` at ${clock(answered.at)}` : ''));
   } else {
+    if (card.you?.why) {
+      el.append(h(doc, 'p', { class: 'apollia-may-not', role: 'note' }, card.you.why));
+    }
     const buttons = h(doc, 'div', { class: 'apollia-answers', role: 'group', 'aria-label': `Answers for ${title}` });
-    for (const answer of card.answers) {
+    for (const answer of card.you ? card.you.answers : card.answers) {
       const b = button(doc, answer, () => handlers.answer(card.id, answer), {
         class: `apollia-button apollia-answer apollia-answer-${answer}`,
         'data-answer': answer,
@@ -446,6 +449,10 @@ export function renderPanel(state: PanelState, handlers: Handlers, now: number, 
       `shared home: showing every run of ${snap.server ?? 'the server'}`));
   }
   root.append(h(doc, 'p', { class: 'apollia-home', title: snap.home }, `home ${snap.home}`));
+  if (snap.me) {
+    root.append(h(doc, 'p', { class: 'apollia-me', 'aria-label': 'who you are' },
+      'you: ', h(doc, 'strong', {}, snap.me.name), ` (${snap.me.role})`));
+  }
   if (state.error) {
     root.append(h(doc, 'p', { class: 'apollia-error', role: 'alert' }, state.error));
   }
