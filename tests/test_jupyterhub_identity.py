@@ -269,6 +269,9 @@ def test_a_token_the_hub_does_not_know_is_401_and_one_not_meant_for_this_home_is
             assert r.status_code == 403, r.text
             assert r.json()["code"] == "FORBIDDEN" and who in r.json()["message"]
             assert "access:services!service=apollia" in r.json()["message"]
+        keyed = httpx.post(f"{url}/governance/rules", json={"tool": "bash_executor", "effect": "allow"}, timeout=60,
+                           headers={"Authorization": f"Bearer {dave}", "Idempotency-Key": "k-1"})
+        assert keyed.status_code == 403 and keyed.json()["code"] == "FORBIDDEN"
         service = send(url, hub.admin)  # a hub service's own token is no person
         assert service.status_code == 403 and "not a person's" in service.json()["message"]
         assert send(url, OWNER, body={"enabled": True}).status_code == 200  # the owner's token is the server's own, as ever
@@ -289,6 +292,9 @@ def test_a_hub_that_does_not_answer_refuses_every_hub_token_and_no_other(hub, tm
             assert r.json()["code"] == "HUB_UNREACHABLE" and token not in r.text
         stream = httpx.get(f"{url}/tasks/t-1/events", headers={"Authorization": f"Bearer {ann}"}, timeout=60)
         assert stream.status_code == 503 and stream.json()["code"] == "HUB_UNREACHABLE"
+        keyed = httpx.post(f"{url}/governance/rules", json={"tool": "bash_executor", "effect": "allow"}, timeout=60,
+                           headers={"Authorization": f"Bearer {ann}", "Idempotency-Key": "k-1"})
+        assert keyed.status_code == 503 and keyed.json()["code"] == "HUB_UNREACHABLE"
         assert send(url, personal).status_code == 200  # a personal token and the owner's never ask the hub
         assert send(url, OWNER, body={"enabled": False}).status_code == 200
     assert [b for b, *_ in who_changed_devmode(home)] == ["rita", "api"]
