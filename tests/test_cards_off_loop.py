@@ -20,25 +20,38 @@ WRITER = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", conten
 READER = manifest("reader", actor=[{"text": "Read."}])
 
 
-def _holding(rt: Runtime) -> tuple[threading.Event, threading.Event]:
-    """governance.db's ``add_pending`` held (in whatever thread calls it) until the second event is set."""
+def _holding(rt: Runtime) -> tuple[threading.Event, threading.Event, list[int]]:
+    """governance.db's first store of pending decisions held (in whatever thread makes it) until the second
+    event is set; the list gets the number of decisions of each store."""
     entered, release = threading.Event(), threading.Event()
-    real = rt.governance.add_pending
+    sizes: list[int] = []
+    many, one = rt.governance.add_pending_many, rt.governance.add_pending
 
-    def held(**fields):
-        entered.set()
-        release.wait(5)  # without the fix, this is the event loop: nothing else runs until it gives up
-        return real(**fields)
+    def hold() -> None:
+        if not entered.is_set():
+            entered.set()
+            release.wait(5)  # where this is the event loop, nothing else runs until it gives up
 
-    rt.governance.add_pending = held  # type: ignore[method-assign]
-    return entered, release
+    def held_many(calls):
+        sizes.append(len(calls))
+        hold()
+        return many(calls)
+
+    def held_one(**fields):
+        sizes.append(1)
+        hold()
+        return one(**fields)
+
+    rt.governance.add_pending_many = held_many  # type: ignore[method-assign]
+    rt.governance.add_pending = held_one  # type: ignore[method-assign]
+    return entered, release, sizes
 
 
 async def test_the_loop_runs_other_tasks_while_a_pending_decision_is_stored(home, tmp_path) -> None:
     async with Runtime(home) as rt:
         await rt.register_agent(WRITER)
         await rt.register_agent(READER)
-        entered, release = _holding(rt)
+        entered, release, _ = _holding(rt)
         writer = await rt.submit("clerk", "Write a.txt", watched=False)
         with anyio.fail_after(30):
             assert await anyio.to_thread.run_sync(entered.wait, 10)
@@ -64,14 +77,50 @@ async def test_the_loop_runs_other_tasks_while_a_pending_decision_is_stored(home
         assert writer.status == "completed"
 
 
+async def test_decisions_asked_while_one_is_stored_are_stored_together_each_card_its_own(home) -> None:
+    async with Runtime(home) as rt:
+        await rt.register_agent(WRITER)
+        entered, release, sizes = _holding(rt)
+        first = await rt.submit("clerk", "Write a.txt 0", watched=False)
+        with anyio.fail_after(30):
+            assert await anyio.to_thread.run_sync(entered.wait, 10)
+        try:
+            commits = rt.governance.stats["commits"]
+            others = [await rt.submit("clerk", f"Write a.txt {i}", watched=False) for i in range(1, 6)]
+            with anyio.fail_after(10):  # each of the five asks while the first decision is being stored
+                while len(getattr(rt, "_unstored", ())) + len(sizes) - 1 < 5:  # queued, or stored on its own
+                    await anyio.sleep(0.01)
+        finally:
+            release.set()
+        tasks = [first, *others]
+        for task in tasks:
+            with anyio.fail_after(30):
+                await task.settled()
+        assert [t.status for t in tasks] == ["waiting"] * 6
+        assert sizes == [1, 5]  # the first alone, the five asked meanwhile as one group
+        assert rt.governance.stats["commits"] - commits == 2
+        by_task = {p["task_id"]: p for p in rt.pending_decisions()}
+        assert sorted(by_task) == sorted(t.id for t in tasks)
+        assert {c.task_id: c.id for c in rt.pending} == {tid: p["id"] for tid, p in by_task.items()}
+        assert len({p["run_id"] for p in by_task.values()}) == 6
+        for task in tasks:
+            (card,) = [c for c in rt.pending if c.task_id == task.id]
+            rt.answer(card.id, "once", by="ops")
+        for task in tasks:
+            with anyio.fail_after(30):
+                await task.wait()
+            assert task.status == "completed"
+
+
 async def test_a_pending_decision_governance_db_does_not_store_leaves_the_call_unmade(home) -> None:
     async with Runtime(home) as rt:
         await rt.register_agent(WRITER)
 
-        def refused(**fields):
+        def refused(*calls, **fields):
             raise GovernanceUnreadable("governance.db cannot be written: held by a test")
 
         rt.governance.add_pending = refused  # type: ignore[method-assign]
+        rt.governance.add_pending_many = refused  # type: ignore[method-assign]
         writer = await rt.submit("clerk", "Write a.txt", watched=False)
         with anyio.fail_after(30):
             await writer.wait()

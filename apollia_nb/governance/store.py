@@ -1711,6 +1711,47 @@ class GovernanceStore:
         call_id: str | None = None,
     ) -> PendingDecision:
         """List a call of an unattended run as waiting for a person; returns it with its id."""
+        (added,) = self.add_pending_many([dict(
+            run_id=run_id, task_id=task_id, agent=agent, tool=tool, family=family, arguments=arguments,
+            answers=answers, reason=reason, line=line, call_id=call_id)])
+        if isinstance(added, ApolliaError):
+            raise added
+        return added
+
+    def add_pending_many(self, calls: Sequence[Mapping[str, Any]]) -> list[PendingDecision | ApolliaError]:
+        """List calls as waiting, each given by ``add_pending``'s arguments, in one transaction (one commit).
+
+        Each gets its decision with its id, or the ``BadInput`` its arguments earn (the others are listed
+        all the same). A database that cannot be read or written raises, and then none is listed."""
+        results: list[PendingDecision | ApolliaError | None] = [None] * len(calls)
+        rows: list[list[Any]] = []
+        for i, call in enumerate(calls):
+            try:
+                decision, row = self._new_pending(**call)
+            except ApolliaError as exc:
+                results[i] = exc
+                continue
+            results[i] = decision
+            rows.append(row)
+        if not rows:
+            return results  # type: ignore[return-value]
+
+        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change:
+            def apply(c: "duckdb.DuckDBPyConnection") -> None:
+                c.execute(
+                    f"INSERT INTO pending_decisions ({_PENDING_COLUMNS}) VALUES "
+                    + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, NULL)"] * len(rows)),
+                    [value for row in rows for value in row],
+                )
+
+            return _Change(None, {}, None, apply, results, view_unchanged=True)
+
+        return self._write(prepare)  # type: ignore[no-any-return]
+
+    def _new_pending(self, run_id: str, task_id: str | None, agent: str, tool: str, family: Family | str | None,
+                     arguments: Mapping[str, Any], answers: Sequence[Answer | str], reason: str = "",
+                     line: int = 0, call_id: str | None = None) -> tuple[PendingDecision, list[Any]]:
+        """A new pending decision, validated, and its row (``BadInput`` for what is not valid)."""
         if not isinstance(run_id, str) or not run_id:
             raise BadInput("run_id must be a non-empty string")
         agent = validate_agent(agent)
@@ -1726,20 +1767,9 @@ class GovernanceStore:
             family=fam, arguments=json.loads(args_json), answers=offered, created_at=self._now(),
             reason=reason, line=int(line), call_id=call_id,
         )
-
-        def prepare(con: "duckdb.DuckDBPyConnection") -> _Change:
-            def apply(c: "duckdb.DuckDBPyConnection") -> None:
-                c.execute(
-                    f"INSERT INTO pending_decisions ({_PENDING_COLUMNS}) VALUES "
-                    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, NULL)",
-                    [decision.id, run_id, task_id, agent, tool, fam.value if fam else None, args_json,
-                     json.dumps([a.value for a in offered]), _naive(decision.created_at), reason,
-                     decision.line, call_id, PENDING],
-                )
-
-            return _Change(None, {}, agent, apply, decision, view_unchanged=True)
-
-        return self._write(prepare)
+        return decision, [decision.id, run_id, task_id, agent, tool, fam.value if fam else None, args_json,
+                          json.dumps([a.value for a in offered]), _naive(decision.created_at), reason,
+                          decision.line, call_id, PENDING]
 
     def pending(self, status: str | None = PENDING, *, run_id: str | None = None) -> list[PendingDecision]:
         """Decisions with ``status`` (None: all), oldest first, optionally of one run."""

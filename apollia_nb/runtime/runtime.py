@@ -276,6 +276,8 @@ class Runtime:
         # Answers are recorded one group at a time (``_record_answers``), from the loop or from a thread.
         self._answers_lock = threading.RLock()
         self._asks: list[tuple[_Ask, asyncio.Future[dict[str, Any]]]] = []  # ``answer_async``: not yet taken
+        self._unstored: list[tuple[dict[str, Any], asyncio.Future[Any]]] = []  # ``open_card_async``: not yet taken
+        self._storing = False  # a group of pending decisions is being stored off the loop
         self._asked: set[str] = set()  # decisions of the group being recorded off the loop
         self._asks_idle: anyio.Event | None = None  # set when that group is delivered
         self.batch_handles: dict[str, Any] = {}  # runtime/batch.py: this process's batches, by id
@@ -1053,24 +1055,51 @@ class Runtime:
 
     async def open_card_async(self, **call: Any) -> Card:
         """``open_card`` for an event loop that serves many at once (a task's or a chat's call that asks):
-        the pending decision is stored in governance.db by a worker thread while the loop goes on; the
-        card is shown once it is stored, as ``open_card`` shows it, and never without it (a store that
-        fails raises here, and the call is not made). A client's runtime asks its server (``open_card``)."""
+        the pending decision is stored in governance.db by a worker thread while the loop goes on, and
+        those asked for while a group is being stored form the next group (one governance.db commit for
+        all). The card is shown once its decision is stored, as ``open_card`` shows it, and never without
+        it (a store that fails raises here, and the call is not made). A client's runtime asks its server."""
         if self.mode == "client":
             return self.open_card(**call)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._unstored.append((call, done))
         with anyio.CancelScope(shield=True):  # once stored, its card is shown: nothing waits unlisted
-            stored = await anyio.to_thread.run_sync(lambda: self._store_pending(**call))
+            if not self._storing:  # nobody stores a group now: this call does, until none is left
+                await self._store_groups()
+            stored = await done
         return self.open_card(**call, stored=stored)
 
-    def _store_pending(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
-                       arguments: dict[str, Any], decision: Any, task_id: str | None, session_id: str | None,
-                       **_shown: Any) -> Any:
+    async def _store_groups(self) -> None:
+        self._storing = True
+        try:
+            while self._unstored:
+                group, self._unstored = self._unstored, []
+                try:
+                    results: list[Any] = await anyio.to_thread.run_sync(
+                        self.governance.add_pending_many, [self._pending_of(**call) for call, _ in group])
+                except Exception as exc:  # noqa: BLE001 - unreadable or refused: every waiter hears it
+                    results = [exc] * len(group)
+                for (_, done), result in zip(group, results):
+                    if not done.done():
+                        if isinstance(result, BaseException):
+                            done.set_exception(result)
+                        else:
+                            done.set_result(result)
+        finally:
+            self._storing = False
+
+    def _store_pending(self, **call: Any) -> Any:
         """The call's pending decision, stored in governance.db (``GovernanceStore.add_pending``)."""
-        return self.governance.add_pending(
-            run_id=run_id, task_id=task_id or session_id, agent=agent.name, tool=tool, family=family,
-            arguments=arguments, answers=[a.value for a in decision.answers], reason=decision.reason,
-            line=decision.line, call_id=call_id,
-        )
+        return self.governance.add_pending(**self._pending_of(**call))
+
+    @staticmethod
+    def _pending_of(*, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
+                    arguments: dict[str, Any], decision: Any, task_id: str | None, session_id: str | None,
+                    **_shown: Any) -> dict[str, Any]:
+        """What governance.db stores of a call that asks (``GovernanceStore.add_pending``'s arguments)."""
+        return dict(run_id=run_id, task_id=task_id or session_id, agent=agent.name, tool=tool, family=family,
+                    arguments=arguments, answers=[a.value for a in decision.answers], reason=decision.reason,
+                    line=decision.line, call_id=call_id)
 
     def open_decision(self, *, agent: Agent, run_id: str, call_id: str, tool: str, family: str | None,
                       arguments: dict[str, Any], decision: Any) -> Card:
