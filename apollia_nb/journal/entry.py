@@ -74,6 +74,7 @@ __all__ = [
     "readable_payload",
     "stored_entry_hash",
     "stored_entry_bytes",
+    "sealed_committed",
     "entry_hash_v2",
     "erased_fields",
     "GENESIS_HASH",
@@ -578,35 +579,79 @@ def open_sealed(stored: bytes | dict[str, Any]) -> Sealed:
     return Sealed(data, {k: bytes.fromhex(v) for k, v in salts_hex.items()}, erased)
 
 
-def _committed_of_parsed(data: dict[str, Any]) -> bytes | None:
-    """``committed_bytes(open_sealed(data))`` for a parsed stored payload, the way a verifier takes
-    every entry: None when anything is out of the ordinary (``open_sealed`` then says what)."""
+class _NotCanonical(Exception):
+    """A salted payload's part that does not hold together (its message names the field)."""
+
+
+def _unhex(text: str, key: str, what: str) -> bytes:
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise _NotCanonical(f"field {key!r}: its {what} is not hex") from None
+
+
+def sealed_committed(stored: bytes, data: dict[str, Any] | None = None) -> tuple[bytes, list[str]]:
+    """A format 2 stored payload's committed bytes and its erased fields, checking on the way that
+    the bytes are exactly the canonical JSON of what they hold (rebuilt from the parts the
+    commitments need, not re-serialised whole); ``ValueError`` naming what is wrong. ``data``:
+    the stored bytes parsed already."""
+    if data is None:
+        data = json.loads(stored)
+    if type(data) is not dict or SALTS_KEY not in data:
+        raise ValueError("it is not a salted payload")
+    data = dict(data)
     salts = data.pop(SALTS_KEY)
     erased = data.pop(ERASED_KEY, None)
-    if type(salts) is not dict or len(salts) != len(data) or (erased is not None and type(erased) is not dict):
-        return None
-    encode = _encode_canonical
-    if encode is None:  # pragma: no cover - a Python without the C accelerator
-        return None
-    commits: dict[str, str] = {}
+    if type(salts) is not dict:
+        raise ValueError("its salts are not an object")
+    if erased is not None and (type(erased) is not dict or not erased):
+        raise ValueError("its erased commitments are not an object of fields")
+    encode = _encode_canonical or (lambda v: canonical_json(v).decode("utf-8"))
+    small, large = _sha256_small, _sha256
+    width = 2 * SALT_SIZE
+    commits: dict[str, bytes] = {}
+    parts: dict[str, bytes] = {}
     try:
         for key, value in data.items():
-            salt = salts[key]
-            if type(salt) is not str or len(salt) != 2 * SALT_SIZE:
-                return None
-            commits[key] = _sha256(bytes.fromhex(salt) + encode(value).encode("utf-8")).hexdigest()
+            if key[:1] == "@":
+                raise _NotCanonical(f"field {key!r} is not a payload field")
+            salt = salts.get(key)
+            if type(salt) is not str or len(salt) != width:
+                raise _NotCanonical(f"field {key!r} has no salt" if salt is None else
+                                 f"field {key!r}: its salt is not {SALT_SIZE} bytes of hex")
+            v = encode(value).encode("utf-8")
+            name = _NAMES.get(key) or _name(key)
+            parts[key] = name + b":" + v
+            commits[key] = name + b':"' + (small if len(v) < 512 else large)(
+                _unhex(salt, key, "salt") + v).hexdigest().encode("ascii") + b'"'
+        if len(salts) != len(data):
+            extra = sorted(set(salts) - set(data))
+            raise _NotCanonical(f"field {extra[0]!r} has a salt but no value" if extra else "its salts do not match")
         if erased:
             for key, digest in erased.items():
-                if key in commits or key[:1] == "@" or type(digest) is not str or len(digest) != 2 * HASH_SIZE:
-                    return None
-                bytes.fromhex(digest)
-                commits[key] = digest
-    except (KeyError, ValueError, TypeError, UnicodeEncodeError, RecursionError):
+                if key in commits:
+                    raise _NotCanonical(f"field {key!r} is both present and erased")
+                if key[:1] == "@" or type(digest) is not str or len(digest) != 2 * HASH_SIZE:
+                    raise _NotCanonical(f"field {key!r}: its commitment is not {HASH_SIZE} bytes of hex")
+                _unhex(digest, key, "commitment")
+                commits[key] = (_NAMES.get(key) or _name(key)) + b':"' + digest.encode("ascii") + b'"'
+            parts[ERASED_KEY] = b'"@erased":' + encode(erased).encode("utf-8")
+        parts[SALTS_KEY] = b'"@salts":' + encode(salts).encode("utf-8")
+    except _NotCanonical as exc:
+        raise ValueError(str(exc)) from None
+    except (TypeError, ValueError, UnicodeEncodeError, RecursionError, OverflowError) as exc:
+        raise ValueError(f"it does not hold canonical JSON ({type(exc).__name__}: {exc})") from None
+    if b"{" + b",".join([parts[k] for k in sorted(parts)]) + b"}" != stored:
+        raise ValueError("it is not stored as its canonical JSON")
+    return b"{" + b",".join([commits[k] for k in sorted(commits)]) + b"}", sorted(erased or ())
+
+
+def _committed_of_parsed(data: dict[str, Any]) -> bytes | None:
+    """``committed_bytes(open_sealed(data))`` for parsed stored payload, None when it does not hold together."""
+    try:
+        return committed_bytes(open_sealed(data))
+    except (ValueError, TypeError, KeyError):
         return None
-    for key in data:
-        if key[:1] == "@":
-            return None
-    return encode(commits).encode("utf-8")
 
 
 def committed_bytes(sealed: Sealed) -> bytes:
@@ -690,10 +735,7 @@ def stored_entry_hash(
         except ValueError:
             data = None
         if isinstance(data, dict) and SALTS_KEY in data:
-            committed = _committed_of_parsed(dict(data))
-            if committed is None:
-                committed = committed_bytes(open_sealed(data))  # raises naming the field, or gives the same bytes
-            return entry_hash_v2(seq, ts, run_id, agent, kind, committed, prev_hash)
+            return entry_hash_v2(seq, ts, run_id, agent, kind, sealed_committed(payload, data)[0], prev_hash)
     return entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
 
 

@@ -48,16 +48,12 @@ from apollia_nb.errors import BadInput, IntegrityError, NotFound
 from apollia_nb.journal.bundle import BUNDLE_FILES, read_bundle_key, read_bundle_meta
 from apollia_nb.journal.checkpoint import Checkpoint, NoteVerifier, open_checkpoint
 from apollia_nb.journal.entry import (
-    ERASED_KEY,
     GENESIS_HASH,
     SALTS_KEY,
-    canonical_json,
-    committed_bytes,
     entry_hash,
     entry_hash_v2,
-    open_sealed,
+    sealed_committed,
 )
-from apollia_nb.journal.entry import _committed_of_parsed
 from apollia_nb.journal.merkle import EMPTY_ROOT, MerkleAccumulator, leaf_hash
 
 if TYPE_CHECKING:
@@ -91,13 +87,6 @@ STREAM_MEMORY = "8MB"
 
 _COLUMNS = "seq, ts, run_id, agent, kind, payload, prev_hash, hash, signature, key_id"
 _SALTS_MARK = b'"@salts":'
-
-
-def _encode(value: Any) -> bytes:
-    try:
-        return canonical_json(value)
-    except BadInput as exc:
-        raise ValueError(exc.message) from None
 
 
 @dataclass(frozen=True)
@@ -571,13 +560,8 @@ class _Scan:
         data = _json.loads(payload)
         if type(data) is not dict or SALTS_KEY not in data:
             return entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
-        if _encode(data) != payload:  # the very bytes it was stored as, or someone changed them
-            raise ValueError("it is not stored as its canonical JSON")
-        gone = data.get(ERASED_KEY)
+        committed, gone = sealed_committed(payload, data)  # also: the very bytes it was stored as
         erasure = data.get("erased") if kind == "erasure" else None
-        committed = _committed_of_parsed(dict(data))
-        if committed is None:
-            committed = committed_bytes(open_sealed(data))  # raises naming the field, or gives the same bytes
         digest = entry_hash_v2(seq, ts, run_id, agent, kind, committed, prev_hash)
         if gone:
             self.erased[seq] = list(gone)
