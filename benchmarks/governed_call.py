@@ -564,7 +564,7 @@ async def telemetry(sizes: list[int], repeats: int, interval: float | None = Non
             cpu: dict[str, list[float]] = {"off": [], "on": []}
             copies: dict[str, list[int]] = {"off": [], "on": []}
             for i in range(repeats + 1):  # the first round warms up
-                for way in ("off", "on"):
+                for way in ("off", "on") if i % 2 else ("on", "off"):  # each goes first half the time
                     c: list[float] = []
                     k: list[int] = []
                     elapsed = await telemetry_once(n, endpoint if way == "on" else None, c, k, interval)
@@ -585,7 +585,8 @@ async def telemetry(sizes: list[int], repeats: int, interval: float | None = Non
                   + " | on " + " ".join(f"{x:.3f}" for x in cpu["on"]))
             print("         wall runs: off " + " ".join(f"{x:.3f}" for x in wall["off"])
                   + " | on " + " ".join(f"{x:.3f}" for x in wall["on"]))
-        print(f"  the receiver took {len(received)} export requests, {sum(received)} bytes")
+        print(f"  the receiver took {len(received)} export requests, {sum(received)} bytes; "
+              f"load average {os.getloadavg()[0]:.2f}")
     finally:
         stop()
 

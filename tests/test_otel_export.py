@@ -304,22 +304,21 @@ def test_an_entry_that_does_not_parse_is_skipped_not_fatal():
 
 
 class _Kept:
-    """A span exporter keeping the spans it is given (the SDK's batch processor calls it)."""
+    """A transport keeping the spans of each OTLP request it is given, decoded with opentelemetry-proto."""
 
     def __init__(self) -> None:
         self.spans: list[Any] = []
 
-    def export(self, spans: Any) -> Any:
-        from opentelemetry.sdk.trace.export import SpanExportResult
+    def __call__(self, body: bytes) -> None:
+        from types import SimpleNamespace
 
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                self.spans.extend(SimpleNamespace(
+                    name=s.name, attributes={a.key: _value(a.value) for a in s.attributes},
+                    status=SimpleNamespace(is_ok=s.status.code != 2)) for s in ss.spans)
 
 
 def test_spans_come_from_the_entries_as_they_commit_and_never_force_a_copy_into_journal_db(home):

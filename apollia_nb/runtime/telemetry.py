@@ -322,76 +322,233 @@ def parse_telemetry(raw: Mapping[str, Any], where: str = "apollia.toml") -> Tele
     return TelemetryConfig(enabled, endpoint, protocol, service, float(interval))
 
 
-# --- the edge: the thread and the SDK -------------------------------------------------
+# --- the edge: the transports and the thread --------------------------------------------
+
+#: a request's spans stop before this many bytes (collectors' gRPC receivers take 4 MiB by default)
+_MAX_REQUEST_BYTES = 1 << 20
+_DEFAULT_TIMEOUT = 10.0  # seconds, as the OpenTelemetry SDK reads OTEL_EXPORTER_OTLP_TIMEOUT
+_TRACE_SERVICE_EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
-def _exporter(config: TelemetryConfig) -> Any:
+def _env(name: str) -> str | None:
+    """``OTEL_EXPORTER_OTLP_TRACES_<name>``, else ``OTEL_EXPORTER_OTLP_<name>``."""
+    env = os.environ
+    return env.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or env.get(f"OTEL_EXPORTER_OTLP_{name}") or None
+
+
+def _timeout() -> float:
+    try:
+        value = float(_env("TIMEOUT") or _DEFAULT_TIMEOUT)
+    except ValueError:
+        return _DEFAULT_TIMEOUT
+    return value if value > 0 else _DEFAULT_TIMEOUT
+
+
+def _headers() -> dict[str, str]:
+    raw = _env("HEADERS")
+    if not raw:
+        return {}
+    from opentelemetry.util.re import parse_env_headers
+
+    return {k.lower(): v for k, v in parse_env_headers(raw, liberal=True).items()}
+
+
+def _compression() -> str:
+    value = (_env("COMPRESSION") or "none").strip().lower()
+    return value if value in ("gzip", "deflate") else "none"
+
+
+class _HttpTransport:
+    """OTLP/HTTP with a protobuf body (POST, ``Content-Type: application/x-protobuf``), one kept-alive
+    connection, from the ``OTEL_EXPORTER_OTLP_*`` variables the OpenTelemetry SDK reads: the endpoint
+    (the traces one as given, the general one with ``/v1/traces`` added), headers, timeout (seconds),
+    compression (gzip, deflate), and for https the CA certificate and the client's key and certificate."""
+
+    def __init__(self, endpoint: str | None) -> None:
+        from urllib.parse import urlsplit
+
+        if endpoint:
+            endpoint = endpoint.rstrip("/")
+            url = endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces"
+        else:
+            url = _env("ENDPOINT") if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") else None
+            if url is None:
+                base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+                url = base.rstrip("/") + "/v1/traces"
+        parts = urlsplit(url)
+        self.url = url
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or "localhost"
+        self._port = parts.port or (443 if self._https else 80)
+        self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._timeout = _timeout()
+        self._compression = _compression()
+        self._headers = {"user-agent": "apollia-nb", **_headers(), "content-type": "application/x-protobuf"}
+        if self._compression != "none":
+            self._headers["content-encoding"] = self._compression
+        self._context: Any = None
+        if self._https:
+            import ssl
+
+            self._context = ssl.create_default_context(cafile=_env("CERTIFICATE"))
+            cert, key = _env("CLIENT_CERTIFICATE"), _env("CLIENT_KEY")
+            if cert:
+                self._context.load_cert_chain(cert, key)
+        self._connection: Any = None
+
+    def __call__(self, body: bytes) -> None:
+        import http.client
+
+        if self._compression == "gzip":
+            import gzip
+
+            body = gzip.compress(body)
+        elif self._compression == "deflate":
+            import zlib
+
+            body = zlib.compress(body)
+        for attempt in (1, 2):  # a kept-alive connection the collector closed meanwhile: once more, afresh
+            connection = self._connection
+            if connection is None:
+                connection = (http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout,
+                                                          context=self._context) if self._https else
+                              http.client.HTTPConnection(self._host, self._port, timeout=self._timeout))
+                self._connection = connection
+            try:
+                connection.request("POST", self._path, body, self._headers)
+                response = connection.getresponse()
+                response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if attempt == 2:
+                    raise
+                continue
+            except BaseException:
+                self.close()
+                raise
+            if response.will_close:
+                self.close()
+            if not 200 <= response.status < 300:
+                raise OSError(f"the collector answered {response.status}")
+            return
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.close()
+
+
+class _GrpcTransport:
+    """OTLP over gRPC (``TraceService/Export``), the request's bytes passed as they are, from the
+    same variables: endpoint (https: TLS; http or no scheme: plain unless ``OTEL_EXPORTER_OTLP_INSECURE``
+    is false), headers as metadata, timeout, gzip compression, the CA and client certificates."""
+
+    def __init__(self, endpoint: str | None) -> None:
+        import grpc
+        from urllib.parse import urlsplit
+
+        given = endpoint or _env("ENDPOINT") or "http://localhost:4317"
+        parts = urlsplit(given if "://" in given else f"//{given}")
+        target = parts.netloc or given
+        insecure = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_INSECURE") or os.environ.get("OTEL_EXPORTER_OTLP_INSECURE")
+        secure = parts.scheme == "https" or (parts.scheme not in ("http", "https")
+                                             and (insecure or "true").strip().lower() == "false")
+        options = [("grpc.primary_user_agent", "apollia-nb")]
+        compression = grpc.Compression.Gzip if _compression() == "gzip" else None
+        if secure:
+            def read(name: str) -> bytes | None:
+                path = _env(name)
+                if not path:
+                    return None
+                with open(path, "rb") as file:
+                    return file.read()
+
+            credentials = grpc.ssl_channel_credentials(read("CERTIFICATE"), read("CLIENT_KEY"),
+                                                       read("CLIENT_CERTIFICATE"))
+            self._channel = grpc.secure_channel(target, credentials, options=options, compression=compression)
+        else:
+            self._channel = grpc.insecure_channel(target, options=options, compression=compression)
+        self.url = given
+        self._export = self._channel.unary_unary(_TRACE_SERVICE_EXPORT)  # bytes in, bytes out
+        self._metadata = tuple(_headers().items()) or None
+        self._timeout = _timeout()
+
+    def __call__(self, body: bytes) -> None:
+        self._export(body, timeout=self._timeout, metadata=self._metadata)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _transport(config: TelemetryConfig) -> Any:
     env = os.environ
     protocol = (config.protocol or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
-    try:
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-
-            return Grpc(endpoint=config.endpoint) if config.endpoint else Grpc()
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
-    except ImportError:
-        raise BadInput("[telemetry] enabled = true needs the OpenTelemetry packages: "
-                       "pip install 'apollia-nb[otel]'") from None
-    if config.endpoint:
-        endpoint = config.endpoint.rstrip("/")
-        return Http(endpoint=endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces")
-    return Http()
+    if protocol == "grpc":
+        try:
+            return _GrpcTransport(config.endpoint)
+        except ImportError:
+            raise BadInput("[telemetry] protocol grpc needs grpcio: pip install 'apollia-nb[otel]'") from None
+    return _HttpTransport(config.endpoint)
 
 
 class TelemetryExporter:
     """The journal's acknowledged entries, handed over by its observer hook (``Journal.observe``),
-    turned into finished spans on one thread of its own and handed to the SDK's batch processor.
+    turned into finished spans, encoded as OTLP protobuf and sent, all on one thread of its own.
 
-    The hook only queues the entries of the kinds spans come from, into a bounded queue
-    (``queue_size`` entries): it never waits and never raises into the journal's writer; when the
-    queue is full the entries are dropped and counted (``dropped``), and the spans they would have
-    given are lost, never a call. Nothing is read back from the journal, so no copy into
-    ``journal.db`` is asked for; only ``since_seq`` below the head reads the entries before it once.
+    The hook only queues a reference to each group's entries, into a bounded queue (``queue_size``
+    entries): it never waits and never raises into the journal's writer; when the queue is full the
+    entries are dropped and counted (``dropped``), and the spans they would have given are lost, never
+    a call. Nothing is read back from the journal, so no copy into ``journal.db`` is asked for; only
+    ``since_seq`` below the head reads the entries before it once.
 
-    Spans are built whole when they end (``ReadableSpan``), with ids derived from the journal's
-    origin and the span's key: the trace id from the run, so a span's parent is known without
+    Every ``interval_secs`` the thread takes the queue, derives the spans (``SpanDeriver``), encodes
+    each span that ends into its protobuf bytes at once (``otlp.encode_span``: no SDK span objects),
+    and sends them in one ``ExportTraceServiceRequest`` (``max_batch`` spans at most) with
+    ``transport`` (given each request's bytes; by default OTLP/HTTP or gRPC from the configuration and
+    the ``OTEL_*`` variables). A request that fails loses its spans (counted in ``lost``); spans wait
+    for sending at most ``max_pending`` (the oldest are lost beyond). Span ids are derived from the
+    journal's origin and the span's key: the trace id from the run, so a span's parent is known without
     keeping it, and the same entries always give the same ids."""
 
     def __init__(self, journal: Any, config: TelemetryConfig, *, since_seq: int | None = None,
-                 exporter: Any = None, queue_size: int = 50_000) -> None:
+                 exporter: Any = None, queue_size: int = 50_000, max_batch: int = 4096,
+                 max_pending: int = 65_536) -> None:
         try:
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import ReadableSpan
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
-            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-            from opentelemetry.trace import SpanContext, Status, StatusCode, TraceFlags
         except ImportError:
             raise BadInput("[telemetry] enabled = true needs the OpenTelemetry packages: "
                            "pip install 'apollia-nb[otel]'") from None
         from apollia_nb import __version__
+        from apollia_nb.runtime.otlp import encode_request_frame
 
         self._origin = str(journal.origin)
         attrs: dict[str, Any] = {"service.name": config.service_name or os.environ.get("OTEL_SERVICE_NAME")
                                  or "apollia-nb", "service.version": __version__,
                                  "apollia.journal.origin": self._origin}
-        self._resource = Resource.create(attrs)
-        self._scope = InstrumentationScope("apollia_nb", __version__)
-        self._processor = BatchSpanProcessor(exporter if exporter is not None else _exporter(config))
-        self._span, self._span_context, self._sampled = ReadableSpan, SpanContext, TraceFlags(TraceFlags.SAMPLED)
-        self._unset, self._error = Status(StatusCode.UNSET), lambda text: Status(StatusCode.ERROR, text)
-        self._contexts: dict[tuple[Any, ...], Any] = {}  # of the spans still open, and their parents
+        resource = Resource.create(attrs)  # OTEL_RESOURCE_ATTRIBUTES and the SDK's own, as the SDK merges them
+        self._frame = encode_request_frame(dict(resource.attributes), "apollia_nb", __version__)
+        self._send = exporter if exporter is not None else _transport(config)
+        self._ids: dict[tuple[Any, ...], bytes] = {}  # span ids of the spans still open, and trace ids of runs
         self._journal = journal
         self._interval = config.interval_secs
         self._deriver = SpanDeriver()
         self._open: dict[tuple[Any, ...], tuple[Open, dict[str, Any]]] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._capacity = max(1, int(queue_size))
-        self._queue: deque[Any] = deque()  # appended by the journal's hook only, taken by poll only
+        self._max_batch = max(1, int(max_batch))
+        self._max_pending = max(1, int(max_pending))
+        self._queue: deque[list[Any]] = deque()  # groups' entries: appended by the hook only, taken by poll only
+        self._offered = 0  # entries the hook queued (written by the hook only)
+        self._taken = 0  # entries poll took from the queue (written by poll only)
+        self._pending: list[bytes] = []  # encoded spans waiting to be sent
         self.failures = 0  # reads of the entries before ``since_seq``'s head that failed
         self.dropped = 0  # entries the hook found no room for (their spans are lost)
+        self.sent = 0  # spans the collector took
+        self.lost = 0  # spans whose request failed, or that found no room to wait for one
         self._unobserve = journal.observe(self._offer)
         # Entries up to the head when the hook was set are read from the journal (``since_seq``
         # below it: once); the hook's entries at or below the cursor are skipped.
@@ -400,15 +557,18 @@ class TelemetryExporter:
         self._backlog_end = head
 
     def _offer(self, entries: list[Any]) -> None:
-        """The journal's hook (on its writer): queue what spans are made of, or drop and count it."""
-        wanted = [entry for entry in entries if entry.kind in _READ_SET]
-        if not wanted:
-            return
-        room = self._capacity - len(self._queue)  # only poll takes from it meanwhile: room only grows
-        if room < len(wanted):
-            self.dropped += len(wanted) - max(room, 0)
-            wanted = wanted[:max(room, 0)]
-        self._queue.extend(wanted)
+        """The journal's hook (on its writer): queue a reference to the group, or drop and count it."""
+        room = self._capacity - (self._offered - self._taken)  # only poll takes meanwhile: room only grows
+        size = len(entries)
+        if room < size:
+            if room <= 0:
+                self.dropped += size
+                return
+            self.dropped += size - room
+            entries = entries[:room]
+            size = room
+        self._offered += size
+        self._queue.append(entries)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="journal-telemetry", daemon=True)
@@ -417,6 +577,9 @@ class TelemetryExporter:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             self.poll()
+            self.flush()
+        self.poll()  # what was left when the hook stopped
+        self.flush()
 
     def _backlog(self) -> list[Any]:
         try:
@@ -432,35 +595,77 @@ class TelemetryExporter:
         return read
 
     def poll(self) -> int:
-        """Turn the entries handed over since the last poll into spans and hand on those that end;
-        returns how many entries were taken."""
+        """Turn the entries handed over since the last poll into spans, encoding those that end (sent
+        by ``flush``); returns how many entries of the kinds spans come from were taken."""
         with self._lock:
             entries = self._backlog() if self._cursor < self._backlog_end else []
             if self._cursor >= self._backlog_end:
-                queue, cursor = self._queue, self._cursor
+                queue, cursor, wanted, taken = self._queue, self._cursor, _READ_SET, 0
                 for _ in range(len(queue)):
-                    entry = queue.popleft()
-                    if int(entry.seq) > cursor:
-                        entries.append(entry)
+                    group = queue.popleft()
+                    taken += len(group)
+                    for entry in group:
+                        if entry.kind in wanted and entry.seq > cursor:
+                            entries.append(entry)
+                self._taken += taken
             for move in self._deriver.feed(entries):
                 self._apply(move)
+            over = len(self._pending) - self._max_pending
+            if over > 0:
+                del self._pending[:over]
+                self.lost += over
             return len(entries)
 
-    def _id(self, key: tuple[Any, ...], size: int) -> int:
-        digest = hashlib.sha256(f"{self._origin}\n{key!r}".encode()).digest()
-        return int.from_bytes(digest[:size], "big") or 1
+    def flush(self) -> int:
+        """Send the spans encoded so far, ``max_batch`` a request; returns how many the collector took."""
+        from apollia_nb.runtime.otlp import encode_request
 
-    def _context(self, key: tuple[Any, ...]) -> Any:
-        found = self._contexts.get(key)
+        with self._send_lock:
+            sent = 0
+            while True:
+                with self._lock:
+                    pending, count, size = self._pending, 0, 0
+                    for span in pending[:self._max_batch]:
+                        size += len(span)
+                        if size > _MAX_REQUEST_BYTES and count:
+                            break
+                        count += 1
+                    batch = pending[:count]
+                    del pending[:count]
+                if not batch:
+                    return sent
+                try:
+                    self._send(encode_request(self._frame, batch))
+                except Exception:  # a collector down, slow or refusing: these spans are lost, never a call
+                    self.lost += len(batch)
+                    continue
+                sent += len(batch)
+                self.sent += len(batch)
+
+    def _id(self, key: tuple[Any, ...], size: int) -> bytes:
+        digest = hashlib.sha256(f"{self._origin}\n{key!r}".encode()).digest()
+        return digest[:size] if any(digest[:size]) else bytes(size - 1) + b"\x01"
+
+    def _trace(self, key: tuple[Any, ...]) -> bytes:
+        trace_key = ("run", key[1]) if key[1] is not None else key
+        found = self._ids.get(trace_key + ("trace",))
         if found is None:
-            trace_key = ("run", key[1]) if key[1] is not None else key
-            found = self._span_context(self._id(trace_key, 16), self._id(key, 8), is_remote=False,
-                                       trace_flags=self._sampled)
+            found = self._id(trace_key, 16)
+            if key[1] is not None:  # a run's: asked for by each of its spans until the run ends
+                self._ids[trace_key + ("trace",)] = found
+        return found
+
+    def _span_id(self, key: tuple[Any, ...]) -> bytes:
+        found = self._ids.get(key)
+        if found is None:
+            found = self._id(key, 8)
             if key[0] in ("run", "step"):  # parents: asked for by each child
-                self._contexts[key] = found
+                self._ids[key] = found
         return found
 
     def _apply(self, move: Open | Close) -> None:
+        from apollia_nb.runtime.otlp import encode_span
+
         if isinstance(move, Open):
             self._open[move.key] = (move, dict(move.attributes))
             return
@@ -472,28 +677,32 @@ class TelemetryExporter:
         if move.end_ns < 0:
             return
         del self._open[move.key]
-        span = self._span(
-            opened.name, context=self._context(opened.key),
-            parent=self._context(opened.parent) if opened.parent is not None else None,
-            resource=self._resource, attributes=attributes, instrumentation_scope=self._scope,
-            status=self._error(move.error) if move.error else self._unset,
-            start_time=opened.start_ns, end_time=max(move.end_ns, opened.start_ns))
-        self._contexts.pop(move.key, None)
-        self._processor.on_end(span)
+        key = opened.key
+        self._pending.append(encode_span(
+            self._trace(key), self._span_id(key),
+            self._span_id(opened.parent) if opened.parent is not None else None,
+            opened.name, opened.start_ns, max(move.end_ns, opened.start_ns), attributes, move.error))
+        self._ids.pop(key, None)
+        if key[0] == "run":
+            self._ids.pop(key + ("trace",), None)
 
     def close(self, timeout: float = 3.0) -> None:
-        """Stop the thread, turn what is left into spans, hand every span to the exporter, within ``timeout``."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        """Stop the hook and the thread, turn what is left into spans and send them, within ``timeout``:
+        a collector that does not answer keeps nothing waiting longer."""
         self._unobserve()
-        while self.poll():
-            pass
-        processor = self._processor
-        done = threading.Thread(target=processor.shutdown, name="journal-telemetry-close", daemon=True)
-        done.start()
-        done.join(timeout)  # a collector that does not answer keeps nothing waiting longer
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is None:  # never started: the last poll and send on a thread of their own all the same
+            thread = threading.Thread(target=self._run, name="journal-telemetry-close", daemon=True)
+            thread.start()
+        thread.join(timeout)
+        if not thread.is_alive():
+            closing = getattr(self._send, "close", None)
+            if closing is not None:
+                try:
+                    closing()
+                except Exception:
+                    pass
 
 
 def start_telemetry(journal: Any, raw: Mapping[str, Any], where: str = "apollia.toml") -> TelemetryExporter | None:
