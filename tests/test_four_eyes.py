@@ -5,6 +5,8 @@ journaled; with N approvers the card waits for N distinct people, and any refusa
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -115,6 +117,11 @@ def test_who_may_not_approve_and_why():
     assert "approved this already" in refusal(both, started_by="ann", by="bob", approved_by=["bob"])
     assert refusal(both, started_by="ann", by="bob", approved_by=[]) is None
     assert refusal(Requirement(approvers=2), started_by="ann", by="ann", approved_by=[]) is None
+    # The home's owner is one person, with the owner token (owner) or as the local user who owns the home.
+    me = local_person()
+    assert "four eyes" in refusal(both, started_by="owner", by=me, approved_by=[], local=me)
+    assert "four eyes" in refusal(both, started_by=me, by="owner", approved_by=[], local=me)
+    assert "approved this already" in refusal(both, started_by="ann", by="owner", approved_by=[me], local=me)
 
 
 # --- over REST ------------------------------------------------------------------------------------
@@ -266,3 +273,18 @@ def test_the_panel_says_who_you_are_and_why_you_may_not_approve_the_run_you_star
     assert refused["ok"] is False and refused["error"]["code"] == "FORBIDDEN", refused
     assert ask(p, comm, "a2", op="answer", card_id=item["id"], answer="refuse")["ok"] is True
     assert task.join(WAIT).status == "failed"
+
+
+
+def test_a_run_started_with_the_owner_token_is_not_approved_by_the_local_owner_either(home):
+    _deposit(home, FOUR_EYES)
+    with ServerThread(home, token=OWNER) as srv, _client(srv.url, OWNER) as owner:
+        assert owner.post("/agents", json={"manifest": WRITER}).status_code == 201
+        task = owner.post("/tasks", json={"agent": "clerk", "goal": "Write", "watched": False}).json()
+        pending = _pending(owner, task)
+    # Nobody serves the home now: the CLI owns it, as the local user, who is the owner.
+    cli = [sys.executable, "-m", "apollia_nb", "pending", "decide", "--home", str(home.path), pending["id"]]
+    mine = subprocess.run([*cli, "once"], capture_output=True, text=True, timeout=120)
+    assert mine.returncode != 0 and "FORBIDDEN" in mine.stderr + mine.stdout and "four eyes" in mine.stderr + mine.stdout
+    refused = subprocess.run([*cli, "refuse"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 0, refused.stderr

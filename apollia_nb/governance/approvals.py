@@ -33,7 +33,7 @@ from typing import Any
 
 from apollia_nb.errors import BadInput
 
-__all__ = ["Requirement", "APPROVING", "local_person", "action_digest", "plan_digest", "requirement", "refusal", "may_answer",
+__all__ = ["Requirement", "APPROVING", "OWNER", "local_person", "person_key", "action_digest", "plan_digest", "requirement", "refusal", "may_answer",
            "expiry", "expired", "MAX_EXPIRY_SECS"]
 
 #: Answers that approve (a refusal is not an approval).
@@ -85,12 +85,24 @@ def requirement(approvals: Sequence[tuple[str, str, bool, int]], tool: str, fami
     return Requirement(four, count)
 
 
-def refusal(req: Requirement, *, started_by: str | None, by: str, approved_by: Sequence[str]) -> str | None:
-    """Why ``by`` may not approve (None: they may). ``approved_by``: who approved the card already."""
-    if req.four_eyes and by == started_by:
+#: The home's owner, as the owner token names them.
+OWNER = "owner"
+
+
+def person_key(name: str | None, local: str | None) -> str | None:
+    """One name per person, for four eyes: the home's owner acts as the local user (``local``: in the
+    kernel or CLI that owns the home) or with the owner token (``owner``); both are the owner."""
+    return OWNER if name is not None and name in (OWNER, local) else name
+
+
+def refusal(req: Requirement, *, started_by: str | None, by: str, approved_by: Sequence[str],
+            local: str | None = None) -> str | None:
+    """Why ``by`` may not approve (None: they may). ``approved_by``: who approved the card already;
+    ``local``: the local user, who is the home's owner (``person_key``)."""
+    if req.four_eyes and started_by is not None and person_key(by, local) == person_key(started_by, local):
         return (f"four eyes: {by} started this run and may not approve its calls; "
                 "another person with the approver role must")
-    if by in approved_by:
+    if person_key(by, local) in {person_key(a, local) for a in approved_by}:
         return f"{by} approved this already; {req.approvers} distinct people must approve it"
     return None
 

@@ -313,9 +313,13 @@ def yours(item: dict[str, Any], me: str) -> dict[str, Any]:
     if not isinstance(may, dict):  # governance cannot be read: nobody approves now
         return {"answers": refuse, "why": "Governance cannot be read now, so no approval is accepted; "
                                            "you may refuse."}
-    if me not in (may.get("excluded") or []):
+    from apollia_nb.governance.approvals import local_person, person_key
+
+    local = local_person()
+    mine = person_key(me, local)
+    if mine not in {person_key(x, local) for x in may.get("excluded") or []}:
         return {"answers": answers, "why": None}
-    if may.get("four_eyes") and me == may.get("started_by"):
+    if may.get("four_eyes") and mine == person_key(may.get("started_by"), local):
         why = (f"Four eyes: you ({me}) started this run, so another person with the approver role must "
                "approve it. You may refuse it.")
     else:

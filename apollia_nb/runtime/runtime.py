@@ -1425,7 +1425,7 @@ class Runtime:
         who = ask.actor[0] if ask.actor is not None else local_person()
         started = self.started_by(pending.task_id) or local_person()
         earlier = self._approvals.get(pending.id, [])
-        why = refusal(req, started_by=started, by=who, approved_by=[a["by"] for a in earlier])
+        why = refusal(req, started_by=started, by=who, approved_by=[a["by"] for a in earlier], local=local_person())
         if why is not None:
             raise Forbidden(why)
         approval = {"by": who, "answer": ask.answer, **terms,
