@@ -231,6 +231,7 @@ KINDS: frozenset[str] = frozenset(
         "rule_removed",
         "consent_granted",
         "consent_revoked",
+        "consent_expired",
         "devmode_changed",
         "policy_loaded",
         "policy_refused",
