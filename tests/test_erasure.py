@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -341,3 +342,48 @@ async def test_replay_of_a_run_with_an_erased_field_is_incomplete_naming_it_neve
     code, out, _ = run_cli(capsys, "audit", "replay", *h, run_id, "--json")
     result = json.loads(out)
     assert (code, result["verdict"], result["divergences"]) == (2, "incomplete", []), result
+
+
+# --- witnesses -----------------------------------------------------------------------------------
+
+
+def test_a_witness_goes_on_cosigning_after_an_erasure(tmp_path, monkeypatch):
+    """An erasure changes no entry hash: the witness accepts the next checkpoint as consistent with
+    the one it cosigned before, and verify --witness holds with the field counted as erased."""
+    from witness_helpers import WitnessProcess, cli, configure
+
+    from apollia_nb.journal.checkpoint import parse_checkpoint, parse_note
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    home = Home.at(tmp_path / "home")
+    with Journal.open(home) as journal:
+        vkey = journal.verifier_key()
+    witness = WitnessProcess(tmp_path / "w", vkey)
+    try:
+        configure(home, witness)
+
+        def run(goal: str) -> None:
+            with Runtime.blocking(home.path) as rt:
+                if not rt.agents():
+                    rt.register_agent(manifest())
+                assert rt.run("clerk", goal).status == "completed"
+                size = parse_checkpoint(parse_note(rt.journal.latest_checkpoint())[0]).size
+                deadline = time.monotonic() + 30
+                while not all(w["cosigned_size"] == size for w in rt.witness_status()):
+                    assert time.monotonic() < deadline, rt.witness_status()
+                    time.sleep(0.05)
+
+        run(f"Write to {CANARY}")
+        [seq] = [r[0] for r in _entries(home) if r[4] == "run_open" and CANARY.encode() in bytes(r[5])]
+        out = cli("audit", "erase", "--home", str(home.path), "--seq", str(seq), "--field", "goal",
+                  "--reason", "asked")
+        assert out.returncode == 0, out.stderr
+        run("say done again")
+        out = cli("audit", "verify", "--home", str(home.path), "--witness", witness.key, "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        report = json.loads(out.stdout)
+        assert report["ok"] and report["witness"]["ok"] and report["erased"] == 1, report
+    finally:
+        witness.stop()
