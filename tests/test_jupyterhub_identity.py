@@ -63,6 +63,38 @@ def _env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
 
 
+#: What the hub's spawner starts as a user's server (in place of jupyterhub-singleuser): with the environment
+#: the hub gives a user's server and its kernels, it does what a notebook does (``Client(url)`` with no
+#: token, the cards' ``by``), writes what it got, and answers HTTP so the hub sees the server up.
+USER_SERVER = """
+import http.server, json, os, pathlib, sys, urllib.parse
+where = pathlib.Path(os.environ["APOLLIA_TEST_DIR"])
+user = os.environ["JUPYTERHUB_USER"]
+result = {}
+try:
+    from apollia_nb.sdk import Client
+    from apollia_nb.notebook.bridge import login_name
+    with Client((where / "target").read_text()) as api:
+        result["changed_by"] = api.set_developer_mode(True, by="mallory").changed_by
+    result["login_name"] = login_name()
+except Exception as exc:
+    result["error"] = f"{type(exc).__name__}: {exc}"
+(where / f"{user}.part").write_text(json.dumps(result))
+(where / f"{user}.part").replace(where / f"{user}.json")
+
+class Up(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+
+port = urllib.parse.urlsplit(os.environ["JUPYTERHUB_SERVICE_URL"]).port
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Up).serve_forever()
+"""
+
+
 @dataclass
 class Hub:
     api: str
@@ -74,6 +106,13 @@ class Hub:
                           timeout=30, trust_env=False, **kw)
         assert r.status_code < 300, (method, path, r.status_code, r.text)
         return r
+
+    def wait_for(self, path: Path, what: str) -> str:
+        deadline = time.monotonic() + 120
+        while not path.exists():
+            assert time.monotonic() < deadline, f"{what} did not happen"
+            time.sleep(0.2)
+        return path.read_text()
 
     def token(self, user: str, scopes: list[str] | None = None) -> tuple[str, str]:
         """A new token of ``user`` made through the hub's API: ``(token, token id)``."""
@@ -110,12 +149,19 @@ c.JupyterHub.services = [
     {{'name': {SERVICE!r}, 'command': {[*APOLLIA, 'serve', '--home', str(managed_home), '--port', '0',
                                         '--token', OWNER]!r}}},
 ]
+c.SimpleLocalProcessSpawner.home_dir_template = {str(where / 'homes' / '{username}')!r}
+c.Spawner.cmd = [{sys.executable!r}, {str(where / 'server.py')!r}]
+c.Spawner.environment = {{'APOLLIA_TEST_DIR': {str(where)!r}}}
+c.Spawner.server_token_scopes = ['users:activity!user', 'access:servers!server', 'access:services!service={SERVICE}']
+c.Spawner.start_timeout = 90
+c.Spawner.http_timeout = 90
 c.JupyterHub.load_roles = [
-    {{'name': 'tester', 'scopes': ['admin:users', 'tokens'], 'services': ['tester']}},
+    {{'name': 'tester', 'scopes': ['admin:users', 'tokens', 'servers'], 'services': ['tester']}},
     {{'name': 'apollia-users', 'scopes': ['access:services!service={SERVICE}'], 'users': ['ann', 'bob', 'carol']}},
 ]
 """
     (where / "jupyterhub_config.py").write_text(config)
+    (where / "server.py").write_text(USER_SERVER)
     log = (where / "hub.log").open("w")
     proc = subprocess.Popen([str(HUB), "-f", str(where / "jupyterhub_config.py")], cwd=where, stdout=log,
                             stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
@@ -357,24 +403,24 @@ def test_a_hub_user_runs_and_another_answers_its_card_each_journaled_by_their_hu
 # --- the kernel side ------------------------------------------------------------------------------
 
 
-def test_a_process_a_hub_started_sends_its_hub_token_and_names_its_hub_user(hub, tmp_path):
+def test_a_users_server_the_hub_spawns_sends_its_hub_token_and_names_its_hub_user(hub, tmp_path):
     home = tmp_path / "home"
-    ann, _ = hub.token("ann")
-    kernel_env = {"JUPYTERHUB_USER": "ann", "JUPYTERHUB_API_TOKEN": ann, "JUPYTERHUB_API_URL": hub.api}
-    code = ("import sys\n"
-            "from apollia_nb.sdk import Client\n"
-            "from apollia_nb.notebook.bridge import login_name\n"
-            "with Client(sys.argv[1]) as api:\n"
-            "    print(api.set_developer_mode(True, by='mallory').changed_by)\n"
-            "print(login_name())\n")
+    where = hub.managed_home.parent
     with serving(home, "--hub", hub.api) as (url, _):
         add_person(home, "ann", "rules")
-        out = subprocess.run([sys.executable, "-c", code, url.removesuffix("/api/v1")], capture_output=True,
-                             text=True, env=_env(**kernel_env), timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.split() == ["ann", "ann"]
+        (where / "target").write_text(url.removesuffix("/api/v1"))
+        hub.call("POST", "/users/ann/server")  # the hub spawns ann's server with its own token for her
+        try:
+            got = json.loads(hub.wait_for(where / "ann.json", "ann's server"))
+        finally:
+            with contextlib.suppress(AssertionError):
+                hub.call("DELETE", "/users/ann/server")
+    assert got == {"changed_by": "ann", "login_name": "ann"}
     assert who_changed_devmode(home) == [("ann", "rules", "hub", True)]
-    owned = tmp_path / "owned"  # a home nobody serves, changed from a hub's terminal: by is the hub user
+
+
+def test_the_cli_in_a_hubs_terminal_names_its_hub_user_on_a_home_nobody_serves(tmp_path):
+    owned = tmp_path / "owned"
     done = cli(owned, "devmode", "on", JUPYTERHUB_USER="ann")
     assert done.returncode == 0, done.stderr
     assert [b for b, *_ in who_changed_devmode(owned)] == ["ann"]
