@@ -465,7 +465,7 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
     answers: dict[str, tuple[int, bytes]] = {}
     seen: list[str] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:  # http.server's name
         self.seen.append(self.headers.get("Authorization", ""))
         status, body = self.answers.get(self.path.split("/")[1], (404, b""))
         self.send_response(status)
@@ -534,6 +534,31 @@ def test_what_the_hub_answers_decides_and_anything_unexpected_refuses(misbehavin
         assert (user.name if user else None) == outcome
         assert read_hub_answer(answer[0], answer[1], SERVICE) == user  # the pure reading says the same
     assert _Misbehaving.seen == ["token the-token"]  # asked once, the JupyterHub way
+
+
+def test_the_homes_own_tokens_revoked_or_rotated_away_are_never_sent_to_the_hub(misbehaving, home):
+    from apollia_nb.api.server import ServerThread
+
+    _Misbehaving.answers = {"hub": (403, b"")}
+    _Misbehaving.seen = []
+    with ServerThread(home, token=OWNER, hub=f"{misbehaving}/hub/api") as srv:
+        with httpx.Client(base_url=srv.url + "/api/v1", timeout=60, trust_env=False) as http:
+            def as_(token: str) -> httpx.Response:
+                return http.get("/governance/developer-mode", headers={"Authorization": f"Bearer {token}"})
+
+            made = http.post("/people", json={"name": "rita", "roles": ["rules"]},
+                             headers={"Authorization": f"Bearer {OWNER}"}).json()
+            first = made["token"]
+            second = http.post("/people/rita/rotate", headers={"Authorization": f"Bearer {OWNER}"}).json()["token"]
+            assert as_(second).status_code == 200
+            http.post("/people/rita/revoke", headers={"Authorization": f"Bearer {OWNER}"})
+            other_home = secrets.token_urlsafe(32)  # another home's owner token, sent here by mistake
+            for token in (first, second, other_home):
+                refused = as_(token)
+                assert refused.status_code == 401 and refused.json()["code"] == "UNAUTHORIZED"
+            assert _Misbehaving.seen == []  # none of them left the server
+            assert as_(secrets.token_hex(16)).status_code == 401  # a token of the hub's shape is asked about
+    assert _Misbehaving.seen and all(s.startswith("token ") and len(s) == 38 for s in _Misbehaving.seen)
 
 
 def test_refusals_and_failures_are_asked_again_only_a_users_answer_is_kept(misbehaving):

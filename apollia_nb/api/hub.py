@@ -19,6 +19,9 @@ Why it is shaped this way:
   in its answer. A token without it (say the token a single-user server got for itself, or one issued
   to another service) is 403 ``FORBIDDEN`` naming the scope, so no other service a person logged in to
   can replay their token here.
+* **The home's own tokens stay home.** The owner's token and a person's current token are recognised
+  before the hub is asked; a token of the shape this project makes (43 characters of URL-safe base64: a
+  rotated-away or revoked personal token, another home's owner token) is never sent to the hub either.
 * **A short cache.** A verified token's identity is kept :data:`CACHE_SECS` (30 s) by the SHA-256 of
   the token, never the token: a token revoked at the hub stops working here within that window. Only
   answers that identify a user are kept; refusals and failures are asked again on the next request. The
@@ -32,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,6 +56,9 @@ TIMEOUT_SECS = 5.0
 DEFAULT_SERVICE = "apollia"
 #: A longer token is no hub token (JupyterHub's are 32 hex digits) and is not sent to the hub.
 _TOKEN_LIMIT = 1024
+#: The shape of the tokens this project makes (``secrets.token_urlsafe(32)``: an owner token, a person's token,
+#: current, rotated away or revoked): JupyterHub makes none of this shape, so such a token is never sent to it.
+_OURS = re.compile(r"[A-Za-z0-9_-]{43}")
 #: At most this many verified tokens are kept at once (the oldest go first).
 _CACHE_LIMIT = 4096
 
@@ -132,7 +139,7 @@ class HubCheck:
         """The hub user holding ``token`` (``None``: not a hub token); raises as :func:`read_hub_answer`."""
         import httpx
 
-        if not token.isascii() or not token.isprintable() or len(token) > _TOKEN_LIMIT:
+        if not token.isascii() or not token.isprintable() or len(token) > _TOKEN_LIMIT or _OURS.fullmatch(token):
             return None  # no hub token looks like this: not sent anywhere
         key = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
         now = self._clock()
