@@ -519,7 +519,7 @@ def _otlp_sink() -> tuple[str, Callable[[], None], list[int]]:
 
 
 async def telemetry_once(n: int, endpoint: str | None, cpu: list[float], copies: list[int] | None = None,
-                         interval: float | None = None) -> float:
+                         interval: float | None = None, exporter_cpu: list[float] | None = None) -> float:
     """Ours at N calls with ``[telemetry]`` on (spans sent to ``endpoint``) or off (None): the wall
     seconds from submit to the finished task, into ``cpu`` the process's CPU seconds from submit
     through closing the runtime, so every span's derivation, encoding and export is counted, and
@@ -546,8 +546,11 @@ async def telemetry_once(n: int, endpoint: str | None, cpu: list[float], copies:
             if handle.status != "completed":
                 raise SystemExit(f"telemetry: the task ended {handle.status}: {handle.error}")
         finally:
+            exporter_of = rt.telemetry
             await rt.__aexit__(None, None, None)
         cpu.append(cpu_seconds() - c0)
+        if exporter_cpu is not None and exporter_of is not None:
+            exporter_cpu.append(exporter_of.cpu_seconds)
     return elapsed
 
 
@@ -563,12 +566,15 @@ async def telemetry(sizes: list[int], repeats: int, interval: float | None = Non
             wall: dict[str, list[float]] = {"off": [], "on": []}
             cpu: dict[str, list[float]] = {"off": [], "on": []}
             copies: dict[str, list[int]] = {"off": [], "on": []}
+            exporter: list[float] = []
             for i in range(repeats + 1):  # the first round warms up
                 for way in ("off", "on") if i % 2 else ("on", "off"):  # each goes first half the time
                     c: list[float] = []
                     k: list[int] = []
-                    elapsed = await telemetry_once(n, endpoint if way == "on" else None, c, k, interval)
+                    x: list[float] = []
+                    elapsed = await telemetry_once(n, endpoint if way == "on" else None, c, k, interval, x)
                     if i:
+                        exporter += [v / n * 1000 for v in x]
                         copies[way] += k
                         wall[way].append(elapsed / n * 1000)
                         cpu[way].append(c[0] / n * 1000)
@@ -579,6 +585,8 @@ async def telemetry(sizes: list[int], repeats: int, interval: float | None = Non
                   f"{'met' if w['on'] <= w['off'] * 1.05 else 'NOT met'})")
             print(f"         CPU ms per call:  off {u['off']:.3f}  on {u['on']:.3f}  "
                   f"({(u['on'] / u['off'] - 1) * 100:+.1f} %)")
+            print(f"         the exporter's thread alone (deriving, encoding, sending): "
+                  f"{statistics.median(exporter):.3f} ms CPU per call")
             print(f"         copies into journal.db per task: off {statistics.median(copies['off']):g}  "
                   f"on {statistics.median(copies['on']):g}")
             print("         CPU runs:  off " + " ".join(f"{x:.3f}" for x in cpu["off"])

@@ -63,33 +63,64 @@ def _any_value(value: Any) -> bytes:
     return _field(b"\x0a", str(value).encode())
 
 
-_HASHABLE = frozenset((str, int, bool, float))
+_HASHABLE = frozenset((str, int, bool, float, tuple))
 
 
 class _KeyValues:
-    """Encoded ``KeyValue`` fields (tag 9 of a span, 1 of a resource), kept for values that repeat.
+    """Encoded ``KeyValue`` fields (tag 9 of a span), kept for the values that repeat.
 
     Names, outcomes, rules and the like repeat span after span: their bytes are looked up, not
-    rebuilt. The table is cleared when it reaches ``limit`` so unique values cannot grow it."""
+    rebuilt. A key whose values keep changing (seqs, hashes, call ids) stops being kept after
+    ``misses`` of them, so unique values cost no table space and little time; the table is
+    cleared if it ever reaches ``limit``."""
 
-    def __init__(self, tag: bytes, limit: int = 4096) -> None:
+    def __init__(self, tag: bytes, limit: int = 8192, misses: int = 64) -> None:
         self._tag = tag
+        self._keys: dict[str, bytes] = {}  # key → its encoded ``key`` field
         self._known: dict[tuple[str, type, Any], bytes] = {}
-        self._limit = limit
+        self._misses: dict[str, int] = {}  # key → its values encoded so far
+        self._volatile: set[str] = set()  # keys whose values are no longer kept
+        self._limit, self._max_misses = limit, misses
 
     def encode(self, attributes: Mapping[str, Any]) -> bytes:
-        known = self._known
-        parts = []
+        known, keys, volatile, tag, short = self._known, self._keys, self._volatile, self._tag, _SHORT
+        parts: list[bytes] = []
+        append = parts.append
         for key, value in attributes.items():
-            cached = value.__class__ in _HASHABLE
-            encoded = known.get((key, value.__class__, value)) if cached else None
-            if encoded is None:
-                encoded = _field(self._tag, _field(b"\x0a", key.encode()) + _field(b"\x12", _any_value(value)))
-                if cached:
-                    if len(known) >= self._limit:
-                        known.clear()
-                    known[(key, value.__class__, value)] = encoded
-            parts.append(encoded)
+            cls = value.__class__
+            memo: tuple[str, type, Any] | None = None
+            if cls in _HASHABLE and key not in volatile:
+                memo = (key, cls, value)
+                try:
+                    encoded = known.get(memo)
+                except TypeError:  # a tuple holding what cannot be hashed
+                    encoded = memo = None
+                if encoded is not None:
+                    append(encoded)
+                    continue
+            key_field = keys.get(key)
+            if key_field is None:
+                key_field = keys[key] = _field(b"\x0a", key.encode())
+            if cls is str:
+                raw = value.encode()
+                n = len(raw)
+                any_value = b"\x0a" + (short[n] if n < 128 else _varint(n)) + raw
+            elif cls is int and value >= 0:
+                any_value = b"\x18" + (short[value] if value < 128 else _varint(value))
+            else:
+                any_value = _any_value(value)
+            n = len(any_value)
+            body = key_field + b"\x12" + (short[n] if n < 128 else _varint(n)) + any_value
+            n = len(body)
+            encoded = tag + (short[n] if n < 128 else _varint(n)) + body
+            if memo is not None:
+                misses = self._misses[key] = self._misses.get(key, 0) + 1
+                if misses >= self._max_misses:  # a value per span: not worth keeping
+                    volatile.add(key)
+                if len(known) >= self._limit:
+                    known.clear()
+                known[memo] = encoded
+            append(encoded)
         return b"".join(parts)
 
 

@@ -31,11 +31,12 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from apollia_nb.errors import BadInput
 
@@ -59,9 +60,11 @@ _STEP_NAMES = {"planner": "plan", "actor": "act", "critic": "critic"}
 _READ_KINDS = ("agent_identity", "run_open", "run_seal", "model_response", "decision", "answer", "tool_result")
 _READ_SET = frozenset(_READ_KINDS)
 
+#: JSON's own scanner (what ``json.loads`` runs, without its wrapper): a value and where it ends
+_scan = json.JSONDecoder().scan_once
 
-@dataclass(frozen=True)
-class Open:
+
+class Open(NamedTuple):
     """Start a span ``key`` under ``parent`` (None: a root span) at ``start_ns``."""
 
     key: tuple[Any, ...]
@@ -71,9 +74,9 @@ class Open:
     attributes: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Close:
-    """End span ``key`` at ``end_ns``, adding ``attributes``; ``error`` marks its status an error."""
+class Close(NamedTuple):
+    """End span ``key`` at ``end_ns``, adding ``attributes``; ``error`` marks its status an error.
+    An ``end_ns`` below zero only adds the attributes (the span stays open)."""
 
     key: tuple[Any, ...]
     end_ns: int
@@ -81,7 +84,22 @@ class Close:
     error: str | None = None
 
 
+_TOOL_CALLS = ("tool_calls",)  # gen_ai.response.finish_reasons of a turn that calls tools
+_NO_ATTRIBUTES: dict[str, Any] = {}  # shared by the moves that add none (never changed)
+
+
+_SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS" → its nanoseconds since the epoch (a few, reused)
+
+
 def _ns(ts: str) -> int:
+    """An entry's ``ts`` (``YYYY-MM-DDTHH:MM:SS.ffffffZ``, UTC) in nanoseconds since the epoch."""
+    if len(ts) == 27 and ts[19] == "." and ts[26] == "Z" and ts[20:26].isdigit():
+        second = _SECONDS.get(ts[:19])
+        if second is None:
+            if len(_SECONDS) > 64:
+                _SECONDS.clear()
+            second = _SECONDS[ts[:19]] = int(datetime.fromisoformat(ts[:19] + "+00:00").timestamp()) * 1_000_000_000
+        return second + int(ts[20:26]) * 1000
     parsed = datetime.fromisoformat(ts.replace("Z", "+00:00"))
     return int(parsed.timestamp()) * 1_000_000_000 + parsed.microsecond * 1000
 
@@ -111,10 +129,12 @@ class SpanDeriver:
 
     def feed(self, entries: Iterable[Any]) -> list[Open | Close]:
         moves: list[Open | Close] = []
+        scan = _scan
         for entry in entries:
+            raw = entry.payload
             try:
-                payload = json.loads(entry.payload)
-            except ValueError:
+                payload, end = scan(raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw), 0)
+            except (ValueError, StopIteration):
                 continue
             if not isinstance(payload, dict):
                 continue
@@ -142,7 +162,7 @@ class SpanDeriver:
 
     def _close_step(self, run: _Run, moves: list[Open | Close]) -> None:
         if run.step is not None:
-            moves.append(Close(run.step, run.last_ns, {}))
+            moves.append(Close(run.step, run.last_ns, _NO_ATTRIBUTES))
             run.step = run.step_role = None
 
     def _one(self, entry: Any, payload: dict[str, Any]) -> list[Open | Close]:
@@ -171,12 +191,12 @@ class SpanDeriver:
                 if step == "plan":
                     attrs["gen_ai.operation.name"] = "plan"
                 moves.append(Open(run.step, ("run", entry.run_id), step, run.last_ns, attrs))
-            moves.extend(self._chat(entry, payload, run))
+            moves.extend(self._chat(entry, payload, run, at))
         elif kind in ("decision", "answer", "tool_result"):
             moves.extend(self._call(entry, payload, at, run, ("run", entry.run_id)))
         elif kind == "run_seal":
             for key in list(run.calls.values()):
-                moves.append(Close(key, at, {}))
+                moves.append(Close(key, at, _NO_ATTRIBUTES))
             self._close_step(run, moves)
             run.last_ns = at
             status = payload.get("status")
@@ -186,14 +206,13 @@ class SpanDeriver:
             code = str(error.get("code")) if error else None
             if code:
                 attrs["error.type"] = code
-            moves.append(Close(("run", entry.run_id), at, attrs, error=code))
+            moves.append(Close(("run", entry.run_id), at, attrs, code))
             del self._runs[entry.run_id]
             return moves
         run.last_ns = max(run.last_ns, at)
         return moves
 
-    def _chat(self, entry: Any, payload: Mapping[str, Any], run: _Run) -> list[Open | Close]:
-        at = _ns(entry.ts)
+    def _chat(self, entry: Any, payload: Mapping[str, Any], run: _Run, at: int) -> list[Open | Close]:
         model = self._models.get(entry.agent or "") or {}
         attrs: dict[str, Any] = {"gen_ai.operation.name": "chat", "apollia.role": str(payload.get("role")),
                                  **_proof(entry)}
@@ -214,10 +233,10 @@ class SpanDeriver:
                     break
         calls = payload.get("tool_calls")
         if isinstance(calls, list) and calls:
-            attrs["gen_ai.response.finish_reasons"] = ["tool_calls"]
+            attrs["gen_ai.response.finish_reasons"] = _TOOL_CALLS
         key = ("chat", entry.run_id, int(entry.seq))
         span_name = f"chat {name}" if isinstance(name, str) else "chat"
-        return [Open(key, run.step, span_name, run.last_ns, attrs), Close(key, at, {})]
+        return [Open(key, run.step, span_name, run.last_ns, attrs), Close(key, at, _NO_ATTRIBUTES)]
 
     def _call(self, entry: Any, payload: Mapping[str, Any], at: int, run: _Run | None,
               parent: tuple[Any, ...] | None) -> list[Open | Close]:
@@ -273,7 +292,7 @@ class SpanDeriver:
         if status != "ok":
             error = str(payload.get("error_code") or status.upper())
             attrs["error.type"] = error
-        return [Close(key, at, attrs, error=error)]
+        return [Close(key, at, attrs, error)]
 
 
 # --- configuration ------------------------------------------------------------------
@@ -549,6 +568,7 @@ class TelemetryExporter:
         self.dropped = 0  # entries the hook found no room for (their spans are lost)
         self.sent = 0  # spans the collector took
         self.lost = 0  # spans whose request failed, or that found no room to wait for one
+        self.cpu_seconds = 0.0  # CPU time the thread took deriving, encoding and sending
         self._unobserve = journal.observe(self._offer)
         # Entries up to the head when the hook was set are read from the journal (``since_seq``
         # below it: once); the hook's entries at or below the cursor are skipped.
@@ -575,11 +595,16 @@ class TelemetryExporter:
         self._thread.start()
 
     def _run(self) -> None:
+        clock = time.thread_time
         while not self._stop.wait(self._interval):
+            began = clock()
             self.poll()
             self.flush()
+            self.cpu_seconds += clock() - began
+        began = clock()
         self.poll()  # what was left when the hook stopped
         self.flush()
+        self.cpu_seconds += clock() - began
 
     def _backlog(self) -> list[Any]:
         try:
