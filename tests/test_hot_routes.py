@@ -243,3 +243,45 @@ def test_a_runs_size_is_what_its_entries_are_however_many_are_not_yet_copied(own
     assert size == {"run_id": "run-size", "entries": len(listed)} and len(listed) == 10
     missing = owner.get("/api/v1/internal/journal/run-size")
     assert missing.status_code == 422 and missing.json()["code"] == "BAD_INPUT"
+
+
+def test_the_server_answers_others_while_a_workers_new_run_is_looked_up(home, monkeypatch):
+    """A worker's ``run_open`` is checked against the journal (the run must be new), a read that waits for the
+    journal's copy into ``journal.db``: in a worker thread, so the event loop answers other requests meanwhile."""
+    import threading
+
+    from apollia_nb.journal.store import Journal
+
+    looking, release = threading.Event(), threading.Event()
+    entries = Journal.entries
+
+    def slow(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("run_id") == "run-slow":
+            looking.set()
+            assert release.wait(30)
+        return entries(self, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "entries", slow)
+    batch = "batch-00aa11bb22cc"
+    with ServerThread(home, token=TOKEN) as srv, httpx.Client(base_url=srv.url, headers=AUTH, timeout=30) as api:
+        issued = api.post("/api/v1/internal/worker-tokens", json={"agent": "clerk", "batch_id": batch, "tasks": 1})
+        token = issued.json()["token"]
+        opened: list[httpx.Response] = []
+
+        def open_run() -> None:
+            with httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {token}"}) as w:
+                opened.append(w.post("/api/v1/internal/journal/entries", json={"entries": [
+                    {"kind": "run_open", "run_id": "run-slow", "agent": "clerk",
+                     "payload": {"run_kind": "task", "goal": "g", "task_id": f"task-{batch[6:]}-0"}}]}))
+
+        worker = threading.Thread(target=open_run)
+        worker.start()
+        try:
+            assert looking.wait(30)
+            with httpx.Client(base_url=srv.url, headers=AUTH, timeout=5) as other:  # answered while it waits
+                assert other.get("/api/v1/internal/journal/head").status_code == 200
+                assert other.post(CALLS, json=call_body("run-meanwhile")).status_code == 200
+        finally:
+            release.set()
+            worker.join(30)
+        assert opened and opened[0].status_code == 201, opened

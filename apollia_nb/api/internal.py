@@ -671,9 +671,8 @@ def _decided_call(body: CallIn, view: Any) -> tuple[Any, dict[str, Any]]:
     from apollia_nb.errors import BadInput
     from apollia_nb.governance.code_places import CodePlaces
     from apollia_nb.governance.decision import Call, decide
-    from apollia_nb.runtime.outputs import redact
-
     from apollia_nb.runtime.builtins import BUILTIN_FAMILIES
+    from apollia_nb.runtime.outputs import redact
 
     builtin = BUILTIN_FAMILIES.get(body.tool) if body.connection is None else None
     if builtin is not None and (body.family != builtin.value or body.shell != (body.tool == "bash_executor")):

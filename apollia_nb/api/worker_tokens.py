@@ -146,8 +146,13 @@ def _runtime_of(request: Request) -> Any:
     return request.app.state.runtime
 
 
-def _run_is_new(request: Request, run_id: str) -> bool:
-    return not _runtime_of(request).journal.entries(run_id=run_id, limit=1)
+async def _run_is_new(request: Request, run_id: str) -> bool:
+    """The journal holds no entry of the run. In a worker thread: the read waits for the journal's newest
+    entries to be copied into ``journal.db``, and the server answers other requests meanwhile."""
+    import anyio
+
+    journal = _runtime_of(request).journal
+    return not await anyio.to_thread.run_sync(lambda: journal.entries(run_id=run_id, limit=1))
 
 
 async def _append(scope: WorkerScope, request: Request) -> None:
@@ -177,7 +182,7 @@ async def _check_drafts(scope: WorkerScope, request: Request, entries: list[Any]
         elif kind == "run_open":
             if payload.get("run_kind") != "task" or not scope.owns_task(payload.get("task_id")):
                 raise _refuse(scope, "it opens runs only for the batch's tasks")
-            if run_id not in scope.runs and (run_id in opened or not _run_is_new(request, run_id)):
+            if run_id not in scope.runs and (run_id in opened or not await _run_is_new(request, run_id)):
                 raise _refuse(scope, f"run {run_id} exists already")
             opened.add(run_id)
         elif run_id not in scope.runs and run_id not in opened:
