@@ -387,3 +387,36 @@ def test_a_witness_goes_on_cosigning_after_an_erasure(tmp_path, monkeypatch):
         assert report["ok"] and report["witness"]["ok"] and report["erased"] == 1, report
     finally:
         witness.stop()
+
+
+def test_the_views_read_an_erased_field_as_null_and_the_erased_view_names_it(journal_home, capsys, tmp_path):
+    from apollia_nb.journal.views import bundle_sql
+
+    h = ["--home", str(journal_home.path)]
+    assert run_cli(capsys, "audit", "erase", *h, "--seq", "3", "--field", "output", "--reason", "asked")[0] == 0
+    assert run_cli(capsys, "audit", "erase", *h, "--seq", "5", "--reason", "asked")[0] == 0
+    want = [(3, "tool_result", "output"), *((5, "tool_result", f) for f in
+                                            ("call_id", "output", "output_digest", "status", "tool"))]
+    con = duckdb.connect(str(journal_home.journal_db), read_only=True)
+    try:
+        assert con.execute("SELECT seq, kind, field FROM erased ORDER BY seq, field").fetchall() == want
+        assert con.execute("SELECT payload->>'output', payload->>'tool' FROM journal WHERE seq = 3").fetchone() \
+            == (None, "read_file")
+        # the typed columns the views read were computed again: the erased entry's are NULL
+        assert con.execute("SELECT call_id, tool, status FROM entry_fields WHERE seq = 5").fetchone() \
+            == (None, None, None)
+        assert con.execute("SELECT count(*) FROM tool_calls WHERE call_id = 'c4'").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM tool_calls WHERE call_id = 'c2'").fetchone() == (1,)
+    finally:
+        con.close()
+    # a bundle carries the erasure entries and gives the same rows through this install's views
+    assert run_cli(capsys, "audit", "export", *h, str(tmp_path / "b"))[0] == 0
+    con = duckdb.connect()
+    try:
+        con.execute(bundle_sql(tmp_path / "b"))
+        assert con.execute("SELECT seq, kind, field FROM erased ORDER BY seq, field").fetchall() == want
+        assert con.execute("SELECT count(*) FROM journal WHERE kind = 'erasure'").fetchone() == (2,)
+    finally:
+        con.close()
+    for i in (2, 4):
+        assert_absent(tmp_path / "b", f"secret {i}")

@@ -33,7 +33,7 @@ __all__ = [
     "rebuild_calls", "bundle_sql", "list_runs", "list_oversight", "OVERSIGHT_COLUMNS",
 ]
 
-VIEW_NAMES = ("journal", "decisions", "tool_calls", "runs", "oversight")
+VIEW_NAMES = ("journal", "decisions", "tool_calls", "runs", "oversight", "erased")
 
 #: The entry kinds whose payload fields the views read.
 FIELD_KINDS = ("decision", "answer", "tool_call", "tool_result", "run_open", "run_seal")
@@ -157,6 +157,16 @@ SELECT
 FROM entries
 """
 
+#: ``erased``: one row per payload field erased from an entry (``audit erase``: its value and salt gone,
+#: its commitment kept); in ``journal``'s payload such a field is absent, so reading it gives NULL.
+_ERASED = """
+CREATE OR REPLACE VIEW erased AS
+SELECT seq, CAST(ts AS TIMESTAMPTZ) AS ts, run_id, agent, kind, unnest(json_keys(p, '$."@erased"')) AS field
+FROM (SELECT seq, ts, run_id, agent, kind, CAST(decode(payload) AS JSON) AS p FROM entries
+      WHERE contains(decode(payload), '"@erased":'))
+WHERE json_exists(p, '$."@salts"') AND json_exists(p, '$."@erased"')
+"""
+
 _DECISIONS = """
 CREATE OR REPLACE VIEW decisions AS
 WITH a AS (
@@ -268,7 +278,7 @@ LEFT JOIN d
 ORDER BY a.seq
 """
 
-VIEWS_SQL: tuple[str, ...] = (_JOURNAL, _DECISIONS, _TOOL_CALLS, _RUNS, _OVERSIGHT)
+VIEWS_SQL: tuple[str, ...] = (_JOURNAL, _DECISIONS, _TOOL_CALLS, _RUNS, _OVERSIGHT, _ERASED)
 
 
 #: The SQL the views are made from, as ``meta.views`` records it.
