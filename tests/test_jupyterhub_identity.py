@@ -336,6 +336,7 @@ def test_a_hub_that_does_not_answer_refuses_every_hub_token_and_no_other(hub, tm
             r = send(url, token)
             assert r.status_code == 503, r.text
             assert r.json()["code"] == "HUB_UNREACHABLE" and token not in r.text
+            assert dead.split("/hub")[0] not in r.text  # the hub's address is the server's to know
         stream = httpx.get(f"{url}/tasks/t-1/events", headers={"Authorization": f"Bearer {ann}"}, timeout=60)
         assert stream.status_code == 503 and stream.json()["code"] == "HUB_UNREACHABLE"
         keyed = httpx.post(f"{url}/governance/rules", json={"tool": "bash_executor", "effect": "allow"}, timeout=60,
@@ -598,7 +599,9 @@ def test_which_hub_a_served_home_asks():
     plain = hub_from("http://127.0.0.1:8081/hub/api", "mine", {})
     assert plain is not None and plain.service == "mine"
     assert hub_from("http://127.0.0.1:8081/hub/api", None, {}).service == "apollia"  # type: ignore[union-attr]
-    for bad in ("127.0.0.1:8081", "file:///etc/passwd", "ftp://hub/api", "http:///hub/api"):
+    for bad in ("127.0.0.1:8081", "file:///etc/passwd", "ftp://hub/api", "http:///hub/api",
+                "http://admin:secret@127.0.0.1:8081/hub/api", "http://127.0.0.1:8081/hub/api?x=1",
+                "http://127.0.0.1:8081/hub/api#x"):
         with pytest.raises(BadInput):
             hub_from(bad, None, {})
     with pytest.raises(BadInput):

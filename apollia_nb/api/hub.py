@@ -117,6 +117,9 @@ class HubCheck:
         parts = urlsplit(api_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise BadInput(f"the JupyterHub API URL must be http(s)://host[:port]/hub/api, not {api_url!r}")
+        if parts.username is not None or parts.password is not None or parts.query or parts.fragment:
+            raise BadInput("the JupyterHub API URL must be http(s)://host[:port]/hub/api, without credentials, "
+                           "a query or a fragment")
         if not service or not isinstance(service, str):
             raise BadInput("the JupyterHub service name must not be empty")
         self.api_url = api_url.rstrip("/")
@@ -152,7 +155,7 @@ class HubCheck:
             response = await self._client().get(f"{self.api_url}/user", headers={"Authorization": f"token {token}"})
             body = response.content
         except (httpx.HTTPError, OSError) as exc:
-            raise HubUnreachable(f"the JupyterHub API at {self.api_url} did not answer ({type(exc).__name__}); "
+            raise HubUnreachable(f"the JupyterHub API did not answer ({type(exc).__name__}); "
                                  "nobody is let in by a hub token until it does") from None
         user = read_hub_answer(response.status_code, body, self.service)
         if user is not None and self.cache_secs > 0:
