@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 from apollia_nb.errors import Conflict
-from apollia_nb.runtime.records import ROWS_MAX, RuntimeRecords
+from apollia_nb.runtime.records import ROWS_MAX, UPDATE_ROWS_MIN, RuntimeRecords
 
 
 class _Statements:
@@ -86,18 +86,20 @@ def test_keys_taken_and_answered_in_one_group_are_two_statements_and_each_row_is
 
 
 def test_a_row_written_twice_in_a_group_starts_a_new_statement_and_its_last_write_wins(home, records):
-    """Rows a, b, a of one table in one group: a statement cannot write one row twice, so the
-    second write of a is a statement of its own, after the first: a holds its last value."""
+    """Keys k0 … k5 answered, then k0 … k5 answered again, in one group: a statement cannot write one
+    row twice, so the second answers are a statement of their own, after the first: each key holds
+    its last answer."""
     spy = records._con
+    count = max(UPDATE_ROWS_MIN, 6)
+    taken = [records.remember_response("s", f"k{i}", "fp", 0, {}, 1.0, new_row=True) for i in range(count)]
+    assert [f.result(10) for f in taken] == [None] * count
     release = _held(records)
-    futures = [records.remember_response("s", "a", "fp", 200, {"n": 1}, 1.0),
-               records.remember_response("s", "b", "fp", 200, {"n": 1}, 1.0),
-               records.remember_response("s", "a", "fp", 200, {"n": 2}, 2.0)]
+    futures = [records.remember_response("s", f"k{i}", "fp", 200, {"n": 1}, 1.0) for i in range(count)]
+    futures += [records.remember_response("s", f"k{i}", "fp", 200, {"n": 2}, 2.0) for i in range(count)]
     release.set()
-    assert [f.result(10) for f in futures] == [None] * 3
-    assert len(spy.into("idempotency")) == 2
-    assert records.remembered_response("s", "a") == (200, {"n": 2})
-    assert records.remembered_response("s", "b") == (200, {"n": 1})
+    assert [f.result(10) for f in futures] == [None] * 2 * count
+    assert len([s for s in spy.into("idempotency") if s.startswith("UPDATE")]) == 2
+    assert all(records.remembered_response("s", f"k{i}") == (200, {"n": 2}) for i in range(count))
 
 
 def test_a_task_submitted_twice_among_new_rows_of_a_group_is_conflict_and_the_others_commit(home, records):
@@ -116,6 +118,20 @@ def test_a_task_submitted_twice_among_new_rows_of_a_group_is_conflict_and_the_ot
     assert {t["id"]: t["status"] for t in records.tasks()} == {"t1": "pending", "t2": "running", "t3": "running"}
 
 
+def test_a_few_rows_to_update_are_updated_one_by_one(home, records):
+    """Fewer than ``UPDATE_ROWS_MIN`` rows to update: one ``UPDATE`` each (cheaper than one of them all)."""
+    spy = records._con
+    count = UPDATE_ROWS_MIN - 1
+    taken = [records.remember_response("s", f"k{i}", "fp", 0, {}, 1.0, new_row=True) for i in range(count)]
+    assert [f.result(10) for f in taken] == [None] * count
+    release = _held(records)
+    futures = [records.remember_response("s", f"k{i}", "fp", 200, {"i": i}, 2.0) for i in range(count)]
+    release.set()
+    assert [f.result(10) for f in futures] == [None] * count
+    assert len([s for s in spy.into("idempotency") if s.startswith("UPDATE")]) == count
+    assert all(records.remembered_response("s", f"k{i}") == (200, {"i": i}) for i in range(count))
+
+
 def test_more_rows_than_a_statement_takes_are_written_by_several(home, records):
     """A group holds up to 256 writes; one statement writes at most ``ROWS_MAX`` rows."""
     spy = records._con
@@ -130,7 +146,8 @@ def test_more_rows_than_a_statement_takes_are_written_by_several(home, records):
 
 def test_snapshots_held_for_later_are_written_together_each_row_as_its_last_snapshot(home, records, monkeypatch):
     """Task states written as runs go (nobody waits) are held, a later snapshot of a row replacing the
-    earlier; a flush then writes every held row with one statement."""
+    earlier; a flush then writes every held row together: one UPDATE (which finds none of these new rows)
+    and one INSERT."""
     monkeypatch.setattr("apollia_nb.runtime.records.DEFER_SECS", 60.0)  # held until the flush
     spy = records._con
     for i in range(10):
@@ -138,6 +155,21 @@ def test_snapshots_held_for_later_are_written_together_each_row_as_its_last_snap
     for i in range(0, 10, 2):
         records.save_task(_record(f"t{i}", "completed"), "2026-12-07T00:00:01Z")
     records.flush()
-    assert len(spy.into("tasks")) == 1
+    assert [s.split(None, 1)[0] for s in spy.into("tasks")] == ["UPDATE", "INSERT"]
     assert {t["id"]: t["status"] for t in records.tasks()} == {
         f"t{i}": "completed" if i % 2 == 0 else "running" for i in range(10)}
+
+
+def test_rows_to_update_of_which_some_are_not_there_are_updated_and_the_others_inserted(home, records):
+    """One ``UPDATE`` for the rows, then one ``INSERT`` of those it did not find: every row as written."""
+    spy = records._con
+    count = max(UPDATE_ROWS_MIN, 6)
+    for i in range(0, count, 2):
+        assert records.remember_response("s", f"k{i}", "fp", 0, {}, 1.0, new_row=True).result(10) is None
+    release = _held(records)
+    futures = [records.remember_response("s", f"k{i}", "fp", 200, {"i": i}, 2.0) for i in range(count)]
+    release.set()
+    assert [f.result(10) for f in futures] == [None] * count
+    last = [s for s in spy.into("idempotency")][-2:]
+    assert [s.split(None, 1)[0] for s in last] == ["UPDATE", "INSERT"] and last[1].count("(?") == count // 2
+    assert all(records.remembered_response("s", f"k{i}") == (200, {"i": i}) for i in range(count))
