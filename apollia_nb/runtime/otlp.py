@@ -10,7 +10,7 @@ re-encoded when spans are batched.
 
 Fields written: ``Span`` trace_id (1), span_id (2), parent_span_id (4), name (5), kind (6,
 always ``SPAN_KIND_INTERNAL``), start/end_time_unix_nano (7, 8), attributes (9), status (15:
-message 2, code 3 ``STATUS_CODE_ERROR``; left out when unset), flags (16, ``HAS_IS_REMOTE``, as
+message 2, code 3 ``STATUS_CODE_ERROR``; empty when unset), flags (16, ``HAS_IS_REMOTE``, as
 the OpenTelemetry SDK writes it); ``KeyValue`` key (1) and ``AnyValue`` string (1), bool (2),
 int (3), double (4) and array (5) values.
 """
@@ -31,6 +31,8 @@ _SHORT = [bytes((n,)) for n in range(128)]
 #: ``SPAN_KIND_INTERNAL``; the span flag ``SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`` (a local parent)
 _KIND_AND_FLAGS_TAIL = b"\x85\x01" + _PACK_I(0x100)
 _KIND = b"\x30\x01"
+#: an empty ``Status`` (code ``STATUS_CODE_UNSET``), written as the SDK writes it
+_UNSET = b"\x7a\x00"
 
 
 def _varint(n: int) -> bytes:
@@ -143,7 +145,7 @@ def encode_span(trace_id: bytes, span_id: bytes, parent_id: bytes | None, name: 
         _field(b"\x2a", name.encode()), _KIND,
         b"\x39", _PACK_Q(start_ns), b"\x41", _PACK_Q(end_ns),
         encoder.encode(attributes),
-        _field(b"\x7a", _field(b"\x12", error.encode()) + b"\x18\x02") if error is not None else b"",
+        _field(b"\x7a", _field(b"\x12", error.encode()) + b"\x18\x02") if error is not None else _UNSET,
         _KIND_AND_FLAGS_TAIL,
     ))
     return _field(b"\x12", body)

@@ -691,14 +691,15 @@ class TelemetryExporter:
     def _apply(self, move: Open | Close) -> None:
         from apollia_nb.runtime.otlp import encode_span
 
-        if isinstance(move, Open):
-            self._open[move.key] = (move, dict(move.attributes))
+        if isinstance(move, Open):  # its attributes are its own (the deriver keeps none): added to in place
+            self._open[move.key] = (move, move.attributes)
             return
         held = self._open.get(move.key)
         if held is None:
             return
         opened, attributes = held
-        attributes.update(move.attributes)
+        if move.attributes:
+            attributes.update(move.attributes)
         if move.end_ns < 0:
             return
         del self._open[move.key]
