@@ -15,7 +15,8 @@ the journal verifies, over the API and offline after the server stopped.
 
 Prints: submission rate and the p50/p99 latency of a submission, tasks settled
 per second, the p50/p99 latency of ``decide``, end-to-end tasks per second, and
-the server's CPU seconds (every thread; the steadier figure on a busy machine).
+the server's CPU seconds (every thread; the steadier figure on a busy machine), and the CPU seconds of
+this process's client threads over the same time (they share the machine's cores with the server).
 ``--baseline TREE`` runs the same load on a server of another checkout (its
 package first on ``PYTHONPATH``), alternating with this tree's, ``--rounds``
 times each, and prints the medians side by side; each server is checked to
@@ -90,6 +91,7 @@ class LoadReport:
     offline_verify_ok: bool = False
     offline_verify_output: str = ""
     server_cpu_secs: float = float("nan")
+    client_cpu_secs: float = float("nan")  # this process (the clients' threads) from the first submission to the end
     server_package: str = ""
 
     def percentile(self, p: float, values: list[float] | None = None) -> float:
@@ -110,6 +112,7 @@ class LoadReport:
             "decide p99 ms": self.percentile(99) * 1000,
             "tasks/s end to end": self.tasks / self.total_secs,
             "server CPU s": self.server_cpu_secs,
+            "clients' CPU s": self.client_cpu_secs,
         }
 
     def lines(self) -> list[str]:
@@ -125,7 +128,7 @@ class LoadReport:
             f"decide:  {writers / self.decide_secs:8.1f} decisions/s, latency p50 {self.percentile(50) * 1000:.1f} ms, "
             f"p99 {self.percentile(99) * 1000:.1f} ms",
             f"overall: {self.tasks / self.total_secs:8.1f} tasks/s end to end ({self.total_secs:.2f} s); "
-            f"server CPU {self.server_cpu_secs:.2f} s ({self.server_package})",
+            f"server CPU {self.server_cpu_secs:.2f} s ({self.server_package}), the clients' {self.client_cpu_secs:.2f} s",
             f"journal: {self.verify_entries} entries, verify over the API {'ok' if self.verify_ok else 'FAILED'}, "
             f"offline {'ok' if self.offline_verify_ok else 'FAILED'}; runs with a problem: {len(self.run_problems)}",
         ]
@@ -267,7 +270,7 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None, tree
                     return sub
 
                 profile.phase("submit")
-                started = time.perf_counter()
+                started, cpu0 = time.perf_counter(), time.process_time()
                 subs = _in_parallel(clients, url, list(enumerate(agents_order)), submit)
                 submit_secs = time.perf_counter() - started
                 agents = {s.id: a for s, a in zip(subs, agents_order)}
@@ -297,6 +300,7 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None, tree
                 final = _in_parallel(clients, url, [s.id for s in subs],
                                      lambda c, tid: c.wait(tid, until="finished"))
                 total_secs = time.perf_counter() - started
+                client_cpu = time.process_time() - cpu0
                 profile.phase(None)
                 report = LoadReport(
                     tasks=tasks, clients=clients, submit_secs=submit_secs, settle_secs=settle_secs,
@@ -304,6 +308,7 @@ def run_load(tasks: int = 200, clients: int = 16, root: Path | None = None, tree
                     submit_latencies=submit_latencies,
                     statuses_settled=statuses_settled, statuses_final={t.id: t.status for t in final},
                     agents=agents, pending_before=len(pending), pending_after=len(api.pending()),
+                    client_cpu_secs=client_cpu,
                 )
                 writers = {tid for tid, a in agents.items() if a == "writer"}
                 report.run_problems = check_runs(api, run_ids, writers)
