@@ -65,8 +65,6 @@ KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
     ("apollia_nb.runtime.runtime", "apollia_nb.federation"):
         "the runtime opens the federated tool sources itself; the surface opening it should hand them in",
     # circles
-    ("apollia_nb.notebook.handles", "apollia_nb.notebook.widgets"):
-        "a handle draws its widget, and the widgets read the handles",
 }
 
 

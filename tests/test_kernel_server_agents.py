@@ -50,8 +50,8 @@ def test_a_joined_kernel_lists_and_drives_the_servers_agent(tmp_path, kernelspec
 
         out = kernel.run("t = get_ipython().run_cell_magic('apollia', 'task clerk', 'Write out.txt')\n"
                          "t.join(60, settled=True)\n"
-                         "print(type(t).__name__, t.status, [(c.tool, c.waiting) for c in t.pending])")
-        assert out.strip() == "ServerTask waiting [('write_file', True)]"
+                         "print(type(t).__name__, t.runs, t.status, [(c.tool, c.waiting) for c in t.pending])")
+        assert out.strip() == "NotebookTask server waiting [('write_file', True)]"
         out = kernel.run("card = t.pending[0].answer('once')\n"
                          "print(card.waiting, card.answered_by)\n"
                          "done = await t\n"

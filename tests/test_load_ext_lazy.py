@@ -25,7 +25,7 @@ LAZY = (
     "apollia_nb.witness", "apollia_nb.journal.verify", "apollia_nb.journal.replay", "apollia_nb.journal.export",
     "apollia_nb.runtime.models", "apollia_nb.runtime.remote", "apollia_nb.runtime.workers",
     "apollia_nb.runtime.dask_engine", "apollia_nb.notebook.widgets", "apollia_nb.notebook.handles",
-    "apollia_nb.notebook.sql", "apollia_nb.notebook.served",
+    "apollia_nb.notebook.sql", "apollia_nb.journal.sql", "apollia_nb.runtime.served",
 )
 
 PROBE = textwrap.dedent("""

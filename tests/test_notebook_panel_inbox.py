@@ -235,16 +235,17 @@ def test_served_a_server_tasks_plan_is_in_the_inbox_and_approved_over_rest(serve
 
 
 def test_served_a_server_tasks_card_is_answered_by_a_click_in_the_cell(served, monkeypatch):
-    from apollia_nb.notebook import served as served_mod
+    from apollia_nb.notebook import home as home_mod
+    from apollia_nb.notebook.handles import NotebookTask
 
-    monkeypatch.setattr(served_mod, "SERVED_VIEW_POLL_SECS", 0.2)
+    monkeypatch.setattr(home_mod, "SERVED_VIEW_POLL_SECS", 0.2)
     ip, api = served
     api.register_agent(manifest("clerk", actor=WRITE, workspace=os.getcwd()))
     task = ip.run_cell_magic("apollia", "task clerk", "Write a.txt")  # the server's agent: runs there
-    assert type(task).__name__ == "ServerTask"
+    assert isinstance(task, NotebookTask) and task.runs == "server"
     task.join(WAIT, settled=True)
-    view = task.widget  # what the cell shows: buttons, not pills
-    assert type(view).__name__ == "ServerRunView"
+    view = task.widget  # what the cell shows: buttons, not pills (the same view as a task of the kernel)
+    assert type(view).__name__ == "RunView"
     [card] = view.cards.values()
     assert list(card.buttons) == ["once", "always", "refuse"] and card.snap["tool"] == "write_file"
     card.buttons["once"].click()  # answered over the server's REST API
@@ -256,20 +257,21 @@ def test_served_a_server_tasks_card_is_answered_by_a_click_in_the_cell(served, m
     while not view.final:  # the view follows the server until the task ends
         assert time.monotonic() < end
         time.sleep(0.05)
-    assert "completed" in view.summary.value
+    assert "completed" in view.header.value
 
     # A second click anywhere is refused with a stable code, never a second answer.
+    from apollia_nb.notebook.widgets import ConsentCardView
+
     stale = {**card.snap, "answer": None, "answered_by": None, "answered_at": None}  # displayed before the answer
-    again = served_mod.ServerCard(runtime(ip), served_mod.server_api(runtime(ip)), stale)
-    late = again.widget
+    late = ConsentCardView(runtime(ip), stale, answer_with=task._task.answerer(stale["id"]))
     late.buttons["refuse"].click()
     assert "CONFLICT" in late.error.value and not late.frozen
 
 
 def test_served_a_card_answered_by_another_client_freezes_in_the_cell(served, monkeypatch):
-    from apollia_nb.notebook import served as served_mod
+    from apollia_nb.notebook import home as home_mod
 
-    monkeypatch.setattr(served_mod, "SERVED_VIEW_POLL_SECS", 0.2)
+    monkeypatch.setattr(home_mod, "SERVED_VIEW_POLL_SECS", 0.2)
     ip, api = served
     api.register_agent(manifest("clerk", actor=WRITE, workspace=os.getcwd()))
     task = ip.run_cell_magic("apollia", "task clerk", "Write a.txt")
@@ -281,5 +283,5 @@ def test_served_a_card_answered_by_another_client_freezes_in_the_cell(served, mo
     while not card.frozen:
         assert time.monotonic() < end
         time.sleep(0.05)
-    assert "answered elsewhere" in card.state.value and card.button_row.layout.display == "none"
+    assert "by bob" in card.state.value and card.button_row.layout.display == "none"
     task.join(WAIT)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from apollia_nb.errors import ApolliaError
+from apollia_nb.notebook.home import kernel_home
 
 __all__ = ["KernelRuntime", "LoopThread", "snapshot", "login_name", "shown_in_one_line"]
 
@@ -178,8 +179,20 @@ class KernelRuntime:
             self.loop.stop()
             raise
         self._unsubscribe = self.loop.call(self.rt.subscribe, self._dispatch)
+        self._home: Any = None
+        self._home_lock = threading.Lock()
         self.chat_card_timeout: float = self.rt.chat_card_timeout or CHAT_CARD_TIMEOUT_SECS
         atexit.register(self.close)
+
+    @property
+    def home(self) -> Any:
+        """The home as this kernel sees it (``notebook/home.py``: its own runtime, and the server's share
+        when it joined `apollia-os serve`), chosen on first use: what the magics, widgets and panel ask."""
+        with self._home_lock:
+            if self._home is None:
+                self._check_open()
+                self._home = kernel_home(self)
+            return self._home
 
     # ------------------------------------------------------------------ calling into the runtime
     def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
@@ -310,9 +323,9 @@ class KernelRuntime:
         panel_home, self.panel_home = self.panel_home, None
         if panel_home is not None:
             panel_home.close()  # the side panel's pushes stop before the runtime does
-        api = getattr(self, "_server_api", None)  # notebook/served.py
-        if api is not None:
-            api.close()
+        home, self._home = self._home, None
+        if home is not None:
+            home.close()
         try:
             if self.loop.running:
                 self.loop.call(self._unsubscribe)

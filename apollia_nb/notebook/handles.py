@@ -202,7 +202,7 @@ class NotebookCard(Displayable):
 
 
 class TaskFields(Displayable):
-    """A task's JSON fields as properties, read from ``to_dict()`` (local and server tasks alike)."""
+    """A task's JSON fields as properties, read from ``to_dict()``."""
 
     def to_dict(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -225,12 +225,16 @@ class TaskFields(Displayable):
 
 
 class NotebookTask(TaskFields):
-    """A submitted task. ``await task`` returns it finished; ``.status``, ``.pending``, ``.to_dict()``."""
+    """A submitted task. ``await task`` returns it finished; ``.status``, ``.pending``, ``.to_dict()``.
 
-    def __init__(self, bridge: "KernelRuntime", handle: Any) -> None:
+    Wherever it runs (``runs``: ``"kernel"``, this kernel's runtime, or ``"server"``, the server a
+    kernel joined), it is read, answered and shown the same way (``notebook/home.py``)."""
+
+    def __init__(self, bridge: "KernelRuntime", task: Any) -> None:
         self._bridge = bridge
-        self._handle = handle
-        self.id: str = handle.id
+        self._task = task
+        self.id: str = task.id
+        self.runs: str = task.runs
         first = self.to_dict()
         self.run_id: str = first["run_id"]
         self.agent: str = first["agent"]
@@ -238,48 +242,45 @@ class NotebookTask(TaskFields):
 
     def to_dict(self) -> dict[str, Any]:
         """The task's JSON (+ goal, plan, verdict, awaiting_plan_approval, timestamps), copied."""
-        return self._bridge.call(lambda: copy.deepcopy(self._handle.to_dict()))
+        return self._task.to_dict()
 
     @property
     def status(self) -> str:
-        return self._bridge.call(lambda: self._handle.status)
+        return self._task.status
 
     @property
     def pending(self) -> list[NotebookCard]:
         """This task's waiting cards, each answerable with ``card.answer(...)``."""
-        bridge = self._bridge
-        return bridge.call(lambda: [NotebookCard(bridge, c) for c in self._handle.pending])
+        return [NotebookCard(self._bridge, c) for c in self._task.pending()]
 
     @property
     def cards(self) -> list[NotebookCard]:
         """Every card of this task, answered or waiting, oldest first (``pending``: the waiting ones)."""
-        bridge = self._bridge
-        rt = bridge.rt
-        return bridge.call(lambda: [NotebookCard(bridge, c) for c in rt.cards_of(self.id)])
+        return [NotebookCard(self._bridge, c) for c in self._task.cards()]
 
     @property
     def awaiting_plan_approval(self) -> bool:
-        return self._bridge.call(lambda: self._handle.awaiting_plan_approval)
+        return self._task.awaiting_plan_approval
 
     def approve_plan(self, steps: list[str] | None = None) -> None:
-        self._bridge.call(self._handle.approve_plan, steps)
+        self._task.approve_plan(steps)
 
     def reject_plan(self, reason: str) -> None:
-        self._bridge.call(self._handle.reject_plan, reason)
+        self._task.reject_plan(reason)
 
     def cancel(self) -> "NotebookTask":
-        self._bridge.block(self._bridge.rt.cancel, self.id)
+        self._task.cancel()
         return self
 
     async def wait(self) -> "NotebookTask":
         """Until the task is completed, failed or cancelled."""
-        await self._bridge.wait_for(self._handle.wait)
+        await self._task.wait()
         self.refresh_display()
         return self
 
     async def settled(self) -> "NotebookTask":
         """Until the task is finished or waiting on a person (then answer ``task.pending``)."""
-        await self._bridge.wait_for(self._handle.settled)
+        await self._task.settled()
         self.refresh_display()
         return self
 
@@ -288,26 +289,27 @@ class NotebookTask(TaskFields):
 
     def join(self, timeout: float | None = None, *, settled: bool = False) -> "NotebookTask":
         """Block this thread until finished (or settled). Never while a card waits on a click in this kernel."""
-        self._bridge.block(self._handle.settled if settled else self._handle.wait, timeout=timeout)
+        self._task.join(timeout, settled=settled)
         self.refresh_display()
         return self
 
     def _waiting_cards(self) -> list[dict[str, Any]]:
-        return self._bridge.call(lambda: [copy.deepcopy(c.to_dict()) for c in self._handle.pending])
+        return self._task.waiting_cards()
 
     def decisions(self) -> list[dict[str, Any]]:
-        """This run's rows of the journal's ``decisions`` view, in order."""
+        """This run's rows of the journal's ``decisions`` view (the home's one chain), in order."""
         return self._bridge.decisions(self.run_id)
 
     def _text(self) -> str:
-        return render.task_text(self.to_dict(), self.decisions())
+        where = "\n  runs on the server" if self.runs == "server" else ""
+        return render.task_text(self.to_dict(), self.decisions()) + where
 
     def _html(self) -> str:
         return render.task_html(self.to_dict(), self._waiting_cards(), self.decisions())
 
     def _make_widget(self) -> Any:
         from apollia_nb.notebook.widgets import RunView
-        return RunView(self._bridge, self)
+        return RunView(self._bridge, self, self._task)
 
 
 # --- chat ------------------------------------------------------------------------------
@@ -507,7 +509,6 @@ class PendingInbox(Displayable):
 
 
 JOURNAL_TAIL = 10
-_TAIL_COLUMNS = ("seq", "ts", "run_id", "agent", "kind")
 
 
 class JournalReport(Displayable):
@@ -536,7 +537,7 @@ class JournalReport(Displayable):
         return render.verify_text(self.report, self.head)
 
     def _html(self) -> str:
-        return render.verify_html(self.report, self.head, _TAIL_COLUMNS, self.tail)
+        return render.verify_html(self.report, self.head, render.TAIL_COLUMNS, self.tail)
 
     def _make_widget(self) -> Any:
         from apollia_nb.notebook.widgets import JournalView

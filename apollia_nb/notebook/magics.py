@@ -248,7 +248,6 @@ class ApolliaMagics(Magics):
 
     def _task(self, args: list[str], cell: str | None) -> Any:
         from apollia_nb.notebook.handles import NotebookTask
-        from apollia_nb.notebook.served import ServerTask, server_agents, server_api
 
         parser = _parser("%%apollia task")
         parser.add_argument("agent")
@@ -261,14 +260,9 @@ class ApolliaMagics(Magics):
         goal = self._cell("task", cell).strip()
         unattended = ns.unattended or (self.unattended_default and not ns.watched)
         runtime = self._rt()
-        api = server_api(runtime)
-        if api is not None and not runtime.call(lambda: any(a.name == ns.agent for a in runtime.rt.agents())):
-            if any(a["name"] == ns.agent for a in server_agents(runtime)):  # the server's agent: it runs there
-                submitted = api("submit", ns.agent, goal, not unattended, ns.max_steps, (), ns.approve_plan)
-                return ServerTask(runtime, api, submitted)
-        handle = runtime.call(runtime.rt.submit, ns.agent, goal, max_steps=ns.max_steps, watched=not unattended,
-                              approve_plan=ns.approve_plan)
-        return NotebookTask(runtime, handle)
+        task = runtime.home.submit(ns.agent, goal, watched=not unattended, max_steps=ns.max_steps,
+                                   approve_plan=ns.approve_plan)
+        return NotebookTask(runtime, task)
 
     def _chat(self, args: list[str], cell: str | None) -> Any:
         from apollia_nb.notebook.handles import NotebookExchange, NotebookSession
@@ -330,11 +324,7 @@ class ApolliaMagics(Magics):
 
         self._no_cell("agents", cell)
         _parser("%apollia agents").parse_args(args)
-        from apollia_nb.notebook.served import server_agents
-
-        runtime = self._rt()
-        agents = runtime.call(lambda: [{**a.to_dict(), "runs": "kernel"} for a in runtime.rt.agents()])
-        agents += [{**a, "runs": "server"} for a in server_agents(runtime)]  # a client's: the server's agents too
+        agents = self._rt().home.agents()  # this kernel's, and a served home's server's
         columns = ("name", "runs", "state", "model", "max_steps", "inflight", "tools", "warnings")
         rows = [(a["name"], a["runs"], a["state"], a["model"], a["max_steps"], a["inflight"], ", ".join(a["tools"]),
                  "; ".join(a["warnings"])) for a in agents]

@@ -416,9 +416,7 @@ class PanelHome:
         self._last_push = 0.0
         self._timer: Any = None
         self._poller: Any = None
-        from apollia_nb.notebook.served import elsewhere
-
-        self.elsewhere = elsewhere(bridge)  # the rest of the home (the server's share), chosen once
+        self.elsewhere = bridge.home  # the rest of the home (the server's share), chosen once per kernel
         self._unsubscribe = bridge.call(bridge.rt.subscribe, self._on_change)
 
     @classmethod

@@ -17,6 +17,7 @@ from typing import Any
 
 __all__ = [
     "LONG_VALUE_CHARS",
+    "TAIL_COLUMNS",
     "status_line",
     "status_html",
     "seconds_left",
@@ -45,6 +46,9 @@ __all__ = [
 
 LONG_VALUE_CHARS = 200
 """Argument values longer than this are shown folded (``<details>``) in HTML."""
+
+TAIL_COLUMNS = ("seq", "ts", "run_id", "agent", "kind")
+"""The columns of the journal's latest entries, as ``%apollia verify`` shows them."""
 
 _STATUS_COLOURS = {
     "completed": "#1a7f37", "running": "#0969da", "waiting": "#9a6700", "pending": "#57606a",

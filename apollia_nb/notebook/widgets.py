@@ -24,9 +24,8 @@ from apollia_nb.notebook import render
 
 if TYPE_CHECKING:  # pragma: no cover
     from apollia_nb.notebook.bridge import KernelRuntime
-    from apollia_nb.notebook.handles import JournalReport, NotebookExchange, NotebookTask
 
-__all__ = ["ConsentCardView", "PlanApprovalView", "RunView", "ServerRunView", "ChatView", "InboxView", "JournalView"]
+__all__ = ["ConsentCardView", "PlanApprovalView", "RunView", "ChatView", "InboxView", "JournalView"]
 
 _ANSWER_STYLE = {"once": "success", "always": "info", "refuse": "danger"}
 #: The answers' colours, dark enough that white text on them passes WCAG AA (4.5:1) in every theme
@@ -235,9 +234,12 @@ class PlanApprovalView:
 class RunView:
     """A task as it runs: steps and tool calls, decisions, budget bar, cards, plan approval, outcome."""
 
-    def __init__(self, bridge: "KernelRuntime", task: "NotebookTask") -> None:
+    def __init__(self, bridge: "KernelRuntime", task: Any, source: Any) -> None:
+        """``task``: the ``NotebookTask``; ``source``: where it runs (``notebook/home.py``), which says how
+        its cards are answered and whether its changes must be looked at again (a server's task)."""
         self.bridge = bridge
         self.task = task
+        self.source = source
         self.snap = task.to_dict()
         self.header = W.HTML()
         self.budget = W.IntProgress(min=0, max=max(1, self.snap["budget"]["ceiling"]), value=0,
@@ -253,10 +255,35 @@ class RunView:
         self.on_final: Callable[[], None] = _nothing
         self.box = W.VBox([self.header, W.HBox([self.budget, self.budget_label]), self.timeline, self.decisions,
                            self.plan_box, self.cards_box, self.outcome], layout=_BOX)
+        self.error = W.HTML()
+        self.box.children = (*self.box.children, self.error)
         self._unwatch: Callable[[], None] | None = bridge.watch(self._on_change)
         for card in task._waiting_cards():
             self._add_card(card)
         self.apply(task.to_dict())
+        # A task that runs elsewhere is looked at again until it ends (none for this kernel's own).
+        self._unfollow: Callable[[], None] | None = None if self.final else source.follow(self.apply_state)
+
+    @property
+    def final(self) -> bool:
+        return self.snap["status"] in _TERMINAL
+
+    def apply_state(self, state: dict[str, Any]) -> None:
+        """The task and its waiting cards as they stand where it runs (``{"task", "pending"}``), or
+        ``{"error"}`` when that could not be read now: cards no longer waiting were answered elsewhere."""
+        error = state.get("error")
+        if error is not None:
+            self.error.value = _error_html(error)
+            return
+        self.error.value = ""
+        waiting = {p["id"] for p in state["pending"]}
+        for view in self.cards.values():
+            if view.snap["id"] not in waiting and not view.frozen:
+                view._refresh()  # its answer as stored: by whom and when
+                view.answered_elsewhere()  # (when that could not be read)
+        for p in state["pending"]:
+            self._add_card(p)
+        self.apply(state["task"])
 
     def _on_change(self, kind: str, snap: dict[str, Any]) -> None:
         if kind == "task" and snap["id"] == self.task.id:
@@ -268,7 +295,7 @@ class RunView:
     def _add_card(self, snap: dict[str, Any]) -> None:
         if snap["id"] in self.cards:  # seen both in the first read and in a notification
             return
-        view = ConsentCardView(self.bridge, snap)
+        view = ConsentCardView(self.bridge, snap, answer_with=self.source.answerer(snap["id"]))
         self.cards[snap["id"]] = view
         self.cards_box.children = (*self.cards_box.children, view.box)
 
@@ -285,91 +312,25 @@ class RunView:
         self.decisions.value = render.decisions_html(self.bridge.decisions(self.task.run_id))
         self.outcome.value = render.task_outcome_html(snap)
         if snap.get("awaiting_plan_approval") and self.plan_view is None:
-            rt, task_id = self.bridge.rt, self.task.id
-            self.plan_view = PlanApprovalView(
-                snap["plan"],
-                on_approve=lambda steps: self.bridge.call(rt.approve_plan, task_id, steps),
-                on_reject=lambda reason: self.bridge.call(rt.reject_plan, task_id, reason),
-            )
+            self.plan_view = PlanApprovalView(snap["plan"], on_approve=self.task.approve_plan,
+                                              on_reject=self.task.reject_plan)
             self.plan_box.children = (self.plan_view.box,)
         elif self.plan_view is not None and self.plan_view.decided is None and not snap.get("awaiting_plan_approval"):
             self.plan_view._decide("approved elsewhere" if snap["status"] != "failed" else "answered elsewhere")
         if snap["status"] in _TERMINAL and self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
-            self.on_final()
-
-
-class ServerRunView:
-    """A task that runs on the server, in a kernel that joined it: the task as the server has it, its
-    waiting cards with buttons that answer over the server's REST API (as ``card.answer(...)`` does),
-    and its plan to approve; looked at again every ``poll_secs`` until the task ends."""
-
-    def __init__(self, bridge: "KernelRuntime", task: Any, *, poll_secs: float = 2.0) -> None:
-        self.bridge = bridge
-        self.task = task
-        self.poll_secs = poll_secs
-        self.summary = W.HTML()
-        self.plan_box = W.VBox()
-        self.cards_box = W.VBox()
-        self.cards: dict[str, ConsentCardView] = {}
-        self.plan_view: PlanApprovalView | None = None
-        self.on_final: Callable[[], None] = _nothing
-        self.final = False
-        self.error = W.HTML()
-        self.box = W.VBox([self.summary, self.plan_box, self.cards_box, self.error], layout=_BOX)
-        self.apply(task._state())
-        self._poller = None if self.final else bridge.start(self._poll)
-
-    async def _poll(self) -> None:  # on the runtime's loop; the server is asked in a worker thread
-        import asyncio
-
-        while not self.final:
-            await asyncio.sleep(self.poll_secs)
-            try:
-                state = await asyncio.to_thread(self.task._state)
-            except ApolliaError as exc:  # the server is away for now: said, and asked again
-                self.bridge.deliver(self._show_error, exc)
-                continue
-            self.bridge.deliver(self.apply, state)
-
-    def _show_error(self, exc: ApolliaError) -> None:
-        self.error.value = _error_html(exc)
-
-    def _answer(self, card_id: str, answer: str, lasting: str | None = None) -> dict[str, Any]:
-        api = self.task._api
-        return api("decide", card_id, answer, None, self.bridge.user, None, lasting)
-
-    def apply(self, state: dict[str, Any]) -> None:
-        if self.final:
-            return
-        snap, pending = state["task"], state["pending"]
-        self.error.value = ""
-        self.summary.value = render.task_html(snap, (), state.get("decisions") or ())
-        waiting = {p["id"] for p in pending}
-        for view in self.cards.values():
-            if view.snap["id"] not in waiting:
-                view.answered_elsewhere()
-        for p in pending:
-            if p["id"] not in self.cards:
-                view = ConsentCardView(self.bridge, p, answer_with=functools.partial(self._answer, p["id"]))
-                self.cards[p["id"]] = view
-                self.cards_box.children = (*self.cards_box.children, view.box)
-        if snap.get("awaiting_plan_approval") and self.plan_view is None:
-            self.plan_view = PlanApprovalView(snap["plan"], on_approve=self.task.approve_plan,
-                                              on_reject=self.task.reject_plan)
-            self.plan_box.children = (self.plan_view.box,)
-        elif self.plan_view is not None and self.plan_view.decided is None and not snap.get("awaiting_plan_approval"):
-            self.plan_view._decide("answered elsewhere")
-        if snap["status"] in _TERMINAL:
-            self.final = True
+            unfollow, self._unfollow = getattr(self, "_unfollow", None), None
+            if unfollow is not None:
+                unfollow()
             self.on_final()
 
 
 class ChatView:
     """A chat exchange streaming in: the message, tool results, cards with their countdown, the reply."""
 
-    def __init__(self, bridge: "KernelRuntime", exchange: "NotebookExchange") -> None:
+    def __init__(self, bridge: "KernelRuntime", exchange: Any) -> None:
+        """``exchange``: the ``NotebookExchange`` to stream."""
         self.bridge = bridge
         self.exchange = exchange
         self.session = exchange.session
@@ -396,7 +357,7 @@ class ChatView:
         self.box = W.VBox([self.header, self.transcript, self.cards_box, self.plan_box], layout=_BOX)
         self.follow(exchange)
 
-    def follow(self, exchange: "NotebookExchange") -> None:
+    def follow(self, exchange: Any) -> None:
         """Stream an exchange's events (from its first) into this view, past pauses.
 
         Each follower is done when the exchange ends or pauses; at a pause, the
@@ -501,12 +462,11 @@ class InboxView:
 class JournalView:
     """The journal's verification state, head and latest entries; ``verify again`` re-checks it."""
 
-    def __init__(self, bridge: "KernelRuntime", report: "JournalReport") -> None:
-        from apollia_nb.notebook.handles import _TAIL_COLUMNS
-
+    def __init__(self, bridge: "KernelRuntime", report: Any) -> None:
+        """``report``: the ``JournalReport`` shown (``refresh()`` verifies again)."""
         self.bridge = bridge
         self.report = report
-        self._columns = _TAIL_COLUMNS
+        self._columns = render.TAIL_COLUMNS
         self.state = W.HTML()
         self.verify_button = W.Button(description="verify again", icon="check")
         self.verify_button.on_click(self._verify)
