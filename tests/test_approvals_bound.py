@@ -311,3 +311,20 @@ def test_a_plan_approval_over_rest_names_who_approved_and_the_digest_of_the_plan
     [rejected] = plans[second["id"]]
     assert {k: rejected[k] for k in ("approved", "by", "by_role", "auth", "digest")} == {
         "approved": False, "by": "ann", "by_role": "approver", "auth": "token", "digest": second["plan_digest"]}
+
+
+def test_the_sdk_names_the_digest_and_the_expiry_of_an_answer(home):
+    from apollia_nb.sdk.client import Client
+
+    with ServerThread(home, token=OWNER) as srv, _client(srv.url, OWNER) as owner:
+        assert owner.post("/agents", json={"manifest": TWICE}).status_code == 201
+        task = owner.post("/tasks", json={"agent": "clerk", "goal": "Write", "watched": False}).json()
+        [first] = _until(lambda: owner.get("/pending-decisions").json(), bool)
+        with Client.from_home(home.path) as api:
+            with pytest.raises(StaleApproval):
+                api.decide(first["id"], "once", digest="sha256:" + "1" * 64)
+            answered = api.decide(first["id"], "once", digest=first["digest"], expires_in=600)
+            assert answered.status == "answered" and answered.digest == first["digest"]
+        entries = owner.get("/audit/entries", params={"run_id": task["run_id"], "limit": 1000}).json()["entries"]
+    [answer] = [e["payload"] for e in entries if e["kind"] == "answer"]
+    assert answer["digest"] == first["digest"] and answer["expires_at"].endswith("Z")

@@ -242,9 +242,13 @@ class Client(Session):
 
     def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
                by: str | None = None, values: dict[str, Any] | None = None,
-               idempotency_key: str | None = None, lasting: str | None = None) -> s.PendingDecision:
-        """Answer a waiting decision; ``lasting`` ("8h"): how long the standing consent of ``always`` lasts."""
-        return self._do(_Routes.decide(decision_id, answer, reason, by, values, lasting), idempotency_key)
+               idempotency_key: str | None = None, lasting: str | None = None, digest: str | None = None,
+               expires_in: float | None = None, expires_at: str | None = None) -> s.PendingDecision:
+        """Answer a waiting decision; ``lasting`` ("8h"): how long the standing consent of ``always`` lasts;
+        ``digest``: the decision's as shown (another is ``STALE_APPROVAL``); ``expires_in``/``expires_at``:
+        when the approval ends."""
+        return self._do(_Routes.decide(decision_id, answer, reason, by, values, lasting,
+                                       _terms(digest, expires_in, expires_at)), idempotency_key)
 
     # governance
     def rules(self) -> list[s.Rule]:
@@ -467,9 +471,11 @@ class AsyncClient:
 
     async def decide(self, decision_id: str, answer: Answer, reason: str | None = None, *,
                      by: str | None = None, values: dict[str, Any] | None = None,
-                     idempotency_key: str | None = None, lasting: str | None = None) -> s.PendingDecision:
-        """Answer a waiting decision; ``lasting`` ("8h"): how long the standing consent of ``always`` lasts."""
-        return await self._do(_Routes.decide(decision_id, answer, reason, by, values, lasting), idempotency_key)
+                     idempotency_key: str | None = None, lasting: str | None = None, digest: str | None = None,
+                     expires_in: float | None = None, expires_at: str | None = None) -> s.PendingDecision:
+        """Answer a waiting decision (as ``Client.decide``)."""
+        return await self._do(_Routes.decide(decision_id, answer, reason, by, values, lasting,
+                                             _terms(digest, expires_in, expires_at)), idempotency_key)
 
     async def rules(self) -> list[s.Rule]:
         return await self._do(_Routes.rules())
@@ -520,3 +526,8 @@ class AsyncClient:
 def _manifest_text(manifest: str | Path) -> str:
     return manifest.read_text() if isinstance(manifest, Path) else manifest
 
+
+def _terms(digest: str | None, expires_in: float | None, expires_at: str | None) -> dict[str, Any]:
+    """What binds an answer to what was shown, and until when (only what is given)."""
+    return {k: v for k, v in (("digest", digest), ("expires_in", expires_in), ("expires_at", expires_at))
+            if v is not None}

@@ -233,8 +233,10 @@ class Routes:
 
     @staticmethod
     def decide(decision_id: str, answer: str, reason: str | None, by: str | None,
-               values: dict[str, Any] | None = None, lasting: str | None = None) -> Req:
-        body: dict[str, Any] = {"id": decision_id, "answer": answer}
+               values: dict[str, Any] | None = None, lasting: str | None = None,
+               terms: dict[str, Any] | None = None) -> Req:
+        """``terms``: what binds the answer (``digest``, ``expires_in``, ``expires_at``), when given."""
+        body: dict[str, Any] = {"id": decision_id, "answer": answer, **(terms or {})}
         if values is not None:
             body["values"] = values
         if lasting is not None:  # `always` for a while ("8h")
