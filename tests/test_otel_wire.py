@@ -198,6 +198,18 @@ def test_requests_are_batched_up_to_max_batch_spans(home, collector):
     assert [len(r["spans"]) for r in c.requests] == [7, 7, 6]
 
 
+def test_the_batch_and_the_pending_cap_come_from_the_otel_bsp_variables(home, collector, monkeypatch):
+    c = collector()
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "10")
+    with Journal.open(home) as journal:
+        tel = _exporter(journal, c.url)
+        _calls(journal, 12)
+        tel.poll()
+        tel.close()
+    assert [len(r["spans"]) for r in c.requests] == [4, 4, 2] and tel.lost == 2
+
+
 def test_spans_past_max_pending_are_lost_and_counted_never_kept(home, collector):
     c = collector()
     with Journal.open(home) as journal:

@@ -33,9 +33,10 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from json.scanner import make_scanner
 from typing import Any, NamedTuple
 
 from apollia_nb.errors import BadInput
@@ -61,7 +62,8 @@ _READ_KINDS = ("agent_identity", "run_open", "run_seal", "model_response", "deci
 _READ_SET = frozenset(_READ_KINDS)
 
 #: JSON's own scanner (what ``json.loads`` runs, without its wrapper): a value and where it ends
-_scan = json.JSONDecoder().scan_once
+_DECODER = json.JSONDecoder()
+_scan: Callable[[str, int], tuple[Any, int]] = make_scanner(_DECODER)  # type: ignore[arg-type]  # stub: a context
 
 
 class Open(NamedTuple):
@@ -133,7 +135,7 @@ class SpanDeriver:
         for entry in entries:
             raw = entry.payload
             try:
-                payload, end = scan(raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw), 0)
+                payload = scan(raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw), 0)[0]
             except (ValueError, StopIteration):
                 continue
             if not isinstance(payload, dict):
@@ -355,6 +357,14 @@ def _env(name: str) -> str | None:
     return env.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or env.get(f"OTEL_EXPORTER_OTLP_{name}") or None
 
 
+def _env_int(name: str, default: int) -> int:
+    try:
+        value = int(os.environ.get(name) or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
 def _timeout() -> float:
     try:
         value = float(_env("TIMEOUT") or _DEFAULT_TIMEOUT)
@@ -390,10 +400,9 @@ class _HttpTransport:
             endpoint = endpoint.rstrip("/")
             url = endpoint if endpoint.endswith("/v1/traces") else endpoint + "/v1/traces"
         else:
-            url = _env("ENDPOINT") if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") else None
-            if url is None:
-                base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
-                url = base.rstrip("/") + "/v1/traces"
+            traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+            url = traces or base.rstrip("/") + "/v1/traces"
         parts = urlsplit(url)
         self.url = url
         self._https = parts.scheme == "https"
@@ -463,8 +472,9 @@ class _GrpcTransport:
     is false), headers as metadata, timeout, gzip compression, the CA and client certificates."""
 
     def __init__(self, endpoint: str | None) -> None:
-        import grpc
         from urllib.parse import urlsplit
+
+        import grpc  # type: ignore[import-untyped]  # grpcio ships no type information
 
         given = endpoint or _env("ENDPOINT") or "http://localhost:4317"
         parts = urlsplit(given if "://" in given else f"//{given}")
@@ -524,15 +534,17 @@ class TelemetryExporter:
     Every ``interval_secs`` the thread takes the queue, derives the spans (``SpanDeriver``), encodes
     each span that ends into its protobuf bytes at once (``otlp.encode_span``: no SDK span objects),
     and sends them in one ``ExportTraceServiceRequest`` (``max_batch`` spans at most) with
-    ``transport`` (given each request's bytes; by default OTLP/HTTP or gRPC from the configuration and
-    the ``OTEL_*`` variables). A request that fails loses its spans (counted in ``lost``); spans wait
-    for sending at most ``max_pending`` (the oldest are lost beyond). Span ids are derived from the
+    ``exporter`` (a callable given each request's bytes; by default OTLP/HTTP or gRPC from the
+    configuration and the ``OTEL_*`` variables). A request that fails loses its spans (counted in
+    ``lost``); spans wait for sending at most ``max_pending`` (the oldest are lost beyond).
+    ``max_batch`` and ``max_pending`` default to ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` and
+    ``OTEL_BSP_MAX_QUEUE_SIZE`` when set (else 4096 and 65,536). Span ids are derived from the
     journal's origin and the span's key: the trace id from the run, so a span's parent is known without
     keeping it, and the same entries always give the same ids."""
 
     def __init__(self, journal: Any, config: TelemetryConfig, *, since_seq: int | None = None,
-                 exporter: Any = None, queue_size: int = 50_000, max_batch: int = 4096,
-                 max_pending: int = 65_536) -> None:
+                 exporter: Any = None, queue_size: int = 50_000, max_batch: int | None = None,
+                 max_pending: int | None = None) -> None:
         try:
             from opentelemetry.sdk.resources import Resource
         except ImportError:
@@ -558,8 +570,11 @@ class TelemetryExporter:
         self._send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._capacity = max(1, int(queue_size))
-        self._max_batch = max(1, int(max_batch))
-        self._max_pending = max(1, int(max_pending))
+        if max_batch is None:
+            max_batch = _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 4096)
+        if max_pending is None:
+            max_pending = _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 65_536)
+        self._max_batch, self._max_pending = max(1, max_batch), max(1, max_pending)
         self._queue: deque[list[Any]] = deque()  # groups' entries: appended by the hook only, taken by poll only
         self._offered = 0  # entries the hook queued (written by the hook only)
         self._taken = 0  # entries poll took from the queue (written by poll only)
