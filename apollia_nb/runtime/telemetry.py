@@ -40,6 +40,7 @@ from json.scanner import make_scanner
 from typing import Any, NamedTuple
 
 from apollia_nb.errors import BadInput
+from apollia_nb.runtime.otlp import encode_request, encode_request_frame, encode_span
 
 __all__ = ["Open", "Close", "SpanDeriver", "TelemetryConfig", "parse_telemetry", "TelemetryExporter",
            "DECISION_RULES", "start_telemetry"]
@@ -551,9 +552,9 @@ class TelemetryExporter:
             raise BadInput("[telemetry] enabled = true needs the OpenTelemetry packages: "
                            "pip install 'apollia-nb[otel]'") from None
         from apollia_nb import __version__
-        from apollia_nb.runtime.otlp import encode_request_frame
 
         self._origin = str(journal.origin)
+        self._hasher = hashlib.sha256(f"{self._origin}\n".encode())
         attrs: dict[str, Any] = {"service.name": config.service_name or os.environ.get("OTEL_SERVICE_NAME")
                                  or "apollia-nb", "service.version": __version__,
                                  "apollia.journal.origin": self._origin}
@@ -658,8 +659,6 @@ class TelemetryExporter:
 
     def flush(self) -> int:
         """Send the spans encoded so far, ``max_batch`` a request; returns how many the collector took."""
-        from apollia_nb.runtime.otlp import encode_request
-
         with self._send_lock:
             sent = 0
             while True:
@@ -683,7 +682,9 @@ class TelemetryExporter:
                 self.sent += len(batch)
 
     def _id(self, key: tuple[Any, ...], size: int) -> bytes:
-        digest = hashlib.sha256(f"{self._origin}\n{key!r}".encode()).digest()
+        hasher = self._hasher.copy()  # SHA-256 of "<origin>\n<key>"
+        hasher.update(repr(key).encode())
+        digest = hasher.digest()
         return digest[:size] if any(digest[:size]) else bytes(size - 1) + b"\x01"
 
     def _trace(self, key: tuple[Any, ...]) -> bytes:
@@ -704,8 +705,6 @@ class TelemetryExporter:
         return found
 
     def _apply(self, move: Open | Close) -> None:
-        from apollia_nb.runtime.otlp import encode_span
-
         if isinstance(move, Open):  # its attributes are its own (the deriver keeps none): added to in place
             self._open[move.key] = (move, move.attributes)
             return
