@@ -1076,7 +1076,7 @@ class Runtime:
                 group, self._unstored = self._unstored, []
                 try:
                     results: list[Any] = await anyio.to_thread.run_sync(
-                        self.governance.add_pending_many, [self._pending_of(**call) for call, _ in group])
+                        self._owned().add_pending_many, [self._pending_of(**call) for call, _ in group])
                 except Exception as exc:  # noqa: BLE001 - unreadable or refused: every waiter hears it
                     results = [exc] * len(group)
                 for (_, done), result in zip(group, results):
