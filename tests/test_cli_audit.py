@@ -31,6 +31,7 @@ def test_verify_clean(filled, capsys):
     assert main(["audit", "verify", "--home", str(home.path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
         "ok": True, "entries": 40, "first_bad_seq": None, "problem": None, "checked_checkpoints": 1,
+        "format": "2",
     }
 
 

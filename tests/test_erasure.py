@@ -81,9 +81,13 @@ def test_a_new_home_commits_to_salted_fields_and_says_its_format(home, capsys):
     with Journal.open(home) as journal:
         entry = journal.append("plan", {"steps": ["a"], "why": "x"})
         assert journal.format == "2"
-    stored = json.loads(entry.payload)
+    stored = json.loads(entry.stored)
     assert set(stored) == {"steps", "why", "@salts"} and set(stored["@salts"]) == {"steps", "why"}
-    assert entry.data() == {"steps": ["a"], "why": "x"}  # readers never see the salts
+    assert stored == json.loads(bytes(_entries(home)[0][5]))  # the row holds them, beside the fields
+    # readers never see the salts: the entry's payload is its fields, canonical, as appended and as read
+    assert entry.payload == canonical_json({"steps": ["a"], "why": "x"}) and entry.data() == {"steps": ["a"], "why": "x"}
+    with Journal.open(home) as journal:
+        assert journal.get(1) == entry and journal.entries() == [entry]
     code, out, _ = run_cli(capsys, "audit", "verify", "--home", str(home.path))
     assert code == 0 and "format 2 (salted commitments" in out, out
     code, out, _ = run_cli(capsys, "audit", "verify", "--home", str(home.path), "--json")

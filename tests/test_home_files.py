@@ -25,6 +25,7 @@ import pytest
 from apollia_nb.errors import HomeFileMissing
 from apollia_nb.governance.policy import keygen, sign
 from apollia_nb.home import Home
+from apollia_nb.journal.entry import readable_payload
 from apollia_nb.runtime import Runtime
 from runtime_helpers import call, manifest
 
@@ -56,7 +57,7 @@ def journal_rows(home: Path) -> list[tuple[str, dict[str, Any]]]:
         rows = con.execute("SELECT kind, payload FROM entries ORDER BY seq").fetchall()
     finally:
         con.close()
-    return [(kind, json.loads(bytes(payload))) for kind, payload in rows]
+    return [(kind, readable_payload(bytes(payload))) for kind, payload in rows]  # the fields, not their salts
 
 
 @pytest.fixture(scope="module")

@@ -284,7 +284,9 @@ def _json(content: Any, status: int = 200) -> Response:
 def _row(entry: Any) -> dict[str, Any]:
     return {
         "seq": entry.seq, "ts": entry.ts, "run_id": entry.run_id, "agent": entry.agent, "kind": entry.kind,
-        "payload": entry.payload.decode("utf-8"), "prev_hash": entry.prev_hash.hex(), "hash": entry.hash.hex(),
+        # as stored: a salted payload's salts too, so that the client can check the entry's hash
+        "payload": getattr(entry, "row_payload", entry.payload).decode("utf-8"),
+        "prev_hash": entry.prev_hash.hex(), "hash": entry.hash.hex(),
         "signature": entry.signature.hex(), "key_id": entry.key_id,
     }
 

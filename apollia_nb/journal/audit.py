@@ -195,7 +195,7 @@ def _cp_dict(cp: Checkpoint, note: str | None) -> dict[str, Any]:
 
 def hashed_bytes(entry: Entry) -> bytes:
     """The exact bytes whose SHA-256 is the entry hash (``docs/journal.md``, "Entry hash")."""
-    return stored_entry_bytes(entry.seq, entry.ts, entry.run_id, entry.agent, entry.kind, entry.payload,
+    return stored_entry_bytes(entry.seq, entry.ts, entry.run_id, entry.agent, entry.kind, entry.row_payload,
                               entry.prev_hash)
 
 
@@ -203,7 +203,7 @@ def stored_entry(entry: Entry) -> dict[str, Any]:
     """The entry as stored: ``payload_base64`` is the stored payload bytes, binary columns lowercase hex."""
     return {
         "seq": entry.seq, "ts": entry.ts, "run_id": entry.run_id, "agent": entry.agent, "kind": entry.kind,
-        "payload_base64": base64.b64encode(entry.payload).decode("ascii"),
+        "payload_base64": base64.b64encode(entry.row_payload).decode("ascii"),
         "prev_hash": entry.prev_hash.hex(), "hash": entry.hash.hex(), "signature": entry.signature.hex(),
         "key_id": entry.key_id,
     }

@@ -74,6 +74,8 @@ __all__ = [
     "readable_payload",
     "stored_entry_hash",
     "stored_entry_bytes",
+    "seal_parts",
+    "split_stored",
     "sealed_committed",
     "entry_hash_v2",
     "erased_fields",
@@ -484,7 +486,14 @@ def _name(key: str) -> bytes:
 
 
 def seal_payload(payload: Any, salts: bytes) -> tuple[bytes, bytes]:
-    """A payload as format 2 stores and hashes it: ``(stored, committed)``.
+    """A payload as format 2 stores and hashes it: ``(stored, committed)`` (``seal_parts``)."""
+    stored, committed, _ = seal_parts(payload, salts)
+    return stored, committed
+
+
+def seal_parts(payload: Any, salts: bytes) -> tuple[bytes, bytes, bytes]:
+    """A payload as format 2 stores and hashes it: ``(stored, committed, readable)``, the last
+    the canonical JSON of the payload itself (what ``Entry.payload`` holds).
 
     ``salts`` holds ``SALT_SIZE`` random bytes per field, taken in sorted key order (the
     caller draws them: this stays a function of values). ``stored`` is
@@ -524,7 +533,9 @@ def seal_payload(payload: Any, salts: bytes) -> tuple[bytes, bytes]:
     parts.insert(at, b'"@salts":{' + b",".join(
         [n + b':"' + hexed[i * width:(i + 1) * width] + b'"' for i, n in enumerate(names)]) + b"}")
     committed = b"{" + b",".join([n + b':"' + d + b'"' for n, d in zip(names, digests)]) + b"}"
-    return b"{" + b",".join(parts) + b"}", committed
+    stored = b"{" + b",".join(parts) + b"}"
+    del parts[at]
+    return stored, committed, b"{" + b",".join(parts) + b"}"
 
 
 class Sealed(NamedTuple):
@@ -740,12 +751,36 @@ def stored_entry_hash(
     return entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
 
 
+def split_stored(stored: bytes) -> tuple[bytes, bytes | None]:
+    """A payload column's bytes as ``(payload, stored)`` for an ``Entry``: a salted payload's
+    present fields as canonical JSON and the column's bytes; anything else ``(stored, None)``."""
+    if _SALTS_MARK not in stored:
+        return stored, None
+    try:
+        data = json.loads(stored)
+    except ValueError:
+        return stored, None
+    if type(data) is not dict or SALTS_KEY not in data:
+        return stored, None
+    data.pop(SALTS_KEY, None)
+    data.pop(ERASED_KEY, None)
+    try:
+        return canonical_json(data), stored
+    except BadInput:  # not what the writer stores: the column as it is (its hash will not match)
+        return stored, None
+
+
 # --- the entry ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One row of the journal, exactly as stored and hashed."""
+    """One row of the journal, as stored and hashed.
+
+    ``payload`` is the payload a reader sees: canonical JSON of its fields. For an entry of
+    format 2 the row holds more (each field's salt, the commitments of erased fields):
+    ``stored`` keeps those bytes, exactly as stored and hashed (``as_row``, ``computed_hash``);
+    it is None when they are ``payload`` itself (format 1)."""
 
     seq: int
     ts: str
@@ -757,6 +792,7 @@ class Entry:
     hash: bytes
     signature: bytes
     key_id: str
+    stored: bytes | None = None
 
     COLUMNS = (
         "seq", "ts", "run_id", "agent", "kind", "payload",
@@ -767,14 +803,21 @@ class Entry:
     def from_row(cls, row: tuple[Any, ...]) -> Entry:
         """Build from a row in ``COLUMNS`` order (as DuckDB returns it)."""
         seq, ts, run_id, agent, kind, payload, prev_hash, hash_, signature, key_id = row
+        payload = bytes(payload)
+        readable, stored = split_stored(payload)
         return cls(
-            int(seq), ts, run_id, agent, kind, bytes(payload),
-            bytes(prev_hash), bytes(hash_), bytes(signature), key_id,
+            int(seq), ts, run_id, agent, kind, readable,
+            bytes(prev_hash), bytes(hash_), bytes(signature), key_id, stored,
         )  # fmt: skip
+
+    @property
+    def row_payload(self) -> bytes:
+        """The payload column's bytes, exactly as stored and hashed."""
+        return self.payload if self.stored is None else self.stored
 
     def as_row(self) -> tuple[Any, ...]:
         return (
-            self.seq, self.ts, self.run_id, self.agent, self.kind, self.payload,
+            self.seq, self.ts, self.run_id, self.agent, self.kind, self.row_payload,
             self.prev_hash, self.hash, self.signature, self.key_id,
         )  # fmt: skip
 
@@ -782,17 +825,16 @@ class Entry:
         """The hash the entry's columns give (format 2 when its payload is salted); ``ValueError``
         for a salted payload that does not hold together."""
         return stored_entry_hash(
-            self.seq, self.ts, self.run_id, self.agent, self.kind, self.payload, self.prev_hash
+            self.seq, self.ts, self.run_id, self.agent, self.kind, self.row_payload, self.prev_hash
         )
 
     def data(self) -> dict[str, Any]:
-        """The payload as a Python object: its present fields (a salted payload's salts and
-        erased commitments left out)."""
-        return readable_payload(self.payload)
+        """The payload as a Python object: its present fields."""
+        return json.loads(self.payload)
 
     def erased(self) -> list[str]:
         """The payload fields erased from this entry (its value and salt gone)."""
-        return erased_fields(self.payload)
+        return erased_fields(self.stored) if self.stored is not None else []
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: payload parsed, binary columns as lowercase hex."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apollia_nb.errors import BadInput, NotFound
-from apollia_nb.journal.entry import Entry, erase_sealed, erased_fields, is_sealed, readable_payload
+from apollia_nb.journal.entry import Entry, erase_sealed, is_sealed, readable_payload
 
 __all__ = [
     "ERASURE_KIND",
@@ -64,15 +64,15 @@ def targets_of_entry(entry: Entry, field: str | None = None) -> Target:
     the entry does not have (an erased one is named again, which changes nothing)."""
     if entry.kind in UNERASABLE_KINDS:
         raise BadInput(f"entry {entry.seq} is an {entry.kind!r} entry: the journal's own record, never erased")
-    if not is_sealed(entry.payload):
+    if entry.stored is None or not is_sealed(entry.stored):
         raise BadInput(f"entry {entry.seq} hashes its payload whole (journal format 1): none of its fields "
                        "can be erased without breaking the chain")
-    present = sorted(readable_payload(entry.payload))
+    present = sorted(entry.data())
     if field is None:
         if not present:
             raise BadInput(f"entry {entry.seq} has no field left to erase")
         return Target(entry.seq, tuple(present))
-    if field not in present and field not in erased_fields(entry.payload):
+    if field not in present and field not in entry.erased():
         known = ", ".join(present) or "none"
         raise BadInput(f"entry {entry.seq} ({entry.kind}) has no field {field!r} (its fields: {known})")
     return Target(entry.seq, (field,))

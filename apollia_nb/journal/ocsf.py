@@ -59,7 +59,8 @@ def _integrity(entry: Any, origin: str, key_id: str) -> list[dict[str, Any]]:
 
 def _journal_columns(entry: Any) -> dict[str, Any]:
     return {"seq": int(entry.seq), "ts": entry.ts, "run_id": entry.run_id, "agent": entry.agent,
-            "kind": entry.kind, "payload_base64": base64.b64encode(bytes(entry.payload)).decode(),
+            "kind": entry.kind,
+            "payload_base64": base64.b64encode(bytes(getattr(entry, "row_payload", entry.payload))).decode(),
             "prev_hash": bytes(entry.prev_hash).hex(), "hash": bytes(entry.hash).hex(),
             "signature_base64": base64.b64encode(bytes(entry.signature)).decode(), "key_id": entry.key_id}
 

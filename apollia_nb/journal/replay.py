@@ -113,7 +113,8 @@ def _payload(entry: Any) -> dict[str, Any]:
 
 def _erased(entry: Any) -> list[str]:
     """The fields erased from an entry (``audit erase``): their values are unknown."""
-    data = _stored(entry)
+    stored = getattr(entry, "stored", None)
+    data = _stored(entry) if stored is None else json.loads(stored)
     gone = data.get("@erased") if isinstance(data, dict) and "@salts" in data else None
     return sorted(gone) if isinstance(gone, dict) else []
 

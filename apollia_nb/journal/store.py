@@ -126,7 +126,7 @@ from apollia_nb.journal.entry import (
     entry_hash,
     entry_hash_v2,
     format_ts,
-    seal_payload,
+    seal_parts,
 )
 from apollia_nb.journal.merkle import (
     MerkleAccumulator,
@@ -333,6 +333,7 @@ class _Item(NamedTuple):
     run_id: str | None
     agent: str | None
     committed: bytes | None = None  # format 2: the commitments the hash covers (None: the payload)
+    readable: bytes | None = None  # format 2: the payload's fields alone (``Entry.payload``)
 
 
 class _Request:
@@ -880,11 +881,15 @@ class Journal:
             key_id, sign = self._key.key_id, self._key.sign
             ts = format_ts(self._clock())  # the request's moment: its entries are committed together
             entries = []
-            for kind, payload, run_id, agent, committed in items:  # type: ignore[union-attr]
+            for kind, payload, run_id, agent, committed, readable in items:  # type: ignore[union-attr]
                 seq += 1
-                h = (entry_hash(seq, ts, run_id, agent, kind, payload, prev) if committed is None
-                     else entry_hash_v2(seq, ts, run_id, agent, kind, committed, prev))
-                entries.append(Entry(seq, ts, run_id, agent, kind, payload, prev, h, sign(h), key_id))
+                if committed is None:
+                    h = entry_hash(seq, ts, run_id, agent, kind, payload, prev)
+                    entries.append(Entry(seq, ts, run_id, agent, kind, payload, prev, h, sign(h), key_id))
+                else:
+                    h = entry_hash_v2(seq, ts, run_id, agent, kind, committed, prev)
+                    entries.append(Entry(seq, ts, run_id, agent, kind, readable or b"", prev, h, sign(h), key_id,
+                                         payload))
                 prev = h
             self._core.handle(Sequenced(group.seq + 1, len(entries), not request.soon))
         except BaseException as exc:  # this request fails alone; the group goes on
@@ -1700,6 +1705,6 @@ def _item(kind: str, payload: dict[str, Any], run_id: str | None = None, agent: 
     if sealed:
         if not isinstance(payload, dict):
             raise BadInput(f"a journal payload must be a JSON object, not {type(payload).__name__}")
-        stored, committed = seal_payload(payload, _SALTS.take(SALT_SIZE * len(payload)))
-        return _Item(kind, stored, run_id, agent, committed)
+        stored, committed, readable = seal_parts(payload, _SALTS.take(SALT_SIZE * len(payload)))
+        return _Item(kind, stored, run_id, agent, committed, readable)
     return _Item(kind, canonical_payload(payload), run_id, agent)

@@ -455,11 +455,11 @@ class ServerApi:
 def _entry(row: dict[str, Any]) -> "Entry":
     from apollia_nb.journal.entry import Entry
 
-    return Entry(
+    return Entry.from_row((  # a salted payload (format 2) comes as stored: its fields are split from its salts
         int(row["seq"]), row["ts"], row["run_id"], row["agent"], row["kind"], row["payload"].encode("utf-8"),
         bytes.fromhex(row["prev_hash"]), bytes.fromhex(row["hash"]), bytes.fromhex(row["signature"]),
         row["key_id"],
-    )
+    ))
 
 
 def _draft(kind: str, payload: dict[str, Any], run_id: str | None, agent: str | None) -> dict[str, Any]:
