@@ -636,7 +636,6 @@ class _Calls:
                 if isinstance(call_id, str):
                     self.runs[entry.run_id].setdefault(call_id, entry.seq)
 
-
     async def once(self, key: tuple[str, str], digest: str, make: Any, found: Any = None) -> dict[str, Any]:
         from apollia_nb.errors import Conflict
 
