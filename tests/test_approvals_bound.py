@@ -328,3 +328,31 @@ def test_the_sdk_names_the_digest_and_the_expiry_of_an_answer(home):
         entries = owner.get("/audit/entries", params={"run_id": task["run_id"], "limit": 1000}).json()["entries"]
     [answer] = [e["payload"] for e in entries if e["kind"] == "answer"]
     assert answer["digest"] == first["digest"] and answer["expires_at"].endswith("Z")
+
+
+def test_a_kernel_on_a_served_home_refuses_its_call_once_the_approval_given_over_rest_has_ended(home):
+    clock = Clock()
+    with ServerThread(home, token=OWNER) as srv, _client(srv.url, OWNER) as owner:
+        clock.now = time.time() + 3600  # the kernel's clock, an hour after the server's
+
+        async def kernel() -> tuple[Any, list[dict[str, Any]]]:
+            async with Runtime(home, clock=clock) as rt:  # a client of the served home
+                assert rt.mode == "client"
+                await rt.register_agent(WRITE)
+                handle = await rt.submit("clerk", "Write")  # watched: the kernel's run waits on its card
+                while not handle.pending:
+                    await rt.events.changed(handle.id).wait()
+                [card] = handle.pending
+                import anyio
+
+                answered = await anyio.to_thread.run_sync(lambda: owner.post(
+                    "/pending-decisions/decide", json={"id": card.id, "answer": "once", "expires_in": 60}))
+                assert answered.status_code == 200, answered.text
+                return await handle, _entries(rt, handle.run_id, "approval_refused")
+
+        import anyio
+
+        task, voids = anyio.run(kernel)
+    assert task.status == "failed" and "expired" in task.error["message"]
+    assert [v["why"] for v in voids] == ["expired"]
+    assert not (home.path.parent / "work" / "a.txt").exists()

@@ -815,8 +815,19 @@ def _settled(rt: Any, ids: set[str]) -> list[dict[str, Any]]:
     for decision_id in sorted(ids):
         decision = rt.governance.get_pending(decision_id)
         if decision.status != "pending":
-            out.append(decision.to_dict())
+            out.append({**decision.to_dict(), **_answer_terms(rt, decision)})
     return out
+
+
+def _answer_terms(rt: Any, decision: Any) -> dict[str, Any]:
+    """The end of the approval a decision was answered with (``expires_at``), as its ``answer`` entry
+    journals it: the client whose call it is refuses the call after it (``governance/approvals.py``)."""
+    for entry in reversed(rt.journal.entries(run_id=decision.run_id, kinds=["answer"])):
+        payload = entry.payload
+        payload = json.loads(payload) if isinstance(payload, (str, bytes)) else dict(payload)
+        if payload.get("decision_id") == decision.id:
+            return {"expires_at": payload["expires_at"]} if payload.get("expires_at") else {}
+    return {}
 
 
 @router.get("/answers", response_model=list[s.PendingDecision], operation_id="internalAwaitAnswers",
