@@ -424,3 +424,23 @@ def test_the_views_read_an_erased_field_as_null_and_the_erased_view_names_it(jou
         con.close()
     for i in (2, 4):
         assert_absent(tmp_path / "b", f"secret {i}")
+
+
+def test_an_erase_interrupted_after_its_entry_verifies_and_the_next_erase_finishes_it(journal_home, capsys):
+    """Stopped after the erasure entry and before the rows changed (what a crash there leaves): the
+    named field still present verifies; the next erase of the home removes it too."""
+    with Journal.open(journal_home) as journal:
+        journal.append("erasure", {"erased": [{"seq": 3, "fields": ["output"]}], "by": "x", "reason": "asked"})
+    report = verify_home(journal_home)
+    assert report.ok and report.erased == 0, report
+    assert find_everywhere(journal_home.path, "secret 2")
+    h = ["--home", str(journal_home.path)]
+    code, out, err = run_cli(capsys, "audit", "erase", *h, "--seq", "4", "--field", "output", "--reason", "y",
+                             "--json")
+    assert code == 0, err
+    assert json.loads(out)["erased"] == [{"seq": 3, "fields": ["output"]}, {"seq": 4, "fields": ["output"]}]
+    report = verify_home(journal_home)
+    assert report.ok and report.erased == 2, report
+    for i in (2, 3):
+        assert_absent(journal_home.path, f"secret {i}")
+    assert find_everywhere(journal_home.path, "secret 4")
