@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
-import duckdb
 import pytest
 
 from apollia_nb.errors import Conflict
 from apollia_nb.runtime.records import ROWS_MAX, UPDATE_ROWS_MIN, RuntimeRecords
+from test_runtime_records_group import _held, _record, _rows
 
 
 class _Statements:
@@ -31,31 +29,6 @@ class _Statements:
         return [s for s in self.writes if f" {table} " in f" {s} " or f" {table}(" in s]
 
 
-def _held(records: RuntimeRecords) -> threading.Event:
-    """The writer held inside a write of its own until the returned event is set."""
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        held.set()
-        release.wait(10)
-
-    records._write(hold)
-    assert held.wait(10)
-    return release
-
-
-def _rows(home, query: str) -> list[tuple]:
-    con = duckdb.connect(str(home.runtime_db), read_only=True)
-    try:
-        return con.execute(query).fetchall()
-    finally:
-        con.close()
-
-
-def _record(task_id: str, status: str = "pending") -> dict:
-    return {"id": task_id, "agent": "clerk", "status": status}
-
-
 @pytest.fixture
 def records(home):
     home.ensure()
@@ -69,7 +42,7 @@ def test_keys_taken_and_answered_in_one_group_are_two_statements_and_each_row_is
     """Twenty keys taken, then answered, and twenty tasks submitted while the writer is busy: one
     statement for the keys taken, one for their answers, one for the tasks (not one per row)."""
     spy = records._con
-    release = _held(records)
+    _, release = _held(records)
     futures = [records.remember_response("decide", f"k{i}", "fp", 0, {}, float(i), new_row=True)
                for i in range(20)]
     futures += [records.remember_response("decide", f"k{i}", "fp", 200, {"i": i}, float(i)) for i in range(20)]
@@ -93,7 +66,7 @@ def test_a_row_written_twice_in_a_group_starts_a_new_statement_and_its_last_writ
     count = max(UPDATE_ROWS_MIN, 6)
     taken = [records.remember_response("s", f"k{i}", "fp", 0, {}, 1.0, new_row=True) for i in range(count)]
     assert [f.result(10) for f in taken] == [None] * count
-    release = _held(records)
+    _, release = _held(records)
     futures = [records.remember_response("s", f"k{i}", "fp", 200, {"n": 1}, 1.0) for i in range(count)]
     futures += [records.remember_response("s", f"k{i}", "fp", 200, {"n": 2}, 2.0) for i in range(count)]
     release.set()
@@ -107,7 +80,7 @@ def test_a_task_submitted_twice_among_new_rows_of_a_group_is_conflict_and_the_ot
     back and each written on its own, so only that submit is CONFLICT and its row stays as it was."""
     assert records.save_task(_record("t1"), "2026-12-07T00:00:00Z", acknowledged=True).result(10) is None
     spy = records._con
-    release = _held(records)
+    _, release = _held(records)
     futures = {tid: records.save_task(_record(tid, "running"), "2026-12-07T00:00:01Z", acknowledged=True)
                for tid in ("t2", "t1", "t3")}
     release.set()
@@ -124,7 +97,7 @@ def test_a_few_rows_to_update_are_updated_one_by_one(home, records):
     count = UPDATE_ROWS_MIN - 1
     taken = [records.remember_response("s", f"k{i}", "fp", 0, {}, 1.0, new_row=True) for i in range(count)]
     assert [f.result(10) for f in taken] == [None] * count
-    release = _held(records)
+    _, release = _held(records)
     futures = [records.remember_response("s", f"k{i}", "fp", 200, {"i": i}, 2.0) for i in range(count)]
     release.set()
     assert [f.result(10) for f in futures] == [None] * count
@@ -135,7 +108,7 @@ def test_a_few_rows_to_update_are_updated_one_by_one(home, records):
 def test_more_rows_than_a_statement_takes_are_written_by_several(home, records):
     """A group holds up to 256 writes; one statement writes at most ``ROWS_MAX`` rows."""
     spy = records._con
-    release = _held(records)
+    _, release = _held(records)
     count = ROWS_MAX * 2 + 1
     futures = [records.remember_response("s", f"k{i}", "fp", 0, {}, float(i), new_row=True) for i in range(count)]
     release.set()
@@ -166,7 +139,7 @@ def test_rows_to_update_of_which_some_are_not_there_are_updated_and_the_others_i
     count = max(UPDATE_ROWS_MIN, 6)
     for i in range(0, count, 2):
         assert records.remember_response("s", f"k{i}", "fp", 0, {}, 1.0, new_row=True).result(10) is None
-    release = _held(records)
+    _, release = _held(records)
     futures = [records.remember_response("s", f"k{i}", "fp", 200, {"i": i}, 2.0) for i in range(count)]
     release.set()
     assert [f.result(10) for f in futures] == [None] * count
