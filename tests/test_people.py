@@ -86,7 +86,9 @@ def test_people_are_added_listed_rotated_and_revoked_on_a_served_home_and_no_tok
                 return http.get(path, headers={"Authorization": f"Bearer {token}"})
 
             assert get(alice, "/audit/verify").status_code == 200
-            refused = get(alice, "/governance/rules")
+            assert get(alice, "/governance/rules").status_code == 200  # an auditor reads, and changes nothing
+            refused = http.put("/governance/developer-mode", json={"enabled": True},
+                               headers={"Authorization": f"Bearer {alice}"})
             assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN"
             assert "'rules'" in refused.json()["message"] and alice not in refused.text
             assert get(bob, "/people").json()["code"] == "FORBIDDEN"
@@ -147,14 +149,20 @@ def test_a_person_with_auditor_verifies_from_the_cli_and_is_refused_governance_c
         auditor = person(home, "audrey", "auditor")
         verified = cli(home, "audit", "verify", token=auditor)
         assert verified.returncode == 0, verified.stderr
-        for command in (["rules", "add", "bash_executor", "--effect", "allow", "--prefix", "ls"], ["rules", "list"],
-                        ["devmode", "on"], ["people", "list"]):
+        for command in (["rules", "list"], ["people", "list"], ["consents", "list"]):  # reads: an auditor's
+            out = cli(home, *command, token=auditor)
+            assert out.returncode == 0, (command, out.stderr)
+        for command in (["rules", "add", "bash_executor", "--effect", "allow", "--prefix", "ls"], ["devmode", "on"],
+                        ["people", "add", "mallory", "--role", "admin"], ["consents", "revoke", "clerk", "write"]):
             out = cli(home, *command, token=auditor)
             assert out.returncode in (1, 3) and "FORBIDDEN" in out.stdout + out.stderr, (command, out.stderr)
             assert auditor not in out.stdout + out.stderr
-        policy = cli(home, "policy", "check", token=auditor)  # the snapshot is not theirs: refused, fail closed
-        assert policy.returncode == 1 and "refused" in policy.stdout
-        assert "FORBIDDEN" in policy.stdout and "rules" in policy.stdout, policy.stdout  # says why: the role
+        policy = cli(home, "policy", "check", token=auditor)  # the snapshot is a read: an auditor's too
+        assert policy.returncode == 0 and "policy: none" in policy.stdout, policy.stdout + policy.stderr
+        runner = person(home, "rob", "runner")
+        policy = cli(home, "policy", "check", token=runner)  # governance's state is not theirs: refused
+        assert policy.returncode in (1, 3) and "FORBIDDEN" in policy.stdout + policy.stderr, policy
+        assert runner not in policy.stdout + policy.stderr
         wrong = cli(home, "audit", "verify", token="not-a-token-" + "x" * 32)
         assert wrong.returncode == 3 and "UNAUTHORIZED" in wrong.stderr
 

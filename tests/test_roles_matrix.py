@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from apollia_nb.api.deps import API_PREFIX
-from apollia_nb.api.roles import ROLE_EXTENSION, ROUTE_ROLES, role_of
+from apollia_nb.api.roles import ROLE_EXTENSION, ROUTE_ROLES, roles_of
 from apollia_nb.governance.people import ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,9 +76,10 @@ def test_the_openapi_document_states_each_routes_role():
     doc = create_app(None, token="reference").openapi()
     for path, item in doc["paths"].items():
         for method, op in item.items():
-            role = role_of(method, path.removeprefix(API_PREFIX))
-            assert op[ROLE_EXTENSION] == role
-            assert (f"Needs the role `{role}`" if role else "No token needed") in op["description"]
+            roles = roles_of(method, path.removeprefix(API_PREFIX))
+            assert op[ROLE_EXTENSION] == (None if roles is None else roles[0] if len(roles) == 1 else list(roles))
+            named = " or ".join(f"`{r}`" for r in roles) if roles else ""
+            assert (f"Needs the role {named}" if roles else "No token needed") in op["description"]
 
 
 def test_the_docs_table_has_not_drifted_from_the_route_table():
@@ -89,24 +90,26 @@ def test_the_docs_table_has_not_drifted_from_the_route_table():
     assert module.main(["--check"]) == 0, "run: python dev/docs/make_roles_table.py"
     text = (ROOT / "docs" / "people-and-roles.md").read_text()
     for method, path in ROUTES:
-        role = role_of(method, path)
-        assert f"| `{method} {API_PREFIX}{path}` | {'none (no token)' if role is None else f'`{role}`'} |" in text
+        roles = roles_of(method, path)
+        cell = "none (no token)" if roles is None else " or ".join(f"`{r}`" for r in roles)
+        assert f"| `{method} {API_PREFIX}{path}` | {cell} |" in text
 
 
 @pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
 def test_each_role_is_allowed_or_refused_with_forbidden_naming_the_role(server, method, path):
     url, tokens = server
-    needed = role_of(method, path)
+    needed = roles_of(method, path)
     for role in ROLES:
         response = _request(url, method, path, tokens[role])
-        allowed = needed is None or role == "admin" or role == needed
+        allowed = needed is None or role == "admin" or role in needed
         if allowed:
             assert response.status_code != 403 or response.json().get("code") != "FORBIDDEN", (role, response.text)
             assert response.status_code != 401, (role, response.text)
         else:
             assert response.status_code == 403, (role, response.status_code)
             error = response.json()
-            assert error["code"] == "FORBIDDEN" and f"'{needed}'" in error["message"], error
+            assert needed is not None and error["code"] == "FORBIDDEN", error
+            assert f"needs the role {' or '.join(repr(r) for r in needed)};" in error["message"], error
             assert tokens[role] not in response.text
     owner = _request(url, method, path, OWNER)
     assert owner.status_code not in (401, 403), owner.text

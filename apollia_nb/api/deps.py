@@ -176,18 +176,19 @@ async def identity_of(request: Request, credentials: HTTPAuthorizationCredential
 
 
 def check_role(request: Request, identity: Any) -> None:
-    """403 ``FORBIDDEN`` naming the role the request's route needs, when ``identity`` lacks it."""
-    from apollia_nb.api.roles import role_of
+    """403 ``FORBIDDEN`` naming the roles the request's route accepts, when ``identity`` holds none of them."""
+    from apollia_nb.api.roles import roles_of, roles_text
     from apollia_nb.governance.acting import ACTING
 
     route = request.scope.get("route")
     template = getattr(route, "path", "").removeprefix(API_PREFIX)
-    role = role_of(request.method, template)
+    roles = roles_of(request.method, template)
     request.state.identity = identity
     ACTING.set((identity.name, identity.role, identity.via))
-    if role is not None and not identity.has(role):
+    if roles is not None and not any(identity.has(role) for role in roles):
         held = f"has {', '.join(sorted(identity.roles))}" if identity.roles else "has no role on this home"
-        raise Forbidden(f"{request.method} {API_PREFIX}{template} needs the role {role!r}; {identity.name} {held}")
+        raise Forbidden(f"{request.method} {API_PREFIX}{template} needs the role {roles_text(roles)}; "
+                        f"{identity.name} {held}")
 
 
 def acting(request: Request, by: str | None, default: str = "api") -> str:

@@ -1,15 +1,20 @@
 """Which role each route of a served home needs: one table, checked by the token check of every route.
 
-``ROUTE_ROLES`` maps ``(method, path under /api/v1)`` to a role of
-:data:`apollia_nb.governance.people.ROLES`, or ``None`` for the one route served without a token
-(``/health``). A route missing from the table needs ``admin`` (fail closed); a test walks the app's
-route table and fails on any route not named here. ``admin`` holds every role. The docs' table
-(``docs/people-and-roles.md``) and the OpenAPI document's ``x-apollia-role`` are printed from it.
+``ROUTE_ROLES`` maps ``(method, path under /api/v1)`` to the roles of
+:data:`apollia_nb.governance.people.ROLES` that may use it (any one of them is enough; the first is the
+role the route is for), or ``None`` for the one route served without a token (``/health``). A route
+missing from the table needs ``admin`` (fail closed); a test walks the app's route table and fails on any
+route not named here. ``admin`` holds every role. The docs' table (``docs/people-and-roles.md``) and the
+OpenAPI document's ``x-apollia-role`` are printed from it.
+
+``auditor`` is read-only over everything governance shows: every read of agents, runs, waiting
+decisions, rules, consents, developer mode, the policy and people is open to it beside the role the
+route is for; it changes nothing.
 
 The internal routes are those of the home's clients (a client runtime in a kernel, the CLI, Dask
 workers). What a person may read through them is what they may read through the public routes: the
-journal's reads and proofs are ``auditor``'s, the governance snapshot and consent changes ``rules``',
-waiting decisions ``approver``'s. What only a runtime running agents does (append journal entries,
+journal's reads and proofs are ``auditor``'s, the governance snapshot and consent changes ``rules``'
+(the snapshot ``auditor``'s too), waiting decisions ``approver``'s (and ``auditor``'s to read). What only a runtime running agents does (append journal entries,
 decide a governed call, list a call for a person, wait for answers, sign a checkpoint) is ``admin``'s:
 the owner's clients send the owner's token from ``server.json``. A batch's worker credential opens
 its own routes (``worker_tokens.WORKER_ROUTES``), never a person's.
@@ -21,43 +26,46 @@ from typing import Any
 
 from apollia_nb.governance.people import ROLE_WORDS, ROLES
 
-__all__ = ["ROLE_WORDS", "ROUTE_ROLES", "ROLE_EXTENSION", "role_of", "with_roles"]
+__all__ = ["ROLE_WORDS", "ROUTE_ROLES", "ROLE_EXTENSION", "roles_of", "roles_text", "with_roles"]
 
-#: The OpenAPI extension naming the role an operation needs.
+#: The OpenAPI extension naming the role an operation needs: the role's name when one role opens it, the
+#: list of names when several do (any one is enough), ``null`` when no token is needed.
 ROLE_EXTENSION = "x-apollia-role"
 
-R, A, G, U, ADMIN = "runner", "approver", "rules", "auditor", "admin"
+#: Who may use a route: one role, or a read also open to ``auditor`` (the writing role first).
+R, A, G, U, ADMIN = ("runner",), ("approver",), ("rules",), ("auditor",), ("admin",)
+RU, AU, GU, ADMIN_U = ("runner", "auditor"), ("approver", "auditor"), ("rules", "auditor"), ("admin", "auditor")
 
-ROUTE_ROLES: dict[tuple[str, str], str | None] = {
+ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("GET", "/health"): None,
     # agents, tasks, chat, batches, hooks
-    ("GET", "/agents"): R,
+    ("GET", "/agents"): RU,
     ("POST", "/agents"): R,
-    ("GET", "/agents/{name}"): R,
+    ("GET", "/agents/{name}"): RU,
     ("POST", "/agents/{name}/start"): R,
     ("POST", "/agents/{name}/stop"): R,
     ("POST", "/tasks"): R,
-    ("GET", "/tasks"): R,
-    ("GET", "/tasks/{task_id}"): R,
-    ("GET", "/tasks/{task_id}/wait"): R,
+    ("GET", "/tasks"): RU,
+    ("GET", "/tasks/{task_id}"): RU,
+    ("GET", "/tasks/{task_id}/wait"): RU,
     ("POST", "/tasks/{task_id}/cancel"): R,
-    ("GET", "/tasks/{task_id}/events"): R,
+    ("GET", "/tasks/{task_id}/events"): RU,
     ("POST", "/sessions"): R,
-    ("GET", "/sessions"): R,
-    ("GET", "/sessions/{session_id}"): R,
+    ("GET", "/sessions"): RU,
+    ("GET", "/sessions/{session_id}"): RU,
     ("POST", "/sessions/{session_id}/messages"): R,
-    ("GET", "/sessions/{session_id}/events"): R,
+    ("GET", "/sessions/{session_id}/events"): RU,
     ("POST", "/sessions/{session_id}/pause"): R,
     ("POST", "/sessions/{session_id}/inject"): R,
     ("POST", "/sessions/{session_id}/resume"): R,
     ("POST", "/sessions/{session_id}/fork"): R,
     ("POST", "/sessions/{session_id}/close"): R,
     ("POST", "/batches"): R,
-    ("GET", "/batches"): R,
-    ("GET", "/batches/{batch_id}"): R,
-    ("GET", "/batches/{batch_id}/results"): R,
+    ("GET", "/batches"): RU,
+    ("GET", "/batches/{batch_id}"): RU,
+    ("GET", "/batches/{batch_id}/results"): RU,
     ("POST", "/batches/{batch_id}/cancel"): R,
-    ("GET", "/batches/{batch_id}/events"): R,
+    ("GET", "/batches/{batch_id}/events"): RU,
     ("POST", "/hooks/{tool}"): R,
     ("POST", "/internal/worker-tokens"): R,
     ("POST", "/internal/worker-tokens/revoke"): R,
@@ -66,20 +74,20 @@ ROUTE_ROLES: dict[tuple[str, str], str | None] = {
     ("POST", "/tasks/{task_id}/plan/reject"): A,
     ("POST", "/sessions/{session_id}/plan/approve"): A,
     ("POST", "/sessions/{session_id}/plan/reject"): A,
-    ("GET", "/pending-decisions"): A,
+    ("GET", "/pending-decisions"): AU,
     ("POST", "/pending-decisions/decide"): A,
-    ("GET", "/internal/pending-decisions"): A,
-    ("GET", "/internal/pending-decisions/{decision_id}"): A,
+    ("GET", "/internal/pending-decisions"): AU,
+    ("GET", "/internal/pending-decisions/{decision_id}"): AU,
     # rules, consents, developer mode, policy
-    ("GET", "/governance/rules"): G,
+    ("GET", "/governance/rules"): GU,
     ("POST", "/governance/rules"): G,
     ("DELETE", "/governance/rules/{rule_id}"): G,
-    ("GET", "/governance/consents"): G,
+    ("GET", "/governance/consents"): GU,
     ("DELETE", "/governance/consents/{agent}/{family}"): G,
-    ("GET", "/governance/developer-mode"): G,
+    ("GET", "/governance/developer-mode"): GU,
     ("PUT", "/governance/developer-mode"): G,
-    ("GET", "/governance/policy"): G,
-    ("GET", "/internal/governance/snapshot"): G,
+    ("GET", "/governance/policy"): GU,
+    ("GET", "/internal/governance/snapshot"): GU,
     ("POST", "/internal/governance/consents"): G,
     ("POST", "/internal/governance/consents/revoke"): G,
     ("POST", "/internal/governance/rules/remove"): G,
@@ -103,18 +111,30 @@ ROUTE_ROLES: dict[tuple[str, str], str | None] = {
     ("POST", "/internal/calls"): ADMIN,
     ("POST", "/internal/pending-decisions"): ADMIN,
     ("GET", "/internal/answers"): ADMIN,
-    ("GET", "/people"): ADMIN,
+    ("GET", "/people"): ADMIN_U,
     ("POST", "/people"): ADMIN,
     ("POST", "/people/{name}/revoke"): ADMIN,
     ("POST", "/people/{name}/rotate"): ADMIN,
 }
 
-assert all(role is None or role in ROLES for role in ROUTE_ROLES.values())
+assert all(roles is None or (roles and set(roles) <= set(ROLES)) for roles in ROUTE_ROLES.values())
+assert all(roles is None or method in ("GET", "POST") or roles[1:] == ()
+           for (method, _), roles in ROUTE_ROLES.items())  # a PUT or DELETE (a change) is one role's
 
 
-def role_of(method: str, template: str) -> str | None:
-    """The role a route needs (``template`` under ``/api/v1``); ``admin`` for a route not in the table."""
+def roles_of(method: str, template: str) -> tuple[str, ...] | None:
+    """The roles that may use a route (``template`` under ``/api/v1``), any one being enough; ``None`` for a
+    route served without a token; ``("admin",)`` for a route not in the table."""
     return ROUTE_ROLES.get((method.upper(), template), ADMIN)
+
+
+def roles_text(roles: tuple[str, ...]) -> str:
+    """``'rules'``, ``'rules' or 'auditor'``: the roles a refusal names."""
+    return " or ".join(repr(role) for role in roles)
+
+
+def _extension(roles: tuple[str, ...] | None) -> str | list[str] | None:
+    return None if roles is None else roles[0] if len(roles) == 1 else list(roles)
 
 
 def with_roles(doc: dict[str, Any], prefix: str) -> dict[str, Any]:
@@ -123,10 +143,11 @@ def with_roles(doc: dict[str, Any], prefix: str) -> dict[str, Any]:
         for method, op in item.items():
             if not isinstance(op, dict) or method.startswith("x-"):
                 continue
-            role = role_of(method, path.removeprefix(prefix))
-            op[ROLE_EXTENSION] = role
-            sentence = ("No token needed." if role is None else
-                        f"Needs the role `{role}` (a person without it gets 403 `FORBIDDEN`); "
+            roles = roles_of(method, path.removeprefix(prefix))
+            op[ROLE_EXTENSION] = _extension(roles)
+            sentence = ("No token needed." if roles is None else
+                        f"Needs the role {' or '.join(f'`{r}`' for r in roles)} (a person "
+                        f"{'without it' if len(roles) == 1 else 'with none of them'} gets 403 `FORBIDDEN`); "
                         "the home's owner token holds every role.")
             op["description"] = f"{op['description']}\n\n{sentence}" if op.get("description") else sentence
     return doc
