@@ -1,8 +1,9 @@
 """OTLP trace protobuf, written by hand for the few fields our spans use (pure: values in, bytes out).
 
 The wire format is OpenTelemetry's ``opentelemetry/proto/trace/v1/trace.proto`` and
-``collector/trace/v1/trace_service.proto`` (opentelemetry-proto v1.9.0, the messages the
-``opentelemetry-proto`` 1.45 package generates): an ``ExportTraceServiceRequest`` of one
+``collector/trace/v1/trace_service.proto`` (the fields below, stable since opentelemetry-proto
+v1.1.0, which added span ``flags``; the tests read our bytes back with the messages the
+``opentelemetry-proto`` 1.45 package generates and against the SDK's own encoder): an ``ExportTraceServiceRequest`` of one
 ``ResourceSpans`` holding one ``ScopeSpans``. A span is encoded once, when it ends, into the
 bytes of its ``Span`` message; a request is those bytes framed with the resource and the scope,
 encoded once per exporter. Protobuf lets a message's fields be concatenated, so nothing is
