@@ -235,7 +235,7 @@ async def test_a_closing_client_cancels_its_suspended_runs(home, server, api):
     kinds = [(e["kind"], e["payload"]) for e in api.entries(run_id=handle.run_id, limit=100).model_dump()["entries"]]
     assert ("answer", {"call_id": pending.call_id, "decision_id": pending.id, "answer": "refuse",
                        "answered_by": "cancel", "reason": "the task was cancelled",
-                       "by_role": "admin", "auth": "owner"}) in kinds  # sent by the client with the owner's token
+                       "by_role": "admin", "auth": "owner", "digest": pending.digest}) in kinds  # sent by the client with the owner's token
     assert kinds[-1][0] == "run_seal" and kinds[-1][1]["status"] == "cancelled"
     assert api.verify().ok
 
