@@ -279,3 +279,21 @@ def test_the_entry_time_is_read_the_same_as_isoformat_reads_it():
                "2026-12-07T10:00:00.5Z", "2026-12-07T10:00:00.123456+00:00"]:
         parsed = datetime.fromisoformat(ts.replace("Z", "+00:00"))
         assert _ns(ts) == int(parsed.timestamp()) * 1_000_000_000 + parsed.microsecond * 1000, ts
+
+
+def test_a_payload_nested_past_the_parser_s_depth_is_skipped_and_the_rest_still_gives_spans():
+    from types import SimpleNamespace
+
+    from apollia_nb.runtime.telemetry import SpanDeriver
+
+    def entry(seq: int, kind: str, payload: bytes) -> Any:
+        return SimpleNamespace(seq=seq, ts="2026-12-07T10:00:00.000000Z", run_id=None, agent="a", kind=kind,
+                               payload=payload, hash=bytes(32))
+
+    deep = b'{"call_id":"x","tool":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    moves = SpanDeriver().feed([
+        entry(1, "decision", deep),
+        entry(2, "decision", b'{"call_id":"ok","tool":"t","outcome":"allow"}'),
+        entry(3, "tool_result", b'{"call_id":"ok","status":"ok"}'),
+    ])
+    assert [getattr(m, "name", None) for m in moves][:1] == ["execute_tool t"] and len(moves) == 2

@@ -137,7 +137,7 @@ class SpanDeriver:
             raw = entry.payload
             try:
                 payload = scan(raw.decode() if isinstance(raw, (bytes, bytearray)) else str(raw), 0)[0]
-            except (ValueError, StopIteration):
+            except (ValueError, StopIteration, RecursionError):  # not JSON, or nested past the parser's depth
                 continue
             if not isinstance(payload, dict):
                 continue
@@ -580,7 +580,7 @@ class TelemetryExporter:
         self._offered = 0  # entries the hook queued (written by the hook only)
         self._taken = 0  # entries poll took from the queue (written by poll only)
         self._pending: list[bytes] = []  # encoded spans waiting to be sent
-        self.failures = 0  # reads of the entries before ``since_seq``'s head that failed
+        self.failures = 0  # reads of the entries before ``since_seq``'s head, and rounds, that failed
         self.dropped = 0  # entries the hook found no room for (their spans are lost)
         self.sent = 0  # spans the collector took
         self.lost = 0  # spans whose request failed, or that found no room to wait for one
@@ -612,15 +612,17 @@ class TelemetryExporter:
 
     def _run(self) -> None:
         clock = time.thread_time
-        while not self._stop.wait(self._interval):
+        while True:
+            stopping = self._stop.wait(self._interval)  # once stopped: what was left when the hook stopped
             began = clock()
-            self.poll()
-            self.flush()
+            try:
+                self.poll()
+                self.flush()
+            except Exception:  # a fault of its own loses what it held then, never the thread (nor a call)
+                self.failures += 1
             self.cpu_seconds += clock() - began
-        began = clock()
-        self.poll()  # what was left when the hook stopped
-        self.flush()
-        self.cpu_seconds += clock() - began
+            if stopping:
+                return
 
     def _backlog(self) -> list[Any]:
         try:
