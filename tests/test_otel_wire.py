@@ -297,3 +297,65 @@ def test_a_payload_nested_past_the_parser_s_depth_is_skipped_and_the_rest_still_
         entry(3, "tool_result", b'{"call_id":"ok","status":"ok"}'),
     ])
     assert [getattr(m, "name", None) for m in moves][:1] == ["execute_tool t"] and len(moves) == 2
+
+
+def test_an_https_collector_is_trusted_by_the_certificate_variable_and_refused_without_it(home, tmp_path,
+                                                                                       collector, monkeypatch):
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    c = collector()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    c.httpd.socket = context.wrap_socket(c.httpd.socket, server_side=True)
+    url = c.url.replace("http://", "https://")
+    with Journal.open(home) as journal:
+        untrusted = _exporter(journal, url)
+        _calls(journal, 2, prefix="u")
+        untrusted.close()
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_CERTIFICATE", str(cert))
+        trusted = _exporter(journal, url)
+        _calls(journal, 3, prefix="t")
+        trusted.close()
+    assert untrusted.sent == 0 and untrusted.lost == 2
+    assert trusted.sent == 3 and sorted(s.attributes[2].value.string_value for s in c.taken()) == ["t0", "t1", "t2"]
+
+
+def test_grpc_sends_the_header_variable_as_metadata_and_delivers_gzip_compressed(home, monkeypatch):
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    seen: list[tuple[dict[str, str], int]] = []
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: N802
+            seen.append((dict(context.invocation_metadata()),
+                         sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)))
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-api-key=s3cret")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    try:
+        with Journal.open(home) as journal:
+            tel = TelemetryExporter(journal, TelemetryConfig(enabled=True, endpoint=f"http://127.0.0.1:{port}",
+                                                             protocol="grpc", interval_secs=60))
+            _calls(journal, 4)
+            tel.close(timeout=10)
+    finally:
+        server.stop(None)
+    [(metadata, spans)] = seen
+    assert metadata["x-api-key"] == "s3cret" and metadata["user-agent"].startswith("apollia-nb") and spans == 4
+    assert tel.sent == 4
