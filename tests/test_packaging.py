@@ -15,7 +15,8 @@ DISTRIBUTION = {"nacl": "pynacl", "IPython": "ipython", "yaml": "pyyaml", "ed255
 PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp", "comm": "ipykernel"}  # installed with (and pinned by) another dependency
 # An import name -> the optional extra (not `test`) that installs it: imported only where that feature runs.
 #: (the extra, a distribution of it that provides the module)
-EXTRA = {"distributed": ("dask", "dask"), "dask": ("dask", "dask"), "opentelemetry": ("otel", "opentelemetry-sdk")}
+EXTRA = {"distributed": ("dask", "dask"), "dask": ("dask", "dask"), "opentelemetry": ("otel", "opentelemetry-sdk"),
+         "grpc": ("otel", "grpcio")}
 
 
 def names(requirements: list[str]) -> set[str]:
