@@ -186,6 +186,9 @@ async def test_telemetry_is_off_unless_enabled(home, receiver):
 @pytest.mark.parametrize("table, word", [
     ("enabled = 1", "enabled"),
     ('enabled = true\nendpoint = "ftp://x"', "endpoint"),
+    ('enabled = true\nendpoint = "http://127.0.0.1:99999"', "endpoint"),
+    ('enabled = true\nendpoint = "http://127.0.0.1:port"', "endpoint"),
+    ('enabled = true\nendpoint = "http://:4318"', "endpoint"),
     ('enabled = true\nprotocol = "http/json"', "protocol"),
     ("enabled = true\ninterval_secs = 0", "interval_secs"),
     ("enabled = true\ninterval_secs = true", "interval_secs"),

@@ -359,3 +359,14 @@ def test_grpc_sends_the_header_variable_as_metadata_and_delivers_gzip_compressed
     [(metadata, spans)] = seen
     assert metadata["x-api-key"] == "s3cret" and metadata["user-agent"].startswith("apollia-nb") and spans == 4
     assert tel.sent == 4
+
+
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"])
+def test_an_endpoint_variable_that_is_no_url_stops_the_exporter_naming_it(home, monkeypatch, variable):
+    from apollia_nb.errors import BadInput
+
+    monkeypatch.setenv(variable, "http://127.0.0.1:99999")
+    with Journal.open(home) as journal:
+        with pytest.raises(BadInput, match="OTLP endpoint"):
+            TelemetryExporter(journal, TelemetryConfig(enabled=True, interval_secs=60))
+        journal.append("decision", {"call_id": "c", "tool": "t", "outcome": "allow"})  # nothing was left hooked

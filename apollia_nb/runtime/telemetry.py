@@ -314,6 +314,18 @@ class TelemetryConfig:
     interval_secs: float = 1.0
 
 
+def _bad_url(url: str) -> bool:
+    """True when ``url`` has no host or a port that is not a number from 1 to 65535."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return True
+    return not parts.hostname or port == 0
+
+
 def parse_telemetry(raw: Mapping[str, Any], where: str = "apollia.toml") -> TelemetryConfig:
     """Validate ``[telemetry]``: unknown keys and wrong types are ``BAD_INPUT`` naming the key."""
     table = raw.get("telemetry")
@@ -330,7 +342,8 @@ def parse_telemetry(raw: Mapping[str, Any], where: str = "apollia.toml") -> Tele
         raise BadInput(f"{where}: [telemetry] enabled must be true or false")
     endpoint = table.get("endpoint")
     if endpoint is not None and (not isinstance(endpoint, str)
-                                 or not endpoint.lower().startswith(("http://", "https://"))):
+                                 or not endpoint.lower().startswith(("http://", "https://"))
+                                 or _bad_url(endpoint)):
         raise BadInput(f"{where}: [telemetry] endpoint must be an http:// or https:// URL")
     protocol = table.get("protocol")
     if protocol is not None and protocol not in _PROTOCOLS:
@@ -404,6 +417,9 @@ class _HttpTransport:
             traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
             base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
             url = traces or base.rstrip("/") + "/v1/traces"
+        if _bad_url(url):
+            raise BadInput(f"the OTLP endpoint {url!r} is not an http:// or https:// URL with a host and a port "
+                           "(from [telemetry] endpoint or the OTEL_EXPORTER_OTLP_*ENDPOINT variables)")
         parts = urlsplit(url)
         self.url = url
         self._https = parts.scheme == "https"
