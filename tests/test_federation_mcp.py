@@ -15,6 +15,7 @@ import pytest
 
 from apollia_nb.errors import UnknownTool
 from apollia_nb.governance.policy import keygen, sign
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from runtime_helpers import call, manifest
 from test_federation_support import (
@@ -47,7 +48,7 @@ async def test_unclassified_tool_is_asked_every_time_never_with_always(home, tmp
     (root / "plan.txt").write_text("ship on friday")
     # roots = false: the server keeps the directory it was given (offered roots would replace it)
     write_config(home, servers={"files": filesystem_server(root, roots=False)})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         read = call("mcp:files/read_text_file", path=str(root / "plan.txt"))
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [read]}, {"tool_calls": [read]}, {"text": "read twice"}],
@@ -65,7 +66,7 @@ async def test_unclassified_tool_is_asked_every_time_never_with_always(home, tmp
 
 async def test_classified_read_tool_runs_unattended_without_asking(home):
     write_config(home, servers={"time": time_server(families={"get_current_time": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("mcp:time/get_current_time", timezone="UTC")]}, {"text": "it is late"}],
             required=["mcp:time/get_current_time"]))
@@ -83,7 +84,7 @@ async def test_classified_read_tool_runs_unattended_without_asking(home):
 async def test_annotations_are_shown_on_the_card_and_never_classify(home):
     # The server says get_current_time is read-only; the operator says it writes. The operator wins.
     write_config(home, servers={"time": time_server(families={"get_current_time": "write"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         agent = await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("mcp:time/get_current_time", timezone="UTC"),
                                    call("mcp:time/convert_time", source_timezone="UTC", time="12:00",
@@ -110,7 +111,7 @@ async def test_an_error_result_is_a_permanent_failure_with_the_servers_words(hom
     root = tmp_path / "shared"
     root.mkdir()
     write_config(home, servers={"files": filesystem_server(root, families={"read_text_file": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("mcp:files/read_text_file", path="/etc/hostname")]}, {"text": "denied"}],
             required=["mcp:files/read_text_file"]))
@@ -134,7 +135,7 @@ async def test_a_connection_refused_by_policy_never_starts_its_server(home, tmp_
     faulty, marker = faulty_server(tmp_path)
     public = await _deposit_policy(home, tmp_path, '[refuse]\nconnections = ["faulty"]\n')
     write_config(home, servers={"faulty": faulty}, trusted_keys=[public])
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         assert rt.governance.policy_state().status == "accepted"
         agent = await rt.register_agent(manifest(optional=["mcp:faulty/echo"]))
         assert agent.state.state.value == "degraded"
@@ -151,7 +152,7 @@ async def test_unresolved_tools_degrade_or_fail_the_agent(home, tmp_path):
         "time": time_server(),
         "gone": {"command": str(tmp_path / "no-such-server"), "start_timeout_secs": 10},
     })
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         agent = await rt.register_agent(manifest(
             required=["mcp:time/get_current_time"], optional=["mcp:time/no_such_tool", "mcp:gone/anything"]))
         assert agent.state.state.value == "degraded"
@@ -166,7 +167,7 @@ async def test_unresolved_tools_degrade_or_fail_the_agent(home, tmp_path):
 async def test_a_crash_mid_call_is_transient_and_the_server_restarts_on_next_use(home, tmp_path):
     faulty, marker = faulty_server(tmp_path)
     write_config(home, servers={"faulty": faulty})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("mcp:faulty/pid")]}, {"tool_calls": [call("mcp:faulty/crash")]},
                    {"tool_calls": [call("mcp:faulty/pid")]}, {"text": "survived"}],
@@ -187,7 +188,7 @@ async def test_a_crash_mid_call_is_transient_and_the_server_restarts_on_next_use
 async def test_a_hanging_server_times_out_and_is_restarted(home, tmp_path):
     faulty, marker = faulty_server(tmp_path, timeout_secs=1)
     write_config(home, servers={"faulty": faulty})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("mcp:faulty/hang")]}, {"tool_calls": [call("mcp:faulty/echo", text="back")]},
                    {"text": "done"}],
@@ -205,7 +206,7 @@ async def test_a_hanging_server_times_out_and_is_restarted(home, tmp_path):
 async def test_a_stdio_servers_stderr_goes_to_its_log_file(home, tmp_path, capfd):
     faulty, marker = faulty_server(tmp_path)
     write_config(home, servers={"faulty": faulty})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(required=["mcp:faulty/echo"]))
         pid = marker.read_text().split()[0]
         log = (home.logs_dir / "mcp-faulty.log").read_text()

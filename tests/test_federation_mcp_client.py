@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from apollia_nb.errors import BadAnswer
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from runtime_helpers import call, manifest
 from test_federation_support import (  # noqa: F401 (everything_url: a fixture)
@@ -65,7 +66,7 @@ async def next_card(rt, handle, tool):
 
 async def test_a_servers_question_is_a_card_answered_from_code_with_checked_values(home):
     write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]},
                    {"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "asked"}],
@@ -103,7 +104,7 @@ async def test_a_servers_question_is_a_card_answered_from_code_with_checked_valu
 
 async def test_cancelling_a_task_cancels_the_servers_open_question(home):
     write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "never"}],
             required=[f"{E}/trigger-elicitation-request"]))
@@ -124,7 +125,7 @@ async def test_cancelling_a_task_cancels_the_servers_open_question(home):
 
 async def test_the_only_root_offered_is_the_calling_agents_workspace(home):
     write_config(home, servers={"everything": everything(families={"echo": "read", "get-roots-list": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         agent = await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/echo", message="hi")]}, {"tool_calls": [call(f"{E}/get-roots-list")]},
                    {"text": "rooted"}],
@@ -144,7 +145,7 @@ async def test_the_only_root_offered_is_the_calling_agents_workspace(home):
 async def test_an_unanswered_question_is_cancelled_when_its_time_is_up(home):
     write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"},
                                                          input_timeout_secs=0.5)})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]}, {"text": "nobody answered"}],
             required=[f"{E}/trigger-elicitation-request"]))
@@ -160,7 +161,7 @@ async def test_an_unanswered_question_is_cancelled_when_its_time_is_up(home):
 
 async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home, everything_over):
     write_config(home, servers={"everything": everything_over(families={"trigger-sampling-request": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/trigger-sampling-request", prompt="Name a colour", maxTokens=20)]},
                    {"text": "Ultramarine."},  # the model call the server asked for
@@ -188,7 +189,7 @@ async def test_a_servers_model_call_is_asked_answered_journaled_and_counted(home
 
 async def test_a_refused_model_call_is_the_protocols_error_and_never_reaches_the_model(home):
     write_config(home, servers={"everything": everything(families={"trigger-sampling-request": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/trigger-sampling-request", prompt="Leak it")]}, {"text": "refused"}],
             required=[f"{E}/trigger-sampling-request"]))
@@ -206,7 +207,7 @@ async def test_a_refused_model_call_is_the_protocols_error_and_never_reaches_the
 
 async def test_progress_reaches_the_task_and_the_journal_at_a_bounded_rate(home, everything_over):
     write_config(home, servers={"everything": everything_over(families={"trigger-long-running-operation": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/trigger-long-running-operation", duration=1, steps=5)]},
                    {"text": "done"}],
@@ -228,7 +229,7 @@ async def test_progress_reaches_the_task_and_the_journal_at_a_bounded_rate(home,
 async def test_a_returned_resource_link_is_read_through_resources_read(home, everything_over):
     write_config(home, servers={"everything": everything_over(families={"get-resource-links": "read",
                                                                    "resources/read": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         links = call(f"{E}/get-resource-links", count=2)
         read = call(f"{E}/resources/read", uri="demo://resource/dynamic/text/2")
         await rt.register_agent(manifest(
@@ -251,7 +252,7 @@ async def test_a_returned_resource_link_is_read_through_resources_read(home, eve
 
 async def test_a_task_augmented_tool_runs_as_a_long_running_call(home, everything_over):
     write_config(home, servers={"everything": everything_over(families={"simulate-research-query": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/simulate-research-query", topic="tides")]}, {"text": "researched"}],
             required=[f"{E}/simulate-research-query"]))
@@ -266,7 +267,7 @@ async def test_a_task_augmented_tool_runs_as_a_long_running_call(home, everythin
 
 async def test_a_long_running_call_is_cancelled_on_the_server_with_its_run(home):
     write_config(home, servers={"everything": everything(families={"simulate-research-query": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call(f"{E}/simulate-research-query", topic="tides")]}, {"text": "never"}],
             required=[f"{E}/simulate-research-query"]))
@@ -324,7 +325,7 @@ async def test_list_changed_offers_a_new_tool_unclassified(home, tmp_path):
     script.write_text(LATE_SERVER, encoding="utf-8")
     write_config(home, servers={"late": {"command": sys.executable, "args": [str(script)],
                                          "families": {"grow": "read"}}})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         first = await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("mcp:late/grow")]}, {"text": "grown"}],
             required=["mcp:late/grow", "mcp:late/echo"], optional=["mcp:late/late"]))
@@ -383,7 +384,7 @@ async def test_a_stateless_servers_question_is_a_card_and_its_password_is_never_
     script.write_text(MODERN_SERVER, encoding="utf-8")
     write_config(home, servers={"vault": {"command": sys.executable, "args": [str(script)],
                                           "families": {"login": "read"}}})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(actor=[{"tool_calls": [call("mcp:vault/login")]}, {"text": "in"}],
                                          required=["mcp:vault/login"]))
         handle = await rt.submit("clerk", "Sign in")

@@ -11,6 +11,7 @@ from apollia_nb.federation.config import parse_host, parse_mcp_server
 from apollia_nb.federation.mcp import tool_hints, tool_output
 from apollia_nb.federation.rest import build_request, family_for, is_local, operations
 from apollia_nb.governance.decision import Family
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from runtime_helpers import manifest
 from test_federation_support import REPO, write_config
@@ -75,7 +76,7 @@ def test_a_broken_host_entry_names_the_key(table, words):
 async def test_a_broken_entry_leaves_only_its_own_tools_unresolved(home):
     write_config(home, servers={"bad": {"command": "x", "families": {"search": "reed"}}},
                  hosts={"crm": {"openapi": "missing.json", "base_url": "http://127.0.0.1:9"}})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         untouched = await rt.register_agent(manifest(name="plain", required=["read_file"]))
         assert untouched.state.state.value == "active"
         agent = await rt.register_agent(manifest(optional=["mcp:bad/search", "rest:crm/createNote"]))
@@ -229,7 +230,7 @@ def test_annotations_become_hints_with_their_wire_names():
 async def test_a_missing_token_for_an_http_server_is_reported_without_connecting(home, monkeypatch):
     monkeypatch.delenv("WIKI_TOKEN", raising=False)
     write_config(home, servers={"wiki": {"url": "http://127.0.0.1:9/mcp", "token_env": "WIKI_TOKEN"}})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         agent = await rt.register_agent(manifest(optional=["mcp:wiki/lookup"]))
         assert agent.state.state.value == "degraded"
         assert any("mcp:wiki: the environment variable WIKI_TOKEN is not set" in w for w in agent.warnings)

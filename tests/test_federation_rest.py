@@ -16,6 +16,7 @@ import pytest
 
 from apollia_nb.errors import UnknownTool
 from apollia_nb.governance.policy import keygen, sign
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from runtime_helpers import call, manifest
 from test_federation_support import REPO, answer_all, decisions, results, write_config
@@ -60,7 +61,7 @@ def summaries(url):
 async def test_read_over_mcp_and_write_back_over_rest_after_a_consent_card(home, notes_host, token_env):
     write_config(home, servers={"notes": {"url": f"{notes_host}/mcp", "families": {"search": "read"}}},
                  hosts={"notes": host_config(notes_host, token_env)})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         agent = await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("mcp:notes/search", query="budget")]},
                    {"tool_calls": [call("rest:notes/createSummary", title="Budget, in short",
@@ -89,7 +90,7 @@ async def test_read_over_mcp_and_write_back_over_rest_after_a_consent_card(home,
 
 async def test_a_4xx_from_the_host_is_permanent_and_leaves_the_breaker_alone(home, notes_host, token_env):
     write_config(home, hosts={"notes": host_config(notes_host, token_env)})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("rest:notes/createSummary", title="x", text="y", note_ids=["n99"])]},
                    {"text": "the host said no"}],
@@ -105,7 +106,7 @@ async def test_a_4xx_from_the_host_is_permanent_and_leaves_the_breaker_alone(hom
 async def test_a_503_is_transient_and_counted_by_the_breaker(home, notes_host, token_env):
     write_config(home, hosts={"notes": host_config(notes_host, token_env)})
     httpx.post(f"{notes_host}/_fail", json={"status": 503, "times": 1}).raise_for_status()
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         attempt = call("rest:notes/createSummary", title="retry", text="second time lucky")
         await rt.register_agent(manifest(actor=[{"tool_calls": [attempt]}, {"tool_calls": [attempt]}, {"text": "ok"}],
                                          required=["rest:notes/createSummary"]))
@@ -122,7 +123,7 @@ async def test_a_503_is_transient_and_counted_by_the_breaker(home, notes_host, t
 async def test_a_wrong_or_missing_token_is_a_permanent_error(home, notes_host, monkeypatch):
     write_config(home, hosts={"notes": host_config(notes_host, "NOTES_TEST_TOKEN")})
     attempt = call("rest:notes/listSummaries")
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [attempt]}, {"text": "refused"}, {"tool_calls": [attempt]}, {"text": "no token"}],
             required=["rest:notes/listSummaries"]))
@@ -141,7 +142,7 @@ async def test_a_wrong_or_missing_token_is_a_permanent_error(home, notes_host, m
 
 async def test_the_openapi_document_can_be_fetched_from_the_host(home, notes_host, token_env):
     write_config(home, hosts={"notes": {"openapi": f"{notes_host}/openapi.json", "token_env": token_env}})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         agent = await rt.register_agent(manifest(actor=[{"tool_calls": [call("rest:notes/listSummaries")]}],
                                                  required=["rest:notes/listSummaries"]))
         assert agent.tools.get("rest:notes/listSummaries").family.value == "read"
@@ -162,7 +163,7 @@ async def test_the_example_host_over_stdio(home):
         "command": sys.executable, "args": ["-m", "examples.host_notes", "--stdio"], "cwd": str(REPO),
         "families": {"get": "read_personal"},
     }})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(
             actor=[{"tool_calls": [call("mcp:notes/get", id="n2")]}, {"tool_calls": [call("mcp:notes/get", id="zz")]}],
             required=["mcp:notes/get"]))
@@ -181,7 +182,7 @@ async def test_a_host_refused_by_policy_is_never_contacted(home, tmp_path, token
     # Nothing listens there: a fetch would fail with a connection error, not with the policy's reason.
     write_config(home, hosts={"crm": {"openapi": "http://127.0.0.1:9/openapi.json", "base_url": "http://127.0.0.1:9"}},
                  trusted_keys=[public])
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         agent = await rt.register_agent(manifest(optional=["rest:crm/createNote"]))
         assert agent.state.state.value == "degraded"
         assert any(w.startswith("rest:crm: organisation policy refuses the connection 'crm'") for w in agent.warnings)

@@ -24,6 +24,7 @@ from apollia_nb.api.server import ServerThread
 from apollia_nb.errors import BadInput
 from apollia_nb.federation.gateway import exposed_name, parse_listen
 from apollia_nb.home import Home
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 
 TOKEN = "gateway-token"
@@ -41,7 +42,7 @@ def gateway_home(tmp_path: Path) -> Home:
         "families": {"echo": "read", "get-sum": "write", "get-env": "read"}}})
 
     async def rules() -> None:
-        async with Runtime(home) as rt:
+        async with Runtime(home, tool_sources=open_sources) as rt:
             rt.governance.add_rule("mcp:everything/get-env", "deny", by="test")
     anyio.run(rules)
     return home

@@ -32,6 +32,7 @@ from fake_model_servers import (
 
 from apollia_nb.errors import ManifestInvalid
 from apollia_nb.notebook.render import budget_words
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.manifest import parse_manifest
 from apollia_nb.runtime.models import Message, collect
@@ -127,7 +128,7 @@ def _verdict() -> Reply:
 
 async def _run(home, url: str, budget: int, provider: str = "anthropic"):
     RAN.clear()
-    rt = Runtime(home)
+    rt = Runtime(home, tool_sources=open_sources)
     await rt.__aenter__()
     await rt.register_agent(_agent(url, budget, provider), tools=[ToolDef.from_function(make_note, family="read")])
     task = await (await rt.submit("noter", "Note it"))
@@ -222,7 +223,7 @@ async def test_without_a_token_budget_nothing_is_counted_or_refused(home, fake_m
         openai_stream(openai_tool_chunks([("v", "submit_verdict", ['{"verdict": "pass"}'])])),
     )
     RAN.clear()
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         manifest = _agent(fake_model_server.url, 1, "openai").replace("\n[budget]\nmax_tokens = 1\n", "")
         await rt.register_agent(manifest, tools=[ToolDef.from_function(make_note, family="read")])
         task = await (await rt.submit("noter", "Note it"))
@@ -251,7 +252,7 @@ async def test_an_mcp_servers_model_call_counts_its_tokens_against_the_budget(ho
                                                                    "total_tokens": 1000})),
         openai_stream(openai_text_chunks(["Asked."], usage=usage)),
     )
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         manifest = (f'name = "asker"\ndescription = "d"\ninstructions = "Ask."\n\n[model]\nprovider = "openai"\n'
                     f'model = "m"\nbase_url = "{fake_model_server.url}/v1"\nmax_retries = 0\n\n'
                     f'[tools]\nrequired = ["{tool}"]\n\n[budget]\nmax_tokens = 500\n')

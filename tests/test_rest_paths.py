@@ -9,6 +9,7 @@ import json
 import pytest
 
 from apollia_nb.errors import UnknownTool
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from loopback_host import LoopbackHost, openapi, operation
 from runtime_helpers import assert_alive, call, manifest
@@ -36,7 +37,7 @@ async def test_dot_segments_in_path_parameters_never_leave_the_operation(home):
         calls = [call("rest:h/addComment", id=value, text="hi") for value in DOTS]
         calls += [call("rest:h/getNote", id=value) for value in DOTS]
         calls += [call("rest:h/getNote", id="a/../b"), call("rest:h/getNote", id="n1")]
-        async with Runtime(home) as rt:
+        async with Runtime(home, tool_sources=open_sources) as rt:
             await rt.register_agent(manifest(actor=[{"tool_calls": calls}, {"text": "done"}],
                                              required=["rest:h/getNote", "rest:h/addComment"], max_steps=60))
             handle = await rt.submit("clerk", "Comment on the notes")
@@ -60,7 +61,7 @@ async def test_a_path_key_that_is_not_a_path_is_refused_when_the_document_is_loa
     monkeypatch.setenv("H_TOKEN", "secret-token-1")
     with LoopbackHost() as host:
         configure(home, host, paths={key: {"get": operation("getX", params=("id",))}}, token_env="H_TOKEN")
-        async with Runtime(home) as rt:
+        async with Runtime(home, tool_sources=open_sources) as rt:
             with pytest.raises(UnknownTool, match="not a path under the base URL"):
                 await rt.register_agent(manifest(actor=[{"tool_calls": [call("rest:h/getX", id="1")]}],
                                                  required=["rest:h/getX"]))
@@ -74,7 +75,7 @@ async def test_a_large_json_body_is_read_up_to_the_cap_and_not_whole(home):
     big = json.dumps({"items": ["x" * 1000] * 3000}).encode()  # 3 MB of JSON
     with LoopbackHost(lambda method, path: (200, "application/json", big)) as host:
         configure(home, host)
-        async with Runtime(home) as rt:
+        async with Runtime(home, tool_sources=open_sources) as rt:
             await rt.register_agent(manifest(actor=[{"tool_calls": [call("rest:h/getNote", id="n1")]},
                                                     {"text": "done"}], required=["rest:h/getNote"]))
             task = await (await rt.submit("clerk", "Read it"))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from loopback_host import LoopbackHost, openapi, operation
 from notebook_fixtures import ip  # noqa: F401  (fixture)
@@ -100,7 +101,7 @@ async def test_a_host_echoing_the_token_in_an_error_body_does_not_put_it_in_the_
         doc = home.path / "host.json"
         doc.write_text(openapi({"/notes/{id}": {"get": operation("getNote", params=("id",))}}))
         write_config(home, hosts={"h": {"base_url": host.url, "openapi": str(doc), "token_env": "H_TOKEN"}})
-        async with Runtime(home) as rt:
+        async with Runtime(home, tool_sources=open_sources) as rt:
             await rt.register_agent(manifest(actor=[{"tool_calls": [call("rest:h/getNote", id="n1")]},
                                                     {"text": "done"}], required=["rest:h/getNote"]))
             task = await (await rt.submit("clerk", "Read note n1"))

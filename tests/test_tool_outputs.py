@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apollia_nb.journal.entry import canonical_json
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.breaker import Breakers
 from apollia_nb.runtime.tools import ToolDef, invoke
@@ -91,7 +92,7 @@ def ok_json(value) -> None:
 
 async def test_no_output_a_tool_returns_ends_the_run_or_the_runtime(home):
     tools = [ToolDef.from_function(body, "read", name=name) for name, body in BAD]
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(
             manifest(actor=[{"tool_calls": [call(name) for name, _ in BAD]}, {"text": "done"}],
                      optional=[name for name, _ in BAD]),
@@ -123,7 +124,7 @@ async def test_a_host_answering_a_lone_surrogate_does_not_stop_the_runtime(home)
         doc = home.path / "host.json"
         doc.write_text(openapi({"/notes/{id}": {"get": operation("getNote", params=("id",))}}))
         write_config(home, hosts={"h": {"base_url": host.url, "openapi": str(doc)}})
-        async with Runtime(home) as rt:
+        async with Runtime(home, tool_sources=open_sources) as rt:
             await rt.register_agent(manifest(actor=[{"tool_calls": [call("rest:h/getNote", id="1")]},
                                                     {"text": "done"}], required=["rest:h/getNote"]))
             task = await (await rt.submit("clerk", "Read note 1"))

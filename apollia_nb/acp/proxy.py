@@ -370,6 +370,7 @@ async def open_governor(stack: contextlib.AsyncExitStack, home: str | None, comm
     """The governor for ``command`` run for ``project``, its runtime held open by ``stack``; one that
     rejects every permission, saying why, when the home cannot be opened or the agent registered."""
     from apollia_nb.errors import HomeFileMissing
+    from apollia_nb.federation import open_sources
     from apollia_nb.home import Home
     from apollia_nb.runtime import Runtime
 
@@ -379,7 +380,7 @@ async def open_governor(stack: contextlib.AsyncExitStack, home: str | None, comm
         where = Home.at(home, create=False)
         if not where.path.is_dir():
             raise HomeFileMissing(f"there is no home at {where.path}: point --home (or $APOLLIA_HOME) at one")
-        rt = await stack.enter_async_context(Runtime(where))
+        rt = await stack.enter_async_context(Runtime(where, tool_sources=open_sources))
         agent = await rt.register_agent(_manifest(name, command, project))
         return AcpGovernor(rt, agent, connection=connection, ask_timeout=ask_timeout)
     except Exception as exc:

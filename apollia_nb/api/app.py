@@ -92,6 +92,7 @@ from apollia_nb.errors import (
     UnknownTask,
 )
 from apollia_nb.journal.pages import entry_page
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.manifest import parse_manifest
 from apollia_nb.runtime.tasks import task_json
@@ -1071,7 +1072,7 @@ def create_app(
         app.state.closing = anyio.Event()
         owned = None
         if app.state.runtime is None:
-            owned = app.state.runtime = await Runtime.open(home, **(runtime_options or {}))
+            owned = app.state.runtime = await Runtime.open(home, **{"tool_sources": open_sources, **(runtime_options or {})})
             if owned.mode == "client":  # the home is served already: a home has one server
                 await owned.aclose()
                 _internal.require_owner(owned)

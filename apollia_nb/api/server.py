@@ -134,6 +134,7 @@ async def serve(
     """
     from apollia_nb.api.app import create_app
     from apollia_nb.api.hub import hub_from
+    from apollia_nb.federation import open_sources
     from apollia_nb.runtime import Runtime
 
     if not is_loopback(host) and not allow_remote:
@@ -143,7 +144,7 @@ async def serve(
     the_home = home if isinstance(home, Home) else Home.at(home)
     the_token = resolve_token(token)
     the_hub = hub_from(hub, hub_service)
-    rt = await Runtime.open(the_home, **(runtime_options or {}))
+    rt = await Runtime.open(the_home, **{"tool_sources": open_sources, **(runtime_options or {})})
     server_json = the_home.server_json
     try:
         hosts = (*allowed_hosts, *(() if host in ("0.0.0.0", "::", "") else (host,)))

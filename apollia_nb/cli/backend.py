@@ -273,14 +273,17 @@ class OwnedRuntime:
     outlives_command = False
 
     def __init__(self, home: "Home") -> None:
+        import functools
+
         from anyio.from_thread import start_blocking_portal
 
+        from apollia_nb.federation import open_sources
         from apollia_nb.runtime import Runtime
 
         self._cm = start_blocking_portal()
         self._portal = self._cm.__enter__()
         try:
-            self.rt: Runtime = self._call(Runtime.open, home)
+            self.rt: Runtime = self._call(functools.partial(Runtime.open, home, tool_sources=open_sources))
             if self.rt.mode == "client":  # a server started meanwhile: its agents are not this process's
                 self._call(self.rt.aclose)
                 raise HomeLocked(f"the home {home.path} is now served by `apollia-os serve`: run the command again")
@@ -515,10 +518,11 @@ class ServedHome:
         the workers, which run the items as clients of the same server."""
         import anyio
 
+        from apollia_nb.federation import open_sources
         from apollia_nb.runtime import Runtime
 
         async def main() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-            async with Runtime(self.home) as rt:
+            async with Runtime(self.home, tool_sources=open_sources) as rt:
                 if rt.mode != "client":  # the server stopped meanwhile
                     raise self.remote.not_running("the batch could not be sent to its workers")
                 agent = await rt.register_agent(manifest, cwd=Path.cwd())

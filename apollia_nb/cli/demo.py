@@ -78,9 +78,10 @@ def run_demo(home: str | None, *, json_output: bool = False, out: Any = None) ->
             print(text, file=out, flush=True)
 
     async def main() -> dict[str, Any]:
+        from apollia_nb.federation import open_sources
         from apollia_nb.runtime import Runtime
 
-        async with Runtime(home_path) as rt:
+        async with Runtime(home_path, tool_sources=open_sources) as rt:
             say(f"apollia-nb demo — home {home_path}")
             say()
             agent = await rt.register_agent(MANIFEST, cwd=workdir)

@@ -227,6 +227,7 @@ async def open_gateway(stack: Any, home: str | None, *, agent: str = "mcp-gatewa
     """Open the home (held by ``stack``), read each configured server's tools, register the gateway's agent."""
     from apollia_nb.errors import HomeFileMissing
     from apollia_nb.federation.mcp import McpSource
+    from apollia_nb.federation.sources import open_sources
     from apollia_nb.home import Home
     from apollia_nb.runtime import Runtime
 
@@ -234,7 +235,7 @@ async def open_gateway(stack: Any, home: str | None, *, agent: str = "mcp-gatewa
     where = Home.at(home, create=False)
     if not where.path.is_dir():
         raise HomeFileMissing(f"there is no home at {where.path}: point --home (or $APOLLIA_HOME) at one")
-    rt = await stack.enter_async_context(Runtime(where))
+    rt = await stack.enter_async_context(Runtime(where, tool_sources=open_sources))
     names: list[str] = []
     for source in rt.tool_sources:
         if not isinstance(source, McpSource):

@@ -51,11 +51,12 @@ def run_command(tool: str, raw: bytes, home: str | None) -> Reply:
 def _owned(tool: str, data: dict[str, Any], home: Any) -> Reply:
     import anyio
 
+    from apollia_nb.federation import open_sources
     from apollia_nb.hooks.gate import answer_hook
     from apollia_nb.runtime import Runtime
 
     async def main() -> Reply:
-        async with Runtime(home) as rt:
+        async with Runtime(home, tool_sources=open_sources) as rt:
             return await answer_hook(rt, tool, data, served=False)
 
     return anyio.run(main)

@@ -174,7 +174,7 @@ class KernelRuntime:
         self.panel_home: Any = None
         self.loop = LoopThread()
         try:
-            self.rt = self.loop.call(Runtime.open, home, **runtime_options)
+            self.rt = self.loop.call(Runtime.open, home, **{"tool_sources": _tool_sources, **runtime_options})
         except BaseException:
             self.loop.stop()
             raise
@@ -332,6 +332,13 @@ class KernelRuntime:
                 self.loop.call(self.rt.aclose)
         finally:
             self.loop.stop()
+
+
+def _tool_sources(rt: Any) -> list[Any]:
+    """The federated tool sources the home's apollia.toml names, opened for the kernel's runtime."""
+    from apollia_nb.federation import open_sources  # lazy: %load_ext imports no federation (test_load_ext_lazy)
+
+    return open_sources(rt)
 
 
 def login_name() -> str:

@@ -251,8 +251,12 @@ class Runtime:
         chat_card_timeout: float | None = None,
         namespace: Callable[[], Any] | None = None,
         server: Any = None,
+        tool_sources: Callable[["Runtime"], Sequence[Any]] | None = None,
     ) -> None:
         self.home = home if isinstance(home, Home) else Home.at(home)
+        # What opens the tool sources apollia.toml names ([mcp.servers], [hosts]): handed in by the surface
+        # that opens the runtime (``apollia_nb.federation.open_sources``), which lives above the runtime.
+        self._open_tool_sources = tool_sources
         # A ServerAddress: be a client of that server without looking for it in the home (a batch's
         # worker on a Dask cluster, runtime/dask_engine.py, whose home holds only the journal's public key).
         self._server_given = server
@@ -427,9 +431,11 @@ class Runtime:
 
         self.tool_sources = []
         if self.config.mcp_servers or self.config.hosts:
-            from apollia_nb.federation import open_sources
-
-            self.tool_sources = list(open_sources(self))
+            if self._open_tool_sources is None:  # refused, never silently without the tools it names
+                raise BadInput(
+                    f"{self.home.config_path} names tool sources ([mcp.servers], [hosts]) and this runtime was "
+                    "opened without them: open it with tool_sources=apollia_nb.federation.open_sources")
+            self.tool_sources = list(self._open_tool_sources(self))
         await self._restore()
         from apollia_nb.runtime.batch import restore_batches
 

@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from apollia_nb.home import Home  # noqa: E402
+from apollia_nb.federation import open_sources  # noqa: E402
 from apollia_nb.runtime import Runtime  # noqa: E402
 
 OPENAPI = REPO / "examples" / "host_notes" / "openapi.json"
@@ -95,7 +96,7 @@ token_env = "NOTES_TOKEN"
 
 
 async def walk(home: Home) -> None:
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         agent = await rt.register_agent(MANIFEST)
         print(f"agent {agent.name}: {agent.state.state.value}; tools {', '.join(agent.offered)}")
         for name in agent.offered:
