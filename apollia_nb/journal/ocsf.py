@@ -6,7 +6,15 @@ event's ``record_integrity`` attestation is that entry's hash and Ed25519 signat
 - ``decision`` → API Activity (6003) with the ``ai_operation`` profile and ``ai_agent``:
   ``allow`` is disposition Allowed, ``ask`` Delayed (held for a person), ``refuse`` Blocked;
 - ``answer`` → API Activity: ``once`` / ``always`` Approved, ``refuse`` Blocked;
-- ``consent_granted`` / ``consent_revoked`` / ``devmode_changed`` → Authorize Session (3003).
+- ``answer_refused`` (an answer a person may not give, or that came too late) and ``approval_refused``
+  (an approval that no longer carries out its call: used, expired, stale, changed) → API Activity,
+  disposition Blocked, the refusal's code in ``status_code``;
+- ``consent_granted`` / ``consent_revoked`` / ``consent_expired`` / ``devmode_changed`` → Authorize
+  Session (3003);
+- ``person_added`` / ``person_revoked`` / ``person_rotated`` → Account Change (3001): Create, Disable,
+  Password Reset (a new token), the person's roles as the user's groups;
+- ``erasure`` → Datastore Activity (6005), Delete: which entries' fields were erased, by whom, why
+  (never a value).
 
 The schema followed is OCSF 1.9.0-dev (the ``ai_operation`` profile of 1.8, the ``ai_agent``
 object, the ``attestation`` object and ``record_integrity`` profile of 1.9); docs/evidence.md
@@ -28,7 +36,12 @@ __all__ = ["OCSF_VERSION", "KINDS", "ocsf_event", "ocsf_events"]
 OCSF_VERSION = "1.9.0-dev"
 
 #: Journal kinds that become OCSF events.
-KINDS = frozenset({"decision", "answer", "consent_granted", "consent_revoked", "devmode_changed"})
+KINDS = frozenset({"decision", "answer", "answer_refused", "approval_refused", "consent_granted",
+                   "consent_revoked", "consent_expired", "devmode_changed", "person_added", "person_revoked",
+                   "person_rotated", "erasure"})
+_PEOPLE_ACTIVITIES = {"person_added": (1, "Create"), "person_revoked": (5, "Disable"),
+                      "person_rotated": (4, "Password Reset")}
+_REFUSALS = ("answer_refused", "approval_refused")
 
 _DISPOSITIONS = {"Allowed": 1, "Blocked": 2, "Approved": 8, "Delayed": 14}
 _ACTIVITIES = {"read": (2, "Read"), "write": (3, "Update")}
@@ -111,7 +124,11 @@ def ocsf_event(entry: Any, origin: str, key_id: str, tools: dict[str, dict[str, 
         return None
     if not isinstance(payload, dict):
         return None
-    if entry.kind in ("decision", "answer"):
+    if entry.kind in _PEOPLE_ACTIVITIES:
+        return _account_change(entry, payload, origin, key_id)
+    if entry.kind == "erasure":
+        return _erasure(entry, payload, origin, key_id)
+    if entry.kind in ("decision", "answer", *_REFUSALS):
         known = tools if tools is not None else {}
         if entry.kind == "decision":
             call = payload
@@ -121,6 +138,13 @@ def ocsf_event(entry: Any, origin: str, key_id: str, tools: dict[str, dict[str, 
             disposition = {"allow": "Allowed", "ask": "Delayed"}.get(str(outcome), "Blocked")
             status = (1, "Success") if outcome == "allow" else (99, "Other") if outcome == "ask" else (2, "Failure")
             detail = str(payload.get("reason", ""))
+        elif entry.kind in _REFUSALS:
+            call = known.get(str(payload.get("call_id")), {})
+            disposition, status = "Blocked", (2, "Failure")
+            who = payload.get("by") if entry.kind == "answer_refused" else payload.get("answered_by")
+            given = (f"answer {payload.get('answer')} by {who}" if entry.kind == "answer_refused"
+                     else f"approval by {who}")
+            detail = f"{given} refused: {payload.get('reason', '')}"
         else:
             call = known.get(str(payload.get("call_id")), {})
             disposition = "Blocked" if payload.get("answer") == "refuse" else "Approved"
@@ -145,6 +169,11 @@ def ocsf_event(entry: Any, origin: str, key_id: str, tools: dict[str, dict[str, 
         })
         if entry.kind == "answer":
             event["actor"]["user"] = {"name": str(payload.get("answered_by"))}
+        elif entry.kind in _REFUSALS:
+            code = payload.get("code") if entry.kind == "answer_refused" else payload.get("why")
+            event["status_code"] = str(code or "unknown")
+            event["actor"]["user"] = _person(payload.get("by") if entry.kind == "answer_refused"
+                                             else payload.get("answered_by"), payload)
         return event
     granted = entry.kind in ("consent_granted",) or (entry.kind == "devmode_changed" and payload.get("enabled") is True)
     activity = (1, "Assign Privileges") if granted else (99, "Other")
@@ -152,12 +181,60 @@ def ocsf_event(entry: Any, origin: str, key_id: str, tools: dict[str, dict[str, 
                   ["record_integrity"])
     by = payload.get("by") or payload.get("answered_by") or "unknown"
     privilege = (f"{payload.get('family')}" if entry.kind != "devmode_changed" else "developer_mode")
+    # a consent that ran out ended by itself: the actor is the home, noticing it on the next call
+    actor = ({"app_name": "apollia-nb"} if entry.kind == "consent_expired" else {"user": _person(by, payload)})
     event.update({
         "user": {"name": str(payload.get("agent") or entry.agent or "*"), "type_id": 99, "type": "AI agent"},
-        "actor": {"user": {"name": str(by)}},
+        "actor": actor,
         "privileges": [privilege],
         "status_id": 1, "status": "Success",
         "status_detail": entry.kind if granted else f"{entry.kind}: {privilege} no longer held",
+    })
+    if entry.kind == "consent_expired":
+        event["status_detail"] += (f" (given by {payload.get('granted_by')}, from card {payload.get('card')}, "
+                                   f"ended {payload.get('until')})")
+    return event
+
+
+def _person(name: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """The acting person as an OCSF user: their name, and the role they acted with as a group."""
+    user: dict[str, Any] = {"name": str(name or "unknown")}
+    if isinstance(payload.get("by_role"), str) and payload["by_role"]:
+        user["groups"] = [{"name": role} for role in payload["by_role"].split("+")]
+    return user
+
+
+def _account_change(entry: Any, payload: dict[str, Any], origin: str, key_id: str) -> dict[str, Any]:
+    """A person added, revoked or given a new token: Account Change (3001), the person as ``user``."""
+    activity = _PEOPLE_ACTIVITIES[entry.kind]
+    event = _base(entry, origin, key_id, 3001, "Account Change", (3, "Identity & Access Management"), activity,
+                  ["record_integrity"])
+    roles = [str(r) for r in payload.get("roles") or () if isinstance(r, str)]
+    name = str(payload.get("name") or "unknown")
+    event.update({
+        "user": {"name": name, "uid": name, "type_id": 1, "type": "User", "groups": [{"name": r} for r in roles]},
+        "actor": {"user": _person(payload.get("by"), payload)},
+        "status_id": 1, "status": "Success",
+        "status_detail": f"{entry.kind}: {name} ({', '.join(roles) or 'no role'}) by {payload.get('by')}"
+                         + (f" ({payload['auth']})" if isinstance(payload.get("auth"), str) else ""),
+    })
+    return event
+
+
+def _erasure(entry: Any, payload: dict[str, Any], origin: str, key_id: str) -> dict[str, Any]:
+    """Fields erased from journal entries: Datastore Activity (6005), Delete; names seqs and fields only."""
+    event = _base(entry, origin, key_id, 6005, "Datastore Activity", (6, "Application Activity"), (7, "Delete"),
+                  ["record_integrity"])
+    erased = [item for item in payload.get("erased") or () if isinstance(item, dict)]
+    named = "; ".join(f"entry {item.get('seq')}: {', '.join(str(f) for f in item.get('fields') or ())}"
+                      for item in erased)
+    event.update({
+        "actor": {"user": _person(payload.get("by"), payload)},
+        "src_endpoint": {"name": "apollia-nb", "uid": origin},
+        "database": {"name": "journal", "type_id": 99, "type": "Other"},
+        "status_id": 1, "status": "Success",
+        "status_detail": f"erased {named}" if named else "erased nothing",
+        "message": str(payload.get("reason", "")),
     })
     return event
 
