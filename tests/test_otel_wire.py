@@ -370,3 +370,36 @@ def test_an_endpoint_variable_that_is_no_url_stops_the_exporter_naming_it(home, 
         with pytest.raises(BadInput, match="OTLP endpoint"):
             TelemetryExporter(journal, TelemetryConfig(enabled=True, interval_secs=60))
         journal.append("decision", {"call_id": "c", "tool": "t", "outcome": "allow"})  # nothing was left hooked
+
+
+@pytest.mark.parametrize("insecure, delivered", [("true", True), (None, False), ("false", False)])
+def test_grpc_to_an_endpoint_without_a_scheme_is_plain_text_only_when_insecure_says_so(home, monkeypatch,
+                                                                                       insecure, delivered):
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    got: list[int] = []
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: N802
+            got.append(sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans))
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "5")
+    if insecure is not None:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", insecure)
+    try:
+        with Journal.open(home) as journal:
+            tel = TelemetryExporter(journal, TelemetryConfig(enabled=True, protocol="grpc", interval_secs=60))
+            _calls(journal, 2)
+            tel.close(timeout=10)
+    finally:
+        server.stop(None)
+    assert (got == [2], tel.sent, tel.lost) == ((True, 2, 0) if delivered else (False, 0, 2))

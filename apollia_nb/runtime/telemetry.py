@@ -485,8 +485,9 @@ class _HttpTransport:
 
 class _GrpcTransport:
     """OTLP over gRPC (``TraceService/Export``), the request's bytes passed as they are, from the
-    same variables: endpoint (https: TLS; http or no scheme: plain unless ``OTEL_EXPORTER_OTLP_INSECURE``
-    is false), headers as metadata, timeout, gzip compression, the CA and client certificates."""
+    same variables: endpoint (https: TLS; else ``OTEL_EXPORTER_OTLP_INSECURE`` decides when set, and
+    without it http is plain text and no scheme TLS, as the SDK reads them), headers as metadata,
+    timeout, gzip compression, the CA and client certificates."""
 
     def __init__(self, endpoint: str | None) -> None:
         from urllib.parse import urlsplit
@@ -497,8 +498,12 @@ class _GrpcTransport:
         parts = urlsplit(given if "://" in given else f"//{given}")
         target = parts.netloc or given
         insecure = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_INSECURE") or os.environ.get("OTEL_EXPORTER_OTLP_INSECURE")
-        secure = parts.scheme == "https" or (parts.scheme not in ("http", "https")
-                                             and (insecure or "true").strip().lower() == "false")
+        if parts.scheme == "https":
+            secure = True
+        elif insecure is not None:  # as the SDK reads it: "true" is plain text, anything else TLS
+            secure = insecure.strip().lower() != "true"
+        else:
+            secure = parts.scheme != "http"
         options = [("grpc.primary_user_agent", "apollia-nb")]
         compression = grpc.Compression.Gzip if _compression() == "gzip" else None
         if secure:
