@@ -173,6 +173,14 @@ WITH a AS (
     SELECT run_id, call_id, answer, answered_by
     FROM entry_fields WHERE kind = 'answer'
     QUALIFY row_number() OVER (PARTITION BY run_id, call_id ORDER BY seq) = 1
+), p AS (
+    SELECT seq, ts, run_id, agent, f,
+           last_value(CASE WHEN f[2] IS NULL THEN ts END IGNORE NULLS) OVER (
+               PARTITION BY run_id, f[1] ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS asked
+    FROM (SELECT seq, CAST(ts AS TIMESTAMPTZ) AS ts, run_id, agent,
+                 json_extract_string(CAST(decode(payload) AS JSON), ['$.task_id', '$.approved', '$.by',
+                     '$.by_role', '$.auth', '$.digest']) AS f
+          FROM entries WHERE kind = 'plan')
 )
 SELECT
     d.seq,
@@ -240,7 +248,10 @@ ORDER BY n.first_seq
 #: approvers a policy needs (``approval``) and per answer refused (``answer_refused``): which card, when
 #: it was asked (the call's first ``ask`` decision), when and by whom it was answered, their role and how
 #: they authenticated, how long the card waited, and the digest of what they were shown (NULL where the
-#: entry names none). Answers are few beside calls, so their fields are read from the payload here.
+#: entry names none). A plan's approval or rejection (a ``plan`` entry carrying ``approved``) is a row too:
+#: ``event`` ``plan``, ``card`` the task, ``answer`` ``approve`` or ``reject``, asked when the plan it
+#: answers was journaled (the task's last ``plan`` entry before it without ``approved``), ``digest`` the
+#: plan's digest. Answers are few beside calls, so their fields are read from the payload here.
 _OVERSIGHT = """
 CREATE OR REPLACE VIEW oversight AS
 WITH a AS (
@@ -252,6 +263,14 @@ WITH a AS (
     SELECT run_id, call_id, ts, tool, family
     FROM entry_fields WHERE kind = 'decision' AND outcome = 'ask'
     QUALIFY row_number() OVER (PARTITION BY run_id, call_id ORDER BY seq) = 1
+), p AS (
+    SELECT seq, ts, run_id, agent, f,
+           last_value(CASE WHEN f[2] IS NULL THEN ts END IGNORE NULLS) OVER (
+               PARTITION BY run_id, f[1] ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS asked
+    FROM (SELECT seq, CAST(ts AS TIMESTAMPTZ) AS ts, run_id, agent,
+                 json_extract_string(CAST(decode(payload) AS JSON), ['$.task_id', '$.approved', '$.by',
+                     '$.by_role', '$.auth', '$.digest']) AS f
+          FROM entries WHERE kind = 'plan')
 )
 SELECT
     a.seq,
@@ -275,7 +294,29 @@ SELECT
 FROM a
 LEFT JOIN d
   ON d.run_id IS NOT DISTINCT FROM a.run_id AND d.call_id = a.f[2]
-ORDER BY a.seq
+UNION ALL
+SELECT
+    p.seq,
+    p.f[1] AS card,
+    'plan' AS event,
+    p.run_id,
+    p.agent,
+    NULL AS tool,
+    NULL AS family,
+    p.asked AS asked_at,
+    p.ts AS answered_at,
+    p.ts - p.asked AS waited,
+    CASE p.f[2] WHEN 'true' THEN 'approve' ELSE 'reject' END AS answer,
+    p.f[3] AS answered_by,
+    p.f[4] AS by_role,
+    p.f[5] AS auth,
+    p.f[6] AS digest,
+    NULL AS consent_for,
+    NULL AS consent_until,
+    NULL AS refused_code
+FROM p
+WHERE p.f[2] IS NOT NULL
+ORDER BY seq
 """
 
 VIEWS_SQL: tuple[str, ...] = (_JOURNAL, _DECISIONS, _TOOL_CALLS, _RUNS, _OVERSIGHT, _ERASED)
