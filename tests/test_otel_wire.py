@@ -162,7 +162,7 @@ def test_attribute_values_that_repeat_or_never_repeat_encode_the_same_every_time
 
 
 def test_a_collector_that_refuses_loses_that_request_s_spans_counted_and_takes_the_next(home, collector):
-    c = collector(statuses=[503, 400])
+    c = collector(statuses=[413, 400])
     with Journal.open(home) as journal:
         tel = _exporter(journal, c.url)
         for batch in range(3):
@@ -170,9 +170,24 @@ def test_a_collector_that_refuses_loses_that_request_s_spans_counted_and_takes_t
             tel.poll()
             tel.flush()
         tel.close()
-    assert [r["status"] for r in c.requests] == [503, 400, 200]  # no retry, no call kept waiting
+    assert [r["status"] for r in c.requests] == [413, 400, 200]  # not retried, no call kept waiting
     assert tel.lost == 8 and tel.sent == 4
     assert sorted(s.attributes[2].value.string_value for s in c.taken()) == [f"b2-{i}" for i in range(4)]
+
+
+def test_a_collector_that_says_later_is_tried_again_twice_then_its_spans_are_lost(home, collector):
+    c = collector(statuses=[503, 429, 200, 502, 504, 503])
+    with Journal.open(home) as journal:
+        tel = _exporter(journal, c.url)
+        _calls(journal, 3, prefix="a")
+        tel.poll()
+        assert tel.flush() == 3 and tel.lost == 0  # 503, 429, then taken
+        _calls(journal, 2, prefix="b")
+        tel.poll()
+        assert tel.flush() == 0 and tel.lost == 2  # 502, 504, 503: given up
+        tel.close()
+    assert [r["status"] for r in c.requests] == [503, 429, 200, 502, 504, 503]
+    assert sorted(s.attributes[2].value.string_value for s in c.taken()) == ["a0", "a1", "a2"]
 
 
 def test_a_collector_that_hangs_up_after_each_answer_still_gets_every_request(home, collector):

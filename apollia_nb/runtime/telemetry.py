@@ -401,6 +401,26 @@ def _compression() -> str:
     return value if value in ("gzip", "deflate") else "none"
 
 
+#: OTLP/HTTP answers that say "later" (the OTLP specification's retryable codes)
+_RETRYABLE = frozenset((429, 502, 503, 504))
+_RETRIES = 2  # a request is tried at most this many more times, 0.25 s, then 0.5 s later (or as asked, up to 2 s)
+
+
+class _Retry(OSError):
+    """The collector asks to be tried again (after ``delay`` seconds when it says)."""
+
+    def __init__(self, message: str, delay: float | None) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return min(max(float(value), 0.0), 2.0) if value else None
+    except ValueError:
+        return None
+
+
 class _HttpTransport:
     """OTLP/HTTP with a protobuf body (POST, ``Content-Type: application/x-protobuf``), one kept-alive
     connection, from the ``OTEL_EXPORTER_OTLP_*`` variables the OpenTelemetry SDK reads: the endpoint
@@ -473,6 +493,9 @@ class _HttpTransport:
                 raise
             if response.will_close:
                 self.close()
+            if response.status in _RETRYABLE:
+                delay = _retry_after(response.getheader("Retry-After"))
+                raise _Retry(f"the collector answered {response.status}", delay)
             if not 200 <= response.status < 300:
                 raise OSError(f"the collector answered {response.status}")
             return
@@ -525,7 +548,14 @@ class _GrpcTransport:
         self._timeout = _timeout()
 
     def __call__(self, body: bytes) -> None:
-        self._export(body, timeout=self._timeout, metadata=self._metadata)
+        import grpc
+
+        try:
+            self._export(body, timeout=self._timeout, metadata=self._metadata)
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                raise _Retry(f"the collector answered {error.code().name}", None) from None
+            raise
 
     def close(self) -> None:
         self._channel.close()
@@ -557,8 +587,8 @@ class TelemetryExporter:
     each span that ends into its protobuf bytes at once (``otlp.encode_span``: no SDK span objects),
     and sends them in one ``ExportTraceServiceRequest`` (``max_batch`` spans at most) with
     ``exporter`` (a callable given each request's bytes; by default OTLP/HTTP or gRPC from the
-    configuration and the ``OTEL_*`` variables). A request that fails loses its spans (counted in
-    ``lost``); spans wait for sending at most ``max_pending`` (the oldest are lost beyond).
+    configuration and the ``OTEL_*`` variables). A request the collector answers "later" is tried
+    twice more; one that fails loses its spans (counted in ``lost``); spans wait for sending at most ``max_pending`` (the oldest are lost beyond).
     ``max_batch`` and ``max_pending`` default to ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` and
     ``OTEL_BSP_MAX_QUEUE_SIZE`` when set (else 4096 and 65,536). Span ids are derived from the
     journal's origin and the span's key: the trace id from the run, so a span's parent is known without
@@ -696,13 +726,21 @@ class TelemetryExporter:
                     del pending[:count]
                 if not batch:
                     return sent
-                try:
-                    self._send(encode_request(self._frame, batch))
-                except Exception:  # a collector down, slow or refusing: these spans are lost, never a call
-                    self.lost += len(batch)
-                    continue
-                sent += len(batch)
-                self.sent += len(batch)
+                body = encode_request(self._frame, batch)
+                for attempt in range(_RETRIES + 1):
+                    try:
+                        self._send(body)
+                    except _Retry as later:  # once closing, no wait: tried again at once
+                        if attempt < _RETRIES:
+                            self._stop.wait(later.delay if later.delay is not None else 0.25 * 2 ** attempt)
+                            continue
+                        self.lost += len(batch)
+                    except Exception:  # a collector down, slow or refusing: these spans are lost, never a call
+                        self.lost += len(batch)
+                    else:
+                        sent += len(batch)
+                        self.sent += len(batch)
+                    break
 
     def _id(self, key: tuple[Any, ...], size: int) -> bytes:
         hasher = self._hasher.copy()  # SHA-256 of "<origin>\n<key>"
