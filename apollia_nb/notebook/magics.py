@@ -60,8 +60,9 @@ HELP = """\
 %apollia pending                  every waiting decision of the home, answerable
 %apollia runs                     every run in the journal: agent, kind, status, start, entries
 %apollia rules | consents         fine rules | standing consents
-%apollia consents grant|revoke AGENT FAMILY
-                                  grant or revoke a standing consent (as the kernel's user)
+%apollia consents grant|revoke AGENT FAMILY [--for 8h]
+                                  grant (for 30m, 8h, 7d or until revoked) or revoke a standing
+                                  consent (as the kernel's user)
 %apollia devmode [on|off]         show or set developer mode
 %apollia verify                   verify the journal (chain, hashes, signatures, checkpoints)
 %apollia replay RUN               replay a run offline from the journal
@@ -381,20 +382,33 @@ class ApolliaMagics(Magics):
         parser.add_argument("action", nargs="?", choices=("grant", "revoke"))
         parser.add_argument("agent", nargs="?")
         parser.add_argument("family", nargs="?")
+        parser.add_argument("--for", dest="lasting", default=None, metavar="LIFETIME",
+                            help="grant: how long it lasts (30m, 8h, 7d, or 'until revoked', the default)")
         ns = parser.parse_args(args)
         runtime = self._rt()
+        if ns.action is None and ns.lasting is not None:
+            raise BadInput("--for goes with %apollia consents grant AGENT FAMILY")
         if ns.action is not None:
             if ns.agent is None or ns.family is None:
                 raise BadInput(f"usage: %apollia consents {ns.action} AGENT FAMILY")
+            if ns.action == "revoke" and ns.lasting is not None:
+                raise BadInput("--for goes with grant: a revocation takes effect at once")
             governance = runtime.rt.governance
-            change = governance.grant_consent if ns.action == "grant" else governance.revoke_consent
-            record = runtime.call(lambda: change(ns.agent, ns.family, by=runtime.user).to_dict())
+            if ns.action == "grant":
+                until = _consent_end(runtime.rt, ns.lasting)  # BAD_DURATION before anything changes
+                record = runtime.call(lambda: governance.grant_consent(ns.agent, ns.family, by=runtime.user,
+                                                                       until=until).to_dict())
+            else:
+                record = runtime.call(lambda: governance.revoke_consent(ns.agent, ns.family,
+                                                                        by=runtime.user).to_dict())
             done = "granted" if ns.action == "grant" else "revoked"
             words = f"{done}: {record['agent']} may {'' if ns.action == 'grant' else 'no longer '}" \
                     f"{record['family']} without asking"
+            if ns.action == "grant":
+                words += f" until {record['until']}" if record.get("until") else " until revoked"
             return Report(words, f"<div class='apollia-consent'>{html.escape(words)}</div>", record)
         consents = runtime.call(lambda: [c.to_dict() for c in runtime.rt.governance.consents()])
-        columns = ("agent", "family", "granted_by", "granted_at")
+        columns = ("agent", "family", "granted_by", "granted_at", "card", "until")
         return Report.table(columns, [tuple(c[k] for k in columns) for c in consents],
                             f"{len(consents)} standing consent(s)", consents)
 
@@ -452,3 +466,18 @@ class ApolliaMagics(Magics):
 
     def _help(self, args: list[str], cell: str | None) -> None:
         print(HELP)
+
+
+def _consent_end(rt: Any, lasting: str | None) -> Any:
+    """When a consent granted ``--for lasting`` ends, by the runtime's clock: None until revoked;
+    ``BAD_DURATION`` for a lifetime that does not read (never taken as "forever")."""
+    import datetime as _dt
+    import time
+
+    from apollia_nb.governance.store import parse_lifetime
+
+    lifetime = parse_lifetime(lasting)
+    if lifetime is None:
+        return None
+    now = getattr(rt, "clock", time.time)()
+    return _dt.datetime.fromtimestamp(now, _dt.timezone.utc) + lifetime
