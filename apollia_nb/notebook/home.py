@@ -25,6 +25,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+
+from apollia_nb.errors import ApolliaError, Expired, UnknownTask
+
 __all__ = ["KernelHome", "JoinedHome", "KernelTask", "ServedTask", "ServedCard", "kernel_home",
            "SERVED_POLL_SECS", "SERVED_VIEW_POLL_SECS"]
 
@@ -40,6 +44,8 @@ def kernel_home(bridge: Any) -> "KernelHome":
     address = bridge.rt.server
     if address is None:
         return KernelHome(bridge)
+    # lazy: a client of a server only (the REST client imports httpx; %load_ext imports neither, see
+    # tests/test_load_ext_lazy.py)
     from apollia_nb.runtime.remote import ServerApi
     from apollia_nb.runtime.served import WAIT_SECS, ServedRuntime
 
@@ -181,7 +187,7 @@ class ServedTask:
 
     def _until(self, until: str, timeout: float | None = None) -> dict[str, Any]:
         """Long-poll the server until the task is finished (or settled), or ``timeout`` seconds pass."""
-        from apollia_nb.runtime.served import WAIT_SECS
+        from apollia_nb.runtime.served import WAIT_SECS  # lazy: a served task's only (see kernel_home)
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -190,8 +196,6 @@ class ServedTask:
             if task["status"] in _FINISHED or (until == "settled" and task["status"] == "waiting"):
                 return task
             if deadline is not None and time.monotonic() >= deadline:
-                from apollia_nb.errors import Expired
-
                 raise Expired(f"task {self.id} is still {task['status']} after {timeout} s")
 
     async def wait(self) -> None:
@@ -219,8 +223,6 @@ class ServedTask:
     def follow(self, apply: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
         """Look at the task again every ``SERVED_VIEW_POLL_SECS`` (in a worker thread) and hand ``apply`` its
         ``state()`` where views live, until it ends or the returned function is called."""
-        from apollia_nb.errors import ApolliaError
-
         bridge = self._bridge
         stopped = threading.Event()
 
@@ -291,13 +293,9 @@ class KernelHome:
 
     async def answer_plan(self, task_id: str, verdict: str, steps: list[str] | None,
                           reason: str) -> dict[str, Any]:
-        from apollia_nb.errors import UnknownTask
-
         raise UnknownTask(f"no task {task_id!r}")
 
     async def verify(self) -> dict[str, Any]:
-        import anyio
-
         return (await anyio.to_thread.run_sync(self._bridge.rt.verify)).to_dict()
 
     def close(self) -> None:
@@ -328,16 +326,12 @@ class JoinedHome(KernelHome):
         return super().submit(agent, goal, watched=watched, max_steps=max_steps, approve_plan=approve_plan)
 
     async def state(self) -> dict[str, Any]:
-        import anyio
-
         served = self.served
         return await anyio.to_thread.run_sync(lambda: {
             "agents": served.agents(), "tasks": served.tasks(), "pending": served.pending()})
 
     async def changes(self, changed: Any) -> None:
         """The server's inbox and runs change in other processes too: look every few seconds."""
-        import anyio
-
         served = self.served
 
         def fingerprint() -> tuple[Any, ...]:
@@ -359,8 +353,6 @@ class JoinedHome(KernelHome):
 
     async def answer_plan(self, task_id: str, verdict: str, steps: list[str] | None,
                           reason: str) -> dict[str, Any]:
-        import anyio
-
         served = self.served
         if verdict == "approve":
             await anyio.to_thread.run_sync(functools.partial(served.approve_plan, task_id, steps))
@@ -369,8 +361,6 @@ class JoinedHome(KernelHome):
         return await anyio.to_thread.run_sync(served.task, task_id)
 
     async def verify(self) -> dict[str, Any]:
-        import anyio
-
         return await anyio.to_thread.run_sync(self.served.verify)
 
     def close(self) -> None:
