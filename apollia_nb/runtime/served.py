@@ -136,7 +136,7 @@ class ServedRuntime:
         return found
 
     def runs(self) -> list[dict[str, Any]]:
-        from apollia_nb.journal.views import list_runs
+        from apollia_nb.journal.views import list_runs  # lazy: the CLI imports this module for every command
 
         if self._journal is None:
             raise ApolliaError("this client reads no journal")
@@ -149,7 +149,7 @@ class ServedRuntime:
     def batch(self, agent: str, items: list[dict[str, Any]], *, goal: str, concurrency: int,
               max_steps: int | None, key: str | None,
               progress: Progress) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        from apollia_nb.wire.batches import Routes, batch_request
+        from apollia_nb.wire.batches import Routes, batch_request  # lazy: pydantic, for a batch only
 
         session = self.api.sdk
         batch = session.request(batch_request(agent, items, goal, concurrency, max_steps, key))
