@@ -47,7 +47,8 @@ ROLE_WORDS: dict[str, str] = {
     "runner": "register and stop agents, submit and cancel tasks, chat, run batches",
     "approver": "answer waiting decisions, approve or reject plans",
     "rules": "fine rules, standing consents, developer mode, the organisation policy's state",
-    "auditor": "read-only: the journal, verify, export, SQL, proofs, replays",
+    "auditor": "read-only: the journal, verify, export, SQL, proofs, replays, and every read of agents, runs, "
+               "waiting decisions, rules, consents, developer mode, the policy and people",
     "admin": "people (add, list, revoke, rotate), and everything the other roles do",
 }
 _NAME = re.compile(r"[a-z][a-z0-9_.-]{0,62}")
