@@ -181,3 +181,26 @@ def test_the_openapi_role_is_a_name_for_one_role_and_a_list_for_several(served):
     assert ops[API_PREFIX + "/audit/verify"]["get"][ROLE_EXTENSION] == "auditor"
     assert ops[API_PREFIX + "/health"]["get"][ROLE_EXTENSION] is None
     assert "Needs the role `rules` or `auditor`" in ops[API_PREFIX + "/governance/consents"]["get"]["description"]
+
+
+@pytest.mark.parametrize(("role", "command", "words"), [
+    ("rules", ("consents", "list", "--json"), '"granted_by": "p-rules"'),
+    ("rules", ("rules", "list"), "bash_executor"),
+    ("rules", ("devmode",), "developer mode: off"),
+    ("approver", ("pending", "list"), "write_file"),
+    ("runner", ("agents", "list"), "clerk"),
+])
+def test_each_role_reads_its_own_state_from_the_cli_of_a_served_home(served, role, command, words):
+    """The CLI opens the served home's journal (its head) before anything: every role may, or no person
+    but an auditor could use the CLI at all."""
+    home, url, tokens = served
+    env = {k: v for k, v in os.environ.items() if k != "APOLLIA_HOME"}
+    env["APOLLIA_TOKEN"] = tokens[role]
+    done = subprocess.run([sys.executable, "-m", "apollia_nb", *command, "--home", str(home.path)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert words in done.stdout
+    with _client(url, tokens[role]) as client:
+        head = client.get("/internal/journal/head")
+        assert head.status_code == 200 and set(head.json()) >= {"origin", "public_key"}
+        assert client.post("/internal/journal/sql", json={"sql": "SELECT 1"}).status_code == 403  # no entry

@@ -35,6 +35,9 @@ ROLE_EXTENSION = "x-apollia-role"
 #: Who may use a route: one role, or a read also open to ``auditor`` (the writing role first).
 R, A, G, U, ADMIN = ("runner",), ("approver",), ("rules",), ("auditor",), ("admin",)
 RU, AU, GU, ADMIN_U = ("runner", "auditor"), ("approver", "auditor"), ("rules", "auditor"), ("admin", "auditor")
+#: Every role: what any client of the home reads to open it (the journal's head: its seq, hash, origin and
+#: public key, no entry), so a person of any role can use the CLI or a kernel on the served home.
+ANY = ("auditor", "runner", "approver", "rules")
 
 ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("GET", "/health"): None,
@@ -96,7 +99,7 @@ ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("GET", "/audit/verify"): U,
     ("POST", "/audit/replay/{run_id}"): U,
     ("GET", "/audit/entries"): U,
-    ("GET", "/internal/journal/head"): U,
+    ("GET", "/internal/journal/head"): ANY,
     ("GET", "/internal/journal/entries"): U,
     ("GET", "/internal/journal/run-size"): U,
     ("GET", "/internal/journal/checkpoints"): U,
