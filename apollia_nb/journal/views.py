@@ -173,14 +173,6 @@ WITH a AS (
     SELECT run_id, call_id, answer, answered_by
     FROM entry_fields WHERE kind = 'answer'
     QUALIFY row_number() OVER (PARTITION BY run_id, call_id ORDER BY seq) = 1
-), p AS (
-    SELECT seq, ts, run_id, agent, f,
-           last_value(CASE WHEN f[2] IS NULL THEN ts END IGNORE NULLS) OVER (
-               PARTITION BY run_id, f[1] ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS asked
-    FROM (SELECT seq, CAST(ts AS TIMESTAMPTZ) AS ts, run_id, agent,
-                 json_extract_string(CAST(decode(payload) AS JSON), ['$.task_id', '$.approved', '$.by',
-                     '$.by_role', '$.auth', '$.digest']) AS f
-          FROM entries WHERE kind = 'plan')
 )
 SELECT
     d.seq,
