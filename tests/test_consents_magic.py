@@ -12,7 +12,6 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-
 from notebook_fixtures import ip  # noqa: F401 - the fixture
 from test_notebook_magics import fails, load, magics
 

@@ -63,9 +63,12 @@ class Checker:
             name = item.get("extends") if item.get("extends") in table else None
         return merged
 
+    #: The OCSF classes the events may be of, by ``class_uid``.
+    CLASSES = {6003: "api_activity", 3003: "authorize_session"}
+
     def event(self, event: dict[str, Any]) -> list[str]:
         self.errors = []
-        name = {6003: "api_activity", 3003: "authorize_session"}[event["class_uid"]]
+        name = self.CLASSES[event["class_uid"]]
         item = self.events[name]
         category = self.categories[event["category_uid"]]
         if event["class_uid"] != event["category_uid"] * 1000 + item["uid"] or category != item.get(

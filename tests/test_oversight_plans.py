@@ -8,37 +8,24 @@ import json
 import os
 import subprocess
 import sys
-import time
 from datetime import datetime
 from typing import Any
 
-import httpx
 import pytest
+from runtime_helpers import call, manifest
+from test_approvals_bound import _client, _until
 
 from apollia_nb.api.server import ServerThread
 from apollia_nb.governance.approvals import plan_digest
 from apollia_nb.journal import Journal
 from apollia_nb.journal.views import list_oversight
 from apollia_nb.runtime import Runtime
-from runtime_helpers import call, manifest
 
 pytestmark = pytest.mark.anyio
 
 OWNER = "plans-owner-" + "p" * 32
 PLANNED = manifest(planner=[{"steps": ["Write the file"]}, {"steps": ["Write the file"]}],
                    actor=[{"tool_calls": [call("write_file", path="a.txt", content="one")]}, {"text": "Done."}])
-
-
-def _client(url: str, token: str) -> httpx.Client:
-    return httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
-
-
-def _until(fetch: Any, ok: Any) -> Any:
-    deadline = time.monotonic() + 60
-    while not ok(value := fetch()):
-        assert time.monotonic() < deadline, value
-        time.sleep(0.05)
-    return value
 
 
 def _plans(home: Any) -> list[dict[str, Any]]:

@@ -19,12 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
+from runtime_helpers import call, manifest
 
 from apollia_nb.api.deps import API_PREFIX
 from apollia_nb.api.roles import ROLE_EXTENSION, ROUTE_ROLES
 from apollia_nb.api.server import ServerThread
 from apollia_nb.home import Home
-from runtime_helpers import call, manifest
 
 OWNER = "reads-owner-" + "r" * 32
 #: The POST routes that read (a verification, a replay, SQL, a proof): the auditor's own.

@@ -19,16 +19,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-
 from runtime_helpers import call, manifest
 from scan_home import find_everywhere, find_in_bytes, needle_forms
+from test_approvals_bound import _until
 
 APOLLIA = [sys.executable, "-m", "apollia_nb"]
 OWNER = "nowhere-owner-" + "n" * 32
@@ -82,14 +81,6 @@ class Seen:
     def run(self, done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
         self.texts.append(done.stdout + done.stderr)
         return done
-
-
-def _until(fetch: Any, ok: Any) -> Any:
-    deadline = time.monotonic() + 60
-    while not ok(value := fetch()):
-        assert time.monotonic() < deadline, value
-        time.sleep(0.05)
-    return value
 
 
 def _assert_nowhere(home: Path, log: list[str], seen: Seen, secrets: dict[str, str]) -> None:
