@@ -67,7 +67,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         help="who answered which card, in what role, after how long, having seen what (the "
                              "oversight view)",
                         description="Print the oversight view: one row per answer given to a card, per approval "
-                        "short of the approvers a policy needs and per answer refused; the card, when it was "
+                        "short of the approvers a policy needs, per answer refused and per plan approved or "
+                        "rejected (event plan, the task as its card); the card, when it was "
                         "asked, when and by whom it was answered, their role and how they authenticated, how "
                         "long it waited, and the digest of what they were shown. Exit 0. JSON: the rows, each "
                         "with seq, card, event, run_id, agent, tool, family, asked_at, answered_at, "
