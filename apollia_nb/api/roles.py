@@ -16,9 +16,9 @@ workers). What a person may read through them is what they may read through the 
 journal's reads and proofs are ``auditor``'s (its head, which any client reads to open the home, every
 role's), the governance snapshot and consent changes ``rules``' (the snapshot ``auditor``'s too),
 waiting decisions ``approver``'s (and ``auditor``'s to read). What only a runtime running agents does
-(append journal entries, decide a governed call, list a call for a person, wait for answers, sign a checkpoint) is ``admin``'s:
-the owner's clients send the owner's token from ``server.json``. A batch's worker credential opens
-its own routes (``worker_tokens.WORKER_ROUTES``), never a person's.
+(append journal entries, decide a governed call, list a call for a person, wait for answers, sign a
+checkpoint) is ``admin``'s: the owner's clients send the owner's token from ``server.json``. A batch's
+worker credential opens its own routes (``worker_tokens.WORKER_ROUTES``), never a person's.
 """
 
 from __future__ import annotations
