@@ -27,6 +27,7 @@ from apollia_nb.errors import (
     UnknownRule,
 )
 from apollia_nb.governance import Call, decide
+from apollia_nb.governance.approvals import action_digest
 from apollia_nb.governance.decision import Answer, Effect, Family, Outcome, Rule
 from apollia_nb.governance.policy import keygen, sign
 from apollia_nb.governance.store import GovernanceStore, PendingDecision, RuleRecord, _racy
@@ -532,7 +533,11 @@ def test_pending_decisions_are_listed_answered_and_kept(store: GovernanceStore, 
         "status": "pending", "answer": None, "answered_by": None, "answered_at": None,
         "answer_reason": None, "reason": "no consent of 'clerk' for family 'write'", "line": 6,
         "call_id": "call-1",
+        # What an answer approves: the call as its card shows it, bound to this decision.
+        "digest": action_digest(decision_id=first.id, run_id="run-1", agent="clerk", tool="write_file",
+                                call_id="call-1", arguments={"path": "notes/a.txt", "content": "hi"}),
     }
+    assert first.digest.startswith("sha256:") and first.digest != second.digest
     assert second.to_dict()["family"] is None
     assert [d.id for d in store.pending()] == [first.id, second.id]
     assert [d.id for d in store.pending(run_id="run-2")] == [second.id]
