@@ -17,6 +17,10 @@ PROVIDED_BY = {"starlette": "fastapi", "mcp_types": "mcp", "httpx2": "mcp", "com
 #: (the extra, a distribution of it that provides the module)
 EXTRA = {"distributed": ("dask", "dask"), "dask": ("dask", "dask"), "opentelemetry": ("otel", "opentelemetry-sdk"),
          "grpc": ("otel", "grpcio")}
+# CPython's own modules that another supported Python names otherwise (sys.stdlib_module_names is the
+# running interpreter's): its built-in SHA-256 is `_sha2` from 3.12, `_sha256` before. Not dependencies;
+# each import of one must fall back when the running Python lacks it (checked below).
+STDLIB_OF_OTHER_PYTHONS = {"_sha2", "_sha256", "_sha512"}
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -31,7 +35,32 @@ def imported_top_level_modules() -> set[str]:
                 found |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
-    return found - set(sys.stdlib_module_names) - {"apollia_nb", "__future__"}
+    return found - set(sys.stdlib_module_names) - STDLIB_OF_OTHER_PYTHONS - {"apollia_nb", "__future__"}
+
+
+def unguarded_private_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """``(line, module)`` of each import of a private top-level module (``_name``) that no
+    ``try: … except ImportError`` around it catches: a CPython internal may be gone in the next Python."""
+    guarded: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(_catches_import_error(h.type) for h in node.handlers):
+            guarded |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module.split(".")[0]]
+        else:
+            continue
+        found += [(node.lineno, m) for m in modules if m.startswith("_") and m != "__future__" and id(node) not in guarded]
+    return found
+
+
+def _catches_import_error(handler: ast.expr | None) -> bool:
+    names = handler.elts if isinstance(handler, ast.Tuple) else [handler]
+    return any(n is None or (isinstance(n, ast.Name) and n.id in {"ImportError", "ModuleNotFoundError", "Exception",
+                                                                  "BaseException"}) for n in names)
 
 
 def test_test_tools_are_not_runtime_dependencies_and_nothing_imports_them():
@@ -50,6 +79,20 @@ def test_every_module_the_runtime_imports_is_a_dependency():
             continue
         dist = PROVIDED_BY.get(module) or DISTRIBUTION.get(module, module).lower()
         assert dist in runtime, f"apollia_nb imports {module!r}: add {dist!r} to [project] dependencies"
+
+
+def test_a_private_module_of_cpython_is_imported_with_a_fallback():
+    for path in (ROOT / "apollia_nb").rglob("*.py"):
+        assert unguarded_private_imports(ast.parse(path.read_text(), str(path))) == [], path
+    # the check itself: a bare import, one caught by the wrong handler, and the guarded pair the journal uses
+    bare = ast.parse("import _sha2\nfrom _sha256 import sha256\n")
+    assert unguarded_private_imports(bare) == [(1, "_sha2"), (2, "_sha256")]
+    wrong = ast.parse("try:\n    from _sha2 import sha256\nexcept KeyError:\n    pass\n")
+    assert unguarded_private_imports(wrong) == [(2, "_sha2")]
+    guarded = ast.parse("try:\n    from _sha2 import sha256\nexcept ImportError:\n    try:\n"
+                        "        from _sha256 import sha256\n    except (ImportError, OSError):\n"
+                        "        sha256 = None\n")
+    assert unguarded_private_imports(guarded) == []
 
 
 def test_lower_bounds_are_the_versions_the_suite_runs_with_at_least_for_the_core():
