@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from apollia_nb.errors import BadAnswer
+from apollia_nb.federation import open_sources
 from apollia_nb.federation.mcp_requests import check_form_values, redact_form_values, shown_request
 from apollia_nb.notebook import render
 from apollia_nb.notebook.panel import inbox_item
@@ -121,7 +122,7 @@ async def test_a_password_given_to_a_servers_question_reaches_only_the_server(ho
                                           "families": {"login": "read"}}},
                  hosts={"h": {"base_url": "http://127.0.0.1:9", "openapi": "h.json", "token_env": "H_TOKEN"}})
     secrets = (PASSWORD, PIN, NESTED, DEFAULT, TOKEN)
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         seen: list[str] = []
         rt.subscribe(lambda kind, obj: seen.append(json.dumps(obj.to_dict() if hasattr(obj, "to_dict") else
                                                               str(obj), default=str)))
