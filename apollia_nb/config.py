@@ -20,6 +20,7 @@ class Config:
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     http_proxy: str | None = None  # [tools.http_request] proxy: the only proxy http_request uses
+    subject_arguments: dict[str, tuple[str, ...]] = field(default_factory=dict)  # [subjects.tools]: tool -> arguments
     raw: dict[str, Any] = field(default_factory=dict)
 
 
@@ -44,6 +45,7 @@ def load_config(path: Path) -> Config:
     if proxy is not None and (not isinstance(proxy, str)
                               or not proxy.lower().startswith(("http://", "https://", "socks5://"))):
         raise BadInput(f"{path}: [tools.http_request] proxy must be an http://, https:// or socks5:// URL")
+    subjects = _subject_arguments(path, data.get("subjects", {}))
     return Config(
         hitl_timeout_hours=float(timeout) if timeout is not None else None,
         hitl_scan_interval_secs=float(hitl.get("scan_interval_secs", 60)),
@@ -52,5 +54,20 @@ def load_config(path: Path) -> Config:
         mcp_servers=dict(data.get("mcp", {}).get("servers", {})),
         hosts=dict(data.get("hosts", {})),
         http_proxy=proxy,
+        subject_arguments=subjects,
         raw=data,
     )
+
+
+def _subject_arguments(path: Path, table: Any) -> dict[str, tuple[str, ...]]:
+    """``[subjects.tools]``: a tool's name to the argument (or list of arguments) whose value is a
+    data subject's id. Any other shape is BAD_INPUT: a mapping misread would tag nobody."""
+    if not isinstance(table, dict) or set(table) - {"tools"} or not isinstance(table.get("tools", {}), dict):
+        raise BadInput(f'{path}: [subjects] has one table, tools: tools."TOOL" = "ARGUMENT" or ["ARGUMENT", ...]')
+    out: dict[str, tuple[str, ...]] = {}
+    for tool, names in table.get("tools", {}).items():
+        names = [names] if isinstance(names, str) else names
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise BadInput(f'{path}: [subjects.tools] {tool}: an argument name or a list of argument names')
+        out[tool] = tuple(names)
+    return out

@@ -454,12 +454,10 @@ def _erase(args: argparse.Namespace) -> int:
 
     if args.field is not None and args.seq is None:
         raise BadInput("--field names a field of the entry --seq names")
-    if args.subject is not None:
-        raise BadInput("--subject: no tool of this install tags data subjects yet; erase by --seq N [--field PATH]")
     import getpass
 
-    result = erase_home(_home(args), seq=args.seq, field_path=args.field, reason=args.reason,
-                        by=f"owner ({getpass.getuser()})")
+    result = erase_home(_home(args), seq=args.seq, field_path=args.field, subject=args.subject,
+                        reason=args.reason, by=f"owner ({getpass.getuser()})")
     data = result.to_dict()
     names = "; ".join(f"entry {e['seq']}: {', '.join(e['fields'])}" for e in data["erased"]) or "nothing left to remove"
     emit(args, data, f"erasure recorded as entry {result.seq}; erased {data['fields']} field(s) ({names}); "

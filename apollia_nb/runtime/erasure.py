@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from apollia_nb.errors import BadInput
+from apollia_nb.errors import BadInput, NotFound
 from apollia_nb.home import Home, OwnerLock
 
-__all__ = ["Erased", "erase_home", "ERASED_TEXT", "needles_of"]
+__all__ = ["Erased", "erase_home", "subject_targets", "ERASED_TEXT", "needles_of"]
 
 #: What a copy of an erased value reads in the runtime's records.
 ERASED_TEXT = "[erased]"
@@ -138,20 +138,25 @@ def _default_scrub(home: Home) -> list[str]:
     return [str(getattr(c, "path", c)) for c in scrub_home(home)]
 
 
-def erase_home(home: Home, *, seq: int | None = None, field_path: str | None = None,
+def erase_home(home: Home, *, seq: int | None = None, field_path: str | None = None, subject: str | None = None,
                reason: str, by: str, scrub: Callable[[Home], list[str]] | None = None) -> Erased:
-    """Erase ``field_path`` of entry ``seq`` (or every field of it), as the module docstring says.
+    """Erase ``field_path`` of entry ``seq`` (or every field of it), or every field tagged with the
+    data subject ``subject`` across runs (``journal.subjects``), as the module docstring says.
 
     ``BadInput`` for a format 1 journal, an entry of a kind never erased, a field the entry
-    does not have, or no reason; ``NotFound`` for no such entry; ``HOME_LOCKED`` when the home
-    is in use."""
+    does not have, or no reason; ``NotFound`` for no such entry, or no field left of the
+    subject (nothing is appended then); ``HOME_LOCKED`` when the home is in use."""
     from apollia_nb.dbutil import connect_locked
     from apollia_nb.journal.erasure import (
         ERASURE_KIND, apply_erasures, erasure_payload, erased_values, named_by, pending, targets_of_entry)
     from apollia_nb.journal.store import Journal
 
-    if seq is None:
-        raise BadInput("say what to erase: --seq N [--field PATH]")
+    if (seq is None) == (subject is None):
+        raise BadInput("say what to erase: --seq N [--field PATH] or --subject ID")
+    if subject is not None and field_path is not None:
+        raise BadInput("--field names a field of the entry --seq names")
+    if subject is not None and (not isinstance(subject, str) or not subject):
+        raise BadInput("a data subject's id is a non-empty string")
     if not isinstance(reason, str) or not reason.strip():
         raise BadInput("an erasure needs a reason (--reason TEXT)")
     with OwnerLock(home):
@@ -161,8 +166,13 @@ def erase_home(home: Home, *, seq: int | None = None, field_path: str | None = N
                     f"the journal in {home.path} is of format {journal.format}: each entry hashes its payload "
                     "whole, so nothing in it can be erased without breaking the chain (homes made now use "
                     "format 2, salted commitments per field)")
-            target = targets_of_entry(journal.get(seq), field_path)
-            entry = journal.append(ERASURE_KIND, erasure_payload([target], by=by, reason=reason))
+            if subject is not None:
+                digest, targets = subject_targets(home, journal, subject)
+                payload = erasure_payload(targets, by=by, reason=reason, subject=digest)
+            else:
+                assert seq is not None
+                payload = erasure_payload([targets_of_entry(journal.get(seq), field_path)], by=by, reason=reason)
+            entry = journal.append(ERASURE_KIND, payload)
         con = connect_locked(home.journal_db)
         try:
             named = named_by(Entry for Entry in _erasures(con))
@@ -180,6 +190,39 @@ def erase_home(home: Home, *, seq: int | None = None, field_path: str | None = N
             con.close()
         scrubbed = (scrub or _default_scrub)(home)
     return Erased(entry.seq, erased, rows, scrubbed)
+
+
+def subject_targets(home: Home, journal: Any, subject: str) -> tuple[str, list[Any]]:
+    """The keyed digest of ``subject`` and, of every entry tagged with it, the fields still present.
+
+    ``NotFound`` (naming no id) when the home has no subject key (no call was ever tagged) or no
+    entry has a field of that subject left: nothing is erased then."""
+    from apollia_nb.journal.erasure import UNERASABLE_KINDS, Target
+    from apollia_nb.journal.subjects import (
+        SUBJECT_KEY_FILE, SUBJECTS_FIELD, TAGGED_FIELDS, fields_of_subject, subject_digest, subject_secret)
+
+    secret = subject_secret(home.keys_dir, create=False)
+    if secret is None:
+        raise NotFound(f"no field of this journal is tagged with a data subject (the home has no "
+                       f"keys/{SUBJECT_KEY_FILE}: no tool call named one); erase by --seq N [--field PATH]")
+    digest = subject_digest(secret, subject)
+    targets: list[Any] = []
+    tagged = 0
+    # The digest is hex, stored as written: only entries whose stored bytes hold it are parsed.
+    for entry in journal.entries(kinds=sorted(TAGGED_FIELDS)):
+        if entry.kind in UNERASABLE_KINDS or digest.encode() not in (entry.stored or b""):
+            continue
+        data = entry.data()
+        fields = fields_of_subject(data, digest)
+        if fields:
+            tagged += 1
+        left = sorted(f for f in fields if f in data and f != SUBJECTS_FIELD)
+        if left:
+            targets.append(Target(entry.seq, tuple(left)))
+    if not targets:
+        raise NotFound("no field of this journal is tagged with that data subject" if not tagged else
+                       f"every field tagged with that data subject ({tagged} entries) is erased already")
+    return digest, targets
 
 
 def _erasures(con: Any) -> list[Any]:

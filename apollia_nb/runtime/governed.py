@@ -43,13 +43,14 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
 from apollia_nb.errors import ApolliaError, Conflict
 from apollia_nb.governance.decision import Call, Decision, Family, Outcome, decide
+from apollia_nb.journal.subjects import call_subjects, subject_arguments, subject_secret, subjects_field
 from apollia_nb.runtime.cards import sensitive_plan, sensitive_texts, shown_arguments
 from apollia_nb.runtime.outputs import MIN_SECRET, redact, secret_values
 from apollia_nb.runtime.paths import code_places
@@ -263,17 +264,16 @@ async def governed_call(
     decision = decide(call, view)  # on the clear arguments: redaction never weakens a rule
     if shown.secrets:  # the reason may quote an argument: shown without its secrets
         decision = dataclasses.replace(decision, reason=shown.text(decision.reason))
-    decided = (
-        "decision",
-        {
-            "call_id": call_id, "tool": name, "family": family, "arguments": shown.arguments,
-            "outcome": decision.outcome.value, "line": decision.line,
-            "answers": [a.value for a in decision.answers], "reason": decision.reason,
-            "connection": tooldef.connection,
-            **({"path": path.relative} if path is not None else {}),
-            **({"hints": tooldef.annotations} if tooldef.annotations else {}),
-        },
-    )
+    decided_payload: dict[str, Any] = {
+        "call_id": call_id, "tool": name, "family": family, "arguments": shown.arguments,
+        "outcome": decision.outcome.value, "line": decision.line,
+        "answers": [a.value for a in decision.answers], "reason": decision.reason,
+        "connection": tooldef.connection,
+        **({"path": path.relative} if path is not None else {}),
+        **({"hints": tooldef.annotations} if tooldef.annotations else {}),
+    }
+    decided_payload.update(subjects_field("decision", subject_tags(rt, tooldef, ordered), decided_payload))
+    decided = ("decision", decided_payload)
     if served is not None:  # its server decides again, on its own snapshot, and commits what follows here
         decision, decided = await served.decide(call, decided, prefix, run_id=run_id, agent=agent.name,
                                                 secrets=shown.secrets)
@@ -313,6 +313,20 @@ async def governed_call(
         if card.waiting:  # released unanswered: the run stops watching and suspends, the card stays pending
             return CallResult(call_id, name, "waiting", decision=decision, card=card, arguments=shown.arguments)
     return await continue_after_answer(rt, agent, card, decision=decision)
+
+
+def subject_tags(rt: Any, tooldef: Any, arguments: Mapping[str, Any]) -> tuple[str, ...]:
+    """The keyed digests of the data subjects a call is about (``journal.subjects``): the values of
+    the arguments its schema marks ``"x-apollia-subject": true`` or ``[subjects.tools]`` names. The
+    home's subject key is made at the first call that has one."""
+    config = getattr(rt, "config", None)
+    mapping = getattr(config, "subject_arguments", None) or {}
+    names = subject_arguments(tooldef.name, tooldef.parameters, mapping)
+    if not names or not any(arguments.get(n) not in (None, "", []) for n in names):
+        return ()
+    home = getattr(rt, "home", None)
+    secret = subject_secret(home.keys_dir, create=True) if home is not None else None
+    return call_subjects(secret, names, arguments) if secret is not None else ()
 
 
 def _code_places(agent: "Agent") -> Any:
@@ -528,7 +542,9 @@ async def run_approved_call(
     tooldef = agent.tools.get(name)
     if shown is None:
         shown = shown_call(tooldef, arguments, known_secrets(rt, agent))
-    drafts = [*prefix, ("tool_call", {"call_id": call_id, "tool": name, "arguments": shown.arguments})]
+    tags = subject_tags(rt, tooldef, arguments)
+    called: dict[str, Any] = {"call_id": call_id, "tool": name, "arguments": shown.arguments}
+    drafts = [*prefix, ("tool_call", {**called, **subjects_field("tool_call", tags, called)})]
     before = None
     if is_async_body(tooldef.fn):
         await commit_entries(rt, run_id, agent, drafts)
@@ -549,21 +565,18 @@ async def run_approved_call(
     if outcome.status == "ok":
         # The digest invoke computed is of this output unless redaction changed it.
         kept, digest, _ = capped_output(outcome.output, outcome.output_digest if outcome is invoked else None)
-        rt.journal.append_soon(
-            "tool_result",
-            {"call_id": call_id, "tool": name, "status": "ok", "output": kept, "output_digest": digest},
-            run_id=run_id, agent=agent.name,
-        )
+        result: dict[str, Any] = {"call_id": call_id, "tool": name, "status": "ok", "output": kept,
+                                  "output_digest": digest}
+        rt.journal.append_soon("tool_result", {**result, **subjects_field("tool_result", tags, result)},
+                               run_id=run_id, agent=agent.name)
         return CallResult(call_id, name, "ok", output=outcome.output, decision=decision, arguments=shown.arguments)
     err: ApolliaError | None = outcome.error
     code = outcome.error_code or (err.code if err else "TOOL_ERROR")
     message = err.message if err else code
-    rt.journal.append_soon(
-        "tool_result",
-        {"call_id": call_id, "tool": name, "status": "error", "error_code": code,
-         "output": {"message": message}, "output_digest": capped_output({"message": message})[1]},
-        run_id=run_id, agent=agent.name,
-    )
+    failed: dict[str, Any] = {"call_id": call_id, "tool": name, "status": "error", "error_code": code,
+                              "output": {"message": message}, "output_digest": capped_output({"message": message})[1]}
+    rt.journal.append_soon("tool_result", {**failed, **subjects_field("tool_result", tags, failed)},
+                           run_id=run_id, agent=agent.name)
     return CallResult(call_id, name, "error", error_code=code, error_message=message,
                       decision=decision, arguments=shown.arguments)
 

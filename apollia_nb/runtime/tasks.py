@@ -22,6 +22,7 @@ import anyio
 
 from apollia_nb import faults
 from apollia_nb.errors import ApolliaError, BudgetExceeded, HomeFileCorrupt, InvalidTransition, Rejected
+from apollia_nb.journal.subjects import subjects_field
 from apollia_nb.runtime.governed import NULL_DIGEST
 from apollia_nb.runtime.states import (
     PHASE, STEP, TASK, StepStatus, TaskPhase, TaskStatus, is_terminal, transition,
@@ -850,6 +851,7 @@ class TaskRun:
         )
         response = replace(response, tool_calls=calls)
         listed = [{"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments)} for tc in response.tool_calls]
+        tags = _calls_subjects(self.rt, self.agent, listed)
         shown = shown_tool_calls(self.rt, self.agent, listed)  # journaled as the calls' decisions show them
         self._shown_calls = {s["call_id"]: s["arguments"] for s, c in zip(shown, listed)
                              if s["arguments"] is not c["arguments"]}
@@ -860,12 +862,29 @@ class TaskRun:
             # The planner's and critic's calls are structured answers (submit_plan, submit_verdict), not tools.
             payload = {"role": role, "turn": turn, "text": response.text, "tool_calls": [], "structured": listed}
         payload.update(turn_extras(response))
+        if role == "actor":  # the calls' subjects: the arguments it lists are theirs (journal.subjects)
+            payload.update(subjects_field("model_response", tags, payload))
         if role == "actor" and calls:
             # Committed together with the first call's decision, before anything it asked for runs.
             self._turn_entry = ("model_response", payload)
         else:
             self._journal_soon("model_response", payload)
         return response
+
+
+def _calls_subjects(rt: Any, agent: Any, listed: list[dict[str, Any]]) -> tuple[str, ...]:
+    """The data subjects (keyed digests) of the calls a model turn asks for; an unknown tool has none."""
+    from apollia_nb.runtime.governed import subject_tags
+
+    found: set[str] = set()
+    for tc in listed:
+        try:
+            tooldef = agent.tools.get(tc["name"])
+        except ApolliaError:
+            continue
+        if isinstance(tc.get("arguments"), dict):
+            found.update(subject_tags(rt, tooldef, tc["arguments"]))
+    return tuple(sorted(found))
 
 
 def turn_extras(response: Any) -> dict[str, Any]:
