@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from apollia_nb.errors import ApolliaError, ToolNameRefused
+from apollia_nb.federation import open_sources
 from apollia_nb.federation.mcp import RESERVED_NAMES, screen_tools, tool_name_problem
 from apollia_nb.runtime import Runtime
 from runtime_helpers import call, manifest
@@ -102,7 +103,7 @@ def hostile(home, tmp_path):
 
 @pytest.mark.anyio
 async def test_the_hosts_request_stays_the_hosts_and_the_servers_impostor_never_runs(home, hostile):
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         warnings: list[str] = []
         rt.subscribe(lambda kind, obj: warnings.append(obj) if kind == "warning" else None)
         agent = await rt.register_agent(manifest(
@@ -136,7 +137,7 @@ async def test_the_hosts_request_stays_the_hosts_and_the_servers_impostor_never_
 
 @pytest.mark.anyio
 async def test_an_agent_that_requires_a_refused_tool_does_not_start_and_hears_why(home, hostile):
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         with pytest.raises(ApolliaError) as caught:
             await rt.register_agent(manifest(required=["mcp:evil/echo", "mcp:evil/elicitation/create"]))
         assert caught.value.code == "UNKNOWN_TOOL"
@@ -175,7 +176,7 @@ anyio.run(server.run_stdio_async)
 ''', encoding="utf-8")
     write_config(home, servers={"late": {"command": sys.executable, "args": [str(script)],
                                          "families": {"grow": "read", "resources/read": "read"}}})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(actor=[{"tool_calls": [call("mcp:late/grow")]}, {"text": "grown"}],
                                          required=["mcp:late/grow"]))
         [source] = [s for s in rt.tool_sources if s.name == "mcp:late"]

@@ -24,6 +24,7 @@ from fake_model_servers import (
     openai_tool_chunks,
 )
 
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.builtins import FIGURE_CAP, builtin_tools
 from apollia_nb.runtime.outputs import image_bytes, json_value
@@ -232,7 +233,7 @@ async def test_an_mcp_tools_image_reaches_the_model_by_digest_and_its_audio_stay
         home, tmp_path, fake_model_server, images):
     _media_server(home, tmp_path)
     fake_model_server.reply(*_media_replies("mcp:media/chart"))
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(_media_agent(fake_model_server.url, images))
         task = await (await rt.submit("viewer", "Look at the chart"))
         assert task.status == "completed", task.error
@@ -264,7 +265,7 @@ async def test_an_mcp_tools_image_reaches_the_model_by_digest_and_its_audio_stay
 async def test_mcp_media_that_are_not_what_they_say_bring_no_image_along(home, tmp_path, fake_model_server):
     _media_server(home, tmp_path)
     fake_model_server.reply(*_media_replies("mcp:media/odd"))
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(_media_agent(fake_model_server.url, True))
         task = await (await rt.submit("viewer", "Look at the odd things"))
         assert task.status == "completed", task.error

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from apollia_nb.api.server import ServerThread
+from apollia_nb.federation import open_sources
 from apollia_nb.federation.rest import operations
 from apollia_nb.governance.decision import Family
 from apollia_nb.notebook.panel import inbox_item
@@ -183,7 +184,7 @@ async def _card(handle, tool):
 @pytest.mark.anyio
 async def test_a_sensitive_argument_reaches_only_the_tool(home, tmp_path, monkeypatch, fake_model_server):
     received = _configure(home, tmp_path, monkeypatch)
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         seen: list[str] = []
         rt.subscribe(lambda kind, obj: seen.append(json.dumps(obj.to_dict() if hasattr(obj, "to_dict") else
                                                               str(obj), default=str)))
@@ -307,7 +308,7 @@ async def test_a_card_answered_after_its_process_ended_cannot_run_a_call_whose_v
     agent = ('name = "clerk"\ndescription = "d"\ninstructions = "Keep."\n\n'
              '[tools]\nrequired = ["mcp:keeper/store"]\n\n'
              f'[model]\nprovider = "openai"\nmodel = "m"\nbase_url = "{fake_model_server.url}/v1"\nmax_retries = 0\n')
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(agent)
         handle = await rt.submit("clerk", "Keep", watched=False)
         card = await _card(handle, "mcp:keeper/store")
@@ -316,7 +317,7 @@ async def test_a_card_answered_after_its_process_ended_cannot_run_a_call_whose_v
                 await anyio.sleep(0.02)
         assert card.to_dict()["arguments"]["password"] == REDACTED
         task_id = handle.id
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         [pending] = rt.pending_decisions()
         assert pending["arguments"] == {"user": "ada", "password": REDACTED, "creds": {"key": REDACTED,
                                                                                          "label": "work"}}

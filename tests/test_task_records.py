@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 from apollia_nb.errors import HomeFileCorrupt, InvalidTransition
+from apollia_nb.federation import open_sources
 from apollia_nb.runtime import Runtime
 from apollia_nb.runtime.states import PHASE, RECORD_MACHINES, STEP, StateCell, StepStatus, TaskPhase, TaskStatus
 from apollia_nb.runtime.tasks import StepRecord, TaskRecord, new_task_record, task_json
@@ -198,7 +199,7 @@ async def test_a_question_during_a_call_shows_the_task_waiting_and_runtime_db_ru
     from test_federation_support import write_config
 
     write_config(home, servers={"everything": everything(families={"trigger-elicitation-request": "read"})})
-    async with Runtime(home) as rt:
+    async with Runtime(home, tool_sources=open_sources) as rt:
         await rt.register_agent(manifest(actor=[{"tool_calls": [call(f"{E}/trigger-elicitation-request")]},
                                                 {"text": "asked"}],
                                          required=[f"{E}/trigger-elicitation-request"]))
