@@ -146,12 +146,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "their copies from runtime.db's records, and rewrite every database file of the home from "
                         "its live rows. The entries' hashes, signatures, checkpoints and cosignatures stay valid "
                         "(the journal's format 2 commits to salted fields); `audit verify` then counts the fields "
-                        "erased. The home must not be in use (HOME_LOCKED). A journal of format 1 is BAD_INPUT: it "
+                        "erased. --subject ID erases every field the journal tags with that data subject (a tool "
+                        "argument marked x-apollia-subject or named in [subjects.tools]; found through the home's "
+                        "keys/subjects.key), across runs; the erasure entry names it by its keyed digest only; "
+                        "NOT_FOUND (exit 3, nothing recorded) when no field of it is left. The home must not be in "
+                        "use (HOME_LOCKED). A journal of format 1 is BAD_INPUT: it "
                         "hashes payloads whole. Exit 0. JSON: erasure_seq, erased, fields, runtime_rows, scrubbed.")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--seq", type=int, default=None, metavar="N", help="the entry whose fields go")
     what.add_argument("--subject", default=None, metavar="ID",
-                      help="every field tagged with this data subject, across runs")
+                      help="every field tagged with this data subject's id, across runs")
     p.add_argument("--field", default=None, metavar="PATH",
                    help="with --seq: only this payload field (e.g. output of a tool_result; default: every field)")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why (recorded in the erasure entry)")
