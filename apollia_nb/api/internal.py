@@ -107,7 +107,8 @@ class AppendIn(_In):
 
 
 class JournalRow(_Out):
-    """One entry exactly as stored: the payload as its canonical JSON text (the hashed bytes, UTF-8)."""
+    """One entry: the payload as the canonical JSON text of its fields (UTF-8). A salted payload's salts and
+    erased fields' commitments are left out unless the entries are read ``stored`` (what a verifier needs)."""
 
     seq: int
     ts: str
@@ -138,6 +139,8 @@ class JournalHead(_Out):
     key_id: str
     public_key: Hex = Field(description="the raw Ed25519 public key that signs entries and checkpoints")
     checkpoint: str | None = Field(description="the latest stored checkpoint note")
+    format: str | None = Field(None, description="the journal's entry format: \"1\" whole payloads, \"2\" salted "
+                               "commitments per payload field")
 
 
 class CheckpointRow(_Out):
@@ -180,6 +183,12 @@ class JournalVerifyReport(_Out):
     checked_checkpoints: int
     notes: list[str] = Field(default_factory=list, description="what did not go as planned without changing "
                              "the outcome")
+    losses: list[dict[str, Any]] = Field(default_factory=list, description="the losses of acknowledged entries a "
+                                         "repair recorded in the journal (`home repair --lost-entries`)")
+    erased: int = Field(0, description="payload fields erased (value and salt gone, commitment verified), each "
+                        "named by an `erasure` entry")
+    format: str | None = Field(None, description="the journal's entry format: \"1\" whole payloads, \"2\" salted "
+                               "commitments per payload field")
 
 
 class SnapshotRule(_Out):
@@ -281,11 +290,12 @@ def _json(content: Any, status: int = 200) -> Response:
                     status_code=status, media_type="application/json")
 
 
-def _row(entry: Any) -> dict[str, Any]:
+def _row(entry: Any, stored: bool = False) -> dict[str, Any]:
     return {
         "seq": entry.seq, "ts": entry.ts, "run_id": entry.run_id, "agent": entry.agent, "kind": entry.kind,
-        # as stored: a salted payload's salts too, so that the client can check the entry's hash
-        "payload": getattr(entry, "row_payload", entry.payload).decode("utf-8"),
+        # a reader's answer is the fields alone: the salts only to a reader that asked for the stored bytes
+        # (a verifier, an export), never in an append's or a call's answer
+        "payload": (entry.row_payload if stored else entry.payload).decode("utf-8"),
         "prev_hash": entry.prev_hash.hex(), "hash": entry.hash.hex(),
         "signature": entry.signature.hex(), "key_id": entry.key_id,
     }
@@ -297,7 +307,8 @@ async def journal_head(rt: Any = Depends(_runtime)) -> dict[str, Any]:
     journal = rt.journal
     seq, digest = journal.head()
     return {"seq": seq, "hash": digest.hex(), "origin": journal.origin, "key_id": journal.key_id,
-            "public_key": journal.public_key().hex(), "checkpoint": journal.latest_checkpoint()}
+            "public_key": journal.public_key().hex(), "checkpoint": journal.latest_checkpoint(),
+            "format": fmt if isinstance(fmt := getattr(journal, "format", None), str) else None}
 
 
 @router.post("/journal/entries", status_code=201, response_model=JournalRows, operation_id="internalAppend",
@@ -314,18 +325,21 @@ async def append_entries(body: AppendIn, request: Request, rt: Any = Depends(_ru
 
 
 @router.get("/journal/entries", response_model=JournalRowsPage, operation_id="internalEntries",
-            summary="Committed entries in seq order, as stored, a page at a time")
+            summary="Committed entries in seq order, a page at a time")
 async def read_entries(
     run_id: str | None = Query(None, max_length=200, description="only this run's entries"),
     since_seq: int | None = Query(None, ge=0, le=2**62, description="only entries with a greater seq"),
     kinds: list[Kind] | None = Query(None, max_length=100, description="only entries of these kinds"),
     limit: int = Query(1000, ge=1, le=MAX_PAGE, description="at most this many"),
+    stored: bool = Query(False, description="each payload exactly as stored and hashed (a salted payload's "
+                         "salts and erased fields' commitments too), for a verifier or an export; otherwise "
+                         "its fields alone"),
     rt: Any = Depends(_runtime),
 ) -> dict[str, Any]:
     from apollia_nb.journal.pages import entry_page
 
     entries = entry_page(rt.journal, run_id=run_id, since_seq=since_seq, kinds=kinds, limit=limit)
-    rows = [_row(e) for e in entries]
+    rows = [_row(e, stored) for e in entries]
     return {"entries": rows, "next_since_seq": rows[-1]["seq"] if len(rows) == limit else None}
 
 
@@ -379,7 +393,8 @@ async def verify(body: VerifyIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
     from apollia_nb.journal.verify import verify_journal
 
     report = await anyio.to_thread.run_sync(verify_journal, rt.journal, body.checkpoint)
-    return {**report.to_dict(), "notes": list(report.notes)}
+    return {**report.to_dict(), "notes": list(report.notes), "losses": [dict(loss) for loss in report.losses],
+            "erased": report.erased, "format": report.format}
 
 
 # --- the auditor's face: SQL and proofs answered where the journal is stored -----------------------

@@ -455,7 +455,7 @@ class ServerApi:
 def _entry(row: dict[str, Any]) -> "Entry":
     from apollia_nb.journal.entry import Entry
 
-    return Entry.from_row((  # a salted payload (format 2) comes as stored: its fields are split from its salts
+    return Entry.from_row((  # a salted payload (format 2) read ``stored``: its fields are split from its salts
         int(row["seq"]), row["ts"], row["run_id"], row["agent"], row["kind"], row["payload"].encode("utf-8"),
         bytes.fromhex(row["prev_hash"]), bytes.fromhex(row["hash"]), bytes.fromhex(row["signature"]),
         row["key_id"],
@@ -795,7 +795,9 @@ class RemoteJournal:
         rows: list[dict[str, Any]] = []
         while True:
             want = _PAGE if limit is None else min(_PAGE, limit - len(rows))
-            page = self._call("GET", "/internal/journal/entries", params={**params, "limit": want},
+            # as stored, as ``Journal.entries`` gives them here: ``Entry.payload`` is the fields alone,
+            # ``Entry.stored`` what replay needs to tell an erased field from a divergence
+            page = self._call("GET", "/internal/journal/entries", params={**params, "limit": want, "stored": True},
                               what="the journal cannot be read")
             rows.extend(page["entries"])
             if page["next_since_seq"] is None or (limit is not None and len(rows) >= limit):
@@ -851,7 +853,8 @@ class RemoteJournal:
         since = 0
         while since < high:
             want = min(page or _PAGE, high - since)
-            data = self._call("GET", "/internal/journal/entries", params={"since_seq": since, "limit": want},
+            data = self._call("GET", "/internal/journal/entries", params={"since_seq": since, "limit": want,
+                                                                          "stored": True},
                               what="the journal cannot be read")
             rows = [_entry(r).as_row() for r in data["entries"] if int(r["seq"]) <= high]
             del data
@@ -874,7 +877,9 @@ class RemoteJournal:
                               unreachable=IntegrityError, what="the journal cannot be verified",
                               timeout=None).json()  # as long as the journal takes
         return VerifyReport(bool(d["ok"]), int(d["entries"]), d["first_bad_seq"], d["problem"],
-                            int(d["checked_checkpoints"]), tuple(d.get("notes") or ()))
+                            int(d["checked_checkpoints"]), tuple(d.get("notes") or ()),
+                            tuple(dict(loss) for loss in d.get("losses") or ()), int(d.get("erased") or 0),
+                            d.get("format"))
 
     def run_size(self, run_id: str) -> int:
         """How many entries the run has (for a run not sealed yet), counted by the server's journal."""
@@ -962,12 +967,17 @@ class RemoteJournal:
         """Verify the journal here, under the home's public key, from entries read from the server a page
         at a time (only one page is held however long the journal is), with the stored checkpoints
         that cover them and ``checkpoint`` (a note kept elsewhere)."""
+        from dataclasses import replace
+
         from apollia_nb.journal.verify import verify_rows
 
-        high = self.head()[0]
+        head = self._head()
+        high = int(head["seq"])
         stored = [c for c in self.checkpoints() if c[0] <= high]
-        return verify_rows(self.entry_pages(high, page=page), public_key=self._public_key, origin=self._origin,
-                           checkpoints=stored, external=checkpoint, total=high)
+        report = verify_rows(self.entry_pages(high, page=page), public_key=self._public_key, origin=self._origin,
+                             checkpoints=stored, external=checkpoint, total=high)
+        fmt = head.get("format")  # as the owner's verification says it: the journal's ``meta.format``
+        return replace(report, format=fmt if isinstance(fmt, str) else None)
 
     # SQL, run where the journal is stored --------------------------------------------------------
     def read_query(self, query: str, params: Sequence[Any] | None = None,
