@@ -77,6 +77,7 @@ __all__ = [
     "seal_parts",
     "split_stored",
     "sealed_committed",
+    "sliced_committed",
     "entry_hash_v2",
     "erased_fields",
     "GENESIS_HASH",
@@ -658,6 +659,124 @@ def sealed_committed(stored: bytes, data: dict[str, Any] | None = None) -> tuple
     return b"{" + b",".join([commits[k] for k in sorted(commits)]) + b"}", sorted(erased or ())
 
 
+# The verifier's way to the committed bytes: slices of the stored bytes, never parsed whole.
+# A stored payload whose fields all sort after "@salts" (every field name the runtime
+# writes) lays out as ``{["@erased":{…},]"@salts":{"k1":"<salt>",…},"k1":v1,…}``: the salts
+# name the fields in order, so each value is the span between its key and the next, and
+# its commitment hashes that span. A span is taken only when it is, by itself, canonical
+# JSON: a string, integer or literal the canonical encoder would write exactly so (checked
+# by pattern), or anything else that its canonical encoding gives back byte for byte. A span
+# cut short at a nested key of the same name is a container cut in two, which neither check
+# passes. Whatever this cannot vouch for is None, and ``sealed_committed`` decides it.
+_FAST_HEAD = re.compile(rb'\{"@salts":\{([^{}\\]*)\}')
+#: ``,"name":"<salt>"``, a name as JSON without escapes that sorts after "@salts" (every name the runtime writes)
+_SALT_ITEM = re.compile(rb',"([\x41-\x5b\x5d-\xff][^"\\\x00-\x1f]*)":"[0-9a-f]{%d}"' % (2 * SALT_SIZE))
+#: A value the canonical encoder writes exactly so: a string with the escapes it makes and no
+#: others, an integer of at most 16 digits, a literal, an empty array or object.
+_PLAIN_VALUE = (rb'"(?:[^"\\\x00-\x1f]++|\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f])))*+"'
+                rb'|(?:-?(?:0|[1-9][0-9]{0,15})|true|false|null|\[\]|\{\})(?=%s)')
+_HEX_DIGITS = b"0123456789abcdef"
+
+
+class _Layout(NamedTuple):
+    """What stored payloads with one list of field names share: a pattern of the whole payload
+    (capturing each salt, then each value and, for a value it cannot vouch for, that value
+    again), the salts' places, and the committed bytes' template."""
+
+    size: int
+    pattern: re.Pattern[bytes]
+    cuts: tuple[slice, ...]
+    template: str
+
+
+#: Layouts by the stored bytes up to the salts' end without their hex digits (each is checked whole).
+_LAYOUTS: dict[bytes, _Layout] = {}
+#: Values found canonical by parsing and encoding them again (a journal repeats many values).
+_CANONICAL: set[bytes] = set()
+
+
+def _new_layout(stored: bytes) -> _Layout | None:
+    """The layout of ``stored``'s field names (kept for the next payload), or None when its salts
+    are not ``"name":"<salt>"`` pairs in strictly ascending order."""
+    head = _FAST_HEAD.match(stored)
+    if head is None:
+        return None
+    part = head.group(1)
+    names = _SALT_ITEM.findall(b"," + part) if part else []
+    # the matches tile the part exactly when their lengths (each a name and 6 + 32 bytes) add up
+    if part and sum([len(k) for k in names]) + (6 + 2 * SALT_SIZE) * len(names) != len(part) + 1:
+        return None
+    if any(a >= b for a, b in zip(names, names[1:])):
+        return None
+    pattern = [re.escape(b'{"@salts":{'), b",".join(
+        [re.escape(b'"' + k + b'":"') + b'([0-9a-f]{%d})"' % (2 * SALT_SIZE) for k in names]), b"\\}"]
+    for i, name in enumerate(names):
+        # what follows the value: the next field's mark, or the payload's end. A value the pattern
+        # cannot vouch for runs to the first such mark (no backtracking: linear in the bytes).
+        nxt = re.escape(b',"' + names[i + 1] + b'":') if i + 1 < len(names) else b"\\}\\Z"
+        rest = (b'(?:[^,]++|,(?!%s))*+' % re.escape(b'"' + names[i + 1] + b'":') if i + 1 < len(names)
+                else b"(?:[^}]++|\\}(?!\\Z))*+")
+        pattern.append(re.escape(b',"' + name + b'":') + b"((?>" + _PLAIN_VALUE % nxt + b"|([\\[{\\-0-9]" + rest + b")))")
+    pattern.append(b"\\}")
+    keys = [k.decode("utf-8") for k in names]
+    layout = _Layout(
+        len(names), re.compile(b"".join(pattern), re.DOTALL),
+        tuple([slice(i * SALT_SIZE, (i + 1) * SALT_SIZE) for i in range(len(names))]),
+        "{" + ",".join(['"' + k.replace("%", "%%") + '":"%s"' for k in keys]) + "}",
+    )
+    if len(_LAYOUTS) >= 1024:
+        _LAYOUTS.clear()
+    _LAYOUTS[stored[:stored.find(b"}")].translate(None, _HEX_DIGITS)] = layout
+    return layout
+
+
+def _canonical_value(value: bytes) -> bool:
+    """Whether ``value`` is the canonical JSON of one JSON value (kept when short)."""
+    if _encode_canonical is None:  # pragma: no cover - a Python without the C accelerator
+        return False
+    try:
+        if _encode_canonical(json.loads(value.decode("utf-8"))).encode("utf-8") != value:
+            return False
+    except (ValueError, TypeError, RecursionError, UnicodeError, OverflowError):
+        return False
+    if len(value) <= 256:
+        if len(_CANONICAL) >= 4096:
+            _CANONICAL.clear()
+        _CANONICAL.add(value)
+    return True
+
+
+def sliced_committed(stored: bytes) -> tuple[bytes, list[str]] | None:
+    """A format 2 stored payload's committed bytes and erased fields as ``sealed_committed`` gives
+    them, computed from the stored bytes' own spans without parsing them; None when the bytes are
+    not laid out as this expects (then ``sealed_committed`` decides, and says what is wrong).
+    Whatever this answers, ``sealed_committed`` answers the same."""
+    layout = _LAYOUTS.get(stored[:stored.find(b"}")].translate(None, _HEX_DIGITS))
+    match = layout.pattern.fullmatch(stored) if layout is not None else None
+    if match is None:
+        layout = _new_layout(stored)
+        match = layout.pattern.fullmatch(stored) if layout is not None else None
+        if match is None or layout is None:
+            return None
+    if not stored.isascii():
+        try:
+            stored.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    groups = match.groups()
+    n = layout.size
+    values = groups[n::2]
+    unsure = groups[n + 1::2]
+    if any(unsure):
+        for value in unsure:
+            if value is not None and value not in _CANONICAL and not _canonical_value(value):
+                return None
+    salts = bytes.fromhex(b"".join(groups[:n]).decode("ascii"))
+    sha = _sha256
+    return (layout.template % tuple([sha(salts[cut] + v).hexdigest() for cut, v in zip(layout.cuts, values)])
+            ).encode("utf-8"), []
+
+
 def _committed_of_parsed(data: dict[str, Any]) -> bytes | None:
     """``committed_bytes(open_sealed(data))`` for parsed stored payload, None when it does not hold together."""
     try:
@@ -742,6 +861,9 @@ def stored_entry_hash(
     """The hash of an entry as stored: format 2 for a salted payload, version 1 otherwise.
     ``ValueError`` (naming the field) for a salted payload that does not hold together."""
     if _SALTS_MARK in payload:
+        sliced = sliced_committed(payload)
+        if sliced is not None:
+            return entry_hash_v2(seq, ts, run_id, agent, kind, sliced[0], prev_hash)
         try:
             data = json.loads(payload)
         except ValueError:

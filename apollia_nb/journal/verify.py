@@ -53,6 +53,7 @@ from apollia_nb.journal.entry import (
     entry_hash,
     entry_hash_v2,
     sealed_committed,
+    sliced_committed,
 )
 from apollia_nb.journal.merkle import EMPTY_ROOT, MerkleAccumulator, leaf_hash
 
@@ -557,6 +558,12 @@ class _Scan:
         naming the field for a salted payload that does not hold together."""
         if _SALTS_MARK not in payload:
             return entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
+        if kind != "erasure":  # an erasure's list of what it erased is read from it parsed, below
+            sliced = sliced_committed(payload)  # the stored bytes' own spans, when laid out as written
+            if sliced is not None:
+                if sliced[1]:
+                    self.erased[seq] = sliced[1]
+                return entry_hash_v2(seq, ts, run_id, agent, kind, sliced[0], prev_hash)
         data = _json.loads(payload)
         if type(data) is not dict or SALTS_KEY not in data:
             return entry_hash(seq, ts, run_id, agent, kind, payload, prev_hash)
