@@ -153,3 +153,37 @@ def _stored_salts_served(http: httpx.Client) -> list[str]:
         data = json.loads(row["payload"])
         salts.extend(data.get("@salts", {}).values())
     return salts
+
+
+async def test_a_served_home_after_an_erasure_shows_no_commitment_and_verifies_as_the_owner_does(home):
+    from apollia_nb.journal.verify import verify_journal
+    from apollia_nb.runtime.erasure import erase_home
+
+    await _journal_a_few(home)
+    async with Runtime(home) as rt:
+        seq = next(e.seq for e in rt.journal.entries() if e.data() == PAYLOADS[1])
+    erase_home(home, seq=seq, field_path="output", reason="asked to", by="tester")
+    secrets = _stored_salts(home)  # the salts left and the erased field's commitment
+    assert any(len(s) == 64 for s in secrets)  # the erased field's commitment is among them
+    async with Runtime(home) as rt:
+        owned = verify_journal(rt.journal)
+        assert owned.ok and owned.erased == 1 and owned.format == "2"
+        for e in rt.journal.entries():
+            assert_unsalted(f"owned entry {e.seq}", e.to_dict(), secrets)
+    with ServerThread(home, token=TOKEN) as srv:
+        with httpx.Client(base_url=srv.url + "/api/v1", headers=AUTH, timeout=30) as http:
+            for where, answer in {
+                "internal page": http.get("/internal/journal/entries").json(),
+                "internal verify": http.post("/internal/journal/verify", json={"checkpoint": None}).json(),
+                "audit entries": http.get("/audit/entries").json(),
+                "audit verify": http.get("/audit/verify").json(),
+            }.items():
+                assert_unsalted(where, answer, secrets)
+            stored = http.get("/internal/journal/entries", params={"stored": True}).json()["entries"]
+            assert any("@erased" in row["payload"] for row in stored)  # a verifier still gets the commitment
+        async with Runtime(home) as client:
+            erased = [e for e in client.journal.entries() if e.seq == seq]
+            assert erased[0].data() == {"path": "a.txt"} and erased[0].erased() == ["output"]
+            for report in (client.journal.verify_in_place(), client.journal.verify_paged(page=2)):
+                assert (report.ok, report.erased, report.format) == (True, 1, "2")
+                assert report.summary() == owned.summary()
