@@ -191,3 +191,19 @@ def test_subject_with_a_field_or_with_a_seq_is_refused(home):
     for what in ({"subject": ALICE, "field_path": "output"}, {"subject": ALICE, "seq": 3}, {"subject": ""}):
         with pytest.raises(BadInput):
             erase_home(home, reason="asked", by="test", **what)
+
+
+async def test_a_chat_sessions_calls_are_tagged_and_erased_by_subject(home, capsys):
+    async with Runtime(home) as rt:
+        await rt.register_agent(manifest("chatter"), tools=_tools(), model=ScriptedModel(actor=[
+            {"tool_calls": [call("crm_lookup", customer_id=ALICE)]}, {"text": "found"}]))
+        session = rt.sessions.open("chatter")
+        assert (await session.send("who is it?")).reply == "found"
+    turns = [p for _, k, p in _payloads(home) if k == "model_response" and p.get("tool_calls")]
+    assert turns and all(p["subjects"] == [{"subject": _digest(home, ALICE), "fields": ["tool_calls"]}] for p in turns)
+    code, out, err = run_cli(capsys, "audit", "erase", "--home", str(home.path), "--subject", ALICE,
+                             "--reason", "asked", "--json")
+    assert code == 0, err
+    assert run_cli(capsys, "audit", "verify", "--home", str(home.path))[0] == 0
+    for value in (ALICE, RECORDS[ALICE]):
+        assert_absent(home.path, value)

@@ -348,7 +348,7 @@ class Session:
         from apollia_nb.runtime.models.base import (
             REDACTED_REASONING, Completed, ReasoningDelta, TextDelta, ToolCallStarted, parse_plan,
         )
-        from apollia_nb.runtime.tasks import turn_extras
+        from apollia_nb.runtime.tasks import calls_subjects, turn_extras
 
         rt = self._sessions.rt
         while True:
@@ -382,12 +382,16 @@ class Session:
             # Journaled and kept in the session's history as the calls' decisions show them.
             shown = {c["call_id"]: c["arguments"] for c in shown_tool_calls(rt, self.agent, [
                 {"call_id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in calls])}
-            await rt.journal.append_async("model_response", {
+            turned: dict[str, Any] = {
                 "role": role, "turn": turn, "text": response.text,
                 "tool_calls": [{"call_id": c["id"], "name": c["name"], "arguments": shown[c["id"]]} for c in calls
                                if c["name"] != "submit_plan"],
                 **turn_extras(response),
-            }, run_id=self.r["run_id"], agent=self.agent.name)
+            }
+            from apollia_nb.journal.subjects import subjects_field
+
+            turned.update(subjects_field("model_response", calls_subjects(rt, self.agent, calls), turned))
+            await rt.journal.append_async("model_response", turned, run_id=self.r["run_id"], agent=self.agent.name)
             plan_call = next((c for c in calls if c["name"] == "submit_plan"), None)
             if planning and plan_call is not None:
                 steps = parse_plan(response)

@@ -851,7 +851,7 @@ class TaskRun:
         )
         response = replace(response, tool_calls=calls)
         listed = [{"call_id": tc.id, "name": tc.name, "arguments": dict(tc.arguments)} for tc in response.tool_calls]
-        tags = _calls_subjects(self.rt, self.agent, listed)
+        tags = calls_subjects(self.rt, self.agent, listed)
         shown = shown_tool_calls(self.rt, self.agent, listed)  # journaled as the calls' decisions show them
         self._shown_calls = {s["call_id"]: s["arguments"] for s, c in zip(shown, listed)
                              if s["arguments"] is not c["arguments"]}
@@ -872,7 +872,7 @@ class TaskRun:
         return response
 
 
-def _calls_subjects(rt: Any, agent: Any, listed: list[dict[str, Any]]) -> tuple[str, ...]:
+def calls_subjects(rt: Any, agent: Any, listed: list[dict[str, Any]]) -> tuple[str, ...]:
     """The data subjects (keyed digests) of the calls a model turn asks for; an unknown tool has none."""
     from apollia_nb.runtime.governed import subject_tags
 
