@@ -207,3 +207,24 @@ async def test_a_chat_sessions_calls_are_tagged_and_erased_by_subject(home, caps
     assert run_cli(capsys, "audit", "verify", "--home", str(home.path))[0] == 0
     for value in (ALICE, RECORDS[ALICE]):
         assert_absent(home.path, value)
+
+
+async def test_a_read_personal_call_answered_on_its_card_is_erased_with_its_card(home, capsys):
+    async with Runtime(home) as rt:
+        crm = ToolDef.from_function(crm_lookup, family="read_personal")
+        crm.parameters["properties"]["customer_id"]["x-apollia-subject"] = True
+        await rt.register_agent(manifest("asker"), tools=[crm], model=ScriptedModel(actor=[
+            {"tool_calls": [call("crm_lookup", customer_id=BOB)]}, {"text": "done"}]))
+        handle = await rt.submit("asker", "Look Bobby up", watched=False)
+        await handle.settled()
+        [pending] = rt.pending_decisions()
+        rt.answer(pending["id"], "once", by="ops")
+        task = await rt.task(handle.id)
+        assert task.status == "completed", task.error
+    code, out, err = run_cli(capsys, "audit", "erase", "--home", str(home.path), "--subject", BOB,
+                             "--reason", "asked", "--json")
+    assert code == 0, err
+    assert json.loads(out)["fields"] == 6
+    assert run_cli(capsys, "audit", "verify", "--home", str(home.path))[0] == 0
+    for value in (BOB, RECORDS[BOB]):
+        assert_absent(home.path, value)

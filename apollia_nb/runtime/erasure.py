@@ -8,7 +8,8 @@ is ``HOME_LOCKED``). In order, each step safe to repeat:
    is gone;
 2. the values still present of every field an erasure names are looked up, and their text
    is replaced by ``[erased]`` wherever the runtime's records copy it (``runtime.db``: task,
-   session and batch records, the model state, memory, remembered REST answers);
+   session and batch records, the model state, memory, remembered REST answers;
+   ``governance.db``: the consent cards' arguments and reasons);
 3. ``journal.db``'s rows lose those fields (``journal.erasure.apply_erasures``);
 4. every DuckDB file of the home is rewritten from its live rows (``journal.scrub.scrub_home``),
    so no freed block or old row version keeps the bytes.
@@ -40,6 +41,9 @@ _RUNTIME_COLUMNS = (
     ("tasks", "record"), ("sessions", "record"), ("batches", "record"), ("batch_items", "item"),
     ("batch_items", "goal"), ("model_state", "state"), ("memory", "value"), ("idempotency", "response"),
 )
+
+#: ``governance.db``'s: a consent card's call as it was put to a person, kept after its answer.
+_GOVERNANCE_COLUMNS = (("pending_decisions", "arguments"), ("pending_decisions", "reason"))
 
 
 @dataclass
@@ -96,10 +100,15 @@ def _forms(needle: str) -> list[str]:
 
 
 def scrub_runtime_records(home: Home, needles: list[str]) -> int:
-    """Replace every copy of ``needles`` in ``runtime.db``'s records by ``ERASED_TEXT``; rows changed."""
+    """Replace every copy of ``needles`` in ``runtime.db``'s records and in the consent cards
+    ``governance.db`` keeps (a call's arguments, the reason shown) by ``ERASED_TEXT``; rows changed."""
+    return (_scrub_columns(home.path / "runtime.db", _RUNTIME_COLUMNS, needles)
+            + _scrub_columns(home.governance_db, _GOVERNANCE_COLUMNS, needles))
+
+
+def _scrub_columns(path: Any, columns: Iterable[tuple[str, str]], needles: list[str]) -> int:
     from apollia_nb.dbutil import connect_locked
 
-    path = home.path / "runtime.db"
     if not needles or not path.exists():
         return 0
     con = connect_locked(path)
@@ -108,7 +117,7 @@ def scrub_runtime_records(home: Home, needles: list[str]) -> int:
         tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
         con.begin()
         try:
-            for table, column in _RUNTIME_COLUMNS:
+            for table, column in columns:
                 if table not in tables:
                     continue
                 rows = con.execute(f'SELECT rowid, "{column}" FROM "{table}"').fetchall()
