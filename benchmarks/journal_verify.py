@@ -246,7 +246,7 @@ def formats(entries: int, repeat: int) -> None:
         homes = {fmt: Home.at(os.path.join(d, f"format{fmt}")) for fmt in ("1", "2")}
         for fmt, home in homes.items():
             build(home, entries, fmt)
-        figures: dict[str, tuple[list[float], list[float]]] = {fmt: ([], []) for fmt in homes}
+        figures: dict[str, tuple[list[float], list[float], list[float]]] = {fmt: ([], [], []) for fmt in homes}
         for _ in range(repeat):
             for fmt, home in homes.items():
                 s0, c0 = _cpu()
@@ -257,11 +257,13 @@ def formats(entries: int, repeat: int) -> None:
                 assert report.ok and report.entries == entries and report.format == fmt, report
                 figures[fmt][0].append(wall / entries)
                 figures[fmt][1].append((s1 - s0 + c1 - c0) / entries)
-        med = {fmt: (statistics.median(w), statistics.median(c)) for fmt, (w, c) in figures.items()}
-        for fmt, (w, c) in med.items():
-            print(f"format {fmt}: {1 / w:9,.0f} entries/s wall, {c * 1e6:.1f} us CPU per entry (here + workers)")
+                figures[fmt][2].append((s1 - s0) / entries)
+        med = {fmt: tuple(statistics.median(f) for f in fs) for fmt, fs in figures.items()}
+        for fmt, (w, c, here) in med.items():
+            print(f"format {fmt}: {1 / w:9,.0f} entries/s wall, {c * 1e6:.1f} us CPU per entry "
+                  f"(here + workers; here {here * 1e6:.1f})")
         print(f"format 2 / format 1: throughput {med['1'][0] / med['2'][0]:.3f}, "
-              f"CPU per entry {med['2'][1] / med['1'][1]:.3f}")
+              f"CPU per entry {med['2'][1] / med['1'][1]:.3f} (here {med['2'][2] / med['1'][2]:.3f})")
 
 
 def main() -> None:
