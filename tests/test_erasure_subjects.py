@@ -228,3 +228,27 @@ async def test_a_read_personal_call_answered_on_its_card_is_erased_with_its_card
     assert run_cli(capsys, "audit", "verify", "--home", str(home.path))[0] == 0
     for value in (BOB, RECORDS[BOB]):
         assert_absent(home.path, value)
+
+
+def test_ids_are_strings_integers_or_lists_of_them_and_the_key_decides_the_digest(tmp_path):
+    from apollia_nb.journal.subjects import call_subjects, subject_arguments, subject_digest, subject_secret
+
+    key = subject_secret(tmp_path / "keys", create=True)
+    assert key is not None and subject_secret(tmp_path / "keys", create=False) == key
+    params = {"properties": {"who": {"type": "string", "x-apollia-subject": True}, "n": {"type": "integer"},
+                             "flag": {"x-apollia-subject": "yes"}}}
+    assert subject_arguments("t", params, {}) == ("who",)  # only a literal true marks it
+    assert subject_arguments("t", params, {"t": ("n",)}) == ("who", "n")
+    assert call_subjects(key, ("who", "n"), {"who": ["a1", "a1", 42], "n": 42}) == tuple(sorted(
+        {subject_digest(key, "a1"), subject_digest(key, "42")}))
+    assert call_subjects(key, ("who",), {"who": True}) == () and call_subjects(key, ("who",), {"who": ""}) == ()
+    assert subject_digest(key, "a1") != subject_digest(b"\0" * 32, "a1")
+
+
+async def test_a_damaged_subject_key_is_bad_input_and_erases_nothing(work_home, capsys):
+    home = work_home
+    (home.path / "keys" / "subjects.key").write_bytes(b"short")
+    entries = _payloads(home)
+    code, _, err = run_cli(capsys, "audit", "erase", "--home", str(home.path), "--subject", ALICE, "--reason", "x")
+    assert code == 3 and "BAD_INPUT" in err and "32 bytes" in err, err
+    assert _payloads(home) == entries
