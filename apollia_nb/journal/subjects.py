@@ -41,6 +41,7 @@ __all__ = [
     "SUBJECT_KEY_FILE",
     "TAGGED_FIELDS",
     "subject_secret",
+    "runtime_subject_secret",
     "subject_digest",
     "subject_arguments",
     "call_subjects",
@@ -95,6 +96,29 @@ def subject_secret(keys_dir: Path, *, create: bool) -> bytes | None:
     if len(data) != 32:
         raise BadInput(f"{path}: a subject key is 32 bytes, this file has {len(data)}")
     return data
+
+
+_KEYS: dict[str, tuple[tuple[int, int, int], bytes]] = {}
+
+
+def runtime_subject_secret(keys_dir: Path) -> bytes:
+    """``subject_secret(create=True)`` for every tagged call of a runtime: read again only when the
+    file changed (its inode, size and modification time), made when absent."""
+    path = keys_dir / SUBJECT_KEY_FILE
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = _KEYS.get(str(path))
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+    secret = subject_secret(keys_dir, create=True)
+    assert secret is not None
+    st = path.stat()
+    _KEYS[str(path)] = ((st.st_ino, st.st_size, st.st_mtime_ns), secret)
+    return secret
 
 
 def subject_digest(secret: bytes, subject_id: str) -> str:

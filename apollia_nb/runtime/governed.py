@@ -50,7 +50,7 @@ import anyio
 
 from apollia_nb.errors import ApolliaError, Conflict
 from apollia_nb.governance.decision import Call, Decision, Family, Outcome, decide
-from apollia_nb.journal.subjects import call_subjects, subject_arguments, subject_secret, subjects_field
+from apollia_nb.journal.subjects import call_subjects, runtime_subject_secret, subject_arguments, subjects_field
 from apollia_nb.runtime.cards import sensitive_plan, sensitive_texts, shown_arguments
 from apollia_nb.runtime.outputs import MIN_SECRET, redact, secret_values
 from apollia_nb.runtime.paths import code_places
@@ -325,7 +325,7 @@ def subject_tags(rt: Any, tooldef: Any, arguments: Mapping[str, Any]) -> tuple[s
     if not names or not any(arguments.get(n) not in (None, "", []) for n in names):
         return ()
     home = getattr(rt, "home", None)
-    secret = subject_secret(home.keys_dir, create=True) if home is not None else None
+    secret = runtime_subject_secret(home.keys_dir) if home is not None else None
     return call_subjects(secret, names, arguments) if secret is not None else ()
 
 
