@@ -236,3 +236,14 @@ def test_a_re_signed_entry_whose_spans_are_not_canonical_is_refused_at_its_seq(s
     report = verify_home(signed_home)
     assert (report.ok, report.first_bad_seq) == (False, 7), report
     assert "salted payload does not hold together" in report.problem
+
+
+def test_payloads_whose_names_differ_only_in_hex_digits_are_each_taken_by_their_own_layout():
+    payloads = [{f"x{d}": d, f"y{d}": [d]} for d in "0123456789abcdef"]
+    for _ in range(3):  # alternating, as the kinds of a journal's entries do
+        for payload in payloads:
+            stored = _seal(payload)
+            assert _same_answer(stored) == sealed_committed(stored)
+            assert _same_answer(stored) is not None
+    other = _seal({"x0": {"a": 1, "y0": 1}, "y0": 2})  # the same names, a value holding the next mark: parsed
+    assert sliced_committed(other) is None and sealed_committed(other)[0]

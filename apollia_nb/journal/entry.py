@@ -683,21 +683,25 @@ class _Layout(NamedTuple):
     (capturing each salt, then each value and, for a value it cannot vouch for, that value
     again), the salts' places, and the committed bytes' template."""
 
+    names: tuple[bytes, ...]
     size: int
     pattern: re.Pattern[bytes]
     cuts: tuple[slice, ...]
     template: str
 
 
-#: Layouts by the stored bytes up to the salts' end without their hex digits (each is checked whole).
-_LAYOUTS: dict[bytes, _Layout] = {}
+#: Layouts by the stored bytes up to the salts' end without their hex digits, which names that differ
+#: only in hex digits share (each layout is checked whole); at most ``_LAYOUTS_KEPT`` in all.
+_LAYOUTS: dict[bytes, list[_Layout]] = {}
+_LAYOUTS_KEPT = 256
 #: Values found canonical by parsing and encoding them again (a journal repeats many values).
 _CANONICAL: set[bytes] = set()
 
 
-def _new_layout(stored: bytes) -> _Layout | None:
-    """The layout of ``stored``'s field names (kept for the next payload), or None when its salts
-    are not ``"name":"<salt>"`` pairs in strictly ascending order."""
+def _new_layout(stored: bytes, key: bytes) -> _Layout | None:
+    """The layout of ``stored``'s field names (kept for the next payload under ``key``), or None
+    when its salts are not ``"name":"<salt>"`` pairs in strictly ascending order or its names have
+    a layout already (which it does not fit)."""
     head = _FAST_HEAD.match(stored)
     if head is None:
         return None
@@ -707,6 +711,8 @@ def _new_layout(stored: bytes) -> _Layout | None:
     if part and sum([len(k) for k in names]) + (6 + 2 * SALT_SIZE) * len(names) != len(part) + 1:
         return None
     if any(a >= b for a, b in zip(names, names[1:])):
+        return None
+    if any(known.names == tuple(names) for known in _LAYOUTS.get(key, ())):
         return None
     pattern = [re.escape(b'{"@salts":{'), b",".join(
         [re.escape(b'"' + k + b'":"') + b'([0-9a-f]{%d})"' % (2 * SALT_SIZE) for k in names]), b"\\}"]
@@ -720,13 +726,13 @@ def _new_layout(stored: bytes) -> _Layout | None:
     pattern.append(b"\\}")
     keys = [k.decode("utf-8") for k in names]
     layout = _Layout(
-        len(names), re.compile(b"".join(pattern), re.DOTALL),
+        tuple(names), len(names), re.compile(b"".join(pattern), re.DOTALL),
         tuple([slice(i * SALT_SIZE, (i + 1) * SALT_SIZE) for i in range(len(names))]),
         "{" + ",".join(['"' + k.replace("%", "%%") + '":"%s"' for k in keys]) + "}",
     )
-    if len(_LAYOUTS) >= 1024:
+    if sum(map(len, _LAYOUTS.values())) >= _LAYOUTS_KEPT:
         _LAYOUTS.clear()
-    _LAYOUTS[stored[:stored.find(b"}")].translate(None, _HEX_DIGITS)] = layout
+    _LAYOUTS.setdefault(key, []).append(layout)
     return layout
 
 
@@ -751,13 +757,18 @@ def sliced_committed(stored: bytes) -> tuple[bytes, list[str]] | None:
     them, computed from the stored bytes' own spans without parsing them; None when the bytes are
     not laid out as this expects (then ``sealed_committed`` decides, and says what is wrong).
     Whatever this answers, ``sealed_committed`` answers the same."""
-    layout = _LAYOUTS.get(stored[:stored.find(b"}")].translate(None, _HEX_DIGITS))
-    match = layout.pattern.fullmatch(stored) if layout is not None else None
-    if match is None:
-        layout = _new_layout(stored)
+    key = stored[:stored.find(b"}")].translate(None, _HEX_DIGITS)
+    match, layout = None, None
+    for known in _LAYOUTS.get(key, ()):
+        match = known.pattern.fullmatch(stored)
+        if match is not None:
+            layout = known
+            break
+    else:
+        layout = _new_layout(stored, key)
         match = layout.pattern.fullmatch(stored) if layout is not None else None
-        if match is None or layout is None:
-            return None
+    if match is None or layout is None:
+        return None
     if not stored.isascii():
         try:
             stored.decode("utf-8")
