@@ -163,6 +163,7 @@ class DecisionPayload(TypedDict):
     caused_by: NotRequired[str]  # a server's request during a call: that call's id
     source: NotRequired[str]  # another agent's call (its hook): the tool, claude-code, codex, cursor, …
     source_tool: NotRequired[str]  # that tool's own name for the call (Bash, apply_patch, …)
+    subjects: NotRequired[list[dict[str, Any]]]  # [{subject: keyed digest, fields}] (journal.subjects)
 
 
 class AnswerPayload(TypedDict):
@@ -181,6 +182,7 @@ class ToolCallPayload(TypedDict):
     call_id: str
     tool: str
     arguments: dict[str, Any]
+    subjects: NotRequired[list[dict[str, Any]]]  # [{subject: keyed digest, fields}] (journal.subjects)
 
 
 class ToolResultPayload(TypedDict):
@@ -194,6 +196,7 @@ class ToolResultPayload(TypedDict):
     output_digest: str
     source: NotRequired[str]  # another agent's call: the tool that reported (or was refused) it
     source_tool: NotRequired[str]  # that tool's own name for the call
+    subjects: NotRequired[list[dict[str, Any]]]  # [{subject: keyed digest, fields}] (journal.subjects)
 
 
 class ModelToolCall(TypedDict):
@@ -213,6 +216,7 @@ class ModelResponse(TypedDict):
     usage: NotRequired[dict[str, Any]]  # the provider's token counts for the turn
     reasoning: NotRequired[Any]  # [{source, text, signature?, redacted?, detail?}], or cut like an output
     reasoning_digest: NotRequired[str]  # of the whole reasoning
+    subjects: NotRequired[list[dict[str, Any]]]  # the subjects of the calls it asks for (journal.subjects)
 
 
 #: Kinds the SQL views derive from, with their payload types.
