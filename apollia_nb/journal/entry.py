@@ -676,9 +676,9 @@ _FAST_HEAD = re.compile(rb'\{"@salts":\{([^{}\\]*)\}')
 #: ``,"name":"<salt>"``, a name as JSON without escapes that sorts after "@salts" (every name the runtime writes)
 _SALT_ITEM = re.compile(rb',"([\x41-\x5b\x5d-\xff][^"\\\x00-\x1f]*)":"[0-9a-f]{%d}"' % (2 * SALT_SIZE))
 #: A value the canonical encoder writes exactly so: a string with the escapes it makes and no
-#: others, an integer of at most 16 digits, a literal, an empty array or object.
+#: others, an integer of at most 16 digits (not ``-0``), a literal, an empty array or object.
 _PLAIN_VALUE = (rb'"(?:[^"\\\x00-\x1f]++|\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f])))*+"'
-                rb'|(?:-?(?:0|[1-9][0-9]{0,15})|true|false|null|\[\]|\{\})(?=%s)')
+                rb'|(?:0|-?[1-9][0-9]{0,15}|true|false|null|\[\]|\{\})(?=%s)')
 _HEX_DIGITS = b"0123456789abcdef"
 
 
