@@ -250,3 +250,48 @@ def test_payloads_whose_names_differ_only_in_hex_digits_are_each_taken_by_their_
             assert _same_answer(stored) is not None
     other = _seal({"x0": {"a": 1, "y0": 1}, "y0": 2})  # the same names, a value holding the next mark: parsed
     assert sliced_committed(other) is None and sealed_committed(other)[0]
+
+
+def _random_value(rng: Any, depth: int = 0) -> Any:
+    pick = rng.randrange(9 if depth < 3 else 6)
+    if pick == 0:
+        return rng.choice([0, 1, -1, 5, 10**15, -(10**15), 10**16, 2**63])
+    if pick == 1:
+        return rng.choice([0.5, -0.0, 1e300, 1.25e-7, 3.0])
+    if pick == 2:
+        return rng.choice([True, False, None])
+    if pick in (3, 4, 5):
+        alphabet = 'ab"\\/,:{}[]\n\t\x01\x7f\u00e9\u2028@salts\U0001f600 '
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+    if pick == 6:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    names = ["a", "b", "tool", "@salts", "x1", "é"]
+    return {rng.choice(names): _random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+# bytes a mutation puts in: JSON's own punctuation, escapes, digits, a space, a raw control byte, broken UTF-8
+_INSERTS = [b" ", b",", b'"', b"\\", b"\\u0041", b"\\/", b"0", b"-", b"}", b"{", b"]", b":", b"\x01", b"\xff", b"e1"]
+
+
+def test_mutated_salted_payloads_get_the_parsers_answer_or_none():
+    # a payload of random fields, sealed, then a byte cut out, put in or changed: the spans give
+    # the parser's committed bytes or leave it to the parser, never another answer
+    import random
+
+    rng = random.Random(20261207)
+    names = ["answers", "arguments", "b", "call_id", "line", "tool", "x1", "x2"]
+    taken = 0
+    for _ in range(4000):
+        payload = {k: _random_value(rng) for k in rng.sample(names, rng.randrange(1, len(names)))}
+        stored = _seal(payload)
+        taken += _same_answer(stored) is not None
+        at = rng.randrange(len(stored))
+        how = rng.randrange(3)
+        if how == 0:
+            mutated = stored[:at] + stored[at + 1:]
+        elif how == 1:
+            mutated = stored[:at] + rng.choice(_INSERTS) + stored[at:]
+        else:
+            mutated = stored[:at] + rng.choice(_INSERTS) + stored[at + 1:]
+        _same_answer(mutated)
+    assert taken > 3000  # most honest payloads are taken from their spans

@@ -761,6 +761,11 @@ def sliced_committed(stored: bytes) -> tuple[bytes, list[str]] | None:
     them, computed from the stored bytes' own spans without parsing them; None when the bytes are
     not laid out as this expects (then ``sealed_committed`` decides, and says what is wrong).
     Whatever this answers, ``sealed_committed`` answers the same."""
+    if not stored.isascii():
+        try:
+            stored.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     key = stored[:stored.find(b"}")].translate(None, _HEX_DIGITS)
     match, layout = None, None
     for known in _LAYOUTS.get(key, ()):
@@ -773,11 +778,6 @@ def sliced_committed(stored: bytes) -> tuple[bytes, list[str]] | None:
         match = layout.pattern.fullmatch(stored) if layout is not None else None
     if match is None or layout is None:
         return None
-    if not stored.isascii():
-        try:
-            stored.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
     groups = match.groups()
     n = layout.size
     values = groups[n::2]
