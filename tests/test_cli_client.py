@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from apollia_nb.governance.approvals import local_person
 from runtime_helpers import call, manifest
 
 APOLLIA = [sys.executable, "-m", "apollia_nb"]
@@ -55,6 +56,9 @@ class User:
         text = re.sub(r"(apollia-nb/)[0-9a-f]+", r"\1<KEY>", text)
         text = re.sub(r"(apollia-nb/<KEY>)\+[0-9a-f]{8}\+[A-Za-z0-9+/]{44}", r"\1+<VKEY>", text)
         text = re.sub(r'"key_id": "[0-9a-f]{8}"', '"key_id": "<ID>"', text)
+        # The home's owner is one person with two names: the local user where the CLI owns the home,
+        # `owner` where it speaks to the server with the owner token (who started a run, say).
+        text = re.sub(r'"started_by": "(owner|%s)"' % re.escape(local_person()), '"started_by": "<OWNER>"', text)
         text = re.sub(r'("\w+_base64": )"[A-Za-z0-9+/=]*"', r'\1"<B64>"', text)
         text = re.sub(r'"(note|checkpoint)": "[^"]*"', r'"\1": "<NOTE>"', text)
         text = re.sub(r"^extra [A-Za-z0-9+/=]+$", "extra <B64>", text, flags=re.M)

@@ -1132,8 +1132,8 @@ class Runtime:
         out = []
         for p in self.governance.pending():
             card = self._cards.get(p.id)
-            out.append({**p.to_dict(), "hints": card.hints if card is not None else None,
-                        "may_answer": self.may_answer(p)})
+            out.append(shown_decision(p.to_dict(), hints=card.hints if card is not None else None,
+                                      may_answer=self.may_answer(p)))
         return out
 
     # ------------------------------------------------------------------ who may approve (governance/approvals.py)
@@ -1189,7 +1189,7 @@ class Runtime:
                                        expires_in=expires_in, expires_at=expires_at, lasting=lasting)
         self.deliver_answer(answered, values)
         card = self._cards.get(decision_id)
-        return {**answered, "hints": answered.get("hints", card.hints if card is not None else None)}
+        return shown_decision(answered, hints=answered.get("hints", card.hints if card is not None else None))
 
     def deliver_answer(self, answered: dict[str, Any], values: dict[str, Any] | None = None) -> None:
         """An answered decision reaches its card when it is this process's: it resolves, its run resumes."""
@@ -1231,7 +1231,7 @@ class Runtime:
                 await self._record_asks()
         answered = await done
         card = self._cards.get(decision_id)
-        return {**answered, "hints": answered.get("hints", card.hints if card is not None else None)}
+        return shown_decision(answered, hints=answered.get("hints", card.hints if card is not None else None))
 
     async def _record_asks(self) -> None:
         idle = self._asks_idle = anyio.Event()
@@ -1723,6 +1723,23 @@ class Runtime:
     @classmethod
     def blocking(cls, home: Home | str | Path | None = None, **kwargs: Any) -> "BlockingRuntime":
         return BlockingRuntime(home, **kwargs)
+
+
+#: A decision's JSON on every face, in this order: the owner's runtime, and `GET /pending-decisions` and
+#: `POST /pending-decisions/decide` of a served home (``wire/schemas.py`` ``PendingDecision``).
+DECISION_FIELDS = (
+    "id", "run_id", "task_id", "agent", "tool", "family", "arguments", "answers", "created_at", "status", "answer",
+    "answered_by", "answered_at", "answer_reason", "reason", "line", "call_id", "hints", "digest", "may_answer",
+    "expires_at",
+)
+
+
+def shown_decision(decision: dict[str, Any], *, hints: Any, may_answer: Any = None) -> dict[str, Any]:
+    """A waiting or answered decision as it is shown (``DECISION_FIELDS``): its tool's ``hints``, who may
+    answer it (``may_answer``: the decision's own when it has one, as an approval short of the number
+    needed does; null once answered) and when the approval given ends (``expires_at``, null: never)."""
+    shown = {**decision, "hints": hints, "may_answer": decision.get("may_answer", may_answer)}
+    return {field: shown.get(field) for field in DECISION_FIELDS}
 
 
 def _is_running(run: TaskRun) -> bool:
