@@ -5,7 +5,8 @@ under ``"@erased"``). Every reading surface answers the fields alone: the owner'
 client runtime's entries, the internal journal routes' append and page answers, the public
 ``/audit/entries`` and ``/audit/verify``, the SDK, verification reports and OCSF events' mapped fields.
 Only what a verifier needs keeps the stored bytes (the entries read ``stored``, an export's pages), and
-those still verify. Against real parts: the home's DuckDB journal, a server on 127.0.0.1 (port 0), the
+those still verify. A served verification says what the owner's does: the format, the erased fields, the
+losses a repair recorded. Against real parts: the home's DuckDB journal, a server on 127.0.0.1 (port 0), the
 public SDK.
 """
 
@@ -187,3 +188,27 @@ async def test_a_served_home_after_an_erasure_shows_no_commitment_and_verifies_a
             for report in (client.journal.verify_in_place(), client.journal.verify_paged(page=2)):
                 assert (report.ok, report.erased, report.format) == (True, 1, "2")
                 assert report.summary() == owned.summary()
+
+
+async def test_a_served_verification_names_the_losses_a_repair_recorded_as_the_owners_does(home):
+    from test_journal_truncated import _cli, _log, _record_ends, killed
+
+    from apollia_nb.journal.verify import verify_home
+
+    killed(home, "add(2, 'run-1', 'run_open')\nadd(2)\nj.entries()\nadd(2, 'run-2', 'run_open')\nadd(3, 'run-2')"
+                 "\nj.checkpoint()")
+    data = _log(home).read_bytes()
+    _log(home).write_bytes(data[:_record_ends(data)[5] - 3])  # entries 6..9 were acknowledged and are gone
+    done = _cli("home", "repair", "--lost-entries", "--yes", home=home)
+    assert done.returncode == 0, done.stderr
+    made = _cli("home", "repair", "--new-runtime-db", home=home)  # the home held a journal alone
+    assert made.returncode == 0, made.stderr
+    owned = verify_home(home)
+    assert owned.ok and owned.losses and "loss: entry 10" in owned.summary()
+    with ServerThread(home, token=TOKEN) as srv:
+        with httpx.Client(base_url=srv.url + "/api/v1", headers=AUTH, timeout=30) as http:
+            answer = http.post("/internal/journal/verify", json={"checkpoint": None}).json()
+            assert answer["losses"] == [dict(loss) for loss in owned.losses]
+        async with Runtime(home) as client:
+            for report in (client.journal.verify_in_place(), client.journal.verify_paged(page=3)):
+                assert report.losses == owned.losses and report.summary() == owned.summary()
