@@ -99,6 +99,7 @@ async def _walk_owned(home: Any) -> None:
         assert_unsalted("verify", report.to_dict(), salts)
         assert_unsalted("replay", rt.replay("run-0").to_dict(), salts)
         assert_unsalted("ocsf", _ocsf_fields(entries, rt.journal.origin, rt.journal.key_id), salts)
+        assert_unsalted("panel tail", _panel_tail(rt.journal, "run-0"), salts)
 
 
 async def test_no_reading_surface_of_an_owned_or_a_served_home_shows_a_salt(home):
@@ -144,6 +145,18 @@ async def test_no_reading_surface_of_an_owned_or_a_served_home_shows_a_salt(home
             assert_unsalted("client replay", client.replay("run-0").to_dict(), salts)
             assert_unsalted("client ocsf", _ocsf_fields(entries, client.journal.origin, client.journal.key_id),
                             salts)
+            assert_unsalted("client panel tail", _panel_tail(client.journal, "run-0"), salts)
+
+
+def _panel_tail(journal: Any, run_id: str) -> list[dict[str, Any]]:
+    """The side panel's journal tail of a run, read as the panel reads it (its own query, its entry JSON)."""
+    from apollia_nb.journal.entry import Entry
+    from apollia_nb.notebook.panel import _entry_json
+
+    rows = journal.sql(f"SELECT {', '.join(Entry.COLUMNS)} FROM entries WHERE run_id = ? ORDER BY seq DESC LIMIT ?",
+                       [run_id, 10])
+    assert rows
+    return [_entry_json(r) for r in rows]
 
 
 def _stored_salts_served(http: httpx.Client) -> list[str]:
