@@ -18,6 +18,7 @@ from typing import Any
 import duckdb
 import httpx
 import pytest
+from test_served_call_answers import call_body
 
 from apollia_nb.api.server import ServerThread
 from apollia_nb.journal.ocsf import ocsf_events
@@ -121,7 +122,9 @@ async def test_no_reading_surface_of_an_owned_or_a_served_home_shows_a_salt(home
                 "internal head": http.get("/internal/journal/head").json(),
                 "audit entries": http.get("/audit/entries").json(),
                 "audit verify": http.get("/audit/verify").json(),
+                "governed call": http.post("/internal/calls", json=call_body("run-c", "c1")).json(),
             }
+            assert [r["kind"] for r in answers["governed call"]["entries"]][-1] in ("tool_call", "tool_result")
             for where, answer in answers.items():
                 assert_unsalted(where, answer, salts)
             assert json.loads(added.json()["entries"][0]["payload"]) == {"late": "é"}
