@@ -39,6 +39,55 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[name] = value
 
 
+_ROOT = Path(__file__).resolve().parents[1]
+_untracked_at_start: set[str] | None = None
+
+
+def _untracked_in_root() -> set[str] | None:
+    """Untracked files directly in the checkout's root or in ``tests/`` (None: not a git checkout)."""
+    import subprocess
+
+    if not (_ROOT / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(_ROOT), "status", "--porcelain", "-z", "--untracked-files=normal"],
+                             capture_output=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = set()
+    for line in out.decode("utf-8", "surrogateescape").split("\0"):
+        path = line[3:]
+        if line.startswith("?? ") and (path.rstrip("/").count("/") == 0 or
+                                        (path.startswith("tests/") and path.rstrip("/").count("/") == 1)):
+            found.add(path)
+    return found
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _untracked_at_start
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # the run's own process: it finishes after every worker
+        _untracked_at_start = _untracked_in_root()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A test that wrote into the checkout (a workspace of ".", a relative path, no tmp_path) fails the run."""
+    if _untracked_at_start is None:
+        return
+    after = _untracked_in_root()
+    gained = sorted((after or set()) - _untracked_at_start)
+    if gained:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (f"the run left new untracked files in the checkout ({', '.join(gained)}): a test wrote "
+                   "where it was started instead of its tmp_path (a workspace root of '.' with no "
+                   "monkeypatch.chdir, or a relative path)")
+        if reporter is not None:
+            reporter.write_line(f"ERROR: {message}", red=True)
+        else:
+            print(f"ERROR: {message}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     for name, value in _saved_env.items():
         if value is None:
