@@ -162,7 +162,10 @@ def test_rows_larger_than_the_first_pass_holds_verify_and_are_checked(home, tmp_
     _sql(changed, "DROP VIEW IF EXISTS journal", "DROP VIEW IF EXISTS decisions", "DROP VIEW IF EXISTS tool_calls",
          "DROP VIEW IF EXISTS runs", "UPDATE entries SET payload = payload || 'x'::BLOB WHERE seq = 22")
     report = verify_home(changed)
-    assert (report.ok, report.first_bad_seq, report.problem) == (False, 22, "entry 22: hash does not match its contents")
+    # A salted (format 2) payload with a byte appended no longer holds together; either way entry 22 is named.
+    assert (report.ok, report.first_bad_seq) == (False, 22)
+    assert report.problem.startswith(("entry 22: hash does not match its contents",
+                                      "entry 22: its salted payload does not hold together: Extra data"))
     assert report == _in_seq_order(changed)
 
 
