@@ -41,7 +41,9 @@ def _client(url: str, token: str) -> httpx.Client:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str, dict[str, str]]]:
     """A served home with a run waiting on a card, a standing consent for 8h, a rule, and one person per role."""
-    home = Home.at(tmp_path_factory.mktemp("reads") / "home")
+    base = tmp_path_factory.mktemp("reads")
+    home = Home.at(base / "home")
+    (base / "work").mkdir()  # the agent writes here, never where the run started
     turns: list[dict[str, Any]] = []
     for i in range(2):
         turns += [{"tool_calls": [call("write_file", path=f"f{i}.txt", content="x")]}, {"text": "Done."}]
@@ -51,7 +53,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str
             made = owner.post("/people", json={"name": f"p-{role}", "roles": [role]})
             assert made.status_code == 201, made.text
             tokens[role] = made.json()["token"]
-        assert owner.post("/agents", json={"manifest": manifest(actor=turns)}).status_code == 201
+        written = manifest(actor=turns, workspace=str(base / "work"))
+        assert owner.post("/agents", json={"manifest": written}).status_code == 201
         assert owner.post("/tasks", json={"agent": "clerk", "goal": "Write"}).status_code == 202
         card = _pending(owner, 1)[0]
         answered = owner.post("/pending-decisions/decide", json={"id": card["id"], "answer": "once"})
