@@ -49,6 +49,7 @@ from apollia_nb.dbutil import connect_locked
 from apollia_nb.errors import HomeFileCorrupt, HomeFileMissing, HomeKeyMismatch, HomeLocked, IntegrityError
 from apollia_nb.home import Home
 from apollia_nb.journal import keys
+from apollia_nb.journal.entry import readable_payload
 from apollia_nb.journal.tail import read_tail, tail_path
 
 __all__ = [
@@ -131,8 +132,9 @@ def home_record(kinds: Iterable[str], files: Iterable[Mapping[str, Any]],
 
 
 def _payload(raw: Any) -> dict[str, Any]:
+    """An entry's payload as a reader sees it (a salted payload's fields alone)."""
     try:
-        value = json.loads(bytes(raw).decode("utf-8"))
+        value = readable_payload(bytes(raw))
     except (ValueError, TypeError):
         return {}
     return value if isinstance(value, dict) else {}
