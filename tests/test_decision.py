@@ -753,7 +753,8 @@ def test_the_public_face() -> None:
     assert names(Call) == ["agent", "tool", "family", "arguments", "connection", "run_grants", "paths", "shell", "aliases",
                            "code_places"]
     assert names(Rule) == ["tool", "effect", "prefix", "agent", "id"]  # no session, no project
-    assert names(Policy) == ["refuse_tools", "refuse_connections", "refuse_families"]
+    # approvals: who may answer a card ([approvals] four eyes); decide() never reads it
+    assert names(Policy) == ["refuse_tools", "refuse_connections", "refuse_families", "approvals"]
     assert names(Decision)[:4] == ["outcome", "line", "answers", "reason"]
     assert [f.name for f in dataclasses.fields(GovernanceView) if f.init] == [
         "rules", "consents", "developer_mode", "policy", "readable", "unreadable_reason",
