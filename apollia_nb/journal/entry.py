@@ -477,10 +477,7 @@ _NAMES: dict[str, bytes] = {}
 try:  # CPython's own SHA-256 makes a small digest in about 3/4 of OpenSSL's time (no EVP context)
     from _sha2 import sha256 as _sha256_small  # type: ignore[import-not-found,unused-ignore]  # 3.12+
 except ImportError:
-    try:
-        from _sha256 import sha256 as _sha256_small  # type: ignore[import-not-found,no-redef,unused-ignore]
-    except ImportError:  # pragma: no cover
-        _sha256_small = _sha256
+    _sha256_small = _sha256  # before 3.12 CPython's own module (_sha256) is slower than OpenSSL here
 
 
 def _name(key: str) -> bytes:
