@@ -65,7 +65,9 @@ def _untracked_in_root() -> set[str] | None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _untracked_at_start
-    if "PYTEST_XDIST_WORKER" not in os.environ:  # the run's own process: it finishes after every worker
+    # the run's own process (it finishes after every worker); an xdist worker has workerinput, while
+    # PYTEST_XDIST_WORKER is also inherited by any pytest a test starts in a subprocess
+    if not hasattr(session.config, "workerinput"):
         _untracked_at_start = _untracked_in_root()
 
 
