@@ -50,7 +50,7 @@ import hashlib
 import json
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, NamedTuple, NotRequired, TypedDict
@@ -914,7 +914,9 @@ class Entry:
     ``payload`` is the payload a reader sees: canonical JSON of its fields. For an entry of
     format 2 the row holds more (each field's salt, the commitments of erased fields):
     ``stored`` keeps those bytes, exactly as stored and hashed (``as_row``, ``computed_hash``);
-    it is None when they are ``payload`` itself (format 1)."""
+    it is None when they are ``payload`` itself (format 1), or not carried (a served home's
+    answers show fields alone). Two entries are equal when their columns are: ``stored`` is how
+    one was kept or carried, and its hash already commits to it."""
 
     seq: int
     ts: str
@@ -926,7 +928,7 @@ class Entry:
     hash: bytes
     signature: bytes
     key_id: str
-    stored: bytes | None = None
+    stored: bytes | None = field(default=None, compare=False)
 
     COLUMNS = (
         "seq", "ts", "run_id", "agent", "kind", "payload",
