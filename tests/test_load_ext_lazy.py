@@ -85,3 +85,52 @@ def test_loading_imports_only_what_opening_the_home_needs(tmp_path, which):
 
 NOT_FOR_STATUS = {"httpx", "httpx2", "h11", "pydantic", "fastapi", "starlette", "uvicorn", "mcp", "pandas", "dask",
                   "distributed"}
+
+
+GATED = '''
+import sys
+gate = sys.modules["apollia_test_gate"]
+first = 1
+gate.started.set()
+gate.go.wait(30)
+later = 2
+'''
+
+
+@pytest.mark.parametrize("run", range(3))
+def test_a_deferred_module_read_by_two_threads_runs_once_and_no_thread_sees_it_half_run(tmp_path, monkeypatch, run):
+    import threading
+    import types
+
+    from apollia_nb.notebook.deferred import widgets_on_first_use
+
+    name = f"apollia_test_gated_{run}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text(GATED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    gate = types.ModuleType("apollia_test_gate")
+    gate.started, gate.go = threading.Event(), threading.Event()
+    monkeypatch.setitem(sys.modules, "apollia_test_gate", gate)
+    with widgets_on_first_use(frozenset({name})):
+        module = __import__(name)
+    assert not gate.started.is_set()  # found, not run
+    seen: dict[str, object] = {}
+
+    def read(attr: str) -> None:
+        try:
+            seen[attr] = getattr(module, attr)
+        except AttributeError as exc:  # what a thread reading a half-run module got
+            seen[attr] = exc
+
+    first = threading.Thread(target=read, args=("first",))
+    first.start()  # runs the module's code, which waits at the gate half-way
+    assert gate.started.wait(30)
+    second = threading.Thread(target=read, args=("later",))
+    second.start()
+    second.join(0.5)  # a reader of the half-run module would be done by now, with an error
+    gate.go.set()
+    first.join(30)
+    second.join(30)
+    assert seen == {"first": 1, "later": 2}
+    assert module.first == 1 and type(module) is types.ModuleType
+    monkeypatch.delitem(sys.modules, name)
