@@ -24,5 +24,6 @@ done
 # The suite runs in worker processes (pytest-xdist): more workers than cores, as most tests wait on a
 # subprocess, a server or fsync; a test file stays on one worker (pyproject.toml), its module fixtures made once.
 # Arguments given here come after these and win: `-n 0` runs it in this one process, `-n 4` in four.
-# pytest exits 5 when it collects no test: that is a failure here, never a pass.
-exec .venv/bin/python -m pytest -n 3 "$@"
+# pytest exits 5 when it collects no test: that is a failure here, never a pass. The 40 slowest tests are
+# listed at the end, so a run shows where its time goes.
+exec .venv/bin/python -m pytest -n 3 --durations=40 "$@"
