@@ -106,11 +106,7 @@ def _server_of(home: "Home") -> "ServerAddress | None":
         return None
     except HomeLocked:  # not advertised: the command owns the home, and says who holds it if another does
         return None
-    import dataclasses
-    import os
-
-    token = os.environ.get("APOLLIA_TOKEN")  # a person's own token: the server checks its roles
-    return dataclasses.replace(address, token=token) if token else address
+    return address  # its token is the person's own when there is one (``wire.http.client_token``)
 
 
 @contextlib.contextmanager

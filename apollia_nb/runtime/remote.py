@@ -132,7 +132,9 @@ def _holder_words(holder: dict[str, Any] | None) -> str:
 
 
 def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
-    """The ``apollia-os serve`` that owns ``home``, or raise ``HOME_LOCKED`` saying who holds it.
+    """The ``apollia-os serve`` that owns ``home``, or raise ``HOME_LOCKED`` saying who holds it. Its token is
+    the one this client sends: ``$APOLLIA_TOKEN``, else ``$JUPYTERHUB_API_TOKEN``, else the owner's from
+    ``server.json`` (``wire.http.client_token``), so a kernel or a command acts as its person on the server.
 
     ``locked`` is the error the owner lock raised: raised as it is when no
     server is advertised. When ``server.json`` advertises a server that has
@@ -142,12 +144,14 @@ def find_server(home: Home, locked: HomeLocked) -> ServerAddress:
     """
     import httpx
 
+    from apollia_nb.wire.http import client_token
+
     advertised = _read_json(home.server_json)
     if advertised is None:
         raise locked
-    try:
-        address = ServerAddress(url=str(advertised["url"]).rstrip("/"), token=str(advertised["token"]),
-                                pid=int(advertised["pid"]))
+    try:  # the token sent is the person's own when there is one, else the owner's (``client_token``)
+        address = ServerAddress(url=str(advertised["url"]).rstrip("/"),
+                                token=client_token(str(advertised["token"])) or "", pid=int(advertised["pid"]))
     except (KeyError, TypeError, ValueError):
         raise locked from None
     holder = _read_json(home.owner_lock_path)

@@ -24,7 +24,7 @@ from apollia_nb.errors import ApolliaError, error_for_code
 from apollia_nb.wire import schemas as s
 
 __all__ = ["API_PREFIX", "KEY_HEADER", "Event", "Req", "Retry", "Routes", "SSEDecoder", "Session", "api_base",
-           "person_token", "post", "q", "raise_for_error", "stream_timeout"]
+           "client_token", "person_token", "post", "q", "raise_for_error", "stream_timeout"]
 
 API_PREFIX = "/api/v1"
 KEY_HEADER = "Idempotency-Key"
@@ -285,13 +285,19 @@ def stream_timeout(timeout: float | None) -> httpx.Timeout:
     return httpx.Timeout(timeout, read=None)
 
 
-def person_token(token: str | None) -> str:
-    """The token a client sends: ``token``, else ``$APOLLIA_TOKEN`` (a person's own), else
+def client_token(advertised: str | None = None) -> str | None:
+    """Who a client of a served home is, as the token it sends: ``$APOLLIA_TOKEN`` (a person's own), else
     ``$JUPYTERHUB_API_TOKEN`` (in a server, kernel or terminal a JupyterHub started: a home served with a
-    hub asks the hub whose it is)."""
+    hub asks the hub whose it is), else ``advertised`` (the owner's token in ``server.json``, which only the
+    home's owner can read). The SDK, the CLI and a kernel's client runtime all send the one this gives."""
     import os
 
-    found = token or os.environ.get("APOLLIA_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN")
+    return os.environ.get("APOLLIA_TOKEN") or os.environ.get("JUPYTERHUB_API_TOKEN") or advertised or None
+
+
+def person_token(token: str | None) -> str:
+    """The token a client sends: ``token``, else what :func:`client_token` finds in the environment."""
+    found = token or client_token()
     if not found:
         from apollia_nb.errors import BadInput
 
