@@ -39,6 +39,8 @@ RU, AU, GU, ADMIN_U = ("runner", "auditor"), ("approver", "auditor"), ("rules", 
 #: Every role: what any client of the home reads to open it (the journal's head: its seq, hash, origin and
 #: public key, no entry), so a person of any role can use the CLI or a kernel on the served home.
 ANY = ("auditor", "runner", "approver", "rules")
+#: A run's own state, read by whoever runs it, approves its plan or audits it (an approver sees the plan it approves).
+RAU = ("runner", "approver", "auditor")
 
 ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("GET", "/health"): None,
@@ -50,13 +52,13 @@ ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("POST", "/agents/{name}/stop"): R,
     ("POST", "/tasks"): R,
     ("GET", "/tasks"): RU,
-    ("GET", "/tasks/{task_id}"): RU,
+    ("GET", "/tasks/{task_id}"): RAU,
     ("GET", "/tasks/{task_id}/wait"): RU,
     ("POST", "/tasks/{task_id}/cancel"): R,
     ("GET", "/tasks/{task_id}/events"): RU,
     ("POST", "/sessions"): R,
     ("GET", "/sessions"): RU,
-    ("GET", "/sessions/{session_id}"): RU,
+    ("GET", "/sessions/{session_id}"): RAU,
     ("POST", "/sessions/{session_id}/messages"): R,
     ("GET", "/sessions/{session_id}/events"): RU,
     ("POST", "/sessions/{session_id}/pause"): R,

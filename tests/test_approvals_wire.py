@@ -1,0 +1,69 @@
+"""Approvals bound to the action, on every face a person answers from: the cards a stream shows carry
+what an answer approves (its digest, who may answer, when the approval ends), a terminal binds its answer
+to the digest it saw, an approver reads the plan it approves, and a refused plan answer is journaled."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from apollia_nb.api.server import ServerThread
+from runtime_helpers import call, manifest
+
+OWNER = "wire-owner-" + "w" * 32
+WRITE = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="one")]}, {"text": "Done."}])
+PLANNED = manifest(planner=[{"steps": ["Write the file"]}],
+                   actor=[{"tool_calls": [call("write_file", path="a.txt", content="one")]}, {"text": "Done."}])
+
+
+def _client(url: str, token: str) -> httpx.Client:
+    return httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+
+def _until(fetch: Any, ok: Any) -> Any:
+    deadline = time.monotonic() + 60
+    while not ok(value := fetch()):
+        assert time.monotonic() < deadline, value
+        time.sleep(0.05)
+    return value
+
+
+def _person(owner: httpx.Client, name: str, *roles: str) -> str:
+    made = owner.post("/people", json={"name": name, "roles": list(roles)})
+    assert made.status_code == 201, made.text
+    return str(made.json()["token"])
+
+
+def _entries(owner: httpx.Client, run_id: str, kind: str) -> list[dict[str, Any]]:
+    entries = owner.get("/audit/entries", params={"run_id": run_id, "limit": 1000}).json()["entries"]
+    return [e["payload"] for e in entries if e["kind"] == kind]
+
+
+# --- an approver reads what it approves -------------------------------------------------------------
+
+
+def test_an_approver_reads_the_task_whose_plan_it_approves_and_the_session_it_answers(home):
+    with ServerThread(home, token=OWNER) as srv, _client(srv.url, OWNER) as owner:
+        ann = _person(owner, "ann", "approver")
+        assert owner.post("/agents", json={"manifest": PLANNED}).status_code == 201
+        task = owner.post("/tasks", json={"agent": "clerk", "goal": "Write", "approve_plan": True,
+                                          "grants": ["write"]}).json()
+        shown = _until(lambda: owner.get(f"/tasks/{task['id']}").json(), lambda t: t["awaiting_plan_approval"])
+        session = owner.post("/sessions", json={"agent": "clerk", "plan_mode": True}).json()
+        with _client(srv.url, ann) as approver:
+            seen = approver.get(f"/tasks/{task['id']}")
+            assert seen.status_code == 200, seen.text
+            assert seen.json()["plan"] == ["Write the file"] and seen.json()["plan_digest"] == shown["plan_digest"]
+            assert approver.get(f"/sessions/{session['id']}").status_code == 200
+            # What is a runner's alone stays so: listing every task, following a run, changing one.
+            for method, path in (("GET", "/tasks"), ("GET", f"/tasks/{task['id']}/events"),
+                                 ("POST", f"/tasks/{task['id']}/cancel"), ("GET", "/sessions")):
+                refused = approver.request(method, path)
+                assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN", (method, path)
+            assert approver.post(f"/tasks/{task['id']}/plan/approve",
+                                 json={"digest": seen.json()["plan_digest"]}).status_code == 202
+        _until(lambda: owner.get(f"/tasks/{task['id']}").json(), lambda t: t["status"] == "completed")
