@@ -67,3 +67,52 @@ def test_an_approver_reads_the_task_whose_plan_it_approves_and_the_session_it_an
             assert approver.post(f"/tasks/{task['id']}/plan/approve",
                                  json={"digest": seen.json()["plan_digest"]}).status_code == 202
         _until(lambda: owner.get(f"/tasks/{task['id']}").json(), lambda t: t["status"] == "completed")
+
+
+# --- a card on a stream shows what its answer approves -----------------------------------------------
+
+
+def _sse_lines(lines: Any) -> Any:
+    """``(event, data)`` of a stream's lines, as they come."""
+    name = None
+    for line in lines:
+        if line.startswith("event:"):
+            name = line.split(":", 1)[1].strip()
+        elif line.startswith("data:"):
+            yield name, json.loads(line.split(":", 1)[1])
+
+
+def test_a_card_on_a_chat_stream_carries_the_digest_who_may_answer_and_the_approvals_end(home):
+    from apollia_nb.wire import schemas
+
+    with ServerThread(home, token=OWNER) as srv, _client(srv.url, OWNER) as owner, \
+            _client(srv.url, OWNER) as answering:
+        assert owner.post("/agents", json={"manifest": WRITE}).status_code == 201
+        session = owner.post("/sessions", json={"agent": "clerk"}).json()
+        events: list[tuple[str, dict[str, Any]]] = []
+        with owner.stream("POST", f"/sessions/{session['id']}/messages", json={"text": "Write"}) as resp:
+            assert resp.status_code == 200
+            for name, data in _sse_lines(resp.iter_lines()):
+                events.append((name, data))
+                if name == "card":  # answered from another connection while the stream waits
+                    [pending] = answering.get("/pending-decisions").json()
+                    assert pending["id"] == data["card"]["id"]
+                    decided = answering.post("/pending-decisions/decide", json={
+                        "id": pending["id"], "answer": "once", "digest": data["card"]["digest"],
+                        "expires_in": 600})
+                    assert decided.status_code == 200, decided.text
+                    answered = decided.json()
+        [(_, raw)] = [(n, d) for n, d in events if n == "card"]
+        assert events[-1][0] == "end" and events[-1][1]["status"] == "done"
+        card = schemas.CardEvent.model_validate(raw).card  # as a client reads it: the same names as REST
+        assert card.digest == pending["digest"] == answered["digest"] and card.digest.startswith("sha256:")
+        assert card.may_answer == pending["may_answer"] and card.may_answer["roles"] == ["approver"]
+        assert card.expires_at is None and answered["expires_at"] is not None  # asked before any answer
+        with owner.stream("GET", f"/sessions/{session['id']}/events") as resp:  # the exchange replayed
+            [replayed] = [schemas.CardEvent.model_validate(d).card for n, d in _sse_lines(resp.iter_lines())
+                          if n == "card"]
+        assert replayed.digest == pending["digest"] and replayed.may_answer == pending["may_answer"]
+        # The document a client is generated from names them, as the pending decision's.
+        document = owner.get("/openapi.json").json()["components"]["schemas"]
+        for field in ("digest", "may_answer", "expires_at"):
+            assert field in document["Card"]["properties"] and field in document["PendingDecision"]["properties"]

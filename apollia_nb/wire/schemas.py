@@ -253,6 +253,12 @@ class Card(_Out):
     answer: AnswerName | None = None
     answered_by: str | None = None
     answered_at: str | None = None
+    digest: str | None = Field(None, description="`sha256:` of the call as shown, as `GET /pending-decisions` gives "
+                                                 "it: what an answer approves (the decision's `digest`)")
+    may_answer: dict[str, Any] | None = Field(
+        None, description="who may answer, as `GET /pending-decisions` gives it (null when it cannot be said)")
+    expires_at: str | None = Field(None, description="when the approval given ends (null: it does not, or none "
+                                                     "was given yet)")
 
 
 class TextEvent(_Out):
