@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import httpx
@@ -116,3 +117,80 @@ def test_a_card_on_a_chat_stream_carries_the_digest_who_may_answer_and_the_appro
         document = owner.get("/openapi.json").json()["components"]["schemas"]
         for field in ("digest", "may_answer", "expires_at"):
             assert field in document["Card"]["properties"] and field in document["PendingDecision"]["properties"]
+
+
+# --- a terminal binds its answer to what it saw ---------------------------------------------------------
+
+
+def _cli(home: Any, *args: str) -> Any:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("APOLLIA_TOKEN", "APOLLIA_HOME")}
+    return subprocess.run([sys.executable, "-m", "apollia_nb", *args, "--home", str(home.path)], capture_output=True,
+                          text=True, env=env, timeout=180)
+
+
+TWICE = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="one")]},
+                        {"tool_calls": [call("write_file", path="a.txt", content="one")]},
+                        {"text": "Done."}])
+
+
+def _terminal_binds_its_answer(home: Any, tmp_path: Any) -> list[dict[str, Any]]:
+    """Run TWICE unattended, answer both calls at the terminal bound to their digests; returns the answers."""
+    source = tmp_path / "clerk.toml"
+    source.write_text(TWICE)
+    assert _cli(home, "agents", "register", str(source)).returncode == 0
+    started = _cli(home, "run", "clerk", "Write", "--unattended", "--json")
+    assert started.returncode == 0, started.stderr
+    [first] = json.loads(_cli(home, "pending", "list", "--json").stdout)
+    assert first["digest"].startswith("sha256:") and len(first["digest"]) == 71
+    listed = _cli(home, "pending", "list")
+    assert f"digest: {first['digest']}" in listed.stdout  # what a person copies into --digest
+    answered = []
+    for wrong in ("sha256:" + "0" * 64, "not a digest"):
+        stale = _cli(home, "pending", "decide", first["id"], "once", "--digest", wrong)
+        assert stale.returncode == 3 and stale.stderr.startswith("error: STALE_APPROVAL: ")
+        assert first["digest"] in stale.stderr
+    bad = _cli(home, "pending", "decide", first["id"], "once", "--expires-in", "-5")
+    assert bad.returncode == 3 and "BAD_INPUT" in bad.stderr
+    both = _cli(home, "pending", "decide", first["id"], "once", "--expires-in", "60", "--expires-at",
+                "2099-01-01T00:00:00Z")
+    assert both.returncode == 3 and "BAD_INPUT" in both.stderr and "not allowed with" in both.stderr  # one end
+    assert [p["id"] for p in json.loads(_cli(home, "pending", "list", "--json").stdout)] == [first["id"]]
+    done = _cli(home, "pending", "decide", first["id"], "once", "--digest", first["digest"], "--expires-in", "600",
+                "--json")
+    assert done.returncode == 0, done.stderr
+    decision = json.loads(done.stdout)["decision"]
+    assert decision["digest"] == first["digest"] and decision["expires_at"].endswith("Z")
+    answered.append(decision)
+    [second] = json.loads(_cli(home, "pending", "list", "--json").stdout)
+    replayed = _cli(home, "pending", "decide", second["id"], "once", "--digest", first["digest"])
+    assert replayed.returncode == 3 and "STALE_APPROVAL" in replayed.stderr  # the first approval, for another call
+    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).replace(microsecond=0)
+    text = _cli(home, "pending", "decide", second["id"], "once", "--digest", second["digest"], "--expires-at",
+                tomorrow.isoformat())
+    assert text.returncode == 0, text.stderr
+    ends = tomorrow.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"the approval ends {ends}" in text.stdout.splitlines()[0]
+    answered.append({"expires_at": ends})
+    return answered
+
+
+def test_pending_decide_binds_the_answer_to_the_digest_a_person_saw_on_an_owned_home(home, tmp_path):
+    _terminal_binds_its_answer(home, tmp_path)
+    report = _cli(home, "audit", "verify", "--json")
+    assert report.returncode == 0, report.stderr
+
+
+def test_pending_decide_binds_the_answer_to_the_digest_a_person_saw_on_a_served_home(home, tmp_path):
+    with ServerThread(home, token=OWNER) as srv, _client(srv.url, OWNER) as owner:
+        decision, second = _terminal_binds_its_answer(home, tmp_path)
+        [task] = owner.get("/tasks").json()
+        _until(lambda: owner.get(f"/tasks/{task['id']}").json(), lambda t: t["status"] == "completed")
+        answers = _entries(owner, task["run_id"], "answer")
+        refused = _entries(owner, task["run_id"], "answer_refused")
+    assert [a["digest"] for a in answers][0] == decision["digest"] and len(answers) == 2
+    assert [a.get("expires_at") for a in answers] == [decision["expires_at"], second["expires_at"]]
+    assert [r["code"] for r in refused] == ["STALE_APPROVAL"] * 3

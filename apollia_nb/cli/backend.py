@@ -345,8 +345,10 @@ class OwnedRuntime:
         return self._call(self.rt.pending_decisions)
 
     def decide(self, decision_id: str, answer: str, *, reason: str | None, by: str,
-               values: dict[str, Any] | None = None, lasting: str | None = None) -> dict[str, Any]:
-        extra: dict[str, Any] = {"values": values} if values is not None else {}
+               values: dict[str, Any] | None = None, lasting: str | None = None,
+               terms: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``terms``: what binds the answer (``digest``, ``expires_in``, ``expires_at``), when given."""
+        extra: dict[str, Any] = {**(terms or {}), **({"values": values} if values is not None else {})}
         if lasting is not None:
             extra["lasting"] = lasting
         return self._call(lambda: self.rt.answer(decision_id, answer, by=by, reason=reason, **extra))

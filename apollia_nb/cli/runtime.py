@@ -58,6 +58,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     a.add_argument("--by", default=None, help="who answers (default: the user name)")
     a.add_argument("--values", default=None, type=_json_object, metavar="JSON",
                    help="a server's question answered once: the form's values, a JSON object")
+    a.add_argument("--digest", default=None, metavar="DIGEST",
+                   help="the decision's digest as `pending list` showed it: the answer approves that call alone "
+                        "(another is refused STALE_APPROVAL)")
+    expiry = a.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-in", dest="expires_in", default=None, type=float, metavar="SECONDS",
+                        help="the approval's lifetime: the call is refused (and the refusal journaled) when it "
+                             "would run later")
+    expiry.add_argument("--expires-at", dest="expires_at", default=None, metavar="WHEN",
+                        help="the approval's end, ISO 8601 with an offset")
     a.set_defaults(handler=_pending_decide)
 
     runs = sub.add_parser("runs", help="the runs in the journal")
@@ -333,7 +342,8 @@ def _pending_text(p: dict[str, Any], goals: dict[str, str]) -> str:
     else:
         whose = f"run {p['run_id']}"
     card = _card_text(p).replace("\n", "\n  ")
-    return f"{p['id']}  {p['created_at']}  {whose}\n  {card}"
+    bound = f"\n  digest: {p['digest']}" if p.get("digest") else ""  # what `pending decide --digest` names
+    return f"{p['id']}  {p['created_at']}  {whose}\n  {card}{bound}"
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -353,9 +363,13 @@ def _pending_decide(args: argparse.Namespace) -> int:
     from apollia_nb.errors import ApolliaError
 
     with open_home(args) as home, home.runtime() as rt:
+        terms = {k: v for k, v in (("digest", args.digest), ("expires_in", args.expires_in),
+                                   ("expires_at", args.expires_at)) if v is not None}
         decided = rt.decide(args.id, args.answer, reason=args.reason, by=_who(args), values=args.values,
-                            **({"lasting": args.lasting} if args.lasting is not None else {}))
-        lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"]
+                            **({"lasting": args.lasting} if args.lasting is not None else {}),
+                            **({"terms": terms} if terms else {}))
+        lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"
+                 + (f", the approval ends {decided['expires_at']}" if decided.get("expires_at") else "")]
         data: dict[str, Any] = {"decision": decided}
         task_id = decided.get("task_id")
         if task_id:
