@@ -34,6 +34,7 @@ route about another agent, task, run or decision.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import secrets
@@ -50,7 +51,7 @@ from apollia_nb.errors import BadInput, Unauthorized, UnknownDecision
 from apollia_nb.governance.people import OWNER
 from apollia_nb.runtime.dask_engine import item_task_prefix
 
-__all__ = ["WORKER_KINDS", "WORKER_ROUTES", "WorkerScope", "WorkerTokens", "authorize_internal", "scope_of",
+__all__ = ["WORKER_KINDS", "WORKER_ROUTES", "KnownRuns", "WorkerScope", "WorkerTokens", "authorize_internal", "scope_of",
            "tokens_of"]
 
 #: The kinds of entry a task's run appends through its client runtime.
@@ -85,12 +86,97 @@ class WorkerScope:
         return {"agent": self.agent, "batch_id": self.batch_id, "tasks": self.tasks}
 
 
+class KnownRuns:
+    """Whether the journal holds an entry of a run, without having its newest entries copied into
+    ``journal.db`` for each question (what a read of the journal waits for).
+
+    Made once (``journal.observe``, then a cursor of ``journal.db``, whose making waits for one copy):
+    every entry committed before is in ``journal.db`` from then on, and the runs of every entry
+    committed since are told to it as they are acknowledged (``recent``, each with its newest seq).
+    A question reads ``journal.db`` (does it hold an entry of the run, and up to which seq it holds
+    the journal: copies are consecutive prefixes), then drops from ``recent`` what that seq covers,
+    then looks in ``recent``: an entry of the run is found in one or the other, whenever it was
+    committed before the question. Questions are asked one at a time, so a run dropped from
+    ``recent`` was in ``journal.db`` for the read. ``recent`` holds what is not yet known copied;
+    past ``RECENT_MOST`` runs between two questions it is given up (``stale``) and the next question
+    makes a new one."""
+
+    RECENT_MOST = 100_000
+
+    def __init__(self, journal: Any) -> None:
+        self._lock = threading.Lock()  # recent (the journal's committing thread tells it)
+        self._read_lock = threading.Lock()  # one question at a time
+        self.recent: dict[str, int] = {}
+        self.stale = False
+        self._stop = journal.observe(self._told)
+        try:
+            self._cursor = journal.cursor()  # after observe: what it does not tell is in journal.db now
+        except BaseException:
+            self._stop()
+            raise
+
+    def _told(self, entries: list[Any]) -> None:
+        with self._lock:
+            if self.stale:
+                return
+            recent = self.recent
+            for entry in entries:
+                if entry.run_id is not None:
+                    recent[entry.run_id] = entry.seq
+            if len(recent) > self.RECENT_MOST:  # no question for long: given up, made again when asked
+                self.stale = True
+                recent.clear()
+
+    def holds(self, run_id: str) -> bool:
+        """Whether the journal holds an entry of ``run_id`` committed before the question. Blocking (a
+        read of ``journal.db``); what the read raises is raised (the question is not answered)."""
+        with self._read_lock:
+            rows = self._cursor.execute(
+                "SELECT coalesce(max(seq), 0), coalesce(bool_or(run_id = ?), false) FROM entries",
+                [run_id]).fetchall()
+            copied, found = int(rows[0][0]), bool(rows[0][1])
+            with self._lock:
+                if self.stale:
+                    raise LookupError("the runs committed since the last question were given up")
+                self.recent = {r: seq for r, seq in self.recent.items() if seq > copied}
+                return found or run_id in self.recent
+
+    def close(self) -> None:
+        self._stop()
+        with self._read_lock:
+            with contextlib.suppress(Exception):  # closed with the journal already
+                self._cursor.close()
+
+
 class WorkerTokens:
-    """The server's worker credentials, by the digest of their token (in memory only)."""
+    """The server's worker credentials, by the digest of their token (in memory only), and, while any is
+    live, what the journal's runs are (:class:`KnownRuns`: a run opened with one must be new)."""
 
     def __init__(self) -> None:
         self._scopes: dict[bytes, WorkerScope] = {}
         self._lock = threading.Lock()
+        self._known: KnownRuns | None = None
+        self._known_lock = threading.Lock()
+
+    def holds_run(self, journal: Any, run_id: str) -> bool:
+        """Whether ``journal`` holds an entry of ``run_id``. Blocking: in a worker thread. Made (or made
+        again, after the journal's reads failed or the runs were given up) on the first question."""
+        with self._known_lock:
+            known = self._known
+            if known is not None:
+                try:
+                    return known.holds(run_id)
+                except Exception:  # noqa: BLE001 - made again below; its read's error raised from there
+                    known.close()
+                    self._known = None
+            known = self._known = KnownRuns(journal)
+            return known.holds(run_id)
+
+    def _forget_runs(self) -> None:
+        with self._known_lock:
+            known, self._known = self._known, None
+        if known is not None:
+            known.close()
 
     @staticmethod
     def _key(token: str) -> bytes:
@@ -106,7 +192,11 @@ class WorkerTokens:
 
     def revoke(self, token: str) -> bool:
         with self._lock:
-            return self._scopes.pop(self._key(token), None) is not None
+            found = self._scopes.pop(self._key(token), None) is not None
+            last = not self._scopes
+        if last:  # no credential left to ask: the journal is not watched for them
+            self._forget_runs()
+        return found
 
     def scope(self, token: str) -> WorkerScope | None:
         with self._lock:
@@ -147,12 +237,12 @@ def _runtime_of(request: Request) -> Any:
 
 
 async def _run_is_new(request: Request, run_id: str) -> bool:
-    """The journal holds no entry of the run. In a worker thread: the read waits for the journal's newest
-    entries to be copied into ``journal.db``, and the server answers other requests meanwhile."""
+    """The journal holds no entry of the run (:class:`KnownRuns`). In a worker thread (a read of
+    ``journal.db``): the server answers other requests meanwhile."""
     import anyio
 
     journal = _runtime_of(request).journal
-    return not await anyio.to_thread.run_sync(lambda: journal.entries(run_id=run_id, limit=1))
+    return not await anyio.to_thread.run_sync(tokens_of(request).holds_run, journal, run_id)
 
 
 async def _append(scope: WorkerScope, request: Request) -> None:
