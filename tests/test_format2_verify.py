@@ -295,3 +295,22 @@ def test_mutated_salted_payloads_get_the_parsers_answer_or_none():
             mutated = stored[:at] + rng.choice(_INSERTS) + stored[at + 1:]
         _same_answer(mutated)
     assert taken > 3000  # most honest payloads are taken from their spans
+
+
+# A layout already known matches a salt's place by its length alone and checks its digits after: every
+# byte that is no lowercase hex digit, in any salt, on a layout just used, is left to the parser.
+_NOT_HEX = [b"A", b"F", b"g", b"G", b" ", b'"', b",", b":", b"}", b"{", b"\\", b"-", b"\x00", b"\x7f", b"\xc3\xa9"]
+
+
+@pytest.mark.parametrize("field", sorted(BASE))
+@pytest.mark.parametrize("byte", _NOT_HEX, ids=[b.hex() for b in _NOT_HEX])
+def test_a_salt_with_a_byte_that_is_no_lowercase_hex_digit_is_never_taken_by_a_known_layout(field, byte):
+    stored = _seal(BASE)
+    assert _same_answer(stored) is not None  # its layout is known and was the last one used
+    at = stored.index(b'"' + field.encode() + b'":"') + len(field) + 4
+    for where in (at, at + 15, at + 32 - len(byte)):  # the salt's first, a middle and its last bytes
+        changed = stored[:where] + byte + stored[where + len(byte):]
+        assert len(changed) == len(stored) and changed != stored
+        assert _same_answer(changed) is None
+        assert _same_answer(stored) is not None  # the layout is the last one used again
+

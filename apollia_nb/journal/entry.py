@@ -45,9 +45,11 @@ Payload kinds
 
 from __future__ import annotations
 
+import binascii
 import bisect
 import hashlib
 import json
+import operator
 import re
 import struct
 from dataclasses import dataclass, field
@@ -682,13 +684,22 @@ _HEX_DIGITS = b"0123456789abcdef"
 class _Layout(NamedTuple):
     """What stored payloads with one list of field names share: a pattern of the whole payload
     (capturing each salt, then each value and, for a value it cannot vouch for, that value
-    again), the salts' places, and the committed bytes' template."""
+    again), how to take each field's salt out of the salts end to end, and the committed
+    bytes' template."""
 
     names: tuple[bytes, ...]
     size: int
     pattern: re.Pattern[bytes]
-    cuts: tuple[slice, ...]
-    template: str
+    salts: Callable[[bytes], tuple[bytes, ...]]
+    template: bytes
+
+
+def _salt_taker(size: int) -> Callable[[bytes], tuple[bytes, ...]]:
+    """A function from ``size`` salts end to end to the tuple of them, one C call for all."""
+    cuts = [slice(i * SALT_SIZE, (i + 1) * SALT_SIZE) for i in range(size)]
+    if size > 1:
+        return operator.itemgetter(*cuts)
+    return (lambda salts: (salts,)) if size else (lambda salts: ())
 
 
 #: Layouts by the stored bytes up to the salts' end without their hex digits, which names that differ
@@ -716,7 +727,7 @@ def _new_layout(stored: bytes, key: bytes) -> _Layout | None:
     if any(known.names == tuple(names) for known in _LAYOUTS.get(key, ())):
         return None
     pattern = [re.escape(b'{"@salts":{'), b",".join(
-        [re.escape(b'"' + k + b'":"') + b'([0-9a-f]{%d})"' % (2 * SALT_SIZE) for k in names]), b"\\}"]
+        [re.escape(b'"' + k + b'":"') + b'(.{%d})"' % (2 * SALT_SIZE) for k in names]), b"\\}"]
     for i, name in enumerate(names):
         # what follows the value: the next field's mark, or the payload's end. A value the pattern
         # cannot vouch for runs to the first such mark (no backtracking: linear in the bytes).
@@ -727,9 +738,8 @@ def _new_layout(stored: bytes, key: bytes) -> _Layout | None:
     pattern.append(b"\\}")
     keys = [k.decode("utf-8") for k in names]
     layout = _Layout(
-        tuple(names), len(names), re.compile(b"".join(pattern), re.DOTALL),
-        tuple([slice(i * SALT_SIZE, (i + 1) * SALT_SIZE) for i in range(len(names))]),
-        "{" + ",".join(['"' + k.replace("%", "%%") + '":"%s"' for k in keys]) + "}",
+        tuple(names), len(names), re.compile(b"".join(pattern), re.DOTALL), _salt_taker(len(names)),
+        ("{" + ",".join(['"' + k.replace("%", "%%") + '":"%s"' for k in keys]) + "}").encode("utf-8"),
     )
     if sum(map(len, _LAYOUTS.values())) >= _LAYOUTS_KEPT:
         _LAYOUTS.clear()
@@ -753,40 +763,57 @@ def _canonical_value(value: bytes) -> bool:
     return True
 
 
+#: The layout the last payload had (a journal's entries of one kind share one): tried first.
+_LAST: list[_Layout | None] = [None]
+_HASH_DIGEST = type(_sha256()).digest
+_JOIN = bytes.__add__
+
+
 def sliced_committed(stored: bytes) -> tuple[bytes, list[str]] | None:
     """A format 2 stored payload's committed bytes and erased fields as ``sealed_committed`` gives
     them, computed from the stored bytes' own spans without parsing them; None when the bytes are
     not laid out as this expects (then ``sealed_committed`` decides, and says what is wrong).
-    Whatever this answers, ``sealed_committed`` answers the same."""
+    Whatever this answers, ``sealed_committed`` answers the same.
+
+    A layout's pattern matches only payloads with its field names (and so its key), so trying
+    the last layout first finds what the key would. Each field's salt, salted span, SHA-256 and
+    digest are made in C loops (``map``), the digests turned to hex in one call: what is left per
+    field is hashlib's own cost."""
     if not stored.isascii():
         try:
             stored.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    key = stored[:stored.find(b"}")].translate(None, _HEX_DIGITS)
-    match, layout = None, None
-    for known in _LAYOUTS.get(key, ()):
-        match = known.pattern.fullmatch(stored)
+    layout = _LAST[0]
+    match = layout.pattern.fullmatch(stored) if layout is not None else None
+    if match is None:
+        key = stored[:stored.find(b"}")].translate(None, _HEX_DIGITS)
+        for known in _LAYOUTS.get(key, ()):
+            match = known.pattern.fullmatch(stored)
+            if match is not None:
+                layout = known
+                break
+        else:
+            layout = _new_layout(stored, key)
+            match = layout.pattern.fullmatch(stored) if layout is not None else None
         if match is not None:
-            layout = known
-            break
-    else:
-        layout = _new_layout(stored, key)
-        match = layout.pattern.fullmatch(stored) if layout is not None else None
+            _LAST[0] = layout
     if match is None or layout is None:
         return None
     groups = match.groups()
     n = layout.size
-    values = groups[n::2]
-    unsure = groups[n + 1::2]
-    if any(unsure):
+    if any(unsure := groups[n + 1::2]):
         for value in unsure:
             if value is not None and value not in _CANONICAL and not _canonical_value(value):
                 return None
-    salts = bytes.fromhex(b"".join(groups[:n]).decode("ascii"))
-    sha = _sha256
-    return (layout.template % tuple([sha(salts[cut] + v).hexdigest() for cut, v in zip(layout.cuts, values)])
-            ).encode("utf-8"), []
+    if not n:
+        return layout.template, []
+    hexed = b"".join(groups[:n])  # the pattern takes any 32 bytes for a salt: lowercase hex digits only
+    if hexed.translate(None, _HEX_DIGITS):
+        return None
+    salts = layout.salts(binascii.unhexlify(hexed))
+    digests = b"".join(map(_HASH_DIGEST, map(_sha256, map(_JOIN, salts, groups[n::2]))))
+    return layout.template % tuple(binascii.hexlify(digests, b"-", HASH_SIZE).split(b"-")), []
 
 
 def _committed_of_parsed(data: dict[str, Any]) -> bytes | None:
