@@ -116,6 +116,16 @@ class _Write(NamedTuple):
     defer: bool = False  # a state snapshot that may wait DEFER_SECS (a later one replaces it)
     alone: bool = False  # makes its own transaction: never committed in a group with others
     row: "_Row | None" = None
+    after: "Future[None] | None" = None  # an acknowledged write queued before it: refused, this one is refused too
+
+
+def _refused_before(item: _Write) -> BaseException | None:
+    """Why the write ``item`` depends on (``after``, queued before it) was refused; None when it was not
+    (committed, or in the same group as ``item``: committed or refused with it)."""
+    after = item.after
+    if after is None or not after.done():
+        return None
+    return after.exception()
 
 
 _STOP = _Write(None)
@@ -457,7 +467,7 @@ class RuntimeRecords:
             if item is not _STOP:
                 plan.append((item, False))
         writes = [w for w, _ in plan if w.run is not None]
-        if len(writes) < 2 or any(w.alone for w in writes):
+        if len(writes) < 2 or any(w.alone or _refused_before(w) is not None for w in writes):
             return False
         with self._lock:
             con = self._con
@@ -611,8 +621,13 @@ class RuntimeRecords:
             self._keep(item)
 
     def _run_acknowledged(self, item: _Write) -> None:
-        """Try once: the caller is told either way and nothing of a refused write is kept."""
+        """Try once: the caller is told either way and nothing of a refused write is kept. A write whose
+        ``after`` was refused is refused with its error, not tried."""
         assert item.done is not None and item.run is not None
+        before = _refused_before(item)
+        if before is not None:
+            item.done.set_exception(before)
+            return
         try:
             self._run_counted(item)
         except BaseException as exc:
@@ -713,14 +728,16 @@ class RuntimeRecords:
 
     def _write(self, write: Callable[[], None], key: Hashable | None = None, *, whole: bool = True,
                acknowledged: bool = False, undo: Callable[[], None] | None = None,
-               defer: bool = False, alone: bool = False, row: _Row | None = None) -> Future[None] | None:
+               defer: bool = False, alone: bool = False, row: _Row | None = None,
+               after: Future[None] | None = None) -> Future[None] | None:
         done: Future[None] | None = Future() if acknowledged else None
         with self._submit_lock:
             if self._closed:
                 from apollia_nb.errors import Conflict
 
                 raise Conflict(f"{self.path} is closed")
-            self._writes.put(_Write(write, key, whole, done, acknowledged, undo, defer, alone, row))
+            self._writes.put(_Write(write, key, whole, done, acknowledged, undo, defer, alone, row,
+                                    after if acknowledged else None))
         return done
 
     def _flush_future(self) -> Future[None]:
@@ -765,7 +782,7 @@ class RuntimeRecords:
 
     def _upsert(self, table: str, keys: dict[str, Any], values: dict[str, Any], *,
                 acknowledged: bool = False, new_row: bool = False, insert: bool = False,
-                defer: bool = False) -> Future[None] | None:
+                defer: bool = False, after: Future[None] | None = None) -> Future[None] | None:
         """Queue: update the row with these keys, or insert it (one transaction).
 
         An ``UPDATE`` costs about a quarter of DuckDB's ``INSERT OR REPLACE``
@@ -775,7 +792,9 @@ class RuntimeRecords:
         costs more as the table grows); should a row with these keys be there after all, it is updated.
         ``insert``: only insert (half the cost of a missed ``UPDATE`` and an ``INSERT``); a row
         with these keys already there is ``CONFLICT`` and stays as it was. ``defer``: a state
-        snapshot that may wait ``DEFER_SECS`` (see the module).
+        snapshot that may wait ``DEFER_SECS`` (see the module). ``after``: the future of an acknowledged write
+        queued before this one (acknowledged too) that must not be refused without it: when it was, this
+        one is refused with its error and not written; in one group with it, both commit or neither.
         """
         def undo() -> None:
             with self._lock:
@@ -786,7 +805,8 @@ class RuntimeRecords:
                    "insert" if insert or new_row else "upsert")
         return self._write(lambda: self._upsert_now(table, keys, values, insert=insert, new_row=new_row),
                            (table, *keys.values()),
-                           acknowledged=acknowledged, undo=undo if new_row else None, defer=defer, row=row)
+                           acknowledged=acknowledged, undo=undo if new_row else None, defer=defer, row=row,
+                           after=after)
 
     def _upsert_now(self, table: str, keys: dict[str, Any], values: dict[str, Any], *, insert: bool = False,
                     new_row: bool = False) -> None:
@@ -891,14 +911,17 @@ class RuntimeRecords:
         ]
 
     # tasks --------------------------------------------------------------
-    def save_task(self, record: dict[str, Any], at: str, *, acknowledged: bool = False) -> Future[None] | None:
-        """Queue the task's row; ``acknowledged``: returns the future of its commit (see the module)."""
+    def save_task(self, record: dict[str, Any], at: str, *, acknowledged: bool = False,
+                  after: Future[None] | None = None) -> Future[None] | None:
+        """Queue the task's row; ``acknowledged``: returns the future of its commit (see the module).
+        ``after``: an acknowledged write queued before it (a REST request's key taken) without which the row
+        is refused (see ``_upsert``)."""
         # Acknowledged: a task being submitted, whose row is new (a row with its id is a conflict).
         return self._upsert("tasks", {"id": record["id"]},
                             {"agent": record["agent"], "status": record["status"],
                              "record": json.dumps(record, default=str), "updated_at": at},
                             acknowledged=acknowledged, new_row=acknowledged, insert=acknowledged,
-                            defer=not acknowledged)
+                            defer=not acknowledged, after=after)
 
     def tasks(self, status: str | None = None, *, unfinished: bool = False) -> list[dict[str, Any]]:
         """Task records, oldest update first; ``unfinished``: only those not completed, failed or
