@@ -22,7 +22,14 @@ and change of governance goes through the server's store. These routes, under
   granting and revoking a standing consent, removing a rule.
 
 The server's token grants all of it: an append is signed with the home's key
-like any entry, so keep the token as you keep the home. A worker credential
+like any entry, so keep the token as you keep the home. A person's token
+(``apollia-os people add``, or a hub user's) opens what its roles open
+(``api/roles.py``); a ``runner``'s client runs its own agents through these
+routes, and for any person (whatever their roles) the server keeps to what a
+client runtime does for the runs it opened (:data:`PERSON_KINDS`, the section
+"a person's client" below): the run's ``run_open`` is stamped ``started_by``
+with the person the token names, and every other append, call, waiting decision
+and wait for answers must be of a run that person opened. A worker credential
 (``api/worker_tokens.py``: what a Dask batch's items carry, issued and revoked
 here by the server's token) opens only the routes one of its batch's items
 uses, for that batch's agent and tasks.
@@ -46,7 +53,8 @@ from apollia_nb.api.worker_tokens import authorize_internal, scope_of, tokens_of
 from apollia_nb.wire import schemas as s
 from apollia_nb.wire.schemas import _In, _Out
 
-__all__ = ["router", "require_owner", "ANSWER_TICK_SECS", "MAX_PAGE", "CALLS_KEPT"]
+__all__ = ["router", "require_owner", "ANSWER_TICK_SECS", "MAX_PAGE", "CALLS_KEPT", "PERSON_KINDS",
+           "STARTERS_KEPT"]
 
 #: How often an open long poll for answers looks at the journal's head (an in-memory read).
 ANSWER_TICK_SECS = 0.05
@@ -278,6 +286,127 @@ class RuleRemoveIn(_In):
     by: s.Who
 
 
+# --- a person's client: only its own runs --------------------------------------------------------
+
+#: The kinds of entry a client runtime appends for a run it opened (``runtime/remote.py``'s appends, through
+#: ``RemoteJournal``): the run's opening and seal, its status, plans and verdicts, model turns, the decisions
+#: and calls of the run (a governed call's are the server's own, through ``/internal/calls``), their progress
+#: and results, and an agent's package install (no run). A person's token appends nothing else: an answer,
+#: an approval or its refusal, a consent, a rule, a policy, developer mode, a person, an erasure, a checkpoint
+#: or a home file's fact is written by the server itself when it does the thing, never taken from a client.
+PERSON_KINDS = frozenset({"run_open", "run_seal", "task_status", "session_status", "plan", "verdict",
+                          "model_response", "decision", "tool_call", "tool_result", "tool_progress",
+                          "packages_install"})
+#: Of those, the kinds an entry with no run may have.
+_RUNLESS_KINDS = frozenset({"packages_install"})
+#: The kinds the server writes for a governed call itself: never among the entries a call carries before it.
+_CALL_KINDS = frozenset({"run_open", "decision", "tool_call"})
+#: How many runs' starters the server keeps in memory (the others are read back from the journal).
+STARTERS_KEPT = 16_384
+
+
+def _person(request: Request) -> Any:
+    """The person whose token sent the request; None for the owner's token (and a worker credential, whose
+    routes check their own scope)."""
+    identity = getattr(request.state, "identity", None)
+    return None if identity is None or identity.via == "owner" else identity
+
+
+class _Starters:
+    """Who opened each run, as its ``run_open`` says: ``(started_by, task or session id)``, ``started_by`` None
+    for a run the owner's token or the server itself opened. Kept for recent runs, read back from the
+    journal otherwise (a run's first entry is its ``run_open``), so a restarted server knows them too.
+    ``opening`` makes the check that a run id is new and the ``run_open``'s append one step."""
+
+    def __init__(self) -> None:
+        from collections import OrderedDict
+
+        self.runs: OrderedDict[str, tuple[str | None, str | None]] = OrderedDict()
+        self.opening = anyio.Lock()
+
+    def noted(self, run_id: str, started_by: str | None, task: str | None) -> None:
+        self.runs[run_id] = (started_by, task)
+        while len(self.runs) > STARTERS_KEPT:
+            self.runs.popitem(last=False)
+
+    async def of(self, rt: Any, run_id: str) -> tuple[str | None, str | None] | None:
+        """The run's starter and task, or None when the journal holds no entry of the run."""
+        known = self.runs.get(run_id)
+        if known is not None:
+            return known
+        first = await anyio.to_thread.run_sync(lambda: rt.journal.entries(run_id=run_id, limit=1))
+        if not first:
+            return None
+        opened = first[0].data() if first[0].kind == "run_open" else {}
+        started = opened.get("started_by")
+        task = opened.get("task_id") or opened.get("session_id")
+        found = (started if isinstance(started, str) else None, task if isinstance(task, str) else None)
+        self.noted(run_id, *found)
+        return found
+
+
+def _starters(request: Request) -> _Starters:
+    starters = getattr(request.app.state, "run_starters", None)
+    if starters is None:
+        starters = request.app.state.run_starters = _Starters()
+    return starters
+
+
+def _not_yours(person: Any, what: str) -> Any:
+    from apollia_nb.errors import Forbidden
+
+    return Forbidden(f"{person.name}'s token {what}")
+
+
+async def _own_run(request: Request, rt: Any, person: Any, run_id: str | None) -> tuple[str | None, str | None]:
+    """The run's starter and task when ``person`` opened it; 403 ``FORBIDDEN`` otherwise."""
+    found = await _starters(request).of(rt, run_id) if run_id else None
+    if found is None or found[0] != person.name:
+        raise _not_yours(person, f"acts only on the runs {person.name} opened; run {run_id} is not one of them")
+    return found
+
+
+async def _persons_drafts(request: Request, rt: Any, person: Any, drafts: list[Any],
+                          *, before_call: bool = False) -> tuple[list[Any], dict[str, str | None]]:
+    """``drafts`` as a person's client may append them, each ``run_open`` stamped with who opened the run
+    (whatever its payload said), and the runs they open (with their task); 403 ``FORBIDDEN`` naming why
+    for anything else, and nothing is appended."""
+    from apollia_nb.journal.store import Draft
+
+    out, opened = [], {}
+    for d in drafts:
+        if d.kind not in PERSON_KINDS or (before_call and d.kind in _CALL_KINDS):
+            where = "before a governed call (the server writes it)" if d.kind in PERSON_KINDS else (
+                "the server writes them itself when it does the thing; a client appends only the entries of the "
+                "runs it opened")
+            raise _not_yours(person, f"does not append {d.kind!r} entries: {where}")
+        if d.run_id is None:
+            if d.kind not in _RUNLESS_KINDS:
+                raise _not_yours(person, f"does not append a {d.kind!r} entry outside a run")
+        elif d.kind == "run_open":
+            if d.run_id in opened or await _starters(request).of(rt, d.run_id) is not None:
+                raise _not_yours(person, f"opens only a new run; run {d.run_id} exists already")
+            task = d.payload.get("task_id") or d.payload.get("session_id")
+            opened[d.run_id] = task if isinstance(task, str) else None
+            d = Draft(d.kind, {**d.payload, "started_by": person.name}, d.run_id, d.agent)
+        elif d.run_id not in opened:
+            await _own_run(request, rt, person, d.run_id)
+        out.append(d)
+    return out, opened
+
+
+async def _reads_own_run(request: Request, rt: Any, run_id: str | None) -> None:
+    """A ``runner`` who is no ``auditor`` reads the entries of the runs they opened, and no others."""
+    person = _person(request)
+    if person is not None and not person.has("auditor"):
+        if run_id is None:
+            from apollia_nb.errors import BadInput
+
+            raise BadInput(f"{person.name} reads the entries of one of the runs they opened: give its run_id "
+                           "(every run's entries are an auditor's read)")
+        await _own_run(request, rt, person, run_id)
+
+
 # --- the journal ----------------------------------------------------------------------------------
 
 
@@ -314,12 +443,26 @@ async def journal_head(rt: Any = Depends(_runtime)) -> dict[str, Any]:
 @router.post("/journal/entries", status_code=201, response_model=JournalRows, operation_id="internalAppend",
              summary="Append entries (atomic, durable on return)", responses=_errors(413, 422),
              description="The entries get consecutive seqs in one transaction of the server's journal writer "
-                         "(group commit with every other appender) and are committed when this answers.")
+                         "(group commit with every other appender) and are committed when this answers. A person's "
+                         "token appends only what a client runtime writes for the runs that person opened (a "
+                         "`run_open` of a new run, stamped `started_by` with the person; then that run's status, "
+                         "plans, verdicts, model turns, decisions, calls, progress and results, and an agent's "
+                         "`packages_install`): any other kind, or a run another opened, is 403 `FORBIDDEN` and "
+                         "nothing is appended.")
 async def append_entries(body: AppendIn, request: Request, rt: Any = Depends(_runtime)) -> Any:
     from apollia_nb.journal.store import Draft
 
     drafts = [Draft(d.kind, d.payload, d.run_id, d.agent) for d in body.entries]
-    entries = await rt.journal.append_many_async(drafts)
+    person = _person(request)
+    if person is None:
+        entries = await rt.journal.append_many_async(drafts)
+    else:  # a person's client: the runs it opened only, stamped with who opened them
+        starters = _starters(request)
+        async with starters.opening:
+            drafts, opened = await _persons_drafts(request, rt, person, drafts)
+            entries = await rt.journal.append_many_async(drafts)
+            for run_id, task in opened.items():
+                starters.noted(run_id, person.name, task)
     _calls(request).noted(entries)  # the runs it opens, the decisions it journals (``_Calls``)
     return _json({"entries": [_row(e) for e in entries]}, 201)
 
@@ -327,6 +470,7 @@ async def append_entries(body: AppendIn, request: Request, rt: Any = Depends(_ru
 @router.get("/journal/entries", response_model=JournalRowsPage, operation_id="internalEntries",
             summary="Committed entries in seq order, a page at a time")
 async def read_entries(
+    request: Request,
     run_id: str | None = Query(None, max_length=200, description="only this run's entries"),
     since_seq: int | None = Query(None, ge=0, le=2**62, description="only entries with a greater seq"),
     kinds: list[Kind] | None = Query(None, max_length=100, description="only entries of these kinds"),
@@ -338,6 +482,7 @@ async def read_entries(
 ) -> dict[str, Any]:
     from apollia_nb.journal.pages import entry_page
 
+    await _reads_own_run(request, rt, run_id)
     entries = entry_page(rt.journal, run_id=run_id, since_seq=since_seq, kinds=kinds, limit=limit)
     rows = [_row(e, stored) for e in entries]
     return {"entries": rows, "next_since_seq": rows[-1]["seq"] if len(rows) == limit else None}
@@ -352,8 +497,9 @@ class RunSize(_Out):
             summary="How many entries a run has (what its `run_seal` counts)",
             description="For a run not sealed yet: the count its `run_seal` states. Counted where the journal "
                         "keeps it (no read of the run's entries, no wait for them to be copied into `journal.db`).")
-async def run_size(run_id: str = Query(..., min_length=1, max_length=200, description="the run"),
+async def run_size(request: Request, run_id: str = Query(..., min_length=1, max_length=200, description="the run"),
                    rt: Any = Depends(_runtime)) -> Any:
+    await _reads_own_run(request, rt, run_id)
     count = await anyio.to_thread.run_sync(rt.journal.run_size, run_id)  # one query for a run older than the process
     return _json({"run_id": run_id, "entries": count})
 
@@ -379,7 +525,9 @@ async def read_cosignatures(rt: Any = Depends(_runtime)) -> dict[str, Any]:
 
 @router.post("/journal/checkpoint", response_model=CheckpointNote, operation_id="internalCheckpoint",
              summary="Sign and store a checkpoint of every committed entry",
-             description="The latest checkpoint when it already covers every entry.")
+             description="The latest checkpoint when it already covers every entry. The server signs what "
+                         "it holds itself (the request carries nothing): a runner's client asks for one when it "
+                         "seals a run or closes.")
 async def write_checkpoint(rt: Any = Depends(_runtime)) -> dict[str, Any]:
     return {"note": await anyio.to_thread.run_sync(rt.journal.checkpoint)}
 
@@ -718,7 +866,9 @@ def _decided_call(body: CallIn, view: Any) -> tuple[Any, dict[str, Any]]:
                          "`decision` and — allowed — the `tool_call`, or — refused — the `tool_result` with status "
                          "`refused`; committed when this answers. The client runs the tool only when allowed. A "
                          "retry of the same request (same `run_id` and `call_id`, same body) answers as the first "
-                         "did and journals nothing; another body under a used `call_id` is 409 `CONFLICT`.")
+                         "did and journals nothing; another body under a used `call_id` is 409 `CONFLICT`. A person's "
+                         "token: only for a run that person opened, its `before` entries as its appends are "
+                         "(403 `FORBIDDEN` otherwise).")
 async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runtime)) -> Any:
     import hashlib
 
@@ -726,6 +876,10 @@ async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runti
     from apollia_nb.journal.store import Draft
 
     digest = hashlib.sha256(canonical_json(body.model_dump(mode="json"))).hexdigest()
+    person = _person(request)
+    if person is not None:  # a person's client: a call of a run it opened, carrying only that run's activity
+        await _own_run(request, rt, person, body.run_id)
+        await _persons_drafts(request, rt, person, body.before, before_call=True)
 
     async def make() -> dict[str, Any]:
         from apollia_nb.governance.decision import Outcome
@@ -790,8 +944,16 @@ async def governed_call(body: CallIn, request: Request, rt: Any = Depends(_runti
 @router.post("/pending-decisions", status_code=201, response_model=s.PendingDecision,
              operation_id="internalAddPending", summary="List a call waiting for a person",
              responses=_errors(413, 422),
-             description="The runtime that asks journals the decision itself, before it lists it here.")
-async def add_pending(body: PendingIn, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+             description="The runtime that asks journals the decision itself, before it lists it here. A "
+                         "person's token: only for a run that person opened, under the task its `run_open` "
+                         "names (403 `FORBIDDEN` otherwise).")
+async def add_pending(body: PendingIn, request: Request, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    person = _person(request)
+    if person is not None:  # a person's client lists decisions of the runs it opened, under their own task
+        _, task = await _own_run(request, rt, person, body.run_id)
+        if body.task_id is not None and body.task_id != task:
+            raise _not_yours(person, f"lists decisions of run {body.run_id} under its own task ({task}), "
+                                     f"not {body.task_id}")
     # the store's write (a DuckDB transaction, synced) in a worker thread: the event loop serves meanwhile
     pending = await anyio.to_thread.run_sync(lambda: rt.governance.add_pending(
         run_id=body.run_id, task_id=body.task_id, agent=body.agent, tool=body.tool, family=body.family,
@@ -806,22 +968,38 @@ async def _worker_scope(request: Request) -> Any:
 
 
 @router.get("/pending-decisions", response_model=list[s.PendingDecision], operation_id="internalListPending",
-            summary="Decisions by status (and run), oldest first")
+            summary="Decisions by status (and run), oldest first",
+            description="A `runner` who is neither `approver` nor `auditor` gets the decisions of the runs they "
+                        "opened only.")
 async def list_pending(
+    request: Request,
     status: Literal["pending", "answered", "expired", "all"] = Query("pending"),
     run_id: str | None = Query(None, max_length=200, description="only this run's decisions"),
     rt: Any = Depends(_runtime),
     scope: Any = Depends(_worker_scope),
 ) -> list[dict[str, Any]]:
     chosen = None if status == "all" else status  # a worker credential: its batch's decisions only
-    return [p.to_dict() for p in rt.governance.pending(chosen, run_id=run_id)
-            if scope is None or (p.agent == scope.agent and scope.owns_task(p.task_id))]  # a worker's: its batch's
+    found = [p for p in rt.governance.pending(chosen, run_id=run_id)
+             if scope is None or (p.agent == scope.agent and scope.owns_task(p.task_id))]  # a worker's: its batch's
+    person = _person(request)
+    if person is not None and not _reads_every_decision(person):  # a runner's client: the runs they opened
+        starters = _starters(request)
+        found = [p for p in found if ((await starters.of(rt, p.run_id)) or (None,))[0] == person.name]
+    return [p.to_dict() for p in found]
+
+
+def _reads_every_decision(person: Any) -> bool:
+    return bool(person.has("approver") or person.has("auditor"))
 
 
 @router.get("/pending-decisions/{decision_id}", response_model=s.PendingDecision,
             operation_id="internalGetPending", summary="One decision, answered or not", responses=_errors(404))
-async def get_pending(decision_id: str, rt: Any = Depends(_runtime)) -> dict[str, Any]:
-    return rt.governance.get_pending(decision_id).to_dict()
+async def get_pending(decision_id: str, request: Request, rt: Any = Depends(_runtime)) -> dict[str, Any]:
+    decision = rt.governance.get_pending(decision_id)
+    person = _person(request)
+    if person is not None and not _reads_every_decision(person):
+        await _own_run(request, rt, person, decision.run_id)
+    return decision.to_dict()
 
 
 def _settled(rt: Any, ids: set[str]) -> list[dict[str, Any]]:
@@ -849,7 +1027,8 @@ def _answer_terms(rt: Any, decision: Any) -> dict[str, Any]:
             summary="Wait until any of these decisions is answered (long poll)", responses=_errors(404),
             description="Answers at once with those of `ids` that are answered or expired; else as soon as one "
                         "is, or with `[]` when `timeout` seconds pass or the server shuts down. 404 "
-                        "`UNKNOWN_DECISION` names an id nobody knows.")
+                        "`UNKNOWN_DECISION` names an id nobody knows. A person's token waits only for the "
+                        "decisions of the runs that person opened (403 `FORBIDDEN` otherwise).")
 async def await_answers(
     request: Request,
     # At most 200 ids of at most 64 URL-safe characters: the request line stays within what
@@ -860,6 +1039,16 @@ async def await_answers(
     rt: Any = Depends(_runtime),
 ) -> list[dict[str, Any]]:
     wanted = set(ids)
+    person = _person(request)
+    if person is not None:  # a person's client waits for the answers of the runs it opened
+        from apollia_nb.errors import UnknownDecision
+
+        for decision_id in sorted(wanted):
+            try:
+                decision = rt.governance.get_pending(decision_id)
+            except UnknownDecision:
+                continue  # answered 404 below
+            await _own_run(request, rt, person, decision.run_id)
     journal = rt.journal
     seen = journal.head()[0]
     done = _settled(rt, wanted)

@@ -15,9 +15,11 @@ The internal routes are those of the home's clients (a client runtime in a kerne
 workers). What a person may read through them is what they may read through the public routes: the
 journal's reads and proofs are ``auditor``'s (its head, which any client reads to open the home, every
 role's), the governance snapshot and consent changes ``rules``' (the snapshot ``auditor``'s too),
-waiting decisions ``approver``'s (and ``auditor``'s to read). What only a runtime running agents does
-(append journal entries, decide a governed call, list a call for a person, wait for answers, sign a
-checkpoint) is ``admin``'s: the owner's clients send the owner's token from ``server.json``. A batch's
+waiting decisions ``approver``'s (and ``auditor``'s to read). What a runtime running agents does (append
+journal entries, decide a governed call, list a call for a person, wait for answers, count a run's entries
+and read them back, have the server sign a checkpoint of what it holds) is ``runner``'s: a kernel or the CLI
+sends its person's token, and the server keeps a person's client to the runs that person opened and to the
+kinds of entry a run writes (``internal.PERSON_KINDS``); the owner's token is not held to it. A batch's
 worker credential opens its own routes (``worker_tokens.WORKER_ROUTES``), never a person's.
 """
 
@@ -39,6 +41,12 @@ RU, AU, GU, ADMIN_U = ("runner", "auditor"), ("approver", "auditor"), ("rules", 
 #: Every role: what any client of the home reads to open it (the journal's head: its seq, hash, origin and
 #: public key, no entry), so a person of any role can use the CLI or a kernel on the served home.
 ANY = ("auditor", "runner", "approver", "rules")
+#: The journal's entries read by an auditor, and by a runner's client for the runs that person opened only.
+UR = ("auditor", "runner")
+#: An agent's identity reviewed for a client registering it: a runner's, as ``POST /agents`` is (and ``rules``').
+R_G = ("runner", "rules")
+#: Waiting decisions read by approvers and auditors, and by a runner's client for the runs that person opened.
+AUR = ("approver", "auditor", "runner")
 #: A run's own state, read by whoever runs it, approves its plan or audits it (an approver sees the plan it approves).
 RAU = ("runner", "approver", "auditor")
 
@@ -82,8 +90,8 @@ ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("POST", "/sessions/{session_id}/plan/reject"): A,
     ("GET", "/pending-decisions"): AU,
     ("POST", "/pending-decisions/decide"): A,
-    ("GET", "/internal/pending-decisions"): AU,
-    ("GET", "/internal/pending-decisions/{decision_id}"): AU,
+    ("GET", "/internal/pending-decisions"): AUR,
+    ("GET", "/internal/pending-decisions/{decision_id}"): AUR,
     # rules, consents, developer mode, policy
     ("GET", "/governance/rules"): GU,
     ("POST", "/governance/rules"): G,
@@ -97,26 +105,26 @@ ROUTE_ROLES: dict[tuple[str, str], tuple[str, ...] | None] = {
     ("POST", "/internal/governance/consents"): G,
     ("POST", "/internal/governance/consents/revoke"): G,
     ("POST", "/internal/governance/rules/remove"): G,
-    ("POST", "/internal/agents/identity"): G,
+    ("POST", "/internal/agents/identity"): R_G,  # a client registering an agent (as POST /agents does)
     # the journal, read-only
     ("GET", "/audit/verify"): U,
     ("POST", "/audit/replay/{run_id}"): U,
     ("GET", "/audit/entries"): U,
     ("GET", "/internal/journal/head"): ANY,
-    ("GET", "/internal/journal/entries"): U,
-    ("GET", "/internal/journal/run-size"): U,
+    ("GET", "/internal/journal/entries"): UR,
+    ("GET", "/internal/journal/run-size"): UR,
     ("GET", "/internal/journal/checkpoints"): U,
     ("GET", "/internal/journal/cosignatures"): U,
     ("POST", "/internal/journal/verify"): U,
     ("POST", "/internal/journal/sql"): U,
     ("POST", "/internal/journal/inclusion-proof"): U,
     ("GET", "/internal/journal/consistency-proof"): U,
-    # what a runtime running agents does, and people
-    ("POST", "/internal/journal/entries"): ADMIN,
-    ("POST", "/internal/journal/checkpoint"): ADMIN,
-    ("POST", "/internal/calls"): ADMIN,
-    ("POST", "/internal/pending-decisions"): ADMIN,
-    ("GET", "/internal/answers"): ADMIN,
+    # what a runtime running agents does (a person's client: for the runs that person opened), and people
+    ("POST", "/internal/journal/entries"): R,
+    ("POST", "/internal/journal/checkpoint"): R,
+    ("POST", "/internal/calls"): R,
+    ("POST", "/internal/pending-decisions"): R,
+    ("GET", "/internal/answers"): R,
     ("GET", "/people"): ADMIN_U,
     ("POST", "/people"): ADMIN,
     ("POST", "/people/{name}/revoke"): ADMIN,

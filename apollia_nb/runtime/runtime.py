@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -106,6 +106,22 @@ class _Ask(NamedTuple):
     expires_in: Any = None  # the approval's lifetime in seconds, or
     expires_at: Any = None  # its end (ISO 8601)
     lasting: str | None = None  # how long the standing consent of an ``always`` lasts ("8h"; None: until revoked)
+    after: Any = None  # an awaitable committed before the answer is journaled (a REST request's key taken)
+
+
+async def _committed_before(after: Awaitable[None] | None, done: asyncio.Future[Any]) -> bool:
+    """Whether what an answer waits on (``_Ask.after``) is committed; when it failed, the answer's waiter
+    is told its error (nothing of the answer is recorded)."""
+    if after is None:
+        return True
+    try:
+        await after
+    except Exception as exc:  # noqa: BLE001 - the waiter hears it: its answer was refused
+        if not done.done():
+            done.set_exception(exc)
+        return False
+    faults.point("answer.after_key")  # its key committed, the answer not yet journaled
+    return True
 
 
 class _Finished:
@@ -277,6 +293,7 @@ class Runtime:
         #: Approvals given so far to decisions that need several people (``approvers``), by decision: each
         #: ``{"by", ...}`` as journaled (``approval``); a restart reads them back from the journal.
         self._approvals: dict[str, list[dict[str, Any]]] = {}
+        self._starters: dict[str, str] = {}  # a client's run → who opened it ("": nobody named), ``_run_starter``
         # Answers are recorded one group at a time (``_record_answers``), from the loop or from a thread.
         self._answers_lock = threading.RLock()
         self._asks: list[tuple[_Ask, asyncio.Future[dict[str, Any]]]] = []  # ``answer_async``: not yet taken
@@ -1150,19 +1167,36 @@ class Runtime:
             return Requirement()
         return requirement(view.policy.approvals, tool, getattr(family, "value", family))
 
-    def started_by(self, task_id: str | None) -> str | None:
-        """Who started the task or session ``task_id`` (None: not known here)."""
+    def started_by(self, task_id: str | None, run_id: str | None = None) -> str | None:
+        """Who started the task or session ``task_id`` (None: not known here). With ``run_id`` (a waiting
+        decision's run): a task or session of this runtime counts only when that run is its own; the run of a
+        client of this home (a kernel, the CLI) is the person its ``run_open`` names (``started_by``, stamped
+        by the server from the person's token; none for the owner's)."""
         run = self._runs.get(task_id or "") or self._finished.get(task_id or "")
-        if run is not None:
+        if run is not None and (run_id is None or run.r.run_id == run_id):
             return run.r.started_by
-        if self.sessions is None or not task_id:
+        session = None
+        if run is None and self.sessions is not None and task_id:
+            try:
+                session = self.sessions.get(task_id)
+            except ApolliaError:
+                session = None
+        if session is not None and (run_id is None or session.r.get("run_id") == run_id):
+            started = session.r.get("started_by")
+            return str(started) if started is not None else None
+        return self._run_starter(run_id) if run_id else None
+
+    def _run_starter(self, run_id: str) -> str | None:
+        """The ``started_by`` of the run's ``run_open`` in the journal (kept once read: it never changes)."""
+        known = self._starters.get(run_id)
+        if known is not None:
+            return known or None
+        first = self.journal.entries(run_id=run_id, limit=1)
+        if not first:
             return None
-        try:
-            session = self.sessions.get(task_id)
-        except ApolliaError:
-            return None
-        started = session.r.get("started_by")
-        return str(started) if started is not None else None
+        started = first[0].data().get("started_by") if first[0].kind == "run_open" else None
+        self._starters[run_id] = started if isinstance(started, str) else ""
+        return started if isinstance(started, str) else None
 
     def may_answer(self, decision: Any) -> dict[str, Any] | None:
         """Who may answer a waiting decision (a card or a pending decision); None when governance cannot
@@ -1174,7 +1208,13 @@ class Runtime:
         except GovernanceUnreadable:
             return None
         task_id = getattr(decision, "task_id", None) or getattr(decision, "session_id", None)
-        return may_answer(req, started_by=self.started_by(task_id) or (local_person() if req.four_eyes else None),
+        run_id = getattr(decision, "run_id", None) if not req.plain else None
+        try:
+            started = self.started_by(task_id, run_id)
+        except ApolliaError:  # the run's opening cannot be read here: what is shown says nobody in particular
+            started = None
+        started = started or (local_person() if req.four_eyes else None)
+        return may_answer(req, started_by=started,
                           approved_by=[a["by"] for a in self._approvals.get(decision.id, [])])
 
     def answer(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
@@ -1212,20 +1252,24 @@ class Runtime:
     async def answer_async(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
                            values: dict[str, Any] | None = None, digest: str | None = None,
                            expires_in: Any = None, expires_at: Any = None,
-                           lasting: str | None = None) -> dict[str, Any]:
+                           lasting: str | None = None, after: Awaitable[None] | None = None) -> dict[str, Any]:
         """``answer`` for an event loop that serves many people at once (the REST API).
 
         The answer is recorded off the loop, and answers given while a group is being recorded
         form the next group: one read of their decisions, one journal commit of their ``answer``
         entries, one governance.db commit storing them (``_record_answers``). Each is acknowledged
         as ``answer`` acknowledges one: once journaled and stored; its run then resumes. Once
-        queued, an answer is recorded whatever happens to the request that gave it."""
+        queued, an answer is recorded whatever happens to the request that gave it. ``after``: what
+        must be committed before the answer is journaled (the request's ``Idempotency-Key`` taken, its
+        commit meanwhile under way); when it fails the answer is refused with its error, nothing done."""
         if self.mode == "client":
+            if after is not None:
+                await after
             return self.answer(decision_id, answer, by=by, reason=reason, values=values, digest=digest,
                                expires_in=expires_in, expires_at=expires_at, lasting=lasting)
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._asks.append((_Ask(decision_id, answer, by, reason, values, ACTING.get(), digest, expires_in,
-                                expires_at, lasting), done))
+                                expires_at, lasting, after), done))
         if self._asks_idle is None:  # nobody records a group now: this request does, until none is left
             with anyio.CancelScope(shield=True):
                 await self._record_asks()
@@ -1238,6 +1282,9 @@ class Runtime:
         try:
             while self._asks:
                 group, self._asks = self._asks, []
+                group = [(ask, done) for ask, done in group if await _committed_before(ask.after, done)]
+                if not group:
+                    continue
                 self._asked = {ask.decision_id for ask, _ in group}
                 try:
                     results: list[Any] = await anyio.to_thread.run_sync(
@@ -1429,7 +1476,7 @@ class Runtime:
         if req.plain:
             return terms
         who = ask.actor[0] if ask.actor is not None else local_person()
-        started = self.started_by(pending.task_id) or local_person()
+        started = self.started_by(pending.task_id, pending.run_id) or local_person()
         earlier = self._approvals.get(pending.id, [])
         why = refusal(req, started_by=started, by=who, approved_by=[a["by"] for a in earlier], local=local_person())
         if why is not None:
