@@ -574,16 +574,19 @@ class PanelHome:
         }
 
     def _journal_head(self) -> dict[str, Any]:  # in a worker thread: the journal's reads are thread-safe
+        """The journal as of one head: its latest entries and last checkpoint are read up to that head,
+        so entries appended while it is read wait for the next snapshot instead of running ahead of it."""
         from apollia_nb.journal.entry import Entry
 
         journal = self.bridge.rt.journal
         seq, digest = journal.head()
-        checkpoints = journal.checkpoints()
+        checkpoints = [c for c in journal.checkpoints() if c[0] <= seq]
         last = None
         if checkpoints:
             size, root, note = checkpoints[-1]
             last = {"size": size, "root": bytes(root).hex(), "note": note}
-        rows = journal.sql(f"SELECT {', '.join(Entry.COLUMNS)} FROM entries ORDER BY seq DESC LIMIT {LATEST_ENTRIES}")
+        rows = journal.sql(f"SELECT {', '.join(Entry.COLUMNS)} FROM entries WHERE seq <= ? "
+                           f"ORDER BY seq DESC LIMIT {LATEST_ENTRIES}", [seq])
         return {"size": seq, "head": bytes(digest).hex(), "root": last["root"] if last else None,
                 "last_checkpoint": last, "latest": [_entry_json(r) for r in rows]}
 

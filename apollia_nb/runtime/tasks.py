@@ -595,9 +595,9 @@ class TaskRun:
 
     async def _await_plan_approval(self) -> None:
         if self.plan_answer is None:
+            await self._status_entry("waiting")  # journaled before anyone is told it waits
             if self.r.status is not TaskStatus.WAITING:  # resumed parked, it waits already
                 self._set_status(TaskStatus.WAITING)
-            await self._status_entry("waiting")
             if not self.r.watched and self.rt.suspend_unattended and self.plan_answer is None:
                 raise _Suspend()
             await self._plan_event.wait()
@@ -637,12 +637,14 @@ class TaskRun:
         from apollia_nb.governance.acting import ACTING
         from apollia_nb.governance.approvals import plan_digest
 
-        if self.plan_answer is not None:
-            raise Conflict(f"the plan of task {self.id} was already answered")
         shown = self.plan_digest
+        if self.plan_answer is not None:
+            raise self.plan_refused(verdict, Conflict(f"the plan of task {self.id} was already answered"),
+                                    by=by, digest=digest, shown=shown)
         if digest is not None and digest != shown:
-            raise StaleApproval(f"the plan of task {self.id} shown now has the digest {shown}, not {digest}: "
-                                "read it again before answering")
+            raise self.plan_refused(verdict, StaleApproval(
+                f"the plan of task {self.id} shown now has the digest {shown}, not {digest}: read it again "
+                "before answering"), by=by, digest=digest, shown=shown)
         actor = ACTING.get()
         who: dict[str, Any] = {"by": by if by is not None else actor[0] if actor else "user"}
         if actor is not None:
@@ -660,6 +662,14 @@ class TaskRun:
         self.rt.journal.append("plan", payload, run_id=self.r.run_id, agent=self.agent.name)
         self.plan_answer = (verdict, reason, steps)
         self._plan_event.set()
+
+    def plan_refused(self, verdict: str, exc: ApolliaError, *, by: str | None, digest: str | None,
+                     shown: str | None = None) -> ApolliaError:
+        """An answer to this task's plan refused (``plan_answer_refused``): journaled, returned to raise.
+        ``shown``: the digest of the plan shown for approval, when one is."""
+        return plan_answer_refused(self.rt.journal, exc, run_id=self.r.run_id, agent=self.agent.name,
+                                   subject={"task_id": self.id}, answer=verdict, by=by, digest=shown,
+                                   given_digest=digest)
 
     def plan_answer_from(self, payload: dict[str, Any]) -> None:
         """At a restart: the answer to the plan as journaled (``answer_plan``), not yet taken by the run."""
@@ -734,9 +744,9 @@ class TaskRun:
                     if card.waiting:  # released unanswered (nobody watches any more): suspend
                         self._save()
                         raise _Suspend()
+                await self._status_entry("running")
                 if self.r.status is TaskStatus.WAITING:  # running already when a restart resumed it
                     self._set_status(TaskStatus.RUNNING)
-                await self._status_entry("running")
                 faults.point("resume.after_running")
                 result = await continue_after_answer(self.rt, self.agent, card)
                 self.r.awaiting = None
@@ -761,15 +771,15 @@ class TaskRun:
                     )
                 if self.r.awaiting and result.status != "waiting":
                     self.r.awaiting = None  # a watched wait ended with the answer
-                    self._set_status(TaskStatus.RUNNING)
                     await self._status_entry("running")
+                    self._set_status(TaskStatus.RUNNING)
                 if result.status == "waiting":
                     assert result.card is not None
                     faults.point("suspend.before_record")
                     self.r.awaiting = result.card.id
+                    await self._status_entry("waiting")
                     if self.r.status is not TaskStatus.WAITING:  # a watched wait shows it waiting already
                         self._set_status(TaskStatus.WAITING)
-                    await self._status_entry("waiting")
                     self._save()
                     if result.card.waiting:  # no await between this check and leaving: no lost answer
                         raise _Suspend()
@@ -800,10 +810,11 @@ class TaskRun:
         self._history.append(message)  # type: ignore[union-attr]  # _messages() made it
 
     async def _on_waiting(self, card: Any) -> None:
-        """A watched run is about to wait on a card: show it as waiting."""
+        """A watched run is about to wait on a card: show it as waiting, once the journal says so
+        (whoever sees a status change finds its ``task_status`` entry in the journal)."""
         self.r.awaiting = card.id
-        self._set_status(TaskStatus.WAITING)
         await self._status_entry("waiting")
+        self._set_status(TaskStatus.WAITING)
 
     async def _critic(self) -> bool:
         """True when the task finished (passed); False to re-plan."""
@@ -870,6 +881,28 @@ class TaskRun:
         else:
             self._journal_soon("model_response", payload)
         return response
+
+
+def plan_answer_refused(journal: Any, exc: ApolliaError, *, run_id: str, agent: str, subject: dict[str, Any],
+                        answer: str, by: str | None, digest: str | None,
+                        given_digest: str | None = None) -> ApolliaError:
+    """Journal a plan answer refused (``answer_refused``: ``subject`` — ``task_id`` or ``session_id`` —, the
+    ``answer`` given, who gave it, the ``code`` and ``reason``, the ``digest`` of the plan shown when one
+    is, the one given) and return ``exc``. A refusal the journal does not take is refused all the same."""
+    from apollia_nb.governance.acting import ACTING
+
+    actor = ACTING.get()
+    payload: dict[str, Any] = {
+        **subject, "plan": True, "answer": answer,
+        "by": by if by is not None else actor[0] if actor is not None else "user",
+        **({"person": actor[0], "by_role": actor[1], "auth": actor[2]} if actor is not None else {}),
+        "code": exc.code, "reason": exc.message, "digest": digest,
+        **({"given_digest": given_digest} if given_digest is not None else {})}
+    try:
+        journal.append("answer_refused", payload, run_id=run_id, agent=agent)
+    except Exception as journal_error:  # noqa: BLE001 - refused either way
+        exc.__context__ = journal_error
+    return exc
 
 
 def calls_subjects(rt: Any, agent: Any, listed: list[dict[str, Any]]) -> tuple[str, ...]:
