@@ -895,14 +895,35 @@ class RemoteJournal:
 
     async def seal_async(self, run_id: str, agent: str | None, before: Sequence[tuple[str, dict[str, Any]]],
                          seal: dict[str, Any]) -> tuple[list["Entry"], "Future[str]"]:
-        """As ``Journal.seal_async``, in the server's order: ``before``, the count, the seal, a checkpoint."""
+        """As ``Journal.seal_async``: the run's entries counted by the server, then what the run handed over,
+        ``before`` and the seal counting them all in one append (the run's requests held meanwhile, so
+        nothing of it is sent between the count and the seal), then a checkpoint: three requests. Bad input
+        raises before anything is sent."""
         if not run_id:
             raise BadInput("seal_async needs the run it ends")
         if "entries" in seal:
             raise BadInput("the seal's entries are counted by the journal")
-        written = await self.append_many_async([(kind, payload, run_id, agent) for kind, payload in before])
-        count = await anyio.to_thread.run_sync(self.run_size, run_id)
-        written.append(await self.append_async("run_seal", {**seal, "entries": count}, run_id=run_id, agent=agent))
+        body = [_draft(kind, payload, run_id, agent) for kind, payload in before]
+        _draft("run_seal", {**seal, "entries": 0}, run_id, agent)
+
+        def sealed() -> list["Entry"]:
+            with self._runs_held({run_id}) as carried:
+                try:
+                    size = int(self._remote.call("GET", "/internal/journal/run-size", params={"run_id": run_id},
+                                                 unreachable=IntegrityError,
+                                                 what="the run's entries cannot be counted").json()["entries"])
+                except BaseException as exc:  # what the run handed over is not sent: it cannot go on
+                    for _, future in carried:
+                        self._failed.setdefault(run_id, exc)
+                        future.set_exception(exc)
+                    raise
+                last = _draft("run_seal", {**seal, "entries": size + len(carried) + len(body)}, run_id, agent)
+                return self._send(carried, lambda all_: [_entry(row) for row in self._remote.call(
+                    "POST", "/internal/journal/entries", json={"entries": all_}, unreachable=IntegrityError,
+                    what="the run could not be sealed (its last entries may or may not be recorded)").json()[
+                    "entries"]], [*body, last])
+
+        written = await anyio.to_thread.run_sync(sealed)
         return written, await self.checkpoint_signed_async()
 
     async def checkpoint_signed_async(self) -> "Future[str]":
