@@ -302,3 +302,53 @@ def test_forbidden_is_the_error_a_client_runtime_raises(tmp_path, clean_env):
                 assert "does not append 'consent_granted' entries" in info.value.message
 
         anyio.run(main)
+
+
+# --- a real IPython kernel joining the served home ------------------------------------------------------
+
+
+def test_a_kernel_joined_with_a_persons_token_is_that_person_for_four_eyes(tmp_path, clean_env, capsys):
+    """ann's kernel (IPython, ``%load_ext apollia_nb`` on a served home, ``$APOLLIA_TOKEN`` hers) runs her agent;
+    her own answer from the kernel is refused, bob's over REST lets the run go on in her kernel."""
+    from IPython.testing import globalipapp
+
+    from apollia_nb.notebook.extension import unload_ipython_extension
+
+    root, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    _deposit(SimpleNamespace(path=root), FOUR_EYES)  # type: ignore[arg-type]  # only its path is read
+    clean_env.chdir(work)
+    with serving(root) as url:
+        tokens = _people(url, ann=["runner", "approver"], bob=["approver"])
+        clean_env.setenv("APOLLIA_HOME", str(root))
+        clean_env.setenv("APOLLIA_TOKEN", tokens["ann"])
+        globalipapp.start_ipython()
+        shell = globalipapp.get_ipython()
+        shell.run_line_magic("load_ext", "apollia_nb")
+        try:
+            rt = shell.magics_manager.registry["ApolliaMagics"].runtime.rt
+            assert rt.mode == "client" and rt.server.token == tokens["ann"]
+            shell.run_cell_magic("apollia", "agent", manifest(
+                actor=[{"tool_calls": [call("write_file", path="k.txt", content="kernel")]}, {"text": "Done."}],
+                workspace=str(work)))
+            task = shell.run_cell_magic("apollia", "task clerk", "Write k.txt")
+            task.join(60, settled=True)
+            [card] = task.pending
+            with pytest.raises(Forbidden) as info:
+                card.answer("once")
+            assert "four eyes" in info.value.message and "ann started this run" in info.value.message
+            with _client(url, tokens["bob"]) as bob:
+                answered = bob.post("/pending-decisions/decide", json={"id": card.id, "answer": "once"})
+                assert answered.status_code == 200, answered.text
+            assert task.join(60).status == "completed"
+            run_id = task.run_id
+        finally:
+            unload_ipython_extension(shell)
+            shell.extension_manager.loaded.discard("apollia_nb")
+            shell.config.pop("ApolliaMagics", None)
+            capsys.readouterr()
+        entries = _entries(url, run_id)
+    [opened] = [e["payload"] for e in entries if e["kind"] == "run_open"]
+    [answer] = [e["payload"] for e in entries if e["kind"] == "answer"]
+    assert (opened["started_by"], answer["answered_by"]) == ("ann", "bob")
+    assert (work / "k.txt").read_text() == "kernel"
