@@ -194,3 +194,94 @@ def test_pending_decide_binds_the_answer_to_the_digest_a_person_saw_on_a_served_
     assert [a["digest"] for a in answers][0] == decision["digest"] and len(answers) == 2
     assert [a.get("expires_at") for a in answers] == [decision["expires_at"], second["expires_at"]]
     assert [r["code"] for r in refused] == ["STALE_APPROVAL"] * 3
+
+
+# --- a refused plan answer is journaled -------------------------------------------------------------
+
+
+def _refusals(owner: httpx.Client, run_id: str) -> list[dict[str, Any]]:
+    keys = ("task_id", "session_id", "plan", "answer", "by", "by_role", "auth", "code", "digest", "given_digest")
+    return [{k: r[k] for k in keys if k in r} for r in _entries(owner, run_id, "answer_refused")]
+
+
+def test_a_refused_answer_to_a_task_plan_is_journaled_with_who_and_why(home):
+    with ServerThread(home, token=OWNER) as srv, _client(srv.url, OWNER) as owner:
+        ann = _person(owner, "ann", "approver")
+        assert owner.post("/agents", json={"manifest": PLANNED}).status_code == 201
+        tasks = [owner.post("/tasks", json={"agent": "clerk", "goal": f"Write {i}", "approve_plan": True,
+                                            "grants": ["write"]}).json() for i in range(2)]
+        first, second = [_until(lambda t=t: owner.get(f"/tasks/{t['id']}").json(),
+                                lambda x: x["awaiting_plan_approval"]) for t in tasks]
+        with _client(srv.url, ann) as approver:
+            for path, body in (("approve", {"digest": second["plan_digest"]}), ("approve", {"digest": "sha256:x"})):
+                stale = approver.post(f"/tasks/{first['id']}/plan/{path}", json=body)
+                assert stale.status_code == 409 and stale.json()["code"] == "STALE_APPROVAL"
+            assert approver.post(f"/tasks/{first['id']}/plan/approve",
+                                 json={"digest": first["plan_digest"]}).status_code == 202
+            _until(lambda: owner.get(f"/tasks/{first['id']}").json(), lambda t: t["status"] == "completed")
+            for path, body in (("approve", {"digest": first["plan_digest"]}), ("reject", {"reason": "late"})):
+                late = approver.post(f"/tasks/{first['id']}/plan/{path}", json=body)  # its run took the answer
+                assert late.status_code == 409 and late.json()["code"] == "CONFLICT", late.text
+        refused = _refusals(owner, first["run_id"])
+        assert _refusals(owner, second["run_id"]) == []
+    who = {"task_id": first["id"], "plan": True, "by": "ann", "by_role": "approver", "auth": "token"}
+    assert refused == [
+        {**who, "answer": "approve", "code": "STALE_APPROVAL", "digest": first["plan_digest"],
+         "given_digest": second["plan_digest"]},
+        {**who, "answer": "approve", "code": "STALE_APPROVAL", "digest": first["plan_digest"],
+         "given_digest": "sha256:x"},
+        {**who, "answer": "approve", "code": "CONFLICT", "digest": None, "given_digest": first["plan_digest"]},
+        {**who, "answer": "reject", "code": "CONFLICT", "digest": None}]
+
+
+@pytest.mark.anyio
+async def test_a_second_answer_to_a_plan_not_yet_taken_up_is_refused_and_journaled(home):
+    from apollia_nb.errors import Conflict, StaleApproval
+    from apollia_nb.runtime import Runtime
+
+    async with Runtime(home) as rt:
+        await rt.register_agent(PLANNED)
+        handle = await rt.submit("clerk", "Write", approve_plan=True, grants=["write"], watched=False)
+        await handle.settled()
+        shown = handle.to_dict()["plan_digest"]
+        with pytest.raises(StaleApproval):
+            rt.approve_plan(handle.id, digest="sha256:" + "0" * 64, by="ops")
+        rt.reject_plan(handle.id, "not this", by="ops")  # answered; the run has not taken it up yet
+        with pytest.raises(Conflict):
+            rt.approve_plan(handle.id, digest=shown, by="bob")
+        task = await handle
+        assert task.status == "failed" and task.error["code"] == "REJECTED"
+        refused = [json.loads(e.payload) if isinstance(e.payload, (str, bytes)) else dict(e.payload)
+                   for e in rt.journal.entries(run_id=handle.run_id, kinds=["answer_refused"])]
+    assert [(r["answer"], r["by"], r["code"], r["digest"], r.get("given_digest")) for r in refused] == [
+        ("approve", "ops", "STALE_APPROVAL", shown, "sha256:" + "0" * 64),
+        ("approve", "bob", "CONFLICT", shown, shown)]
+
+
+def test_a_session_plan_approval_is_bound_to_the_plan_shown_and_a_refused_one_is_journaled(home):
+    with ServerThread(home, token=OWNER) as srv, _client(srv.url, OWNER) as owner:
+        ann = _person(owner, "ann", "approver")
+        assert owner.post("/agents", json={"manifest": manifest(
+            planner=[{"steps": ["look", "report"]}], actor=[{"text": "Reported."}])}).status_code == 201
+        session = owner.post("/sessions", json={"agent": "clerk", "plan_mode": True}).json()
+        assert session["plan_digest"] is None
+        with owner.stream("POST", f"/sessions/{session['id']}/messages", json={"text": "Report"}) as resp:
+            list(resp.iter_lines())
+        with _client(srv.url, ann) as approver:
+            shown = approver.get(f"/sessions/{session['id']}").json()
+            assert shown["pending_plan"] == ["look", "report"] and shown["plan_digest"].startswith("sha256:")
+            stale = approver.post(f"/sessions/{session['id']}/plan/approve", json={"digest": "sha256:" + "1" * 64})
+            assert stale.status_code == 409 and stale.json()["code"] == "STALE_APPROVAL"
+            assert approver.get(f"/sessions/{session['id']}").json()["pending_plan"] == ["look", "report"]
+            ok = approver.post(f"/sessions/{session['id']}/plan/approve", json={"digest": shown["plan_digest"]})
+            assert ok.status_code == 202, ok.text
+            again = approver.post(f"/sessions/{session['id']}/plan/reject", json={"reason": "no"})
+            assert again.status_code == 409 and again.json()["code"] == "CONFLICT"
+        refused = _refusals(owner, session["run_id"])
+        [approved] = [p for p in _entries(owner, session["run_id"], "plan") if p.get("approved")]
+    who = {"session_id": session["id"], "plan": True, "by": "ann", "by_role": "approver", "auth": "token"}
+    assert refused == [
+        {**who, "answer": "approve", "code": "STALE_APPROVAL", "digest": shown["plan_digest"],
+         "given_digest": "sha256:" + "1" * 64},
+        {**who, "answer": "reject", "code": "CONFLICT", "digest": None}]
+    assert approved["digest"] == shown["plan_digest"] and approved["by"] == "ann"

@@ -854,7 +854,8 @@ async def close_session(session_id: str, rt: Any = Depends(_runtime)) -> dict[st
 async def approve_session_plan(session_id: str, body: s.PlanApprovalIn | None = Body(None),
                                rt: Any = Depends(_runtime)) -> dict[str, Any]:
     session = _session(rt, session_id)
-    session.approve_plan(list(body.steps) if body is not None and body.steps is not None else None)
+    session.approve_plan(list(body.steps) if body is not None and body.steps is not None else None,
+                         digest=body.digest if body is not None else None)
     return session.to_dict()
 
 

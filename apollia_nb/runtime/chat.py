@@ -130,6 +130,7 @@ class Session:
             "parent_id": self.r.get("parent_id"), "forked_from": self.r.get("forked_from"),
             "children": list(self.r["children"]), "history": self.history, "run_id": self.r["run_id"],
             "pending_plan": self.pending_plan, "created_at": self.r["created_at"],
+            "plan_digest": self._plan_digest(self.pending_plan) if self.pending_plan is not None else None,
         }
 
     # ------------------------------------------------------------------ moves
@@ -227,9 +228,10 @@ class Session:
             [("session_status", {"session_id": self.id, "status": "closed"})], {"status": "closed"})
         rt.closing_checkpoint(self.r["run_id"], stored)
 
-    def approve_plan(self, steps: list[str] | None = None) -> Exchange:
-        """Run the proposed plan (optionally edited)."""
-        plan = self._plan_to_answer()
+    def approve_plan(self, steps: list[str] | None = None, *, digest: str | None = None) -> Exchange:
+        """Run the proposed plan (optionally edited). ``digest``: the ``plan_digest`` of the plan as shown
+        to whoever approves it; another is ``STALE_APPROVAL`` (journaled ``answer_refused``)."""
+        plan = self._plan_to_answer("approve", digest)
         if steps is not None:
             if not isinstance(steps, list) or not steps or not all(isinstance(s, str) and s for s in steps):
                 raise BadInput("edited steps must be a non-empty list of strings")
@@ -243,7 +245,7 @@ class Session:
         return self._start("(approved plan)", planning=False)
 
     def reject_plan(self, reason: str = "") -> None:
-        shown = self._plan_to_answer()
+        shown = self._plan_to_answer("reject")
         self.r["pending_plan"] = None
         self._journal("plan", {"session_id": self.id, "approved": False, "reason": reason, **_plan_answerer(),
                                "digest": self._plan_digest(shown)})
@@ -255,13 +257,27 @@ class Session:
 
         return plan_digest(task_id=self.id, run_id=self.r["run_id"], agent=self.agent.name, steps=steps)
 
-    def _plan_to_answer(self) -> list[str]:
+    def _plan_to_answer(self, verdict: str, digest: str | None = None) -> list[str]:
+        """The plan ``verdict`` answers. An answer to no plan waiting (answered already) is ``CONFLICT``, one
+        naming the digest of another plan ``STALE_APPROVAL``: each journaled ``answer_refused``."""
+        from apollia_nb.errors import StaleApproval
+        from apollia_nb.runtime.tasks import plan_answer_refused
+
         self._check_open()
         plan = self.pending_plan
         if plan is None:
-            raise Conflict(f"session {self.id} has no plan waiting")
+            raise plan_answer_refused(self._sessions.rt.journal, Conflict(f"session {self.id} has no plan waiting"),
+                                      run_id=self.r["run_id"], agent=self.agent.name,
+                                      subject={"session_id": self.id}, answer=verdict, by=None, digest=None,
+                                      given_digest=digest)
         if self.cell.state == SessionState.PROCESSING:
             raise SessionBusy(f"session {self.id} is still answering")
+        shown = self._plan_digest(list(plan))
+        if digest is not None and digest != shown:
+            raise plan_answer_refused(self._sessions.rt.journal, StaleApproval(
+                f"the plan of session {self.id} shown now has the digest {shown}, not {digest}: read it again "
+                "before answering"), run_id=self.r["run_id"], agent=self.agent.name,
+                subject={"session_id": self.id}, answer=verdict, by=None, digest=shown, given_digest=digest)
         return list(plan)
 
     # ------------------------------------------------------------------ the exchange

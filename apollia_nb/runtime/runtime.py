@@ -1035,19 +1035,22 @@ class Runtime:
                      digest: str | None = None) -> None:
         """Approve a task's plan (``steps``: edited). Journaled with who approved and the plan's digest;
         ``digest``: the plan's as shown to them (another is ``STALE_APPROVAL``)."""
-        run = self._plan_run(task_id)
+        run = self._plan_run(task_id, "approve", by=by, digest=digest)
         if steps is not None and (not isinstance(steps, list) or not all(isinstance(s, str) and s for s in steps)):
             raise BadInput("edited steps must be a non-empty list of strings")
         self._answer_plan(run, "approve", None, steps, by=by, digest=digest)
 
     def reject_plan(self, task_id: str, reason: str, *, by: str | None = None) -> None:
-        run = self._plan_run(task_id)
+        run = self._plan_run(task_id, "reject", by=by)
         self._answer_plan(run, "reject", reason or "no reason given", None, by=by)
 
-    def _plan_run(self, task_id: str) -> TaskRun:
+    def _plan_run(self, task_id: str, verdict: str, *, by: str | None, digest: str | None = None) -> TaskRun:
+        """The run whose plan ``verdict`` answers; an answer to a plan not waiting (answered and taken up
+        already, or never asked) is refused ``CONFLICT`` and journaled (``TaskRun.plan_refused``)."""
         run = self.task(task_id)._run
         if not run.r.awaiting_plan_approval:
-            raise Conflict(f"task {task_id} is not waiting for plan approval")
+            raise run.plan_refused(verdict, Conflict(f"task {task_id} is not waiting for plan approval"), by=by,
+                                   digest=digest)
         return run
 
     def _answer_plan(self, run: TaskRun, verdict: str, reason: str | None, steps: list[str] | None, *,

@@ -228,6 +228,8 @@ class Session(_Out):
     run_id: str
     pending_plan: list[str] | None
     created_at: str
+    plan_digest: str | None = Field(None, description="while a plan waits: the digest of the plan as shown, what an "
+                                                      "approval names (`digest`)")
 
 
 class Card(_Out):
