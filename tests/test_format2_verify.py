@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import time
 from typing import Any
 
@@ -25,6 +26,7 @@ from apollia_nb.journal.entry import (
     canonical_json,
     entry_hash_v2,
     erase_sealed,
+    seal_parts,
     seal_payload,
     sealed_committed,
     sliced_committed,
@@ -314,3 +316,31 @@ def test_a_salt_with_a_byte_that_is_no_lowercase_hex_digit_is_never_taken_by_a_k
         assert _same_answer(changed) is None
         assert _same_answer(stored) is not None  # the layout is the last one used again
 
+
+
+def _sealed_by_the_formula(payload: dict[str, Any], salts: bytes) -> tuple[bytes, bytes, bytes]:
+    """docs/journal.md's stored, committed and readable bytes, with json.dumps and hashlib only."""
+    def dumps(value: Any) -> bytes:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode("utf-8")
+
+    keys = sorted(payload)
+    salt = {k: salts[i * SALT_SIZE:(i + 1) * SALT_SIZE] for i, k in enumerate(keys)}
+    committed = {k: hashlib.sha256(salt[k] + dumps(payload[k])).hexdigest() for k in keys}
+    stored = {**payload, "@salts": {k: salt[k].hex() for k in keys}}
+    return dumps(stored), dumps(committed), dumps(payload)
+
+
+def test_sealing_fills_each_list_of_names_as_the_formula_writes_it_however_often_it_recurs():
+    # names sealed again and again (their templates are made once), with '%', before and after
+    # "@salts", none, one, and values long and short, escaped and raw
+    import random
+
+    rng = random.Random(20261208)
+    names = ["%s", "%%", "a%b", "0", "!", "?", "A", "_", "answers", "b", "é", "z", "\u2028", "x" * 40]
+    lists = [[], ["a%b"], ["0"], ["z"]] + [rng.sample(names, rng.randrange(1, 9)) for _ in range(40)]
+    for _ in range(3):
+        for keys in lists:
+            payload = {k: rng.choice([_random_value(rng), "y" * rng.choice([1, 600]), "%s%%"]) for k in keys}
+            salts = bytes(rng.randrange(256) for _ in range(SALT_SIZE * len(payload)))
+            assert seal_parts(payload, salts) == _sealed_by_the_formula(payload, salts), payload

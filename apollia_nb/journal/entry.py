@@ -467,6 +467,8 @@ try:
 except ImportError:  # pragma: no cover - a Python without the C accelerator
     _c_key = None
 _encode_key: Callable[[str], str] = _c_key or (lambda k: json.dumps(k, ensure_ascii=False))
+#: A string value as the canonical encoder writes it (the same function it calls for strings).
+_encode_string: Callable[[str], str] = _c_key or (lambda k: json.dumps(k, ensure_ascii=False))
 
 
 def commitment(salt: bytes, value_bytes: bytes) -> bytes:
@@ -503,7 +505,10 @@ def seal_parts(payload: Any, salts: bytes) -> tuple[bytes, bytes, bytes]:
     caller draws them: this stays a function of values). ``stored`` is
     ``canonical_json({**payload, "@salts": {k: hex(salt)}})``, ``committed`` the bytes the
     entry hash covers. ``BadInput`` for what ``canonical_payload`` refuses, a key starting
-    with ``@``, or salts of the wrong length."""
+    with ``@``, or salts of the wrong length.
+
+    The three are filled into templates made once per list of field names (``_Seal``);
+    each value is encoded once, and the salted SHA-256 of every field made in C loops."""
     if not isinstance(payload, dict):
         raise BadInput(f"a journal payload must be a JSON object, not {type(payload).__name__}")
     if not _plain_json(payload):
@@ -512,34 +517,65 @@ def seal_parts(payload: Any, salts: bytes) -> tuple[bytes, bytes, bytes]:
     keys = sorted(payload)
     if len(salts) != SALT_SIZE * len(keys):
         raise BadInput(f"{len(keys)} field(s) need {SALT_SIZE * len(keys)} bytes of salt, not {len(salts)}")
+    seal = _SEALS.get(tuple(keys)) or _new_seal(keys)
+    encode, string = _encode_canonical, _encode_string
+    try:
+        if encode is None:  # pragma: no cover - a Python without the C accelerator
+            values = [canonical_json(payload[k]) for k in keys]
+        else:
+            values = [(string(v) if type(v) is str else encode(v)).encode("utf-8") for v in map(payload.__getitem__, keys)]
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:  # NaN/inf, lone surrogates
+        raise BadInput(f"payload is not canonical JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput("payload is nested too deeply") from None
+    if not keys:
+        return seal.stored, seal.committed, seal.readable
+    sha = _sha256 if _sha256_small is _sha256 or max(map(len, values)) >= 512 else _sha256_small
+    digests = b"".join(map(_HASH_DIGEST, map(sha, map(_JOIN, seal.salts(salts), values))))
+    hexed = binascii.hexlify(salts, b"-", SALT_SIZE).split(b"-")
+    at = seal.at
+    return (seal.stored % tuple(values[:at] + hexed + values[at:] if at else hexed + values),
+            seal.committed % tuple(binascii.hexlify(digests, b"-", HASH_SIZE).split(b"-")),
+            seal.readable % tuple(values))
+
+
+class _Seal(NamedTuple):
+    """What payloads with one list of field names are sealed into: where ``"@salts"`` goes among
+    the fields, how to take each field's salt, and the stored, committed and readable bytes
+    with ``%s`` where each salt's hex, value and commitment's hex go."""
+
+    at: int
+    salts: Callable[[bytes], tuple[bytes, ...]]
+    stored: bytes
+    committed: bytes
+    readable: bytes
+
+
+#: Seals by their field names (a journal's payloads have a few dozen lists of names); at most 1024.
+_SEALS: dict[tuple[str, ...], _Seal] = {}
+
+
+def _new_seal(keys: list[str]) -> _Seal:
+    """The seal of payloads with the sorted field names ``keys``; ``BadInput`` for a name starting
+    with ``@`` (the format's own)."""
     # where "@salts" goes among the sorted keys: after those before "@" (digits, most punctuation),
     # before letters; keys starting with "@" (the format's own) would sort right there
     at = bisect.bisect_left(keys, "@")
     if at < len(keys) and keys[at][:1] == "@":
         raise BadInput(f"payload key {keys[at]!r} starts with '@', which the journal keeps for itself")
-    encode = _encode_canonical
-    try:
-        if encode is None:  # pragma: no cover - a Python without the C accelerator
-            values = [canonical_json(payload[k]) for k in keys]
-        else:
-            values = [encode(payload[k]).encode("utf-8") for k in keys]
-    except (TypeError, ValueError, UnicodeEncodeError) as exc:  # NaN/inf, lone surrogates
-        raise BadInput(f"payload is not canonical JSON: {exc}") from None
-    except RecursionError:
-        raise BadInput("payload is nested too deeply") from None
-    names = [_NAMES.get(k) or _name(k) for k in keys]
-    small, large = _sha256_small, _sha256
-    digests = [(small if len(v) < 512 else large)(salts[i * SALT_SIZE:(i + 1) * SALT_SIZE] + v).hexdigest()
-               .encode("ascii") for i, v in enumerate(values)]
-    width = 2 * SALT_SIZE
-    hexed = salts.hex().encode("ascii")
-    parts = [n + b":" + v for n, v in zip(names, values)]
-    parts.insert(at, b'"@salts":{' + b",".join(
-        [n + b':"' + hexed[i * width:(i + 1) * width] + b'"' for i, n in enumerate(names)]) + b"}")
-    committed = b"{" + b",".join([n + b':"' + d + b'"' for n, d in zip(names, digests)]) + b"}"
-    stored = b"{" + b",".join(parts) + b"}"
-    del parts[at]
-    return stored, committed, b"{" + b",".join(parts) + b"}"
+    names = [(_NAMES.get(k) or _name(k)).replace(b"%", b"%%") for k in keys]
+    fields = [n + b":%s" for n in names]
+    hexes = b",".join([n + b':"%s"' for n in names])
+    seal = _Seal(
+        at, _salt_taker(len(keys)),
+        b"{" + b",".join(fields[:at] + [b'"@salts":{' + hexes + b"}"] + fields[at:]) + b"}",
+        b"{" + hexes + b"}",
+        b"{" + b",".join(fields) + b"}",
+    )
+    if len(_SEALS) >= 1024:
+        _SEALS.clear()
+    _SEALS[tuple(keys)] = seal
+    return seal
 
 
 class Sealed(NamedTuple):
