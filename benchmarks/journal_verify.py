@@ -24,9 +24,10 @@ takes ``--home``, then prints:
 
 ``--formats`` instead builds two journals of ``--entries`` entries, one of format 2
 (salted commitments per payload field, what a home made now writes) and one of
-format 1 (payloads hashed whole), and verifies them in turn ``--repeat`` times
-(``verify_home``, 2 worker processes): median wall time and CPU seconds (this
-process and its workers) per entry, and the ratios.
+format 1 (payloads hashed whole), prints the breakdown above for each, and verifies
+them in turn ``--repeat`` times, alternating which goes first: ``verify_home`` (2 worker
+processes) and the whole ``apollia-os audit verify`` command, each round; median wall
+time and CPU seconds (this process and its workers) per entry, and the ratios.
 
 On a shared machine wall-clock rates drop with the load, so the CPU seconds
 spent are printed too, with the rate they allow on 2 idle cores.
@@ -238,17 +239,24 @@ def _cpu() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
-def formats(entries: int, repeat: int) -> None:
-    """Format 2 against format 1, the same entries, verified alternately in one run."""
+def formats(entries: int, repeat: int, sample: int) -> None:
+    """Format 2 against format 1, the same entries, verified alternately in one run: the breakdown
+    of each, ``verify_home`` (2 worker processes) and the whole ``audit verify`` command."""
     import statistics
 
     with tempfile.TemporaryDirectory() as d:
         homes = {fmt: Home.at(os.path.join(d, f"format{fmt}")) for fmt in ("1", "2")}
         for fmt, home in homes.items():
             build(home, entries, fmt)
+        bound = {}
+        for fmt, home in homes.items():
+            print(f"format {fmt}: ", end="")
+            bound[fmt] = breakdown(home, sample)
         figures: dict[str, tuple[list[float], list[float], list[float]]] = {fmt: ([], [], []) for fmt in homes}
-        for _ in range(repeat):
-            for fmt, home in homes.items():
+        command: dict[str, list[dict]] = {fmt: [] for fmt in homes}
+        loads = []
+        for i in range(repeat):
+            for fmt, home in (homes.items() if i % 2 == 0 else reversed(homes.items())):
                 s0, c0 = _cpu()
                 t = time.perf_counter()
                 report = verify_home(home, workers=2)
@@ -258,12 +266,24 @@ def formats(entries: int, repeat: int) -> None:
                 figures[fmt][0].append(wall / entries)
                 figures[fmt][1].append((s1 - s0 + c1 - c0) / entries)
                 figures[fmt][2].append((s1 - s0) / entries)
+                command[fmt].append(_command(str(home.path), None))
+                loads.append(os.getloadavg()[0])
         med = {fmt: tuple(statistics.median(f) for f in fs) for fmt, fs in figures.items()}
         for fmt, (w, c, here) in med.items():
-            print(f"format {fmt}: {1 / w:9,.0f} entries/s wall, {c * 1e6:.1f} us CPU per entry "
+            print(f"verify_home, format {fmt}: {1 / w:9,.0f} entries/s wall, {c * 1e6:.1f} us CPU per entry "
                   f"(here + workers; here {here * 1e6:.1f})")
-        print(f"format 2 / format 1: throughput {med['1'][0] / med['2'][0]:.3f}, "
+        cmd = {fmt: (statistics.median(r["wall"] for r in rs), statistics.median(r["cpu"] for r in rs))
+               for fmt, rs in command.items()}
+        for fmt, (wall, cpu) in cmd.items():
+            print(f"apollia-os audit verify, format {fmt}: {entries / wall:9,.0f} entries/s wall (median of {repeat}), "
+                  f"CPU {cpu * 1e6 / entries:.1f} us per entry with its workers -> {entries / (cpu / 2):,.0f} "
+                  "entries/s on 2 idle cores")
+        print(f"format 2 / format 1, breakdown: entries/s on 2 idle cores {bound['2'] / bound['1']:.3f}")
+        print(f"format 2 / format 1, verify_home: throughput {med['1'][0] / med['2'][0]:.3f}, "
               f"CPU per entry {med['2'][1] / med['1'][1]:.3f} (here {med['2'][2] / med['1'][2]:.3f})")
+        print(f"format 2 / format 1, audit verify: throughput {cmd['1'][0] / cmd['2'][0]:.3f}, "
+              f"CPU per entry {cmd['2'][1] / cmd['1'][1]:.3f}")
+        print(f"load average during the rounds: {min(loads):.2f}-{max(loads):.2f}")
 
 
 def main() -> None:
@@ -277,7 +297,7 @@ def main() -> None:
                         help="only journals of format 2 (salted commitments) vs format 1, verified alternately")
     args = parser.parse_args()
     if args.formats:
-        formats(args.entries, args.repeat)
+        formats(args.entries, args.repeat, args.sample)
         print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
         return
 
