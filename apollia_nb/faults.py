@@ -19,6 +19,8 @@ The points (see docs/runtime.md):
 * ``answer.after_journal`` — an answer is journaled, governance.db not yet written (``full``: it refuses it);
 * ``answer.after_commit`` — the answer is stored, its ``always`` consent or rule not yet;
 * ``answer.before_resume`` — the answer is fully recorded, its run not yet resumed;
+* ``answer.after_key`` — ``POST /pending-decisions/decide`` with an ``Idempotency-Key``: the key (taken while the
+  answer waited for its group) is committed, the answer not yet journaled;
 * ``decide.after_commit`` — ``POST /pending-decisions/decide``: recorded, the 200 not yet sent;
 * ``decide.after_response`` — the 200 was sent, the run has not resumed;
 * ``resume.after_running`` — a resumed run journaled ``task_status running``, its call not yet made;

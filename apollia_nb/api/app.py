@@ -75,6 +75,7 @@ from apollia_nb.api.idempotency import (
     Found,
     Idempotency,
     effect_ref,
+    key_taken,
 )
 from apollia_nb.dbutil import storage_error
 from apollia_nb.errors import (
@@ -563,7 +564,7 @@ async def _find_task(request: Request, ref: dict[str, Any] | None) -> Found | No
         return None
 
 
-_TASK_EFFECT = Effect(find=_find_task, name=lambda: {"task_id": f"task-{uuid.uuid4().hex[:12]}"})
+_TASK_EFFECT = Effect(find=_find_task, name=lambda: {"task_id": f"task-{uuid.uuid4().hex[:12]}"}, early=True)
 
 
 @_route("POST", "/tasks", 202, response_model=s.Submission, operation_id="submitTask", tags=["tasks"],
@@ -576,7 +577,8 @@ async def submit_task(request: Request, response: Response, body: s.TaskIn,
                       rt: Any = Depends(_runtime)) -> dict[str, Any]:
     handle = await rt.submit(body.agent, body.goal, max_steps=body.max_steps, watched=body.watched,
                              grants=list(body.grants), approve_plan=body.approve_plan,
-                             task_id=effect_ref(request, "task_id"))  # named before it is recorded: a retry finds it
+                             task_id=effect_ref(request, "task_id"),  # named before it is recorded: a retry finds it
+                             after=key_taken(request))  # its row committed with its key, or after it; never without
     response.headers["Location"] = f"{API_PREFIX}/tasks/{handle.id}"
     return _submission(handle.to_dict())[1]
 
@@ -895,7 +897,7 @@ async def _find_answer(request: Request, ref: dict[str, Any] | None) -> Found | 
 
 @_route("POST", "/pending-decisions/decide", response_model=s.PendingDecision, operation_id="decide",
         tags=["pending decisions"], summary="Answer a waiting decision; its run resumes",
-        responses=_errors(403, 404, 409, 413, 422), effect=Effect(find=_find_answer),
+        responses=_errors(403, 404, 409, 413, 422), effect=Effect(find=_find_answer, early=True),
         description="Validated, journaled, then applied: `once`/`always` let the call run (`always` also records "
                     "the standing consent, or the allow rule for a simple command in developer mode), `refuse` "
                     "refuses it and fails its step. 422 `BAD_ANSWER` for an answer not on offer, 404 "
@@ -912,8 +914,10 @@ async def decide(body: s.DecideIn, background: BackgroundTasks, request: Request
                                     ("expires_at", body.expires_at)) if v is not None})
     if body.lasting is not None:  # `always` for a while: the standing consent ends then
         extra["lasting"] = body.lasting
-    # Committed (journaled and stored) when it returns; answers given meanwhile share the commits.
-    answered = await rt.answer_async(body.id, body.answer, by=acting(request, body.by), reason=body.reason, **extra)
+    # Committed (journaled and stored) when it returns; answers given meanwhile share the commits. Its
+    # Idempotency-Key (if any) is committed before the answer is journaled, while the answer waits its turn.
+    answered = await rt.answer_async(body.id, body.answer, by=acting(request, body.by), reason=body.reason,
+                                     after=key_taken(request), **extra)
     faults.point("decide.after_commit")
     background.add_task(_after_decide_response)
     return answered

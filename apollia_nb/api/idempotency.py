@@ -19,11 +19,16 @@ a refusal (an error with a stable code: nothing was done) the same request may
 be sent again with the same key and is then processed anew.
 
 **A refusal means nothing happened; a success means it is durable.** A key is
-taken in ``runtime.db`` (committed) before its request is processed, by the
+taken in ``runtime.db`` (committed) before its request changes anything, by the
 same ordered writer that records the tasks, agents and sessions, together with
 the reference of what the request will create (the id a new task will have); a
 success becomes that row's answer, committed before it is sent; a refusal
-deletes the row. A request that was carried out is never answered with a
+deletes the row. A submitted task and an answered decision do not wait for the
+key's commit before they start: a task's row is queued behind the key (one
+commit for both when they meet in the writer's group; refused when the key is
+refused), and an answer waits for it only before it is journaled (while it
+waits for the group of answers it joins), so a key that could not be taken
+refuses the request, nothing done. A request that was carried out is never answered with a
 refusal:
 
 * its answer could not be recorded (the disk refused it) → the success is sent
@@ -63,7 +68,8 @@ import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -85,7 +91,8 @@ from apollia_nb.errors import (
 
 __all__ = [
     "KEY_HEADER", "KEY_PATTERN", "REPLAYED_HEADER", "MAX_KEY_LENGTH", "RETENTION_SECONDS", "MAX_KEYS",
-    "parse_key", "fingerprint", "scope_of", "Claim", "Effect", "effect_ref", "Idempotency", "IdempotentRoute",
+    "parse_key", "fingerprint", "scope_of", "Claim", "Effect", "effect_ref", "key_taken", "Idempotency",
+    "IdempotentRoute",
 ]
 
 KEY_HEADER = "Idempotency-Key"
@@ -164,11 +171,13 @@ class Claim:
     ``ref`` names the request's effect before it is carried out (the id a new task will have), recorded
     with the key; ``left``: an earlier request with this key was carried out, or may have been, and its
     answer is not recorded; ``answer``: that request's ``(status, response, settled)`` when this process
-    still holds it (``settled``: what it changed is committed)."""
+    still holds it (``settled``: what it changed is committed); ``taken``: the commit of the key, when
+    ``begin`` was asked not to wait for it (``early``)."""
 
     ref: dict[str, Any] | None = None
     left: bool = False
     answer: tuple[int, dict[str, Any], bool] | None = None
+    taken: "Future[None] | None" = field(default=None, compare=False)
 
 
 _UNREAD: dict[str, Any] = {}  # a left key's reference, not read from runtime.db yet
@@ -207,11 +216,13 @@ class Idempotency:
                 self._left[(scope, key)] = _UNREAD
         self._expire()
 
-    async def begin(self, scope: str, key: str, fp: str,
-                    ref: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]] | Claim:
+    async def begin(self, scope: str, key: str, fp: str, ref: dict[str, Any] | None = None, *,
+                    early: bool = False) -> tuple[int, dict[str, Any]] | Claim:
         """The remembered ``(status, response)`` to replay, or a ``Claim`` once the key is held (taken, committed).
 
-        ``ref``: the reference of the effect a new request will have (recorded with the key)."""
+        ``ref``: the reference of the effect a new request will have (recorded with the key). ``early``: the
+        claim is returned as soon as the key is queued to be taken, with the commit as ``Claim.taken``, which
+        the caller awaits before it changes anything (a refused commit is then its refusal)."""
         self._expire()
         slot = (scope, key)
         if slot in self._inflight:
@@ -238,6 +249,8 @@ class Idempotency:
         try:
             taken = self.records.remember_response(scope, key, fp, _TAKEN, {"ref": ref} if ref else {},
                                                    self.clock(), new_row=True)
+            if early:
+                return Claim(ref=ref, taken=taken)
             with anyio.CancelScope(shield=True):  # taken before anything is done
                 await asyncio.wrap_future(taken)
         except BaseException:  # not taken (a refused write leaves no row): nothing was done
@@ -336,12 +349,24 @@ class Effect:
     stands, or ``None`` when it is not there. ``redo``: a request whose effect is
     not found is carried out again under the same reference (its effect is named
     by the reference, or the route is idempotent by itself); without it, a left
-    key whose effect is not found is refused as unknown.
+    key whose effect is not found is refused as unknown. ``early``: the route runs
+    while its key is being taken, and awaits ``key_taken(request)`` itself before
+    it changes anything, so the key's commit overlaps the route's own waiting (a
+    decide's wait for the group of answers it joins); a key that could not be
+    taken is then the route's refusal, nothing done.
     """
 
     find: Callable[[Request, dict[str, Any] | None], Awaitable[Found | None]] | None = None
     name: Callable[[], dict[str, Any]] | None = None
     redo: bool = True
+    early: bool = False
+
+
+def key_taken(request: Request) -> "Future[None] | None":
+    """The commit of the request's key, still under way, for a route whose ``Effect`` is ``early``: the route
+    waits for it (or hands it to what does: a write queued after it in ``runtime.db``, refused when it is)
+    before it changes anything; ``None`` without a key."""
+    return getattr(request.state, "key_taken", None)
 
 
 def effect_ref(request: Request, name: str) -> Any:
@@ -430,11 +455,14 @@ class IdempotentRoute(APIRoute):
             scope = scope_of(token, request.method, request.url.path)
             fp = fingerprint(request.url.query, await request.body())
             effect = self.effect
-            claim = await keys.begin(scope, key, fp, effect.name() if effect and effect.name else None)
+            claim = await keys.begin(scope, key, fp, effect.name() if effect and effect.name else None,
+                                     early=bool(effect and effect.early))
             if isinstance(claim, tuple):
                 return _replayed(*claim)
             if claim.ref is not None:
                 request.state.effect_ref = claim.ref
+            if claim.taken is not None:
+                request.state.key_taken = claim.taken
             response: Response | None = None
             settled = replayed = False
             if claim.answer is not None:  # carried out by this process; its answer not recorded yet
@@ -474,6 +502,13 @@ class IdempotentRoute(APIRoute):
             if not (200 <= response.status_code < 300 and hasattr(response, "body")):
                 keys.release(scope, key)
                 return response
+            if claim.taken is not None:  # awaited by the route before its effect; here, for a route that did not
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await asyncio.wrap_future(claim.taken)
+                except Exception as exc:
+                    keys.abandon(scope, key, fp, claim.ref)
+                    raise _unknown("the request was carried out, but its Idempotency-Key could not be recorded") from exc
             stored = claim.answer[1] if claim.answer is not None else _stored(response)
             status = response.status_code
             if not settled and not await self._settled(request):

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -106,16 +106,16 @@ class _Ask(NamedTuple):
     expires_in: Any = None  # the approval's lifetime in seconds, or
     expires_at: Any = None  # its end (ISO 8601)
     lasting: str | None = None  # how long the standing consent of an ``always`` lasts ("8h"; None: until revoked)
-    after: Any = None  # an awaitable committed before the answer is journaled (a REST request's key taken)
+    after: Any = None  # a commit under way, awaited before the answer is journaled (a REST request's key taken)
 
 
-async def _committed_before(after: Awaitable[None] | None, done: asyncio.Future[Any]) -> bool:
+async def _committed_before(after: Future[None] | None, done: asyncio.Future[Any]) -> bool:
     """Whether what an answer waits on (``_Ask.after``) is committed; when it failed, the answer's waiter
     is told its error (nothing of the answer is recorded)."""
     if after is None:
         return True
     try:
-        await after
+        await asyncio.wrap_future(after)
     except Exception as exc:  # noqa: BLE001 - the waiter hears it: its answer was refused
         if not done.done():
             done.set_exception(exc)
@@ -865,10 +865,13 @@ class Runtime:
     async def submit(
         self, agent: str, goal: str, *, max_steps: int | None = None, watched: bool = True,
         grants: Sequence[str] = (), approve_plan: bool = False, task_id: str | None = None,
+        after: Future[None] | None = None,
     ) -> TaskHandle:
         """Submit a task; returns at once. Refused (``AGENT_UNAVAILABLE``) unless the agent can take work.
 
-        ``task_id``: the id to give it (a batch names its items' tasks when it records them)."""
+        ``task_id``: the id to give it (a batch names its items' tasks when it records them). ``after``: a
+        ``runtime.db`` commit under way that the task's row must not be committed without (a REST request's
+        ``Idempotency-Key`` taken): its row is queued behind it, and refused with it."""
         from apollia_nb.governance.decision import Family
 
         the_agent = self.agent(agent)
@@ -892,7 +895,7 @@ class Runtime:
         )
         actor = ACTING.get()
         record.started_by = actor[0] if actor is not None else local_person()
-        recorded = self.records.save_task(record.to_json(), record.created_at, acknowledged=True)
+        recorded = self.records.save_task(record.to_json(), record.created_at, acknowledged=True, after=after)
         run = TaskRun(self, the_agent, record)
         self._runs[task_id] = run
         self._claim(run)  # in flight already: a stop drains it, nobody spawns it twice
@@ -1255,7 +1258,7 @@ class Runtime:
     async def answer_async(self, decision_id: str, answer: str, *, by: str = "user", reason: str | None = None,
                            values: dict[str, Any] | None = None, digest: str | None = None,
                            expires_in: Any = None, expires_at: Any = None,
-                           lasting: str | None = None, after: Awaitable[None] | None = None) -> dict[str, Any]:
+                           lasting: str | None = None, after: Future[None] | None = None) -> dict[str, Any]:
         """``answer`` for an event loop that serves many people at once (the REST API).
 
         The answer is recorded off the loop, and answers given while a group is being recorded
@@ -1267,7 +1270,7 @@ class Runtime:
         commit meanwhile under way); when it fails the answer is refused with its error, nothing done."""
         if self.mode == "client":
             if after is not None:
-                await after
+                await asyncio.wrap_future(after)
             return self.answer(decision_id, answer, by=by, reason=reason, values=values, digest=digest,
                                expires_in=expires_in, expires_at=expires_at, lasting=lasting)
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
