@@ -17,7 +17,8 @@ and only for the batch's agent and its tasks (:data:`WORKER_ROUTES`):
   (``POST /internal/calls``; the entries it carries before the decision are checked as an append's);
 * appending entries of the kinds a task's run writes (:data:`WORKER_KINDS`),
   each of the batch's agent: a run is opened (``run_open``) only for a task of
-  the batch under a run id the journal has never seen, and every other entry
+  the batch under a run id the journal has never seen (known from the server's own state,
+  :class:`KnownRuns`: no copy into ``journal.db`` per opened run), and every other entry
   belongs to a run the credential opened (or, for ``packages_install``, to no run);
 * reading the entries of the runs it opened, and how many they are;
 * listing, reading and waiting for answers to the pending decisions of the
@@ -46,7 +47,13 @@ from typing import Any
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials
 
-from apollia_nb.api.deps import API_PREFIX, bearer, check_role, identity_of, token_matches
+from apollia_nb.api.deps import (
+    API_PREFIX,
+    bearer,
+    check_role,
+    identity_of,
+    token_matches,
+)
 from apollia_nb.errors import BadInput, Unauthorized, UnknownDecision
 from apollia_nb.governance.people import OWNER
 from apollia_nb.runtime.dask_engine import item_task_prefix
@@ -143,9 +150,8 @@ class KnownRuns:
 
     def close(self) -> None:
         self._stop()
-        with self._read_lock:
-            with contextlib.suppress(Exception):  # closed with the journal already
-                self._cursor.close()
+        with self._read_lock, contextlib.suppress(Exception):  # closed with the journal already
+            self._cursor.close()
 
 
 class WorkerTokens:
