@@ -12,10 +12,6 @@ eyes separates two people's kernels. The homes are served by real ``apollia-os s
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +24,7 @@ import httpx
 import pytest
 from runtime_helpers import call, manifest
 from test_four_eyes import FOUR_EYES, _deposit
+from test_home_contract import serving as served_by_a_process
 
 from apollia_nb.errors import Forbidden, HomeLocked
 from apollia_nb.home import Home
@@ -42,20 +39,10 @@ _IDENTITY_ENV = ("APOLLIA_TOKEN", "APOLLIA_HOME", "JUPYTERHUB_API_TOKEN", "JUPYT
 
 @contextmanager
 def serving(home: Path) -> Iterator[str]:
-    """A real `apollia-os serve` owning ``home`` with the owner token ``OWNER``; yields its URL."""
-    env = {k: v for k, v in os.environ.items() if k not in _IDENTITY_ENV}
-    proc = subprocess.Popen([sys.executable, "-m", "apollia_nb", "serve", "--home", str(home), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=home.parent,
-                            env={**env, "APOLLIA_TOKEN": OWNER})
-    try:
-        assert proc.stdout is not None and proc.stdout.readline(), proc.stderr.read() if proc.stderr else ""
+    """A real `apollia-os serve` owning ``home`` with the owner token ``OWNER``; yields its URL (the tests' own
+    environment is cleared of every identity by ``clean_env`` first)."""
+    with served_by_a_process(home, APOLLIA_TOKEN=OWNER):
         yield json.loads((home / "server.json").read_text())["url"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 def _client(url: str, token: str) -> httpx.Client:
@@ -249,14 +236,15 @@ def test_a_restarted_server_still_knows_who_opened_a_run_and_a_revoked_token_sto
         tokens = _people(url, ann=["runner"], bob=["runner"])
         with _client(url, tokens["ann"]) as ann:
             assert _append(ann, _draft("run_open", run, run_kind="task", task_id="task-1")).status_code == 201
-    with serving(home) as url:  # a new server process: who opened the run is read back from the journal
-        with _client(url, tokens["ann"]) as ann, _client(url, tokens["bob"]) as bob, _client(url, OWNER) as owner:
-            _refused(_append(bob, _draft("task_status", run, task_id="task-1", status="running")), "not one of them")
-            assert _append(ann, _draft("task_status", run, task_id="task-1", status="running")).status_code == 201
-            assert owner.post("/people/ann/revoke").status_code == 200
-            gone = _append(ann, _draft("task_status", run, task_id="task-1", status="completed"))
-            assert gone.status_code == 401 and gone.json()["code"] == "UNAUTHORIZED"
-            assert tokens["ann"] not in gone.text
+    # a new server process: who opened the run is read back from the journal
+    with serving(home) as url, _client(url, tokens["ann"]) as ann, _client(url, tokens["bob"]) as bob, \
+            _client(url, OWNER) as owner:
+        _refused(_append(bob, _draft("task_status", run, task_id="task-1", status="running")), "not one of them")
+        assert _append(ann, _draft("task_status", run, task_id="task-1", status="running")).status_code == 201
+        assert owner.post("/people/ann/revoke").status_code == 200
+        gone = _append(ann, _draft("task_status", run, task_id="task-1", status="completed"))
+        assert gone.status_code == 401 and gone.json()["code"] == "UNAUTHORIZED"
+        assert tokens["ann"] not in gone.text
     assert [e["kind"] for e in _entries_after(home, run)] == ["run_open", "task_status"]
 
 
