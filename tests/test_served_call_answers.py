@@ -10,6 +10,7 @@ plain HTTP server on 127.0.0.1 (port 0) for the connections.
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import socket
@@ -21,7 +22,7 @@ import pytest
 
 from apollia_nb.api.internal import CallOut, GovernanceSnapshot, JournalRows
 from apollia_nb.api.server import ServerThread
-from apollia_nb.runtime.remote import JsonPosts, NotSent
+from apollia_nb.runtime.remote import JsonPosts, LoopPosts, NotSent
 
 TOKEN = "served-call-answers-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -135,15 +136,37 @@ def echo():
         server.server_close()
 
 
-def posts_to(server: Any, *, timeout: float = 10.0) -> JsonPosts:
+class OnLoop:
+    """``LoopPosts`` with ``JsonPosts``'s blocking face: each post on an event loop of its own (its sockets
+    belong to no loop, so a kept one serves the next loop too)."""
+
+    def __init__(self, posts: LoopPosts) -> None:
+        self.posts = posts
+
+    def post(self, path: str, body: Any) -> tuple[int, bytes]:
+        return asyncio.run(self.posts.post(path, body))
+
+    def close(self) -> None:
+        self.posts.close()
+
+
+TRANSPORTS = {"thread": JsonPosts.of, "loop": lambda *a, **k: (lambda p: p and OnLoop(p))(LoopPosts.of(*a, **k))}
+
+
+@pytest.fixture(params=sorted(TRANSPORTS))
+def transport(request):
+    return TRANSPORTS[request.param]
+
+
+def posts_to(server: Any, transport: Any, *, timeout: float = 10.0) -> Any:
     host, port = server.server_address[:2]
-    posts = JsonPosts.of(f"http://{host}:{port}", {"Authorization": "Bearer t"}, timeout=timeout, connect=5.0)
+    posts = transport(f"http://{host}:{port}", {"Authorization": "Bearer t"}, timeout=timeout, connect=5.0)
     assert posts is not None
     return posts
 
 
-def test_call_requests_share_one_kept_connection(echo):
-    posts = posts_to(echo)
+def test_call_requests_share_one_kept_connection(echo, transport):
+    posts = posts_to(echo, transport)
     try:
         answers = [posts.post("/api/v1/internal/calls", {"n": n, "text": "é"}) for n in range(5)]
     finally:
@@ -153,9 +176,9 @@ def test_call_requests_share_one_kept_connection(echo):
     assert [(p, a) for p, a, _ in echo.seen] == [("/api/v1/internal/calls", "Bearer t")] * 5
 
 
-def test_a_kept_connection_the_server_closed_is_replaced_once_and_the_request_sent_on_a_new_one(echo):
+def test_a_kept_connection_the_server_closed_is_replaced_once_and_the_request_sent_on_a_new_one(echo, transport):
     echo.drop = True
-    posts = posts_to(echo)
+    posts = posts_to(echo, transport)
     try:
         assert [posts.post("/x", {"n": n})[0] for n in range(3)] == [200, 200, 200]
     finally:
@@ -164,28 +187,94 @@ def test_a_kept_connection_the_server_closed_is_replaced_once_and_the_request_se
     assert echo.connections == 3
 
 
-def test_a_stopped_server_is_not_sent_to_and_a_silent_one_times_out():
+def test_a_stopped_server_is_not_sent_to_and_a_silent_one_times_out(transport):
     with socket.socket() as held:  # a port nobody listens on
         held.bind(("127.0.0.1", 0))
         port = held.getsockname()[1]
-    posts = JsonPosts.of(f"http://127.0.0.1:{port}", {}, timeout=1.0, connect=1.0)
+    posts = transport(f"http://127.0.0.1:{port}", {}, timeout=1.0, connect=1.0)
     assert posts is not None
     with pytest.raises(NotSent):
         posts.post("/x", {})
     with socket.socket() as silent:  # accepts, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        posts = JsonPosts.of("http://127.0.0.1:%d" % silent.getsockname()[1], {}, timeout=0.5, connect=1.0)
+        posts = transport("http://127.0.0.1:%d" % silent.getsockname()[1], {}, timeout=0.5, connect=1.0)
         assert posts is not None
         with pytest.raises(OSError) as raised:
             posts.post("/x", {})
         assert not isinstance(raised.value, NotSent)  # it may have been sent: the caller decides to retry
 
 
-def test_only_a_plain_http_server_url_is_carried_on_the_standard_library():
+def test_only_a_plain_http_server_url_is_carried_on_the_standard_library(transport):
     for url in ("https://127.0.0.1:8443", "http://127.0.0.1", "http://127.0.0.1:80/prefix", "unix:///x"):
-        assert JsonPosts.of(url, {}, timeout=1, connect=1) is None, url
-    assert JsonPosts.of("http://[::1]:8080", {}, timeout=1, connect=1) is not None
+        assert transport(url, {}, timeout=1, connect=1) is None, url
+    assert transport("http://[::1]:8080", {}, timeout=1, connect=1) is not None
+
+
+def _answering(*answers: bytes) -> tuple[socket.socket, threading.Thread, list[bytes]]:
+    """A server on 127.0.0.1 that reads one request per answer on one connection and sends the answer as
+    given, a few bytes at a time (so the reader sees a head and a body split anywhere)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    got: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for answer in answers:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(body) < length:
+                    body += conn.recv(65536)
+                got.append(body)
+                for i in range(0, len(answer), 7):
+                    conn.sendall(answer[i:i + 7])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread, got
+
+
+def test_on_the_loop_a_chunked_answer_is_read_whole_and_an_answer_without_a_length_is_no_answer():
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+               b"4\r\n{\"a\"\r\n6;x=1\r\n:\"\xc3\xa9\"}\r\n0\r\nX-Trailer: 1\r\n\r\n")
+    plain = b"HTTP/1.1 409 Conflict\r\ncontent-length: 2\r\n\r\n{}"
+    unknown = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}"
+    listener, thread, got = _answering(chunked, plain, unknown)
+    with listener:
+        posts = OnLoop(LoopPosts.of("http://127.0.0.1:%d" % listener.getsockname()[1], {}, timeout=5.0,
+                                    connect=5.0))
+        try:
+            assert posts.post("/x", {"n": 1}) == (200, '{"a":"é"}'.encode())
+            assert posts.post("/x", {"n": 2}) == (409, b"{}")  # the same connection, kept
+            with pytest.raises(OSError) as raised:
+                posts.post("/x", {"n": 3})
+            assert not isinstance(raised.value, NotSent)
+        finally:
+            posts.close()
+        thread.join(10)
+    assert [json.loads(b) for b in got] == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+def test_on_the_loop_an_answer_that_ends_early_or_is_not_http_is_no_answer():
+    for answer in (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{}", b"SSH-2.0-OpenSSH\r\n\r\n"):
+        listener, thread, got = _answering(answer)
+        with listener:
+            posts = OnLoop(LoopPosts.of("http://127.0.0.1:%d" % listener.getsockname()[1], {}, timeout=5.0,
+                                        connect=5.0))
+            try:
+                with pytest.raises(OSError) as raised:
+                    posts.post("/x", {})
+                assert not isinstance(raised.value, NotSent), answer
+            finally:
+                posts.close()
+            thread.join(10)
+        assert got == [b"{}"]
 
 
 # --- listing a waiting call: the store's write off the event loop ----------------------------------------
@@ -241,8 +330,8 @@ def test_the_server_answers_others_while_a_waiting_call_is_being_listed(home, mo
         assert [d["id"] for d in http.get("/api/v1/internal/pending-decisions").json()] == [decision["id"]]
 
 
-def test_a_body_that_is_not_json_is_refused_before_anything_is_sent(echo):
-    posts = posts_to(echo)
+def test_a_body_that_is_not_json_is_refused_before_anything_is_sent(echo, transport):
+    posts = posts_to(echo, transport)
     try:
         for bad in ({"x": float("nan")}, {"x": float("inf")}, {"x": object()}):
             with pytest.raises((ValueError, TypeError)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import threading
 from typing import Any
 
 import anyio
@@ -61,6 +62,14 @@ def count_requests(rt: Runtime) -> collections.Counter:
         return post(path, body)
 
     posts.post = counted
+    loop_posts = rt._remote.loop_posts  # ... and on the event loop
+    loop_post = loop_posts.post
+
+    async def counted_on_loop(path: str, body: Any) -> Any:
+        counts[("POST", path.removeprefix("/api/v1"))] += 1
+        return await loop_post(path, body)
+
+    loop_posts.post = counted_on_loop
     return counts
 
 
@@ -177,24 +186,57 @@ async def test_a_retried_call_request_is_answered_as_the_first_and_journals_once
 
 
 class DropFirstAnswer:
-    """Sends each call request; the answer of the first is lost on the way back (the connection reset)."""
+    """Sends each call request (from a worker thread or on the event loop); the answer of the first is lost
+    on the way back (the connection reset)."""
 
-    def __init__(self, posts: Any) -> None:
-        self.posts, self.post = posts, posts.post
+    def __init__(self, posts: Any, loop_posts: Any) -> None:
+        self.post, self.loop_post = posts.post, loop_posts.post
         self.dropped = 0
-        posts.post = self.send
+        posts.post, loop_posts.post = self.send, self.send_on_loop
 
-    def send(self, path: str, body: Any) -> Any:
-        answer = self.post(path, body)
+    def lost(self, path: str) -> None:
         if path.endswith("/internal/calls") and not self.dropped:
             self.dropped += 1
             raise ConnectionResetError("connection reset before the answer was read")
+
+    def send(self, path: str, body: Any) -> Any:
+        answer = self.post(path, body)
+        self.lost(path)
         return answer
+
+    async def send_on_loop(self, path: str, body: Any) -> Any:
+        answer = await self.loop_post(path, body)
+        self.lost(path)
+        return answer
+
+
+async def test_a_clients_call_requests_are_sent_from_its_event_loop_without_a_thread(home, server, api,
+                                                                                    no_lone_results):
+    """A run's call request goes out on the runtime's own event loop (no hand-off to a worker thread and
+    back) while no other request of the run is under way; each is answered, decided and journaled once."""
+    async with Runtime(home) as rt:
+        await rt.register_agent(lister("reader", 6))
+        loop_thread = threading.get_ident()
+        threads: list[int] = []
+        loop_posts = rt._remote.loop_posts
+        post = loop_posts.post
+
+        async def seen(path: str, body: Any) -> Any:
+            threads.append(threading.get_ident())
+            return await post(path, body)
+
+        loop_posts.post = seen
+        handle = await run_task(rt, "reader")
+        assert handle.status == "completed"
+        assert threads == [loop_thread] * 6
+        trail = [k for k in kinds(api, handle.run_id) if k[0] in ("decision", "tool_call", "tool_result")]
+        assert len(trail) == 18 and len({c for _, c in trail}) == 6
+    assert api.verify().ok
 
 
 async def test_a_call_whose_answer_was_lost_is_sent_again_and_journaled_once(home, server, api):
     async with Runtime(home) as rt:
-        transport = DropFirstAnswer(rt._remote.posts)
+        transport = DropFirstAnswer(rt._remote.posts, rt._remote.loop_posts)
         await rt.register_agent(lister("reader", 3))
         handle = await run_task(rt, "reader")
         assert handle.status == "completed" and transport.dropped == 1

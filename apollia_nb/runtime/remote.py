@@ -284,6 +284,167 @@ class JsonPosts:
             conn.close()
 
 
+class LoopPosts:
+    """JSON POSTs to the server made on the caller's asyncio event loop, over kept-alive non-blocking sockets:
+    a governed call's request without a hand-off to a worker thread and back (two thread switches a call)
+    and without ``http.client``'s header parsing. The sockets belong to no loop (``loop.sock_*``), so any
+    loop may use an idle one and ``close`` works from any thread.
+
+    ``post`` answers the status and the body; it raises ``NotSent`` when the server refuses the connection,
+    ``TimeoutError`` after ``timeout`` seconds without the whole answer, any other ``OSError`` or
+    ``http.client.HTTPException`` when the request may have been sent and got no whole answer. As in
+    ``JsonPosts``, a kept socket the server closed meanwhile is replaced by a new one once. The caller
+    shields ``post`` from cancellation (a request sent is read to its answer)."""
+
+    def __init__(self, host: str, port: int, headers: dict[str, str], *, timeout: float, connect: float) -> None:
+        self.host, self.port, self.timeout, self.connect = host, port, timeout, connect
+        fixed = {"Host": f"{host}:{port}" if ":" not in host else f"[{host}]:{port}", **headers,
+                 "Content-Type": "application/json", "Accept": "application/json"}
+        self._head = "".join(f"{name}: {value}\r\n" for name, value in fixed.items()).encode("latin-1")
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def of(cls, url: str, headers: dict[str, str], *, timeout: float, connect: float) -> "LoopPosts | None":
+        """For a plain ``http://`` server URL; None for any other."""
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme != "http" or parts.hostname is None or parts.port is None or parts.path not in ("", "/"):
+            return None
+        return cls(parts.hostname, parts.port, headers, timeout=timeout, connect=connect)
+
+    async def _open(self, loop: Any) -> Any:
+        import socket
+
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                async with _deadline(self.connect):
+                    await loop.sock_connect(sock, (self.host, self.port))
+            except ConnectionRefusedError:
+                raise NotSent(f"{self.host}:{self.port} refuses connections") from None
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def post(self, path: str, body: Any) -> tuple[int, bytes]:
+        import asyncio
+
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        request = b"".join((f"POST {path} HTTP/1.1\r\n".encode("ascii"), self._head,
+                            b"Content-Length: %d\r\n\r\n" % len(data), data))
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            sock = self._idle.pop() if self._idle else None
+        kept = sock is not None
+        while True:
+            if sock is None:
+                sock = await self._open(loop)
+            try:
+                async with _deadline(self.timeout):
+                    await loop.sock_sendall(sock, request)
+                    status, content, keep = await _read_answer(loop, sock)
+            except BaseException as exc:
+                sock.close()
+                if kept and isinstance(exc, (OSError, _Unanswered)) and not isinstance(exc, TimeoutError):
+                    sock, kept = None, False  # closed by the server while it was idle: once more on a new one
+                    continue
+                raise
+            break
+        with self._lock:
+            if keep and not self._closed:
+                self._idle.append(sock)
+                sock = None
+        if sock is not None:
+            sock.close()
+        return status, content
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+
+
+def _deadline(seconds: float) -> Any:
+    import asyncio
+
+    return asyncio.timeout(seconds)
+
+
+class _Unanswered(OSError):
+    """The connection ended, or carried something that is not an HTTP/1.1 answer, before the whole answer."""
+
+
+_MAX_HEAD = 64 * 1024
+
+
+async def _read_answer(loop: Any, sock: Any) -> tuple[int, bytes, bool]:
+    """One HTTP/1.1 answer read from ``sock``: its status, its body (by ``Content-Length`` or chunked), and
+    whether the connection may carry another request."""
+    buf = bytearray()
+
+    async def more() -> None:
+        chunk = await loop.sock_recv(sock, 65536)
+        if not chunk:
+            raise _Unanswered("the server closed the connection before its whole answer")
+        buf.extend(chunk)
+
+    while (end := buf.find(b"\r\n\r\n")) < 0:
+        if len(buf) > _MAX_HEAD:
+            raise _Unanswered("the answer's head is too long")
+        await more()
+    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    del buf[:end + 4]
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise _Unanswered(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
+    status = int(code)
+    fields: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        fields[name.strip().lower()] = value.strip()
+    keep = fields.get("connection", "").lower() != "close" and version == "HTTP/1.1"
+    if fields.get("transfer-encoding", "").lower() == "chunked":
+        out = bytearray()
+        while True:
+            while (eol := buf.find(b"\r\n")) < 0:
+                await more()
+            size_text = bytes(buf[:eol]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _Unanswered("a chunk's size does not parse") from None
+            del buf[:eol + 2]
+            if size == 0:
+                while (end := buf.find(b"\r\n")) != 0:  # trailers, then the last empty line
+                    if end > 0:
+                        del buf[:end + 2]
+                    else:
+                        await more()
+                del buf[:2]
+                return status, bytes(out), keep
+            while len(buf) < size + 2:
+                await more()
+            out += buf[:size]
+            del buf[:size + 2]
+    length_text = fields.get("content-length")
+    if length_text is None or not length_text.isdigit():
+        raise _Unanswered("the answer gives no length")
+    length = int(length_text)
+    while len(buf) < length:
+        await more()
+    return status, bytes(buf[:length]), keep
+
+
 _WIRE_TYPES = ("blob", "ts", "date", "time", "dec", "td", "uuid", "float", "map")
 
 
@@ -376,6 +537,8 @@ class RemoteHome:
                                  timeout=httpx.Timeout(timeout, connect=5.0))
         # a governed call's request (one per call) on the standard library's HTTP
         self.posts = JsonPosts.of(address.url, self.headers, timeout=timeout, connect=5.0)
+        # ... and on the caller's event loop when it is free to go there (``decide_call_async``)
+        self.loop_posts = LoopPosts.of(address.url, self.headers, timeout=timeout, connect=5.0)
         try:
             self.journal = RemoteJournal(self)
             self.governance = RemoteGovernance(self)
@@ -410,6 +573,8 @@ class RemoteHome:
     def close(self) -> None:
         if self.posts is not None:
             self.posts.close()
+        if self.loop_posts is not None:
+            self.loop_posts.close()
         self.http.close()
 
 
@@ -490,9 +655,9 @@ class ServedCalls:
     async def decide(self, call: Any, decided: tuple[str, dict[str, Any]],
                      prefix: Sequence[tuple[str, dict[str, Any]]], *, run_id: str, agent: str,
                      secrets: dict[str, str] | None = None) -> tuple[Any, tuple[str, dict[str, Any]]]:
-        """``RemoteJournal.decide_call`` without blocking the event loop."""
-        return await anyio.to_thread.run_sync(lambda: self._journal.decide_call(
-            call, decided, prefix, run_id=run_id, agent=agent, secrets=secrets, governance=self._governance))
+        """``RemoteJournal.decide_call`` without blocking the event loop (``decide_call_async``)."""
+        return await self._journal.decide_call_async(call, decided, prefix, run_id=run_id, agent=agent,
+                                                     secrets=secrets, governance=self._governance)
 
 
 def _call_of(body: list[dict[str, Any]]) -> Any:
@@ -620,6 +785,10 @@ class RemoteJournal:
 
         return held()
 
+    def _run_lock(self, run: str | None) -> threading.Lock:
+        with self._soon_lock:
+            return self._run_locks.setdefault(run, threading.Lock())
+
     def _send(self, carried: list[tuple[dict[str, Any], "Future[list[Entry]]"]], send: Any,
               body: list[dict[str, Any]]) -> Any:
         """``send(carried drafts + body)``, resolving the carried entries' futures from its answer."""
@@ -627,10 +796,20 @@ class RemoteJournal:
         try:
             result = send([d for d, _ in carried] + body)
         except BaseException as exc:
-            for draft, future in carried:
-                self._failed.setdefault(draft["run_id"], exc)
-                future.set_exception(exc)
+            self._carried_failed(carried, exc)
             raise
+        return self._carried_done(carried, result)
+
+    def _carried_failed(self, carried: list[tuple[dict[str, Any], "Future[list[Entry]]"]],
+                        exc: BaseException) -> None:
+        """The request that carried these handed-over entries failed: their runs cannot go on."""
+        for draft, future in carried:
+            self._failed.setdefault(draft["run_id"], exc)
+            future.set_exception(exc)
+
+    @staticmethod
+    def _carried_done(carried: list[tuple[dict[str, Any], "Future[list[Entry]]"]], result: Any) -> Any:
+        """The carried entries' futures resolved from ``result``; ``result`` without them."""
         entries = result if isinstance(result, list) else result[0]
         for (draft, future), entry in zip(carried, entries):
             future.set_result([entry])
@@ -684,27 +863,8 @@ class RemoteJournal:
 
         import httpx
 
-        from apollia_nb.governance.decision import Answer, Decision, Outcome
-
-        kind, template = decided
-        call_id = str(template["call_id"])
-        text = json.dumps(call.arguments, ensure_ascii=False, default=str)
-        places = call.code_places
-        body: dict[str, Any] = {
-            "call_id": call_id, "run_id": run_id, "agent": agent, "tool": call.tool,
-            "family": call.family.value if call.family is not None else None,
-            "arguments": dict(call.arguments), "connection": call.connection,
-            "run_grants": sorted(getattr(f, "value", f) for f in call.run_grants),
-            "paths": list(call.paths) if call.paths is not None else None, "shell": bool(call.shell),
-            "aliases": list(call.aliases),
-            "code_places": None if places is None else {
-                "places": [[p.path, p.kind.value, p.why] for p in places.places], "unknown": places.unknown},
-            "decision": template,
-            # only the secrets the arguments hold: the reason quotes nothing else
-            "secrets": [[t, w] for t, w in (secrets or {}).items() if t in text],
-            "generation": governance.generation() if governance is not None else None,
-        }
-        prefix_drafts = [_draft(k, p, run_id, agent) for k, p in prefix]
+        body, prefix_drafts = self._call_request(call, decided, prefix, run_id=run_id, agent=agent,
+                                                 secrets=secrets, governance=governance)
 
         def post(request: dict[str, Any]) -> tuple[int, bytes]:
             posts = self._remote.posts
@@ -726,18 +886,104 @@ class RemoteJournal:
                 except httpx.TransportError as exc:
                     if attempt < CALL_RETRIES:
                         continue  # no answer: the same call id again (the server journals it once)
-                    if isinstance(exc, httpx.ConnectError):
-                        raise self._remote.not_running("the call could not be decided") from None
-                    raise IntegrityError(f"the call could not be decided: {_unanswered(self._remote.url, exc)} "
-                                         "(its entries may or may not be recorded)") from None
-                if status >= 400:
-                    raise _error_of(status, content)
-                data = json.loads(content)
-                return [_entry(row) for row in data["entries"]], data
+                    raise self._call_unanswered(exc, isinstance(exc, httpx.ConnectError)) from None
+                return self._call_answered(status, content)
             raise AssertionError("unreachable")  # pragma: no cover
 
         with self._runs_held({run_id}) as carried:
             entries, data = self._send(carried, send, prefix_drafts)
+        return self._call_done(entries, data, prefix_drafts, run_id=run_id, call_id=body["call_id"],
+                               governance=governance)
+
+    async def decide_call_async(self, call: Any, decided: tuple[str, dict[str, Any]],
+                                prefix: Sequence[tuple[str, dict[str, Any]]], *, run_id: str, agent: str,
+                                secrets: dict[str, str] | None = None, governance: "RemoteGovernance | None" = None,
+                                ) -> tuple[Any, tuple[str, dict[str, Any]]]:
+        """``decide_call`` without blocking the event loop: on the loop itself, over ``LoopPosts``, when the
+        run's requests are free (none of its requests is under way in another thread); else in a worker
+        thread. Either way, cancelled once begun, it still completes (the request is read to its answer)."""
+        posts = self._remote.loop_posts
+        lock = self._run_lock(run_id)
+        if posts is None or not lock.acquire(blocking=False):
+            return await anyio.to_thread.run_sync(lambda: self.decide_call(
+                call, decided, prefix, run_id=run_id, agent=agent, secrets=secrets, governance=governance))
+        try:
+            with anyio.CancelScope(shield=True):
+                failed = self._failed.get(run_id)
+                if failed is not None:  # the run cannot go on with a hole in its trace
+                    raise failed
+                body, prefix_drafts = self._call_request(call, decided, prefix, run_id=run_id, agent=agent,
+                                                         secrets=secrets, governance=governance)
+                with self._soon_lock:
+                    carried = self._soon.pop(run_id, [])
+                self._appended = True
+                try:
+                    request = {**body, "before": [d for d, _ in carried] + prefix_drafts}
+                    for attempt in range(CALL_RETRIES + 1):
+                        try:
+                            status, content = await posts.post(API + "/internal/calls", request)
+                        except OSError as exc:  # NotSent, a timeout, no whole answer
+                            if attempt < CALL_RETRIES:
+                                continue  # no answer: the same call id again (the server journals it once)
+                            raise self._call_unanswered(exc, isinstance(exc, NotSent)) from None
+                        result = self._call_answered(status, content)
+                        break
+                except BaseException as exc:
+                    self._carried_failed(carried, exc)
+                    raise
+                entries, data = self._carried_done(carried, result)
+                return self._call_done(entries, data, prefix_drafts, run_id=run_id, call_id=body["call_id"],
+                               governance=governance)
+        finally:
+            lock.release()
+
+    def _call_request(self, call: Any, decided: tuple[str, dict[str, Any]],
+                      prefix: Sequence[tuple[str, dict[str, Any]]], *, run_id: str, agent: str,
+                      secrets: dict[str, str] | None, governance: "RemoteGovernance | None",
+                      ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """A call request's body (without ``before``) and the drafts of ``prefix``."""
+        kind, template = decided
+        call_id = str(template["call_id"])
+        text = json.dumps(call.arguments, ensure_ascii=False, default=str)
+        places = call.code_places
+        body: dict[str, Any] = {
+            "call_id": call_id, "run_id": run_id, "agent": agent, "tool": call.tool,
+            "family": call.family.value if call.family is not None else None,
+            "arguments": dict(call.arguments), "connection": call.connection,
+            "run_grants": sorted(getattr(f, "value", f) for f in call.run_grants),
+            "paths": list(call.paths) if call.paths is not None else None, "shell": bool(call.shell),
+            "aliases": list(call.aliases),
+            "code_places": None if places is None else {
+                "places": [[p.path, p.kind.value, p.why] for p in places.places], "unknown": places.unknown},
+            "decision": template,
+            # only the secrets the arguments hold: the reason quotes nothing else
+            "secrets": [[t, w] for t, w in (secrets or {}).items() if t in text],
+            "generation": governance.generation() if governance is not None else None,
+        }
+        return body, [_draft(k, p, run_id, agent) for k, p in prefix]
+
+    def _call_unanswered(self, exc: BaseException, refused: bool) -> ApolliaError:
+        """A call request that got no answer after its retries: the server is not running (nothing was sent),
+        or ``INTEGRITY`` (its entries may or may not be recorded)."""
+        if refused:
+            return self._remote.not_running("the call could not be decided")
+        return IntegrityError(f"the call could not be decided: {_unanswered(self._remote.url, exc)} "
+                              "(its entries may or may not be recorded)")
+
+    @staticmethod
+    def _call_answered(status: int, content: bytes) -> tuple[list["Entry"], dict[str, Any]]:
+        if status >= 400:
+            raise _error_of(status, content)
+        data = json.loads(content)
+        return [_entry(row) for row in data["entries"]], data
+
+    def _call_done(self, entries: list["Entry"], data: dict[str, Any], prefix_drafts: list[dict[str, Any]], *,
+                   run_id: str, call_id: str, governance: "RemoteGovernance | None",
+                   ) -> tuple[Any, tuple[str, dict[str, Any]]]:
+        """The server's decision and the journaled ``decision`` of an answered call request; its entries kept
+        for the append of the same drafts that follows."""
+        from apollia_nb.governance.decision import Answer, Decision, Outcome
+
         if governance is not None:
             governance.held_from(data["generation"], data.get("snapshot"))
         d = data["decision"]
