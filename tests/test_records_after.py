@@ -22,9 +22,11 @@ class _Disk:
         self.refused = refused
         self.open = False
         self.commits = 0
+        self.statements: list[str] = []
 
     def execute(self, sql: str, *args):
         verb = sql.split(None, 1)[0].upper()
+        self.statements.append(" ".join(sql.split()[:3]))
         if self.refused is not None and f" {self.refused} " in f" {sql} ":
             raise duckdb.IOException("Could not write file: No space left on device")
         if verb in ("BEGIN", "BEGIN TRANSACTION"):
@@ -109,5 +111,33 @@ def test_a_row_queued_after_a_refused_write_alone_is_refused_without_being_writt
         done.set_result(None)
         assert records.save_task(_task("t2"), "2026-12-08T00:00:01Z", acknowledged=True, after=done).result(10) is None
         assert [t["id"] for t in records.tasks()] == ["t2"]
+    finally:
+        records.close()
+
+
+def test_keys_and_tasks_queued_in_turn_are_inserted_with_one_statement_a_table_each_row_keeping_its_order(home):
+    """Sixteen requests, each a key taken then its task's row behind it, met in one group: one INSERT of the
+    keys and one of the tasks (not 32 statements), and a row written twice in the group holds its last write."""
+    home.ensure()
+    records = RuntimeRecords(home.runtime_db)
+    disk = records._con = _Disk(records._con)
+    try:
+        release = _held(records)
+        futures = []
+        for i in range(16):
+            taken = records.remember_response("tasks", f"k{i}", "fp", 0, {}, float(i), new_row=True)
+            futures += [taken, records.save_task(_task(f"t{i}"), "2026-12-08T00:00:00Z", acknowledged=True,
+                                                 after=taken)]
+        futures.append(records.remember_response("tasks", "k0", "fp", 202, {"done": True}, 99.0))  # k0 again
+        release.set()
+        for future in futures:
+            assert future.result(10) is None
+        assert disk.commits == 1
+        written = [s for s in disk.statements if s.split()[0] in ("INSERT", "UPDATE")]
+        assert written.count("INSERT INTO idempotency") == 1 and written.count("INSERT INTO tasks") == 1, written
+        assert len(written) <= 4, written  # the two INSERTs, k0's answer, the counts row
+        assert records.remembered_response("tasks", "k0") == (202, {"done": True})
+        assert records.remembered_response("tasks", "k15") == (0, {})
+        assert len(records.tasks()) == 16
     finally:
         records.close()

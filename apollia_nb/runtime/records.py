@@ -210,6 +210,40 @@ CREATE TABLE IF NOT EXISTS batch_items (
 """
 
 
+def _statements(writes: list[_Write]) -> list[list[_Write]]:
+    """A group's writes as the statements that write them, in the order to run: the rows of one kind (table,
+    keys, columns, mode) gathered into one statement (at most ``ROWS_MAX``), ahead of the rows of other
+    kinds queued between them, such as a task's row queued behind its request's key and the next request's
+    key behind it. Only the order of writes to other rows changes, inside the group's one transaction:
+    a write that is not a row, or a second write of a row already gathered, first runs what was gathered,
+    so every row's writes, and every write that is not a row, keep their place."""
+    out: list[list[_Write]] = []
+    gathered: dict[tuple[Any, ...], list[_Write]] = {}  # by kind, in the order each kind first came
+    keys: set[Hashable] = set()
+
+    def close() -> None:
+        out.extend(gathered.values())
+        gathered.clear()
+        keys.clear()
+
+    for write in writes:
+        if write.row is None:
+            close()
+            out.append([write])
+            continue
+        if write.key in keys:
+            close()
+        kind = write.row[:3] + write.row[4:]  # table, keys, columns, mode
+        run = gathered.setdefault(kind, [])
+        run.append(write)
+        keys.add(write.key)
+        if len(run) == ROWS_MAX:
+            out.append(gathered.pop(kind))
+            keys.difference_update(w.key for w in run)
+    close()
+    return out
+
+
 class RuntimeRecords:
     """Thin persistence for the runtime. Thread-safe (one lock around one connection)."""
 
@@ -524,33 +558,21 @@ class RuntimeRecords:
         return True
 
     def _run_together(self, writes: list[_Write]) -> None:
-        """Run a group's writes in order, in its open transaction, and count them: each run of rows
-        queued one after another for one table (same columns, same mode, each row once) as one
-        statement. Raises what a write raises (the group is then rolled back and each tried alone)."""
-        start = 0
-        while start < len(writes):
-            first = writes[start]
-            end = start + 1
-            if first.row is not None:
-                kind = first.row[:3] + first.row[4:]  # table, keys, columns, mode
-                rows = {first.key}
-                while end < len(writes) and end - start < ROWS_MAX:
-                    row, key = writes[end].row, writes[end].key
-                    if row is None or row[:3] + row[4:] != kind or key in rows:
-                        break
-                    rows.add(key)
-                    end += 1
-            if end - start == 1 or (first.row is not None and first.row.mode == "upsert"
-                                    and end - start < UPDATE_ROWS_MIN):
-                for write in writes[start:end]:
+        """Run a group's writes, in its open transaction, and count them: the rows of one table (same
+        columns, same mode, each row once) as one statement (``_statements``). Raises what a write raises
+        (the group is then rolled back and each tried alone)."""
+        for run in _statements(writes):
+            first = run[0]
+            if len(run) == 1 or (first.row is not None and first.row.mode == "upsert"
+                                 and len(run) < UPDATE_ROWS_MIN):
+                for write in run:
                     assert write.run is not None
                     self._tally(write, self._run(write.run))
             else:
-                batch = [w.row for w in writes[start:end]]
+                batch = [w.row for w in run]
                 self._run(lambda: self._rows_now(batch))  # type: ignore[arg-type]  # each has its row
-                for write in writes[start:end]:
+                for write in run:
                     self._tally(write)
-            start = end
 
     def _rows_now(self, rows: list[_Row]) -> None:
         """Write rows of one table (same columns, same mode, distinct keys) together: an upsert's with one
