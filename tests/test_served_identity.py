@@ -276,6 +276,36 @@ def test_a_runners_client_may_not_forge_whose_run_it_is_through_a_task_id(tmp_pa
                                 json={"id": listed.json()["id"], "answer": "once"}).status_code == 200
 
 
+def test_a_batch_a_person_starts_runs_its_items_as_that_person(tmp_path, clean_env):
+    """The items of a Dask batch carry a worker credential, not the person's token: the runs they open are still
+    the person's who asked for the credential, so four eyes keeps them from approving their items' calls."""
+    root = tmp_path / "home"
+    _deposit(SimpleNamespace(path=root), FOUR_EYES)  # type: ignore[arg-type]  # only its path is read
+    with serving(root) as url:
+        tokens = _people(url, ann=["runner", "approver"], bob=["approver"])
+        with _client(url, tokens["ann"]) as ann, _client(url, tokens["bob"]) as bob, _client(url, OWNER) as owner:
+            made = ann.post("/internal/worker-tokens", json={"agent": "clerk", "batch_id": "batch-ab12", "tasks": 1})
+            assert made.status_code == 201, made.text
+            by_owner = owner.post("/internal/worker-tokens", json={"agent": "clerk", "batch_id": "batch-cd34",
+                                                                   "tasks": 1})
+            run, owners_run = _run(), _run()
+            with _client(url, made.json()["token"]) as worker, _client(url, by_owner.json()["token"]) as theirs:
+                opened = _append(worker, _draft("run_open", run, run_kind="task", task_id="task-ab12-0",
+                                                started_by="bob"))
+                assert opened.status_code == 201, opened.text
+                assert json.loads(opened.json()["entries"][0]["payload"])["started_by"] == "ann"
+                plain = _append(theirs, _draft("run_open", owners_run, run_kind="task", task_id="task-cd34-0",
+                                               started_by="bob"))
+                assert "started_by" not in json.loads(plain.json()["entries"][0]["payload"])  # the owner's: nobody
+                listed = worker.post("/internal/pending-decisions", json={
+                    "run_id": run, "task_id": "task-ab12-0", "agent": "clerk", "tool": "write_file",
+                    "family": "write", "arguments": {"path": "a.txt"}, "answers": ["once", "refuse"]})
+                assert listed.status_code == 201, listed.text
+            decision = listed.json()["id"]
+            _refused(ann.post("/pending-decisions/decide", json={"id": decision, "answer": "once"}), "four eyes")
+            assert bob.post("/pending-decisions/decide", json={"id": decision, "answer": "once"}).status_code == 200
+
+
 def test_forbidden_is_the_error_a_client_runtime_raises(tmp_path, clean_env):
     """A person's client runtime hears the server's refusal as ``FORBIDDEN`` with its reason."""
     home = tmp_path / "home"

@@ -388,7 +388,7 @@ async def _persons_drafts(request: Request, rt: Any, person: Any, drafts: list[A
                 raise _not_yours(person, f"opens only a new run; run {d.run_id} exists already")
             task = d.payload.get("task_id") or d.payload.get("session_id")
             opened[d.run_id] = task if isinstance(task, str) else None
-            d = Draft(d.kind, {**d.payload, "started_by": person.name}, d.run_id, d.agent)
+            d = Draft(d.kind, _started_by(d.payload, person.name), d.run_id, d.agent)
         elif d.run_id not in opened:
             await _own_run(request, rt, person, d.run_id)
         out.append(d)
@@ -454,6 +454,11 @@ async def append_entries(body: AppendIn, request: Request, rt: Any = Depends(_ru
 
     drafts = [Draft(d.kind, d.payload, d.run_id, d.agent) for d in body.entries]
     person = _person(request)
+    scope = scope_of(request)
+    if scope is not None:  # a batch item's run is the person's who started the batch (the owner's: nobody named)
+        issuer = _batch_issuers(request).get(id(scope))
+        drafts = [Draft(d.kind, _started_by(d.payload, issuer), d.run_id, d.agent) if d.kind == "run_open"
+                  else d for d in drafts]
     if person is None:
         entries = await rt.journal.append_many_async(drafts)
     else:  # a person's client: the runs it opened only, stamped with who opened them
@@ -1149,11 +1154,31 @@ class WorkerTokenRevokeIn(_In):
 async def issue_worker_token(body: WorkerTokenIn, request: Request) -> dict[str, Any]:
     identity = body.identity.model_dump() if body.identity is not None else None
     token, scope = tokens_of(request).issue(body.agent, body.batch_id, body.tasks, identity)
+    person = _person(request)
+    if person is not None:  # its items' runs are that person's (``started_by``), as their own runs are
+        _batch_issuers(request)[id(scope)] = person.name
     return {"token": token, **scope.to_dict()}
+
+
+def _started_by(payload: dict[str, Any], person: str | None) -> dict[str, Any]:
+    """A ``run_open``'s payload naming ``person`` as who started the run, never what the client wrote there."""
+    kept = {k: v for k, v in payload.items() if k != "started_by"}
+    return {**kept, "started_by": person} if person is not None else kept
+
+
+def _batch_issuers(request: Request) -> dict[int, str]:
+    """Who asked for each live worker credential (by its scope, held by ``tokens_of``): a person (the owner's
+    token names nobody)."""
+    issuers = getattr(request.app.state, "batch_issuers", None)
+    if issuers is None:
+        issuers = request.app.state.batch_issuers = {}
+    return issuers
 
 
 @router.post("/worker-tokens/revoke", status_code=204, operation_id="internalRevokeWorkerToken",
              summary="End a batch's worker credential (done or not: 204)")
 async def revoke_worker_token(body: WorkerTokenRevokeIn, request: Request) -> Response:
-    tokens_of(request).revoke(body.token)
+    scope = tokens_of(request).scope(body.token)
+    if tokens_of(request).revoke(body.token) and scope is not None:
+        _batch_issuers(request).pop(id(scope), None)
     return Response(status_code=204)
