@@ -285,3 +285,133 @@ def test_a_session_plan_approval_is_bound_to_the_plan_shown_and_a_refused_one_is
          "given_digest": "sha256:" + "1" * 64},
         {**who, "answer": "reject", "code": "CONFLICT", "digest": None}]
     assert approved["digest"] == shown["plan_digest"] and approved["by"] == "ann"
+
+
+# --- another agent's hook: an answer approves its one call, once, while it holds -------------------------
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1_900_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _hook_input(project: Any, use_id: str, path: str = "notes.txt") -> dict[str, Any]:
+    """Claude Code's PreToolUse input for a Write in ``project`` (its hooks reference)."""
+    return {"session_id": "sess-1", "transcript_path": "/tmp/t.jsonl", "cwd": str(project),
+            "permission_mode": "default", "hook_event_name": "PreToolUse", "tool_name": "Write",
+            "tool_input": {"file_path": str(project / path), "content": "hi"}, "tool_use_id": use_id}
+
+
+async def _hook_answered(rt: Any, data: dict[str, Any], answer: Any) -> tuple[dict[str, Any], Any]:
+    """Send ``data`` to the gate as the server does, answer the card it opens with ``answer(card)`` as soon
+    as it shows (before the hook takes the answer up), and return the tool's answer and the card."""
+    import anyio
+
+    from apollia_nb.hooks.gate import answer_hook
+
+    shown = anyio.Event()
+    cards: list[Any] = []
+
+    def listener(kind: str, obj: Any) -> None:
+        if kind == "card":
+            cards.append(obj)
+            shown.set()
+
+    unsubscribe = rt.subscribe(listener)
+    got: dict[str, Any] = {}
+
+    async def ask() -> None:
+        got["reply"] = await answer_hook(rt, "claude-code", data, served=True)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            await shown.wait()
+            answer(cards[0])  # nothing awaited between this and the hook waking: it finds the answer as left
+    finally:
+        unsubscribe()
+    return got["reply"].body, cards[0]
+
+
+def _payloads(rt: Any, run_id: str, kind: str) -> list[dict[str, Any]]:
+    return [json.loads(e.payload) if isinstance(e.payload, (str, bytes)) else dict(e.payload)
+            for e in rt.journal.entries(run_id=run_id, kinds=[kind])]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("later, allowed", [(59.0, True), (60.0, False), (7200.0, False)])
+async def test_a_hook_answer_that_has_ended_when_the_hook_takes_it_denies_the_call_and_is_journaled(
+        home, tmp_path, later, allowed):
+    from apollia_nb.hooks.gate import run_id_of
+    from apollia_nb.runtime import Runtime
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    clock = Clock()
+    async with Runtime(home, clock=clock) as rt:
+        def answer(card: Any) -> None:
+            card.answer("once", by="ops", expires_in=60)
+            clock.now += later
+
+        body, card = await _hook_answered(rt, _hook_input(project, "toolu_e1"), answer)
+        run_id = run_id_of("claude-code", "sess-1")
+        voids = _payloads(rt, run_id, "approval_refused")
+        results = _payloads(rt, run_id, "tool_result")
+    spec = body["hookSpecificOutput"]
+    if allowed:
+        assert spec["permissionDecision"] == "allow" and voids == [] and results == [] and card.used
+        return
+    assert spec["permissionDecision"] == "deny" and "expired" in spec["permissionDecisionReason"]
+    assert [(v["why"], v["call_id"], v["decision_id"], v["answered_by"], v["expires_at"], v["digest"],
+             v["source"], v["source_tool"]) for v in voids] == [
+        ("expired", "toolu_e1", card.id, "ops", "2030-03-17T17:47:40Z", card.digest, "claude-code", "Write")]
+    assert [(r["call_id"], r["status"]) for r in results] == [("toolu_e1", "refused")]
+
+
+@pytest.mark.anyio
+async def test_a_hook_answer_approves_its_one_call_once(home, tmp_path):
+    from apollia_nb.errors import StaleApproval
+    from apollia_nb.hooks.gate import _taken, run_id_of
+    from apollia_nb.hooks.codecs import parse
+    from apollia_nb.hooks.mapping import Mapped
+    from apollia_nb.runtime import Runtime
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    async with Runtime(home) as rt:
+        first_body, first = await _hook_answered(rt, _hook_input(project, "toolu_o1"),
+                                                 lambda card: card.answer("once", by="ops", digest=card.digest))
+        assert first_body["hookSpecificOutput"]["permissionDecision"] == "allow" and first.used
+
+        # The same call sent again (a retried request), and another call with the same input: each is
+        # asked about again with a card of its own; the first approval, named by its digest, answers neither.
+        stale: list[str] = []
+
+        def replay(card: Any) -> None:
+            assert card.id != first.id and card.digest != first.digest
+            try:
+                card.answer("once", by="ops", digest=first.digest)
+            except StaleApproval as exc:
+                stale.append(exc.code)
+            card.answer("refuse", by="ops")
+
+        for use_id in ("toolu_o1", "toolu_o2"):
+            body, _ = await _hook_answered(rt, _hook_input(project, use_id), replay)
+            assert body["hookSpecificOutput"]["permissionDecision"] == "deny"
+        assert stale == ["STALE_APPROVAL", "STALE_APPROVAL"]
+
+        # An approval taken once is not taken again: a second taker of the same card is refused, journaled.
+        event = parse("claude-code", _hook_input(project, "toolu_o1"))
+        void = _taken(rt, first, event, Mapped(tool="write_file", family="write", arguments={}, native="Write"))
+        assert void is not None and void[0][0] == "approval_refused" and void[0][1]["why"] == "used"
+        run_id = run_id_of("claude-code", "sess-1")
+        refused = _payloads(rt, run_id, "answer_refused")
+        answers = _payloads(rt, run_id, "answer")
+    assert [r["code"] for r in refused] == ["STALE_APPROVAL", "STALE_APPROVAL"]
+    assert [(a["call_id"], a["answer"]) for a in answers] == [
+        ("toolu_o1", "once"), ("toolu_o1", "refuse"), ("toolu_o2", "refuse")]

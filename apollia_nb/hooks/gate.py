@@ -13,7 +13,10 @@ pending list``, the panel and the notebook's cards) and waits for it up to ``ask
 unanswered, it is answered ``refuse`` by ``timeout`` and the call is denied. A home this process
 owns for the length of one hook has nobody else to answer, so there the wait is zero. A refusal
 journals a ``tool_result`` with status ``refused``; an allowed call's result is journaled when the
-tool reports it (``PostToolUse``, ``after…``). Every entry carries ``source`` (the tool) and
+tool reports it (``PostToolUse``, ``after…``). An answer approves the one hook call its card shows,
+once, until its ``expires_at``: an approval that has ended by the time the hook takes it (or that
+was taken already) denies the call, journaled ``approval_refused`` with ``why`` as a run's approved
+call is. Every entry carries ``source`` (the tool) and
 ``source_tool`` (its own name for the call). Anything that fails on the way denies (fail closed).
 """
 
@@ -42,7 +45,7 @@ from apollia_nb.hooks.codecs import (
     reply,
 )
 from apollia_nb.hooks.mapping import Mapped, hook_settings, map_call
-from apollia_nb.runtime.governed import capped_output, commit_entries, known_secrets, shown_call
+from apollia_nb.runtime.governed import capped_output, commit_entries, known_secrets, shown_call, unbound_approval
 from apollia_nb.runtime.paths import code_places, resolve_tool_path
 
 __all__ = ["answer_hook", "agent_name", "run_id_of", "combine"]
@@ -227,12 +230,16 @@ async def _decide(rt: Any, agent: Any, event: HookEvent, settings: Any, *, wait:
         if decision.outcome is not Outcome.ASK:
             continue
         started = anyio.current_time()
-        answer, by, why = await _ask(rt, agent, run_id, call_id, m, decision, shown_arguments, max(left, 0.0),
-                                     served)
+        card, answer, by, why = await _ask(rt, agent, run_id, call_id, m, decision, shown_arguments,
+                                           max(left, 0.0), served)
         left -= anyio.current_time() - started
         if answer == "refuse":
             await commit_entries(rt, run_id, agent, [_refused_result(call_id, m, event)])
             return Verdict("deny", f"apollia: {m.native} was refused by {by}" + (f": {why}" if why else ""))
+        void = _taken(rt, card, event, m)
+        if void is not None:  # used already, ended, or given for another call than the card shows
+            await commit_entries(rt, run_id, agent, [void[0], _refused_result(call_id, m, event)])
+            return Verdict("deny", f"apollia: {m.native} was not carried out: {void[1]}")
         standing = standing and answer == "always"
         answered.append(f"answered {answer} by {by}")
     first = decided[0][0]
@@ -263,9 +270,25 @@ def _decision_of(rt: Any, agent: Any, m: Mapped, view: Any) -> tuple[Decision, s
     return combine(ours, own), relative
 
 
+def _taken(rt: Any, card: Any, event: HookEvent, m: Mapped) -> tuple[tuple[str, dict[str, Any]], str] | None:
+    """Take the approval of ``card`` for its one hook call: None when it holds (it is used now, and no other
+    call may take it); else the ``approval_refused`` entry saying why it does not (``used``, ``expired``,
+    ``stale``) and the words, as a run's approved call is refused (``governed.unbound_approval``)."""
+    unbound = unbound_approval(rt, card)
+    if unbound is None:
+        card.used = True
+        return None
+    why, words = unbound
+    return ("approval_refused", {"call_id": card.call_id, "decision_id": card.id, "why": why, "reason": words,
+                                 "answered_by": card.answered_by, "digest": card.digest,
+                                 **({"expires_at": card.expires_at} if card.expires_at else {}),
+                                 "source": event.tool, "source_tool": m.native}), words
+
+
 async def _ask(rt: Any, agent: Any, run_id: str, call_id: str, m: Mapped, decision: Decision,
-               shown_arguments: dict[str, Any], timeout: float, served: bool) -> tuple[str, str, str]:
-    """Open the pending decision and wait for its answer up to ``timeout`` seconds; then refuse it."""
+               shown_arguments: dict[str, Any], timeout: float, served: bool) -> tuple[Any, str, str, str]:
+    """Open the pending decision and wait for its answer up to ``timeout`` seconds; then refuse it.
+    Returns the card, its answer, who gave it and why."""
     card = rt.open_decision(agent=agent, run_id=run_id, call_id=call_id, tool=m.tool, family=m.family,
                             arguments=shown_arguments, decision=decision)
     try:
@@ -291,9 +314,9 @@ async def _ask(rt: Any, agent: Any, run_id: str, call_id: str, m: Mapped, decisi
         with anyio.move_on_after(5):
             await card.wait()
         if card.waiting:
-            return "refuse", "timeout", why
-        return str(card.answer_value), str(card.answered_by), why
-    return str(card.answer_value), str(card.answered_by), ""
+            return card, "refuse", "timeout", why
+        return card, str(card.answer_value), str(card.answered_by), why
+    return card, str(card.answer_value), str(card.answered_by), ""
 
 
 def _refused_result(call_id: str, m: Mapped, event: HookEvent) -> tuple[str, dict[str, Any]]:

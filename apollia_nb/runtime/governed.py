@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["CallResult", "CallScope", "current_call", "governed_call", "governed_request", "run_approved_call",
            "Mode", "OUTPUT_CAP", "NULL_DIGEST", "capped_output", "commit_entries", "run_of", "known_secrets",
-           "shown_call", "shown_tool_calls", "forget_sensitive_parts", "lost_call"]
+           "unbound_approval", "shown_call", "shown_tool_calls", "forget_sensitive_parts", "lost_call"]
 
 Mode = Literal["watched", "unattended", "chat"]
 
@@ -401,7 +401,7 @@ async def continue_after_answer(
     if card.answer_value == "refuse":
         why = f"refused by {card.answered_by}"
         return await _refused(rt, agent, card.run_id, card.call_id, card.tool, card.arguments, why, decision)
-    unbound = _unbound(rt, card)
+    unbound = unbound_approval(rt, card)
     tooldef = agent.tools.get(card.tool)
     arguments = card.call_arguments
     recomputed = shown_call(tooldef, arguments, known_secrets(rt, agent))
@@ -441,7 +441,7 @@ async def continue_after_answer(
                                    arguments=arguments, decision=decision, shown=shown)
 
 
-def _unbound(rt: Any, card: "Card") -> tuple[str, str] | None:
+def unbound_approval(rt: Any, card: "Card") -> tuple[str, str] | None:
     """Why an approval no longer carries out its card's call, as ``(used|expired|stale, words)``, or None:
     it does. It is used once; it holds until its ``expires_at``; and it was given for what the card
     shows (its ``digest``)."""
