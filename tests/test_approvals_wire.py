@@ -224,6 +224,11 @@ def test_a_refused_answer_to_a_task_plan_is_journaled_with_who_and_why(home):
                 assert late.status_code == 409 and late.json()["code"] == "CONFLICT", late.text
         refused = _refusals(owner, first["run_id"])
         assert _refusals(owner, second["run_id"]) == []
+        every = owner.get("/audit/entries", params={"limit": 1000}).json()["entries"]
+    from apollia_nb.journal.entry import KINDS
+
+    written = {e["kind"] for e in every}
+    assert {"answer_refused", "person_added", "plan"} <= written and written <= KINDS, written - KINDS
     who = {"task_id": first["id"], "plan": True, "by": "ann", "by_role": "approver", "auth": "token"}
     assert refused == [
         {**who, "answer": "approve", "code": "STALE_APPROVAL", "digest": first["plan_digest"],

@@ -255,6 +255,13 @@ KINDS: frozenset[str] = frozenset(
         "verdict",
         "tool_progress",
         "erasure",
+        "approval",
+        "answer_refused",
+        "approval_refused",
+        "agent_identity",
+        "person_added",
+        "person_revoked",
+        "person_rotated",
     }
 )
 
