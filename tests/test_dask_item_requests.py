@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 from runtime_helpers import manifest
+from test_batch_dask import cluster, served  # noqa: F401 - the fixtures
 
 from apollia_nb.journal.keys import PUB_FILE
 from apollia_nb.runtime import Runtime, dask_engine
@@ -120,3 +121,24 @@ async def test_an_items_run_ends_in_three_requests_and_its_seal_counts_every_ent
         assert not [m for m in rt.replay(run_id).missing if "seal" in m]
         assert rt.verify().ok
         server.should_exit = True
+
+
+async def test_a_finished_items_dask_task_is_released_at_once(served, cluster):  # noqa: F811
+    """The driver keeps an item's summary, not its Dask future: once a batch has finished, the cluster holds
+    none of its tasks (a long batch keeps only its running items' tasks there)."""
+    from batch_helpers import AGENT, GOAL, item_frame, item_model
+
+    async with Runtime(served) as rt:
+        await rt.register_agent(AGENT, model=item_model())
+        batch = await rt.batch("summariser", item_frame(6, every=100), goal=GOAL, concurrency=2, engine="dask",
+                               scheduler=cluster)
+        with anyio.fail_after(120):
+            await batch
+        assert batch.counts()["completed"] == 6
+
+        def held(dask_scheduler: Any) -> list[str]:
+            return [str(key) for key in dask_scheduler.tasks]
+
+        with anyio.fail_after(30):  # the releases reach the scheduler
+            while [k for k in cluster.run_on_scheduler(held) if "apollia-item-" in k]:
+                await anyio.sleep(0.05)

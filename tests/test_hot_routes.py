@@ -251,22 +251,22 @@ def test_a_runs_size_is_what_its_entries_are_however_many_are_not_yet_copied(own
 
 
 def test_the_server_answers_others_while_a_workers_new_run_is_looked_up(home, monkeypatch):
-    """A worker's ``run_open`` is checked against the journal (the run must be new), a read that waits for the
-    journal's copy into ``journal.db``: in a worker thread, so the event loop answers other requests meanwhile."""
+    """A worker's ``run_open`` is checked against what the server knows of the journal's runs (the run must be
+    new), a read of ``journal.db``: in a worker thread, so the event loop answers other requests meanwhile."""
     import threading
 
-    from apollia_nb.journal.store import Journal
+    from apollia_nb.api.worker_tokens import KnownRuns
 
     looking, release = threading.Event(), threading.Event()
-    entries = Journal.entries
+    holds = KnownRuns.holds
 
-    def slow(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("run_id") == "run-slow":
+    def slow(self: Any, run_id: str) -> Any:
+        if run_id == "run-slow":
             looking.set()
             assert release.wait(30)
-        return entries(self, *args, **kwargs)
+        return holds(self, run_id)
 
-    monkeypatch.setattr(Journal, "entries", slow)
+    monkeypatch.setattr(KnownRuns, "holds", slow)
     batch = "batch-00aa11bb22cc"
     with ServerThread(home, token=TOKEN) as srv, httpx.Client(base_url=srv.url, headers=AUTH, timeout=30) as api:
         issued = api.post("/api/v1/internal/worker-tokens", json={"agent": "clerk", "batch_id": batch, "tasks": 1})

@@ -24,6 +24,7 @@ as it was.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
@@ -383,7 +384,9 @@ class DaskBatch(Batch):
 
     Each started item is one Dask future; its status is ``running`` until the
     future is done, then the worker's summary of its task (or a failure with a
-    code). An item waiting on a person on its worker holds its place."""
+    code); the future is released then, so the cluster and the driver hold only
+    the running items' tasks, however many items the batch has. An item waiting
+    on a person on its worker holds its place."""
 
     def __init__(self, rt: BatchHost, record: dict[str, Any], items: list[dict[str, Any]], *,
                  spec: Any, client: Any, owned: bool, server: Any) -> None:
@@ -414,6 +417,10 @@ class DaskBatch(Batch):
 
     def _record_outcome(self, index: int, summary: dict[str, Any]) -> None:
         self._final[index] = summary
+        future = self._futures.pop(index, None)  # its summary is all the batch keeps of a finished item:
+        if future is not None:  # the cluster forgets its task and result now, not when the batch is dropped
+            with contextlib.suppress(Exception):  # a client already closed has released it
+                future.release()
         if summary["status"] == "failed" and summary.get("run_id") is None:
             self.items[index]["error"] = {"code": summary["error_code"], "message": summary.get("message", "")}
         self._changed.set()
