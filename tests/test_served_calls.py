@@ -234,6 +234,27 @@ async def test_a_clients_call_requests_are_sent_from_its_event_loop_without_a_th
     assert api.verify().ok
 
 
+def _switches(native_id: int) -> int:
+    """How many times a thread of this process gave up its core to wait (``/proc``)."""
+    status = open(f"/proc/self/task/{native_id}/status").read()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+async def test_a_handed_over_result_does_not_wake_the_flusher_on_every_call(home, server, no_lone_results):
+    """Each call's result is handed over to ride on the run's next request; the thread that would send it
+    alone after ``SOON_SECS`` is woken when it waits for a first entry, not again for every one."""
+    async with Runtime(home) as rt:
+        await rt.register_agent(lister("reader", 12))
+        await run_task(rt, "reader")  # the flusher is started and waits out its SOON_SECS
+        flusher = rt.journal._flusher
+        assert flusher is not None and flusher.native_id is not None
+        before = _switches(flusher.native_id)
+        handle = await run_task(rt, "reader")
+        woke = _switches(flusher.native_id) - before
+        assert handle.status == "completed"
+        assert woke <= 2, woke  # twelve results handed over
+
+
 async def test_a_call_whose_answer_was_lost_is_sent_again_and_journaled_once(home, server, api):
     async with Runtime(home) as rt:
         transport = DropFirstAnswer(rt._remote.posts, rt._remote.loop_posts)

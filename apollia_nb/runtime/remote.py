@@ -692,6 +692,7 @@ class RemoteJournal:
         self._run_locks: dict[str | None, threading.Lock] = {}
         self._failed: dict[str | None, BaseException] = {}
         self._flusher: threading.Thread | None = None
+        self._flusher_idle = False  # the flusher waits for an entry to be handed over (only then woken for one)
         # What a call request committed beyond ``before``'s handed-over entries, by the drafts' identity:
         # the append of exactly those drafts that follows (``governed.py``) returns them, sending nothing.
         self._committed: dict[tuple[Any, ...], list["Entry"]] = {}
@@ -840,7 +841,9 @@ class RemoteJournal:
         while True:
             with self._soon_lock:
                 while not self._soon and not self._closed:
+                    self._flusher_idle = True
                     self._soon_lock.wait()
+                self._flusher_idle = False
                 deadline = time.monotonic() + SOON_SECS
                 while not self._closed and (left := deadline - time.monotonic()) > 0:
                     self._soon_lock.wait(left)
@@ -1092,7 +1095,9 @@ class RemoteJournal:
             if self._flusher is None:
                 self._flusher = threading.Thread(target=self._flush_later, name="apollia-remote-soon", daemon=True)
                 self._flusher.start()
-            self._soon_lock.notify_all()
+            elif self._flusher_idle:  # waiting for an entry; within its SOON_SECS it needs no wake per entry
+                self._flusher_idle = False
+                self._soon_lock.notify_all()
         return future
 
     def entry_pages(self, high: int, *, page: int | None = None) -> Iterator[list[tuple[Any, ...]]]:
