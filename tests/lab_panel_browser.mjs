@@ -28,6 +28,23 @@ page.setDefaultTimeout(STEP_MS);
 const consoleErrors = [];
 page.on('console', m => { if (m.type() === 'error') consoleErrors.push(m.text()); });
 const panel = page.locator('#apollia-panel');
+// Every notification the page shows, kept as it appears: a toast closes by itself after a while,
+// so what was shown is read from this record, not from whatever toasts are still on screen.
+await context.addInitScript(() => {
+  const shown = window.__apolliaToasts = [];
+  const seen = new WeakSet();
+  const record = () => {
+    for (const toast of document.querySelectorAll('.Toastify__toast')) {
+      if (!seen.has(toast) && toast.textContent) {
+        seen.add(toast);
+        shown.push(toast.innerText || toast.textContent);
+      }
+    }
+  };
+  new MutationObserver(record).observe(document, { childList: true, subtree: true, characterData: true });
+});
+/** The text of every notification shown so far, in order. */
+const toastsShown = () => page.evaluate(() => [...window.__apolliaToasts]);
 
 /** axe-core's WCAG 2 A/AA rules over the panel, in the page as it is now: violations with their nodes. */
 async function axe() {
@@ -108,9 +125,22 @@ try {
   out.notLoaded = await panel.locator('.apollia-not-loaded').innerText();
   step('panel open by its shortcut, says how to load the extension');
 
-  // Not awaited: running all cells ends only when the cell awaiting the task ends.
-  await page.evaluate(() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); });
-  step('run all cells');
+  // The cells up to the second task first: the first card is alone in the panel's snapshot, so it gets
+  // a notification of its own (cards that arrive together share one); then the rest, not awaited:
+  // running them ends only when the cell awaiting the task ends.
+  const secondTask = Number(env.SECOND_TASK_CELL);
+  await page.evaluate(i => {
+    const nb = window.jupyterapp.shell.currentWidget;
+    nb.content.activeCellIndex = i;
+    void window.jupyterapp.commands.execute('notebook:run-all-above');
+  }, secondTask);
+  await page.waitForFunction(goal => window.__apolliaToasts.some(t => t.includes(goal)), env.GOAL_1);
+  await page.evaluate(i => {
+    const nb = window.jupyterapp.shell.currentWidget;
+    nb.content.activeCellIndex = i;
+    void window.jupyterapp.commands.execute('notebook:run-all-below');
+  }, secondTask);
+  step('run all cells, the first task\'s card notified before the second task starts');
   const waitingCards = panel.locator('article[data-card-id]:not(.apollia-card-answered)');
   await page.waitForFunction(() => document.querySelectorAll('#apollia-panel article[data-card-id]:not(.apollia-card-answered)').length >= 2);
   const busyCell = Number(env.AWAIT_CELL);
@@ -128,8 +158,8 @@ try {
     return { content: s.content, width: parseFloat(s.width), height: parseFloat(s.height), current: tab.classList.contains('lm-mod-current') };
   });
   const toasts = () => page.locator('.Toastify__toast').allInnerTexts();
-  await page.locator('.Toastify__toast').filter({ hasText: 'asks to use' }).first().waitFor({ timeout: 10_000 }).catch(() => {});
-  out.toastsBeforeAnswer = await toasts();
+  await page.waitForFunction(goal => window.__apolliaToasts.some(t => t.includes(goal)), env.GOAL_2);
+  out.toastsBeforeAnswer = await toastsShown();
   out.notification = out.toastsBeforeAnswer.find(t => t.includes(env.GOAL_1)) ?? null;
   out.axeLight = await axe();
   out.screenshotWaiting = await screenshot('panel-waiting.png');

@@ -103,6 +103,9 @@ def _client(url: str, token: str) -> httpx.Client:
     return httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
 
+# A hang guard: the test's time includes building the wheel's environment when it is the first to use
+# it, and JupyterLab with Chromium take minutes on a loaded machine (2 cores at load 12: over 300 s).
+@pytest.mark.timeout(1200)
 def test_four_eyes_ann_may_not_approve_her_run_bob_approves_it_in_the_panel(four_eyes_lab):
     lab = four_eyes_lab
     root = str(lab["work"] / "notes")
