@@ -314,7 +314,7 @@ def rewrite_log(path: Path, transform: Callable[[tuple[Any, ...]], tuple[Any, ..
     cut raises ``IntegrityError`` and is left as it is (``apollia-os home repair`` settles it).
     A journal open on it (``journal.db`` beside it held by a process: ``HomeLocked``; by this
     one: ``Conflict``) is refused: its writer would go on writing into the file replaced."""
-    from apollia_nb.journal.tail import _HEADER, _decode_body, encode_rows, read_tail
+    from apollia_nb.journal.tail import encode_rows, read_tail
 
     path = Path(path)
     new = scrub_path(path)
@@ -326,18 +326,15 @@ def rewrite_log(path: Path, transform: Callable[[tuple[Any, ...]], tuple[Any, ..
     database = path.with_suffix(".db")
     if database.is_file():  # its journal's writer holds journal.db while it writes the log
         _connect_alone(database, "rewritten").close()
-    read = read_tail(path)  # damage before the end raises here
+    read = read_tail(path)  # the one reading of the log, record by record: damage before the end raises here
     if read.cut:
         raise IntegrityError(f"{path} was cut (acknowledged entries after the cut may be gone); it is left as "
                              "it is: settle that first (`apollia-os home repair --lost-entries`)")
-    data = path.read_bytes()
     records: list[bytes] = []
-    offset = rows = changed = 0
-    while offset < read.valid_length:
-        _, length, _ = _HEADER.unpack_from(data, offset)
-        body_end = offset + _HEADER.size + length
+    rows = changed = 0
+    for count in read.records:  # each record rewritten as one, as its commit wrote it
         out = []
-        for row in _decode_body(data[offset + _HEADER.size:body_end]):
+        for row in read.rows[rows:rows + count]:
             after = tuple(transform(row))
             if len(after) != len(row) or any(after[i] != row[i] for i in _FIXED_COLUMNS):
                 raise BadInput(f"the rewrite of {path.name} changed more than the payload of entry {row[0]}; "
@@ -348,10 +345,9 @@ def rewrite_log(path: Path, transform: Callable[[tuple[Any, ...]], tuple[Any, ..
             out.append((*after[:5], bytes(after[5]), *after[6:]))
         records.append(encode_rows(out))
         rows += len(out)
-        offset = body_end
     if rows != len(read.rows):
         raise IntegrityError(f"{path} reads as {len(read.rows)} rows but {rows} were found; nothing was written")
-    torn = len(data.rstrip(b"\0")) - read.valid_length
+    torn = read.data_end - read.valid_length
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
         fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
@@ -403,13 +399,6 @@ def _fsync_file(path: Path) -> None:
 
 
 def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    from apollia_nb.journal.tail import _fsync_dir as fsync_dir  # the log writer's own
+
+    fsync_dir(directory)

@@ -102,10 +102,11 @@ class TailRead:
     ends inside a record or right at the end of one, without the zero the writer always
     leaves after its last record; ``size`` is the file's length)."""
 
-    __slots__ = ("rows", "valid_length", "torn", "cut", "size", "cut_seen")
+    __slots__ = ("rows", "valid_length", "torn", "cut", "size", "cut_seen", "records", "data_end")
 
     def __init__(self, rows: list[tuple[Any, ...]], valid_length: int, torn: bool,
-                 cut: bool = False, size: int = 0, cut_seen: int | None = None) -> None:
+                 cut: bool = False, size: int = 0, cut_seen: int | None = None,
+                 records: tuple[int, ...] = (), data_end: int = 0) -> None:
         self.rows = rows
         self.valid_length = valid_length
         self.torn = torn
@@ -114,6 +115,10 @@ class TailRead:
         #: the highest seq the part of a record the cut left still shows (its body is rows that
         #: start ``[seq,``): entries up to it were committed and are gone; None when none shows
         self.cut_seen = cut_seen
+        #: how many of ``rows`` each valid record holds, in order (one commit a record)
+        self.records = records
+        #: where the file's last non-zero byte ends (past ``valid_length``: a torn write's bytes)
+        self.data_end = data_end
 
 
 def read_tail(path: Path) -> TailRead:
@@ -137,6 +142,7 @@ def read_tail(path: Path) -> TailRead:
     cut = 0 < end_of_data == len(data)
     cut_seen: int | None = None
     rows: list[tuple[Any, ...]] = []
+    counts: list[int] = []
     offset = 0
     record = 0
     while offset < end_of_data:
@@ -169,11 +175,13 @@ def read_tail(path: Path) -> TailRead:
                 "and more records follow); nothing was changed"
             )
         try:
-            rows.extend(_decode_body(body))
+            decoded = _decode_body(body)
         except (ValueError, TypeError, UnicodeDecodeError) as exc:
             raise IntegrityError(f"{path}: record {record} at byte {offset} does not parse: {exc}") from exc
+        rows.extend(decoded)
+        counts.append(len(decoded))
         offset = end
-    return TailRead(rows, offset, offset < end_of_data, cut, len(data), cut_seen)
+    return TailRead(rows, offset, offset < end_of_data, cut, len(data), cut_seen, tuple(counts), end_of_data)
 
 
 #: Space the log takes ahead of its records, so a commit's sync writes data, not the file's size.
