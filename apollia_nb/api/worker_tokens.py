@@ -166,21 +166,33 @@ class WorkerTokens:
 
     def holds_run(self, journal: Any, run_id: str) -> bool:
         """Whether ``journal`` holds an entry of ``run_id``. Blocking: in a worker thread. Made (or made
-        again, after the journal's reads failed or the runs were given up) on the first question."""
+        again, after the journal's reads failed or the runs were given up) on the first question; given up
+        after it when no credential is left (revoked meanwhile)."""
         with self._known_lock:
-            known = self._known
-            if known is not None:
-                try:
-                    return known.holds(run_id)
-                except Exception:  # noqa: BLE001 - made again below; its read's error raised from there
-                    known.close()
+            try:
+                known = self._known
+                if known is not None:
+                    try:
+                        return known.holds(run_id)
+                    except Exception:  # noqa: BLE001 - made again below; its read's error raised from there
+                        known.close()
+                        self._known = None
+                known = self._known = KnownRuns(journal)
+                return known.holds(run_id)
+            finally:
+                if not self._scopes and self._known is not None:
+                    self._known.close()
                     self._known = None
-            known = self._known = KnownRuns(journal)
-            return known.holds(run_id)
 
     def _forget_runs(self) -> None:
-        with self._known_lock:
+        """No credential is left: stop watching the journal. Never waits for a question being answered (on
+        the event loop): that question gives it up when it is done."""
+        if not self._known_lock.acquire(blocking=False):
+            return
+        try:
             known, self._known = self._known, None
+        finally:
+            self._known_lock.release()
         if known is not None:
             known.close()
 
