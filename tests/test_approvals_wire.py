@@ -5,7 +5,6 @@ to the digest it saw, an approver reads the plan it approves, and a refused plan
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -14,23 +13,12 @@ import pytest
 
 from apollia_nb.api.server import ServerThread
 from runtime_helpers import call, manifest
+from test_approvals_bound import Clock, _client, _until
 
 OWNER = "wire-owner-" + "w" * 32
 WRITE = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="one")]}, {"text": "Done."}])
 PLANNED = manifest(planner=[{"steps": ["Write the file"]}],
                    actor=[{"tool_calls": [call("write_file", path="a.txt", content="one")]}, {"text": "Done."}])
-
-
-def _client(url: str, token: str) -> httpx.Client:
-    return httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
-
-
-def _until(fetch: Any, ok: Any) -> Any:
-    deadline = time.monotonic() + 60
-    while not ok(value := fetch()):
-        assert time.monotonic() < deadline, value
-        time.sleep(0.05)
-    return value
 
 
 def _person(owner: httpx.Client, name: str, *roles: str) -> str:
@@ -295,16 +283,6 @@ def test_a_session_plan_approval_is_bound_to_the_plan_shown_and_a_refused_one_is
 # --- another agent's hook: an answer approves its one call, once, while it holds -------------------------
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1_900_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _hook_input(project: Any, use_id: str, path: str = "notes.txt") -> dict[str, Any]:
     """Claude Code's PreToolUse input for a Write in ``project`` (its hooks reference)."""
     return {"session_id": "sess-1", "transcript_path": "/tmp/t.jsonl", "cwd": str(project),
@@ -381,8 +359,8 @@ async def test_a_hook_answer_that_has_ended_when_the_hook_takes_it_denies_the_ca
 @pytest.mark.anyio
 async def test_a_hook_answer_approves_its_one_call_once(home, tmp_path):
     from apollia_nb.errors import StaleApproval
-    from apollia_nb.hooks.gate import _taken, run_id_of
     from apollia_nb.hooks.codecs import parse
+    from apollia_nb.hooks.gate import _taken, run_id_of
     from apollia_nb.hooks.mapping import Mapped
     from apollia_nb.runtime import Runtime
 

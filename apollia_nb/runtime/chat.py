@@ -531,7 +531,8 @@ class Sessions:
                 "plan_mode": record["plan_mode"], "parent_id": record.get("parent_id"),
                 "forked_from": record.get("forked_from"), "children": list(record["children"]),
                 "history": list(record["history"]), "run_id": record["run_id"],
-                "pending_plan": record.get("pending_plan"), "created_at": record["created_at"]}
+                "pending_plan": record.get("pending_plan"), "created_at": record["created_at"],
+                "plan_digest": _stored_plan_digest(session_id, record)}
 
     def resume(self, session_id: str) -> Session:
         """Bring back a session left ``processing`` by a crash, as ``active``."""
@@ -570,6 +571,16 @@ class Sessions:
 
     def _after_answer(self, card: "Card") -> None:
         """Cards in chat are awaited in place; nothing to resume."""
+
+
+def _stored_plan_digest(session_id: str, record: dict[str, Any]) -> str | None:
+    """The ``plan_digest`` of a stored session's waiting plan (``Session.to_dict``'s), None when none waits."""
+    from apollia_nb.governance.approvals import plan_digest
+
+    plan = record.get("pending_plan")
+    if plan is None:
+        return None
+    return plan_digest(task_id=session_id, run_id=record["run_id"], agent=record["agent"], steps=list(plan))
 
 
 def _plan_answerer() -> dict[str, Any]:
