@@ -366,8 +366,7 @@ def _pending_decide(args: argparse.Namespace) -> int:
         terms = {k: v for k, v in (("digest", args.digest), ("expires_in", args.expires_in),
                                    ("expires_at", args.expires_at)) if v is not None}
         decided = rt.decide(args.id, args.answer, reason=args.reason, by=_who(args), values=args.values,
-                            **({"lasting": args.lasting} if args.lasting is not None else {}),
-                            **({"terms": terms} if terms else {}))
+                            lasting=args.lasting, terms=terms or None)
         lines = [f"{decided['id']}: {decided['answer']} by {decided['answered_by']}"
                  + (f", the approval ends {decided['expires_at']}" if decided.get("expires_at") else "")]
         data: dict[str, Any] = {"decision": decided}
