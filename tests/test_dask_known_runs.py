@@ -97,8 +97,6 @@ async def test_a_worker_opens_each_new_run_without_a_copy_into_journal_db(home):
 
 
 async def test_every_run_the_journal_holds_is_refused_without_a_copy_for_each_question(home, monkeypatch):
-    from apollia_nb.api.worker_tokens import KnownRuns
-
     async with Runtime(home) as rt:  # a run from before the server's process
         rt.journal.append("run_open", {"run_kind": "task", "goal": "g", "task_id": "task-old"}, run_id="run-old",
                           agent="clerk")
@@ -133,6 +131,8 @@ async def test_every_run_the_journal_holds_is_refused_without_a_copy_for_each_qu
             assert "run-after" not in known.recent and "run-no-open" not in known.recent
 
             # more runs between two questions than it keeps: given up, made again, still refused
+            from apollia_nb.api.worker_tokens import KnownRuns
+
             monkeypatch.setattr(KnownRuns, "RECENT_MOST", 3)
             for i in range(5):
                 rt.journal.append("run_open", {"run_kind": "task", "goal": "g", "task_id": f"task-m{i}"},
