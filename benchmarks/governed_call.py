@@ -217,7 +217,8 @@ async def served(sizes: list[int], repeats: int) -> None:
         cc, sc = statistics.median(client_cpu) / n * 1000, statistics.median(server_cpu) / n * 1000
         print(f"  N={n:<4} CPU ms per call: owned {oc:.3f}  served {cc + sc:.3f} (client {cc:.3f} + server {sc:.3f})"
               f"  served/owned {(cc + sc) / oc:.2f}x (target <= 2x: {'met' if (cc + sc) / oc <= 2 else 'NOT met'})")
-        print(f"         wall ms per call: owned {o:.3f}  served {c:.3f}  served/owned {c / o:.2f}x")
+        print(f"         wall ms per call: owned {o:.3f}  served {c:.3f}  served/owned {c / o:.2f}x"
+              f"  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
         print(f"         runs (wall): owned " + " ".join(f"{x:.3f}" for x in owned_ms)
               + " | served " + " ".join(f"{x:.3f}" for x in served_ms))
         print(f"         runs (CPU ms per call): owned " + " ".join(f"{x / n * 1000:.3f}" for x in owned_cpu)
