@@ -37,6 +37,7 @@ uses, for that batch's agent and tasks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from typing import Annotated, Any, Literal
@@ -463,7 +464,8 @@ async def append_entries(body: AppendIn, request: Request, rt: Any = Depends(_ru
         entries = await rt.journal.append_many_async(drafts)
     else:  # a person's client: the runs it opened only, stamped with who opened them
         starters = _starters(request)
-        async with starters.opening:
+        # only an append that opens a run waits its turn: a run id is checked new and taken in one step
+        async with starters.opening if any(d.kind == "run_open" for d in drafts) else contextlib.nullcontext():
             drafts, opened = await _persons_drafts(request, rt, person, drafts)
             entries = await rt.journal.append_many_async(drafts)
             for run_id, task in opened.items():
