@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from served_helpers import api_client
 
 from apollia_nb.api.hub import CACHE_SECS, HubCheck, HubUser, hub_from, read_hub_answer
 from apollia_nb.errors import BadInput, Forbidden, HubUnreachable
@@ -367,19 +368,16 @@ def test_the_home_jupyterhub_starts_as_its_service_checks_tokens_at_that_hub(hub
 
 
 def test_a_hub_user_runs_and_another_answers_its_card_each_journaled_by_their_hub_name(hub, home):
-    from apollia_nb.api.server import ServerThread
     from runtime_helpers import call, manifest
+
+    from apollia_nb.api.server import ServerThread
 
     writer = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="b")]}, {"text": "Done."}])
     ann, _ = hub.token("ann")
     bob, _ = hub.token("bob")
 
-    def client(url: str, token: str) -> httpx.Client:
-        return httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60,
-                            trust_env=False)
-
-    with ServerThread(home, token=OWNER, hub=hub.api) as srv, client(srv.url, OWNER) as owner, \
-            client(srv.url, ann) as as_ann, client(srv.url, bob) as as_bob:
+    with ServerThread(home, token=OWNER, hub=hub.api) as srv, api_client(srv.url, OWNER) as owner, \
+            api_client(srv.url, ann) as as_ann, api_client(srv.url, bob) as as_bob:
         for name, role in (("ann", "runner"), ("bob", "approver")):
             assert owner.post("/people", json={"name": name, "roles": [role]}).status_code == 201
         assert as_ann.post("/agents", json={"manifest": writer}).status_code == 201
@@ -543,7 +541,7 @@ def test_the_homes_own_tokens_revoked_or_rotated_away_are_never_sent_to_the_hub(
     _Misbehaving.answers = {"hub": (403, b"")}
     _Misbehaving.seen = []
     with ServerThread(home, token=OWNER, hub=f"{misbehaving}/hub/api") as srv:
-        with httpx.Client(base_url=srv.url + "/api/v1", timeout=60, trust_env=False) as http:
+        with api_client(srv.url) as http:
             def as_(token: str) -> httpx.Response:
                 return http.get("/governance/developer-mode", headers={"Authorization": f"Bearer {token}"})
 

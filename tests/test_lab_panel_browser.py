@@ -30,6 +30,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from served_helpers import lab_env, start_lab, start_serve, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYWRIGHT = ROOT / ".test-peers" / "playwright" / "node_modules" / "playwright-core"
@@ -37,7 +38,6 @@ AXE = ROOT / ".test-peers" / "playwright" / "node_modules" / "axe-core" / "axe.m
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / ".test-artifacts"
 DRIVER = Path(__file__).with_name("lab_panel_browser.mjs")
-DEADLINE = 120.0
 
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM.exists() and PLAYWRIGHT.is_dir() and AXE.is_file()),
@@ -147,44 +147,19 @@ def lab(wheel_venv, tmp_path):
     (work / "served-notes" / "meeting.txt").write_text("Launch moved from Wednesday to Friday.\n")
     nbformat.write(_served_notebook(work, served_home), root / "served.ipynb")
     token = uuid.uuid4().hex
-    runtime_dir = tmp_path / "runtime"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "APOLLIA")) and k != "PYTHONPATH"}
-    env.update({
-        "JUPYTER_RUNTIME_DIR": str(runtime_dir), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_PLATFORM_DIRS": "1",
-        "IPYTHONDIR": str(tmp_path / "ipython"), "TMPDIR": str(tmp_path),
-        "APOLLIA_HOME": str(tmp_path / "unused-home"),
-        "PATH": f"{wheel_venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
-    })
+    env = lab_env(tmp_path, wheel_venv)
     log_path = tmp_path / "server.log"
-    log = log_path.open("w")
     # The shared home's server, as a user starts it (from the same venv).
-    served = subprocess.Popen([str(wheel_venv / "bin" / "apollia-os"), "serve", "--home", str(served_home), "--port", "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work, env=env)
-    assert served.stdout.readline(), "apollia-os serve did not start"
-    process = subprocess.Popen(
-        [str(wheel_venv / "bin" / "python"), "-m", "jupyterlab", "--no-browser", "--allow-root",
-         "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    served = start_serve(wheel_venv, served_home, work, env)
+    process = None
     try:
-        info_file = runtime_dir / f"jpserver-{process.pid}.json"
-        end = time.monotonic() + DEADLINE
-        while not info_file.exists():
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < end, "the server did not start"
-            time.sleep(0.1)
-        info = json.loads(info_file.read_text())
-        yield {"url": info["url"], "token": token, "process": process, "work": work, "cells": cells,
-               "tmp": tmp_path, "log": log_path, "venv": wheel_venv, "served_home": served_home, "served": served}
+        with log_path.open("w") as log:
+            process, info = start_lab(wheel_venv, root, env, token, log, log_path)
+            yield {"url": info["url"], "token": token, "process": process, "work": work, "cells": cells,
+                   "tmp": tmp_path, "log": log_path, "venv": wheel_venv, "served_home": served_home,
+                   "served": served}
     finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(timeout=30)
-        log.close()
-        if served.poll() is None:
-            served.terminate()
-            served.wait(timeout=30)
+        stop(process, served)
         served.stdout.close()
 
 

@@ -15,35 +15,32 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
-from typing import Any
 
-import httpx
 import nbformat
 import pytest
+from runtime_helpers import call, manifest
+from served_helpers import (
+    api_client,
+    lab_env,
+    read_json,
+    start_lab,
+    start_serve,
+    stop,
+    until,
+)
 
 from apollia_nb.governance.policy import keygen, sign
-from runtime_helpers import call, manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYWRIGHT = ROOT / ".test-peers" / "playwright" / "node_modules" / "playwright-core"
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / ".test-artifacts"
 DRIVER = Path(__file__).with_name("lab_panel_four_eyes.mjs")
-DEADLINE = 120.0
 
 pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and PLAYWRIGHT.is_dir()),
                                 reason="needs Chromium and playwright-core: run `bash dev/install-test-browser.sh`")
-
-
-def _until(fetch: Any, ok: Any) -> Any:
-    end = time.monotonic() + DEADLINE
-    while not ok(value := fetch()):
-        assert time.monotonic() < end, value
-        time.sleep(0.1)
-    return value
 
 
 @pytest.fixture
@@ -62,45 +59,19 @@ def four_eyes_lab(wheel_venv, tmp_path):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "four-eyes.ipynb")
     token = uuid.uuid4().hex
-    runtime_dir = tmp_path / "runtime"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JUPYTER", "APOLLIA")) and k != "PYTHONPATH"}
-    env.update({
-        "JUPYTER_RUNTIME_DIR": str(runtime_dir), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_PLATFORM_DIRS": "1",
-        "IPYTHONDIR": str(tmp_path / "ipython"), "TMPDIR": str(tmp_path),
-        "APOLLIA_HOME": str(tmp_path / "unused-home"),
-        "PATH": f"{wheel_venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}",
-    })
-    served = subprocess.Popen([str(wheel_venv / "bin" / "apollia-os"), "serve", "--home", str(home), "--port", "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work, env=env)
+    env = lab_env(tmp_path, wheel_venv)
+    served = start_serve(wheel_venv, home, work, env)
     log_path = tmp_path / "lab.log"
-    log = log_path.open("w")
     lab = None
     try:
-        assert served.stdout.readline(), "apollia-os serve did not start"
-        server = _until(lambda: json.loads((home / "server.json").read_text()) if (home / "server.json").exists()
-                        else None, bool)
-        lab = subprocess.Popen(
-            [str(wheel_venv / "bin" / "python"), "-m", "jupyterlab", "--no-browser", "--allow-root",
-             "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", f"--IdentityProvider.token={token}",
-             f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True"],
-            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-        info_file = runtime_dir / f"jpserver-{lab.pid}.json"
-        _until(lambda: info_file.exists() or lab.poll() is not None, bool)
-        assert lab.poll() is None, log_path.read_text()
-        info = json.loads(info_file.read_text())
-        yield {"url": info["url"], "token": token, "server": server, "work": work, "tmp": tmp_path, "log": log_path}
+        server = until(lambda: read_json(home / "server.json"), bool)
+        with log_path.open("w") as log:
+            lab, info = start_lab(wheel_venv, root, env, token, log, log_path)
+            yield {"url": info["url"], "token": token, "server": server, "work": work, "tmp": tmp_path,
+                   "log": log_path}
     finally:
-        for process in (lab, served):
-            if process is not None and process.poll() is None:
-                process.terminate()
-                process.wait(timeout=30)
-        log.close()
+        stop(lab, served)
         served.stdout.close()
-
-
-def _client(url: str, token: str) -> httpx.Client:
-    return httpx.Client(base_url=url + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
 
 
 # A hang guard: the test's time includes building the wheel's environment when it is the first to use
@@ -111,14 +82,14 @@ def test_four_eyes_ann_may_not_approve_her_run_bob_approves_it_in_the_panel(four
     root = str(lab["work"] / "notes")
     writer = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="one")]}, {"text": "Done."}],
                       workspace=root)
-    with _client(lab["server"]["url"], lab["server"]["token"]) as owner:
+    with api_client(lab["server"]["url"], lab["server"]["token"]) as owner:
         made = owner.post("/people", json={"name": "ann", "roles": ["runner", "approver"]})
         assert made.status_code == 201, made.text
         assert owner.post("/agents", json={"manifest": writer}).status_code == 201
-        with _client(lab["server"]["url"], made.json()["token"]) as ann:
+        with api_client(lab["server"]["url"], made.json()["token"]) as ann:
             hers = ann.post("/tasks", json={"agent": "clerk", "goal": "Write for ann", "watched": False}).json()
             theirs = owner.post("/tasks", json={"agent": "clerk", "goal": "Write for the owner", "watched": False}).json()
-            pending = _until(lambda: {p["task_id"]: p for p in owner.get("/pending-decisions").json()},
+            pending = until(lambda: {p["task_id"]: p for p in owner.get("/pending-decisions").json()},
                              lambda by_task: {hers["id"], theirs["id"]} <= set(by_task))
             refused = ann.post("/pending-decisions/decide", json={"id": pending[hers["id"]]["id"], "answer": "once"})
             assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN", refused.text
@@ -141,9 +112,9 @@ def test_four_eyes_ann_may_not_approve_her_run_bob_approves_it_in_the_panel(four
         assert out["ownAnswers"] == ["refuse"], out
         assert out["othersWhy"] == 0 and out["othersAnswers"] == ["once", "always", "refuse"], out
         assert out["othersError"] == 0, out
-        done = _until(lambda: owner.get(f"/tasks/{hers['id']}").json(), lambda t: t["status"] == "completed")
+        done = until(lambda: owner.get(f"/tasks/{hers['id']}").json(), lambda t: t["status"] == "completed")
         assert done["started_by"] == "ann"
-        _until(lambda: owner.get(f"/tasks/{theirs['id']}").json(), lambda t: t["status"] == "failed")
+        until(lambda: owner.get(f"/tasks/{theirs['id']}").json(), lambda t: t["status"] == "failed")
         entries = owner.get("/audit/entries", params={"run_id": hers["run_id"], "limit": 1000}).json()["entries"]
     refusals = [e["payload"] for e in entries if e["kind"] == "answer_refused"]
     answers = [e["payload"] for e in entries if e["kind"] == "answer"]

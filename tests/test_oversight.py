@@ -13,15 +13,15 @@ from datetime import datetime
 from typing import Any
 
 import duckdb
-import httpx
 import pytest
+from runtime_helpers import call, manifest
+from served_helpers import api_client, until
 
 from apollia_nb.api.server import ServerThread
 from apollia_nb.home import Home
 from apollia_nb.journal import Journal
 from apollia_nb.journal.views import OVERSIGHT_COLUMNS, bundle_sql, list_oversight
 from apollia_nb.runtime import Runtime
-from runtime_helpers import call, manifest
 
 pytestmark = pytest.mark.anyio
 
@@ -100,18 +100,13 @@ def test_the_view_is_in_an_exported_bundles_script():
 
 def test_over_rest_the_row_names_the_persons_role_and_how_they_authenticated(home):
     with ServerThread(home, token=OWNER) as srv:
-        with httpx.Client(base_url=srv.url + "/api/v1", headers={"Authorization": f"Bearer {OWNER}"},
-                          timeout=60) as owner:
+        with api_client(srv.url, OWNER) as owner:
             made = owner.post("/people", json={"name": "ann", "roles": ["approver"]})
             assert made.status_code == 201, made.text
             assert owner.post("/agents", json={"manifest": manifest(actor=_writes(1))}).status_code == 201
             assert owner.post("/tasks", json={"agent": "clerk", "goal": "Write"}).status_code == 202
-            deadline = time.monotonic() + 60
-            while not (pending := owner.get("/pending-decisions").json()):
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            with httpx.Client(base_url=srv.url + "/api/v1", timeout=60,
-                              headers={"Authorization": f"Bearer {made.json()['token']}"}) as ann:
+            pending = until(lambda: owner.get("/pending-decisions").json(), bool)
+            with api_client(srv.url, made.json()["token"]) as ann:
                 answered = ann.post("/pending-decisions/decide", json={"id": pending[0]["id"], "answer": "once"})
                 assert answered.status_code == 200, answered.text
         served = _cli(home, "audit", "oversight", "--json")

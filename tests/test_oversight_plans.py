@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from runtime_helpers import call, manifest
-from test_approvals_bound import _client, _until
+from served_helpers import api_client, until
 
 from apollia_nb.api.server import ServerThread
 from apollia_nb.governance.approvals import plan_digest
@@ -40,20 +40,20 @@ def _proposed_at(home: Any, task_id: str) -> list[str]:
 
 
 def test_plan_answers_over_rest_are_rows_naming_the_person_the_role_and_the_plans_digest(home):
-    with ServerThread(home, token=OWNER) as srv, _client(srv.url, OWNER) as owner:
+    with ServerThread(home, token=OWNER) as srv, api_client(srv.url, OWNER) as owner:
         made = owner.post("/people", json={"name": "ann", "roles": ["approver"]})
         assert made.status_code == 201, made.text
         assert owner.post("/agents", json={"manifest": PLANNED}).status_code == 201
         tasks = [owner.post("/tasks", json={"agent": "clerk", "goal": f"Write {i}", "approve_plan": True,
                                             "grants": ["write"]}).json() for i in range(2)]
-        first, second = [_until(lambda t=t: owner.get(f"/tasks/{t['id']}").json(),
+        first, second = [until(lambda t=t: owner.get(f"/tasks/{t['id']}").json(),
                                 lambda x: x["awaiting_plan_approval"]) for t in tasks]
-        with _client(srv.url, made.json()["token"]) as ann:
+        with api_client(srv.url, made.json()["token"]) as ann:
             assert ann.post(f"/tasks/{first['id']}/plan/approve",
                             json={"digest": first["plan_digest"]}).status_code == 202
             assert ann.post(f"/tasks/{second['id']}/plan/reject", json={"reason": "not now"}).status_code == 202
-        _until(lambda: owner.get(f"/tasks/{first['id']}").json(), lambda t: t["status"] == "completed")
-        _until(lambda: owner.get(f"/tasks/{second['id']}").json(), lambda t: t["status"] != "waiting")
+        until(lambda: owner.get(f"/tasks/{first['id']}").json(), lambda t: t["status"] == "completed")
+        until(lambda: owner.get(f"/tasks/{second['id']}").json(), lambda t: t["status"] != "waiting")
     rows = _plans(home)
     assert [(r["card"], r["answer"], r["answered_by"], r["by_role"], r["auth"], r["digest"]) for r in rows] == [
         (first["id"], "approve", "ann", "approver", "token", first["plan_digest"]),
