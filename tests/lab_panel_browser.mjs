@@ -6,25 +6,15 @@
 //
 // Inputs (environment): LAB_URL (ends with /), LAB_TOKEN, NOTEBOOK (a path under the root),
 // PLAYWRIGHT_CORE (the package's folder), USER_DATA_DIR (new, empty), ARTIFACTS (a folder).
-import { createRequire } from 'node:module';
 import path from 'node:path';
+import { declineNews, openBrowser, openNotebook } from './lab_browser.mjs';
 
 const env = process.env;
-const require = createRequire(import.meta.url);
-const { chromium } = require(env.PLAYWRIGHT_CORE);
 const STEP_MS = 90_000;
 const out = { steps: [] };
 const step = name => out.steps.push(name);
 
-const context = await chromium.launchPersistentContext(env.USER_DATA_DIR, {
-  executablePath: '/usr/bin/chromium',
-  headless: true,
-  viewport: { width: 1500, height: 1000 },
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync']
-});
-const page = context.pages()[0] ?? (await context.newPage());
-page.setDefaultTimeout(STEP_MS);
+const { context, page } = await openBrowser(env, STEP_MS);
 const consoleErrors = [];
 page.on('console', m => { if (m.type() === 'error') consoleErrors.push(m.text()); });
 const panel = page.locator('#apollia-panel');
@@ -99,16 +89,9 @@ async function waitCell(index, predicate, what) {
 }
 
 try {
-  await page.goto(`${env.LAB_URL}lab/tree/${env.NOTEBOOK}?token=${env.LAB_TOKEN}`);
-  await page.waitForFunction(() => {
-    const app = window.jupyterapp;
-    const nb = app?.shell?.currentWidget;
-    return nb?.sessionContext?.session?.kernel?.status === 'idle' && document.querySelector('.jp-Notebook .jp-CodeCell');
-  });
+  await openNotebook(page, env, env.NOTEBOOK);
   step('notebook open, kernel idle');
-  // JupyterLab asks once whether to fetch its news: say no, as a first-time user would.
-  await page.locator('.Toastify__toast').filter({ hasText: 'official Jupyter news' }).getByRole('button', { name: 'No' })
-    .click({ timeout: 10_000 }).catch(() => {});
+  await declineNews(page);
   out.command = await page.evaluate(() => ({
     has: window.jupyterapp.commands.hasCommand('apollia:open-panel'),
     label: window.jupyterapp.commands.label('apollia:open-panel'),
@@ -263,11 +246,7 @@ try {
   step('every question answered');
 
   // A kernel that joined `apollia-os serve`: the server task's card, clicked in its cell.
-  await page.goto(`${env.LAB_URL}lab/tree/${env.SERVED_NOTEBOOK}?token=${env.LAB_TOKEN}`);
-  await page.waitForFunction(notebook => {
-    const nb = window.jupyterapp?.shell?.currentWidget;
-    return nb?.context?.path === notebook && nb?.sessionContext?.session?.kernel?.status === 'idle';
-  }, env.SERVED_NOTEBOOK);
+  await openNotebook(page, env, env.SERVED_NOTEBOOK);
   await page.evaluate(() => { void window.jupyterapp.commands.execute('notebook:run-all-cells'); });
   // Both notebooks are in the page (one tab hidden): look in the current one only.
   const servedId = await page.evaluate(() => window.jupyterapp.shell.currentWidget.id);

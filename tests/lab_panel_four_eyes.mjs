@@ -7,36 +7,21 @@
 // Inputs (environment): LAB_URL (ends with /), LAB_TOKEN, NOTEBOOK, PLAYWRIGHT_CORE, USER_DATA_DIR,
 // ARTIFACTS, OTHERS_CARD (the card of the run another person started), OWN_CARD (the card of the
 // run this kernel's person started).
-import { createRequire } from 'node:module';
 import path from 'node:path';
+import { declineNews, openBrowser, openNotebook } from './lab_browser.mjs';
 
 const env = process.env;
-const require = createRequire(import.meta.url);
-const { chromium } = require(env.PLAYWRIGHT_CORE);
 const out = { steps: [] };
 const step = name => out.steps.push(name);
 
-const context = await chromium.launchPersistentContext(env.USER_DATA_DIR, {
-  executablePath: '/usr/bin/chromium',
-  headless: true,
-  viewport: { width: 1500, height: 1000 },
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync']
-});
-const page = context.pages()[0] ?? (await context.newPage());
-page.setDefaultTimeout(90_000);
+const { context, page } = await openBrowser(env, 90_000);
 const panel = page.locator('#apollia-panel');
 const cardOf = id => panel.locator(`article[data-card-id="${id}"]`);
 const answersOf = id => cardOf(id).locator('button[data-answer]').evaluateAll(bs => bs.map(b => b.getAttribute('data-answer')));
 
 try {
-  await page.goto(`${env.LAB_URL}lab/tree/${env.NOTEBOOK}?token=${env.LAB_TOKEN}`);
-  await page.waitForFunction(() => {
-    const nb = window.jupyterapp?.shell?.currentWidget;
-    return nb?.sessionContext?.session?.kernel?.status === 'idle' && document.querySelector('.jp-Notebook .jp-CodeCell');
-  });
-  await page.locator('.Toastify__toast').filter({ hasText: 'official Jupyter news' }).getByRole('button', { name: 'No' })
-    .click({ timeout: 10_000 }).catch(() => {});
+  await openNotebook(page, env, env.NOTEBOOK);
+  await declineNews(page);
   await page.evaluate(() => window.jupyterapp.commands.execute('notebook:run-all-cells'));
   await page.waitForFunction(() => {
     const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputArea-prompt')];
