@@ -239,9 +239,10 @@ def _cpu() -> tuple[float, float]:
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
 
 
-def formats(entries: int, repeat: int, sample: int) -> None:
+def formats(entries: int, repeat: int, sample: int, baseline: str | None = None) -> None:
     """Format 2 against format 1, the same entries, verified alternately in one run: the breakdown
-    of each, ``verify_home`` (2 worker processes) and the whole ``audit verify`` command."""
+    of each, ``verify_home`` (2 worker processes) and the whole ``audit verify`` command (and
+    ``baseline``'s command too, when given, right after this tree's)."""
     import statistics
 
     with tempfile.TemporaryDirectory() as d:
@@ -254,6 +255,7 @@ def formats(entries: int, repeat: int, sample: int) -> None:
             bound[fmt] = breakdown(home, sample)
         figures: dict[str, tuple[list[float], list[float], list[float]]] = {fmt: ([], [], []) for fmt in homes}
         command: dict[str, list[dict]] = {fmt: [] for fmt in homes}
+        before: dict[str, list[dict]] = {fmt: [] for fmt in homes}
         loads = []
         for i in range(repeat):
             for fmt, home in (homes.items() if i % 2 == 0 else reversed(homes.items())):
@@ -267,6 +269,8 @@ def formats(entries: int, repeat: int, sample: int) -> None:
                 figures[fmt][1].append((s1 - s0 + c1 - c0) / entries)
                 figures[fmt][2].append((s1 - s0) / entries)
                 command[fmt].append(_command(str(home.path), None))
+                if baseline:
+                    before[fmt].append(_command(str(home.path), baseline))
                 loads.append(os.getloadavg()[0])
         med = {fmt: tuple(statistics.median(f) for f in fs) for fmt, fs in figures.items()}
         for fmt, (w, c, here) in med.items():
@@ -283,6 +287,14 @@ def formats(entries: int, repeat: int, sample: int) -> None:
               f"CPU per entry {med['2'][1] / med['1'][1]:.3f} (here {med['2'][2] / med['1'][2]:.3f})")
         print(f"format 2 / format 1, audit verify: throughput {cmd['1'][0] / cmd['2'][0]:.3f}, "
               f"CPU per entry {cmd['2'][1] / cmd['1'][1]:.3f}")
+        if baseline:
+            old = {fmt: (statistics.median(r["wall"] for r in rs), statistics.median(r["cpu"] for r in rs))
+                   for fmt, rs in before.items()}
+            for fmt, (wall, cpu) in old.items():
+                print(f"baseline {baseline}, format {fmt}: {entries / wall:9,.0f} entries/s wall, "
+                      f"CPU {cpu * 1e6 / entries:.1f} us per entry with its workers")
+            print(f"baseline, format 2 / format 1, audit verify: throughput {old['1'][0] / old['2'][0]:.3f}, "
+                  f"CPU per entry {old['2'][1] / old['1'][1]:.3f}")
         print(f"load average during the rounds: {min(loads):.2f}-{max(loads):.2f}")
 
 
@@ -297,7 +309,7 @@ def main() -> None:
                         help="only journals of format 2 (salted commitments) vs format 1, verified alternately")
     args = parser.parse_args()
     if args.formats:
-        formats(args.entries, args.repeat, args.sample)
+        formats(args.entries, args.repeat, args.sample, args.baseline)
         print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
         return
 
