@@ -935,10 +935,10 @@ class RemoteJournal:
                     self._carried_failed(carried, exc)
                     raise
                 entries, data = self._carried_done(carried, result)
-                return self._call_done(entries, data, prefix_drafts, run_id=run_id, call_id=body["call_id"],
-                               governance=governance)
         finally:
             lock.release()
+        return self._call_done(entries, data, prefix_drafts, run_id=run_id, call_id=body["call_id"],
+                               governance=governance)
 
     def _call_request(self, call: Any, decided: tuple[str, dict[str, Any]],
                       prefix: Sequence[tuple[str, dict[str, Any]]], *, run_id: str, agent: str,
@@ -965,7 +965,7 @@ class RemoteJournal:
         }
         return body, [_draft(k, p, run_id, agent) for k, p in prefix]
 
-    def _call_unanswered(self, exc: BaseException, refused: bool) -> ApolliaError:
+    def _call_unanswered(self, exc: Exception, refused: bool) -> ApolliaError:
         """A call request that got no answer after its retries: the server is not running (nothing was sent),
         or ``INTEGRITY`` (its entries may or may not be recorded)."""
         if refused:
