@@ -104,10 +104,18 @@ def test_a_person_needs_the_routes_role_on_the_fast_path_too(owner, server, fram
         answer = httpx.post(server.url + CALLS, json=call_body("run-role"), timeout=30,
                             headers={"Authorization": f"Bearer {tokens[role]}"})
         assert answer.status_code == 403 and answer.json()["code"] == "FORBIDDEN", answer.text
-        assert "'admin'" in answer.json()["message"] and f"p-{role}" in answer.json()["message"]
+        assert "'runner'" in answer.json()["message"] and f"p-{role}" in answer.json()["message"]
     assert head(owner) == before
-    admin = httpx.post(server.url + CALLS, json=call_body("run-role"), timeout=30,
-                       headers={"Authorization": f"Bearer {tokens['admin']}"})
+    as_admin = {"Authorization": f"Bearer {tokens['admin']}"}
+    # a person's call is for a run that person opened, whatever their roles
+    other = httpx.post(server.url + CALLS, json=call_body("run-role"), timeout=30, headers=as_admin)
+    assert other.status_code == 403 and "opened" in other.json()["message"], other.text
+    assert head(owner) == before
+    opened = httpx.post(server.url + "/api/v1/internal/journal/entries", timeout=30, headers=as_admin, json={
+        "entries": [{"kind": "run_open", "run_id": "run-role", "agent": "clerk",
+                     "payload": {"run_kind": "task", "task_id": "task-role"}}]})
+    assert opened.status_code == 201, opened.text
+    admin = httpx.post(server.url + CALLS, json=call_body("run-role"), timeout=30, headers=as_admin)
     assert admin.status_code == 200, admin.text
     revoked = owner.post("/api/v1/people/p-admin/revoke")
     assert revoked.status_code == 200, revoked.text
