@@ -234,6 +234,42 @@ async def test_a_clients_call_requests_are_sent_from_its_event_loop_without_a_th
     assert api.verify().ok
 
 
+async def test_a_call_request_under_way_on_the_loop_is_read_to_its_answer_when_its_task_is_cancelled(
+        home, server, api, no_lone_results):
+    """Cancelled while its call request is on the wire, the task ends cancelled after the request's answer
+    is read: the call the server journaled is the run's, in order, and the journal verifies."""
+    async with Runtime(home) as rt:
+        await rt.register_agent(lister("reader", 3))
+        loop_posts = rt._remote.loop_posts
+        post = loop_posts.post
+        sent, go, answered = anyio.Event(), anyio.Event(), []
+
+        async def held(path: str, body: Any) -> Any:
+            sent.set()
+            with anyio.fail_after(60):
+                await go.wait()  # the task is cancelled meanwhile
+            answer = await post(path, body)
+            answered.append(answer[0])
+            return answer
+
+        loop_posts.post = held
+        handle = await rt.submit("reader", "list the folder")
+        with anyio.fail_after(60):
+            await sent.wait()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rt.cancel, handle.id)  # it waits for the task to end
+            with anyio.fail_after(60):
+                while not handle._run.scope.cancel_called:  # the cancel has reached the task's scope
+                    await anyio.sleep(0)
+            go.set()
+        with anyio.fail_after(60):
+            await handle
+        assert handle.status == "cancelled" and answered == [200]
+        trail = [k for k in kinds(api, handle.run_id) if k[0] in ("decision", "tool_call", "tool_result")]
+        assert trail[:2] == [("decision", trail[0][1]), ("tool_call", trail[0][1])]
+    assert api.verify().ok
+
+
 def _switches(native_id: int) -> int:
     """How many times a thread of this process gave up its core to wait (``/proc``)."""
     status = open(f"/proc/self/task/{native_id}/status").read()
