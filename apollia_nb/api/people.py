@@ -1,13 +1,16 @@
-"""The REST API's people: ``GET/POST /people``, ``POST /people/{name}/revoke``, ``POST /people/{name}/rotate``.
+"""The REST API's people: ``GET /people/me``, ``GET/POST /people``, ``POST /people/{name}/revoke``,
+``POST /people/{name}/rotate``.
 
-Each needs ``admin`` (:mod:`apollia_nb.api.roles`). A new or rotated token is in the answer once and
+``/people/me`` answers any caller who they are to the server (every role, and the owner's token): the name,
+the roles and how the token authenticated them, never a token. The others need ``admin``
+(:mod:`apollia_nb.api.roles`). A new or rotated token is in the answer once and
 nowhere else: these routes take no ``Idempotency-Key``, so no answer holding a token is ever stored for
 a replay. Its ``router`` is included by ``api/app.py``'s ``create_app``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Request
@@ -17,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from apollia_nb.api.deps import authorize, error_responses, json_route, runtime_of
 from apollia_nb.governance.people import ROLES, People
 
-__all__ = ["PersonIn", "router"]
+__all__ = ["Me", "PersonIn", "me_of", "router"]
 
 router = APIRouter(dependencies=[Depends(authorize)], responses=error_responses(401, 422))
 
@@ -29,11 +32,30 @@ class PersonIn(BaseModel):
     roles: list[str] = Field(min_length=1, description=f"one or more of {', '.join(ROLES)}")
 
 
+class Me(BaseModel):
+    name: str = Field(description="who the token is: a person's name, a hub user's name, or `owner`")
+    roles: list[str] = Field(description="the roles held on this home (`admin` holds every role)")
+    auth: Literal["owner", "token", "hub"] = Field(
+        description="how the token authenticated: the owner's token, a person's own, or a JupyterHub user's")
+
+
+def me_of(identity: Any) -> dict[str, Any]:
+    """What ``/people/me`` answers for an identity (:class:`apollia_nb.governance.people.Identity`)."""
+    return {"name": identity.name, "roles": [r for r in ROLES if r in identity.roles], "auth": identity.via}
+
+
 def _people(rt: Any) -> People:
     return People(rt.governance)
 
 
 NAME = FastPath(description="the person's name")
+
+
+# before the /people/{name}/... routes: `me` is no person's name
+@json_route(router, "GET", "/people/me", response_model=Me,
+            summary="Who the token sent is: name, roles and how it authenticated (never a token)")
+async def who_am_i(request: Request) -> dict[str, Any]:
+    return me_of(request.state.identity)
 
 
 @json_route(router, "GET", "/people", summary="The people of this home (never a token or its hash)",

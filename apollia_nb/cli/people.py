@@ -1,4 +1,7 @@
-"""``apollia-os people add|list|revoke|rotate``: the people of a home and their roles.
+"""``apollia-os people add|list|revoke|rotate|me``: the people of a home and their roles.
+
+``people me`` says who this command acts as: on a served home, who the server says the token sent is
+(``/api/v1/people/me``, any role); on a home nobody serves, the local user, its owner.
 
 On a served home the command is a client of the server (``/api/v1/people``, role ``admin``; the token is
 ``$APOLLIA_TOKEN`` when set, else the owner's from ``server.json``); on a home nobody serves, it changes
@@ -38,6 +41,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = psub.add_parser("rotate", parents=[common], help="a new token for a person (shown once); the old one stops")
     p.add_argument("name")
     p.set_defaults(handler=_rotate)
+    p = psub.add_parser("me", parents=[common], help="who this command acts as: name, roles, how authenticated")
+    p.set_defaults(handler=_me)
 
 
 def _do(args: argparse.Namespace, method: str, path: str, body: Any, local: str) -> Any:
@@ -50,6 +55,10 @@ def _do(args: argparse.Namespace, method: str, path: str, body: Any, local: str)
             path = path.format(name=quote(getattr(args, "name", ""), safe=""))
             return home.remote.call(method, path, json=body, unreachable=StorageError,
                                     what=f"`people {args.people_command}` could not be sent").json()
+        if local == "me":  # nobody serves the home: this command owns it, as the local user
+            from apollia_nb.governance.approvals import local_person
+
+            return {"name": local_person(), "roles": ["admin"], "auth": "local"}
         with home.governance(write=method != "GET") as store:
             from apollia_nb.governance.people import OWNER, People
 
@@ -98,4 +107,16 @@ def _list(args: argparse.Namespace) -> int:
     for p in data:
         print(f"{p['name']}\t{','.join(p['roles'])}\tcreated {p['created_at']} by {p['created_by']}\t"
               f"rotated {p['rotated_at'] or '-'}\t{'revoked ' + p['revoked_at'] if p['revoked'] else 'active'}")
+    return 0
+
+
+def _me(args: argparse.Namespace) -> int:
+    data = _do(args, "GET", "/people/me", None, "me")
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    held = ", ".join(data["roles"]) or "no role on this home"
+    how = {"owner": "the owner's token", "token": "token", "hub": "JupyterHub",
+           "local": "the local user, the home's owner"}.get(data["auth"], data["auth"])
+    print(f"{data['name']} ({held}; by {how})")
     return 0

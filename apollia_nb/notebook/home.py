@@ -291,6 +291,10 @@ class KernelHome:
         """Call ``changed()`` whenever something changes there that this kernel is not told of: never."""
         return None
 
+    async def me(self) -> dict[str, Any] | None:
+        """Who the server says this kernel is (``GET /people/me``); None: no server (the local user)."""
+        return None
+
     async def answer_plan(self, task_id: str, verdict: str, steps: list[str] | None,
                           reason: str) -> dict[str, Any]:
         raise UnknownTask(f"no task {task_id!r}")
@@ -312,6 +316,7 @@ class JoinedHome(KernelHome):
         super().__init__(bridge)
         self.served = served
         self.url = served.url
+        self._me: dict[str, Any] | None = None
 
     def _theirs(self) -> list[dict[str, Any]]:
         return self.served.agents()
@@ -350,6 +355,13 @@ class JoinedHome(KernelHome):
                     changed()
                 seen = now
             await anyio.sleep(SERVED_POLL_SECS)
+
+    async def me(self) -> dict[str, Any] | None:
+        """Asked once and kept for the kernel's life (its token does not change); an error is raised and
+        the next call asks again."""
+        if self._me is None:
+            self._me = await anyio.to_thread.run_sync(self.served.me)
+        return self._me
 
     async def answer_plan(self, task_id: str, verdict: str, steps: list[str] | None,
                           reason: str) -> dict[str, Any]:

@@ -292,21 +292,31 @@ def inbox_item(decision: dict[str, Any], card: dict[str, Any] | None = None, *, 
     return item
 
 
-def me_of(mode: str) -> dict[str, str]:
+def me_of(mode: str, told: dict[str, Any] | None = None) -> dict[str, Any]:
     """Who answers from this panel, as four eyes counts them: in a kernel that owns the home, the local
-    user (the home's owner); in one that joined a served home, the owner token it sends (``owner``)."""
+    user (the home's owner); in one that joined a served home, who the server says its token is (``told``:
+    ``GET /people/me``'s ``{name, roles, auth}``). A kernel the server has not told (``told`` None: it
+    could not be asked) is ``unknown``, and claims no role: the server decides each answer."""
     from apollia_nb.governance.approvals import local_person
 
     if mode == "owner":
         return {"name": local_person(), "role": "owner of this home", "auth": "local"}
-    return {"name": "owner", "role": "admin", "auth": "owner"}
+    if not isinstance(told, dict) or not isinstance(told.get("name"), str) or not told["name"]:
+        return {"name": None, "role": "unknown: the server could not be asked who this kernel is; "
+                                      "it decides who may answer", "auth": "unknown"}
+    roles = [r for r in told.get("roles") or [] if isinstance(r, str)]
+    auth = str(told.get("auth") or "unknown")
+    held = ", ".join(roles) if roles else "no role on this home"
+    role = f"hub user: {held}" if auth == "hub" else held
+    return {"name": told["name"], "role": role, "auth": auth, "roles": roles}
 
 
-def yours(item: dict[str, Any], me: str) -> dict[str, Any]:
+def yours(item: dict[str, Any], me: str | None) -> dict[str, Any]:
     """What ``me`` may answer a waiting card (``answers``), and why not the others (``why``, None when
-    every answer on offer is theirs): read from the card's ``may_answer``. Refusing is always theirs."""
+    every answer on offer is theirs): read from the card's ``may_answer``. Refusing is always theirs.
+    ``me`` None (who this panel is, unknown): every answer is offered and the server decides."""
     answers = list(item.get("answers") or [])
-    if item.get("answered") is not None or "may_answer" not in item:
+    if item.get("answered") is not None or "may_answer" not in item or me is None:
         return {"answers": answers, "why": None}
     may = item.get("may_answer")
     refuse = [a for a in answers if a == "refuse"]
@@ -553,7 +563,12 @@ class PanelHome:
         answered = sorted((c for c in cards.values() if c.get("answer") is not None and c["id"] not in listed),
                           key=lambda c: c.get("answered_at") or "", reverse=True)[:LATEST_ENTRIES]
         inbox += [inbox_item(c, c) for c in answered]
-        me = me_of(there.mode)
+        try:  # a joined kernel asks the server who its token is (once: the home keeps the answer)
+            told = await there.me()
+        except ApolliaError as exc:  # unknown, never assumed: the server decides each answer
+            told = None
+            problems.append({"part": "you", "code": exc.code, "message": exc.message})
+        me = me_of(there.mode, told)
         inbox = [{**item, "you": yours(item, me["name"])} for item in with_goals(inbox, runs)] + plans
         runs.sort(key=lambda r: (r["finished_at"] is not None, r.get("created_at") or "", r["id"]))
         try:

@@ -112,6 +112,10 @@ class ServedRuntime:
     def pending(self) -> list[dict[str, Any]]:
         return list(self.api("pending"))
 
+    def me(self) -> dict[str, Any]:
+        """Who the server says this client's token is: ``{name, roles, auth}`` (``GET /people/me``)."""
+        return dict(self.api("me"))
+
     def decide(self, decision_id: str, answer: str, *, reason: str | None, by: str,
                values: dict[str, Any] | None = None, lasting: str | None = None,
                terms: dict[str, Any] | None = None) -> dict[str, Any]:

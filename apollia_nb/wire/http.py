@@ -230,6 +230,7 @@ class Routes:
         f"/sessions/{q(sid)}/plan/reject", {"reason": reason}, s.Session))
 
     pending = staticmethod(lambda: Req("GET", "/pending-decisions", model=list[s.PendingDecision]))
+    me = staticmethod(lambda: Req("GET", "/people/me", model=dict[str, Any]))
 
     @staticmethod
     def decide(decision_id: str, answer: str, reason: str | None, by: str | None,
