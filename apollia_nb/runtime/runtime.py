@@ -1051,6 +1051,8 @@ class Runtime:
         """The run whose plan ``verdict`` answers; an answer to a plan not waiting (answered and taken up
         already, or never asked) is refused ``CONFLICT`` and journaled (``TaskRun.plan_refused``)."""
         run = self.task(task_id)._run
+        if isinstance(run, _Finished):  # finished and let go: its run is sealed, nothing more is journaled in it
+            raise Conflict(f"task {task_id} is not waiting for plan approval (it is {run.status})")
         if not run.r.awaiting_plan_approval:
             raise run.plan_refused(verdict, Conflict(f"task {task_id} is not waiting for plan approval"), by=by,
                                    digest=digest)
