@@ -18,9 +18,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 from runtime_helpers import call, manifest
 from test_four_eyes import FOUR_EYES, _deposit
+from test_jupyterhub_identity import hub  # noqa: F401 - the fixture: a real JupyterHub, once for this file
 from test_notebook_panel import ask, open_panel
 from test_served_identity import OWNER, _client, _people, clean_env, serving  # noqa: F401 - the fixture
 
@@ -52,8 +54,6 @@ def test_me_names_the_owner_a_person_and_never_a_token(tmp_path, clean_env):
             assert token not in got.text
         with _client(url, rotated.json()["token"]) as rita:
             assert rita.get("/people/me").json() == {"name": "rita", "roles": ["rules"], "auth": "token"}
-        import httpx
-
         assert httpx.get(url + "/api/v1/people/me", timeout=60).status_code == 401  # no token at all
 
 
@@ -90,7 +90,7 @@ def test_the_cli_says_who_you_are_on_a_served_home_and_on_an_owned_one(tmp_path,
     assert json.loads(owned.stdout) == {"name": local_person(), "roles": ["admin"], "auth": "local"}
     with serving(home) as url:
         tokens = _people(url, ann=["runner", "approver"])
-        env = {k: v for k, v in clean_env_vars().items()}
+        env = clean_env_vars()
         as_ann = subprocess.run(cli, capture_output=True, text=True, timeout=120,
                                 env={**env, "APOLLIA_TOKEN": tokens["ann"]})
         assert as_ann.returncode == 0, as_ann.stderr
@@ -223,3 +223,25 @@ def test_yours_with_nobody_known_offers_every_answer_for_the_server_to_decide():
         "hub user: approver"
     assert panel.me_of("served", {"name": "zed", "roles": [], "auth": "hub"})["role"] == \
         "hub user: no role on this home"
+
+
+
+# --- a JupyterHub user ------------------------------------------------------------------------------
+
+
+def test_me_names_a_hub_user_by_their_hub_name_with_the_homes_roles(hub, tmp_path):  # noqa: F811
+    """A real JupyterHub on loopback (started as tests/test_jupyterhub_identity.py starts it)."""
+    import test_jupyterhub_identity as jh
+
+    home = tmp_path / "home"
+    bob, _ = hub.token("bob")
+    carol, _ = hub.token("carol")
+    with jh.serving(home, "--hub", hub.api, "--hub-service", jh.SERVICE) as (url, err):
+        jh.add_person(home, "bob", "approver")
+        got = jh.send(url, bob, "GET", "/people/me")
+        assert got.status_code == 200, got.text
+        assert got.json() == {"name": "bob", "roles": ["approver"], "auth": "hub"}
+        assert bob not in got.text
+        nobody = jh.send(url, carol, "GET", "/people/me")  # the hub vouches for carol; the home gives her no role
+        assert nobody.status_code == 403 and "carol has no role on this home" in nobody.json()["message"]
+    assert not any(bob in line for line in err)
