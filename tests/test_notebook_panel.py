@@ -285,36 +285,6 @@ def test_bad_requests_get_a_stable_code_and_change_nothing(ip, request_, code):
     assert runtime(ip).rt.journal.head() == before
 
 
-def test_a_task_shows_waiting_or_running_only_once_the_journal_holds_that_status(ip):
-    """Whoever is told of a status change (a waiter, the panel's snapshot) finds its entry in the journal."""
-    rt = runtime(ip).rt
-    seen: list[tuple[str, str | None]] = []
-
-    def listener(kind, run) -> None:  # called as the run tells of its change, before it goes on
-        if kind == "task":
-            try:
-                kept = rt.journal.entries(run_id=run.r.run_id, kinds=["task_status"])
-                seen.append((run.r.status.value, kept[-1].data()["status"] if kept else None))
-            except Exception as exc:  # a listener's error is swallowed by the runtime: keep it to show it
-                seen.append(("error", repr(exc)))
-
-    unsubscribe = rt.subscribe(listener)
-    try:
-        task = waiting_task(ip)
-        p, comm = open_panel(ip)
-        journal = ask(p, comm, "s1", op="snapshot")["data"]["journal"]
-        assert journal["size"] == rt.journal.head()[0]
-        assert journal["latest"][0]["kind"] == "task_status"
-        assert journal["latest"][0]["payload"]["status"] == "waiting"
-        task.pending[0].answer("once")
-        task.join(WAIT)
-    finally:
-        unsubscribe()
-    told = [(status, kept) for status, kept in seen if status in ("waiting", "running")]
-    assert ("waiting", "waiting") in told and ("running", "running") in told, seen
-    assert all(status == kept for status, kept in told) and ("error" not in dict(seen)), seen
-
-
 def test_a_snapshot_describes_one_head_even_when_an_entry_lands_while_it_is_read(ip, monkeypatch):
     task = waiting_task(ip)
     rt = runtime(ip).rt

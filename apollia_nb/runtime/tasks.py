@@ -595,9 +595,9 @@ class TaskRun:
 
     async def _await_plan_approval(self) -> None:
         if self.plan_answer is None:
-            await self._status_entry("waiting")  # journaled before anyone is told it waits
             if self.r.status is not TaskStatus.WAITING:  # resumed parked, it waits already
                 self._set_status(TaskStatus.WAITING)
+            await self._status_entry("waiting")
             if not self.r.watched and self.rt.suspend_unattended and self.plan_answer is None:
                 raise _Suspend()
             await self._plan_event.wait()
@@ -744,9 +744,9 @@ class TaskRun:
                     if card.waiting:  # released unanswered (nobody watches any more): suspend
                         self._save()
                         raise _Suspend()
-                await self._status_entry("running")
                 if self.r.status is TaskStatus.WAITING:  # running already when a restart resumed it
                     self._set_status(TaskStatus.RUNNING)
+                await self._status_entry("running")
                 faults.point("resume.after_running")
                 result = await continue_after_answer(self.rt, self.agent, card)
                 self.r.awaiting = None
@@ -771,15 +771,15 @@ class TaskRun:
                     )
                 if self.r.awaiting and result.status != "waiting":
                     self.r.awaiting = None  # a watched wait ended with the answer
-                    await self._status_entry("running")
                     self._set_status(TaskStatus.RUNNING)
+                    await self._status_entry("running")
                 if result.status == "waiting":
                     assert result.card is not None
                     faults.point("suspend.before_record")
                     self.r.awaiting = result.card.id
-                    await self._status_entry("waiting")
                     if self.r.status is not TaskStatus.WAITING:  # a watched wait shows it waiting already
                         self._set_status(TaskStatus.WAITING)
+                    await self._status_entry("waiting")
                     self._save()
                     if result.card.waiting:  # no await between this check and leaving: no lost answer
                         raise _Suspend()
@@ -810,11 +810,10 @@ class TaskRun:
         self._history.append(message)  # type: ignore[union-attr]  # _messages() made it
 
     async def _on_waiting(self, card: Any) -> None:
-        """A watched run is about to wait on a card: show it as waiting, once the journal says so
-        (whoever sees a status change finds its ``task_status`` entry in the journal)."""
+        """A watched run is about to wait on a card: show it as waiting."""
         self.r.awaiting = card.id
-        await self._status_entry("waiting")
         self._set_status(TaskStatus.WAITING)
+        await self._status_entry("waiting")
 
     async def _critic(self) -> bool:
         """True when the task finished (passed); False to re-plan."""
