@@ -307,10 +307,15 @@ def test_a_token_the_hub_does_not_know_is_401_and_one_not_meant_for_this_home_is
             r = send(url, token)
             assert r.status_code == 401, r.text
             assert r.json()["code"] == "UNAUTHORIZED" and r.headers["www-authenticate"] == "Bearer"
-        for raw in (b"Bearer t\xf6ken", b"Bearer a b", b"Bearer \x7f"):  # never passed on, never a 500
+        for raw in (b"Bearer t\xf6ken", b"Bearer a b"):  # never passed on, never a 500
             r = httpx.put(f"{url}/governance/developer-mode", json={"enabled": True}, timeout=60,
                           headers={"Authorization": raw})
             assert r.status_code == 401 and r.json()["code"] == "UNAUTHORIZED", (raw, r.text)
+        # A control byte is no field value (RFC 9110 5.5): the HTTP parser refuses the request (400)
+        # before any route sees it.
+        r = httpx.put(f"{url}/governance/developer-mode", json={"enabled": True}, timeout=60,
+                      headers={"Authorization": b"Bearer \x7f"})
+        assert r.status_code in (400, 401), r.text
         for token, who in ((dave, "'dave'"), (narrow, "'ann'")):
             r = send(url, token)
             assert r.status_code == 403, r.text
