@@ -202,7 +202,7 @@ def test_a_joined_panel_whose_token_the_server_refuses_names_nobody_and_claims_n
             p, comm = open_panel(shell)
             data = ask(p, comm, "s1", op="snapshot")["data"]
             assert data["mode"] == "served"
-            assert data["me"]["name"] is None and data["me"]["auth"] == "unknown"
+            assert data["me"]["name"] == "unknown" and data["me"]["auth"] == "unknown"
             assert "admin" not in data["me"]["role"] and "owner" not in data["me"]["role"]
             [problem] = [x for x in data["problems"] if x["part"] == "you"]
             assert problem["code"] == "UNAUTHORIZED" and tokens["ann"] not in problem["message"]
@@ -215,10 +215,10 @@ def test_yours_with_nobody_known_offers_every_answer_for_the_server_to_decide():
             "may_answer": {"four_eyes": True, "started_by": "ann", "excluded": ["ann"]}}
     assert panel.yours(item, None) == {"answers": ["once", "always", "refuse"], "why": None}
     assert panel.yours(item, "ann")["answers"] == ["refuse"]
-    assert panel.me_of("served", None)["name"] is None
+    assert panel.me_of("served", None)["auth"] == "unknown"
     for told in ({}, {"name": ""}, {"name": 3}, "ann", {"roles": ["admin"]}):
         me = panel.me_of("served", told)  # type: ignore[arg-type]
-        assert me["name"] is None and "admin" not in me["role"]
+        assert (me["name"], me["auth"]) == ("unknown", "unknown") and "admin" not in me["role"]
     assert panel.me_of("served", {"name": "bob", "roles": ["approver"], "auth": "hub"})["role"] == \
         "hub user: approver"
     assert panel.me_of("served", {"name": "zed", "roles": [], "auth": "hub"})["role"] == \

@@ -296,14 +296,15 @@ def me_of(mode: str, told: dict[str, Any] | None = None) -> dict[str, Any]:
     """Who answers from this panel, as four eyes counts them: in a kernel that owns the home, the local
     user (the home's owner); in one that joined a served home, who the server says its token is (``told``:
     ``GET /people/me``'s ``{name, roles, auth}``). A kernel the server has not told (``told`` None: it
-    could not be asked) is ``unknown``, and claims no role: the server decides each answer."""
+    could not be asked) is named ``unknown`` (``auth`` ``unknown``: no person's name) and claims no role:
+    the server decides each answer."""
     from apollia_nb.governance.approvals import local_person
 
     if mode == "owner":
         return {"name": local_person(), "role": "owner of this home", "auth": "local"}
     if not isinstance(told, dict) or not isinstance(told.get("name"), str) or not told["name"]:
-        return {"name": None, "role": "unknown: the server could not be asked who this kernel is; "
-                                      "it decides who may answer", "auth": "unknown"}
+        return {"name": "unknown", "role": "the server could not be asked who this kernel is; "
+                                         "it decides who may answer", "auth": "unknown"}
     roles = [r for r in told.get("roles") or [] if isinstance(r, str)]
     auth = str(told.get("auth") or "unknown")
     held = ", ".join(roles) if roles else "no role on this home"
@@ -569,7 +570,8 @@ class PanelHome:
             told = None
             problems.append({"part": "you", "code": exc.code, "message": exc.message})
         me = me_of(there.mode, told)
-        inbox = [{**item, "you": yours(item, me["name"])} for item in with_goals(inbox, runs)] + plans
+        mine = None if me["auth"] == "unknown" else me["name"]
+        inbox = [{**item, "you": yours(item, mine)} for item in with_goals(inbox, runs)] + plans
         runs.sort(key=lambda r: (r["finished_at"] is not None, r.get("created_at") or "", r["id"]))
         try:
             journal = await anyio.to_thread.run_sync(self._journal_head)
