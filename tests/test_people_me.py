@@ -166,7 +166,7 @@ def test_a_joined_panel_says_who_its_token_is_and_offers_four_eyes_answers_for_t
     writer = manifest(actor=[{"tool_calls": [call("write_file", path="a.txt", content="one")]}, {"text": "Done."}],
                       workspace=str(work))
     with serving(root) as url:
-        tokens = _people(url, ann=["runner", "approver"], bob=["runner", "approver"])
+        tokens = _people(url, ann=["runner", "approver"], bob=["approver"])
         with _client(url, OWNER) as owner:
             assert owner.post("/agents", json={"manifest": writer}).status_code == 201
         with _client(url, tokens["ann"]) as ann:
@@ -182,8 +182,8 @@ def test_a_joined_panel_says_who_its_token_is_and_offers_four_eyes_answers_for_t
             assert item["you"]["why"].startswith("Four eyes: you (ann) started this run")
         with joined_as(ip, monkeypatch, root, tokens["bob"]):
             data = _snapshot(ip, task["id"])
-            assert data["me"] == {"name": "bob", "role": "runner, approver", "auth": "token",
-                                  "roles": ["runner", "approver"]}
+            assert data["me"] == {"name": "bob", "role": "approver", "auth": "token", "roles": ["approver"]}
+            assert [x for x in data["problems"] if x["part"] == "inbox"] == []  # an approver's inbox: the cards
             [item] = [i for i in data["inbox"] if i.get("task_id") == task["id"]]
             assert item["you"] == {"answers": ["once", "always", "refuse"], "why": None}
         with joined_as(ip, monkeypatch, root, OWNER):  # the owner's token: the owner, and admin

@@ -27,7 +27,7 @@ from typing import Any
 
 import anyio
 
-from apollia_nb.errors import ApolliaError, Expired, UnknownTask
+from apollia_nb.errors import ApolliaError, Expired, Forbidden, UnknownTask
 
 __all__ = ["KernelHome", "JoinedHome", "KernelTask", "ServedTask", "ServedCard", "kernel_home",
            "SERVED_POLL_SECS", "SERVED_VIEW_POLL_SECS"]
@@ -247,6 +247,14 @@ class ServedTask:
         return stop
 
 
+def _if_allowed(read: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """What ``read`` lists, or nothing when this kernel's person has no role that reads it."""
+    try:
+        return read()
+    except Forbidden:
+        return []
+
+
 # --- the home -------------------------------------------------------------------------------------------
 
 
@@ -331,9 +339,11 @@ class JoinedHome(KernelHome):
         return super().submit(agent, goal, watched=watched, max_steps=max_steps, approve_plan=approve_plan)
 
     async def state(self) -> dict[str, Any]:
+        """The server's agents, runs and waiting decisions, as far as this kernel's person may read them:
+        an approver who neither runs nor audits sees the waiting decisions alone."""
         served = self.served
         return await anyio.to_thread.run_sync(lambda: {
-            "agents": served.agents(), "tasks": served.tasks(), "pending": served.pending()})
+            "agents": _if_allowed(served.agents), "tasks": _if_allowed(served.tasks), "pending": served.pending()})
 
     async def changes(self, changed: Any) -> None:
         """The server's inbox and runs change in other processes too: look every few seconds."""
@@ -341,7 +351,7 @@ class JoinedHome(KernelHome):
 
         def fingerprint() -> tuple[Any, ...]:
             pending = tuple(sorted(p["id"] for p in served.pending()))
-            tasks = tuple(sorted((t["id"], t["status"], t["updated_at"]) for t in served.tasks()))
+            tasks = tuple(sorted((t["id"], t["status"], t["updated_at"]) for t in _if_allowed(served.tasks)))
             return pending, tasks
 
         seen: Any = None
