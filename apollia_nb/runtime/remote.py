@@ -203,6 +203,16 @@ class NotSent(OSError):
     """The connection was refused: nothing of the request was sent (the server has stopped)."""
 
 
+def _plain_http(url: str) -> tuple[str, int] | None:
+    """The host and port of a plain ``http://HOST:PORT`` server URL (no path); None for any other."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None or parts.port is None or parts.path not in ("", "/"):
+        return None
+    return parts.hostname, parts.port
+
+
 class JsonPosts:
     """JSON POSTs to the server on keep-alive connections of the standard library's ``http.client``: what a
     governed call's request costs the client (httpx's client layers take several times its CPU a request).
@@ -223,12 +233,8 @@ class JsonPosts:
     @classmethod
     def of(cls, url: str, headers: dict[str, str], *, timeout: float, connect: float) -> "JsonPosts | None":
         """For a plain ``http://`` server URL; None for any other (httpx carries those)."""
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(url)
-        if parts.scheme != "http" or parts.hostname is None or parts.port is None or parts.path not in ("", "/"):
-            return None
-        return cls(parts.hostname, parts.port, headers, timeout=timeout, connect=connect)
+        where = _plain_http(url)
+        return None if where is None else cls(*where, headers, timeout=timeout, connect=connect)
 
     def _open(self) -> Any:
         import http.client
@@ -308,12 +314,8 @@ class LoopPosts:
     @classmethod
     def of(cls, url: str, headers: dict[str, str], *, timeout: float, connect: float) -> "LoopPosts | None":
         """For a plain ``http://`` server URL; None for any other."""
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(url)
-        if parts.scheme != "http" or parts.hostname is None or parts.port is None or parts.path not in ("", "/"):
-            return None
-        return cls(parts.hostname, parts.port, headers, timeout=timeout, connect=connect)
+        where = _plain_http(url)
+        return None if where is None else cls(*where, headers, timeout=timeout, connect=connect)
 
     async def _open(self, loop: Any) -> Any:
         import socket
