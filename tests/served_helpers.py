@@ -97,3 +97,25 @@ def stop(*processes: subprocess.Popen[Any] | None) -> None:
         if process is not None and process.poll() is None:
             process.terminate()
             process.wait(timeout=30)
+
+
+async def serve_on_loop(app: Any, task_status: Any, *, path: str = "", carry: tuple[Any, ...] = ()) -> None:
+    """``app`` (an ASGI app) served by a real uvicorn on 127.0.0.1, port 0, on this event loop until the
+    task group around it is cancelled; started with ``(URL + path, server, *carry)``."""
+    import anyio
+
+    from apollia_nb.api.server import _uvicorn_server
+
+    ports: list[int] = []
+    listening = anyio.Event()
+
+    def on_listening(port: int) -> None:
+        ports.append(port)
+        listening.set()
+
+    server = _uvicorn_server(app, host="127.0.0.1", port=0, log_level="warning", on_listening=on_listening,
+                             install_signal_handlers=False)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve)
+        await listening.wait()
+        task_status.started((f"http://127.0.0.1:{ports[0]}{path}", server, *carry))

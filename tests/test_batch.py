@@ -9,6 +9,7 @@ import anyio
 import httpx
 import pytest
 from batch_helpers import AGENT, GOAL, expected_result, item_frame, item_model
+from served_helpers import serve_on_loop
 
 from apollia_nb.errors import (
     AgentUnavailable,
@@ -26,22 +27,8 @@ TOKEN = "batch-token"
 async def _serve(rt, task_status=anyio.TASK_STATUS_IGNORED):
     """The REST API over ``rt`` on 127.0.0.1 (a real uvicorn on this loop); started with its URL."""
     from apollia_nb.api.app import create_app
-    from apollia_nb.api.server import _uvicorn_server
 
-    app = create_app(rt, token=TOKEN)
-    ports: list[int] = []
-    listening = anyio.Event()
-
-    def on_listening(port: int) -> None:
-        ports.append(port)
-        listening.set()
-
-    server = _uvicorn_server(app, host="127.0.0.1", port=0, log_level="warning", on_listening=on_listening,
-                             install_signal_handlers=False)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve)
-        await listening.wait()
-        task_status.started((f"http://127.0.0.1:{ports[0]}/api/v1", server))
+    await serve_on_loop(create_app(rt, token=TOKEN), task_status, path="/api/v1")
 
 
 async def test_200_items_at_concurrency_8_complete_with_waiting_items_answered_by_code_and_over_rest(home):

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 from runtime_helpers import manifest
+from served_helpers import serve_on_loop
 from test_batch_dask import cluster, served  # noqa: F401 - the fixtures
 
 from apollia_nb.journal.keys import PUB_FILE
@@ -45,7 +46,6 @@ async def _serve(rt: Any, seen: list[tuple[str, str, list[str]]],
     """The REST API over ``rt`` on 127.0.0.1 (a real uvicorn on this loop), noting every request it answers:
     method, path and, for an append, the kinds of its entries."""
     from apollia_nb.api.app import create_app
-    from apollia_nb.api.server import _uvicorn_server
 
     app = create_app(rt, token=TOKEN)
 
@@ -67,19 +67,7 @@ async def _serve(rt: Any, seen: list[tuple[str, str, list[str]]],
                 kinds = [e["kind"] for e in json.loads(b"".join(chunks))["entries"]]
             seen.append((scope["method"], scope["path"].removeprefix("/api/v1"), kinds))
 
-    ports: list[int] = []
-    listening = anyio.Event()
-
-    def on_listening(port: int) -> None:
-        ports.append(port)
-        listening.set()
-
-    server = _uvicorn_server(noting, host="127.0.0.1", port=0, log_level="warning", on_listening=on_listening,
-                             install_signal_handlers=False)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve)
-        await listening.wait()
-        task_status.started((f"http://127.0.0.1:{ports[0]}", server))
+    await serve_on_loop(noting, task_status)
 
 
 async def test_an_items_run_ends_in_three_requests_and_its_seal_counts_every_entry(home, tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from served_helpers import serve_on_loop
 
 from apollia_nb.runtime import Runtime
 
@@ -31,22 +32,9 @@ def no_idle_copies(monkeypatch):
 async def _serve(rt: Any, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
     """The REST API over ``rt`` on 127.0.0.1 (a real uvicorn on this loop); started with its URL and app."""
     from apollia_nb.api.app import create_app
-    from apollia_nb.api.server import _uvicorn_server
 
     app = create_app(rt, token=TOKEN)
-    ports: list[int] = []
-    listening = anyio.Event()
-
-    def on_listening(port: int) -> None:
-        ports.append(port)
-        listening.set()
-
-    server = _uvicorn_server(app, host="127.0.0.1", port=0, log_level="warning", on_listening=on_listening,
-                             install_signal_handlers=False)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve)
-        await listening.wait()
-        task_status.started((f"http://127.0.0.1:{ports[0]}/api/v1", server, app))
+    await serve_on_loop(app, task_status, path="/api/v1", carry=(app,))
 
 
 def task(n: int) -> str:
