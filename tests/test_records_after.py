@@ -3,11 +3,11 @@ committed with it or after it, and refused when that write was refused, never co
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
 
 import duckdb
 import pytest
+from test_runtime_records_group import _held
 
 from apollia_nb.errors import StorageFull
 from apollia_nb.runtime.records import RuntimeRecords
@@ -42,19 +42,6 @@ class _Disk:
         return getattr(self._con, name)
 
 
-def _held(records: RuntimeRecords) -> threading.Event:
-    """The writer held inside a write of its own until the returned event is set."""
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        held.set()
-        release.wait(10)
-
-    records._write(hold)
-    assert held.wait(10)
-    return release
-
-
 def _task(task_id: str) -> dict:
     return {"id": task_id, "agent": "clerk", "status": "pending"}
 
@@ -64,7 +51,7 @@ def test_a_task_queued_behind_its_key_is_committed_with_it_in_one_transaction(ho
     records = RuntimeRecords(home.runtime_db)
     disk = records._con = _Disk(records._con)
     try:
-        release = _held(records)
+        _, release = _held(records)
         taken = records.remember_response("tasks", "k", "fp", 0, {"ref": {"task_id": "t1"}}, 1.0, new_row=True)
         row = records.save_task(_task("t1"), "2026-12-08T00:00:00Z", acknowledged=True, after=taken)
         release.set()
@@ -83,7 +70,7 @@ def test_a_task_whose_key_the_disk_refused_is_refused_too_though_its_own_row_wou
     records = RuntimeRecords(home.runtime_db)
     records._con = _Disk(records._con, refused="idempotency")
     try:
-        release = _held(records)
+        _, release = _held(records)
         taken = records.remember_response("tasks", "k", "fp", 0, {}, 1.0, new_row=True)
         row = records.save_task(_task("t1"), "2026-12-08T00:00:00Z", acknowledged=True, after=taken)
         other = records.save_task(_task("t2"), "2026-12-08T00:00:01Z", acknowledged=True)  # depends on nothing
@@ -122,7 +109,7 @@ def test_keys_and_tasks_queued_in_turn_are_inserted_with_one_statement_a_table_e
     records = RuntimeRecords(home.runtime_db)
     disk = records._con = _Disk(records._con)
     try:
-        release = _held(records)
+        _, release = _held(records)
         futures = []
         for i in range(16):
             taken = records.remember_response("tasks", f"k{i}", "fp", 0, {}, float(i), new_row=True)
